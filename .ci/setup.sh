@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian (bookworm) machine lacks to build, run and test
+# s3dma. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential pkg-config
+  libibverbs-dev librdmacm-dev libclang-dev # rdma-sys (verbs fabric backend)
+  protobuf-compiler                         # tonic/prost code generation
+  python3 python3-venv python3-pip          # boto3 / aws CLI test clients
+  curl ca-certificates
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: installing Rust with rustup"
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+# Python test clients live in a project-local virtual environment.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import boto3, pytest, awscli' >/dev/null 2>&1; then
+  echo "setup: installing Python test clients into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r tests/requirements.txt
+fi
+echo "setup: ok"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The project's test command: the gates CI enforces, then every test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash .ci/setup.sh
+
+export CARGO_TERM_COLOR=never
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy -p fabric --features cuda --all-targets --locked -- -D warnings
+
+step "cargo doc -D warnings"
+RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+
+step "cargo test"
+cargo test --workspace --locked
+
+step "python clients (boto3, aws CLI)"
+cargo build --locked -p storage-target
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q tests/python
+
+echo
+echo "all tests passed"

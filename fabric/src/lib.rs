@@ -1,0 +1,1 @@
+//! s3dma's one-sided RDMA data plane.
