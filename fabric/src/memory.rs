@@ -1,0 +1,363 @@
+//! Memory sources that can be registered as regions.
+//!
+//! A [`Memory`] owns (or keeps mapped) a contiguous range of bytes that stays
+//! at a fixed address until it is dropped:
+//!
+//! * [`Memory::anonymous`]: private, page-aligned anonymous memory;
+//! * [`Memory::memfd`], [`Memory::from_fd`], [`Memory::open_shm`]: shared
+//!   memory that another process maps too (a memfd passed over a Unix socket,
+//!   or a file under `/dev/shm`);
+//! * `Memory::cuda` (feature `cuda`): CUDA device memory.
+//!
+//! Region memory is *shared with agents outside the Rust abstract machine*
+//! (the kernel's `recv`/`send` on the tcp backend, the NIC on verbs, other
+//! processes for shared memory), exactly like DMA memory. The crate therefore
+//! never hands out long-lived Rust references to it: all access goes through
+//! raw pointers, either in system calls or in bounded `copy_nonoverlapping`
+//! calls. Concurrent remote writes into the same bytes are the application's
+//! business, as with real RDMA.
+
+use std::ffi::CString;
+use std::fmt;
+use std::fs::OpenOptions;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::ptr::NonNull;
+
+use crate::error::{FabricError, Result};
+
+/// Where a memory range lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Host memory the CPU can address.
+    Host,
+    /// CUDA device memory (feature `cuda`): not addressable by the CPU.
+    Cuda,
+}
+
+enum Owner {
+    /// Nothing to release (zero-length memory).
+    Empty,
+    /// An `mmap` mapping of `len` bytes, with the shared-memory fd if any.
+    Mapping { map_len: usize, fd: Option<OwnedFd> },
+    #[cfg(feature = "cuda")]
+    /// A CUDA allocation or import.
+    Cuda(crate::cuda::DeviceMemory),
+}
+
+/// A contiguous, address-stable range of memory that can become a region.
+pub struct Memory {
+    ptr: NonNull<u8>,
+    len: usize,
+    kind: MemoryKind,
+    owner: Owner,
+}
+
+// SAFETY: `Memory` owns its mapping (or allocation); the raw pointer is only a
+// handle to it and no thread-affine state is involved. Access to the bytes is
+// through raw pointers with the sharing rules documented on the module.
+unsafe impl Send for Memory {}
+// SAFETY: see `Send`; `&Memory` only exposes the pointer, length and kind.
+unsafe impl Sync for Memory {}
+
+impl fmt::Debug for Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Memory")
+            .field("addr", &format_args!("{:#x}", self.ptr.as_ptr() as usize))
+            .field("len", &self.len)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let ps = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if ps <= 0 { 4096 } else { ps as usize }
+}
+
+fn mmap(len: usize, prot: i32, flags: i32, fd: i32, what: &str) -> Result<NonNull<u8>> {
+    // SAFETY: a fresh mapping at a kernel-chosen address; no existing memory is
+    // affected. The result is checked against MAP_FAILED below.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(FabricError::Memory {
+            what: format!("{what}: mmap of {len} bytes"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| FabricError::Memory {
+        what: format!("{what}: mmap returned null"),
+        source: std::io::Error::other("null mapping"),
+    })
+}
+
+impl Memory {
+    fn empty(kind: MemoryKind) -> Memory {
+        Memory {
+            ptr: NonNull::dangling(),
+            len: 0,
+            kind,
+            owner: Owner::Empty,
+        }
+    }
+
+    /// Private, zero-filled, page-aligned anonymous memory of `len` bytes.
+    pub fn anonymous(len: usize) -> Result<Memory> {
+        if len == 0 {
+            return Ok(Memory::empty(MemoryKind::Host));
+        }
+        let ptr = mmap(
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            "anonymous memory",
+        )?;
+        Ok(Memory {
+            ptr,
+            len,
+            kind: MemoryKind::Host,
+            owner: Owner::Mapping { map_len: len, fd: None },
+        })
+    }
+
+    /// Anonymous memory whose address is a multiple of `align` (a power of two).
+    /// Page alignment is always given; larger alignments over-map and trim.
+    pub fn aligned(len: usize, align: usize) -> Result<Memory> {
+        if !align.is_power_of_two() {
+            return Err(FabricError::InvalidArgument(format!(
+                "alignment {align} is not a power of two"
+            )));
+        }
+        if align <= page_size() || len == 0 {
+            return Memory::anonymous(len);
+        }
+        let map_len = len
+            .checked_add(align)
+            .ok_or_else(|| FabricError::InvalidArgument(format!("length {len} too large")))?;
+        let base = mmap(
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            "aligned memory",
+        )?;
+        let start = base.as_ptr() as usize;
+        let aligned = (start + align - 1) & !(align - 1);
+        let head = aligned - start;
+        let tail = map_len - head - len;
+        // SAFETY: [start, start+head) and [aligned+len, aligned+len+tail) are
+        // page-aligned pieces of the mapping we just made and nobody else uses.
+        unsafe {
+            if head > 0 {
+                libc::munmap(start as *mut libc::c_void, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(Memory {
+            ptr: NonNull::new(aligned as *mut u8).expect("aligned address of a mapping is non-null"),
+            len,
+            kind: MemoryKind::Host,
+            owner: Owner::Mapping { map_len: len, fd: None },
+        })
+    }
+
+    /// Shared memory backed by a new memfd (`memfd_create`) of `len` bytes,
+    /// mapped shared. [`Memory::fd`] gives the fd to pass to another process.
+    pub fn memfd(name: &str, len: usize) -> Result<Memory> {
+        let cname = CString::new(name)
+            .map_err(|_| FabricError::InvalidArgument(format!("memfd name {name:?} contains NUL")))?;
+        // SAFETY: `cname` is a valid NUL-terminated string; the result is checked.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(FabricError::Memory {
+                what: format!("memfd_create({name})"),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `fd` is a fresh descriptor that we own exclusively.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let file = std::fs::File::from(fd);
+        file.set_len(len as u64).map_err(|e| FabricError::Memory {
+            what: format!("ftruncate memfd {name} to {len} bytes"),
+            source: e,
+        })?;
+        Memory::from_fd(OwnedFd::from(file), len)
+    }
+
+    /// Maps `len` bytes of shared memory from an fd (a memfd or an open
+    /// `/dev/shm` file) shared and read-write. The fd is kept open.
+    pub fn from_fd(fd: OwnedFd, len: usize) -> Result<Memory> {
+        if len == 0 {
+            let mut m = Memory::empty(MemoryKind::Host);
+            m.owner = Owner::Mapping { map_len: 0, fd: Some(fd) };
+            return Ok(m);
+        }
+        let ptr = mmap(
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            "shared memory",
+        )?;
+        Ok(Memory {
+            ptr,
+            len,
+            kind: MemoryKind::Host,
+            owner: Owner::Mapping { map_len: len, fd: Some(fd) },
+        })
+    }
+
+    /// Opens (and with `create`, creates and sizes) a shared-memory file such
+    /// as `/dev/shm/name` and maps `len` bytes of it.
+    pub fn open_shm(path: &Path, len: usize, create: bool) -> Result<Memory> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| FabricError::Memory {
+                what: format!("open shared memory {}", path.display()),
+                source: e,
+            })?;
+        let cur = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if cur < len as u64 {
+            if create {
+                file.set_len(len as u64).map_err(|e| FabricError::Memory {
+                    what: format!("size {} to {len} bytes", path.display()),
+                    source: e,
+                })?;
+            } else {
+                return Err(FabricError::InvalidArgument(format!(
+                    "{} has {cur} bytes, fewer than the {len} requested",
+                    path.display()
+                )));
+            }
+        }
+        Memory::from_fd(OwnedFd::from(file), len)
+    }
+
+    /// CUDA device memory of `len` bytes, allocated with `cuMemAlloc` in the
+    /// primary context of `device`.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(device: i32, len: usize) -> Result<Memory> {
+        let dm = crate::cuda::DeviceMemory::alloc(device, len)?;
+        Ok(Memory::from_cuda(dm))
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_cuda(dm: crate::cuda::DeviceMemory) -> Memory {
+        let len = dm.len();
+        match NonNull::new(dm.dptr() as *mut u8) {
+            Some(ptr) if len > 0 => Memory {
+                ptr,
+                len,
+                kind: MemoryKind::Cuda,
+                owner: Owner::Cuda(dm),
+            },
+            _ => Memory::empty(MemoryKind::Cuda),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_memory(&self) -> Option<&crate::cuda::DeviceMemory> {
+        match &self.owner {
+            Owner::Cuda(dm) => Some(dm),
+            _ => None,
+        }
+    }
+
+    /// Start address (a device pointer for CUDA memory).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Raw pointer to the first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the memory is zero bytes long.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Host or CUDA memory.
+    pub fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+
+    /// The shared-memory fd, for memfd / shm memory.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.owner {
+            Owner::Mapping { fd: Some(fd), .. } => Some(fd.as_fd()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Owner::Mapping { map_len, .. } = self.owner
+            && map_len > 0
+        {
+            // SAFETY: the mapping was created by us with this address and
+            // length and is no longer referenced (regions hold the Memory).
+            unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), map_len);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anonymous_and_aligned() {
+        let m = Memory::anonymous(10_000).unwrap();
+        assert_eq!(m.len(), 10_000);
+        assert_eq!(m.addr() % page_size() as u64, 0);
+        let a = Memory::aligned(1 << 16, 1 << 21).unwrap();
+        assert_eq!(a.addr() % (1 << 21), 0);
+        assert!(Memory::aligned(10, 3).is_err());
+        assert!(Memory::anonymous(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn memfd_is_shared_between_mappings() {
+        let m = Memory::memfd("fabric-test", 4096).unwrap();
+        let fd = m.fd().unwrap().try_clone_to_owned().unwrap();
+        let other = Memory::from_fd(fd, 4096).unwrap();
+        // SAFETY: both mappings are 4096 bytes long and live for the test.
+        unsafe {
+            *m.as_ptr().add(100) = 42;
+            assert_eq!(*other.as_ptr().add(100), 42);
+        }
+    }
+
+    #[test]
+    fn shm_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("shm");
+        let m = Memory::open_shm(&p, 8192, true).unwrap();
+        assert_eq!(m.len(), 8192);
+        assert!(Memory::open_shm(&p, 1 << 20, false).is_err());
+        let again = Memory::open_shm(&p, 8192, false).unwrap();
+        // SAFETY: both mappings are 8192 bytes long and live for the test.
+        unsafe {
+            *m.as_ptr().add(8000) = 7;
+            assert_eq!(*again.as_ptr().add(8000), 7);
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! The tcp responder: accepts authenticated connections and serves one-sided
+//! operations on the domain's regions.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use super::frame::{
+    Auth, Challenge, FrameError, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, Verdict, MAX_PIECE_LEN,
+};
+use super::handshake::{self, FabricKey};
+use super::io::{self, Tuning};
+use crate::access::Access;
+use crate::error::{FabricError, OpStatus, Result};
+use crate::memory::MemoryKind;
+use crate::region::{Domain, KeyEntry, RegionInner};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const SCRATCH: usize = 256 * 1024;
+/// Bytes moved per system call while a placement guard is held.
+const GUARDED_CHUNK: usize = 4 << 20;
+
+pub(crate) struct TcpEndpoint {
+    local: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TcpEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpEndpoint").field("local", &self.local).finish()
+    }
+}
+
+struct Ctx {
+    domain: Domain,
+    key: FabricKey,
+    responder: u32,
+    tuning: Tuning,
+}
+
+impl TcpEndpoint {
+    pub(crate) async fn listen(
+        domain: Domain,
+        bind: SocketAddr,
+        key: FabricKey,
+        responder: u32,
+        tuning: Tuning,
+    ) -> Result<TcpEndpoint> {
+        let listener = TcpListener::bind(bind)
+            .await
+            .map_err(|e| FabricError::io(format!("bind fabric endpoint on {bind}"), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| FabricError::io("local address of the fabric listener", e))?;
+        let (stop, stop_rx) = watch::channel(false);
+        let ctx = Arc::new(Ctx {
+            domain,
+            key,
+            responder,
+            tuning,
+        });
+        let task = tokio::spawn(accept_loop(listener, ctx, stop_rx));
+        Ok(TcpEndpoint {
+            local,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Stops accepting and drops every connection at once (outstanding
+    /// operations of their sessions fail), then waits for the tasks to end.
+    pub(crate) async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for TcpEndpoint {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = super::io::cancelled(&mut stop) => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let ctx = ctx.clone();
+                    conns.spawn(async move {
+                        if let Err(e) = serve(stream, peer, ctx).await {
+                            debug!(%peer, error = %e, "fabric connection closed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "fabric endpoint accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
+}
+
+fn protocol(peer: SocketAddr, source: FrameError) -> FabricError {
+    FabricError::Protocol {
+        peer: peer.to_string(),
+        source,
+    }
+}
+
+async fn handshake(stream: &TcpStream, peer: SocketAddr, ctx: &Ctx) -> Result<()> {
+    let ioerr = |e| FabricError::io(format!("handshake with {peer}"), e);
+    let mut b = [0u8; Hello::LEN];
+    if !io::recv_exact(stream, &mut b).await.map_err(ioerr)? {
+        return Err(FabricError::Handshake {
+            peer: peer.to_string(),
+            reason: "closed before hello".into(),
+        });
+    }
+    let hello = Hello::decode(&b).map_err(|e| protocol(peer, e))?;
+    let version = hello.negotiate().unwrap_or(0);
+    let nonce = handshake::nonce();
+    let challenge = Challenge {
+        version,
+        nonce,
+        mac: ctx.key.responder_proof(&hello, version, &nonce),
+    };
+    io::send_buf(stream, &challenge.encode()).await.map_err(ioerr)?;
+    let mut a = [0u8; Auth::LEN];
+    if !io::recv_exact(stream, &mut a).await.map_err(ioerr)? {
+        return Err(FabricError::Handshake {
+            peer: peer.to_string(),
+            reason: "closed before authenticating (wrong fabric key?)".into(),
+        });
+    }
+    let auth = Auth::decode(&a).map_err(|e| protocol(peer, e))?;
+    let verdict = if !ctx.key.verify_requester(&hello, &challenge, &auth.mac) {
+        Verdict::BadKey
+    } else if version == 0 {
+        Verdict::Version
+    } else if hello.responder != ctx.responder {
+        Verdict::WrongResponder
+    } else {
+        Verdict::Accepted
+    };
+    io::send_buf(stream, &verdict.encode()).await.map_err(ioerr)?;
+    if verdict != Verdict::Accepted {
+        warn!(%peer, reason = verdict.describe(), "fabric peer refused");
+        return Err(FabricError::Handshake {
+            peer: peer.to_string(),
+            reason: verdict.describe().into(),
+        });
+    }
+    debug!(%peer, session = hello.session, stream = hello.stream, "fabric peer authenticated");
+    Ok(())
+}
+
+async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()> {
+    io::tune(&stream, ctx.tuning).map_err(|e| FabricError::io("tune fabric socket", e))?;
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&stream, peer, &ctx))
+        .await
+        .map_err(|_| FabricError::Handshake {
+            peer: peer.to_string(),
+            reason: "timed out".into(),
+        })??;
+    let ioerr = |e| FabricError::io(format!("serving {peer}"), e);
+    let mut scratch = Vec::new();
+    let mut hb = [0u8; RequestHeader::LEN];
+    loop {
+        if !io::recv_exact(&stream, &mut hb).await.map_err(ioerr)? {
+            return Ok(());
+        }
+        let req = RequestHeader::decode(&hb).map_err(|e| protocol(peer, e))?;
+        if req.len > MAX_PIECE_LEN {
+            // Payload of this size cannot be drained safely: answer and close.
+            complete(&stream, req.wr_id, 0, Some(OpStatus::RemoteInvalidRequest))
+                .await
+                .map_err(ioerr)?;
+            return Err(FabricError::InvalidArgument(format!(
+                "{peer} sent a {} of {} bytes, above the {MAX_PIECE_LEN}-byte maximum",
+                req.op.name(),
+                req.len
+            )));
+        }
+        if scratch.is_empty() {
+            scratch = vec![0u8; SCRATCH];
+        }
+        let need = match req.op {
+            OpKind::Write => Access::REMOTE_WRITE,
+            OpKind::Read => Access::REMOTE_READ,
+        };
+        let auth = match ctx.domain.lookup(req.rkey) {
+            Some(entry) => entry
+                .authorize(req.addr, req.len, need)
+                .map(|(region, off)| (entry, region, off))
+                .map_err(|d| d.status()),
+            None => Err(OpStatus::RemoteAccess),
+        };
+        let len = req.len as usize;
+        let status = match (req.op, auth) {
+            (OpKind::Write, Ok((entry, region, off))) => {
+                place_write(&stream, &entry, &region, off, len, &mut scratch)
+                    .await
+                    .map_err(ioerr)?
+            }
+            (OpKind::Write, Err(st)) => {
+                drain(&stream, len, &mut scratch).await.map_err(ioerr)?;
+                Some(st)
+            }
+            (OpKind::Read, Ok((entry, region, off))) => {
+                serve_read(&stream, req.wr_id, &entry, &region, off, len, &mut scratch)
+                    .await
+                    .map_err(ioerr)?
+            }
+            (OpKind::Read, Err(st)) => Some(st),
+        };
+        if let Some(st) = status {
+            debug!(%peer, op = req.op.name(), rkey = req.rkey, addr = req.addr, len = req.len, status = %st, "fabric request refused");
+        }
+        complete(&stream, req.wr_id, req.len, status).await.map_err(ioerr)?;
+    }
+}
+
+async fn complete(stream: &TcpStream, wr_id: u64, len: u64, status: Option<OpStatus>) -> std::io::Result<()> {
+    let h = ResponseHeader {
+        kind: ResponseKind::Completion,
+        status,
+        wr_id,
+        len,
+    };
+    io::send_buf(stream, &h.encode()).await
+}
+
+async fn drain(stream: &TcpStream, mut len: usize, scratch: &mut [u8]) -> std::io::Result<()> {
+    while len > 0 {
+        let n = len.min(scratch.len());
+        // SAFETY: scratch is a live, exclusively borrowed buffer of >= n bytes.
+        unsafe { io::recv_exact_raw(stream, scratch.as_mut_ptr() as usize, n).await? };
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Receives a WRITE payload of `len` bytes into region memory at `off`.
+/// Returns the failure status if the key was revoked or expired midway (the
+/// rest of the payload is then drained and discarded).
+async fn place_write(
+    stream: &TcpStream,
+    entry: &KeyEntry,
+    region: &Arc<RegionInner>,
+    off: usize,
+    len: usize,
+    scratch: &mut [u8],
+) -> std::io::Result<Option<OpStatus>> {
+    let base = region.mem.as_ptr() as usize + off;
+    let host = region.mem.kind() == MemoryKind::Host;
+    let mut done = 0usize;
+    while done < len {
+        stream.readable().await?;
+        let want = (len - done).min(GUARDED_CHUNK);
+        let r = if host {
+            let Some(_guard) = entry.enter() else {
+                drain(stream, len - done, scratch).await?;
+                return Ok(Some(OpStatus::RemoteAccess));
+            };
+            // SAFETY: `authorize` checked that [off, off+len) lies inside the
+            // region, whose memory `region` (an Arc) keeps mapped; the guard
+            // keeps the key from being revoked during this single recv(2),
+            // which writes at most `want` bytes at base+done. The kernel, not
+            // Rust code, writes the bytes; other writers to the same bytes are
+            // the application's business, as with RDMA.
+            unsafe { io::recv_once(stream, (base + done) as *mut u8, want) }
+        } else {
+            // CUDA memory: bounce through host scratch, then copy to the device.
+            // SAFETY: scratch is an exclusively borrowed host buffer.
+            let r = unsafe { io::recv_once(stream, scratch.as_mut_ptr(), want.min(scratch.len())) };
+            if let Ok(n) = r
+                && n > 0
+            {
+                let failed = match entry.enter() {
+                    Some(_g) => crate::region::cuda_copy_in(&region.mem, off + done, &scratch[..n])
+                        .err()
+                        .map(|_| OpStatus::RemoteOperation),
+                    None => Some(OpStatus::RemoteAccess),
+                };
+                if let Some(st) = failed {
+                    drain(stream, len - done - n, scratch).await?;
+                    return Ok(Some(st));
+                }
+            }
+            r
+        };
+        match r {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// Serves a READ of `len` bytes from region memory at `off`: one READ_DATA
+/// frame and the payload. If the key is revoked midway, the rest of the
+/// promised bytes are zeros and the status is a remote access error.
+async fn serve_read(
+    stream: &TcpStream,
+    wr_id: u64,
+    entry: &KeyEntry,
+    region: &Arc<RegionInner>,
+    off: usize,
+    len: usize,
+    scratch: &mut [u8],
+) -> std::io::Result<Option<OpStatus>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let head = ResponseHeader {
+        kind: ResponseKind::ReadData,
+        status: None,
+        wr_id,
+        len: len as u64,
+    }
+    .encode();
+    let base = region.mem.as_ptr() as usize + off;
+    let host = region.mem.kind() == MemoryKind::Host;
+    let mut sent_head = 0usize;
+    let mut done = 0usize;
+    let mut status = None;
+    while done < len {
+        stream.writable().await?;
+        let want = (len - done).min(GUARDED_CHUNK);
+        let h = &head[sent_head..];
+        let r = if status.is_some() {
+            scratch.fill(0);
+            // SAFETY: scratch is a live host buffer of at least the given length.
+            unsafe { io::send_once(stream, h, scratch.as_ptr(), want.min(scratch.len())) }
+        } else {
+            match entry.enter() {
+                None => {
+                    status = Some(OpStatus::RemoteAccess);
+                    continue;
+                }
+                // SAFETY: bounds were checked by `authorize`; `region` keeps
+                // the memory mapped and the guard keeps the key valid during
+                // this single sendmsg(2), which reads at most `want` bytes.
+                Some(_guard) if host => unsafe { io::send_once(stream, h, (base + done) as *const u8, want) },
+                Some(_guard) => {
+                    let n = want.min(scratch.len());
+                    if crate::region::cuda_copy_out(&region.mem, off + done, &mut scratch[..n]).is_err() {
+                        status = Some(OpStatus::RemoteOperation);
+                        continue;
+                    }
+                    // SAFETY: scratch is a live host buffer of at least n bytes.
+                    unsafe { io::send_once(stream, h, scratch.as_ptr(), n) }
+                }
+            }
+        };
+        match r {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                let from_head = n.min(h.len());
+                sent_head += from_head;
+                done += n - from_head;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if sent_head < head.len() {
+        io::send_buf(stream, &head[sent_head..]).await?;
+    }
+    Ok(status)
+}

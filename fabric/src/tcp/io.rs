@@ -1,0 +1,164 @@
+//! Socket helpers: raw-pointer `send`/`recv` on tokio sockets, so region
+//! memory is moved by the kernel without Rust references to it, and socket
+//! tuning.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// Socket tuning shared by endpoints and sessions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tuning {
+    pub(crate) socket_buffer: Option<usize>,
+    pub(crate) user_timeout: Option<Duration>,
+}
+
+pub(crate) fn tune(stream: &TcpStream, t: Tuning) -> io::Result<()> {
+    let s = socket2::SockRef::from(stream);
+    s.set_tcp_nodelay(true)?;
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    s.set_tcp_keepalive(&ka)?;
+    if let Some(t) = t.user_timeout {
+        s.set_tcp_user_timeout(Some(t))?;
+    }
+    if let Some(b) = t.socket_buffer {
+        s.set_send_buffer_size(b)?;
+        s.set_recv_buffer_size(b)?;
+    }
+    Ok(())
+}
+
+fn cvt(n: isize) -> io::Result<usize> {
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// One non-blocking `recv(2)` into `[ptr, ptr+len)`.
+///
+/// # Safety
+/// `[ptr, ptr+len)` must be valid for writes for the duration of the call.
+pub(crate) unsafe fn recv_once(stream: &TcpStream, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    let fd = stream.as_raw_fd();
+    stream.try_io(Interest::READABLE, || {
+        // SAFETY: the caller guarantees the destination range is writable;
+        // the kernel writes at most `len` bytes into it.
+        cvt(unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) })
+    })
+}
+
+/// One non-blocking `sendmsg(2)` of `head` followed by `[ptr, ptr+len)`.
+///
+/// # Safety
+/// `[ptr, ptr+len)` must be valid for reads for the duration of the call.
+pub(crate) unsafe fn send_once(stream: &TcpStream, head: &[u8], ptr: *const u8, len: usize) -> io::Result<usize> {
+    let fd = stream.as_raw_fd();
+    stream.try_io(Interest::WRITABLE, || {
+        let mut iov = [
+            libc::iovec {
+                iov_base: head.as_ptr() as *mut libc::c_void,
+                iov_len: head.len(),
+            },
+            libc::iovec {
+                iov_base: ptr as *mut libc::c_void,
+                iov_len: len,
+            },
+        ];
+        let (iov_ptr, iovcnt) = if head.is_empty() {
+            (iov[1..].as_mut_ptr(), 1)
+        } else if len == 0 {
+            (iov.as_mut_ptr(), 1)
+        } else {
+            (iov.as_mut_ptr(), 2)
+        };
+        // SAFETY: an all-zero msghdr is a valid "no address, no control" header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov_ptr;
+        msg.msg_iovlen = iovcnt;
+        // SAFETY: the iovecs point at `head` (borrowed for the call) and at
+        // the caller-guaranteed readable range; the kernel only reads them.
+        cvt(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
+    })
+}
+
+/// Sends `head` then `[ptr, ptr+len)` completely.
+///
+/// # Safety
+/// `[addr, addr+len)` must stay valid for reads until the future completes or is dropped.
+pub(crate) async unsafe fn send_all(stream: &TcpStream, head: &[u8], addr: usize, len: usize) -> io::Result<()> {
+    let total = head.len() + len;
+    let mut done = 0usize;
+    while done < total {
+        stream.writable().await?;
+        let r = if done < head.len() {
+            // SAFETY: forwarded from the caller.
+            unsafe { send_once(stream, &head[done..], addr as *const u8, len) }
+        } else {
+            let off = done - head.len();
+            // SAFETY: forwarded from the caller; off < len.
+            unsafe { send_once(stream, &[], (addr + off) as *const u8, len - off) }
+        };
+        match r {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sends a small buffer completely.
+pub(crate) async fn send_buf(stream: &TcpStream, buf: &[u8]) -> io::Result<()> {
+    // SAFETY: an empty payload range is trivially valid.
+    unsafe { send_all(stream, buf, 0, 0).await }
+}
+
+/// Receives exactly `len` bytes into `[ptr, ptr+len)`.
+///
+/// # Safety
+/// `[addr, addr+len)` must stay valid for writes until the future completes or is dropped.
+pub(crate) async unsafe fn recv_exact_raw(stream: &TcpStream, addr: usize, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        stream.readable().await?;
+        // SAFETY: forwarded from the caller; done < len.
+        match unsafe { recv_once(stream, (addr + done) as *mut u8, len - done) } {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Receives exactly `buf.len()` bytes into `buf`. `Ok(false)` on a clean EOF
+/// before the first byte.
+pub(crate) async fn recv_exact(stream: &TcpStream, buf: &mut [u8]) -> io::Result<bool> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        stream.readable().await?;
+        match stream.try_read(&mut buf[done..]) {
+            Ok(0) if done == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Resolves once the flag in `rx` is true (or its sender is gone).
+pub(crate) async fn cancelled(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|c| *c).await;
+}

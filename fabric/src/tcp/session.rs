@@ -1,0 +1,584 @@
+//! The tcp requester: a session of one or more authenticated TCP streams to
+//! an endpoint, with many operations outstanding.
+//!
+//! Posting is synchronous and ordered: an operation is split into pieces at
+//! fixed remote-address stripe boundaries and each piece goes to stream
+//! `(piece_addr / stripe) % streams`, so two operations touching the same
+//! remote byte always use the same stream and take effect in posting order,
+//! like an RC queue pair. Completions are delivered in posting order.
+//!
+//! When a stream fails (peer gone, reset, protocol violation) the whole
+//! session fails: the operation the peer was working on completes with
+//! [`OpStatus::RetryExceeded`], every other outstanding or later one with
+//! [`OpStatus::Flushed`]. Nothing waits forever on a dead connection.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::debug;
+
+use super::frame::{
+    Auth, Challenge, FrameError, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, Verdict, MAX_PIECE_LEN,
+    VERSION,
+};
+use super::handshake::{self, FabricKey};
+use super::io::{self, Tuning};
+use crate::error::{FabricError, OpError, OpStatus, Result};
+use crate::region::LocalSlice;
+use crate::token::EndpointAddr;
+
+type OpResult = std::result::Result<(), OpError>;
+
+/// The future of one posted operation. Dropping it does not cancel the
+/// operation: the operation keeps its local buffer until it completes.
+#[derive(Debug)]
+pub struct Completion {
+    rx: oneshot::Receiver<OpResult>,
+    info: OpError,
+}
+
+impl Completion {
+    /// A completion that has already failed.
+    pub(crate) fn failed(err: OpError) -> Completion {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Err(err.clone()));
+        Completion { rx, info: err }
+    }
+
+    pub(crate) fn new(rx: oneshot::Receiver<OpResult>, info: OpError) -> Completion {
+        Completion { rx, info }
+    }
+}
+
+impl Future for Completion {
+    type Output = OpResult;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<OpResult> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(Ok(r)) => Poll::Ready(r),
+            Poll::Ready(Err(_)) => Poll::Ready(Err(self.info.clone())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// In-order completion delivery and the session's failure state.
+struct Completer {
+    dead: AtomicBool,
+    cancel: watch::Sender<bool>,
+    order: Mutex<Order>,
+}
+
+#[derive(Default)]
+struct Order {
+    next: u64,
+    ready: BTreeMap<u64, (OpResult, oneshot::Sender<OpResult>)>,
+}
+
+impl Completer {
+    fn fail(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        let _ = self.cancel.send(true);
+    }
+
+    fn deliver(&self, seq: u64, result: OpResult, tx: oneshot::Sender<OpResult>) {
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        o.ready.insert(seq, (result, tx));
+        loop {
+            let next = o.next;
+            match o.ready.remove(&next) {
+                Some((r, tx)) => {
+                    let _ = tx.send(r);
+                    o.next += 1;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+struct Op {
+    kind: OpKind,
+    local: LocalSlice,
+    remote_addr: u64,
+    rkey: u32,
+    seq: u64,
+    remaining: AtomicUsize,
+    status: Mutex<Option<OpStatus>>,
+    tx: Mutex<Option<oneshot::Sender<OpResult>>>,
+    completer: Arc<Completer>,
+}
+
+impl Op {
+    fn error(&self, status: OpStatus) -> OpError {
+        OpError {
+            status,
+            op: self.kind.name(),
+            remote_addr: self.remote_addr,
+            rkey: self.rkey,
+            len: self.local.len() as u64,
+        }
+    }
+
+    fn piece_done(&self, status: Option<OpStatus>) {
+        if let Some(st) = status {
+            let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+            if s.is_none() {
+                *s = Some(st);
+            }
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let st = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+            let result = match st {
+                None => Ok(()),
+                Some(st) => Err(self.error(st)),
+            };
+            if let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                self.completer.deliver(self.seq, result, tx);
+            }
+        }
+    }
+}
+
+struct Piece {
+    op: Arc<Op>,
+    /// Offset of the piece in the op's local slice.
+    local_off: usize,
+    remote_addr: u64,
+    len: u64,
+}
+
+impl Piece {
+    fn local_ptr(&self) -> *mut u8 {
+        // SAFETY: local_off + len <= the slice length by construction.
+        unsafe { self.op.local.ptr().add(self.local_off) }
+    }
+}
+
+struct Pending {
+    wr_id: u64,
+    piece: Piece,
+    got_data: bool,
+}
+
+/// Session tuning.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// The pre-shared fabric key.
+    pub fabric_key: FabricKey,
+    /// TCP streams per session (1 or more).
+    pub streams: usize,
+    /// Stripe unit in bytes when `streams > 1` (operations are split at
+    /// multiples of it in remote-address space).
+    pub stripe: u64,
+    /// Connect-and-handshake timeout per stream.
+    pub connect_timeout: Duration,
+    /// `TCP_USER_TIMEOUT`: how long sent data may stay unacknowledged before
+    /// the connection is declared dead (the analogue of the RC retry budget).
+    pub user_timeout: Option<Duration>,
+    /// `SO_SNDBUF`/`SO_RCVBUF`; `None` keeps the kernel's autotuning.
+    pub socket_buffer: Option<usize>,
+}
+
+impl SessionConfig {
+    /// Defaults: one stream, 4 MiB stripes, 10 s connect timeout, 30 s user timeout.
+    pub fn new(fabric_key: FabricKey) -> SessionConfig {
+        SessionConfig {
+            fabric_key,
+            streams: 1,
+            stripe: 4 << 20,
+            connect_timeout: Duration::from_secs(10),
+            user_timeout: Some(Duration::from_secs(30)),
+            socket_buffer: None,
+        }
+    }
+}
+
+struct Shared {
+    peer: EndpointAddr,
+    streams: Vec<mpsc::UnboundedSender<Piece>>,
+    stripe: u64,
+    post: Mutex<u64>,
+    completer: Arc<Completer>,
+}
+
+pub(crate) struct TcpSession {
+    shared: Shared,
+}
+
+impl std::fmt::Debug for TcpSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpSession")
+            .field("peer", &self.shared.peer)
+            .field("streams", &self.shared.streams.len())
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+async fn connect_stream(
+    target: EndpointAddr,
+    cfg: &SessionConfig,
+    session: u64,
+    index: u16,
+) -> Result<TcpStream> {
+    let peer = target.addr;
+    let stream = TcpStream::connect(peer)
+        .await
+        .map_err(|e| FabricError::io(format!("connect to fabric endpoint {target}"), e))?;
+    io::tune(
+        &stream,
+        Tuning {
+            socket_buffer: cfg.socket_buffer,
+            user_timeout: cfg.user_timeout,
+        },
+    )
+    .map_err(|e| FabricError::io("tune fabric socket", e))?;
+    let ioerr = |e| FabricError::io(format!("handshake with {target}"), e);
+    let hs_err = |reason: String| FabricError::Handshake {
+        peer: target.to_string(),
+        reason,
+    };
+    let hello = Hello {
+        version_min: VERSION,
+        version_max: VERSION,
+        responder: target.responder,
+        session,
+        stream: index,
+        streams: cfg.streams as u16,
+        nonce: handshake::nonce(),
+    };
+    io::send_buf(&stream, &hello.encode()).await.map_err(ioerr)?;
+    let mut b = [0u8; Challenge::LEN];
+    if !io::recv_exact(&stream, &mut b).await.map_err(ioerr)? {
+        return Err(hs_err("the endpoint closed the connection".into()));
+    }
+    let challenge = Challenge::decode(&b).map_err(|e| FabricError::Protocol {
+        peer: target.to_string(),
+        source: e,
+    })?;
+    if !cfg.fabric_key.verify_responder(&hello, &challenge) {
+        return Err(hs_err(
+            "the endpoint could not prove it holds the fabric key (wrong key on one side?)".into(),
+        ));
+    }
+    let auth = Auth {
+        mac: cfg.fabric_key.requester_proof(&hello, &challenge),
+    };
+    io::send_buf(&stream, &auth.encode()).await.map_err(ioerr)?;
+    let mut v = [0u8; Verdict::LEN];
+    if !io::recv_exact(&stream, &mut v).await.map_err(ioerr)? {
+        return Err(hs_err("the endpoint closed the connection before its verdict".into()));
+    }
+    match Verdict::decode(&v) {
+        Ok(Verdict::Accepted) => Ok(stream),
+        Ok(v) => Err(hs_err(v.describe().into())),
+        Err(e) => Err(FabricError::Protocol {
+            peer: target.to_string(),
+            source: e,
+        }),
+    }
+}
+
+impl TcpSession {
+    pub(crate) async fn connect(target: EndpointAddr, cfg: &SessionConfig) -> Result<TcpSession> {
+        if cfg.streams == 0 || cfg.streams > u16::MAX as usize {
+            return Err(FabricError::InvalidArgument(format!(
+                "streams must be between 1 and 65535, got {}",
+                cfg.streams
+            )));
+        }
+        if cfg.streams > 1 && cfg.stripe == 0 {
+            return Err(FabricError::InvalidArgument("stripe must be positive".into()));
+        }
+        let session_id: u64 = rand::random();
+        let mut sockets = Vec::with_capacity(cfg.streams);
+        for i in 0..cfg.streams {
+            let s = tokio::time::timeout(cfg.connect_timeout, connect_stream(target, cfg, session_id, i as u16))
+                .await
+                .map_err(|_| FabricError::Handshake {
+                    peer: target.to_string(),
+                    reason: format!("connect and handshake timed out after {:?}", cfg.connect_timeout),
+                })??;
+            sockets.push(s);
+        }
+        let (cancel, _) = watch::channel(false);
+        let completer = Arc::new(Completer {
+            dead: AtomicBool::new(false),
+            cancel,
+            order: Mutex::new(Order::default()),
+        });
+        let mut senders = Vec::new();
+        for s in sockets {
+            let (tx, rx) = mpsc::unbounded_channel();
+            senders.push(tx);
+            let stream = Arc::new(s);
+            let pending: PendingQueue = Arc::new(Mutex::new(Queue::default()));
+            tokio::spawn(writer(stream.clone(), rx, pending.clone(), completer.clone()));
+            tokio::spawn(reader(stream, pending, completer.clone(), target));
+        }
+        Ok(TcpSession {
+            shared: Shared {
+                peer: target,
+                streams: senders,
+                stripe: if cfg.streams > 1 { cfg.stripe } else { MAX_PIECE_LEN },
+                post: Mutex::new(0),
+                completer,
+            },
+        })
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.shared.completer.dead.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn peer(&self) -> EndpointAddr {
+        self.shared.peer
+    }
+
+    pub(crate) fn post(&self, kind: OpKind, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
+        let sh = &self.shared;
+        let len = local.len() as u64;
+        let (tx, rx) = oneshot::channel();
+        let info = OpError {
+            status: OpStatus::Flushed,
+            op: kind.name(),
+            remote_addr,
+            rkey,
+            len,
+        };
+        let mut seq_guard = sh.post.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = *seq_guard;
+        *seq_guard += 1;
+        // Split at stripe boundaries (and at MAX_PIECE_LEN) in remote-address space.
+        let stripe = sh.stripe.min(MAX_PIECE_LEN);
+        let mut pieces = Vec::new();
+        let mut off = 0u64;
+        loop {
+            let addr = remote_addr.wrapping_add(off);
+            let to_boundary = stripe - addr % stripe;
+            let n = (len - off).min(to_boundary);
+            let stream = ((addr / stripe) % sh.streams.len() as u64) as usize;
+            pieces.push((stream, off, addr, n));
+            off += n;
+            if off >= len {
+                break;
+            }
+        }
+        let op = Arc::new(Op {
+            kind,
+            local,
+            remote_addr,
+            rkey,
+            seq,
+            remaining: AtomicUsize::new(pieces.len()),
+            status: Mutex::new(None),
+            tx: Mutex::new(Some(tx)),
+            completer: sh.completer.clone(),
+        });
+        for (stream, off, addr, n) in pieces {
+            let piece = Piece {
+                op: op.clone(),
+                local_off: off as usize,
+                remote_addr: addr,
+                len: n,
+            };
+            if sh.completer.dead.load(Ordering::SeqCst) {
+                piece.op.piece_done(Some(OpStatus::Flushed));
+                continue;
+            }
+            if let Err(mpsc::error::SendError(piece)) = sh.streams[stream].send(piece) {
+                piece.op.piece_done(Some(OpStatus::Flushed));
+            }
+        }
+        drop(seq_guard);
+        Completion::new(rx, info)
+    }
+}
+
+/// Pieces sent (or being sent) on a stream and not yet completed. Only the
+/// reader removes entries; once it has `closed` the queue, the writer
+/// completes new pieces itself as flushed.
+#[derive(Default)]
+struct Queue {
+    closed: bool,
+    q: VecDeque<Pending>,
+}
+
+type PendingQueue = Arc<Mutex<Queue>>;
+
+async fn writer(
+    stream: Arc<TcpStream>,
+    mut rx: mpsc::UnboundedReceiver<Piece>,
+    pending: PendingQueue,
+    completer: Arc<Completer>,
+) {
+    let mut cancel = completer.cancel.subscribe();
+    let mut wr_id = 0u64;
+    loop {
+        let piece = tokio::select! {
+            biased;
+            _ = super::io::cancelled(&mut cancel) => break,
+            p = rx.recv() => match p {
+                Some(p) => p,
+                None => break,
+            },
+        };
+        wr_id += 1;
+        let head = RequestHeader {
+            op: piece.op.kind,
+            rkey: piece.op.rkey,
+            wr_id,
+            addr: piece.remote_addr,
+            len: piece.len,
+        }
+        .encode();
+        let (ptr, n) = match piece.op.kind {
+            OpKind::Write => (piece.local_ptr() as usize, piece.len as usize),
+            OpKind::Read => (0, 0),
+        };
+        // Keeps the op (and so its local memory) alive while we send from it,
+        // even if the reader completes it meanwhile.
+        let _keep = piece.op.clone();
+        {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            if q.closed {
+                drop(q);
+                piece.op.piece_done(Some(OpStatus::Flushed));
+                continue;
+            }
+            q.q.push_back(Pending {
+                wr_id,
+                piece,
+                got_data: false,
+            });
+        }
+        // SAFETY: for a WRITE, [ptr, ptr+n) is the piece's part of the op's
+        // local slice; `_keep` owns the op and so keeps the region mapped
+        // until the send returns or is dropped. For a READ only the header
+        // is sent.
+        let r = tokio::select! {
+            biased;
+            _ = super::io::cancelled(&mut cancel) => break,
+            r = unsafe { io::send_all(&stream, &head, ptr, n) } => r,
+        };
+        if let Err(e) = r {
+            debug!(error = %e, "fabric session stream write failed");
+            completer.fail();
+            break;
+        }
+    }
+    // Orderly close (all senders gone) or failure: flush what was never sent.
+    rx.close();
+    while let Ok(p) = rx.try_recv() {
+        p.op.piece_done(Some(OpStatus::Flushed));
+    }
+    // Half-close so the responder sees EOF after the last request.
+    let _ = socket2::SockRef::from(&*stream).shutdown(std::net::Shutdown::Write);
+}
+
+async fn reader(stream: Arc<TcpStream>, pending: PendingQueue, completer: Arc<Completer>, peer: EndpointAddr) {
+    let mut cancel = completer.cancel.subscribe();
+    let r = tokio::select! {
+        biased;
+        _ = super::io::cancelled(&mut cancel) => Ok(()),
+        r = read_loop(&stream, &pending) => r,
+    };
+    if let Err(e) = &r {
+        debug!(%peer, error = %e, "fabric session stream failed");
+    }
+    // Whatever ended the loop, the session can no longer be trusted: the
+    // oldest outstanding piece gets "retry exceeded" if this stream failed
+    // first, everything else "flushed".
+    let first_failure = !completer.dead.swap(true, Ordering::SeqCst) && r.is_err();
+    let _ = completer.cancel.send(true);
+    let q = {
+        let mut g = pending.lock().unwrap_or_else(|e| e.into_inner());
+        g.closed = true;
+        std::mem::take(&mut g.q)
+    };
+    let mut first = first_failure;
+    for p in q {
+        let st = if first { OpStatus::RetryExceeded } else { OpStatus::Flushed };
+        first = false;
+        p.piece.op.piece_done(Some(st));
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+}
+
+async fn read_loop(stream: &TcpStream, pending: &PendingQueue) -> std::result::Result<(), ReadError> {
+    let mut hb = [0u8; ResponseHeader::LEN];
+    loop {
+        if !io::recv_exact(stream, &mut hb).await? {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the endpoint closed the connection").into());
+        }
+        let h = ResponseHeader::decode(&hb)?;
+        match h.kind {
+            ResponseKind::ReadData => {
+                let (ptr, len, _keep) = {
+                    let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+                    let front = q
+                        .q
+                        .front_mut()
+                        .ok_or_else(|| FrameError::Unexpected("read data with nothing outstanding".into()))?;
+                    if front.wr_id != h.wr_id
+                        || front.piece.op.kind != OpKind::Read
+                        || front.got_data
+                        || front.piece.len != h.len
+                    {
+                        return Err(FrameError::Unexpected(format!(
+                            "read data for request {} ({} bytes) does not match the outstanding request {}",
+                            h.wr_id, h.len, front.wr_id
+                        ))
+                        .into());
+                    }
+                    front.got_data = true;
+                    (
+                        front.piece.local_ptr() as usize,
+                        front.piece.len as usize,
+                        front.piece.op.clone(),
+                    )
+                };
+                // SAFETY: [ptr, ptr+len) is the piece's part of the op's local
+                // slice; `_keep` owns the op and so keeps its region mapped
+                // until the receive returns or is dropped.
+                unsafe { io::recv_exact_raw(stream, ptr, len).await? };
+            }
+            ResponseKind::Completion => {
+                let p = {
+                    let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+                    match q.q.front() {
+                        Some(f) if f.wr_id == h.wr_id => {}
+                        _ => {
+                            return Err(FrameError::Unexpected(format!(
+                                "completion for request {} that is not the oldest outstanding",
+                                h.wr_id
+                            ))
+                            .into());
+                        }
+                    }
+                    q.q.pop_front().expect("front exists")
+                };
+                let ok_read_without_data = p.piece.op.kind == OpKind::Read && h.status.is_none() && !p.got_data && p.piece.len > 0;
+                if ok_read_without_data {
+                    p.piece.op.piece_done(Some(OpStatus::RemoteOperation));
+                    return Err(FrameError::Unexpected("successful read completion without data".into()).into());
+                }
+                p.piece.op.piece_done(h.status);
+            }
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The `verbs` backend (rdma-sys): device discovery, protection domain and
+//! memory registration.
+//!
+//! Discovery failing (`ibv_get_device_list` returning NULL with `ENOSYS`,
+//! i.e. a kernel without RDMA, or an empty device list) is reported as
+//! [`FabricError::Unavailable`] so callers can pick the `tcp` backend.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::ptr::NonNull;
+
+use rdma_sys::*;
+
+use crate::access::Access;
+use crate::error::{FabricError, Result};
+use crate::memory::Memory;
+
+/// What [`discover`] found: the names of the RDMA devices.
+pub fn discover() -> Result<Vec<String>> {
+    let mut n: i32 = 0;
+    // SAFETY: ibv_get_device_list writes the count into `n` and returns a
+    // NULL-terminated array (or NULL with errno set); we free it below.
+    let list = unsafe { ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        let err = std::io::Error::last_os_error();
+        return Err(unavailable_from_errno(err));
+    }
+    let mut names = Vec::new();
+    for i in 0..n.max(0) as usize {
+        // SAFETY: `list` has `n` valid entries.
+        let dev = unsafe { *list.add(i) };
+        if dev.is_null() {
+            break;
+        }
+        // SAFETY: `dev` is a valid device; its name is a NUL-terminated string
+        // owned by the list.
+        let name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { ibv_free_device_list(list) };
+    if names.is_empty() {
+        return Err(FabricError::Unavailable {
+            reason: "no RDMA devices found".into(),
+        });
+    }
+    Ok(names)
+}
+
+fn unavailable_from_errno(err: std::io::Error) -> FabricError {
+    let reason = match err.raw_os_error() {
+        Some(libc::ENOSYS) => "the kernel has no RDMA support (ibv_get_device_list: ENOSYS)".to_string(),
+        Some(0) | None => "no RDMA devices found".to_string(),
+        _ => format!("cannot list RDMA devices: {err}"),
+    };
+    FabricError::Unavailable { reason }
+}
+
+/// Maps fabric access flags to verbs access flags.
+pub fn access_flags(a: Access) -> u32 {
+    let mut f = 0u32;
+    if a.contains(Access::LOCAL_WRITE) {
+        f |= ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    }
+    if a.contains(Access::REMOTE_READ) {
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    if a.contains(Access::REMOTE_WRITE) {
+        // Verbs requires LOCAL_WRITE together with REMOTE_WRITE.
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0 | ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    }
+    f
+}
+
+/// An open verbs device with its protection domain.
+pub(crate) struct VerbsDomain {
+    ctx: NonNull<ibv_context>,
+    pd: NonNull<ibv_pd>,
+}
+
+// SAFETY: verbs contexts and PDs are thread-safe objects in libibverbs.
+unsafe impl Send for VerbsDomain {}
+// SAFETY: see Send; all verbs calls on them are internally synchronised.
+unsafe impl Sync for VerbsDomain {}
+
+impl fmt::Debug for VerbsDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerbsDomain").finish_non_exhaustive()
+    }
+}
+
+impl VerbsDomain {
+    /// Opens the first RDMA device and allocates a PD.
+    pub(crate) fn open_first() -> Result<VerbsDomain> {
+        let mut n: i32 = 0;
+        // SAFETY: as in `discover`.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(unavailable_from_errno(std::io::Error::last_os_error()));
+        }
+        // SAFETY: a non-NULL list has at least the terminating entry.
+        let dev = if n > 0 { unsafe { *list } } else { std::ptr::null_mut() };
+        let ctx = if dev.is_null() {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: `dev` is a valid device from the list.
+            unsafe { ibv_open_device(dev) }
+        };
+        let open_err = std::io::Error::last_os_error();
+        // SAFETY: freed once; an opened context stays valid after freeing the list.
+        unsafe { ibv_free_device_list(list) };
+        if dev.is_null() {
+            return Err(FabricError::Unavailable {
+                reason: "no RDMA devices found".into(),
+            });
+        }
+        let ctx = NonNull::new(ctx).ok_or_else(|| FabricError::Verbs {
+            what: "ibv_open_device".into(),
+            source: open_err,
+        })?;
+        // SAFETY: `ctx` is an open context.
+        let pd = unsafe { ibv_alloc_pd(ctx.as_ptr()) };
+        let Some(pd) = NonNull::new(pd) else {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: closing the context we opened.
+            unsafe { ibv_close_device(ctx.as_ptr()) };
+            return Err(FabricError::Verbs {
+                what: "ibv_alloc_pd".into(),
+                source: e,
+            });
+        };
+        Ok(VerbsDomain { ctx, pd })
+    }
+
+    /// Registers `[offset, offset+len)` of `mem` with `access` (host memory
+    /// with `ibv_reg_mr`; CUDA memory with `ibv_reg_dmabuf_mr`).
+    pub(crate) fn register(&self, mem: &Memory, offset: usize, len: usize, access: Access) -> Result<Mr> {
+        let flags = access_flags(access | Access::LOCAL_WRITE);
+        #[cfg(feature = "cuda")]
+        if let Some(dm) = mem.cuda_memory() {
+            let fd = dm.dmabuf_fd()?;
+            // SAFETY: the PD is live; the dma-buf fd exports the device
+            // allocation, which `mem` keeps alive as long as the region.
+            let mr = unsafe {
+                ibv_reg_dmabuf_mr(
+                    self.pd.as_ptr(),
+                    offset as u64,
+                    len,
+                    mem.addr() + offset as u64,
+                    std::os::fd::AsRawFd::as_raw_fd(&fd),
+                    flags as i32,
+                )
+            };
+            return Mr::new(mr, "ibv_reg_dmabuf_mr");
+        }
+        // SAFETY: the range lies inside `mem`, which the region keeps mapped
+        // for at least as long as the MR (the MR is dropped at revocation).
+        let mr = unsafe {
+            ibv_reg_mr(
+                self.pd.as_ptr(),
+                mem.as_ptr().add(offset).cast(),
+                len,
+                flags as i32,
+            )
+        };
+        Mr::new(mr, "ibv_reg_mr")
+    }
+
+    pub(crate) fn context(&self) -> *mut ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    pub(crate) fn pd(&self) -> *mut ibv_pd {
+        self.pd.as_ptr()
+    }
+}
+
+impl Drop for VerbsDomain {
+    fn drop(&mut self) {
+        // SAFETY: every MR holds the domain alive (via its region), so none
+        // is left when the domain drops; PD then context are released once.
+        unsafe {
+            ibv_dealloc_pd(self.pd.as_ptr());
+            ibv_close_device(self.ctx.as_ptr());
+        }
+    }
+}
+
+/// A verbs memory registration; deregistered on drop.
+pub(crate) struct Mr(NonNull<ibv_mr>);
+
+// SAFETY: an MR handle may be used and deregistered from any thread.
+unsafe impl Send for Mr {}
+// SAFETY: only lkey/rkey are read through `&Mr`.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    fn new(mr: *mut ibv_mr, what: &str) -> Result<Mr> {
+        NonNull::new(mr).map(Mr).ok_or_else(|| FabricError::Verbs {
+            what: what.into(),
+            source: std::io::Error::last_os_error(),
+        })
+    }
+
+    pub(crate) fn rkey(&self) -> u32 {
+        // SAFETY: the MR is valid until drop.
+        unsafe { self.0.as_ref().rkey }
+    }
+
+    pub(crate) fn lkey(&self) -> u32 {
+        // SAFETY: the MR is valid until drop.
+        unsafe { self.0.as_ref().lkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: registered by us, deregistered once. ibv_dereg_mr returns
+        // after the device stops using the MR.
+        unsafe {
+            ibv_dereg_mr(self.0.as_ptr());
+        }
+    }
+}
+
+pub(crate) fn not_wired(what: &str) -> FabricError {
+    FabricError::Unavailable {
+        reason: format!("the verbs {what} is not available in this build"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_without_hardware_is_a_typed_unavailable_error() {
+        match discover() {
+            Ok(devs) => assert!(!devs.is_empty()),
+            Err(FabricError::Unavailable { reason }) => assert!(!reason.is_empty()),
+            Err(e) => panic!("discovery must fail with Unavailable, got {e}"),
+        }
+    }
+
+    #[test]
+    fn access_mapping() {
+        let f = access_flags(Access::REMOTE_WRITE);
+        assert_ne!(f & ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0, 0);
+        assert_ne!(f & ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0, 0);
+        assert_eq!(f & ibv_access_flags::IBV_ACCESS_REMOTE_READ.0, 0);
+        assert_eq!(access_flags(Access::NONE), 0);
+    }
+}

@@ -1,0 +1,500 @@
+//! The fabric conformance suite, generic over the backend.
+//!
+//! Every case is an `async fn(Backend)`; the `conformance!` macro runs each on
+//! `tcp` (always) and on `verbs` (ignored: needs an RDMA device; run with
+//! `cargo test -p fabric --test conformance -- --ignored` on RDMA hardware).
+
+use std::time::Duration;
+
+use fabric::{
+    Access, Backend, Domain, Endpoint, EndpointConfig, FabricError, FabricKey, OpStatus, RdmaToken, Region, Session,
+    SessionConfig,
+};
+use rand::RngCore;
+
+/// Turns a hang into a failure. Not a performance threshold: far above what
+/// any case needs.
+const HANG_GUARD: Duration = Duration::from_secs(240);
+
+struct Fixture {
+    key: FabricKey,
+    server: Domain,
+    client: Domain,
+    endpoint: Endpoint,
+}
+
+impl Fixture {
+    async fn new(backend: Backend) -> Fixture {
+        let key = FabricKey::random();
+        let server = Domain::open(backend).expect("open server domain");
+        let client = Domain::open(backend).expect("open client domain");
+        let endpoint = Endpoint::listen(&server, EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone()))
+            .await
+            .expect("listen");
+        Fixture {
+            key,
+            server,
+            client,
+            endpoint,
+        }
+    }
+
+    async fn session(&self) -> Session {
+        self.session_with(SessionConfig::new(self.key.clone())).await
+    }
+
+    async fn session_with(&self, cfg: SessionConfig) -> Session {
+        Session::connect(&self.client, self.endpoint.addr(), cfg).await.expect("connect")
+    }
+}
+
+/// Fills a region with random bytes whose 16 MiB chunks are all distinct.
+fn fill_random(r: &Region) {
+    const CHUNK: usize = 16 << 20;
+    let mut buf = vec![0u8; CHUNK.min(r.len())];
+    rand::rng().fill_bytes(&mut buf);
+    let mut off = 0;
+    let mut i = 0u64;
+    while off < r.len() {
+        let n = CHUNK.min(r.len() - off);
+        if n >= 8 {
+            buf[..8].copy_from_slice(&i.to_le_bytes());
+        }
+        r.write_at(off, &buf[..n]).unwrap();
+        off += n;
+        i += 1;
+    }
+}
+
+fn crc(r: &Region, off: usize, len: usize) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; (16usize << 20).min(len)];
+    let mut done = 0;
+    while done < len {
+        let n = buf.len().min(len - done);
+        r.read_at(off + done, &mut buf[..n]).unwrap();
+        h.update(&buf[..n]);
+        done += n;
+    }
+    h.finalize()
+}
+
+async fn guard<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(HANG_GUARD, f).await.expect("operation hung")
+}
+
+async fn transfer_roundtrip(backend: Backend, size: usize) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx.server.alloc(size, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let src = fx.client.alloc(size, Access::LOCAL_WRITE).unwrap();
+    let dst = fx.client.alloc(size, Access::LOCAL_WRITE).unwrap();
+    fill_random(&src);
+    let s = fx.session().await;
+    let w = remote.window(0, size, Access::REMOTE_WRITE, None).unwrap();
+    guard(s.write(src.as_slice(), w.addr(), w.rkey())).await.expect("write");
+    assert_eq!(crc(&remote, 0, size), crc(&src, 0, size), "remote bytes after WRITE");
+    let r = remote.window(0, size, Access::REMOTE_READ, None).unwrap();
+    guard(s.read(dst.as_slice(), r.addr(), r.rkey())).await.expect("read");
+    assert_eq!(crc(&dst, 0, size), crc(&src, 0, size), "local bytes after READ");
+}
+
+async fn zero_bytes(backend: Backend) {
+    transfer_roundtrip(backend, 0).await;
+}
+
+async fn one_byte(backend: Backend) {
+    transfer_roundtrip(backend, 1).await;
+}
+
+async fn four_kib(backend: Backend) {
+    transfer_roundtrip(backend, 4096).await;
+}
+
+async fn one_gib(backend: Backend) {
+    transfer_roundtrip(backend, 1 << 30).await;
+}
+
+/// Also exercises offsets inside the remote region and the local slice.
+async fn offsets_and_token_roundtrip(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx.server.alloc(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let w = remote.window(4096, 65536, Access::REMOTE_WRITE, None).unwrap();
+    let token: RdmaToken = fx.endpoint.token(&w).unwrap().to_string().parse().unwrap();
+    let slice = token.slice(1000, 5000).unwrap();
+    let local = fx.client.alloc(10_000, Access::LOCAL_WRITE).unwrap();
+    local.write_at(3000, &[0xab; 5000]).unwrap();
+    let s = Session::connect(&fx.client, slice.endpoint().unwrap(), SessionConfig::new(fx.key.clone()))
+        .await
+        .unwrap();
+    guard(s.write(local.slice(3000, 5000).unwrap(), slice.addr, slice.rkey)).await.unwrap();
+    let mut got = vec![0u8; 7000];
+    remote.read_at(4096, &mut got).unwrap();
+    assert!(got[..1000].iter().all(|&b| b == 0));
+    assert!(got[1000..6000].iter().all(|&b| b == 0xab));
+    assert!(got[6000..].iter().all(|&b| b == 0));
+}
+
+async fn expect_status(c: fabric::Completion, want: OpStatus) {
+    match guard(c).await {
+        Ok(()) => panic!("operation succeeded, expected {want}"),
+        Err(e) => assert_eq!(e.status, want, "{e}"),
+    }
+}
+
+async fn out_of_bounds(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx.server.alloc(8192, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let w = remote.window(0, 4096, Access::REMOTE_READ | Access::REMOTE_WRITE, None).unwrap();
+    let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &[0x5a; 4096]).unwrap();
+    let s = fx.session().await;
+    // One byte past the window's end, though still inside the region.
+    expect_status(s.write(local.slice(0, 2).unwrap(), w.addr() + 4095, w.rkey()), OpStatus::RemoteAccess).await;
+    let s = fx.session().await;
+    expect_status(s.read(local.slice(0, 1).unwrap(), w.addr() + 4096, w.rkey()), OpStatus::RemoteAccess).await;
+    let s = fx.session().await;
+    expect_status(s.write(local.slice(0, 1).unwrap(), w.addr() - 1, w.rkey()), OpStatus::RemoteAccess).await;
+    let s = fx.session().await;
+    expect_status(s.write(local.as_slice(), u64::MAX - 10, w.rkey()), OpStatus::RemoteAccess).await;
+    let mut got = vec![0u8; 8192];
+    remote.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "nothing may land outside bounds");
+}
+
+async fn wrong_rkey(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    let s = fx.session().await;
+    let bad = remote.rkey().wrapping_add(1);
+    expect_status(s.write(local.as_slice(), remote.addr(), bad), OpStatus::RemoteAccess).await;
+    let s = fx.session().await;
+    expect_status(s.read(local.as_slice(), remote.addr(), bad), OpStatus::RemoteAccess).await;
+}
+
+async fn write_to_read_only(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let ro = fx.server.alloc(4096, Access::REMOTE_READ).unwrap();
+    let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &[1; 4096]).unwrap();
+    let s = fx.session().await;
+    expect_status(s.write(local.as_slice(), ro.addr(), ro.rkey()), OpStatus::RemoteAccess).await;
+    // A read-only window over a read-write region refuses writes too.
+    let rw = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let w = rw.window(0, 4096, Access::REMOTE_READ, None).unwrap();
+    let s = fx.session().await;
+    expect_status(s.write(local.as_slice(), w.addr(), w.rkey()), OpStatus::RemoteAccess).await;
+    // ...and a write-only window refuses reads.
+    let wo = rw.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
+    let s = fx.session().await;
+    expect_status(s.read(local.as_slice(), wo.addr(), wo.rkey()), OpStatus::RemoteAccess).await;
+    let mut got = vec![0u8; 4096];
+    ro.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0));
+    rw.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0));
+}
+
+async fn revoked_window(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let w = remote.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
+    let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &[9; 4096]).unwrap();
+    let s = fx.session().await;
+    guard(s.write(local.slice(0, 10).unwrap(), w.addr(), w.rkey())).await.unwrap();
+    let (addr, rkey) = (w.addr(), w.rkey());
+    w.revoke();
+    assert!(w.is_revoked());
+    let s = fx.session().await;
+    expect_status(s.write(local.as_slice(), addr, rkey), OpStatus::RemoteAccess).await;
+    let mut got = vec![0u8; 4096];
+    remote.read_at(0, &mut got).unwrap();
+    assert!(got[..10].iter().all(|&b| b == 9));
+    assert!(got[10..].iter().all(|&b| b == 0), "no byte lands after revoke()");
+    // Deregistering the region revokes its own rkey as well.
+    remote.deregister();
+    let s = fx.session().await;
+    expect_status(s.read(local.as_slice(), remote.addr(), remote.rkey()), OpStatus::RemoteAccess).await;
+}
+
+async fn expired_window(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let w = remote
+        .window(0, 4096, Access::REMOTE_READ | Access::REMOTE_WRITE, Some(Duration::from_millis(1)))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    let s = fx.session().await;
+    expect_status(s.write(local.as_slice(), w.addr(), w.rkey()), OpStatus::RemoteAccess).await;
+    let s = fx.session().await;
+    expect_status(s.read(local.as_slice(), w.addr(), w.rkey()), OpStatus::RemoteAccess).await;
+}
+
+async fn peer_killed_mid_transfer(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    const OPS: usize = 64;
+    const SIZE: usize = 16 << 20;
+    let remote = fx.server.alloc(OPS * SIZE, Access::REMOTE_WRITE).unwrap();
+    let local = fx.client.alloc(SIZE, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &[0xee; 16]).unwrap();
+    local.write_at(SIZE - 1, &[0xee]).unwrap();
+    let s = fx.session().await;
+    let ops: Vec<_> = (0..OPS)
+        .map(|i| s.write(local.as_slice(), remote.addr() + (i * SIZE) as u64, remote.rkey()))
+        .collect();
+    // Wait until the first bytes have landed, then kill the responder.
+    guard(async {
+        loop {
+            let mut b = [0u8; 1];
+            remote.read_at(0, &mut b).unwrap();
+            if b[0] == 0xee {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let Fixture { endpoint, server, .. } = fx;
+    endpoint.shutdown().await;
+    let results = guard(futures::future::join_all(ops)).await;
+    let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(!failed.is_empty(), "a responder killed mid-transfer must fail operations");
+    for e in &failed {
+        assert!(
+            matches!(e.status, OpStatus::RetryExceeded | OpStatus::Flushed),
+            "unexpected status {e}"
+        );
+    }
+    // Completions are in order: once one fails, all later ones fail.
+    let first_fail = results.iter().position(|r| r.is_err()).unwrap();
+    assert!(results[first_fail..].iter().all(|r| r.is_err()));
+    assert!(!s.is_alive());
+    // Posting on a dead session completes at once with "flushed".
+    expect_status(s.write(local.slice(0, 1).unwrap(), remote.addr(), remote.rkey()), OpStatus::Flushed).await;
+    drop(server);
+}
+
+async fn thousand_concurrent(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    const N: usize = 1000;
+    const SZ: usize = 4096;
+    let remote = fx.server.alloc(N * SZ, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let src = fx.client.alloc(N * SZ, Access::LOCAL_WRITE).unwrap();
+    let dst = fx.client.alloc(N * SZ, Access::LOCAL_WRITE).unwrap();
+    fill_random(&src);
+    for i in 0..N {
+        src.write_at(i * SZ, &(i as u64).to_le_bytes()).unwrap();
+    }
+    let s = fx.session().await;
+    let writes: Vec<_> = (0..N)
+        .map(|i| s.write(src.slice(i * SZ, SZ).unwrap(), remote.addr() + (i * SZ) as u64, remote.rkey()))
+        .collect();
+    for r in guard(futures::future::join_all(writes)).await {
+        r.unwrap();
+    }
+    // Reads in reverse order, into distinct slices.
+    let reads: Vec<_> = (0..N)
+        .rev()
+        .map(|i| s.read(dst.slice(i * SZ, SZ).unwrap(), remote.addr() + (i * SZ) as u64, remote.rkey()))
+        .collect();
+    for r in guard(futures::future::join_all(reads)).await {
+        r.unwrap();
+    }
+    assert_eq!(crc(&dst, 0, N * SZ), crc(&src, 0, N * SZ));
+}
+
+async fn two_sessions_one_endpoint(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    const SZ: usize = 8 << 20;
+    let remote = fx.server.alloc(2 * SZ, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let a = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
+    let b = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
+    fill_random(&a);
+    fill_random(&b);
+    let s1 = fx.session().await;
+    let s2 = fx.session().await;
+    let w1 = s1.write(a.as_slice(), remote.addr(), remote.rkey());
+    let w2 = s2.write(b.as_slice(), remote.addr() + SZ as u64, remote.rkey());
+    let (r1, r2) = guard(async { tokio::join!(w1, w2) }).await;
+    r1.unwrap();
+    r2.unwrap();
+    assert_eq!(crc(&remote, 0, SZ), crc(&a, 0, SZ));
+    assert_eq!(crc(&remote, SZ, SZ), crc(&b, 0, SZ));
+}
+
+async fn endpoint_restart(backend: Backend) {
+    let key = FabricKey::random();
+    let server = Domain::open(backend).unwrap();
+    let client = Domain::open(backend).unwrap();
+    let remote = server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let local = client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    let ep = Endpoint::listen(&server, EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone()))
+        .await
+        .unwrap();
+    let old = ep.addr();
+    let s = Session::connect(&client, old, SessionConfig::new(key.clone())).await.unwrap();
+    guard(s.write(local.as_slice(), remote.addr(), remote.rkey())).await.unwrap();
+    ep.shutdown().await;
+    // The old session fails rather than hangs.
+    let r = guard(s.write(local.as_slice(), remote.addr(), remote.rkey())).await;
+    let e = r.expect_err("a write to a stopped endpoint must fail");
+    assert!(matches!(e.status, OpStatus::RetryExceeded | OpStatus::Flushed), "{e}");
+    // Restart on the same port with a new responder number.
+    let mut cfg = EndpointConfig::new(old.addr, key.clone());
+    cfg.responder = old.responder + 1;
+    let ep2 = Endpoint::listen(&server, cfg).await.unwrap();
+    assert_eq!(ep2.addr().addr, old.addr);
+    // A stale address (old responder number) is refused...
+    match Session::connect(&client, old, SessionConfig::new(key.clone())).await {
+        Err(FabricError::Handshake { reason, .. }) => assert!(reason.contains("responder"), "{reason}"),
+        other => panic!("stale responder number must be refused, got {other:?}"),
+    }
+    // ...and the new one works.
+    let s2 = Session::connect(&client, ep2.addr(), SessionConfig::new(key)).await.unwrap();
+    guard(s2.read(local.as_slice(), remote.addr(), remote.rkey())).await.unwrap();
+}
+
+async fn wrong_key_refused(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    match Session::connect(&fx.client, fx.endpoint.addr(), SessionConfig::new(FabricKey::random())).await {
+        Err(FabricError::Handshake { reason, .. }) => assert!(reason.contains("key"), "{reason}"),
+        other => panic!("a peer without the fabric key must be refused, got {other:?}"),
+    }
+    // The endpoint keeps serving others.
+    let remote = fx.server.alloc(16, Access::REMOTE_READ).unwrap();
+    let local = fx.client.alloc(16, Access::LOCAL_WRITE).unwrap();
+    let s = fx.session().await;
+    guard(s.read(local.as_slice(), remote.addr(), remote.rkey())).await.unwrap();
+}
+
+async fn dropped_future_keeps_buffer(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    const SZ: usize = 32 << 20;
+    let remote = fx.server.alloc(SZ, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let s = fx.session().await;
+    {
+        let local = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
+        local.write_at(SZ - 4, b"tail").unwrap();
+        // Drop both the completion and our last handle on the local memory.
+        drop(s.write(local.as_slice(), remote.addr(), remote.rkey()));
+    }
+    // Completions are ordered: when this read completes, the write has too.
+    let probe = fx.client.alloc(4, Access::LOCAL_WRITE).unwrap();
+    guard(s.read(probe.as_slice(), remote.addr() + SZ as u64 - 4, remote.rkey())).await.unwrap();
+    assert_eq!(probe.as_slice().to_vec().unwrap(), b"tail");
+}
+
+async fn ordering_same_bytes(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx.server.alloc(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let a = fx.client.alloc(1 << 20, Access::LOCAL_WRITE).unwrap();
+    let b = fx.client.alloc(1 << 20, Access::LOCAL_WRITE).unwrap();
+    let out = fx.client.alloc(1 << 20, Access::LOCAL_WRITE).unwrap();
+    a.write_at(0, &vec![1u8; 1 << 20]).unwrap();
+    b.write_at(0, &vec![2u8; 1 << 20]).unwrap();
+    let mut cfg = SessionConfig::new(fx.key.clone());
+    cfg.streams = 4;
+    cfg.stripe = 64 << 10;
+    let s = fx.session_with(cfg).await;
+    for round in 0..20u64 {
+        let (first, second) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        // Overlapping writes at different offsets, then a read: the later
+        // write wins on the overlap and the read sees it.
+        let off = (round * 4099) % (512 << 10);
+        let w1 = s.write(first.slice(0, 512 << 10).unwrap(), remote.addr() + off, remote.rkey());
+        let w2 = s.write(second.slice(0, 256 << 10).unwrap(), remote.addr() + off + 1000, remote.rkey());
+        let r = s.read(out.slice(0, 512 << 10).unwrap(), remote.addr() + off, remote.rkey());
+        let (r1, r2, r3) = guard(async { tokio::join!(w1, w2, r) }).await;
+        r1.unwrap();
+        r2.unwrap();
+        r3.unwrap();
+        let got = out.slice(0, 512 << 10).unwrap().to_vec().unwrap();
+        let v1 = if round % 2 == 0 { 1 } else { 2 };
+        let v2 = 3 - v1;
+        assert!(got[..1000].iter().all(|&x| x == v1));
+        assert!(got[1000..1000 + (256 << 10)].iter().all(|&x| x == v2));
+        assert!(got[1000 + (256 << 10)..].iter().all(|&x| x == v1));
+    }
+}
+
+async fn multi_stream_large(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    const SZ: usize = 64 << 20;
+    let remote = fx.server.alloc(SZ + 12345, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let src = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
+    let dst = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
+    fill_random(&src);
+    let mut cfg = SessionConfig::new(fx.key.clone());
+    cfg.streams = 3;
+    cfg.stripe = 1 << 20;
+    let s = fx.session_with(cfg).await;
+    // Unaligned remote address: pieces straddle stripe boundaries.
+    let addr = remote.addr() + 12345;
+    guard(s.write(src.as_slice(), addr, remote.rkey())).await.unwrap();
+    guard(s.read(dst.as_slice(), addr, remote.rkey())).await.unwrap();
+    assert_eq!(crc(&dst, 0, SZ), crc(&src, 0, SZ));
+    assert_eq!(crc(&remote, 12345, SZ), crc(&src, 0, SZ));
+}
+
+async fn shared_memory_regions(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let mem = fabric::Memory::memfd("conformance", 1 << 16).unwrap();
+    let fd = mem.fd().unwrap().try_clone_to_owned().unwrap();
+    let remote = fx.server.register(mem, Access::REMOTE_WRITE).unwrap();
+    // What "another process" sees through its own mapping of the fd.
+    let view = fabric::Memory::from_fd(fd, 1 << 16).unwrap();
+    let view = Domain::tcp().register(view, Access::NONE).unwrap();
+    let local = fx.client.alloc(100, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &[0x42; 100]).unwrap();
+    let s = fx.session().await;
+    guard(s.write(local.as_slice(), remote.addr() + 500, remote.rkey())).await.unwrap();
+    let mut got = [0u8; 100];
+    view.read_at(500, &mut got).unwrap();
+    assert_eq!(got, [0x42; 100]);
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod tcp {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(fabric::Backend::Tcp).await;
+                }
+            )*
+        }
+        mod verbs {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs an RDMA device (run with --ignored on RDMA hardware)"]
+                async fn $name() {
+                    super::$name(fabric::Backend::Verbs).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    zero_bytes,
+    one_byte,
+    four_kib,
+    one_gib,
+    offsets_and_token_roundtrip,
+    out_of_bounds,
+    wrong_rkey,
+    write_to_read_only,
+    revoked_window,
+    expired_window,
+    peer_killed_mid_transfer,
+    thousand_concurrent,
+    two_sessions_one_endpoint,
+    endpoint_restart,
+    wrong_key_refused,
+    dropped_future_keeps_buffer,
+    ordering_same_bytes,
+    multi_stream_large,
+    shared_memory_regions,
+);
