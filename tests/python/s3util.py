@@ -406,14 +406,15 @@ class SentHeaders:
         client.meta.events.register("before-send.s3", self._record)
 
     def _record(self, request, **kwargs):
-        self.requests.append((request.method, request.url, dict(request.headers)))
+        hdrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in request.headers.items()}
+        self.requests.append((request.method, request.url, hdrs))
 
     def content_sha256(self, method: str = "PUT") -> list[str]:
         out = []
         for m, _, h in self.requests:
             if m == method:
                 v = h.get("X-Amz-Content-SHA256") or h.get("x-amz-content-sha256")
-                out.append(v.decode() if isinstance(v, bytes) else v)
+                out.append(v)
         return out
 
 

@@ -21,7 +21,6 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from s3util import (
-    STREAMING_SIGNED,
     STREAMING_UNSIGNED_TRAILER,
     UNSIGNED_PAYLOAD,
     MiB,
