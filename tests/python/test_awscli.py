@@ -462,3 +462,22 @@ def test_cli_payload_modes(aws, bucket, files, s3):
     assert "UNSIGNED-PAYLOAD" not in r.stderr and sha256(data) in r.stderr, "default over http signs the payload hash"
     for k in ("unsigned", "signed"):
         assert sha256(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) == sha256(data)
+
+
+def test_cli_key_edge_cases(aws, target, bucket, files):
+    f = files("k.bin", b"key edge")
+    long_key = "L" * 1000 + "/" + "é" * 11 + "x"  # 1024 bytes of UTF-8
+    assert len(long_key.encode()) == 1024
+    aws("s3api", "put-object", "--bucket", bucket, "--key", long_key, "--body", f)
+    assert aws("s3api", "head-object", "--bucket", bucket, "--key", long_key).json["ContentLength"] == 8
+    aws.error("s3api", "put-object", "--bucket", bucket, "--key", long_key + "y", "--body", f, code="KeyTooLongError")
+    before = {p.relative_to(target.workdir) for p in target.workdir.rglob("*")}
+    r = aws("s3api", "put-object", "--bucket", bucket, "--key", "../../cli-escape", "--body", f, rc=None)
+    if r.rc == 0:
+        keys = [o["Key"] for o in aws("s3api", "list-objects-v2", "--bucket", bucket).json["Contents"]]
+        assert "../../cli-escape" in keys
+    else:
+        assert r.rc == S3API_ERROR_RC and "An error occurred (" in r.stderr, r.stderr
+    after = {p.relative_to(target.workdir) for p in target.workdir.rglob("*")}
+    escaped = {p for p in after - before if not str(p).startswith("jail/data")}
+    assert not escaped, f"files created outside data_dir: {escaped}"
