@@ -1,1 +1,128 @@
-//! The s3dma storage-target: an S3-compatible object server.
+//! The s3dma storage-target: an S3-compatible object server over HTTP/1.1
+//! with a crash-safe filesystem store.
+//!
+//! Modules, outside in:
+//! - [`config`]: the YAML configuration file.
+//! - [`server`]: hyper serving, request ids, metrics wrapping, graceful shutdown.
+//! - [`auth`]: users (SigV4 secrets) and per-bucket read/write rights.
+//! - [`s3`]: the `s3s::S3` implementation, DTOs to store calls, store errors to S3 errors.
+//! - [`store`]: the filesystem store and its pure helpers (ranges, conditions,
+//!   listing, ETags, bucket names, on-disk format).
+//! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
+//!
+//! s3s does the S3 protocol work: routing, XML, SigV4 (header and presigned)
+//! verification, aws-chunked decoding and clock-skew checks.
+
+pub mod auth;
+pub mod config;
+pub mod metrics;
+pub mod s3;
+pub mod server;
+pub mod store;
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+/// Errors that stop the server from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The store could not be opened.
+    #[error("opening the data directory failed: {0}")]
+    Store(#[from] store::StoreError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Builds the s3s service for a store and users.
+#[must_use]
+pub fn build_service(
+    store: Arc<store::Store>,
+    cfg: &config::Config,
+    users: Vec<config::User>,
+) -> s3s::service::S3Service {
+    let users = auth::Users::new(users);
+    let mut b = s3s::service::S3ServiceBuilder::new(s3::S3Store::new(
+        store,
+        cfg.region.clone(),
+        users.clone(),
+    ));
+    b.set_auth(users.clone());
+    b.set_access(users);
+    let mut s3cfg = s3s::config::S3Config::default();
+    s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
+    b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
+        s3cfg,
+    ))));
+    b.build()
+}
+
+/// Loads the configuration, opens the store, binds the listeners, prints the
+/// bound addresses on stdout and serves until `shutdown` is cancelled.
+///
+/// # Errors
+/// [`StartError`] if anything fails before serving starts.
+pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), StartError> {
+    let (cfg, users) = config::Config::load(config_path)?;
+    let data_dir = cfg.data_dir.clone();
+    let store = tokio::task::spawn_blocking(move || store::Store::open(&data_dir))
+        .await
+        .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
+    let store = Arc::new(store);
+    let metrics = Arc::new(metrics::Metrics::new());
+    let service = build_service(store, &cfg, users);
+    let handler = server::Handler::new(service, Arc::clone(&metrics));
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let mut metrics_task = None;
+    if let Some(maddr) = cfg.metrics_listen {
+        let ml = metrics::bind(maddr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: maddr,
+                source,
+            })?;
+        let bound = ml.local_addr().map_err(|source| StartError::Bind {
+            addr: maddr,
+            source,
+        })?;
+        metrics_task = Some((bound, ml));
+    }
+    info!(%addr, region = %cfg.region, data_dir = %cfg.data_dir.display(), "storage-target ready");
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "storage-target listening on http://{addr}");
+        if let Some((bound, _)) = &metrics_task {
+            let _ = writeln!(out, "metrics on http://{bound}/metrics");
+        }
+        let _ = out.flush();
+    }
+    if let Some((_, ml)) = metrics_task {
+        tokio::spawn(metrics::serve(ml, metrics, shutdown.clone()));
+    }
+    server::serve(listener, handler, shutdown, Duration::from_secs(30)).await;
+    info!("storage-target stopped");
+    Ok(())
+}

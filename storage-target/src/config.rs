@@ -1,0 +1,402 @@
+//! The storage-target YAML configuration file.
+//!
+//! Every field is documented here and in `storage-target.example.yaml`; unknown
+//! fields are rejected. [`Config::load`] parses and validates a file and reports
+//! errors as `<file>: <field path>: <what is wrong>`.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Errors from loading or validating the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The configuration file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed, has an unknown field or a value of the wrong type.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The configuration file.
+        file: String,
+        /// serde_yaml's message, which names the field and the position.
+        message: String,
+    },
+    /// A field has an invalid value.
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        /// The configuration file.
+        file: String,
+        /// Path of the offending field, e.g. `users[1].secret_file`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// S3 HTTP listen address; port 0 picks a free port (the bound address is
+    /// printed on stdout).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Region used for SigV4 verification and returned by GetBucketLocation.
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// Directory that holds all buckets, objects and multipart uploads.
+    pub data_dir: PathBuf,
+    /// Listen address of the Prometheus endpoint (`GET /metrics`); omit to disable.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Largest accepted difference between a request's signing time and the
+    /// server clock, in seconds.
+    #[serde(default = "default_max_clock_skew_secs")]
+    pub max_clock_skew_secs: u32,
+    /// The users allowed to access the server.
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
+}
+
+/// One user: credentials and bucket grants.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// The SigV4 access key id.
+    pub access_key_id: String,
+    /// The secret access key, inline. Exactly one of `secret` and `secret_file`.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// A file holding the secret access key (a trailing newline is trimmed).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// Buckets this user may access and how.
+    #[serde(default)]
+    pub buckets: Vec<BucketGrant>,
+}
+
+impl fmt::Debug for UserConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserConfig")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
+            .field("secret_file", &self.secret_file)
+            .field("buckets", &self.buckets)
+            .finish()
+    }
+}
+
+/// A grant of access to one bucket (or every bucket with `"*"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketGrant {
+    /// Bucket name, or `"*"` for every bucket (which also allows CreateBucket of any name).
+    pub name: String,
+    /// What the user may do in the bucket.
+    pub access: Access,
+}
+
+/// Access level of a [`BucketGrant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// Read objects, list, head.
+    Read,
+    /// Write and delete objects, create and delete the bucket, multipart uploads.
+    Write,
+    /// Both.
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether this level allows reading.
+    #[must_use]
+    pub fn can_read(self) -> bool {
+        matches!(self, Access::Read | Access::ReadWrite)
+    }
+
+    /// Whether this level allows writing.
+    #[must_use]
+    pub fn can_write(self) -> bool {
+        matches!(self, Access::Write | Access::ReadWrite)
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9000))
+}
+
+fn default_region() -> String {
+    "us-east-1".to_owned()
+}
+
+fn default_max_clock_skew_secs() -> u32 {
+    900
+}
+
+/// A user after validation, with the secret resolved.
+#[derive(Clone)]
+pub struct User {
+    /// The access key id.
+    pub access_key_id: String,
+    /// The secret access key.
+    pub secret: String,
+    /// Grants, in configuration order.
+    pub buckets: Vec<BucketGrant>,
+}
+
+impl fmt::Debug for User {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("User")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret", &"[redacted]")
+            .field("buckets", &self.buckets)
+            .finish()
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file; returns the config and
+    /// the users with their secrets resolved.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the file and the field.
+    pub fn load(path: &Path) -> Result<(Config, Vec<User>), ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        let config = Self::parse(&file, &text)?;
+        let users = config.validate(&file)?;
+        Ok((config, users))
+    }
+
+    /// Parses YAML text; `file` is used in error messages only.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] for malformed YAML, unknown fields or wrong types.
+    pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+        serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Validates values and resolves secrets.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first offending field.
+    pub fn validate(&self, file: &str) -> Result<Vec<User>, ConfigError> {
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            field,
+            message,
+        };
+        if self.region.is_empty() {
+            return Err(invalid("region".into(), "must not be empty".into()));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir".into(), "must not be empty".into()));
+        }
+        if self.users.is_empty() {
+            return Err(invalid(
+                "users".into(),
+                "at least one user is required (anonymous access is not supported)".into(),
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut users = Vec::with_capacity(self.users.len());
+        for (i, u) in self.users.iter().enumerate() {
+            let at = |f: &str| format!("users[{i}].{f}");
+            if u.access_key_id.is_empty() {
+                return Err(invalid(at("access_key_id"), "must not be empty".into()));
+            }
+            if !u.access_key_id.chars().all(|c| c.is_ascii_graphic()) {
+                return Err(invalid(
+                    at("access_key_id"),
+                    "must be printable ASCII without spaces".into(),
+                ));
+            }
+            if !seen.insert(u.access_key_id.clone()) {
+                return Err(invalid(
+                    at("access_key_id"),
+                    format!("duplicate access key id {:?}", u.access_key_id),
+                ));
+            }
+            let secret = match (&u.secret, &u.secret_file) {
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        at("secret"),
+                        "set exactly one of secret and secret_file, not both".into(),
+                    ));
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        at("secret"),
+                        "one of secret and secret_file is required".into(),
+                    ));
+                }
+                (Some(s), None) => s.clone(),
+                (None, Some(p)) => {
+                    let mut s = std::fs::read_to_string(p).map_err(|e| {
+                        invalid(
+                            at("secret_file"),
+                            format!("cannot read {}: {e}", p.display()),
+                        )
+                    })?;
+                    while s.ends_with('\n') || s.ends_with('\r') {
+                        s.pop();
+                    }
+                    s
+                }
+            };
+            if secret.is_empty() {
+                return Err(invalid(at("secret"), "the secret is empty".into()));
+            }
+            for (j, g) in u.buckets.iter().enumerate() {
+                if g.name != "*" && !crate::store::bucket_name::is_valid_bucket_name(&g.name) {
+                    return Err(invalid(
+                        at(&format!("buckets[{j}].name")),
+                        format!("{:?} is neither \"*\" nor a valid bucket name", g.name),
+                    ));
+                }
+            }
+            users.push(User {
+                access_key_id: u.access_key_id.clone(),
+                secret,
+                buckets: u.buckets.clone(),
+            });
+        }
+        Ok(users)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../storage-target.example.yaml");
+
+    #[test]
+    fn example_parses_and_validates() {
+        let c = Config::parse("storage-target.example.yaml", EXAMPLE).unwrap();
+        assert_eq!(c.region, "us-east-1");
+        assert_eq!(c.max_clock_skew_secs, 900);
+        assert!(c.metrics_listen.is_some());
+        let users = c.validate("storage-target.example.yaml").unwrap();
+        assert_eq!(users[0].access_key_id, "s3dma-local");
+        assert_eq!(users[0].buckets[0].access, Access::ReadWrite);
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /tmp/x\nusers: [{access_key_id: a, secret: b}]\n",
+        )
+        .unwrap();
+        assert_eq!(c.listen, default_listen());
+        assert_eq!(c.max_clock_skew_secs, 900);
+        assert!(c.metrics_listen.is_none());
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = Config::parse("t.yaml", "data_dir: /x\nbogus: 1\n").unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("t.yaml: "), "{msg}");
+        assert!(msg.contains("bogus"), "{msg}");
+    }
+
+    #[test]
+    fn missing_secret_file_names_field() {
+        let c = Config::parse(
+            "storage-target.yaml",
+            "data_dir: /x\nusers:\n - {access_key_id: a, secret: s}\n - {access_key_id: b, secret_file: /nonexistent/x}\n",
+        )
+        .unwrap();
+        let msg = c.validate("storage-target.yaml").unwrap_err().to_string();
+        assert!(
+            msg.starts_with(
+                "storage-target.yaml: users[1].secret_file: cannot read /nonexistent/x:"
+            ),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn secret_file_is_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("key");
+        std::fs::write(&p, "abc\n").unwrap();
+        let c = Config::parse(
+            "t.yaml",
+            &format!(
+                "data_dir: /x\nusers: [{{access_key_id: a, secret_file: {}}}]\n",
+                p.display()
+            ),
+        )
+        .unwrap();
+        assert_eq!(c.validate("t.yaml").unwrap()[0].secret, "abc");
+    }
+
+    #[test]
+    fn both_secrets_rejected() {
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s, secret_file: /f}]\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(msg.contains("users[0].secret:"), "{msg}");
+    }
+
+    #[test]
+    fn bad_grant_and_duplicate_rejected() {
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s, buckets: [{name: Bad_Name, access: read}]}]\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(msg.contains("users[0].buckets[0].name:"), "{msg}");
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s}, {access_key_id: a, secret: t}]\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(msg.contains("users[1].access_key_id: duplicate"), "{msg}");
+    }
+
+    #[test]
+    fn bad_access_value_rejected() {
+        let e = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s, buckets: [{name: b, access: all}]}]\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("users[0].buckets[0].access"), "{e}");
+    }
+
+    #[test]
+    fn no_users_rejected() {
+        let c = Config::parse("t.yaml", "data_dir: /x\n").unwrap();
+        assert!(
+            c.validate("t.yaml")
+                .unwrap_err()
+                .to_string()
+                .contains("t.yaml: users:")
+        );
+    }
+}

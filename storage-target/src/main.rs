@@ -1,0 +1,44 @@
+//! `storage-target --config <file.yaml>`: the s3dma S3 object server.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+/// S3-compatible object server of s3dma.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Path of the YAML configuration file.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,s3s=off"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let shutdown = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+            _ = int.recv() => info!("SIGINT: shutting down"),
+        }
+        s.cancel();
+    });
+    storage_target::run(&args.config, shutdown)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}

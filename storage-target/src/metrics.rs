@@ -1,0 +1,192 @@
+//! Prometheus metrics and the `/metrics` HTTP endpoint.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus::{Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// The storage-target's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    bytes: IntCounterVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers the metrics.
+    ///
+    /// # Panics
+    /// Never in practice: the metric definitions are static and valid.
+    #[must_use]
+    #[allow(clippy::expect_used)]
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "s3dma_storage_target_requests_total",
+                "S3 requests by operation and HTTP status",
+            ),
+            &["op", "status"],
+        )
+        .expect("valid metric");
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "s3dma_storage_target_request_duration_seconds",
+                "S3 request duration, from request head to the end of the response body",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ]),
+            &["op"],
+        )
+        .expect("valid metric");
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "s3dma_storage_target_bytes_total",
+                "HTTP body bytes received (in) and sent (out)",
+            ),
+            &["direction"],
+        )
+        .expect("valid metric");
+        for m in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(duration.clone()),
+            Box::new(bytes.clone()),
+        ] {
+            registry.register(m).expect("unique metric");
+        }
+        Metrics {
+            registry,
+            requests,
+            duration,
+            bytes,
+        }
+    }
+
+    /// Records one finished request.
+    pub fn observe(&self, op: &str, status: u16, elapsed: Duration) {
+        self.requests
+            .with_label_values(&[op, &status.to_string()])
+            .inc();
+        self.duration
+            .with_label_values(&[op])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts body bytes received.
+    pub fn add_bytes_in(&self, n: u64) {
+        self.bytes.with_label_values(&["in"]).inc_by(n);
+    }
+
+    /// Counts body bytes sent.
+    pub fn add_bytes_out(&self, n: u64) {
+        self.bytes.with_label_values(&["out"]).inc_by(n);
+    }
+
+    /// The metrics in Prometheus text format.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let enc = prometheus::TextEncoder::new();
+        if let Err(e) = enc.encode(&self.registry.gather(), &mut buf) {
+            warn!(error = %e, "encoding metrics failed");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` is cancelled.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let metrics = Arc::clone(&metrics);
+                async move { Ok::<_, Infallible>(handle(&req, &metrics)) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                debug!(%peer, error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+fn handle(req: &Request<hyper::body::Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let mut resp = if req.uri().path() == "/metrics" && req.method() == hyper::Method::GET {
+        let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        r
+    } else {
+        Response::new(Full::new(Bytes::from_static(b"not found\n")))
+    };
+    if req.uri().path() != "/metrics" {
+        *resp.status_mut() = StatusCode::NOT_FOUND;
+    }
+    resp
+}
+
+/// Binds the metrics listener.
+///
+/// # Errors
+/// The bind error.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_names() {
+        let m = Metrics::new();
+        m.observe("GetObject", 200, Duration::from_millis(3));
+        m.add_bytes_in(10);
+        m.add_bytes_out(20);
+        let text = m.render();
+        assert!(
+            text.contains("s3dma_storage_target_requests_total{op=\"GetObject\",status=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("s3dma_storage_target_request_duration_seconds_bucket{op=\"GetObject\"")
+        );
+        assert!(text.contains("s3dma_storage_target_bytes_total{direction=\"in\"} 10"));
+        assert!(text.contains("s3dma_storage_target_bytes_total{direction=\"out\"} 20"));
+    }
+}

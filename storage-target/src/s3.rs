@@ -1,0 +1,1250 @@
+//! The [`s3s::S3`] implementation: translates S3 operations (s3s DTOs) into
+//! [`Store`] calls, and [`StoreError`]s into S3 errors ([`store_error`], the
+//! one place where that mapping lives).
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::Stream;
+use http::HeaderMap;
+use s3s::checksum::ChecksumHasher;
+use s3s::dto::*;
+use s3s::stream::{ByteStream, RemainingLength};
+use s3s::{
+    S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError, TrailingHeaders, s3_error,
+};
+use tracing::{debug, error};
+
+use crate::auth::{Need, Users};
+use crate::store::conditions::{Conditions, EtagCondition, Verdict};
+use crate::store::listing::{self, ListParams};
+use crate::store::range::{RangeSpec, content_range};
+use crate::store::{
+    BodyCheck, IndexEntry, ObjectAttrs, ObjectMeta, RangeStream, Store, StoreError, StoreResult,
+    etag,
+};
+
+/// Content type returned for objects stored without one (as S3 does).
+pub const DEFAULT_CONTENT_TYPE: &str = "binary/octet-stream";
+
+/// The S3 front end of a [`Store`].
+#[derive(Debug, Clone)]
+pub struct S3Store {
+    store: Arc<Store>,
+    region: String,
+    users: Users,
+}
+
+impl S3Store {
+    /// Creates the front end.
+    #[must_use]
+    pub fn new(store: Arc<Store>, region: String, users: Users) -> Self {
+        S3Store {
+            store,
+            region,
+            users,
+        }
+    }
+}
+
+/// Maps a [`StoreError`] to the S3 error returned to clients.
+#[must_use]
+pub fn store_error(e: StoreError) -> S3Error {
+    use S3ErrorCode as C;
+    let msg = e.to_string();
+    let code = match &e {
+        StoreError::NoSuchBucket => C::NoSuchBucket,
+        StoreError::NoSuchKey => C::NoSuchKey,
+        StoreError::BucketAlreadyOwnedByYou => C::BucketAlreadyOwnedByYou,
+        StoreError::BucketAlreadyExists => C::BucketAlreadyExists,
+        StoreError::BucketNotEmpty => C::BucketNotEmpty,
+        StoreError::InvalidBucketName => C::InvalidBucketName,
+        StoreError::NoSuchUpload => C::NoSuchUpload,
+        StoreError::BadDigest | StoreError::ChecksumMismatch(_) => C::BadDigest,
+        StoreError::InvalidDigest => C::InvalidDigest,
+        StoreError::InvalidPart(_) => C::InvalidPart,
+        StoreError::InvalidPartOrder => C::InvalidPartOrder,
+        StoreError::EntityTooSmall { .. } => C::EntityTooSmall,
+        StoreError::EntityTooLarge => C::EntityTooLarge,
+        StoreError::InvalidArgument(_) => C::InvalidArgument,
+        StoreError::Body(inner) => return body_error(inner.as_ref()),
+        StoreError::Io(_) | StoreError::Corrupt { .. } => {
+            error!(error = %e, "store failure");
+            return S3Error::with_message(
+                C::InternalError,
+                "We encountered an internal error. Please try again.",
+            );
+        }
+    };
+    S3Error::with_message(code, msg)
+}
+
+/// Maps an error from reading the request body. s3s's stream error types are
+/// private, so they are recognised by their (stable) display text.
+fn body_error(e: &(dyn std::error::Error + 'static)) -> S3Error {
+    let text = e.to_string();
+    debug!(error = %text, "request body error");
+    if text.contains("Sha256Mismatch") {
+        S3Error::with_message(
+            S3ErrorCode::Custom("XAmzContentSHA256Mismatch".into()),
+            "The provided 'x-amz-content-sha256' header does not match what was computed.",
+        )
+        .with_status(http::StatusCode::BAD_REQUEST)
+    } else if text.contains("SignatureMismatch") {
+        s3_error!(
+            SignatureDoesNotMatch,
+            "The request signature we calculated does not match the signature you provided (aws-chunked)."
+        )
+    } else if text.contains("FormatError") {
+        s3_error!(InvalidRequest, "Malformed aws-chunked body")
+    } else {
+        s3_error!(
+            IncompleteBody,
+            "You did not provide the number of bytes specified by the Content-Length HTTP header."
+        )
+    }
+}
+
+trait WithStatus {
+    fn with_status(self, s: http::StatusCode) -> Self;
+}
+
+impl WithStatus for S3Error {
+    fn with_status(mut self, s: http::StatusCode) -> Self {
+        self.set_status_code(s);
+        self
+    }
+}
+
+fn ts(ms: i64) -> Timestamp {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    Timestamp::from(t)
+}
+
+fn ts_secs(t: Timestamp) -> i64 {
+    time::OffsetDateTime::from(t).unix_timestamp()
+}
+
+fn strong(e: &str) -> ETag {
+    ETag::Strong(e.to_owned())
+}
+
+fn etag_cond(c: ETagCondition) -> EtagCondition {
+    match c {
+        ETagCondition::Any => EtagCondition::Any,
+        ETagCondition::ETag(e) => EtagCondition::Etag(e.into_value()),
+    }
+}
+
+/// Removes the `aws-chunked` transfer coding from a stored Content-Encoding.
+fn clean_content_encoding(v: Option<String>) -> Option<String> {
+    let v = v?;
+    let rest: Vec<&str> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && !s.eq_ignore_ascii_case("aws-chunked"))
+        .collect();
+    (!rest.is_empty()).then(|| rest.join(","))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn make_attrs(
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    expires: Option<Timestamp>,
+    metadata: Option<Metadata>,
+) -> ObjectAttrs {
+    ObjectAttrs {
+        content_type,
+        content_encoding: clean_content_encoding(content_encoding),
+        content_disposition,
+        content_language,
+        cache_control,
+        expires: expires.map(ts_secs),
+        user_metadata: metadata
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+fn user_metadata(m: &ObjectMeta) -> Option<Metadata> {
+    (!m.attrs.user_metadata.is_empty()).then(|| {
+        m.attrs
+            .user_metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    })
+}
+
+fn content_md5(v: Option<&String>) -> S3Result<Option<String>> {
+    match v {
+        None => Ok(None),
+        Some(v) => etag::content_md5_to_hex(v)
+            .map(Some)
+            .ok_or_else(|| store_error(StoreError::InvalidDigest)),
+    }
+}
+
+fn range_spec(r: Range) -> RangeSpec {
+    match r {
+        Range::Int { first, last } => RangeSpec::FromTo { first, last },
+        Range::Suffix { length } => RangeSpec::Suffix(length),
+    }
+}
+
+/// Evaluates read conditions; errors are 304 (with ETag/Last-Modified) or 412.
+fn check_conditions(c: &Conditions, meta: &ObjectMeta) -> S3Result<()> {
+    match c.evaluate(&meta.etag, meta.last_modified_secs()) {
+        Verdict::Proceed => Ok(()),
+        Verdict::PreconditionFailed => Err(s3_error!(
+            PreconditionFailed,
+            "At least one of the pre-conditions you specified did not hold"
+        )),
+        Verdict::NotModified => {
+            let mut err = s3_error!(NotModified, "Not Modified");
+            let mut h = HeaderMap::new();
+            if let Ok(v) = http::HeaderValue::from_str(&format!("\"{}\"", meta.etag)) {
+                h.insert(http::header::ETAG, v);
+            }
+            let lm = httpdate::fmt_http_date(
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_secs(
+                        u64::try_from(meta.last_modified_secs()).unwrap_or(0),
+                    ),
+            );
+            if let Ok(v) = http::HeaderValue::from_str(&lm) {
+                h.insert(http::header::LAST_MODIFIED, v);
+            }
+            err.set_headers(h);
+            Err(err)
+        }
+    }
+}
+
+/// Verifies `x-amz-checksum-*` values given as headers or as aws-chunked
+/// trailers against the body.
+struct ChecksumCheck {
+    hasher: Option<ChecksumHasher>,
+    expected: Vec<(&'static str, String)>,
+    trailer: Option<(&'static str, TrailingHeaders)>,
+}
+
+const CHECKSUM_HEADERS: [&str; 5] = [
+    "x-amz-checksum-crc32",
+    "x-amz-checksum-crc32c",
+    "x-amz-checksum-crc64nvme",
+    "x-amz-checksum-sha1",
+    "x-amz-checksum-sha256",
+];
+
+impl ChecksumCheck {
+    fn new(headers: &HeaderMap, trailers: Option<TrailingHeaders>) -> Self {
+        let mut hasher = ChecksumHasher::default();
+        let mut enable = |name: &str| match name {
+            "x-amz-checksum-crc32" => hasher.crc32 = Some(Default::default()),
+            "x-amz-checksum-crc32c" => hasher.crc32c = Some(Default::default()),
+            "x-amz-checksum-crc64nvme" => hasher.crc64nvme = Some(Default::default()),
+            "x-amz-checksum-sha1" => hasher.sha1 = Some(Default::default()),
+            "x-amz-checksum-sha256" => hasher.sha256 = Some(Default::default()),
+            _ => {}
+        };
+        let mut expected = Vec::new();
+        for name in CHECKSUM_HEADERS {
+            if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                enable(name);
+                expected.push((name, v.trim().to_owned()));
+            }
+        }
+        let mut trailer = None;
+        if let (Some(t), Some(announced)) = (
+            trailers,
+            headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()),
+        ) {
+            let announced = announced.trim().to_ascii_lowercase();
+            if let Some(name) = CHECKSUM_HEADERS.iter().find(|n| **n == announced) {
+                enable(name);
+                trailer = Some((*name, t));
+            }
+        }
+        let any = !expected.is_empty() || trailer.is_some();
+        ChecksumCheck {
+            hasher: any.then_some(hasher),
+            expected,
+            trailer,
+        }
+    }
+}
+
+fn checksum_value(c: &Checksum, name: &str) -> Option<String> {
+    match name {
+        "x-amz-checksum-crc32" => c.checksum_crc32.clone(),
+        "x-amz-checksum-crc32c" => c.checksum_crc32c.clone(),
+        "x-amz-checksum-crc64nvme" => c.checksum_crc64nvme.clone(),
+        "x-amz-checksum-sha1" => c.checksum_sha1.clone(),
+        "x-amz-checksum-sha256" => c.checksum_sha256.clone(),
+        _ => None,
+    }
+}
+
+impl BodyCheck for ChecksumCheck {
+    fn update(&mut self, data: &[u8]) {
+        if let Some(h) = &mut self.hasher {
+            h.update(data);
+        }
+    }
+
+    fn finish(&mut self) -> StoreResult<()> {
+        let Some(h) = self.hasher.take() else {
+            return Ok(());
+        };
+        let got = h.finalize();
+        let mut expected = std::mem::take(&mut self.expected);
+        if let Some((name, t)) = &self.trailer
+            && let Some(v) = t
+                .read(|h| {
+                    h.get(*name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                })
+                .flatten()
+        {
+            expected.push((name, v.trim().to_owned()));
+        }
+        for (name, want) in expected {
+            if checksum_value(&got, name).as_deref() != Some(want.as_str()) {
+                let algo = name
+                    .trim_start_matches("x-amz-checksum-")
+                    .to_ascii_uppercase();
+                return Err(StoreError::ChecksumMismatch(format!(
+                    "The {algo} you specified did not match the calculated checksum."
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Object bytes as an s3s body with an exact length.
+struct ObjectBody {
+    inner: RangeStream,
+}
+
+impl Stream for ObjectBody {
+    type Item = Result<Bytes, StdError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.inner)
+            .poll_next(cx)
+            .map(|o| o.map(|r| r.map_err(|e| Box::new(e) as StdError)))
+    }
+}
+
+impl ByteStream for ObjectBody {
+    fn remaining_length(&self) -> RemainingLength {
+        RemainingLength::new_exact(usize::try_from(self.inner.remaining()).unwrap_or(usize::MAX))
+    }
+}
+
+fn access_key<T>(req: &S3Request<T>) -> String {
+    req.credentials
+        .as_ref()
+        .map(|c| c.access_key.clone())
+        .unwrap_or_default()
+}
+
+fn owner(id: &str) -> Owner {
+    Owner {
+        display_name: Some(id.to_owned()),
+        id: Some(id.to_owned()),
+    }
+}
+
+fn max_keys(v: Option<i32>) -> S3Result<usize> {
+    match v {
+        None => Ok(1000),
+        Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must be non-negative")),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(0).min(1000)),
+    }
+}
+
+fn is_url(e: Option<&EncodingType>) -> bool {
+    e.is_some_and(|e| e.as_str() == EncodingType::URL)
+}
+
+fn enc(url: bool, s: String) -> String {
+    if url { listing::url_encode(&s) } else { s }
+}
+
+fn to_objects(
+    objs: Vec<(String, IndexEntry)>,
+    url: bool,
+    owner_id: Option<&str>,
+) -> Option<ObjectList> {
+    (!objs.is_empty()).then(|| {
+        objs.into_iter()
+            .map(|(k, e)| Object {
+                key: Some(enc(url, k)),
+                size: Some(i64::try_from(e.size).unwrap_or(i64::MAX)),
+                e_tag: Some(strong(&e.etag)),
+                last_modified: Some(ts(e.last_modified_ms)),
+                storage_class: Some(ObjectStorageClass::from_static(
+                    ObjectStorageClass::STANDARD,
+                )),
+                owner: owner_id.map(owner),
+                ..Default::default()
+            })
+            .collect()
+    })
+}
+
+fn to_prefixes(cps: Vec<String>, url: bool) -> Option<CommonPrefixList> {
+    (!cps.is_empty()).then(|| {
+        cps.into_iter()
+            .map(|p| CommonPrefix {
+                prefix: Some(enc(url, p)),
+            })
+            .collect()
+    })
+}
+
+fn part_number(n: i32) -> S3Result<u32> {
+    u32::try_from(n).map_err(|_| {
+        s3_error!(
+            InvalidArgument,
+            "Part number must be an integer between 1 and 10000, inclusive"
+        )
+    })
+}
+
+fn body_stream(
+    body: Option<StreamingBlob>,
+) -> Pin<Box<dyn Stream<Item = Result<Bytes, StdError>> + Send + Sync>> {
+    match body {
+        Some(b) => Box::pin(b),
+        None => Box::pin(futures::stream::empty()),
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for S3Store {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let who = access_key(&req);
+        let input = req.input;
+        if let Some(c) = input
+            .create_bucket_configuration
+            .as_ref()
+            .and_then(|c| c.location_constraint.as_ref())
+        {
+            let c = c.as_str();
+            if !c.is_empty() && c != self.region {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::Custom("InvalidLocationConstraint".into()),
+                    format!("The specified location-constraint is not valid: this server's region is {}", self.region),
+                )
+                .with_status(http::StatusCode::BAD_REQUEST));
+            }
+        }
+        self.store
+            .create_bucket(&input.bucket, &who)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(CreateBucketOutput {
+            location: Some(format!("/{}", input.bucket)),
+        }))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.store
+            .head_bucket(&req.input.bucket)
+            .map_err(store_error)?;
+        Ok(S3Response::new(HeadBucketOutput {
+            bucket_region: Some(self.region.clone()),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        self.store
+            .delete_bucket(&req.input.bucket)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(DeleteBucketOutput {}))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let who = access_key(&req);
+        let buckets: Vec<Bucket> = self
+            .store
+            .list_buckets()
+            .into_iter()
+            .filter(|b| {
+                self.users.allowed(&who, &b.name, Need::Read)
+                    || self.users.allowed(&who, &b.name, Need::Write)
+            })
+            .filter(|b| {
+                req.input
+                    .prefix
+                    .as_ref()
+                    .is_none_or(|p| b.name.starts_with(p.as_str()))
+            })
+            .map(|b| Bucket {
+                name: Some(b.name),
+                creation_date: Some(ts(b.created_ms)),
+                bucket_region: Some(self.region.clone()),
+            })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(owner(&who)),
+            prefix: req.input.prefix,
+            continuation_token: None,
+        }))
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.store
+            .head_bucket(&req.input.bucket)
+            .map_err(store_error)?;
+        let location_constraint = (self.region != "us-east-1")
+            .then(|| BucketLocationConstraint::from(self.region.clone()));
+        Ok(S3Response::new(GetBucketLocationOutput {
+            location_constraint,
+        }))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let mut check = ChecksumCheck::new(&req.headers, req.trailing_headers.clone());
+        let input = req.input;
+        let md5 = content_md5(input.content_md5.as_ref())?;
+        let attrs = make_attrs(
+            input.content_type,
+            input.content_encoding,
+            input.content_disposition,
+            input.content_language,
+            input.cache_control,
+            input.expires,
+            input.metadata,
+        );
+        if let Some(ETagCondition::Any) = input.if_none_match
+            && self
+                .store
+                .open_object(&input.bucket, &input.key)
+                .await
+                .is_ok()
+        {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "At least one of the pre-conditions you specified did not hold"
+            ));
+        }
+        let meta = self
+            .store
+            .put_object(
+                &input.bucket,
+                &input.key,
+                attrs,
+                body_stream(input.body),
+                md5.as_deref(),
+                &mut check,
+            )
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(strong(&meta.etag)),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = req.input;
+        let reader = self
+            .store
+            .open_object(&input.bucket, &input.key)
+            .await
+            .map_err(store_error)?;
+        let meta = &reader.meta;
+        let conds = Conditions {
+            if_match: input.if_match.map(etag_cond),
+            if_none_match: input.if_none_match.map(etag_cond),
+            if_modified_since: input.if_modified_since.map(ts_secs),
+            if_unmodified_since: input.if_unmodified_since.map(ts_secs),
+        };
+        check_conditions(&conds, meta)?;
+        let (range, content_range) = match input.range {
+            None => (0..meta.size, None),
+            Some(r) => {
+                let r = range_spec(r).resolve(meta.size).map_err(|_| {
+                    s3_error!(InvalidRange, "The requested range is not satisfiable")
+                })?;
+                let cr = content_range(&r, meta.size);
+                (r, Some(cr))
+            }
+        };
+        let len = range.end - range.start;
+        let body = StreamingBlob::new(ObjectBody {
+            inner: reader.stream(range),
+        });
+        let meta = &reader.meta;
+        Ok(S3Response::new(GetObjectOutput {
+            body: Some(body),
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(i64::try_from(len).unwrap_or(i64::MAX)),
+            content_range,
+            content_type: Some(
+                meta.attrs
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
+            ),
+            content_encoding: meta.attrs.content_encoding.clone(),
+            content_disposition: meta.attrs.content_disposition.clone(),
+            content_language: meta.attrs.content_language.clone(),
+            cache_control: meta.attrs.cache_control.clone(),
+            expires: meta.attrs.expires.map(|s| ts(s.saturating_mul(1000))),
+            e_tag: Some(strong(&meta.etag)),
+            last_modified: Some(ts(meta.last_modified_ms)),
+            metadata: user_metadata(meta),
+            parts_count: meta
+                .parts_count
+                .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+            ..Default::default()
+        }))
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let input = req.input;
+        let reader = self
+            .store
+            .open_object(&input.bucket, &input.key)
+            .await
+            .map_err(store_error)?;
+        let meta = &reader.meta;
+        let conds = Conditions {
+            if_match: input.if_match.map(etag_cond),
+            if_none_match: input.if_none_match.map(etag_cond),
+            if_modified_since: input.if_modified_since.map(ts_secs),
+            if_unmodified_since: input.if_unmodified_since.map(ts_secs),
+        };
+        check_conditions(&conds, meta)?;
+        let (len, content_range) = match input.range {
+            None => (meta.size, None),
+            Some(r) => {
+                let r = range_spec(r).resolve(meta.size).map_err(|_| {
+                    s3_error!(InvalidRange, "The requested range is not satisfiable")
+                })?;
+                (r.end - r.start, Some(content_range(&r, meta.size)))
+            }
+        };
+        Ok(S3Response::new(HeadObjectOutput {
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(i64::try_from(len).unwrap_or(i64::MAX)),
+            content_range,
+            content_type: Some(
+                meta.attrs
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
+            ),
+            content_encoding: meta.attrs.content_encoding.clone(),
+            content_disposition: meta.attrs.content_disposition.clone(),
+            content_language: meta.attrs.content_language.clone(),
+            cache_control: meta.attrs.cache_control.clone(),
+            expires: meta.attrs.expires.map(|s| ts(s.saturating_mul(1000))),
+            e_tag: Some(strong(&meta.etag)),
+            last_modified: Some(ts(meta.last_modified_ms)),
+            metadata: user_metadata(meta),
+            parts_count: meta
+                .parts_count
+                .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.store
+            .delete_object(&req.input.bucket, &req.input.key)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let input = req.input;
+        self.store.head_bucket(&input.bucket).map_err(store_error)?;
+        if input.delete.objects.len() > 1000 {
+            return Err(s3_error!(
+                MalformedXML,
+                "The request must not contain more than 1000 keys"
+            ));
+        }
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let mut deleted = Vec::new();
+        let mut errors = Vec::new();
+        for o in input.delete.objects {
+            match self.store.delete_object(&input.bucket, &o.key).await {
+                Ok(()) => {
+                    if !quiet {
+                        deleted.push(DeletedObject {
+                            key: Some(o.key),
+                            ..Default::default()
+                        });
+                    }
+                }
+                Err(e) => {
+                    let e = store_error(e);
+                    errors.push(Error {
+                        code: Some(e.code().as_str().to_owned()),
+                        key: Some(o.key),
+                        message: e.message().map(str::to_owned),
+                        version_id: None,
+                    });
+                }
+            }
+        }
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: (!deleted.is_empty()).then_some(deleted),
+            errors: (!errors.is_empty()).then_some(errors),
+            ..Default::default()
+        }))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let input = req.input;
+        let CopySource::Bucket {
+            bucket: src_bucket,
+            key: src_key,
+            ..
+        } = &input.copy_source
+        else {
+            return Err(s3_error!(
+                NotImplemented,
+                "Only bucket copy sources are supported"
+            ));
+        };
+        let reader = self
+            .store
+            .open_object(src_bucket, src_key)
+            .await
+            .map_err(store_error)?;
+        // Copy-source conditions: all failures are 412 for CopyObject.
+        let conds = Conditions {
+            if_match: input.copy_source_if_match.map(etag_cond),
+            if_none_match: input.copy_source_if_none_match.map(etag_cond),
+            if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
+            if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
+        };
+        if conds.evaluate(&reader.meta.etag, reader.meta.last_modified_secs()) != Verdict::Proceed {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "At least one of the pre-conditions you specified did not hold"
+            ));
+        }
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        if !replace && **src_bucket == *input.bucket && **src_key == *input.key {
+            return Err(s3_error!(
+                InvalidRequest,
+                "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes."
+            ));
+        }
+        let attrs = replace.then(|| {
+            make_attrs(
+                input.content_type,
+                input.content_encoding,
+                input.content_disposition,
+                input.content_language,
+                input.cache_control,
+                input.expires,
+                input.metadata,
+            )
+        });
+        let meta = self
+            .store
+            .copy_object(&reader, &input.bucket, &input.key, attrs)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(strong(&meta.etag)),
+                last_modified: Some(ts(meta.last_modified_ms)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let input = req.input;
+        let max = max_keys(input.max_keys)?;
+        let marker = match &input.continuation_token {
+            Some(t) => Some(listing::decode_token(t).ok_or_else(|| {
+                s3_error!(
+                    InvalidArgument,
+                    "The continuation token provided is incorrect"
+                )
+            })?),
+            None => input.start_after.clone(),
+        };
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let page = self
+            .store
+            .list_objects(
+                &input.bucket,
+                &ListParams {
+                    prefix: &prefix,
+                    delimiter: input.delimiter.as_deref(),
+                    marker: marker.as_deref(),
+                    max_keys: max,
+                },
+            )
+            .map_err(store_error)?;
+        let url = is_url(input.encoding_type.as_ref());
+        let owner_id = if input.fetch_owner.unwrap_or(false) {
+            Some(
+                self.store
+                    .head_bucket(&input.bucket)
+                    .map_err(store_error)?
+                    .owner,
+            )
+        } else {
+            None
+        };
+        let key_count = page.objects.len() + page.common_prefixes.len();
+        Ok(S3Response::new(ListObjectsV2Output {
+            name: Some(input.bucket),
+            prefix: Some(enc(url, prefix)),
+            max_keys: Some(i32::try_from(max).unwrap_or(1000)),
+            key_count: Some(i32::try_from(key_count).unwrap_or(i32::MAX)),
+            continuation_token: input.continuation_token,
+            is_truncated: Some(page.is_truncated),
+            next_continuation_token: page.next_marker.as_deref().map(listing::encode_token),
+            contents: to_objects(page.objects, url, owner_id.as_deref()),
+            common_prefixes: to_prefixes(page.common_prefixes, url),
+            delimiter: input.delimiter.map(|d| enc(url, d)),
+            encoding_type: input.encoding_type,
+            start_after: input.start_after.map(|s| enc(url, s)),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let input = req.input;
+        let max = max_keys(input.max_keys)?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let page = self
+            .store
+            .list_objects(
+                &input.bucket,
+                &ListParams {
+                    prefix: &prefix,
+                    delimiter: input.delimiter.as_deref(),
+                    marker: input.marker.as_deref(),
+                    max_keys: max,
+                },
+            )
+            .map_err(store_error)?;
+        let url = is_url(input.encoding_type.as_ref());
+        let owner_id = self
+            .store
+            .head_bucket(&input.bucket)
+            .map_err(store_error)?
+            .owner;
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(input.bucket),
+            prefix: Some(enc(url, prefix)),
+            marker: Some(enc(url, input.marker.unwrap_or_default())),
+            max_keys: Some(i32::try_from(max).unwrap_or(1000)),
+            is_truncated: Some(page.is_truncated),
+            next_marker: page.next_marker.map(|m| enc(url, m)),
+            contents: to_objects(page.objects, url, Some(&owner_id)),
+            common_prefixes: to_prefixes(page.common_prefixes, url),
+            delimiter: input.delimiter.map(|d| enc(url, d)),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let who = access_key(&req);
+        let input = req.input;
+        let attrs = make_attrs(
+            input.content_type,
+            input.content_encoding,
+            input.content_disposition,
+            input.content_language,
+            input.cache_control,
+            input.expires,
+            input.metadata,
+        );
+        let info = self
+            .store
+            .create_upload(&input.bucket, &input.key, attrs, &who)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(info.bucket),
+            key: Some(info.key),
+            upload_id: Some(info.upload_id),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let mut check = ChecksumCheck::new(&req.headers, req.trailing_headers.clone());
+        let input = req.input;
+        let md5 = content_md5(input.content_md5.as_ref())?;
+        let n = part_number(input.part_number)?;
+        let part = self
+            .store
+            .upload_part(
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                n,
+                body_stream(input.body),
+                md5.as_deref(),
+                &mut check,
+            )
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(strong(&part.etag)),
+            ..Default::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let input = req.input;
+        let mut parts = Vec::new();
+        for p in input
+            .multipart_upload
+            .and_then(|m| m.parts)
+            .unwrap_or_default()
+        {
+            let (Some(n), Some(e)) = (p.part_number, p.e_tag) else {
+                return Err(s3_error!(
+                    InvalidPart,
+                    "Each part must have a PartNumber and an ETag"
+                ));
+            };
+            parts.push((part_number(n)?, e.into_value()));
+        }
+        if parts.is_empty() {
+            return Err(s3_error!(
+                MalformedXML,
+                "The XML you provided was not well-formed or did not validate against our published schema"
+            ));
+        }
+        let meta = self
+            .store
+            .complete_upload(&input.bucket, &input.key, &input.upload_id, &parts)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(input.bucket.clone()),
+            key: Some(input.key.clone()),
+            e_tag: Some(strong(&meta.etag)),
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let input = req.input;
+        self.store
+            .abort_upload(&input.bucket, &input.key, &input.upload_id)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let input = req.input;
+        let (info, parts) = self
+            .store
+            .list_parts(&input.bucket, &input.key, &input.upload_id)
+            .await
+            .map_err(store_error)?;
+        let max = match input.max_parts {
+            None => 1000,
+            Some(n) if n < 0 => {
+                return Err(s3_error!(InvalidArgument, "max-parts must be non-negative"));
+            }
+            Some(n) => usize::try_from(n).unwrap_or(0).min(1000),
+        };
+        let after: u32 = input
+            .part_number_marker
+            .map(u32::try_from)
+            .transpose()
+            .map_err(|_| s3_error!(InvalidArgument, "part-number-marker must be non-negative"))?
+            .unwrap_or(0);
+        let rest: Vec<_> = parts
+            .into_iter()
+            .filter(|p| p.part_number > after)
+            .collect();
+        let truncated = rest.len() > max;
+        let page: Vec<_> = rest.into_iter().take(max).collect();
+        let next = truncated
+            .then(|| {
+                page.last()
+                    .map(|p| i32::try_from(p.part_number).unwrap_or(i32::MAX))
+            })
+            .flatten();
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            initiator: Some(Initiator {
+                display_name: Some(info.initiator.clone()),
+                id: Some(info.initiator.clone()),
+            }),
+            owner: Some(owner(&info.initiator)),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            max_parts: Some(i32::try_from(max).unwrap_or(1000)),
+            part_number_marker: input.part_number_marker,
+            next_part_number_marker: next,
+            is_truncated: Some(truncated),
+            parts: Some(
+                page.into_iter()
+                    .map(|p| Part {
+                        part_number: Some(i32::try_from(p.part_number).unwrap_or(i32::MAX)),
+                        size: Some(i64::try_from(p.size).unwrap_or(i64::MAX)),
+                        e_tag: Some(strong(&p.etag)),
+                        last_modified: Some(ts(p.last_modified_ms)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let input = req.input;
+        let all = self
+            .store
+            .list_uploads(&input.bucket)
+            .map_err(store_error)?;
+        let max = match input.max_uploads {
+            None => 1000,
+            Some(n) if n < 0 => {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "max-uploads must be non-negative"
+                ));
+            }
+            Some(n) => usize::try_from(n).unwrap_or(0).min(1000),
+        };
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
+        let key_marker = input.key_marker.clone().unwrap_or_default();
+        let id_marker = input.upload_id_marker.clone();
+        let mut uploads = Vec::new();
+        let mut cps: Vec<String> = Vec::new();
+        let mut truncated = false;
+        let mut next: Option<(String, Option<String>)> = None;
+        let mut passed_id_marker = id_marker.is_none();
+        for u in all {
+            if !u.key.starts_with(&prefix) {
+                continue;
+            }
+            if !key_marker.is_empty() {
+                if u.key.as_str() < key_marker.as_str() {
+                    continue;
+                }
+                if u.key == key_marker {
+                    match &id_marker {
+                        None => continue,
+                        Some(m) => {
+                            if !passed_id_marker {
+                                if &u.upload_id == m {
+                                    passed_id_marker = true;
+                                }
+                                continue;
+                            }
+                        }
+                    }
+                }
+            }
+            let cp = delimiter
+                .as_deref()
+                .and_then(|d| listing::common_prefix_of(&u.key, &prefix, d))
+                .map(str::to_owned);
+            if let Some(cp) = &cp
+                && cps.last() == Some(cp)
+            {
+                continue;
+            }
+            if uploads.len() + cps.len() == max {
+                truncated = true;
+                break;
+            }
+            match cp {
+                Some(cp) => {
+                    next = Some((cp.clone(), None));
+                    cps.push(cp);
+                }
+                None => {
+                    next = Some((u.key.clone(), Some(u.upload_id.clone())));
+                    uploads.push(u);
+                }
+            }
+        }
+        let url = is_url(input.encoding_type.as_ref());
+        let (next_key, next_id) = if truncated {
+            next.unwrap_or_default()
+        } else {
+            Default::default()
+        };
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: Some(enc(url, prefix)),
+            delimiter: input.delimiter.map(|d| enc(url, d)),
+            key_marker: Some(enc(url, key_marker)),
+            upload_id_marker: input.upload_id_marker,
+            max_uploads: Some(i32::try_from(max).unwrap_or(1000)),
+            is_truncated: Some(truncated),
+            next_key_marker: truncated.then(|| enc(url, next_key)),
+            next_upload_id_marker: next_id,
+            encoding_type: input.encoding_type,
+            common_prefixes: to_prefixes(cps, url),
+            uploads: Some(
+                uploads
+                    .into_iter()
+                    .map(|u| MultipartUpload {
+                        key: Some(enc(url, u.key)),
+                        upload_id: Some(u.upload_id),
+                        initiated: Some(ts(u.initiated_ms)),
+                        initiator: Some(Initiator {
+                            display_name: Some(u.initiator.clone()),
+                            id: Some(u.initiator.clone()),
+                        }),
+                        owner: Some(owner(&u.initiator)),
+                        storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aws_chunked_is_not_stored() {
+        assert_eq!(clean_content_encoding(Some("aws-chunked".into())), None);
+        assert_eq!(
+            clean_content_encoding(Some("aws-chunked,gzip".into())).as_deref(),
+            Some("gzip")
+        );
+        assert_eq!(
+            clean_content_encoding(Some("gzip".into())).as_deref(),
+            Some("gzip")
+        );
+    }
+
+    #[test]
+    fn error_mapping() {
+        assert_eq!(
+            store_error(StoreError::NoSuchKey).code(),
+            &S3ErrorCode::NoSuchKey
+        );
+        assert_eq!(
+            store_error(StoreError::ChecksumMismatch("x".into())).code(),
+            &S3ErrorCode::BadDigest
+        );
+        assert_eq!(
+            store_error(StoreError::EntityTooSmall { part: 1, size: 1 }).code(),
+            &S3ErrorCode::EntityTooSmall
+        );
+        let e = store_error(StoreError::Io(std::io::Error::other("secret path")));
+        assert_eq!(e.code(), &S3ErrorCode::InternalError);
+        assert!(!e.message().unwrap_or_default().contains("secret"));
+    }
+
+    #[test]
+    fn checksum_check_header() {
+        let mut h = HeaderMap::new();
+        // CRC32 of "hello" is 0x3610a686 -> base64 "NhCmhg==".
+        h.insert("x-amz-checksum-crc32", "NhCmhg==".parse().unwrap());
+        let mut c = ChecksumCheck::new(&h, None);
+        c.update(b"hello");
+        assert!(c.finish().is_ok());
+        let mut c = ChecksumCheck::new(&h, None);
+        c.update(b"hellO");
+        assert!(matches!(c.finish(), Err(StoreError::ChecksumMismatch(_))));
+    }
+}

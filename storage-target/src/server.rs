@@ -1,0 +1,386 @@
+//! HTTP/1.1 serving: a hyper service around the s3s service that assigns a
+//! request id to every request (`x-amz-request-id`, `x-amz-id-2`, and the
+//! `<RequestId>` of XML error bodies, including errors s3s raises itself),
+//! counts bytes and records metrics; plus graceful shutdown.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use s3s::service::S3Service;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
+
+use crate::metrics::Metrics;
+
+/// The request id of the current request, in the request extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Slot in the request extensions where the access check records the S3
+/// operation name (s3s resolves it; the wrapper labels metrics with it).
+#[derive(Debug, Clone, Default)]
+pub struct OpSlot(Arc<Mutex<Option<String>>>);
+
+impl OpSlot {
+    /// Records the operation name.
+    pub fn set(&self, op: &str) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(op.to_owned());
+    }
+
+    /// The recorded operation name, or `"unknown"` (e.g. failed authentication).
+    #[must_use]
+    pub fn get(&self) -> String {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| "unknown".to_owned())
+    }
+}
+
+/// Generates an AWS-style request id: 16 upper-case hex digits.
+#[must_use]
+pub fn new_request_id() -> String {
+    format!("{:016X}", rand::random::<u64>())
+}
+
+/// Inserts or replaces `<RequestId>` in an S3 XML error body. Returns `None`
+/// if the body is not an `<Error>` document.
+#[must_use]
+pub fn set_error_request_id(body: &[u8], request_id: &str) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let end = text.rfind("</Error>")?;
+    if !text.contains("<Error>") {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + 48);
+    if let (Some(a), Some(b)) = (text.find("<RequestId>"), text.find("</RequestId>")) {
+        if a < b {
+            out.push_str(&text[..a + "<RequestId>".len()]);
+            out.push_str(request_id);
+            out.push_str(&text[b..]);
+            return Some(out.into_bytes());
+        }
+    }
+    out.push_str(&text[..end]);
+    out.push_str("<RequestId>");
+    out.push_str(request_id);
+    out.push_str("</RequestId>");
+    out.push_str(&text[end..]);
+    Some(out.into_bytes())
+}
+
+/// Counts the bytes of a request body.
+struct CountingBody {
+    inner: Incoming,
+    metrics: Arc<Metrics>,
+}
+
+impl http_body::Body for CountingBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &r
+            && let Some(d) = f.data_ref()
+        {
+            self.metrics.add_bytes_in(d.len() as u64);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The response body: counts bytes and records the request's metrics when
+/// the body ends or is dropped (client gone).
+pub struct ResponseBody {
+    inner: s3s::Body,
+    metrics: Arc<Metrics>,
+    op: OpSlot,
+    status: u16,
+    start: Instant,
+    recorded: bool,
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResponseBody {
+    fn record(&mut self) {
+        if !self.recorded {
+            self.recorded = true;
+            self.metrics
+                .observe(&self.op.get(), self.status, self.start.elapsed());
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        self.record();
+    }
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = s3s::StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    self.metrics.add_bytes_out(d.len() as u64);
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                warn!(error = %e, "response body failed");
+                self.record();
+            }
+            Poll::Ready(None) => self.record(),
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The hyper service: request ids and metrics around the s3s service.
+#[derive(Clone)]
+pub struct Handler {
+    s3: S3Service,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler").finish_non_exhaustive()
+    }
+}
+
+impl Handler {
+    /// Wraps an s3s service.
+    #[must_use]
+    pub fn new(s3: S3Service, metrics: Arc<Metrics>) -> Self {
+        Handler { s3, metrics }
+    }
+
+    async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let start = Instant::now();
+        let request_id = new_request_id();
+        let op = OpSlot::default();
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let span = info_span!("request", id = %request_id, %method, %path);
+        async move {
+            let (mut parts, body) = req.into_parts();
+            parts.extensions.insert(RequestId(request_id.clone()));
+            parts.extensions.insert(op.clone());
+            let body = s3s::Body::http_body_unsync(CountingBody {
+                inner: body,
+                metrics: Arc::clone(&self.metrics),
+            });
+            let resp = match self.s3.call(Request::from_parts(parts, body)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    error!(error = ?e, "s3 service failed");
+                    let mut err = s3s::S3Error::with_message(
+                        s3s::S3ErrorCode::InternalError,
+                        "We encountered an internal error. Please try again.",
+                    );
+                    err.set_request_id(request_id.clone());
+                    err.to_http_response().unwrap_or_else(|_| {
+                        let mut r = Response::new(s3s::Body::empty());
+                        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        r
+                    })
+                }
+            };
+            let (mut parts, mut body) = resp.into_parts();
+            let status = parts.status;
+            if status == StatusCode::NOT_MODIFIED {
+                body = s3s::Body::empty();
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                parts.headers.remove(http::header::CONTENT_TYPE);
+            } else if (status.is_client_error() || status.is_server_error())
+                && let Some(bytes) = body.bytes()
+                && let Some(new) = set_error_request_id(&bytes, &request_id)
+            {
+                parts
+                    .headers
+                    .insert(http::header::CONTENT_LENGTH, HeaderValue::from(new.len()));
+                if method == Method::HEAD {
+                    body = s3s::Body::empty();
+                } else {
+                    body = s3s::Body::from(Bytes::from(new));
+                }
+            }
+            if let Ok(v) = HeaderValue::from_str(&request_id) {
+                parts.headers.insert("x-amz-request-id", v);
+            }
+            let id2 = base64::engine::general_purpose::STANDARD
+                .encode(format!("{request_id}{:016x}", rand::random::<u64>()));
+            if let Ok(v) = HeaderValue::from_str(&id2) {
+                parts.headers.insert("x-amz-id-2", v);
+            }
+            parts.headers.insert(
+                http::header::SERVER,
+                HeaderValue::from_static("s3dma-storage-target"),
+            );
+            let op_name = op.get();
+            if status.is_server_error() {
+                error!(op = %op_name, status = status.as_u16(), "request failed");
+            } else {
+                info!(op = %op_name, status = status.as_u16(), "request");
+            }
+            Response::from_parts(
+                parts,
+                ResponseBody {
+                    inner: body,
+                    metrics: Arc::clone(&self.metrics),
+                    op,
+                    status: status.as_u16(),
+                    start,
+                    recorded: false,
+                },
+            )
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+impl hyper::service::Service<Request<Incoming>> for Handler {
+    type Response = Response<ResponseBody>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.handle(req).await) })
+    }
+}
+
+/// Serves HTTP/1.1 (keep-alive) on `listener` until `shutdown` is cancelled,
+/// then lets in-flight requests finish (up to `grace`).
+pub async fn serve(
+    listener: TcpListener,
+    handler: Handler,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let tracker = TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), handler);
+            tokio::pin!(conn);
+            let res = tokio::select! {
+                r = conn.as_mut() => r,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = res {
+                debug!(%peer, error = %e, "connection ended with error");
+            }
+        });
+    }
+    tracker.close();
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        warn!("in-flight requests did not finish within the grace period");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_id_shape() {
+        let id = new_request_id();
+        assert_eq!(id.len(), 16);
+        assert!(
+            id.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_lowercase())
+        );
+    }
+
+    #[test]
+    fn inserts_request_id() {
+        let body =
+            b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code></Error>";
+        let out = set_error_request_id(body, "ABC").unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><RequestId>ABC</RequestId></Error>"
+        );
+    }
+
+    #[test]
+    fn replaces_request_id() {
+        let body = b"<Error><Code>X</Code><RequestId>old</RequestId></Error>";
+        let out = set_error_request_id(body, "NEW").unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            "<Error><Code>X</Code><RequestId>NEW</RequestId></Error>"
+        );
+        assert!(set_error_request_id(b"<ListBucketResult/>", "x").is_none());
+    }
+}

@@ -1,0 +1,185 @@
+//! The on-disk object file format.
+//!
+//! An object (or a multipart part) is ONE file, so that a single `rename`
+//! publishes data and metadata together:
+//!
+//! ```text
+//! [ data: size bytes ][ header: JSON ][ header length: u64 LE ][ magic: "S3DMAOB1" ]
+//! ```
+//!
+//! Data starts at offset 0 (page aligned, ready for direct I/O or RDMA
+//! staging); the header follows the data because the ETag is only known once
+//! the data has been streamed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Magic bytes at the very end of every object file.
+pub const MAGIC: &[u8; 8] = b"S3DMAOB1";
+/// Length of the fixed trailer (header length + magic).
+pub const TRAILER_LEN: u64 = 16;
+/// Largest accepted header; keys are ≤ 1 KiB and metadata ≤ 2 KiB in S3.
+pub const MAX_HEADER_LEN: u64 = 1 << 20;
+
+/// Client-supplied attributes stored with an object and returned on reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectAttrs {
+    /// `Content-Type`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// `Content-Encoding`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    /// `Content-Disposition`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_disposition: Option<String>,
+    /// `Content-Language`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_language: Option<String>,
+    /// `Cache-Control`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<String>,
+    /// `Expires`, Unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<i64>,
+    /// `x-amz-meta-*` user metadata (names lower-case, without the prefix).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub user_metadata: BTreeMap<String, String>,
+}
+
+/// Everything known about a stored object (or part).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    /// The object key (empty for multipart parts).
+    pub key: String,
+    /// Data length in bytes.
+    pub size: u64,
+    /// ETag without quotes: hex MD5, or `<hex>-<N>` for multipart objects.
+    pub etag: String,
+    /// Last-Modified, Unix milliseconds.
+    pub last_modified_ms: i64,
+    /// Number of parts for a multipart object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts_count: Option<u32>,
+    /// Part number, for a multipart part file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part_number: Option<u32>,
+    /// Client attributes.
+    #[serde(flatten)]
+    pub attrs: ObjectAttrs,
+}
+
+impl ObjectMeta {
+    /// Last-Modified truncated to whole seconds (the resolution of HTTP dates).
+    #[must_use]
+    pub fn last_modified_secs(&self) -> i64 {
+        self.last_modified_ms.div_euclid(1000)
+    }
+}
+
+/// Errors decoding a trailer/header.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// The file does not end with the magic bytes.
+    #[error("bad magic (not an object file or truncated)")]
+    BadMagic,
+    /// Header length out of range.
+    #[error("bad header length {0}")]
+    BadLength(u64),
+    /// The header is not valid JSON for [`ObjectMeta`].
+    #[error("bad header: {0}")]
+    BadHeader(String),
+    /// The data length in the header disagrees with the file length.
+    #[error("size mismatch: header says {header}, file holds {file}")]
+    SizeMismatch {
+        /// Size recorded in the header.
+        header: u64,
+        /// Size implied by the file length.
+        file: u64,
+    },
+}
+
+/// Encodes the header and trailer that follow the data.
+#[must_use]
+pub fn encode_trailer(meta: &ObjectMeta) -> Vec<u8> {
+    let mut out = serde_json::to_vec(meta).unwrap_or_default();
+    let len = out.len() as u64;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(MAGIC);
+    out
+}
+
+/// Parses the fixed 16-byte trailer; returns the header length.
+///
+/// # Errors
+/// [`FormatError`] when the magic or the length is wrong.
+pub fn parse_trailer(trailer: &[u8; 16], file_len: u64) -> Result<u64, FormatError> {
+    if &trailer[8..] != MAGIC {
+        return Err(FormatError::BadMagic);
+    }
+    let mut lenb = [0u8; 8];
+    lenb.copy_from_slice(&trailer[..8]);
+    let len = u64::from_le_bytes(lenb);
+    if len > MAX_HEADER_LEN || len + TRAILER_LEN > file_len {
+        return Err(FormatError::BadLength(len));
+    }
+    Ok(len)
+}
+
+/// Parses the JSON header and checks it against the file length.
+///
+/// # Errors
+/// [`FormatError`] when the header is malformed or inconsistent.
+pub fn parse_header(header: &[u8], file_len: u64) -> Result<ObjectMeta, FormatError> {
+    let meta: ObjectMeta =
+        serde_json::from_slice(header).map_err(|e| FormatError::BadHeader(e.to_string()))?;
+    let data_len = file_len - TRAILER_LEN - header.len() as u64;
+    if meta.size != data_len {
+        return Err(FormatError::SizeMismatch {
+            header: meta.size,
+            file: data_len,
+        });
+    }
+    Ok(meta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let mut meta = ObjectMeta {
+            key: "a/b/é".into(),
+            size: 5,
+            etag: "abc".into(),
+            last_modified_ms: 1_700_000_000_123,
+            ..Default::default()
+        };
+        meta.attrs.user_metadata.insert("k".into(), "v".into());
+        meta.attrs.content_type = Some("text/plain".into());
+        let mut file = b"hello".to_vec();
+        file.extend(encode_trailer(&meta));
+        let len = file.len() as u64;
+        let trailer: [u8; 16] = file[file.len() - 16..].try_into().unwrap();
+        let hlen = parse_trailer(&trailer, len).unwrap();
+        let start = (len - 16 - hlen) as usize;
+        let got = parse_header(&file[start..file.len() - 16], len).unwrap();
+        assert_eq!(got, meta);
+        assert_eq!(got.last_modified_secs(), 1_700_000_000);
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert_eq!(parse_trailer(&[0u8; 16], 100), Err(FormatError::BadMagic));
+        let mut t = [0u8; 16];
+        t[..8].copy_from_slice(&1000u64.to_le_bytes());
+        t[8..].copy_from_slice(MAGIC);
+        assert_eq!(parse_trailer(&t, 100), Err(FormatError::BadLength(1000)));
+        assert!(matches!(
+            parse_header(b"{", 100),
+            Err(FormatError::BadHeader(_))
+        ));
+    }
+}

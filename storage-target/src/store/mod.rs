@@ -1,0 +1,890 @@
+//! The filesystem object store.
+//!
+//! Layout under the data directory:
+//!
+//! ```text
+//! .tmp/<uuid>                       files being written; emptied at start-up
+//! .uploads/<upload-id>/upload.json  an in-progress multipart upload
+//! .uploads/<upload-id>/part-NNNNN   its parts (object file format)
+//! buckets/<bucket>/bucket.json      bucket metadata (creation time, owner)
+//! buckets/<bucket>/objects/<xx>/<sha256(key)>   one file per object
+//! ```
+//!
+//! Keys never become paths: an object lives under the SHA-256 of its key, so
+//! `a` and `a/b` coexist, 1024-byte keys fit, and `..` cannot escape. Each
+//! object is ONE file (data + header, see [`format`]), written under `.tmp`,
+//! fsynced, renamed into place and its directory fsynced: readers see the old
+//! or the new object, never a partial one, also after a crash. An in-memory
+//! ordered index per bucket, rebuilt at start-up, serves listings.
+//!
+//! The data path is transport-neutral: [`Store::put_object`] and
+//! [`Store::upload_part`] take any stream of [`Bytes`], and an
+//! [`ObjectReader`] serves any byte range with [`ObjectReader::read_at`] (into
+//! any buffer, e.g. RDMA staging memory) or [`ObjectReader::stream`].
+
+pub mod bucket_name;
+pub mod conditions;
+pub mod etag;
+pub mod format;
+pub mod listing;
+mod multipart;
+pub mod range;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::future::Future as _;
+use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt as _};
+use s3s::crypto::{Checksum as _, Md5};
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+use tokio::io::AsyncWriteExt as _;
+use tracing::{info, warn};
+
+pub use self::format::{FormatError, ObjectAttrs, ObjectMeta};
+pub use self::multipart::{PartInfo, UploadInfo};
+
+/// A boxed error from a body stream.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Largest object accepted by a single PutObject (and largest part): 5 GiB.
+pub const MAX_PUT_SIZE: u64 = 5 << 30;
+/// Smallest size of every multipart part but the last: 5 MiB.
+pub const MIN_PART_SIZE: u64 = 5 << 20;
+/// Read/write buffer size of the streaming paths.
+pub const IO_CHUNK: usize = 1 << 20;
+
+/// Store errors; mapped to S3 error codes in one place (`s3::store_error`).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The bucket does not exist.
+    #[error("The specified bucket does not exist")]
+    NoSuchBucket,
+    /// The key does not exist.
+    #[error("The specified key does not exist.")]
+    NoSuchKey,
+    /// CreateBucket of a bucket the caller already owns.
+    #[error("Your previous request to create the named bucket succeeded and you already own it.")]
+    BucketAlreadyOwnedByYou,
+    /// CreateBucket of a bucket someone else owns.
+    #[error("The requested bucket name is not available.")]
+    BucketAlreadyExists,
+    /// DeleteBucket of a bucket that still holds objects.
+    #[error("The bucket you tried to delete is not empty")]
+    BucketNotEmpty,
+    /// The bucket name breaks the naming rules.
+    #[error("The specified bucket is not valid.")]
+    InvalidBucketName,
+    /// The multipart upload does not exist (or was completed or aborted).
+    #[error(
+        "The specified upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed."
+    )]
+    NoSuchUpload,
+    /// The body's MD5 differs from Content-MD5.
+    #[error("The Content-MD5 you specified did not match what we received.")]
+    BadDigest,
+    /// Content-MD5 is not base64 of 16 bytes.
+    #[error("The Content-MD5 you specified is not valid.")]
+    InvalidDigest,
+    /// An `x-amz-checksum-*` value differs from the body's.
+    #[error("{0}")]
+    ChecksumMismatch(String),
+    /// CompleteMultipartUpload names a missing part or a wrong ETag.
+    #[error("{0}")]
+    InvalidPart(String),
+    /// CompleteMultipartUpload lists parts out of order.
+    #[error("The list of parts was not in ascending order. Parts must be ordered by part number.")]
+    InvalidPartOrder,
+    /// A part other than the last is smaller than 5 MiB.
+    #[error(
+        "Your proposed upload is smaller than the minimum allowed object size (part {part} has {size} bytes)."
+    )]
+    EntityTooSmall {
+        /// The part number.
+        part: u32,
+        /// Its size.
+        size: u64,
+    },
+    /// The body exceeds [`MAX_PUT_SIZE`].
+    #[error("Your proposed upload exceeds the maximum allowed object size.")]
+    EntityTooLarge,
+    /// Another invalid argument.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Reading the request body failed (client error, signature or hash mismatch).
+    #[error("reading the request body failed: {0}")]
+    Body(BodyError),
+    /// A filesystem error.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// An object file is damaged.
+    #[error("corrupt object file {path}: {source}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: FormatError,
+    },
+}
+
+/// Result alias for store operations.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Observes the body bytes of a write and may veto the write at the end
+/// (checksums, trailers). [`NoCheck`] accepts everything.
+pub trait BodyCheck: Send {
+    /// Called with every chunk, in order.
+    fn update(&mut self, data: &[u8]);
+    /// Called after the last chunk, before anything is published.
+    ///
+    /// # Errors
+    /// Any [`StoreError`] aborts the write.
+    fn finish(&mut self) -> StoreResult<()>;
+}
+
+/// A [`BodyCheck`] that accepts everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoCheck;
+
+impl BodyCheck for NoCheck {
+    fn update(&mut self, _data: &[u8]) {}
+    fn finish(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+/// Listing entry of the in-memory index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Object size.
+    pub size: u64,
+    /// ETag without quotes.
+    pub etag: String,
+    /// Last-Modified, Unix milliseconds.
+    pub last_modified_ms: i64,
+}
+
+impl From<&ObjectMeta> for IndexEntry {
+    fn from(m: &ObjectMeta) -> Self {
+        IndexEntry {
+            size: m.size,
+            etag: m.etag.clone(),
+            last_modified_ms: m.last_modified_ms,
+        }
+    }
+}
+
+/// Bucket metadata, stored in `bucket.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketInfo {
+    /// Bucket name.
+    pub name: String,
+    /// Creation time, Unix milliseconds.
+    pub created_ms: i64,
+    /// Access key id of the creator.
+    pub owner: String,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    info: BucketInfo,
+    dir: PathBuf,
+    state: RwLock<BucketState>,
+}
+
+#[derive(Debug, Default)]
+struct BucketState {
+    deleted: bool,
+    index: BTreeMap<String, IndexEntry>,
+}
+
+impl Bucket {
+    fn objects_dir(&self) -> PathBuf {
+        self.dir.join("objects")
+    }
+
+    fn object_path(&self, key: &str) -> PathBuf {
+        let h = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+        self.objects_dir().join(&h[..2]).join(h)
+    }
+}
+
+/// The object store. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Store {
+    root: PathBuf,
+    tmp_dir: PathBuf,
+    buckets_dir: PathBuf,
+    uploads_dir: PathBuf,
+    buckets: RwLock<BTreeMap<String, Arc<Bucket>>>,
+    uploads: Mutex<BTreeMap<String, Arc<multipart::Upload>>>,
+    bucket_ops: Mutex<()>,
+}
+
+/// Locks a std mutex, ignoring poisoning (the data stays consistent because
+/// every critical section is a few infallible map updates plus a rename).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Current time in Unix milliseconds.
+#[must_use]
+pub fn now_ms() -> i64 {
+    let now = time::OffsetDateTime::now_utc();
+    i64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+/// fsyncs a directory so that renames and creations in it are durable.
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` if missing, making the creation durable.
+fn ensure_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                fsync_dir(parent)?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs blocking filesystem work off the async runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Io(io::Error::other(e)))?
+}
+
+/// Reads the metadata of an object file through an open handle.
+fn read_meta(file: &File, path: &Path) -> StoreResult<ObjectMeta> {
+    let corrupt = |source| StoreError::Corrupt {
+        path: path.to_owned(),
+        source,
+    };
+    let len = file.metadata()?.len();
+    if len < format::TRAILER_LEN {
+        return Err(corrupt(FormatError::BadMagic));
+    }
+    let mut trailer = [0u8; 16];
+    file.read_exact_at(&mut trailer, len - format::TRAILER_LEN)?;
+    let hlen = format::parse_trailer(&trailer, len).map_err(corrupt)?;
+    let mut header = vec![0u8; usize::try_from(hlen).unwrap_or(0)];
+    file.read_exact_at(&mut header, len - format::TRAILER_LEN - hlen)?;
+    format::parse_header(&header, len).map_err(corrupt)
+}
+
+/// Removes a temporary file when dropped unless disarmed (also when the
+/// request future is cancelled mid-write).
+#[derive(Debug)]
+struct TmpGuard(Option<PathBuf>);
+
+impl TmpGuard {
+    fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TmpGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Result of streaming a body into a temporary file.
+#[derive(Debug)]
+struct Written {
+    size: u64,
+    md5_hex: String,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store under `root`: deletes leftovers in
+    /// `.tmp`, loads buckets, rebuilds the indexes and loads multipart uploads.
+    /// Blocking; call before serving.
+    ///
+    /// # Errors
+    /// I/O errors on the data directory.
+    pub fn open(root: &Path) -> StoreResult<Store> {
+        std::fs::create_dir_all(root)?;
+        let store = Store {
+            root: root.to_owned(),
+            tmp_dir: root.join(".tmp"),
+            buckets_dir: root.join("buckets"),
+            uploads_dir: root.join(".uploads"),
+            buckets: RwLock::default(),
+            uploads: Mutex::default(),
+            bucket_ops: Mutex::default(),
+        };
+        let mut removed = 0usize;
+        if store.tmp_dir.exists() {
+            for e in std::fs::read_dir(&store.tmp_dir)? {
+                let p = e?.path();
+                if p.is_dir() {
+                    std::fs::remove_dir_all(&p)?;
+                } else {
+                    std::fs::remove_file(&p)?;
+                }
+                removed += 1;
+            }
+        }
+        ensure_dir(&store.tmp_dir)?;
+        ensure_dir(&store.buckets_dir)?;
+        ensure_dir(&store.uploads_dir)?;
+        fsync_dir(&store.tmp_dir)?;
+        if removed > 0 {
+            info!(removed, "removed leftovers of interrupted writes");
+        }
+        let mut objects = 0usize;
+        let mut buckets = BTreeMap::new();
+        for e in std::fs::read_dir(&store.buckets_dir)? {
+            let dir = e?.path();
+            let info: BucketInfo = match std::fs::read(dir.join("bucket.json"))
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(i) => i,
+                Err(e) => {
+                    warn!(dir = %dir.display(), error = %e, "skipping directory without valid bucket.json");
+                    continue;
+                }
+            };
+            let bucket = Bucket {
+                info,
+                dir,
+                state: RwLock::default(),
+            };
+            let index = Self::scan_objects(&bucket.objects_dir())?;
+            objects += index.len();
+            write(&bucket.state).index = index;
+            buckets.insert(bucket.info.name.clone(), Arc::new(bucket));
+        }
+        let nbuckets = buckets.len();
+        *write(&store.buckets) = buckets;
+        let nuploads = store.load_uploads()?;
+        info!(root = %root.display(), buckets = nbuckets, objects, uploads = nuploads, "store opened");
+        Ok(store)
+    }
+
+    fn scan_objects(dir: &Path) -> StoreResult<BTreeMap<String, IndexEntry>> {
+        let mut index = BTreeMap::new();
+        let Ok(fans) = std::fs::read_dir(dir) else {
+            return Ok(index);
+        };
+        for fan in fans {
+            let fan = fan?.path();
+            if !fan.is_dir() {
+                continue;
+            }
+            for e in std::fs::read_dir(&fan)? {
+                let p = e?.path();
+                let meta = File::open(&p)
+                    .map_err(StoreError::from)
+                    .and_then(|f| read_meta(&f, &p));
+                match meta {
+                    Ok(m) => {
+                        index.insert(m.key.clone(), IndexEntry::from(&m));
+                    }
+                    Err(e) => {
+                        warn!(path = %p.display(), error = %e, "skipping unreadable object file")
+                    }
+                }
+            }
+        }
+        Ok(index)
+    }
+
+    /// The data directory.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn tmp_path(&self) -> TmpGuard {
+        TmpGuard(Some(
+            self.tmp_dir.join(uuid::Uuid::new_v4().simple().to_string()),
+        ))
+    }
+
+    fn bucket(&self, name: &str) -> StoreResult<Arc<Bucket>> {
+        read(&self.buckets)
+            .get(name)
+            .cloned()
+            .ok_or(StoreError::NoSuchBucket)
+    }
+
+    // ----- buckets -----------------------------------------------------------
+
+    /// Creates a bucket owned by `owner`.
+    ///
+    /// # Errors
+    /// `InvalidBucketName`, `BucketAlreadyOwnedByYou`, `BucketAlreadyExists`, I/O.
+    pub async fn create_bucket(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+    ) -> StoreResult<BucketInfo> {
+        if !bucket_name::is_valid_bucket_name(name) {
+            return Err(StoreError::InvalidBucketName);
+        }
+        let this = Arc::clone(self);
+        let info = BucketInfo {
+            name: name.to_owned(),
+            created_ms: now_ms(),
+            owner: owner.to_owned(),
+        };
+        blocking(move || {
+            let _g = lock(&this.bucket_ops);
+            if let Some(b) = read(&this.buckets).get(&info.name) {
+                return Err(if b.info.owner == info.owner {
+                    StoreError::BucketAlreadyOwnedByYou
+                } else {
+                    StoreError::BucketAlreadyExists
+                });
+            }
+            let tmp = this.tmp_path();
+            std::fs::create_dir(tmp.path())?;
+            let meta = tmp.path().join("bucket.json");
+            let mut f = File::create(&meta)?;
+            std::io::Write::write_all(&mut f, &serde_json::to_vec(&info).unwrap_or_default())?;
+            f.sync_all()?;
+            std::fs::create_dir(tmp.path().join("objects"))?;
+            fsync_dir(tmp.path())?;
+            let dir = this.buckets_dir.join(&info.name);
+            std::fs::rename(tmp.path(), &dir)?;
+            let mut tmp = tmp;
+            tmp.disarm();
+            fsync_dir(&this.buckets_dir)?;
+            let bucket = Arc::new(Bucket {
+                info: info.clone(),
+                dir,
+                state: RwLock::default(),
+            });
+            write(&this.buckets).insert(info.name.clone(), bucket);
+            info!(bucket = %info.name, "bucket created");
+            Ok(info)
+        })
+        .await
+    }
+
+    /// Returns a bucket's metadata.
+    ///
+    /// # Errors
+    /// `NoSuchBucket`.
+    pub fn head_bucket(&self, name: &str) -> StoreResult<BucketInfo> {
+        Ok(self.bucket(name)?.info.clone())
+    }
+
+    /// All buckets, by name.
+    #[must_use]
+    pub fn list_buckets(&self) -> Vec<BucketInfo> {
+        read(&self.buckets)
+            .values()
+            .map(|b| b.info.clone())
+            .collect()
+    }
+
+    /// Deletes an empty bucket and any in-progress multipart uploads in it.
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, `BucketNotEmpty`, I/O.
+    pub async fn delete_bucket(self: &Arc<Self>, name: &str) -> StoreResult<()> {
+        let this = Arc::clone(self);
+        let name = name.to_owned();
+        let uploads: Vec<String> = blocking(move || {
+            let _g = lock(&this.bucket_ops);
+            let b = this.bucket(&name)?;
+            {
+                let mut st = write(&b.state);
+                if !st.index.is_empty() {
+                    return Err(StoreError::BucketNotEmpty);
+                }
+                st.deleted = true;
+            }
+            write(&this.buckets).remove(&name);
+            let tmp = this.tmp_path();
+            std::fs::rename(&b.dir, tmp.path())?;
+            fsync_dir(&this.buckets_dir)?;
+            std::fs::remove_dir_all(tmp.path())?;
+            info!(bucket = %name, "bucket deleted");
+            Ok(lock(&this.uploads)
+                .values()
+                .filter(|u| u.info.bucket == name)
+                .map(|u| u.info.upload_id.clone())
+                .collect())
+        })
+        .await?;
+        for id in uploads {
+            if let Err(e) = self.remove_upload(&id).await {
+                warn!(upload_id = %id, error = %e, "removing upload of deleted bucket failed");
+            }
+        }
+        Ok(())
+    }
+
+    // ----- objects -----------------------------------------------------------
+
+    /// Streams `body` into a new temporary file, hashing it; returns the open
+    /// file (positioned at the end of the data).
+    async fn write_body<S>(
+        &self,
+        tmp: &TmpGuard,
+        mut body: S,
+        check: &mut dyn BodyCheck,
+    ) -> StoreResult<(tokio::fs::File, Written)>
+    where
+        S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
+    {
+        let file = tokio::fs::File::create(tmp.path()).await?;
+        let mut w = tokio::io::BufWriter::with_capacity(IO_CHUNK, file);
+        let mut md5 = Md5::new();
+        let mut size = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(StoreError::Body)?;
+            size += chunk.len() as u64;
+            if size > MAX_PUT_SIZE {
+                return Err(StoreError::EntityTooLarge);
+            }
+            md5.update(&chunk);
+            check.update(&chunk);
+            w.write_all(&chunk).await?;
+        }
+        w.flush().await?;
+        check.finish()?;
+        Ok((
+            w.into_inner(),
+            Written {
+                size,
+                md5_hex: hex::encode(md5.finalize()),
+            },
+        ))
+    }
+
+    /// Appends the header to a data file and makes it durable.
+    async fn seal(mut file: tokio::fs::File, meta: &ObjectMeta) -> StoreResult<()> {
+        file.write_all(&format::encode_trailer(meta)).await?;
+        file.flush().await?;
+        file.sync_all().await?;
+        Ok(())
+    }
+
+    /// Atomically publishes a sealed temporary file as `key` in bucket `b`.
+    async fn publish(
+        &self,
+        b: Arc<Bucket>,
+        mut tmp: TmpGuard,
+        meta: &ObjectMeta,
+    ) -> StoreResult<()> {
+        let key = meta.key.clone();
+        let entry = IndexEntry::from(meta);
+        let src = tmp.path().to_owned();
+        tmp.disarm();
+        let mut guard = TmpGuard(Some(src.clone()));
+        blocking(move || {
+            let path = b.object_path(&key);
+            let dir = path.parent().unwrap_or(Path::new("/")).to_owned();
+            ensure_dir(&dir)?;
+            {
+                let mut st = write(&b.state);
+                if st.deleted {
+                    return Err(StoreError::NoSuchBucket);
+                }
+                std::fs::rename(&src, &path)?;
+                guard.disarm();
+                st.index.insert(key, entry);
+            }
+            fsync_dir(&dir)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Stores an object from any byte source. `content_md5_hex`, if given, must
+    /// equal the MD5 of the body (`BadDigest`). Nothing is visible until the
+    /// whole body has been received, checked and made durable.
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, `BadDigest`, `EntityTooLarge`, `Body`, check errors, I/O.
+    pub async fn put_object<S>(
+        &self,
+        bucket: &str,
+        key: &str,
+        attrs: ObjectAttrs,
+        body: S,
+        content_md5_hex: Option<&str>,
+        check: &mut dyn BodyCheck,
+    ) -> StoreResult<ObjectMeta>
+    where
+        S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
+    {
+        let b = self.bucket(bucket)?;
+        let tmp = self.tmp_path();
+        let (file, written) = self.write_body(&tmp, body, check).await?;
+        if let Some(expect) = content_md5_hex
+            && expect != written.md5_hex
+        {
+            return Err(StoreError::BadDigest);
+        }
+        let meta = ObjectMeta {
+            key: key.to_owned(),
+            size: written.size,
+            etag: written.md5_hex,
+            last_modified_ms: now_ms(),
+            parts_count: None,
+            part_number: None,
+            attrs,
+        };
+        Self::seal(file, &meta).await?;
+        self.publish(b, tmp, &meta).await?;
+        Ok(meta)
+    }
+
+    /// Opens an object for reading. The reader keeps reading the version it
+    /// opened even if the object is replaced or deleted meanwhile.
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, `NoSuchKey`, `Corrupt`, I/O.
+    pub async fn open_object(&self, bucket: &str, key: &str) -> StoreResult<ObjectReader> {
+        let b = self.bucket(bucket)?;
+        let key = key.to_owned();
+        blocking(move || {
+            let path = b.object_path(&key);
+            let file = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NoSuchKey),
+                Err(e) => return Err(e.into()),
+            };
+            let meta = read_meta(&file, &path)?;
+            if meta.key != key {
+                return Err(StoreError::NoSuchKey);
+            }
+            Ok(ObjectReader {
+                meta,
+                file: Arc::new(file),
+            })
+        })
+        .await
+    }
+
+    /// Deletes an object; deleting a missing key succeeds (as in S3).
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, I/O.
+    pub async fn delete_object(&self, bucket: &str, key: &str) -> StoreResult<()> {
+        let b = self.bucket(bucket)?;
+        let key = key.to_owned();
+        blocking(move || {
+            let path = b.object_path(&key);
+            {
+                let mut st = write(&b.state);
+                if st.index.remove(&key).is_none() {
+                    return Ok(());
+                }
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if let Some(dir) = path.parent() {
+                fsync_dir(dir)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Copies an object (server side). `attrs` = `None` keeps the source's
+    /// attributes (metadata directive COPY); the ETag and part count are kept.
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, `NoSuchKey`, I/O.
+    pub async fn copy_object(
+        &self,
+        src: &ObjectReader,
+        dst_bucket: &str,
+        dst_key: &str,
+        attrs: Option<ObjectAttrs>,
+    ) -> StoreResult<ObjectMeta> {
+        let b = self.bucket(dst_bucket)?;
+        let tmp = self.tmp_path();
+        let meta = ObjectMeta {
+            key: dst_key.to_owned(),
+            size: src.meta.size,
+            etag: src.meta.etag.clone(),
+            last_modified_ms: now_ms(),
+            parts_count: src.meta.parts_count,
+            part_number: None,
+            attrs: attrs.unwrap_or_else(|| src.meta.attrs.clone()),
+        };
+        let from = Arc::clone(&src.file);
+        let to = tmp.path().to_owned();
+        let size = src.meta.size;
+        let trailer = format::encode_trailer(&meta);
+        blocking(move || {
+            let mut out = File::create(&to)?;
+            let mut input = from.try_clone()?;
+            input.seek(SeekFrom::Start(0))?;
+            let n = io::copy(&mut (&mut input).take(size), &mut out)?;
+            if n != size {
+                return Err(StoreError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "source object shrank while copying",
+                )));
+            }
+            std::io::Write::write_all(&mut out, &trailer)?;
+            out.sync_all()?;
+            Ok(())
+        })
+        .await?;
+        self.publish(b, tmp, &meta).await?;
+        Ok(meta)
+    }
+
+    /// One page of a bucket listing.
+    ///
+    /// # Errors
+    /// `NoSuchBucket`.
+    pub fn list_objects(
+        &self,
+        bucket: &str,
+        params: &listing::ListParams<'_>,
+    ) -> StoreResult<listing::ListPage<IndexEntry>> {
+        let b = self.bucket(bucket)?;
+        let st = read(&b.state);
+        Ok(listing::list(&st.index, params))
+    }
+}
+
+/// An open object: its metadata and a handle on the exact version opened.
+#[derive(Debug, Clone)]
+pub struct ObjectReader {
+    /// Metadata of the opened version.
+    pub meta: ObjectMeta,
+    file: Arc<File>,
+}
+
+impl ObjectReader {
+    /// Reads object bytes at `offset` into `buf` (blocking `pread`); returns
+    /// the number of bytes read, 0 at the end of the data. Suited to filling
+    /// registered (RDMA) staging buffers.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if offset >= self.meta.size {
+            return Ok(0);
+        }
+        let max = usize::try_from(self.meta.size - offset).unwrap_or(usize::MAX);
+        let n = buf.len().min(max);
+        self.file.read_at(&mut buf[..n], offset)
+    }
+
+    /// Streams the bytes in `range` with a bounded buffer (one [`IO_CHUNK`]
+    /// read ahead at a time).
+    #[must_use]
+    pub fn stream(&self, range: std::ops::Range<u64>) -> RangeStream {
+        let end = range.end.min(self.meta.size);
+        RangeStream {
+            reader: self.clone(),
+            pos: range.start.min(end),
+            end,
+            pending: None,
+        }
+    }
+}
+
+/// A stream of an object's byte range; see [`ObjectReader::stream`].
+#[derive(Debug)]
+pub struct RangeStream {
+    reader: ObjectReader,
+    pos: u64,
+    end: u64,
+    pending: Option<tokio::task::JoinHandle<io::Result<Bytes>>>,
+}
+
+impl RangeStream {
+    /// Bytes not yet yielded.
+    #[must_use]
+    pub fn remaining(&self) -> u64 {
+        self.end - self.pos
+    }
+}
+
+impl Stream for RangeStream {
+    type Item = io::Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(h) = this.pending.as_mut() {
+                let res = ready!(Pin::new(h).poll(cx));
+                this.pending = None;
+                let res = res.map_err(io::Error::other).and_then(|r| r);
+                return Poll::Ready(Some(match res {
+                    Ok(b) if b.is_empty() => Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "object file shorter than its header says",
+                    )),
+                    Ok(b) => {
+                        this.pos += b.len() as u64;
+                        Ok(b)
+                    }
+                    Err(e) => {
+                        this.pos = this.end;
+                        Err(e)
+                    }
+                }));
+            }
+            if this.pos >= this.end {
+                return Poll::Ready(None);
+            }
+            let n = usize::try_from(this.end - this.pos)
+                .unwrap_or(IO_CHUNK)
+                .min(IO_CHUNK);
+            let reader = this.reader.clone();
+            let pos = this.pos;
+            this.pending = Some(tokio::task::spawn_blocking(move || {
+                let mut buf = BytesMut::zeroed(n);
+                let mut filled = 0;
+                while filled < n {
+                    let k = reader.read_at(pos + filled as u64, &mut buf[filled..])?;
+                    if k == 0 {
+                        break;
+                    }
+                    filled += k;
+                }
+                buf.truncate(filled);
+                Ok(buf.freeze())
+            }));
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, None)
+    }
+}
