@@ -110,6 +110,7 @@ impl EndpointConfig {
 #[derive(Debug)]
 enum EndpointImpl {
     Tcp(tcp::endpoint::TcpEndpoint),
+    Verbs(verbs::conn::VerbsEndpoint),
 }
 
 /// Serves one-sided operations on a domain's regions.
@@ -129,7 +130,7 @@ impl Endpoint {
                 config.responder
             )));
         }
-        match domain.backend() {
+        let (inner, mut addr) = match domain.backend() {
             Backend::Tcp => {
                 let ep = tcp::endpoint::TcpEndpoint::listen(
                     domain.clone(),
@@ -139,23 +140,34 @@ impl Endpoint {
                     tcp::io_tuning(config.socket_buffer, None),
                 )
                 .await?;
-                let mut addr = ep.local_addr();
-                if addr.ip().is_unspecified()
-                    && let Some(ip) = config.advertise
-                {
-                    addr.set_ip(ip);
-                }
-                Ok(Endpoint {
-                    inner: EndpointImpl::Tcp(ep),
-                    addr: EndpointAddr {
-                        addr,
-                        responder: config.responder,
-                    },
-                    _domain: domain.clone(),
-                })
+                let addr = ep.local_addr();
+                (EndpointImpl::Tcp(ep), addr)
             }
-            Backend::Verbs => Err(verbs::not_wired("endpoint")),
+            Backend::Verbs => {
+                let ep = verbs::conn::VerbsEndpoint::listen(
+                    domain.clone(),
+                    config.bind,
+                    config.fabric_key.clone(),
+                    config.responder,
+                )
+                .await?;
+                let addr = ep.local_addr();
+                (EndpointImpl::Verbs(ep), addr)
+            }
+        };
+        if addr.ip().is_unspecified()
+            && let Some(ip) = config.advertise
+        {
+            addr.set_ip(ip);
         }
+        Ok(Endpoint {
+            inner,
+            addr: EndpointAddr {
+                addr,
+                responder: config.responder,
+            },
+            _domain: domain.clone(),
+        })
     }
 
     /// Where peers reach this endpoint (what tokens carry).
@@ -172,6 +184,7 @@ impl Endpoint {
     pub async fn shutdown(self) {
         match self.inner {
             EndpointImpl::Tcp(ep) => ep.shutdown().await,
+            EndpointImpl::Verbs(ep) => ep.shutdown().await,
         }
     }
 }
@@ -179,6 +192,7 @@ impl Endpoint {
 #[derive(Debug)]
 enum SessionImpl {
     Tcp(tcp::session::TcpSession),
+    Verbs(verbs::conn::VerbsSession),
 }
 
 /// A connection to a remote endpoint, posting one-sided operations.
@@ -189,14 +203,25 @@ pub struct Session {
 }
 
 impl Session {
-    /// Connects (and authenticates) to `target` on `domain`'s backend.
-    pub async fn connect(domain: &Domain, target: EndpointAddr, config: SessionConfig) -> Result<Session> {
+    /// Connects (and authenticates) to `target` on `domain`'s backend. On
+    /// verbs, one RC queue pair is brought to RTS through an out-of-band
+    /// exchange with the endpoint (`streams`/`stripe` apply to tcp only).
+    pub async fn connect(
+        domain: &Domain,
+        target: EndpointAddr,
+        config: SessionConfig,
+    ) -> Result<Session> {
         match domain.backend() {
             Backend::Tcp => Ok(Session {
                 inner: SessionImpl::Tcp(tcp::session::TcpSession::connect(target, &config).await?),
                 domain: domain.clone(),
             }),
-            Backend::Verbs => Err(verbs::not_wired("session")),
+            Backend::Verbs => Ok(Session {
+                inner: SessionImpl::Verbs(
+                    verbs::conn::VerbsSession::connect(domain, target, &config.fabric_key).await?,
+                ),
+                domain: domain.clone(),
+            }),
         }
     }
 
@@ -219,6 +244,7 @@ impl Session {
         }
         match &self.inner {
             SessionImpl::Tcp(s) => s.post(kind, local, remote_addr, rkey),
+            SessionImpl::Verbs(s) => s.post(kind, local, remote_addr, rkey),
         }
     }
 
@@ -239,6 +265,7 @@ impl Session {
     pub fn is_alive(&self) -> bool {
         match &self.inner {
             SessionImpl::Tcp(s) => s.is_alive(),
+            SessionImpl::Verbs(s) => s.is_alive(),
         }
     }
 
@@ -246,6 +273,7 @@ impl Session {
     pub fn peer(&self) -> EndpointAddr {
         match &self.inner {
             SessionImpl::Tcp(s) => s.peer(),
+            SessionImpl::Verbs(s) => s.peer(),
         }
     }
 }

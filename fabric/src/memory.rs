@@ -118,7 +118,10 @@ impl Memory {
             ptr,
             len,
             kind: MemoryKind::Host,
-            owner: Owner::Mapping { map_len: len, fd: None },
+            owner: Owner::Mapping {
+                map_len: len,
+                fd: None,
+            },
         })
     }
 
@@ -158,18 +161,23 @@ impl Memory {
             }
         }
         Ok(Memory {
-            ptr: NonNull::new(aligned as *mut u8).expect("aligned address of a mapping is non-null"),
+            ptr: NonNull::new(aligned as *mut u8)
+                .expect("aligned address of a mapping is non-null"),
             len,
             kind: MemoryKind::Host,
-            owner: Owner::Mapping { map_len: len, fd: None },
+            owner: Owner::Mapping {
+                map_len: len,
+                fd: None,
+            },
         })
     }
 
     /// Shared memory backed by a new memfd (`memfd_create`) of `len` bytes,
     /// mapped shared. [`Memory::fd`] gives the fd to pass to another process.
     pub fn memfd(name: &str, len: usize) -> Result<Memory> {
-        let cname = CString::new(name)
-            .map_err(|_| FabricError::InvalidArgument(format!("memfd name {name:?} contains NUL")))?;
+        let cname = CString::new(name).map_err(|_| {
+            FabricError::InvalidArgument(format!("memfd name {name:?} contains NUL"))
+        })?;
         // SAFETY: `cname` is a valid NUL-terminated string; the result is checked.
         let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -193,7 +201,10 @@ impl Memory {
     pub fn from_fd(fd: OwnedFd, len: usize) -> Result<Memory> {
         if len == 0 {
             let mut m = Memory::empty(MemoryKind::Host);
-            m.owner = Owner::Mapping { map_len: 0, fd: Some(fd) };
+            m.owner = Owner::Mapping {
+                map_len: 0,
+                fd: Some(fd),
+            };
             return Ok(m);
         }
         let ptr = mmap(
@@ -207,7 +218,10 @@ impl Memory {
             ptr,
             len,
             kind: MemoryKind::Host,
-            owner: Owner::Mapping { map_len: len, fd: Some(fd) },
+            owner: Owner::Mapping {
+                map_len: len,
+                fd: Some(fd),
+            },
         })
     }
 
@@ -249,8 +263,16 @@ impl Memory {
         Ok(Memory::from_cuda(dm))
     }
 
+    /// Device memory another process exported with `cuIpcGetMemHandle`.
     #[cfg(feature = "cuda")]
-    pub(crate) fn from_cuda(dm: crate::cuda::DeviceMemory) -> Memory {
+    pub fn cuda_ipc(device: i32, handle: crate::cuda::IpcMemHandle, len: usize) -> Result<Memory> {
+        let dm = crate::cuda::DeviceMemory::open_ipc(device, handle, len)?;
+        Ok(Memory::from_cuda(dm))
+    }
+
+    /// Wraps CUDA device memory.
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda(dm: crate::cuda::DeviceMemory) -> Memory {
         let len = dm.len();
         match NonNull::new(dm.dptr() as *mut u8) {
             Some(ptr) if len > 0 => Memory {

@@ -14,10 +14,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::time::{Duration, Instant};
 
+use crate::Backend;
 use crate::access::Access;
 use crate::error::{FabricError, OpStatus, Result};
 use crate::memory::{Memory, MemoryKind};
-use crate::Backend;
 
 pub(crate) struct DomainInner {
     backend: Backend,
@@ -84,11 +84,7 @@ impl Domain {
             access,
             key,
         });
-        *inner
-            .key
-            .region
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&inner);
+        *inner.key.region.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&inner);
         Ok(Region { inner })
     }
 
@@ -138,7 +134,10 @@ impl Domain {
     fn remove_key(&self, entry: &KeyEntry) {
         entry.revoke();
         let mut keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
-        if keys.get(&entry.rkey).is_some_and(|e| std::ptr::eq(&**e, entry)) {
+        if keys
+            .get(&entry.rkey)
+            .is_some_and(|e| std::ptr::eq(&**e, entry))
+        {
             keys.remove(&entry.rkey);
         }
     }
@@ -155,7 +154,11 @@ impl Domain {
 
     /// Number of live keys (regions plus windows).
     pub fn key_count(&self) -> usize {
-        self.inner.keys.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 }
 
@@ -219,7 +222,12 @@ impl KeyEntry {
         *self.revoked.write().unwrap_or_else(|e| e.into_inner()) = true;
         // Verbs: deregistering the MR makes the NIC refuse the rkey; it
         // returns once the hardware no longer uses it.
-        drop(self.verbs_mr.lock().unwrap_or_else(|e| e.into_inner()).take());
+        drop(
+            self.verbs_mr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
     }
 
     fn is_revoked(&self) -> bool {
@@ -401,7 +409,13 @@ impl Region {
 
     /// Mints a window over `[offset, offset+len)` of the region with `access`
     /// (a subset of the region's remote access) and an optional time to live.
-    pub fn window(&self, offset: usize, len: usize, access: Access, ttl: Option<Duration>) -> Result<Window> {
+    pub fn window(
+        &self,
+        offset: usize,
+        len: usize,
+        access: Access,
+        ttl: Option<Duration>,
+    ) -> Result<Window> {
         check_range("window", offset, len, self.len())?;
         if !self.access().contains(access) {
             return Err(FabricError::InvalidArgument(format!(
@@ -426,6 +440,10 @@ impl Region {
             Some(self.inner.key.clone()),
             verbs_mr,
         )?;
+        if let (Some(ttl), Some(_)) = (ttl, &self.inner.domain.inner.verbs) {
+            // The NIC knows nothing of expiry: deregister the window's MR when it expires.
+            schedule_expiry(self.inner.domain.clone(), Arc::downgrade(&key), ttl);
+        }
         Ok(Window {
             region: self.clone(),
             key,
@@ -462,7 +480,11 @@ impl Region {
             // never lend out as a Rust reference. Concurrent remote access to
             // the same bytes is the application's business (RDMA semantics).
             MemoryKind::Host => unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner.mem.as_ptr().add(offset), src.len());
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    self.inner.mem.as_ptr().add(offset),
+                    src.len(),
+                );
             },
             MemoryKind::Cuda => cuda_copy_in(&self.inner.mem, offset, src)?,
         }
@@ -475,7 +497,11 @@ impl Region {
         match self.kind() {
             // SAFETY: as in `write_at`; `dst` is a distinct Rust buffer.
             MemoryKind::Host => unsafe {
-                std::ptr::copy_nonoverlapping(self.inner.mem.as_ptr().add(offset), dst.as_mut_ptr(), dst.len());
+                std::ptr::copy_nonoverlapping(
+                    self.inner.mem.as_ptr().add(offset),
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                );
             },
             MemoryKind::Cuda => cuda_copy_out(&self.inner.mem, offset, dst)?,
         }
@@ -486,6 +512,28 @@ impl Region {
     /// access exactly as on real RDMA; the caller must keep the region alive.
     pub fn as_ptr(&self) -> *mut u8 {
         self.inner.mem.as_ptr()
+    }
+}
+
+fn schedule_expiry(domain: Domain, key: Weak<KeyEntry>, ttl: Duration) {
+    let expire = move || {
+        if let Some(k) = key.upgrade() {
+            domain.remove_key(&k);
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn(async move {
+                tokio::time::sleep(ttl).await;
+                expire();
+            });
+        }
+        Err(_) => {
+            std::thread::spawn(move || {
+                std::thread::sleep(ttl);
+                expire();
+            });
+        }
     }
 }
 
@@ -710,26 +758,46 @@ mod tests {
     fn windows_check_bounds_access_revocation_and_expiry() {
         let d = Domain::tcp();
         let r = d.alloc(8192, Access::ALL).unwrap();
-        let w = r
-            .window(4096, 1024, Access::REMOTE_WRITE, None)
-            .unwrap();
+        let w = r.window(4096, 1024, Access::REMOTE_WRITE, None).unwrap();
         assert_eq!(w.addr(), r.addr() + 4096);
         let e = d.lookup(w.rkey()).unwrap();
-        let (_, off) = e.authorize(w.addr() + 10, 100, Access::REMOTE_WRITE).unwrap();
+        let (_, off) = e
+            .authorize(w.addr() + 10, 100, Access::REMOTE_WRITE)
+            .unwrap();
         assert_eq!(off, 4106);
-        assert!(matches!(e.authorize(w.addr(), 100, Access::REMOTE_READ), Err(Denied::Access { .. })));
-        assert_eq!(e.authorize(w.addr() + 1000, 25, Access::REMOTE_WRITE).err(), Some(Denied::Bounds));
-        assert_eq!(e.authorize(w.addr() - 1, 1, Access::REMOTE_WRITE).err(), Some(Denied::Bounds));
-        assert_eq!(e.authorize(u64::MAX, 2, Access::REMOTE_WRITE).err(), Some(Denied::Bounds));
+        assert!(matches!(
+            e.authorize(w.addr(), 100, Access::REMOTE_READ),
+            Err(Denied::Access { .. })
+        ));
+        assert_eq!(
+            e.authorize(w.addr() + 1000, 25, Access::REMOTE_WRITE).err(),
+            Some(Denied::Bounds)
+        );
+        assert_eq!(
+            e.authorize(w.addr() - 1, 1, Access::REMOTE_WRITE).err(),
+            Some(Denied::Bounds)
+        );
+        assert_eq!(
+            e.authorize(u64::MAX, 2, Access::REMOTE_WRITE).err(),
+            Some(Denied::Bounds)
+        );
         assert!(e.enter().is_some());
         w.revoke();
         assert!(e.enter().is_none());
-        assert_eq!(e.authorize(w.addr(), 1, Access::REMOTE_WRITE).err(), Some(Denied::Revoked));
+        assert_eq!(
+            e.authorize(w.addr(), 1, Access::REMOTE_WRITE).err(),
+            Some(Denied::Revoked)
+        );
         assert!(d.lookup(w.rkey()).is_none());
 
-        let x = r.window(0, 10, Access::REMOTE_READ, Some(Duration::ZERO)).unwrap();
+        let x = r
+            .window(0, 10, Access::REMOTE_READ, Some(Duration::ZERO))
+            .unwrap();
         let e = d.lookup(x.rkey()).unwrap();
-        assert_eq!(e.authorize(x.addr(), 1, Access::REMOTE_READ).err(), Some(Denied::Expired));
+        assert_eq!(
+            e.authorize(x.addr(), 1, Access::REMOTE_READ).err(),
+            Some(Denied::Expired)
+        );
         assert!(e.enter().is_none());
 
         assert!(r.window(8000, 500, Access::REMOTE_READ, None).is_err());

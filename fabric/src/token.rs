@@ -68,7 +68,9 @@ impl fmt::Debug for RdmaToken {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     /// The token is not 81 characters long.
-    #[error("x-amz-rdma-token must be {TOKEN_LEN} characters (addr(16):maxsize(8):rkey(8):lid(4):dctn(6):gidflag(1):gid(32)), got {0}")]
+    #[error(
+        "x-amz-rdma-token must be {TOKEN_LEN} characters (addr(16):maxsize(8):rkey(8):lid(4):dctn(6):gidflag(1):gid(32)), got {0}"
+    )]
     Length(usize),
     /// Wrong number of colon-separated fields.
     #[error("x-amz-rdma-token must have 7 colon-separated fields, got {0}")]
@@ -231,7 +233,8 @@ impl RdmaToken {
         };
         if endpoint.addr.ip().is_unspecified() {
             return Err(TokenError::Unrepresentable(
-                "the endpoint address is unspecified (0.0.0.0 / ::); advertise a reachable address".into(),
+                "the endpoint address is unspecified (0.0.0.0 / ::); advertise a reachable address"
+                    .into(),
             ));
         }
         Ok(RdmaToken {
@@ -310,7 +313,10 @@ mod tests {
         assert_eq!(t.lid, 0x0102);
         assert_eq!(t.dctn, 0x010203);
         assert!(t.gid_valid);
-        assert_eq!(t.gid, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+        assert_eq!(
+            t.gid,
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+        );
         assert_eq!(t.to_string(), SPEC_EXAMPLE);
         assert_eq!(SPEC_EXAMPLE.len(), TOKEN_LEN);
 
@@ -327,11 +333,21 @@ mod tests {
     #[test]
     fn strictness() {
         let upper = SPEC_EXAMPLE.replace("0a0b", "0A0B");
-        assert!(matches!(RdmaToken::parse(&upper), Err(TokenError::NotHex { field: "gid", found: 'A' })));
+        assert!(matches!(
+            RdmaToken::parse(&upper),
+            Err(TokenError::NotHex {
+                field: "gid",
+                found: 'A'
+            })
+        ));
         assert_eq!(RdmaToken::parse(""), Err(TokenError::Length(0)));
         assert_eq!(
             RdmaToken::parse(&SPEC_EXAMPLE[1..]),
-            Err(TokenError::FieldWidth { field: "addr", expected: 16, got: 15 })
+            Err(TokenError::FieldWidth {
+                field: "addr",
+                expected: 16,
+                got: 15
+            })
         );
         let extra = format!("{SPEC_EXAMPLE}:00");
         assert_eq!(RdmaToken::parse(&extra), Err(TokenError::Length(84)));
@@ -340,22 +356,38 @@ mod tests {
         let flag2 = SPEC_EXAMPLE.replace(":1:", ":2:");
         assert_eq!(RdmaToken::parse(&flag2), Err(TokenError::GidFlag(2)));
         let spaced = format!(" {}", &SPEC_EXAMPLE[1..]);
-        assert!(matches!(RdmaToken::parse(&spaced), Err(TokenError::NotHex { field: "addr", .. })));
+        assert!(matches!(
+            RdmaToken::parse(&spaced),
+            Err(TokenError::NotHex { field: "addr", .. })
+        ));
         let plus = SPEC_EXAMPLE.replacen("0102:", "+102:", 1);
-        assert!(matches!(RdmaToken::parse(&plus), Err(TokenError::NotHex { field: "lid", .. })));
+        assert!(matches!(
+            RdmaToken::parse(&plus),
+            Err(TokenError::NotHex { field: "lid", .. })
+        ));
         // Non-ASCII of the same byte length must not panic.
         let weird = SPEC_EXAMPLE.replacen("01", "é", 1);
         assert!(RdmaToken::parse(&weird).is_err());
         let no_gid = SPEC_EXAMPLE.replace(":1:", ":0:");
-        assert_eq!(RdmaToken::parse(&no_gid).unwrap().endpoint(), Err(TokenError::NoGid));
+        assert_eq!(
+            RdmaToken::parse(&no_gid).unwrap().endpoint(),
+            Err(TokenError::NoGid)
+        );
         // The error message names the format.
         assert!(TokenError::Length(3).to_string().contains("addr(16)"));
     }
 
     #[test]
     fn endpoint_mapping() {
-        let ep = EndpointAddr { addr: "10.1.2.3:7000".parse().unwrap(), responder: 5 };
-        let rb = RemoteBuf { addr: 0x7f00_0000_1000, len: 4096, rkey: 0xdeadbeef };
+        let ep = EndpointAddr {
+            addr: "10.1.2.3:7000".parse().unwrap(),
+            responder: 5,
+        };
+        let rb = RemoteBuf {
+            addr: 0x7f00_0000_1000,
+            len: 4096,
+            rkey: 0xdeadbeef,
+        };
         let t = RdmaToken::new(ep, rb).unwrap();
         assert_eq!(
             t.to_string(),
@@ -363,13 +395,22 @@ mod tests {
         );
         assert_eq!(t.endpoint().unwrap(), ep);
         assert_eq!(t.remote(), rb);
-        let v6 = EndpointAddr { addr: "[fd00::1]:9".parse().unwrap(), responder: 0 };
+        let v6 = EndpointAddr {
+            addr: "[fd00::1]:9".parse().unwrap(),
+            responder: 0,
+        };
         assert_eq!(RdmaToken::new(v6, rb).unwrap().endpoint().unwrap(), v6);
-        let unspecified = EndpointAddr { addr: "0.0.0.0:1".parse().unwrap(), responder: 0 };
+        let unspecified = EndpointAddr {
+            addr: "0.0.0.0:1".parse().unwrap(),
+            responder: 0,
+        };
         assert!(RdmaToken::new(unspecified, rb).is_err());
         let big = RemoteBuf { len: 1 << 32, ..rb };
         assert!(RdmaToken::new(ep, big).is_err());
-        let wide = EndpointAddr { responder: 1 << 24, ..ep };
+        let wide = EndpointAddr {
+            responder: 1 << 24,
+            ..ep
+        };
         assert!(RdmaToken::new(wide, rb).is_err());
         let s = t.slice(1024, 2048).unwrap();
         assert_eq!((s.addr, s.size, s.rkey), (rb.addr + 1024, 2048, rb.rkey));

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use fabric::{
-    Access, Backend, Domain, Endpoint, EndpointConfig, FabricError, FabricKey, OpStatus, RdmaToken, Region, Session,
-    SessionConfig,
+    Access, Backend, Domain, Endpoint, EndpointConfig, FabricError, FabricKey, OpStatus, RdmaToken,
+    Region, Session, SessionConfig,
 };
 use rand::RngCore;
 
@@ -28,9 +28,12 @@ impl Fixture {
         let key = FabricKey::random();
         let server = Domain::open(backend).expect("open server domain");
         let client = Domain::open(backend).expect("open client domain");
-        let endpoint = Endpoint::listen(&server, EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone()))
-            .await
-            .expect("listen");
+        let endpoint = Endpoint::listen(
+            &server,
+            EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone()),
+        )
+        .await
+        .expect("listen");
         Fixture {
             key,
             server,
@@ -40,11 +43,14 @@ impl Fixture {
     }
 
     async fn session(&self) -> Session {
-        self.session_with(SessionConfig::new(self.key.clone())).await
+        self.session_with(SessionConfig::new(self.key.clone()))
+            .await
     }
 
     async fn session_with(&self, cfg: SessionConfig) -> Session {
-        Session::connect(&self.client, self.endpoint.addr(), cfg).await.expect("connect")
+        Session::connect(&self.client, self.endpoint.addr(), cfg)
+            .await
+            .expect("connect")
     }
 }
 
@@ -80,22 +86,39 @@ fn crc(r: &Region, off: usize, len: usize) -> u32 {
 }
 
 async fn guard<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(HANG_GUARD, f).await.expect("operation hung")
+    tokio::time::timeout(HANG_GUARD, f)
+        .await
+        .expect("operation hung")
 }
 
 async fn transfer_roundtrip(backend: Backend, size: usize) {
     let fx = Fixture::new(backend).await;
-    let remote = fx.server.alloc(size, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(size, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let src = fx.client.alloc(size, Access::LOCAL_WRITE).unwrap();
     let dst = fx.client.alloc(size, Access::LOCAL_WRITE).unwrap();
     fill_random(&src);
     let s = fx.session().await;
     let w = remote.window(0, size, Access::REMOTE_WRITE, None).unwrap();
-    guard(s.write(src.as_slice(), w.addr(), w.rkey())).await.expect("write");
-    assert_eq!(crc(&remote, 0, size), crc(&src, 0, size), "remote bytes after WRITE");
+    guard(s.write(src.as_slice(), w.addr(), w.rkey()))
+        .await
+        .expect("write");
+    assert_eq!(
+        crc(&remote, 0, size),
+        crc(&src, 0, size),
+        "remote bytes after WRITE"
+    );
     let r = remote.window(0, size, Access::REMOTE_READ, None).unwrap();
-    guard(s.read(dst.as_slice(), r.addr(), r.rkey())).await.expect("read");
-    assert_eq!(crc(&dst, 0, size), crc(&src, 0, size), "local bytes after READ");
+    guard(s.read(dst.as_slice(), r.addr(), r.rkey()))
+        .await
+        .expect("read");
+    assert_eq!(
+        crc(&dst, 0, size),
+        crc(&src, 0, size),
+        "local bytes after READ"
+    );
 }
 
 async fn zero_bytes(backend: Backend) {
@@ -117,16 +140,27 @@ async fn one_gib(backend: Backend) {
 /// Also exercises offsets inside the remote region and the local slice.
 async fn offsets_and_token_roundtrip(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    let remote = fx.server.alloc(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    let w = remote.window(4096, 65536, Access::REMOTE_WRITE, None).unwrap();
+    let remote = fx
+        .server
+        .alloc(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let w = remote
+        .window(4096, 65536, Access::REMOTE_WRITE, None)
+        .unwrap();
     let token: RdmaToken = fx.endpoint.token(&w).unwrap().to_string().parse().unwrap();
     let slice = token.slice(1000, 5000).unwrap();
     let local = fx.client.alloc(10_000, Access::LOCAL_WRITE).unwrap();
     local.write_at(3000, &[0xab; 5000]).unwrap();
-    let s = Session::connect(&fx.client, slice.endpoint().unwrap(), SessionConfig::new(fx.key.clone()))
+    let s = Session::connect(
+        &fx.client,
+        slice.endpoint().unwrap(),
+        SessionConfig::new(fx.key.clone()),
+    )
+    .await
+    .unwrap();
+    guard(s.write(local.slice(3000, 5000).unwrap(), slice.addr, slice.rkey))
         .await
         .unwrap();
-    guard(s.write(local.slice(3000, 5000).unwrap(), slice.addr, slice.rkey)).await.unwrap();
     let mut got = vec![0u8; 7000];
     remote.read_at(4096, &mut got).unwrap();
     assert!(got[..1000].iter().all(|&b| b == 0));
@@ -143,33 +177,68 @@ async fn expect_status(c: fabric::Completion, want: OpStatus) {
 
 async fn out_of_bounds(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    let remote = fx.server.alloc(8192, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
-    let w = remote.window(0, 4096, Access::REMOTE_READ | Access::REMOTE_WRITE, None).unwrap();
+    let remote = fx
+        .server
+        .alloc(8192, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let w = remote
+        .window(0, 4096, Access::REMOTE_READ | Access::REMOTE_WRITE, None)
+        .unwrap();
     let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
     local.write_at(0, &[0x5a; 4096]).unwrap();
     let s = fx.session().await;
     // One byte past the window's end, though still inside the region.
-    expect_status(s.write(local.slice(0, 2).unwrap(), w.addr() + 4095, w.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.slice(0, 2).unwrap(), w.addr() + 4095, w.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let s = fx.session().await;
-    expect_status(s.read(local.slice(0, 1).unwrap(), w.addr() + 4096, w.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.read(local.slice(0, 1).unwrap(), w.addr() + 4096, w.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let s = fx.session().await;
-    expect_status(s.write(local.slice(0, 1).unwrap(), w.addr() - 1, w.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.slice(0, 1).unwrap(), w.addr() - 1, w.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let s = fx.session().await;
-    expect_status(s.write(local.as_slice(), u64::MAX - 10, w.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.as_slice(), u64::MAX - 10, w.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let mut got = vec![0u8; 8192];
     remote.read_at(0, &mut got).unwrap();
-    assert!(got.iter().all(|&b| b == 0), "nothing may land outside bounds");
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "nothing may land outside bounds"
+    );
 }
 
 async fn wrong_rkey(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    let remote = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
     let s = fx.session().await;
     let bad = remote.rkey().wrapping_add(1);
-    expect_status(s.write(local.as_slice(), remote.addr(), bad), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.as_slice(), remote.addr(), bad),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let s = fx.session().await;
-    expect_status(s.read(local.as_slice(), remote.addr(), bad), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.read(local.as_slice(), remote.addr(), bad),
+        OpStatus::RemoteAccess,
+    )
+    .await;
 }
 
 async fn write_to_read_only(backend: Backend) {
@@ -178,16 +247,31 @@ async fn write_to_read_only(backend: Backend) {
     let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
     local.write_at(0, &[1; 4096]).unwrap();
     let s = fx.session().await;
-    expect_status(s.write(local.as_slice(), ro.addr(), ro.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.as_slice(), ro.addr(), ro.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     // A read-only window over a read-write region refuses writes too.
-    let rw = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let rw = fx
+        .server
+        .alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let w = rw.window(0, 4096, Access::REMOTE_READ, None).unwrap();
     let s = fx.session().await;
-    expect_status(s.write(local.as_slice(), w.addr(), w.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.as_slice(), w.addr(), w.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     // ...and a write-only window refuses reads.
     let wo = rw.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
     let s = fx.session().await;
-    expect_status(s.read(local.as_slice(), wo.addr(), wo.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.read(local.as_slice(), wo.addr(), wo.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let mut got = vec![0u8; 4096];
     ro.read_at(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 0));
@@ -197,39 +281,71 @@ async fn write_to_read_only(backend: Backend) {
 
 async fn revoked_window(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    let remote = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let w = remote.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
     let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
     local.write_at(0, &[9; 4096]).unwrap();
     let s = fx.session().await;
-    guard(s.write(local.slice(0, 10).unwrap(), w.addr(), w.rkey())).await.unwrap();
+    guard(s.write(local.slice(0, 10).unwrap(), w.addr(), w.rkey()))
+        .await
+        .unwrap();
     let (addr, rkey) = (w.addr(), w.rkey());
     w.revoke();
     assert!(w.is_revoked());
     let s = fx.session().await;
-    expect_status(s.write(local.as_slice(), addr, rkey), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.as_slice(), addr, rkey),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let mut got = vec![0u8; 4096];
     remote.read_at(0, &mut got).unwrap();
     assert!(got[..10].iter().all(|&b| b == 9));
-    assert!(got[10..].iter().all(|&b| b == 0), "no byte lands after revoke()");
+    assert!(
+        got[10..].iter().all(|&b| b == 0),
+        "no byte lands after revoke()"
+    );
     // Deregistering the region revokes its own rkey as well.
     remote.deregister();
     let s = fx.session().await;
-    expect_status(s.read(local.as_slice(), remote.addr(), remote.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.read(local.as_slice(), remote.addr(), remote.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
 }
 
 async fn expired_window(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    let remote = fx.server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let w = remote
-        .window(0, 4096, Access::REMOTE_READ | Access::REMOTE_WRITE, Some(Duration::from_millis(1)))
+        .window(
+            0,
+            4096,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+            Some(Duration::from_millis(1)),
+        )
         .unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
     let s = fx.session().await;
-    expect_status(s.write(local.as_slice(), w.addr(), w.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.write(local.as_slice(), w.addr(), w.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
     let s = fx.session().await;
-    expect_status(s.read(local.as_slice(), w.addr(), w.rkey()), OpStatus::RemoteAccess).await;
+    expect_status(
+        s.read(local.as_slice(), w.addr(), w.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
 }
 
 async fn peer_killed_mid_transfer(backend: Backend) {
@@ -242,7 +358,13 @@ async fn peer_killed_mid_transfer(backend: Backend) {
     local.write_at(SIZE - 1, &[0xee]).unwrap();
     let s = fx.session().await;
     let ops: Vec<_> = (0..OPS)
-        .map(|i| s.write(local.as_slice(), remote.addr() + (i * SIZE) as u64, remote.rkey()))
+        .map(|i| {
+            s.write(
+                local.as_slice(),
+                remote.addr() + (i * SIZE) as u64,
+                remote.rkey(),
+            )
+        })
         .collect();
     // Wait until the first bytes have landed, then kill the responder.
     guard(async {
@@ -256,11 +378,16 @@ async fn peer_killed_mid_transfer(backend: Backend) {
         }
     })
     .await;
-    let Fixture { endpoint, server, .. } = fx;
+    let Fixture {
+        endpoint, server, ..
+    } = fx;
     endpoint.shutdown().await;
     let results = guard(futures::future::join_all(ops)).await;
     let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(!failed.is_empty(), "a responder killed mid-transfer must fail operations");
+    assert!(
+        !failed.is_empty(),
+        "a responder killed mid-transfer must fail operations"
+    );
     for e in &failed {
         assert!(
             matches!(e.status, OpStatus::RetryExceeded | OpStatus::Flushed),
@@ -272,7 +399,11 @@ async fn peer_killed_mid_transfer(backend: Backend) {
     assert!(results[first_fail..].iter().all(|r| r.is_err()));
     assert!(!s.is_alive());
     // Posting on a dead session completes at once with "flushed".
-    expect_status(s.write(local.slice(0, 1).unwrap(), remote.addr(), remote.rkey()), OpStatus::Flushed).await;
+    expect_status(
+        s.write(local.slice(0, 1).unwrap(), remote.addr(), remote.rkey()),
+        OpStatus::Flushed,
+    )
+    .await;
     drop(server);
 }
 
@@ -280,7 +411,10 @@ async fn thousand_concurrent(backend: Backend) {
     let fx = Fixture::new(backend).await;
     const N: usize = 1000;
     const SZ: usize = 4096;
-    let remote = fx.server.alloc(N * SZ, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(N * SZ, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let src = fx.client.alloc(N * SZ, Access::LOCAL_WRITE).unwrap();
     let dst = fx.client.alloc(N * SZ, Access::LOCAL_WRITE).unwrap();
     fill_random(&src);
@@ -289,7 +423,13 @@ async fn thousand_concurrent(backend: Backend) {
     }
     let s = fx.session().await;
     let writes: Vec<_> = (0..N)
-        .map(|i| s.write(src.slice(i * SZ, SZ).unwrap(), remote.addr() + (i * SZ) as u64, remote.rkey()))
+        .map(|i| {
+            s.write(
+                src.slice(i * SZ, SZ).unwrap(),
+                remote.addr() + (i * SZ) as u64,
+                remote.rkey(),
+            )
+        })
         .collect();
     for r in guard(futures::future::join_all(writes)).await {
         r.unwrap();
@@ -297,7 +437,13 @@ async fn thousand_concurrent(backend: Backend) {
     // Reads in reverse order, into distinct slices.
     let reads: Vec<_> = (0..N)
         .rev()
-        .map(|i| s.read(dst.slice(i * SZ, SZ).unwrap(), remote.addr() + (i * SZ) as u64, remote.rkey()))
+        .map(|i| {
+            s.read(
+                dst.slice(i * SZ, SZ).unwrap(),
+                remote.addr() + (i * SZ) as u64,
+                remote.rkey(),
+            )
+        })
         .collect();
     for r in guard(futures::future::join_all(reads)).await {
         r.unwrap();
@@ -308,7 +454,10 @@ async fn thousand_concurrent(backend: Backend) {
 async fn two_sessions_one_endpoint(backend: Backend) {
     let fx = Fixture::new(backend).await;
     const SZ: usize = 8 << 20;
-    let remote = fx.server.alloc(2 * SZ, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(2 * SZ, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let a = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
     let b = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
     fill_random(&a);
@@ -328,19 +477,31 @@ async fn endpoint_restart(backend: Backend) {
     let key = FabricKey::random();
     let server = Domain::open(backend).unwrap();
     let client = Domain::open(backend).unwrap();
-    let remote = server.alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = server
+        .alloc(4096, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let local = client.alloc(4096, Access::LOCAL_WRITE).unwrap();
-    let ep = Endpoint::listen(&server, EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone()))
+    let ep = Endpoint::listen(
+        &server,
+        EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone()),
+    )
+    .await
+    .unwrap();
+    let old = ep.addr();
+    let s = Session::connect(&client, old, SessionConfig::new(key.clone()))
         .await
         .unwrap();
-    let old = ep.addr();
-    let s = Session::connect(&client, old, SessionConfig::new(key.clone())).await.unwrap();
-    guard(s.write(local.as_slice(), remote.addr(), remote.rkey())).await.unwrap();
+    guard(s.write(local.as_slice(), remote.addr(), remote.rkey()))
+        .await
+        .unwrap();
     ep.shutdown().await;
     // The old session fails rather than hangs.
     let r = guard(s.write(local.as_slice(), remote.addr(), remote.rkey())).await;
     let e = r.expect_err("a write to a stopped endpoint must fail");
-    assert!(matches!(e.status, OpStatus::RetryExceeded | OpStatus::Flushed), "{e}");
+    assert!(
+        matches!(e.status, OpStatus::RetryExceeded | OpStatus::Flushed),
+        "{e}"
+    );
     // Restart on the same port with a new responder number.
     let mut cfg = EndpointConfig::new(old.addr, key.clone());
     cfg.responder = old.responder + 1;
@@ -348,17 +509,29 @@ async fn endpoint_restart(backend: Backend) {
     assert_eq!(ep2.addr().addr, old.addr);
     // A stale address (old responder number) is refused...
     match Session::connect(&client, old, SessionConfig::new(key.clone())).await {
-        Err(FabricError::Handshake { reason, .. }) => assert!(reason.contains("responder"), "{reason}"),
+        Err(FabricError::Handshake { reason, .. }) => {
+            assert!(reason.contains("responder"), "{reason}")
+        }
         other => panic!("stale responder number must be refused, got {other:?}"),
     }
     // ...and the new one works.
-    let s2 = Session::connect(&client, ep2.addr(), SessionConfig::new(key)).await.unwrap();
-    guard(s2.read(local.as_slice(), remote.addr(), remote.rkey())).await.unwrap();
+    let s2 = Session::connect(&client, ep2.addr(), SessionConfig::new(key))
+        .await
+        .unwrap();
+    guard(s2.read(local.as_slice(), remote.addr(), remote.rkey()))
+        .await
+        .unwrap();
 }
 
 async fn wrong_key_refused(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    match Session::connect(&fx.client, fx.endpoint.addr(), SessionConfig::new(FabricKey::random())).await {
+    match Session::connect(
+        &fx.client,
+        fx.endpoint.addr(),
+        SessionConfig::new(FabricKey::random()),
+    )
+    .await
+    {
         Err(FabricError::Handshake { reason, .. }) => assert!(reason.contains("key"), "{reason}"),
         other => panic!("a peer without the fabric key must be refused, got {other:?}"),
     }
@@ -366,13 +539,18 @@ async fn wrong_key_refused(backend: Backend) {
     let remote = fx.server.alloc(16, Access::REMOTE_READ).unwrap();
     let local = fx.client.alloc(16, Access::LOCAL_WRITE).unwrap();
     let s = fx.session().await;
-    guard(s.read(local.as_slice(), remote.addr(), remote.rkey())).await.unwrap();
+    guard(s.read(local.as_slice(), remote.addr(), remote.rkey()))
+        .await
+        .unwrap();
 }
 
 async fn dropped_future_keeps_buffer(backend: Backend) {
     let fx = Fixture::new(backend).await;
     const SZ: usize = 32 << 20;
-    let remote = fx.server.alloc(SZ, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(SZ, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let s = fx.session().await;
     {
         let local = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
@@ -382,13 +560,22 @@ async fn dropped_future_keeps_buffer(backend: Backend) {
     }
     // Completions are ordered: when this read completes, the write has too.
     let probe = fx.client.alloc(4, Access::LOCAL_WRITE).unwrap();
-    guard(s.read(probe.as_slice(), remote.addr() + SZ as u64 - 4, remote.rkey())).await.unwrap();
+    guard(s.read(
+        probe.as_slice(),
+        remote.addr() + SZ as u64 - 4,
+        remote.rkey(),
+    ))
+    .await
+    .unwrap();
     assert_eq!(probe.as_slice().to_vec().unwrap(), b"tail");
 }
 
 async fn ordering_same_bytes(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    let remote = fx.server.alloc(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let a = fx.client.alloc(1 << 20, Access::LOCAL_WRITE).unwrap();
     let b = fx.client.alloc(1 << 20, Access::LOCAL_WRITE).unwrap();
     let out = fx.client.alloc(1 << 20, Access::LOCAL_WRITE).unwrap();
@@ -403,9 +590,21 @@ async fn ordering_same_bytes(backend: Backend) {
         // Overlapping writes at different offsets, then a read: the later
         // write wins on the overlap and the read sees it.
         let off = (round * 4099) % (512 << 10);
-        let w1 = s.write(first.slice(0, 512 << 10).unwrap(), remote.addr() + off, remote.rkey());
-        let w2 = s.write(second.slice(0, 256 << 10).unwrap(), remote.addr() + off + 1000, remote.rkey());
-        let r = s.read(out.slice(0, 512 << 10).unwrap(), remote.addr() + off, remote.rkey());
+        let w1 = s.write(
+            first.slice(0, 512 << 10).unwrap(),
+            remote.addr() + off,
+            remote.rkey(),
+        );
+        let w2 = s.write(
+            second.slice(0, 256 << 10).unwrap(),
+            remote.addr() + off + 1000,
+            remote.rkey(),
+        );
+        let r = s.read(
+            out.slice(0, 512 << 10).unwrap(),
+            remote.addr() + off,
+            remote.rkey(),
+        );
         let (r1, r2, r3) = guard(async { tokio::join!(w1, w2, r) }).await;
         r1.unwrap();
         r2.unwrap();
@@ -422,7 +621,10 @@ async fn ordering_same_bytes(backend: Backend) {
 async fn multi_stream_large(backend: Backend) {
     let fx = Fixture::new(backend).await;
     const SZ: usize = 64 << 20;
-    let remote = fx.server.alloc(SZ + 12345, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let remote = fx
+        .server
+        .alloc(SZ + 12345, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
     let src = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
     let dst = fx.client.alloc(SZ, Access::LOCAL_WRITE).unwrap();
     fill_random(&src);
@@ -432,8 +634,12 @@ async fn multi_stream_large(backend: Backend) {
     let s = fx.session_with(cfg).await;
     // Unaligned remote address: pieces straddle stripe boundaries.
     let addr = remote.addr() + 12345;
-    guard(s.write(src.as_slice(), addr, remote.rkey())).await.unwrap();
-    guard(s.read(dst.as_slice(), addr, remote.rkey())).await.unwrap();
+    guard(s.write(src.as_slice(), addr, remote.rkey()))
+        .await
+        .unwrap();
+    guard(s.read(dst.as_slice(), addr, remote.rkey()))
+        .await
+        .unwrap();
     assert_eq!(crc(&dst, 0, SZ), crc(&src, 0, SZ));
     assert_eq!(crc(&remote, 12345, SZ), crc(&src, 0, SZ));
 }
@@ -449,7 +655,9 @@ async fn shared_memory_regions(backend: Backend) {
     let local = fx.client.alloc(100, Access::LOCAL_WRITE).unwrap();
     local.write_at(0, &[0x42; 100]).unwrap();
     let s = fx.session().await;
-    guard(s.write(local.as_slice(), remote.addr() + 500, remote.rkey())).await.unwrap();
+    guard(s.write(local.as_slice(), remote.addr() + 500, remote.rkey()))
+        .await
+        .unwrap();
     let mut got = [0u8; 100];
     view.read_at(500, &mut got).unwrap();
     assert_eq!(got, [0x42; 100]);

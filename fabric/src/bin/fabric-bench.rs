@@ -77,7 +77,9 @@ async fn fabric_run(
     // The endpoint runs on its own runtime, as it would in its own process.
     let ep = {
         let server = server.clone();
-        server_rt.spawn(async move { Endpoint::listen(&server, cfg).await }).await??
+        server_rt
+            .spawn(async move { Endpoint::listen(&server, cfg).await })
+            .await??
     };
     let depth = args.depth.max(1);
     let slots = args.slots.max(1);
@@ -148,22 +150,24 @@ fn raw_tcp_run(args: &Args, size: usize, conns: usize) -> Result<f64> {
         }
         Ok(())
     };
-    let server = std::thread::spawn(move || -> Result<Vec<std::thread::JoinHandle<Result<()>>>> {
-        let mut hs = Vec::new();
-        for _ in 0..conns {
-            let (mut s, _) = listener.accept()?;
-            tune(&s)?;
-            hs.push(std::thread::spawn(move || -> Result<()> {
-                let mut buf = vec![0u8; size];
-                for _ in 0..per_conn {
-                    s.read_exact(&mut buf)?;
-                }
-                s.write_all(&[1])?;
-                Ok(())
-            }));
-        }
-        Ok(hs)
-    });
+    let server = std::thread::spawn(
+        move || -> Result<Vec<std::thread::JoinHandle<Result<()>>>> {
+            let mut hs = Vec::new();
+            for _ in 0..conns {
+                let (mut s, _) = listener.accept()?;
+                tune(&s)?;
+                hs.push(std::thread::spawn(move || -> Result<()> {
+                    let mut buf = vec![0u8; size];
+                    for _ in 0..per_conn {
+                        s.read_exact(&mut buf)?;
+                    }
+                    s.write_all(&[1])?;
+                    Ok(())
+                }));
+            }
+            Ok(hs)
+        },
+    );
     let mut clients = Vec::new();
     for _ in 0..conns {
         let s = TcpStream::connect(addr)?;
@@ -223,7 +227,10 @@ fn main() -> Result<()> {
         if args.workers > 0 {
             b.worker_threads(args.workers);
         }
-        b.thread_name(name).enable_all().build().context("tokio runtime")
+        b.thread_name(name)
+            .enable_all()
+            .build()
+            .context("tokio runtime")
     };
     let rt = Runtimes {
         client: runtime("bench-client")?,

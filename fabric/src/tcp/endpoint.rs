@@ -11,7 +11,8 @@ use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use super::frame::{
-    Auth, Challenge, FrameError, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, Verdict, MAX_PIECE_LEN,
+    Auth, Challenge, FrameError, Hello, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader,
+    ResponseKind, Verdict,
 };
 use super::handshake::{self, FabricKey};
 use super::io::{self, Tuning};
@@ -33,7 +34,9 @@ pub(crate) struct TcpEndpoint {
 
 impl std::fmt::Debug for TcpEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpEndpoint").field("local", &self.local).finish()
+        f.debug_struct("TcpEndpoint")
+            .field("local", &self.local)
+            .finish()
     }
 }
 
@@ -130,6 +133,17 @@ fn protocol(peer: SocketAddr, source: FrameError) -> FabricError {
 }
 
 async fn handshake(stream: &TcpStream, peer: SocketAddr, ctx: &Ctx) -> Result<()> {
+    accept_handshake(stream, peer, &ctx.key, ctx.responder).await
+}
+
+/// The responder side of the authenticated handshake (also used by the
+/// verbs backend's out-of-band connection).
+pub(crate) async fn accept_handshake(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    key: &FabricKey,
+    responder: u32,
+) -> Result<()> {
     let ioerr = |e| FabricError::io(format!("handshake with {peer}"), e);
     let mut b = [0u8; Hello::LEN];
     if !io::recv_exact(stream, &mut b).await.map_err(ioerr)? {
@@ -144,9 +158,11 @@ async fn handshake(stream: &TcpStream, peer: SocketAddr, ctx: &Ctx) -> Result<()
     let challenge = Challenge {
         version,
         nonce,
-        mac: ctx.key.responder_proof(&hello, version, &nonce),
+        mac: key.responder_proof(&hello, version, &nonce),
     };
-    io::send_buf(stream, &challenge.encode()).await.map_err(ioerr)?;
+    io::send_buf(stream, &challenge.encode())
+        .await
+        .map_err(ioerr)?;
     let mut a = [0u8; Auth::LEN];
     if !io::recv_exact(stream, &mut a).await.map_err(ioerr)? {
         return Err(FabricError::Handshake {
@@ -155,16 +171,18 @@ async fn handshake(stream: &TcpStream, peer: SocketAddr, ctx: &Ctx) -> Result<()
         });
     }
     let auth = Auth::decode(&a).map_err(|e| protocol(peer, e))?;
-    let verdict = if !ctx.key.verify_requester(&hello, &challenge, &auth.mac) {
+    let verdict = if !key.verify_requester(&hello, &challenge, &auth.mac) {
         Verdict::BadKey
     } else if version == 0 {
         Verdict::Version
-    } else if hello.responder != ctx.responder {
+    } else if hello.responder != responder {
         Verdict::WrongResponder
     } else {
         Verdict::Accepted
     };
-    io::send_buf(stream, &verdict.encode()).await.map_err(ioerr)?;
+    io::send_buf(stream, &verdict.encode())
+        .await
+        .map_err(ioerr)?;
     if verdict != Verdict::Accepted {
         warn!(%peer, reason = verdict.describe(), "fabric peer refused");
         return Err(FabricError::Handshake {
@@ -238,11 +256,18 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
         if let Some(st) = status {
             debug!(%peer, op = req.op.name(), rkey = req.rkey, addr = req.addr, len = req.len, status = %st, "fabric request refused");
         }
-        complete(&stream, req.wr_id, req.len, status).await.map_err(ioerr)?;
+        complete(&stream, req.wr_id, req.len, status)
+            .await
+            .map_err(ioerr)?;
     }
 }
 
-async fn complete(stream: &TcpStream, wr_id: u64, len: u64, status: Option<OpStatus>) -> std::io::Result<()> {
+async fn complete(
+    stream: &TcpStream,
+    wr_id: u64,
+    len: u64,
+    status: Option<OpStatus>,
+) -> std::io::Result<()> {
     let h = ResponseHeader {
         kind: ResponseKind::Completion,
         status,
@@ -365,10 +390,14 @@ async fn serve_read(
                 // SAFETY: bounds were checked by `authorize`; `region` keeps
                 // the memory mapped and the guard keeps the key valid during
                 // this single sendmsg(2), which reads at most `want` bytes.
-                Some(_guard) if host => unsafe { io::send_once(stream, h, (base + done) as *const u8, want) },
+                Some(_guard) if host => unsafe {
+                    io::send_once(stream, h, (base + done) as *const u8, want)
+                },
                 Some(_guard) => {
                     let n = want.min(scratch.len());
-                    if crate::region::cuda_copy_out(&region.mem, off + done, &mut scratch[..n]).is_err() {
+                    if crate::region::cuda_copy_out(&region.mem, off + done, &mut scratch[..n])
+                        .is_err()
+                    {
                         status = Some(OpStatus::RemoteOperation);
                         continue;
                     }

@@ -431,7 +431,9 @@ impl Verdict {
         match self {
             Verdict::Accepted => "accepted",
             Verdict::BadKey => "refused: the fabric key does not match",
-            Verdict::WrongResponder => "refused: no such responder number at this address (stale token or endpoint restarted)",
+            Verdict::WrongResponder => {
+                "refused: no such responder number at this address (stale token or endpoint restarted)"
+            }
             Verdict::Version => "refused: no protocol version in common",
         }
     }
@@ -510,13 +512,23 @@ mod tests {
         assert_eq!(RequestHeader::decode(&b), Err(FrameError::UnknownOp(9)));
         let mut b = h.encode();
         b[2] = 1;
-        assert!(matches!(RequestHeader::decode(&b), Err(FrameError::Reserved(_))));
-        assert!(matches!(RequestHeader::decode(&b[..5]), Err(FrameError::Truncated { need: 32, got: 5 })));
+        assert!(matches!(
+            RequestHeader::decode(&b),
+            Err(FrameError::Reserved(_))
+        ));
+        assert!(matches!(
+            RequestHeader::decode(&b[..5]),
+            Err(FrameError::Truncated { need: 32, got: 5 })
+        ));
     }
 
     #[test]
     fn response_roundtrip_and_errors() {
-        for status in [None, Some(OpStatus::RemoteAccess), Some(OpStatus::RemoteInvalidRequest)] {
+        for status in [
+            None,
+            Some(OpStatus::RemoteAccess),
+            Some(OpStatus::RemoteInvalidRequest),
+        ] {
             let h = ResponseHeader {
                 kind: ResponseKind::Completion,
                 status,
@@ -535,7 +547,10 @@ mod tests {
         b[1] = 1;
         assert!(ResponseHeader::decode(&b).is_err());
         b[1] = 200;
-        assert_eq!(ResponseHeader::decode(&b), Err(FrameError::UnknownStatus(200)));
+        assert_eq!(
+            ResponseHeader::decode(&b),
+            Err(FrameError::UnknownStatus(200))
+        );
         b[0] = 0;
         assert_eq!(ResponseHeader::decode(&b), Err(FrameError::UnknownKind(0)));
     }
@@ -553,7 +568,10 @@ mod tests {
         };
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
         assert_eq!(hello.negotiate(), Ok(VERSION));
-        let old = Hello { version_min: 2, ..hello };
+        let old = Hello {
+            version_min: 2,
+            ..hello
+        };
         assert!(old.negotiate().is_err());
         let mut b = hello.encode();
         b[0] = b'X';
@@ -566,16 +584,36 @@ mod tests {
         assert_eq!(Challenge::decode(&c.encode()), Ok(c));
         let a = Auth { mac: [3; 32] };
         assert_eq!(Auth::decode(&a.encode()), Ok(a));
-        for v in [Verdict::Accepted, Verdict::BadKey, Verdict::WrongResponder, Verdict::Version] {
+        for v in [
+            Verdict::Accepted,
+            Verdict::BadKey,
+            Verdict::WrongResponder,
+            Verdict::Version,
+        ] {
             assert_eq!(Verdict::decode(&v.encode()), Ok(v));
         }
-        assert_eq!(Verdict::decode(&[9, 0, 0, 0, 0, 0, 0, 0]), Err(FrameError::UnknownVerdict(9)));
+        assert_eq!(
+            Verdict::decode(&[9, 0, 0, 0, 0, 0, 0, 0]),
+            Err(FrameError::UnknownVerdict(9))
+        );
     }
 
     #[test]
     fn scanner_splits_headers_and_payloads_across_pushes() {
-        let w = RequestHeader { op: OpKind::Write, rkey: 1, wr_id: 1, addr: 0, len: 5 };
-        let r = RequestHeader { op: OpKind::Read, rkey: 1, wr_id: 2, addr: 0, len: 100 };
+        let w = RequestHeader {
+            op: OpKind::Write,
+            rkey: 1,
+            wr_id: 1,
+            addr: 0,
+            len: 5,
+        };
+        let r = RequestHeader {
+            op: OpKind::Read,
+            rkey: 1,
+            wr_id: 2,
+            addr: 0,
+            len: 100,
+        };
         let mut stream = w.encode().to_vec();
         stream.extend_from_slice(b"hello");
         stream.extend_from_slice(&r.encode());
@@ -584,7 +622,10 @@ mod tests {
         for chunk in stream.chunks(3) {
             s.push(chunk, &mut ev).unwrap();
         }
-        let payload: usize = ev.iter().map(|e| if let ScanEvent::Payload(n) = e { *n } else { 0 }).sum();
+        let payload: usize = ev
+            .iter()
+            .map(|e| if let ScanEvent::Payload(n) = e { *n } else { 0 })
+            .sum();
         assert_eq!(payload, 5);
         assert_eq!(ev.first(), Some(&ScanEvent::Request(w)));
         assert_eq!(ev.last(), Some(&ScanEvent::Request(r)));

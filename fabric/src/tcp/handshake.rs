@@ -6,10 +6,10 @@
 //! 2. responder → requester: [`Challenge`] with nonce `Ns` and
 //!    `HMAC(K, "s3dma-fabric responder" ‖ hello ‖ version ‖ Ns)`; the
 //!    requester checks it, so an impostor endpoint without `K` is refused;
-//! 3. requester → responder: [`Auth`] with
+//! 3. requester → responder: [`Auth`](super::frame::Auth) with
 //!    `HMAC(K, "s3dma-fabric requester" ‖ hello ‖ challenge)`; the responder
 //!    checks it in constant time, so a peer without `K` is refused;
-//! 4. responder → requester: [`Verdict`].
+//! 4. responder → requester: [`Verdict`](super::frame::Verdict).
 //!
 //! Both nonces are fresh per connection, so a recorded exchange cannot be
 //! replayed. The key never crosses the wire.
@@ -62,7 +62,12 @@ impl FabricKey {
     }
 
     /// The responder's proof for `hello` and its chosen version and nonce.
-    pub fn responder_proof(&self, hello: &Hello, version: u16, nonce: &[u8; NONCE_LEN]) -> [u8; NONCE_LEN] {
+    pub fn responder_proof(
+        &self,
+        hello: &Hello,
+        version: u16,
+        nonce: &[u8; NONCE_LEN],
+    ) -> [u8; NONCE_LEN] {
         let mut m = self.mac();
         m.update(RESPONDER_LABEL);
         m.update(&hello.encode());
@@ -91,7 +96,12 @@ impl FabricKey {
     }
 
     /// Checks the requester's proof in constant time.
-    pub fn verify_requester(&self, hello: &Hello, challenge: &Challenge, mac: &[u8; NONCE_LEN]) -> bool {
+    pub fn verify_requester(
+        &self,
+        hello: &Hello,
+        challenge: &Challenge,
+        mac: &[u8; NONCE_LEN],
+    ) -> bool {
         let mut m = self.mac();
         m.update(REQUESTER_LABEL);
         m.update(&hello.encode());

@@ -59,7 +59,12 @@ pub(crate) unsafe fn recv_once(stream: &TcpStream, ptr: *mut u8, len: usize) -> 
 ///
 /// # Safety
 /// `[ptr, ptr+len)` must be valid for reads for the duration of the call.
-pub(crate) unsafe fn send_once(stream: &TcpStream, head: &[u8], ptr: *const u8, len: usize) -> io::Result<usize> {
+pub(crate) unsafe fn send_once(
+    stream: &TcpStream,
+    head: &[u8],
+    ptr: *const u8,
+    len: usize,
+) -> io::Result<usize> {
     let fd = stream.as_raw_fd();
     stream.try_io(Interest::WRITABLE, || {
         let mut iov = [
@@ -93,7 +98,12 @@ pub(crate) unsafe fn send_once(stream: &TcpStream, head: &[u8], ptr: *const u8, 
 ///
 /// # Safety
 /// `[addr, addr+len)` must stay valid for reads until the future completes or is dropped.
-pub(crate) async unsafe fn send_all(stream: &TcpStream, head: &[u8], addr: usize, len: usize) -> io::Result<()> {
+pub(crate) async unsafe fn send_all(
+    stream: &TcpStream,
+    head: &[u8],
+    addr: usize,
+    len: usize,
+) -> io::Result<()> {
     let total = head.len() + len;
     let mut done = 0usize;
     while done < total {
@@ -126,7 +136,11 @@ pub(crate) async fn send_buf(stream: &TcpStream, buf: &[u8]) -> io::Result<()> {
 ///
 /// # Safety
 /// `[addr, addr+len)` must stay valid for writes until the future completes or is dropped.
-pub(crate) async unsafe fn recv_exact_raw(stream: &TcpStream, addr: usize, len: usize) -> io::Result<()> {
+pub(crate) async unsafe fn recv_exact_raw(
+    stream: &TcpStream,
+    addr: usize,
+    len: usize,
+) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         stream.readable().await?;

@@ -13,10 +13,13 @@ pub mod frame;
 pub mod handshake;
 
 pub(crate) mod endpoint;
-mod io;
+pub(crate) mod io;
 pub(crate) mod session;
 
-pub(crate) fn io_tuning(socket_buffer: Option<usize>, user_timeout: Option<std::time::Duration>) -> io::Tuning {
+pub(crate) fn io_tuning(
+    socket_buffer: Option<usize>,
+    user_timeout: Option<std::time::Duration>,
+) -> io::Tuning {
     io::Tuning {
         socket_buffer,
         user_timeout,

@@ -25,8 +25,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::debug;
 
 use super::frame::{
-    Auth, Challenge, FrameError, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, Verdict, MAX_PIECE_LEN,
-    VERSION,
+    Auth, Challenge, FrameError, Hello, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader,
+    ResponseKind, VERSION, Verdict,
 };
 use super::handshake::{self, FabricKey};
 use super::io::{self, Tuning};
@@ -240,6 +240,28 @@ async fn connect_stream(
         },
     )
     .map_err(|e| FabricError::io("tune fabric socket", e))?;
+    connect_handshake(
+        &stream,
+        target,
+        &cfg.fabric_key,
+        session,
+        index,
+        cfg.streams as u16,
+    )
+    .await?;
+    Ok(stream)
+}
+
+/// The requester side of the authenticated handshake (also used by the
+/// verbs backend's out-of-band connection).
+pub(crate) async fn connect_handshake(
+    stream: &TcpStream,
+    target: EndpointAddr,
+    key: &FabricKey,
+    session: u64,
+    index: u16,
+    streams: u16,
+) -> Result<()> {
     let ioerr = |e| FabricError::io(format!("handshake with {target}"), e);
     let hs_err = |reason: String| FabricError::Handshake {
         peer: target.to_string(),
@@ -251,33 +273,35 @@ async fn connect_stream(
         responder: target.responder,
         session,
         stream: index,
-        streams: cfg.streams as u16,
+        streams,
         nonce: handshake::nonce(),
     };
-    io::send_buf(&stream, &hello.encode()).await.map_err(ioerr)?;
+    io::send_buf(stream, &hello.encode()).await.map_err(ioerr)?;
     let mut b = [0u8; Challenge::LEN];
-    if !io::recv_exact(&stream, &mut b).await.map_err(ioerr)? {
+    if !io::recv_exact(stream, &mut b).await.map_err(ioerr)? {
         return Err(hs_err("the endpoint closed the connection".into()));
     }
     let challenge = Challenge::decode(&b).map_err(|e| FabricError::Protocol {
         peer: target.to_string(),
         source: e,
     })?;
-    if !cfg.fabric_key.verify_responder(&hello, &challenge) {
+    if !key.verify_responder(&hello, &challenge) {
         return Err(hs_err(
             "the endpoint could not prove it holds the fabric key (wrong key on one side?)".into(),
         ));
     }
     let auth = Auth {
-        mac: cfg.fabric_key.requester_proof(&hello, &challenge),
+        mac: key.requester_proof(&hello, &challenge),
     };
-    io::send_buf(&stream, &auth.encode()).await.map_err(ioerr)?;
+    io::send_buf(stream, &auth.encode()).await.map_err(ioerr)?;
     let mut v = [0u8; Verdict::LEN];
-    if !io::recv_exact(&stream, &mut v).await.map_err(ioerr)? {
-        return Err(hs_err("the endpoint closed the connection before its verdict".into()));
+    if !io::recv_exact(stream, &mut v).await.map_err(ioerr)? {
+        return Err(hs_err(
+            "the endpoint closed the connection before its verdict".into(),
+        ));
     }
     match Verdict::decode(&v) {
-        Ok(Verdict::Accepted) => Ok(stream),
+        Ok(Verdict::Accepted) => Ok(()),
         Ok(v) => Err(hs_err(v.describe().into())),
         Err(e) => Err(FabricError::Protocol {
             peer: target.to_string(),
@@ -295,17 +319,25 @@ impl TcpSession {
             )));
         }
         if cfg.streams > 1 && cfg.stripe == 0 {
-            return Err(FabricError::InvalidArgument("stripe must be positive".into()));
+            return Err(FabricError::InvalidArgument(
+                "stripe must be positive".into(),
+            ));
         }
         let session_id: u64 = rand::random();
         let mut sockets = Vec::with_capacity(cfg.streams);
         for i in 0..cfg.streams {
-            let s = tokio::time::timeout(cfg.connect_timeout, connect_stream(target, cfg, session_id, i as u16))
-                .await
-                .map_err(|_| FabricError::Handshake {
-                    peer: target.to_string(),
-                    reason: format!("connect and handshake timed out after {:?}", cfg.connect_timeout),
-                })??;
+            let s = tokio::time::timeout(
+                cfg.connect_timeout,
+                connect_stream(target, cfg, session_id, i as u16),
+            )
+            .await
+            .map_err(|_| FabricError::Handshake {
+                peer: target.to_string(),
+                reason: format!(
+                    "connect and handshake timed out after {:?}",
+                    cfg.connect_timeout
+                ),
+            })??;
             sockets.push(s);
         }
         let (cancel, _) = watch::channel(false);
@@ -320,14 +352,23 @@ impl TcpSession {
             senders.push(tx);
             let stream = Arc::new(s);
             let pending: PendingQueue = Arc::new(Mutex::new(Queue::default()));
-            tokio::spawn(writer(stream.clone(), rx, pending.clone(), completer.clone()));
+            tokio::spawn(writer(
+                stream.clone(),
+                rx,
+                pending.clone(),
+                completer.clone(),
+            ));
             tokio::spawn(reader(stream, pending, completer.clone(), target));
         }
         Ok(TcpSession {
             shared: Shared {
                 peer: target,
                 streams: senders,
-                stripe: if cfg.streams > 1 { cfg.stripe } else { MAX_PIECE_LEN },
+                stripe: if cfg.streams > 1 {
+                    cfg.stripe
+                } else {
+                    MAX_PIECE_LEN
+                },
                 post: Mutex::new(0),
                 completer,
             },
@@ -342,7 +383,13 @@ impl TcpSession {
         self.shared.peer
     }
 
-    pub(crate) fn post(&self, kind: OpKind, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
+    pub(crate) fn post(
+        &self,
+        kind: OpKind,
+        local: LocalSlice,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Completion {
         let sh = &self.shared;
         let len = local.len() as u64;
         let (tx, rx) = oneshot::channel();
@@ -463,10 +510,11 @@ async fn writer(
         // local slice; `_keep` owns the op and so keeps the region mapped
         // until the send returns or is dropped. For a READ only the header
         // is sent.
+        let send = unsafe { io::send_all(&stream, &head, ptr, n) };
         let r = tokio::select! {
             biased;
             _ = super::io::cancelled(&mut cancel) => break,
-            r = unsafe { io::send_all(&stream, &head, ptr, n) } => r,
+            r = send => r,
         };
         if let Err(e) = r {
             debug!(error = %e, "fabric session stream write failed");
@@ -483,7 +531,12 @@ async fn writer(
     let _ = socket2::SockRef::from(&*stream).shutdown(std::net::Shutdown::Write);
 }
 
-async fn reader(stream: Arc<TcpStream>, pending: PendingQueue, completer: Arc<Completer>, peer: EndpointAddr) {
+async fn reader(
+    stream: Arc<TcpStream>,
+    pending: PendingQueue,
+    completer: Arc<Completer>,
+    peer: EndpointAddr,
+) {
     let mut cancel = completer.cancel.subscribe();
     let r = tokio::select! {
         biased;
@@ -505,7 +558,11 @@ async fn reader(stream: Arc<TcpStream>, pending: PendingQueue, completer: Arc<Co
     };
     let mut first = first_failure;
     for p in q {
-        let st = if first { OpStatus::RetryExceeded } else { OpStatus::Flushed };
+        let st = if first {
+            OpStatus::RetryExceeded
+        } else {
+            OpStatus::Flushed
+        };
         first = false;
         p.piece.op.piece_done(Some(st));
     }
@@ -519,21 +576,27 @@ enum ReadError {
     Frame(#[from] FrameError),
 }
 
-async fn read_loop(stream: &TcpStream, pending: &PendingQueue) -> std::result::Result<(), ReadError> {
+async fn read_loop(
+    stream: &TcpStream,
+    pending: &PendingQueue,
+) -> std::result::Result<(), ReadError> {
     let mut hb = [0u8; ResponseHeader::LEN];
     loop {
         if !io::recv_exact(stream, &mut hb).await? {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the endpoint closed the connection").into());
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the endpoint closed the connection",
+            )
+            .into());
         }
         let h = ResponseHeader::decode(&hb)?;
         match h.kind {
             ResponseKind::ReadData => {
                 let (ptr, len, _keep) = {
                     let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
-                    let front = q
-                        .q
-                        .front_mut()
-                        .ok_or_else(|| FrameError::Unexpected("read data with nothing outstanding".into()))?;
+                    let front = q.q.front_mut().ok_or_else(|| {
+                        FrameError::Unexpected("read data with nothing outstanding".into())
+                    })?;
                     if front.wr_id != h.wr_id
                         || front.piece.op.kind != OpKind::Read
                         || front.got_data
@@ -572,10 +635,16 @@ async fn read_loop(stream: &TcpStream, pending: &PendingQueue) -> std::result::R
                     }
                     q.q.pop_front().expect("front exists")
                 };
-                let ok_read_without_data = p.piece.op.kind == OpKind::Read && h.status.is_none() && !p.got_data && p.piece.len > 0;
+                let ok_read_without_data = p.piece.op.kind == OpKind::Read
+                    && h.status.is_none()
+                    && !p.got_data
+                    && p.piece.len > 0;
                 if ok_read_without_data {
                     p.piece.op.piece_done(Some(OpStatus::RemoteOperation));
-                    return Err(FrameError::Unexpected("successful read completion without data".into()).into());
+                    return Err(FrameError::Unexpected(
+                        "successful read completion without data".into(),
+                    )
+                    .into());
                 }
                 p.piece.op.piece_done(h.status);
             }

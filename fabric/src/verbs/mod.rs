@@ -11,6 +11,13 @@ use std::ptr::NonNull;
 
 use rdma_sys::*;
 
+pub(crate) mod conn;
+pub mod policy;
+pub(crate) mod qp;
+pub mod wire;
+
+use policy::{GidEntry, GidType};
+
 use crate::access::Access;
 use crate::error::{FabricError, Result};
 use crate::memory::Memory;
@@ -49,7 +56,9 @@ pub fn discover() -> Result<Vec<String>> {
 
 fn unavailable_from_errno(err: std::io::Error) -> FabricError {
     let reason = match err.raw_os_error() {
-        Some(libc::ENOSYS) => "the kernel has no RDMA support (ibv_get_device_list: ENOSYS)".to_string(),
+        Some(libc::ENOSYS) => {
+            "the kernel has no RDMA support (ibv_get_device_list: ENOSYS)".to_string()
+        }
         Some(0) | None => "no RDMA devices found".to_string(),
         _ => format!("cannot list RDMA devices: {err}"),
     };
@@ -67,7 +76,8 @@ pub fn access_flags(a: Access) -> u32 {
     }
     if a.contains(Access::REMOTE_WRITE) {
         // Verbs requires LOCAL_WRITE together with REMOTE_WRITE.
-        f |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0 | ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
     }
     f
 }
@@ -76,6 +86,69 @@ pub fn access_flags(a: Access) -> u32 {
 pub(crate) struct VerbsDomain {
     ctx: NonNull<ibv_context>,
     pd: NonNull<ibv_pd>,
+    pub(crate) port: PortInfo,
+}
+
+/// The port a domain uses and what peers need to know about it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PortInfo {
+    pub(crate) port: u8,
+    pub(crate) lid: u16,
+    pub(crate) active_mtu: u8,
+    pub(crate) gid: GidEntry,
+}
+
+/// `IBV_LINK_LAYER_ETHERNET`.
+const LINK_LAYER_ETHERNET: u8 = 2;
+
+fn query_port(ctx: *mut ibv_context, port: u8) -> Result<PortInfo> {
+    // SAFETY: all-zero is a valid ibv_port_attr to be filled in.
+    let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: `ctx` is an open context and `attr` is writable.
+    let rc = unsafe { ___ibv_query_port(ctx, port, &mut attr) };
+    if rc != 0 {
+        return Err(FabricError::Verbs {
+            what: format!("ibv_query_port({port})"),
+            source: std::io::Error::from_raw_os_error(rc.abs()),
+        });
+    }
+    // SAFETY: `ctx` is open; its device and name outlive this call.
+    let dev = unsafe { CStr::from_ptr(ibv_get_device_name((*ctx).device)) }
+        .to_string_lossy()
+        .into_owned();
+    let ethernet = attr.link_layer == LINK_LAYER_ETHERNET;
+    let mut gids = Vec::new();
+    for i in 0..attr.gid_tbl_len.clamp(0, 256) {
+        let mut gid = ibv_gid { raw: [0; 16] };
+        // SAFETY: valid context, port and index; `gid` is writable.
+        if unsafe { ibv_query_gid(ctx, port, i, &mut gid) } != 0 {
+            continue;
+        }
+        let path = format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{i}");
+        let ty = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| policy::parse_gid_type(&s))
+            .unwrap_or(if ethernet {
+                GidType::RoceV1
+            } else {
+                GidType::Ib
+            });
+        gids.push(GidEntry {
+            index: i as u8,
+            // SAFETY: `raw` covers the whole union.
+            gid: unsafe { gid.raw },
+            ty,
+        });
+    }
+    let gid = policy::select_gid(&gids, ethernet).ok_or_else(|| FabricError::Unavailable {
+        reason: format!("{dev} port {port} has no usable GID (no RoCE v2 address configured?)"),
+    })?;
+    Ok(PortInfo {
+        port,
+        lid: attr.lid,
+        active_mtu: attr.active_mtu as u8,
+        gid,
+    })
 }
 
 // SAFETY: verbs contexts and PDs are thread-safe objects in libibverbs.
@@ -98,8 +171,12 @@ impl VerbsDomain {
         if list.is_null() {
             return Err(unavailable_from_errno(std::io::Error::last_os_error()));
         }
-        // SAFETY: a non-NULL list has at least the terminating entry.
-        let dev = if n > 0 { unsafe { *list } } else { std::ptr::null_mut() };
+        let dev = if n > 0 {
+            // SAFETY: a non-NULL list with n > 0 has a first entry.
+            unsafe { *list }
+        } else {
+            std::ptr::null_mut()
+        };
         let ctx = if dev.is_null() {
             std::ptr::null_mut()
         } else {
@@ -129,22 +206,39 @@ impl VerbsDomain {
                 source: e,
             });
         };
-        Ok(VerbsDomain { ctx, pd })
+        let port = match query_port(ctx.as_ptr(), 1) {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: releasing what we allocated, once.
+                unsafe {
+                    ibv_dealloc_pd(pd.as_ptr());
+                    ibv_close_device(ctx.as_ptr());
+                }
+                return Err(e);
+            }
+        };
+        Ok(VerbsDomain { ctx, pd, port })
     }
 
     /// Registers `[offset, offset+len)` of `mem` with `access` (host memory
     /// with `ibv_reg_mr`; CUDA memory with `ibv_reg_dmabuf_mr`).
-    pub(crate) fn register(&self, mem: &Memory, offset: usize, len: usize, access: Access) -> Result<Mr> {
+    pub(crate) fn register(
+        &self,
+        mem: &Memory,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr> {
         let flags = access_flags(access | Access::LOCAL_WRITE);
         #[cfg(feature = "cuda")]
         if let Some(dm) = mem.cuda_memory() {
-            let fd = dm.dmabuf_fd()?;
+            let (fd, base_off) = dm.dmabuf()?;
             // SAFETY: the PD is live; the dma-buf fd exports the device
             // allocation, which `mem` keeps alive as long as the region.
             let mr = unsafe {
                 ibv_reg_dmabuf_mr(
                     self.pd.as_ptr(),
-                    offset as u64,
+                    base_off + offset as u64,
                     len,
                     mem.addr() + offset as u64,
                     std::os::fd::AsRawFd::as_raw_fd(&fd),
@@ -220,12 +314,6 @@ impl Drop for Mr {
         unsafe {
             ibv_dereg_mr(self.0.as_ptr());
         }
-    }
-}
-
-pub(crate) fn not_wired(what: &str) -> FabricError {
-    FabricError::Unavailable {
-        reason: format!("the verbs {what} is not available in this build"),
     }
 }
 

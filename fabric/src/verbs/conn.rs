@@ -1,0 +1,275 @@
+//! Verbs endpoints and sessions: RC queue pairs connected by an out-of-band
+//! exchange over an authenticated TCP connection (the same handshake as the
+//! tcp fabric, then [`QpInfo`] both ways). The TCP connection stays open as
+//! the pair's liveness signal; the responder destroys its QP when it closes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+use tracing::debug;
+
+use super::qp::{Posted, QueuePair, Requester};
+use super::wire::QpInfo;
+use super::{VerbsDomain, access_flags, policy};
+use crate::access::Access;
+use crate::error::{FabricError, OpError, OpStatus, Result};
+use crate::region::{Domain, LocalSlice};
+use crate::tcp::frame::OpKind;
+use crate::tcp::handshake::FabricKey;
+use crate::tcp::io;
+use crate::tcp::session::Completion;
+use crate::token::EndpointAddr;
+
+fn verbs_of(domain: &Domain) -> Result<&VerbsDomain> {
+    domain
+        .inner
+        .verbs
+        .as_ref()
+        .ok_or_else(|| FabricError::BackendMismatch("not a verbs domain".into()))
+}
+
+async fn exchange(stream: &TcpStream, local: &QpInfo, peer: &str) -> Result<QpInfo> {
+    let ioerr = |e| FabricError::io(format!("queue-pair exchange with {peer}"), e);
+    io::send_buf(stream, &local.encode()).await.map_err(ioerr)?;
+    let mut b = [0u8; QpInfo::LEN];
+    if !io::recv_exact(stream, &mut b).await.map_err(ioerr)? {
+        return Err(FabricError::Handshake {
+            peer: peer.into(),
+            reason: "closed during the queue-pair exchange".into(),
+        });
+    }
+    QpInfo::decode(&b).map_err(|e| FabricError::Protocol {
+        peer: peer.into(),
+        source: e,
+    })
+}
+
+fn local_info(v: &VerbsDomain, qp: &QueuePair, psn: u32) -> QpInfo {
+    QpInfo {
+        qpn: qp.qpn(),
+        psn,
+        lid: v.port.lid,
+        mtu: v.port.active_mtu,
+        gid: v.port.gid.gid,
+    }
+}
+
+/// A verbs endpoint: accepts out-of-band connections and brings up one
+/// responder QP per session. The NIC serves the one-sided operations.
+pub(crate) struct VerbsEndpoint {
+    local: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for VerbsEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsEndpoint")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl VerbsEndpoint {
+    pub(crate) async fn listen(
+        domain: Domain,
+        bind: SocketAddr,
+        key: FabricKey,
+        responder: u32,
+    ) -> Result<VerbsEndpoint> {
+        verbs_of(&domain)?;
+        let listener = TcpListener::bind(bind)
+            .await
+            .map_err(|e| FabricError::io(format!("bind verbs endpoint on {bind}"), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| FabricError::io("local address of the verbs listener", e))?;
+        let (stop, mut stop_rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = io::cancelled(&mut stop_rx) => break,
+                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                    r = listener.accept() => if let Ok((s, peer)) = r {
+                        let (domain, key) = (domain.clone(), key.clone());
+                        conns.spawn(async move {
+                            if let Err(e) = serve(s, peer, domain, key, responder).await {
+                                debug!(%peer, error = %e, "verbs connection closed");
+                            }
+                        });
+                    }
+                }
+            }
+            conns.abort_all();
+            while conns.join_next().await.is_some() {}
+        });
+        Ok(VerbsEndpoint {
+            local,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    pub(crate) async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for VerbsEndpoint {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    domain: Domain,
+    key: FabricKey,
+    responder: u32,
+) -> Result<()> {
+    crate::tcp::endpoint::accept_handshake(&stream, peer, &key, responder).await?;
+    let v = verbs_of(&domain)?;
+    let qp = QueuePair::create(v.context(), v.pd(), false)?;
+    let psn = rand::random::<u32>() & 0x00ff_ffff;
+    let remote = exchange(&stream, &local_info(v, &qp, psn), &peer.to_string()).await?;
+    qp.connect(
+        v.port.port,
+        v.port.gid.index,
+        policy::path_mtu(v.port.active_mtu, remote.mtu),
+        psn,
+        &remote,
+        access_flags(Access::REMOTE_READ | Access::REMOTE_WRITE),
+    )?;
+    // Keep the QP until the requester goes away.
+    let mut b = [0u8; 1];
+    let _ = io::recv_exact(&stream, &mut b).await;
+    drop(qp);
+    Ok(())
+}
+
+/// A verbs session: one RC QP to the endpoint, completions driven by a
+/// tokio task on the completion channel.
+pub(crate) struct VerbsSession {
+    req: Arc<Requester>,
+    peer: EndpointAddr,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for VerbsSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsSession")
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl VerbsSession {
+    pub(crate) async fn connect(
+        domain: &Domain,
+        target: EndpointAddr,
+        key: &FabricKey,
+    ) -> Result<VerbsSession> {
+        let v = verbs_of(domain)?;
+        let stream = TcpStream::connect(target.addr)
+            .await
+            .map_err(|e| FabricError::io(format!("connect to verbs endpoint {target}"), e))?;
+        crate::tcp::session::connect_handshake(&stream, target, key, rand::random(), 0, 1).await?;
+        let qp = QueuePair::create(v.context(), v.pd(), true)?;
+        let psn = rand::random::<u32>() & 0x00ff_ffff;
+        let remote = exchange(&stream, &local_info(v, &qp, psn), &target.to_string()).await?;
+        qp.connect(
+            v.port.port,
+            v.port.gid.index,
+            policy::path_mtu(v.port.active_mtu, remote.mtu),
+            psn,
+            &remote,
+            access_flags(Access::LOCAL_WRITE),
+        )?;
+        let req = Requester::new(qp);
+        let cq_task = {
+            let req = req.clone();
+            tokio::spawn(async move {
+                if let Err(e) = req.clone().run_completions().await {
+                    debug!(error = %e, "verbs completion loop failed");
+                    req.fail_all(OpStatus::Flushed);
+                }
+            })
+        };
+        // The out-of-band connection is the liveness signal of the pair.
+        let oob_task = tokio::spawn(async move {
+            let mut b = [0u8; 1];
+            let _ = io::recv_exact(&stream, &mut b).await;
+        });
+        Ok(VerbsSession {
+            req,
+            peer: target,
+            tasks: vec![cq_task, oob_task],
+        })
+    }
+
+    pub(crate) fn post(
+        &self,
+        kind: OpKind,
+        local: LocalSlice,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Completion {
+        let (tx, rx) = oneshot::channel();
+        let info = OpError {
+            status: OpStatus::Flushed,
+            op: kind.name(),
+            remote_addr,
+            rkey,
+            len: local.len() as u64,
+        };
+        if u32::try_from(local.len()).is_err() {
+            return Completion::failed(OpError {
+                status: OpStatus::LocalError,
+                ..info
+            });
+        }
+        self.req.submit(Posted {
+            local,
+            opcode: match kind {
+                OpKind::Write => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                OpKind::Read => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            },
+            remote_addr,
+            rkey,
+            tx,
+            info: info.clone(),
+        });
+        Completion::new(rx, info)
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.req.is_dead()
+    }
+
+    pub(crate) fn peer(&self) -> EndpointAddr {
+        self.peer
+    }
+}
+
+impl Drop for VerbsSession {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Pure decisions of the verbs backend: GID selection, MTU negotiation and
+//! completion-status mapping.
+
+use rdma_sys::ibv_wc_status;
+
+use crate::error::OpStatus;
+
+/// Kind of a GID table entry (sysfs `gid_attrs/types/<index>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidType {
+    /// InfiniBand (or "IB/RoCE v1" on RoCE ports).
+    Ib,
+    /// RoCE v1 (Ethernet, not routable).
+    RoceV1,
+    /// RoCE v2 (UDP/IP, routable): what we want on Ethernet.
+    RoceV2,
+}
+
+/// Parses the sysfs GID type string.
+pub fn parse_gid_type(s: &str) -> Option<GidType> {
+    match s.trim() {
+        "RoCE v2" => Some(GidType::RoceV2),
+        "IB/RoCE v1" | "RoCE v1" => Some(GidType::RoceV1),
+        "IB" => Some(GidType::Ib),
+        _ => None,
+    }
+}
+
+/// One entry of a port's GID table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    /// Index in the table (`sgid_index`).
+    pub index: u8,
+    /// The GID.
+    pub gid: [u8; 16],
+    /// Its type.
+    pub ty: GidType,
+}
+
+fn rank(e: &GidEntry, link_layer_ethernet: bool) -> Option<u8> {
+    if e.gid == [0; 16] {
+        return None;
+    }
+    let v6 = std::net::Ipv6Addr::from(e.gid);
+    let mapped_v4 = v6.to_ipv4_mapped().is_some();
+    let link_local = e.gid[0] == 0xfe && (e.gid[1] & 0xc0) == 0x80;
+    Some(match (e.ty, link_layer_ethernet) {
+        (GidType::RoceV2, true) if mapped_v4 => 0,
+        (GidType::RoceV2, true) if !link_local => 1,
+        (GidType::RoceV2, true) => 2,
+        (GidType::RoceV1, true) | (GidType::Ib, true) => 3,
+        (GidType::Ib, false) => 0,
+        _ => 4,
+    })
+}
+
+/// Picks the GID to use: on Ethernet (RoCE) a RoCE v2 GID, preferring an
+/// IPv4-mapped one, then a global IPv6 one, then link-local; on InfiniBand
+/// the first valid GID. `None` if the table has no usable entry.
+pub fn select_gid(entries: &[GidEntry], link_layer_ethernet: bool) -> Option<GidEntry> {
+    entries
+        .iter()
+        .filter_map(|e| rank(e, link_layer_ethernet).map(|r| (r, e.index, *e)))
+        .min_by_key(|(r, i, _)| (*r, *i))
+        .map(|(_, _, e)| e)
+}
+
+/// Bytes of an `ibv_mtu` code (1 = 256 ... 5 = 4096).
+pub fn mtu_bytes(code: u32) -> Option<u32> {
+    (1..=5).contains(&code).then(|| 128u32 << code)
+}
+
+/// The path MTU both sides can use.
+pub fn path_mtu(local: u8, remote: u8) -> u8 {
+    local.min(remote).max(1)
+}
+
+/// Maps a verbs work-completion status to the fabric's.
+pub fn wc_status(status: u32) -> Result<(), OpStatus> {
+    use ibv_wc_status::*;
+    match status {
+        IBV_WC_SUCCESS => Ok(()),
+        IBV_WC_REM_ACCESS_ERR => Err(OpStatus::RemoteAccess),
+        IBV_WC_REM_INV_REQ_ERR | IBV_WC_REM_INV_RD_REQ_ERR => Err(OpStatus::RemoteInvalidRequest),
+        IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR | IBV_WC_RESP_TIMEOUT_ERR => {
+            Err(OpStatus::RetryExceeded)
+        }
+        IBV_WC_WR_FLUSH_ERR => Err(OpStatus::Flushed),
+        IBV_WC_LOC_LEN_ERR | IBV_WC_LOC_QP_OP_ERR | IBV_WC_LOC_PROT_ERR | IBV_WC_LOC_ACCESS_ERR => {
+            Err(OpStatus::LocalError)
+        }
+        _ => Err(OpStatus::RemoteOperation),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(index: u8, gid: &str, ty: GidType) -> GidEntry {
+        GidEntry {
+            index,
+            gid: gid.parse::<std::net::Ipv6Addr>().unwrap().octets(),
+            ty,
+        }
+    }
+
+    #[test]
+    fn gid_selection_prefers_roce_v2_ipv4_mapped() {
+        let table = [
+            e(0, "fe80::1", GidType::RoceV1),
+            e(1, "fe80::1", GidType::RoceV2),
+            e(2, "::ffff:10.0.0.5", GidType::RoceV1),
+            e(3, "::ffff:10.0.0.5", GidType::RoceV2),
+            e(4, "fd00::5", GidType::RoceV2),
+        ];
+        assert_eq!(select_gid(&table, true).unwrap().index, 3);
+        assert_eq!(select_gid(&table[..3], true).unwrap().index, 1);
+        assert_eq!(select_gid(&[table[0], table[4]], true).unwrap().index, 4);
+        assert_eq!(select_gid(&[e(0, "::", GidType::RoceV2)], true), None);
+        let ib = [e(0, "fe80::2", GidType::Ib), e(1, "fe80::3", GidType::Ib)];
+        assert_eq!(select_gid(&ib, false).unwrap().index, 0);
+        assert_eq!(parse_gid_type("RoCE v2\n"), Some(GidType::RoceV2));
+        assert_eq!(parse_gid_type("IB/RoCE v1"), Some(GidType::RoceV1));
+        assert_eq!(parse_gid_type("?"), None);
+    }
+
+    #[test]
+    fn mtu() {
+        assert_eq!(mtu_bytes(1), Some(256));
+        assert_eq!(mtu_bytes(5), Some(4096));
+        assert_eq!(mtu_bytes(6), None);
+        assert_eq!(path_mtu(5, 3), 3);
+        assert_eq!(path_mtu(0, 0), 1);
+    }
+
+    #[test]
+    fn statuses() {
+        use ibv_wc_status::*;
+        assert_eq!(wc_status(IBV_WC_SUCCESS), Ok(()));
+        assert_eq!(
+            wc_status(IBV_WC_REM_ACCESS_ERR),
+            Err(OpStatus::RemoteAccess)
+        );
+        assert_eq!(
+            wc_status(IBV_WC_REM_INV_REQ_ERR),
+            Err(OpStatus::RemoteInvalidRequest)
+        );
+        assert_eq!(
+            wc_status(IBV_WC_RETRY_EXC_ERR),
+            Err(OpStatus::RetryExceeded)
+        );
+        assert_eq!(wc_status(IBV_WC_WR_FLUSH_ERR), Err(OpStatus::Flushed));
+        assert_eq!(wc_status(IBV_WC_LOC_PROT_ERR), Err(OpStatus::LocalError));
+        assert_eq!(
+            wc_status(IBV_WC_GENERAL_ERR),
+            Err(OpStatus::RemoteOperation)
+        );
+    }
+}
