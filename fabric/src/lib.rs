@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! s3dma's one-sided RDMA data plane.
 //!
 //! * [`Domain`] owns registrations; [`Domain::register`] turns [`Memory`]
@@ -229,6 +230,11 @@ impl Session {
         if !std::sync::Arc::ptr_eq(&local.region().domain().inner, &self.domain.inner) {
             return Some(OpStatus::LocalError);
         }
+        // The tcp requester moves local bytes with send/recv, which cannot
+        // address device memory; CUDA memory is served on the responder side.
+        if matches!(self.inner, SessionImpl::Tcp(_)) && local.region().kind() == MemoryKind::Cuda {
+            return Some(OpStatus::LocalError);
+        }
         None
     }
 
@@ -249,7 +255,9 @@ impl Session {
     }
 
     /// Posts an RDMA WRITE of `local` to `remote_addr` under `rkey`.
-    /// `local` must belong to this session's domain.
+    /// `local` must belong to this session's domain (else the operation
+    /// completes with [`OpStatus::LocalError`]); on tcp it must be host memory.
+    /// Posting never blocks; operations take effect in posting order.
     pub fn write(&self, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
         self.post(OpKind::Write, local, remote_addr, rkey)
     }
@@ -275,5 +283,23 @@ impl Session {
             SessionImpl::Tcp(s) => s.peer(),
             SessionImpl::Verbs(s) => s.peer(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names() {
+        assert_eq!("tcp".parse::<Backend>().unwrap(), Backend::Tcp);
+        assert_eq!("verbs".parse::<Backend>().unwrap(), Backend::Verbs);
+        assert!(
+            "rdma"
+                .parse::<Backend>()
+                .unwrap_err()
+                .to_string()
+                .contains("tcp")
+        );
     }
 }

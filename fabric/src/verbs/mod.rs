@@ -331,6 +331,27 @@ mod tests {
     }
 
     #[test]
+    fn opening_a_verbs_domain_without_hardware_is_unavailable() {
+        match crate::Domain::open(crate::Backend::Verbs) {
+            Ok(d) => assert_eq!(d.backend(), crate::Backend::Verbs),
+            Err(FabricError::Unavailable { reason }) => assert!(!reason.is_empty()),
+            Err(e) => panic!("expected Unavailable, got {e}"),
+        }
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device"]
+    fn open_device_register_and_window() {
+        let d = crate::Domain::open(crate::Backend::Verbs).unwrap();
+        let r = d.alloc(1 << 20, Access::ALL).unwrap();
+        assert_ne!(r.rkey(), 0);
+        assert_ne!(r.inner.lkey(), 0);
+        let w = r.window(4096, 4096, Access::REMOTE_WRITE, None).unwrap();
+        assert_ne!(w.rkey(), r.rkey());
+        w.revoke();
+    }
+
+    #[test]
     fn access_mapping() {
         let f = access_flags(Access::REMOTE_WRITE);
         assert_ne!(f & ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0, 0);
