@@ -1,0 +1,288 @@
+//! Spawns the real `storage-target` binary for integration tests and builds
+//! clients for it.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+
+/// Users in every test config.
+pub const ADMIN: (&str, &str) = ("admin", "admin-secret");
+/// Another user with read-write on every bucket (for ownership checks).
+pub const OTHER: (&str, &str) = ("other", "other-secret");
+/// A user with read-only access to bucket `shared` and nothing else.
+pub const READER: (&str, &str) = ("reader", "reader-secret");
+
+/// A running storage-target process.
+pub struct Server {
+    child: Option<Child>,
+    /// `http://IP:PORT`.
+    pub endpoint: String,
+    /// `http://IP:PORT/metrics`.
+    pub metrics: String,
+    /// The data directory.
+    pub data_dir: PathBuf,
+    config: PathBuf,
+    stderr_log: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+fn write_config(dir: &Path, data_dir: &Path) -> PathBuf {
+    let secret_file = dir.join("other.key");
+    std::fs::write(&secret_file, format!("{}\n", OTHER.1)).unwrap();
+    let cfg = format!(
+        r#"listen: 127.0.0.1:0
+region: us-east-1
+data_dir: {data}
+metrics_listen: 127.0.0.1:0
+max_clock_skew_secs: 900
+users:
+  - access_key_id: {ak}
+    secret: {sk}
+    buckets:
+      - name: "*"
+        access: read-write
+  - access_key_id: {oak}
+    secret_file: {sf}
+    buckets:
+      - name: "*"
+        access: read-write
+  - access_key_id: {rak}
+    secret: {rsk}
+    buckets:
+      - name: shared
+        access: read
+"#,
+        data = data_dir.display(),
+        ak = ADMIN.0,
+        sk = ADMIN.1,
+        oak = OTHER.0,
+        sf = secret_file.display(),
+        rak = READER.0,
+        rsk = READER.1,
+    );
+    let path = dir.join("storage-target.yaml");
+    std::fs::write(&path, cfg).unwrap();
+    path
+}
+
+impl Server {
+    /// Starts a server on a fresh temporary data directory.
+    pub fn start() -> Server {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let config = write_config(tmp.path(), &data);
+        let mut s = Server::spawn(config, data, tmp.path().join("stderr.log"));
+        s._tmp = Some(tmp);
+        s
+    }
+
+    fn spawn(config: PathBuf, data_dir: PathBuf, stderr_log: PathBuf) -> Server {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stderr_log)
+            .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_storage-target"))
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info,s3s=warn")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let endpoint = line
+            .trim()
+            .strip_prefix("storage-target listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "unexpected first line {line:?}; stderr:\n{}",
+                    std::fs::read_to_string(&stderr_log).unwrap_or_default()
+                )
+            })
+            .to_owned();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        let metrics = line
+            .trim()
+            .strip_prefix("metrics on ")
+            .unwrap_or_else(|| panic!("unexpected second line {line:?}"))
+            .to_owned();
+        Server {
+            child: Some(child),
+            endpoint,
+            metrics,
+            data_dir,
+            config,
+            stderr_log,
+            _tmp: None,
+        }
+    }
+
+    /// SIGKILLs the process and waits for it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap());
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// Sends SIGTERM and waits for a clean exit; returns whether it exited 0.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        c.wait().unwrap().success()
+    }
+
+    /// Starts the binary again on the same config and data directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let mut s = Server::spawn(
+            self.config.clone(),
+            self.data_dir.clone(),
+            self.stderr_log.clone(),
+        );
+        self.child = s.child.take();
+        self.endpoint = s.endpoint.clone();
+        self.metrics = s.metrics.clone();
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// An SDK client (path style, static credentials).
+    pub fn client(&self, (ak, sk): (&str, &str)) -> Client {
+        client_for(&self.endpoint, ak, sk)
+    }
+
+    /// The admin client.
+    pub fn admin(&self) -> Client {
+        self.client(ADMIN)
+    }
+
+    /// `http://IP:PORT/<path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.endpoint)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// An SDK client for `endpoint`.
+pub fn client_for(endpoint: &str, ak: &str, sk: &str) -> Client {
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new(ak, sk, None, None, "test"))
+        .force_path_style(true)
+        .build();
+    Client::from_conf(conf)
+}
+
+/// A raw HTTP response.
+#[derive(Debug)]
+pub struct Raw {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Raw {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The text of `<tag>` in the body.
+    pub fn xml(&self, tag: &str) -> Option<String> {
+        let t = self.text();
+        let open = format!("<{tag}>");
+        let a = t.find(&open)? + open.len();
+        let b = t[a..].find(&format!("</{tag}>"))? + a;
+        Some(t[a..b].to_owned())
+    }
+}
+
+/// Sends a raw (unsigned unless the URL is presigned) HTTP request.
+pub async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: Bytes) -> Raw {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<Bytes>>();
+    let mut req = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(req.body(http_body_util::Full::new(body)).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Raw {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Hex MD5.
+pub fn md5_hex(b: &[u8]) -> String {
+    use s3s::crypto::Checksum as _;
+    hex::encode(s3s::crypto::Md5::checksum(b))
+}
+
+/// Every regular file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
