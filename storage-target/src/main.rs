@@ -1,5 +1,6 @@
 //! `storage-target --config <file.yaml>`: the s3dma S3 object server.
 
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -25,6 +26,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 
     let shutdown = CancellationToken::new();

@@ -63,10 +63,25 @@ pub fn new_request_id() -> String {
 #[must_use]
 pub fn set_error_request_id(body: &[u8], request_id: &str) -> Option<Vec<u8>> {
     let text = std::str::from_utf8(body).ok()?;
-    let end = text.rfind("</Error>")?;
-    if !text.contains("<Error>") {
+    if !text.contains("<Error>") || !text.contains("</Error>") {
         return None;
     }
+    let owned;
+    let text = if text.contains("<Message>") {
+        text
+    } else {
+        let code_end = text.find("</Code>")?;
+        let code_start = text.find("<Code>")? + "<Code>".len();
+        let code = text.get(code_start..code_end)?;
+        owned = format!(
+            "{}</Code><Message>{}</Message>{}",
+            &text[..code_end],
+            default_message(code),
+            &text[code_end + "</Code>".len()..]
+        );
+        owned.as_str()
+    };
+    let end = text.rfind("</Error>")?;
     let mut out = String::with_capacity(text.len() + 48);
     if let (Some(a), Some(b)) = (text.find("<RequestId>"), text.find("</RequestId>")) {
         if a < b {
@@ -82,6 +97,46 @@ pub fn set_error_request_id(body: &[u8], request_id: &str) -> Option<Vec<u8>> {
     out.push_str("</RequestId>");
     out.push_str(&text[end..]);
     Some(out.into_bytes())
+}
+
+/// The payload mode of a request for logs: the `x-amz-content-sha256` value,
+/// or `signed` for a literal hash, or `-` when absent.
+fn payload_mode(h: &http::HeaderMap) -> String {
+    match h.get("x-amz-content-sha256").and_then(|v| v.to_str().ok()) {
+        None => "-".to_owned(),
+        Some(v) if v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()) => "signed".to_owned(),
+        Some(v) => v
+            .chars()
+            .filter(|c| c.is_ascii_graphic())
+            .take(64)
+            .collect(),
+    }
+}
+
+/// A message for errors s3s raises without one.
+fn default_message(code: &str) -> &'static str {
+    match code {
+        "AccessDenied" => "Access Denied",
+        "InvalidBucketName" => "The specified bucket is not valid.",
+        "SignatureDoesNotMatch" => {
+            "The request signature we calculated does not match the signature you provided. Check your key and signing method."
+        }
+        "InvalidAccessKeyId" => "The AWS Access Key Id you provided does not exist in our records.",
+        "RequestTimeTooSkewed" => {
+            "The difference between the request time and the current time is too large."
+        }
+        "KeyTooLongError" => "Your key is too long",
+        "MissingContentLength" => "You must provide the Content-Length HTTP header.",
+        "MalformedXML" => {
+            "The XML you provided was not well-formed or did not validate against our published schema."
+        }
+        "InvalidURI" => "Couldn't parse the specified URI.",
+        "MethodNotAllowed" => "The specified method is not allowed against this resource.",
+        "NotImplemented" => {
+            "A header or operation you provided implies functionality that is not implemented."
+        }
+        _ => "The request failed.",
+    }
 }
 
 /// Counts the bytes of a request body.
@@ -214,6 +269,7 @@ impl Handler {
         let span = info_span!("request", id = %request_id, %method, %path);
         async move {
             let (mut parts, body) = req.into_parts();
+            let payload = payload_mode(&parts.headers);
             parts.extensions.insert(RequestId(request_id.clone()));
             parts.extensions.insert(op.clone());
             let body = s3s::Body::http_body_unsync(CountingBody {
@@ -269,9 +325,9 @@ impl Handler {
             );
             let op_name = op.get();
             if status.is_server_error() {
-                error!(op = %op_name, status = status.as_u16(), "request failed");
+                error!(op = %op_name, status = status.as_u16(), payload = %payload, "request failed");
             } else {
-                info!(op = %op_name, status = status.as_u16(), "request");
+                info!(op = %op_name, status = status.as_u16(), payload = %payload, "request");
             }
             Response::from_parts(
                 parts,
@@ -369,17 +425,17 @@ mod tests {
         let out = set_error_request_id(body, "ABC").unwrap();
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><RequestId>ABC</RequestId></Error>"
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message><RequestId>ABC</RequestId></Error>"
         );
     }
 
     #[test]
     fn replaces_request_id() {
-        let body = b"<Error><Code>X</Code><RequestId>old</RequestId></Error>";
+        let body = b"<Error><Code>X</Code><Message>m</Message><RequestId>old</RequestId></Error>";
         let out = set_error_request_id(body, "NEW").unwrap();
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
-            "<Error><Code>X</Code><RequestId>NEW</RequestId></Error>"
+            "<Error><Code>X</Code><Message>m</Message><RequestId>NEW</RequestId></Error>"
         );
         assert!(set_error_request_id(b"<ListBucketResult/>", "x").is_none());
     }
