@@ -591,7 +591,10 @@ def test_percent_encoded_dot_segments(target, users, bucket):
     alice = users["alice"]
     outside_before = _snapshot(target.workdir)
     path = f"/{bucket}/%2E%2E/%2E%2E/%2E%2E/pct-escape"
-    r = raw_request(target.endpoint, "PUT", path, body=b"x", user=alice)
+    # the canonical URI is the decoded key re-encoded once ('.' stays '.')
+    r = raw_request(
+        target.endpoint, "PUT", path, body=b"x", user=alice, sign_path=key_path(bucket, "../../../pct-escape")
+    )
     if r.status == 200:
         lst = raw_request(target.endpoint, "GET", key_path(bucket), query=[("list-type", "2")], user=alice)
         keys = [e.text for e in lst.xml().iter() if e.tag.endswith("Key")]
