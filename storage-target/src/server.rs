@@ -83,13 +83,13 @@ pub fn set_error_request_id(body: &[u8], request_id: &str) -> Option<Vec<u8>> {
     };
     let end = text.rfind("</Error>")?;
     let mut out = String::with_capacity(text.len() + 48);
-    if let (Some(a), Some(b)) = (text.find("<RequestId>"), text.find("</RequestId>")) {
-        if a < b {
-            out.push_str(&text[..a + "<RequestId>".len()]);
-            out.push_str(request_id);
-            out.push_str(&text[b..]);
-            return Some(out.into_bytes());
-        }
+    if let (Some(a), Some(b)) = (text.find("<RequestId>"), text.find("</RequestId>"))
+        && a < b
+    {
+        out.push_str(&text[..a + "<RequestId>".len()]);
+        out.push_str(request_id);
+        out.push_str(&text[b..]);
+        return Some(out.into_bytes());
     }
     out.push_str(&text[..end]);
     out.push_str("<RequestId>");

@@ -413,8 +413,10 @@ async fn payload_modes() {
     // aws-chunked with an unsigned trailer (STREAMING-UNSIGNED-PAYLOAD-TRAILER),
     // as the newest SDKs send it, with a good and a bad CRC32 trailer.
     let payload = vec![7u8; 200_000];
-    let mut h = s3s::checksum::ChecksumHasher::default();
-    h.crc32 = Some(Default::default());
+    let mut h = s3s::checksum::ChecksumHasher {
+        crc32: Some(Default::default()),
+        ..Default::default()
+    };
     h.update(&payload);
     let crc = h.finalize().checksum_crc32.unwrap();
     let r = chunked(&s, "/shared/chunked", &payload, &crc).await;

@@ -12,7 +12,7 @@
 //!
 //! Keys never become paths: an object lives under the SHA-256 of its key, so
 //! `a` and `a/b` coexist, 1024-byte keys fit, and `..` cannot escape. Each
-//! object is ONE file (data + header, see [`format`]), written under `.tmp`,
+//! object is ONE file (data + header, see [`mod@format`]), written under `.tmp`,
 //! fsynced, renamed into place and its directory fsynced: readers see the old
 //! or the new object, never a partial one, also after a crash. An in-memory
 //! ordered index per bucket, rebuilt at start-up, serves listings.

@@ -445,13 +445,13 @@ pub fn select_parts(
         }
         out.push(p.clone());
     }
-    if let Some((_, init)) = out.split_last() {
-        if let Some(small) = init.iter().find(|p| p.size < MIN_PART_SIZE) {
-            return Err(StoreError::EntityTooSmall {
-                part: small.part_number,
-                size: small.size,
-            });
-        }
+    if let Some((_, init)) = out.split_last()
+        && let Some(small) = init.iter().find(|p| p.size < MIN_PART_SIZE)
+    {
+        return Err(StoreError::EntityTooSmall {
+            part: small.part_number,
+            size: small.size,
+        });
     }
     Ok(out)
 }
