@@ -73,17 +73,27 @@ impl Users {
     }
 }
 
-/// Whether `grants` allow `need` on `bucket` (`"*"` matches every bucket).
+/// Whether a grant name matches `bucket`: `"*"` matches every bucket,
+/// `"prefix*"` every bucket starting with `prefix`, anything else exactly.
+#[must_use]
+pub fn grant_matches(grant: &str, bucket: &str) -> bool {
+    match grant.strip_suffix('*') {
+        Some(prefix) => bucket.starts_with(prefix),
+        None => grant == bucket,
+    }
+}
+
+/// Whether `grants` allow `need` on `bucket` (see [`grant_matches`]).
 #[must_use]
 pub fn grants_allow(grants: &[BucketGrant], bucket: &str, need: Need) -> bool {
     match need {
         Need::Nothing => true,
         Need::Read => grants
             .iter()
-            .any(|g| (g.name == "*" || g.name == bucket) && g.access.can_read()),
+            .any(|g| grant_matches(&g.name, bucket) && g.access.can_read()),
         Need::Write => grants
             .iter()
-            .any(|g| (g.name == "*" || g.name == bucket) && g.access.can_write()),
+            .any(|g| grant_matches(&g.name, bucket) && g.access.can_write()),
     }
 }
 
@@ -165,6 +175,10 @@ mod tests {
         assert!(!grants_allow(&gs, "wo", Need::Read));
         assert!(!grants_allow(&gs, "other", Need::Read));
         assert!(grants_allow(&gs, "other", Need::Nothing));
+        let pre = [g("bob-*", Access::ReadWrite)];
+        assert!(grants_allow(&pre, "bob-1", Need::Write));
+        assert!(!grants_allow(&pre, "alice-1", Need::Read));
+        assert!(!grants_allow(&pre, "bob", Need::Read));
         let all = [g("*", Access::ReadWrite)];
         assert!(grants_allow(&all, "anything", Need::Write));
         assert!(grants_allow(&all, "anything", Need::Read));

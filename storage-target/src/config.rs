@@ -99,7 +99,9 @@ impl fmt::Debug for UserConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BucketGrant {
-    /// Bucket name, or `"*"` for every bucket (which also allows CreateBucket of any name).
+    /// Bucket name; or `"*"` for every bucket, or `"prefix*"` for every bucket
+    /// whose name starts with `prefix` (a write grant on a pattern also allows
+    /// CreateBucket of matching names).
     pub name: String,
     /// What the user may do in the bucket.
     pub access: Access,
@@ -128,6 +130,25 @@ impl Access {
     #[must_use]
     pub fn can_write(self) -> bool {
         matches!(self, Access::Write | Access::ReadWrite)
+    }
+}
+
+/// A grant name is `"*"`, `"<prefix>*"` (prefix of bucket-name characters,
+/// starting with a letter or digit), or a valid bucket name.
+fn valid_grant_name(name: &str) -> bool {
+    match name.strip_suffix('*') {
+        Some("") => true,
+        Some(prefix) => {
+            prefix.len() < 63
+                && prefix
+                    .bytes()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && prefix
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
+        }
+        None => crate::store::bucket_name::is_valid_bucket_name(name),
     }
 }
 
@@ -264,10 +285,13 @@ impl Config {
                 return Err(invalid(at("secret"), "the secret is empty".into()));
             }
             for (j, g) in u.buckets.iter().enumerate() {
-                if g.name != "*" && !crate::store::bucket_name::is_valid_bucket_name(&g.name) {
+                if !valid_grant_name(&g.name) {
                     return Err(invalid(
                         at(&format!("buckets[{j}].name")),
-                        format!("{:?} is neither \"*\" nor a valid bucket name", g.name),
+                        format!(
+                            "{:?} is neither \"*\", a prefix pattern like \"team-*\", nor a valid bucket name",
+                            g.name
+                        ),
                     ));
                 }
             }
@@ -387,6 +411,16 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("users[0].buckets[0].access"), "{e}");
+    }
+
+    #[test]
+    fn grant_names() {
+        for ok in ["*", "bob-*", "b*", "my-bucket", "a.b*"] {
+            assert!(valid_grant_name(ok), "{ok}");
+        }
+        for bad in ["**", "-x*", "Bob-*", "a*b", "ab", "x_y*"] {
+            assert!(!valid_grant_name(bad), "{bad}");
+        }
     }
 
     #[test]
