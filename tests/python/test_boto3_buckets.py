@@ -124,6 +124,15 @@ def test_user_cannot_create_bucket_outside_grants(target):
     with pytest.raises(ClientError) as e:
         carol.create_bucket(Bucket=unique_bucket("carol"))
     assert_client_error(e, "AccessDenied", 403)
+    # 'bob-*' is a prefix grant: 'bobby-...' and 'xbob-...' are not bob's
+    for near_miss in (unique_bucket("bobby"), "x" + unique_bucket("bob")):
+        with pytest.raises(ClientError) as e:
+            bob.create_bucket(Bucket=near_miss)
+        assert_client_error(e, "AccessDenied", 403)
+    # read-only carol may not create even the bucket she can read
+    with pytest.raises(ClientError) as e:
+        carol.create_bucket(Bucket="shared")
+    assert_client_error(e, ("AccessDenied", "BucketAlreadyExists"), None)
     with pytest.raises(ClientError) as e:
         target.client("alice").head_bucket(Bucket=name)
     assert_client_error(e, ("404", "NoSuchBucket", "NotFound"), 404)

@@ -78,6 +78,8 @@ def test_ready_line_sigterm_and_persistence(make_target):
     c.create_bucket(Bucket="persist")
     data = rand(300_000)
     c.put_object(Bucket="persist", Key="dir/obj", Body=data, Metadata={"k": "v"}, ContentType="text/x-p")
+    before = c.head_object(Bucket="persist", Key="dir/obj")
+    created = {b["Name"]: b["CreationDate"] for b in c.list_buckets()["Buckets"]}["persist"]
     uid = c.create_multipart_upload(Bucket="persist", Key="mp")["UploadId"]
     c.upload_part(Bucket="persist", Key="mp", UploadId=uid, PartNumber=1, Body=b"part one")
     first_endpoint = st.endpoint
@@ -90,6 +92,8 @@ def test_ready_line_sigterm_and_persistence(make_target):
     g = c.get_object(Bucket="persist", Key="dir/obj")
     assert sha256(g["Body"].read()) == sha256(data)
     assert g["Metadata"] == {"k": "v"} and g["ContentType"] == "text/x-p"
+    assert (g["ETag"], g["LastModified"]) == (before["ETag"], before["LastModified"])
+    assert {b["Name"]: b["CreationDate"] for b in c.list_buckets()["Buckets"]}["persist"] == created
     # in-progress multipart uploads survive a restart too
     ups = c.list_multipart_uploads(Bucket="persist").get("Uploads", [])
     assert [u["UploadId"] for u in ups] == [uid]
