@@ -310,6 +310,7 @@ def streaming_signed_put(
     tamper_chunk: int | None = None,
     tamper_data: bool = False,
     method: str = "PUT",
+    decoded_length: int | None = None,
 ) -> Resp:
     """PUT with x-amz-content-sha256: STREAMING-AWS4-HMAC-SHA256-PAYLOAD
     (each chunk carries a chained signature), Content-Length framing.
@@ -332,7 +333,7 @@ def streaming_signed_put(
         {
             "x-amz-date": ts,
             "x-amz-content-sha256": STREAMING_SIGNED,
-            "x-amz-decoded-content-length": str(len(data)),
+            "x-amz-decoded-content-length": str(len(data) if decoded_length is None else decoded_length),
             "Content-Length": str(sum(framed_len(c) for c in chunks)),
         }
     )
@@ -370,6 +371,7 @@ def unsigned_trailer_put(
     query: list[tuple[str, str]] | None = None,
     checksum: str | None = None,
     http_chunked: bool = False,
+    omit_trailer: bool = False,
 ) -> Resp:
     """PUT with STREAMING-UNSIGNED-PAYLOAD-TRAILER and an
     x-amz-checksum-crc32 trailer (``checksum`` overrides the value)."""
@@ -379,7 +381,8 @@ def unsigned_trailer_put(
     chunks = [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)]
     crc = checksum if checksum is not None else crc32_b64(data)
     encoded = b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks)
-    encoded += b"0\r\n" + f"x-amz-checksum-crc32:{crc}\r\n".encode() + b"\r\n"
+    trailer = b"" if omit_trailer else f"x-amz-checksum-crc32:{crc}\r\n".encode()
+    encoded += b"0\r\n" + trailer + b"\r\n"
     hdrs = {
         "Host": u.netloc,
         "x-amz-date": ts,

@@ -218,6 +218,30 @@ def test_unsigned_trailer_bad_checksum(target, users, s3, bucket):
     assert_client_error(e, ("404", "NoSuchKey", "NotFound"), 404)
 
 
+def test_unsigned_trailer_missing_trailer(target, users, s3, bucket):
+    """x-amz-trailer announces a checksum; a body without it is incomplete."""
+    r = unsigned_trailer_put(target.endpoint, users["alice"], key_path(bucket, "no-trl"), rand(70_000), omit_trailer=True)
+    assert r.status == 400, r
+    assert_s3_error(r, 400, r.error().get("Code"))
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="no-trl")
+    assert_client_error(e, ("404", "NoSuchKey", "NotFound"), 404)
+
+
+@pytest.mark.parametrize("delta", [10, -10])
+def test_streaming_signed_decoded_length_mismatch(target, users, s3, bucket, delta):
+    """x-amz-decoded-content-length must equal the sum of the chunk sizes."""
+    data = rand(100_000)
+    r = streaming_signed_put(
+        target.endpoint, users["alice"], key_path(bucket, "lie"), data, decoded_length=len(data) + delta
+    )
+    assert r.status == 400, r
+    assert_s3_error(r, 400, ("IncompleteBody", "InvalidRequest", "InvalidArgument", "BadRequest", "XAmzContentSHA256Mismatch"))
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="lie")
+    assert_client_error(e, ("404", "NoSuchKey", "NotFound"), 404)
+
+
 def test_unsigned_payload_raw(target, users, s3, bucket):
     data = rand(5000)
     r = raw_request(
@@ -424,6 +448,16 @@ def test_presigned_expired(s3, bucket):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(url, timeout=30)
     assert e.value.code == 403
+
+
+def test_presigned_expires_over_a_week(s3, bucket):
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=604801)
+    r = _fetch(url)
+    # AWS: X-Amz-Expires must be less than a week (in seconds) that is; 604800
+    assert_s3_error(r, 400, "AuthorizationQueryParametersError")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=604800)
+    assert _fetch(url).status == 200
 
 
 def _with_query(url, **changes):

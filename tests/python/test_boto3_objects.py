@@ -263,6 +263,18 @@ def test_range_unsatisfiable(target, users, s3, bucket, rng):
     assert r.header("content-range") in (None, f"bytes */{RANGE_DATA_LEN}")
 
 
+@pytest.mark.parametrize("rng", ["bytes=abc", "items=0-1", "bytes=5-2", "bytes=0-1,4-5"])
+def test_malformed_range_is_ignored(target, users, s3, bucket, rng):
+    """RFC 7233 / AWS S3 (and MinIO, "like Amazon S3"): a Range header that
+    does not parse, or asks for several ranges, is ignored -> 200 + full body."""
+    data = rand(100)
+    s3.put_object(Bucket=bucket, Key="r", Body=data)
+    r = raw_request(target.endpoint, "GET", key_path(bucket, "r"), headers={"Range": rng}, user=users["alice"])
+    assert r.status == 200, r
+    assert r.body == data
+    assert r.header("content-range") is None
+
+
 def test_range_large_object_middle(s3, bucket):
     data = rand(3 * MiB)
     s3.put_object(Bucket=bucket, Key="big", Body=data)
