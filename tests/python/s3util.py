@@ -31,6 +31,7 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 STREAMING_SIGNED = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 STREAMING_UNSIGNED_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+STREAMING_SIGNED_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
 S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 MiB = 1024 * 1024
@@ -311,9 +312,14 @@ def streaming_signed_put(
     tamper_data: bool = False,
     method: str = "PUT",
     decoded_length: int | None = None,
+    trailer: bool = False,
+    trailer_checksum: str | None = None,
+    tamper_trailer_signature: bool = False,
 ) -> Resp:
     """PUT with x-amz-content-sha256: STREAMING-AWS4-HMAC-SHA256-PAYLOAD
     (each chunk carries a chained signature), Content-Length framing.
+    ``trailer=True``: STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER, i.e. the
+    same plus a signed x-amz-checksum-crc32 trailer.
 
     ``tamper_chunk=i`` corrupts chunk i's signature; ``tamper_data`` flips a
     byte of chunk 0 after signing it."""
@@ -322,43 +328,67 @@ def streaming_signed_put(
     ts = amz_date()
     date = ts[:8]
     scope = f"{date}/{REGION}/s3/aws4_request"
+    mode = STREAMING_SIGNED_TRAILER if trailer else STREAMING_SIGNED
     chunks = [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)] + [b""]
+    crc = trailer_checksum if trailer_checksum is not None else crc32_b64(data)
+    trailer_line = f"x-amz-checksum-crc32:{crc}"
 
-    def framed_len(c: bytes) -> int:
-        return len(f"{len(c):x};chunk-signature=") + 64 + 2 + len(c) + 2
+    def encode(sign) -> bytes:
+        out = []
+        prev = sign(None, None)
+        for i, c in enumerate(chunks):
+            sig = sign("chunk", (prev, c))
+            prev = sig
+            if tamper_chunk == i:
+                sig = ("0" if sig[0] != "0" else "1") + sig[1:]
+            payload = c
+            if tamper_data and i == 0 and c:
+                payload = bytes([c[0] ^ 0xFF]) + c[1:]
+            last = i == len(chunks) - 1
+            out.append(f"{len(c):x};chunk-signature={sig}\r\n".encode() + payload)
+            if not (last and trailer):
+                out.append(b"\r\n")
+        if trailer:
+            tsig = sign("trailer", (prev, trailer_line + "\n"))
+            if tamper_trailer_signature:
+                tsig = ("0" if tsig[0] != "0" else "1") + tsig[1:]
+            out.append(f"{trailer_line}\r\nx-amz-trailer-signature:{tsig}\r\n\r\n".encode())
+        return b"".join(out)
 
+    length = len(encode(lambda kind, arg: "0" * 64))
     hdrs = {"Host": u.netloc}
     hdrs.update(headers or {})
     hdrs.update(
         {
             "x-amz-date": ts,
-            "x-amz-content-sha256": STREAMING_SIGNED,
+            "x-amz-content-sha256": mode,
             "x-amz-decoded-content-length": str(len(data) if decoded_length is None else decoded_length),
-            "Content-Length": str(sum(framed_len(c) for c in chunks)),
+            "Content-Length": str(length),
         }
     )
+    if trailer:
+        hdrs["x-amz-trailer"] = "x-amz-checksum-crc32"
     # botocore's form: an existing content-encoding keeps its place, aws-chunked is appended
     ce = hdrs.pop("Content-Encoding", None)
     hdrs["Content-Encoding"] = f"{ce},aws-chunked" if ce else "aws-chunked"
-    auth, seed = sign_headers(method, path, query, hdrs, STREAMING_SIGNED, user, ts)
+    auth, seed = sign_headers(method, path, query, hdrs, mode, user, ts)
     hdrs["Authorization"] = auth
     key = signing_key(user.secret, date)
-    prev = seed
-    body = []
-    for i, c in enumerate(chunks):
-        sts = "\n".join(
-            ["AWS4-HMAC-SHA256-PAYLOAD", ts, scope, prev, EMPTY_SHA256, hashlib.sha256(c).hexdigest()]
-        )
-        sig = hmac.new(key, sts.encode(), hashlib.sha256).hexdigest()
-        prev = sig
-        if tamper_chunk == i:
-            sig = ("0" if sig[0] != "0" else "1") + sig[1:]
-        payload = c
-        if tamper_data and i == 0 and c:
-            payload = bytes([c[0] ^ 0xFF]) + c[1:]
-        body.append(f"{len(c):x};chunk-signature={sig}\r\n".encode() + payload + b"\r\n")
+
+    def sign(kind, arg):
+        if kind is None:
+            return seed
+        prev, payload = arg
+        if kind == "chunk":
+            sts = ["AWS4-HMAC-SHA256-PAYLOAD", ts, scope, prev, EMPTY_SHA256, hashlib.sha256(payload).hexdigest()]
+        else:
+            sts = ["AWS4-HMAC-SHA256-TRAILER", ts, scope, prev, hashlib.sha256(payload.encode()).hexdigest()]
+        return hmac.new(key, "\n".join(sts).encode(), hashlib.sha256).hexdigest()
+
+    body = encode(sign)
+    assert len(body) == length
     qs = canonical_query(query) if query else ""
-    return send(endpoint, method, path + ("?" + qs if qs else ""), hdrs, b"".join(body))
+    return send(endpoint, method, path + ("?" + qs if qs else ""), hdrs, body)
 
 
 def unsigned_trailer_put(

@@ -198,6 +198,32 @@ def test_streaming_signed_bad_chunk_signature(target, users, s3, bucket, tamper)
     assert_client_error(e, ("404", "NoSuchKey", "NotFound"), 404)
 
 
+@pytest.mark.parametrize("size", [0, 200_000])
+def test_streaming_signed_with_trailer(target, users, s3, bucket, size):
+    """STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER: signed chunks plus a signed
+    x-amz-checksum-crc32 trailer (what SDKs send for checksummed uploads over
+    plain HTTP with payload signing)."""
+    data = rand(size)
+    r = streaming_signed_put(target.endpoint, users["alice"], key_path(bucket, "strl"), data, trailer=True)
+    assert r.status == 200, r
+    assert r.header("etag") == f'"{md5_hex(data)}"'
+    assert sha256(s3.get_object(Bucket=bucket, Key="strl")["Body"].read()) == sha256(data)
+
+
+@pytest.mark.parametrize("bad", ["checksum", "trailer-signature"])
+def test_streaming_signed_with_bad_trailer(target, users, s3, bucket, bad):
+    data = rand(100_000)
+    kw = {"trailer_checksum": crc32_b64(b"other")} if bad == "checksum" else {"tamper_trailer_signature": True}
+    r = streaming_signed_put(target.endpoint, users["alice"], key_path(bucket, "strl-bad"), data, trailer=True, **kw)
+    if bad == "checksum":
+        assert_s3_error(r, 400, ("BadDigest", "XAmzContentChecksumMismatch", "InvalidRequest"))
+    else:
+        assert_s3_error(r, 403, "SignatureDoesNotMatch")
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="strl-bad")
+    assert_client_error(e, ("404", "NoSuchKey", "NotFound"), 404)
+
+
 @pytest.mark.parametrize("http_chunked", [False, True])
 def test_unsigned_trailer_raw(target, users, s3, bucket, http_chunked):
     data = rand(150_000)
@@ -330,6 +356,29 @@ def test_tampered_signed_header(target, users, bucket):
     auth, _ = sign_headers("GET", key_path(bucket, "a"), [], hdrs, sha256(b""), users["alice"], ts)
     r = send(target.endpoint, "GET", key_path(bucket, "b"), {**hdrs, "Authorization": auth})
     assert_s3_error(r, 403, "SignatureDoesNotMatch")
+
+
+def test_credential_scope_wrong_region(target, users, bucket):
+    """A signature scoped to another region is refused even though it is
+    cryptographically valid for that scope (AWS: 400
+    AuthorizationHeaderMalformed "the region 'us-west-2' is wrong; expecting
+    'us-east-1'")."""
+    r = raw_request(target.endpoint, "GET", key_path(bucket), user=users["alice"], region="us-west-2")
+    assert r.status in (400, 403), r
+    assert_s3_error(r, r.status, ("AuthorizationHeaderMalformed", "SignatureDoesNotMatch", "InvalidRequest"))
+
+
+def test_header_and_query_auth_together(target, users, s3, bucket):
+    """AWS: 400 InvalidArgument "Only one auth mechanism allowed"."""
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"})
+    u = urlsplit(url)
+    ts = amz_date()
+    hdrs = {"Host": u.netloc, "x-amz-date": ts, "x-amz-content-sha256": sha256(b"")}
+    query = [tuple(p.split("=", 1)) for p in u.query.split("&")]
+    auth, _ = sign_headers("GET", u.path, query, hdrs, sha256(b""), users["alice"], ts)
+    r = send(target.endpoint, "GET", u.path + "?" + u.query, {**hdrs, "Authorization": auth})
+    assert_s3_error(r, 400, ("InvalidArgument", "InvalidRequest"))
 
 
 @pytest.mark.parametrize("offset_min", [-60, 60])

@@ -451,6 +451,25 @@ def test_copy_between_buckets_and_unicode_source(s3, bucket, bucket_factory):
     assert s3.get_object(Bucket=other, Key=key)["Body"].read() == data
 
 
+def test_copy_invalid_metadata_directive(target, users, s3, bucket):
+    s3.put_object(Bucket=bucket, Key="src", Body=b"x")
+    r = raw_request(
+        target.endpoint,
+        "PUT",
+        key_path(bucket, "dst"),
+        headers={"x-amz-copy-source": f"{bucket}/src", "x-amz-metadata-directive": "MOVE"},
+        user=users["alice"],
+    )
+    assert_s3_error(r, 400, "InvalidArgument")
+    # the leading-slash and percent-encoded copy-source forms are both valid
+    for i, src in enumerate([f"/{bucket}/src", f"{bucket}/%73rc"]):
+        r = raw_request(
+            target.endpoint, "PUT", key_path(bucket, f"dst{i}"), headers={"x-amz-copy-source": src}, user=users["alice"]
+        )
+        assert r.status == 200, r
+        assert s3.get_object(Bucket=bucket, Key=f"dst{i}")["Body"].read() == b"x"
+
+
 def test_copy_missing_source(s3, bucket):
     with pytest.raises(ClientError) as e:
         s3.copy_object(Bucket=bucket, Key="x", CopySource={"Bucket": bucket, "Key": "missing"})
