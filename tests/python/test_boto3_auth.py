@@ -649,15 +649,38 @@ def test_write_only_user(target):
     try:
         dave.put_object(Bucket="shared", Key=key, Body=b"dropped")
         assert alice.get_object(Bucket="shared", Key=key)["Body"].read() == b"dropped"
-        for call in (
-            lambda: dave.get_object(Bucket="shared", Key=key),
-            lambda: dave.list_objects_v2(Bucket="shared"),
-        ):
+        # multipart is a write too
+        uid = dave.create_multipart_upload(Bucket="shared", Key=key + "-mp")["UploadId"]
+        e1 = dave.upload_part(Bucket="shared", Key=key + "-mp", UploadId=uid, PartNumber=1, Body=b"mp")["ETag"]
+        dave.complete_multipart_upload(
+            Bucket="shared", Key=key + "-mp", UploadId=uid, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}]}
+        )
+        assert alice.get_object(Bucket="shared", Key=key + "-mp")["Body"].read() == b"mp"
+        for name, call in {
+            "GetObject": lambda: dave.get_object(Bucket="shared", Key=key),
+            "HeadObject": lambda: dave.head_object(Bucket="shared", Key=key),
+            "ListObjectsV2": lambda: dave.list_objects_v2(Bucket="shared"),
+            "ListObjects": lambda: dave.list_objects(Bucket="shared"),
+            # a copy reads its source: write-only must not exfiltrate through it
+            "CopyObject": lambda: dave.copy_object(
+                Bucket="shared", Key=key + "-copy", CopySource={"Bucket": "shared", "Key": key}
+            ),
+            "ranged GetObject": lambda: dave.get_object(Bucket="shared", Key=key, Range="bytes=0-1"),
+        }.items():
             with pytest.raises(ClientError) as e:
                 call()
-            assert_client_error(e, "AccessDenied", 403)
+            assert_client_error(e, ("AccessDenied", "403"), 403)
+        url = dave.generate_presigned_url("get_object", Params={"Bucket": "shared", "Key": key})
+        r = _fetch(url)
+        assert_s3_error(r, 403, "AccessDenied")
+        assert b"dropped" not in r.body
+        with pytest.raises(ClientError) as e:
+            alice.head_object(Bucket="shared", Key=key + "-copy")
+        assert_client_error(e, ("404", "NoSuchKey", "NotFound"), 404)
+        dave.delete_object(Bucket="shared", Key=key + "-mp")
     finally:
         alice.delete_object(Bucket="shared", Key=key)
+        alice.delete_object(Bucket="shared", Key=key + "-mp")
 
 
 # --------------------------------------------------------------------------

@@ -279,3 +279,19 @@ def test_64mib_transfer_manager(s3, bucket):
     out = io.BytesIO()
     s3.download_fileobj(bucket, "big/64mib.bin", out, Config=cfg)  # parallel ranged GETs
     assert sha256(out.getvalue()) == sha256(data)
+
+
+def test_list_multipart_uploads_pagination(s3, bucket):
+    made = []
+    for key in ["k1", "k2", "k2", "k3"]:
+        made.append((key, s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]))
+    seen, kw = [], {}
+    for _ in range(10):
+        r = s3.list_multipart_uploads(Bucket=bucket, MaxUploads=1, **kw)
+        seen += [(u["Key"], u["UploadId"]) for u in r.get("Uploads", [])]
+        if not r["IsTruncated"]:
+            break
+        kw = {"KeyMarker": r["NextKeyMarker"], "UploadIdMarker": r["NextUploadIdMarker"]}
+    assert sorted(seen) == sorted(made)
+    assert [k for k, _ in seen] == ["k1", "k2", "k2", "k3"]
+    assert len(set(seen)) == 4

@@ -67,6 +67,10 @@ def test_requests_total_by_op_and_status(target, s3, bucket):
     assert total(after, "GetObject", 200) - total(before, "GetObject", 200) >= 1, after
     assert total(after, "GetObject", 404) - total(before, "GetObject", 404) >= 2, after
     assert total(after) - total(before) >= 6
+    # bounded cardinality: no bucket names or keys in label values
+    for labels in after:
+        for _, v in labels:
+            assert bucket not in v and v not in ("m0", "m1", "m2", "missing"), f"per-bucket/key label: {labels}"
     # secrets never leak into metrics
     for u in target.users.values():
         assert u.secret not in text
