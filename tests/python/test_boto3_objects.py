@@ -360,6 +360,18 @@ def test_conditional_get_raw(target, users, cond_obj):
     assert r.status == 200 and r.body == data
 
 
+@pytest.mark.parametrize("header", ["If-Modified-Since", "If-Unmodified-Since"])
+def test_conditional_invalid_date_is_ignored(target, users, cond_obj, header):
+    """RFC 7232 3.3/3.4: a recipient MUST ignore If-(Un)Modified-Since when the
+    value is not a valid HTTP-date; AWS S3 and MinIO serve the object."""
+    bucket, _, _, data = cond_obj
+    r = raw_request(
+        target.endpoint, "GET", key_path(bucket, "c"), headers={header: "not a date"}, user=users["alice"]
+    )
+    assert r.status == 200, r
+    assert r.body == data
+
+
 def test_conditional_with_range(s3, cond_obj):
     bucket, etag, _, data = cond_obj
     g = s3.get_object(Bucket=bucket, Key="c", Range="bytes=0-3", IfMatch=etag)
