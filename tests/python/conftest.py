@@ -47,6 +47,16 @@ USERS = {
 SHARED_BUCKET = "shared"
 
 
+def _die_with_parent():  # runs in the child between fork and exec
+    """Linux: SIGTERM the server if pytest dies without cleaning up."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def storage_target_bin() -> Path:
     env = os.environ.get("STORAGE_TARGET_BIN")
     return Path(env) if env else REPO_ROOT / "target" / "debug" / "storage-target"
@@ -125,7 +135,6 @@ class StorageTarget:
             )
         log = open(self.log_path, "ab")
         env = dict(os.environ)
-        env.setdefault("RUST_BACKTRACE", "1")
         self.proc = subprocess.Popen(
             [str(binary), "--config", str(self.config_path)],
             stdout=subprocess.PIPE,
@@ -134,6 +143,7 @@ class StorageTarget:
             env=env,
             text=True,
             bufsize=1,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         log.close()
         lines: queue.Queue = queue.Queue()

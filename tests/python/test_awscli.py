@@ -482,3 +482,30 @@ def test_cli_key_edge_cases(aws, target, bucket, files):
     after = {p.relative_to(target.workdir) for p in target.workdir.rglob("*")}
     escaped = {p for p in after - before if not str(p).startswith("jail/data")}
     assert not escaped, f"files created outside data_dir: {escaped}"
+
+
+def test_s3_sync_and_mv(aws, bucket, tmp_path, files):
+    """`aws s3 sync` compares sizes and LastModified from the listing: an
+    unchanged tree must not be re-uploaded (catches LastModified/timezone
+    bugs), a changed file is."""
+    src = tmp_path / "src"
+    tree = {"a.txt": b"a" * 10, "d/b.txt": b"b" * 20, "d/e/c.txt": b"c" * 30}
+    for rel, body in tree.items():
+        files(f"src/{rel}", body)
+    up = aws("s3", "sync", src, f"s3://{bucket}/sync/").stdout
+    assert up.count("upload:") == 3, up
+    again = aws("s3", "sync", src, f"s3://{bucket}/sync/").stdout
+    assert "upload:" not in again, f"unchanged files were uploaded again:\n{again}"
+    (src / "d" / "b.txt").write_bytes(b"changed size")
+    again = aws("s3", "sync", src, f"s3://{bucket}/sync/").stdout
+    assert again.count("upload:") == 1 and "d/b.txt" in again, again
+    dst = tmp_path / "dst"
+    down = aws("s3", "sync", f"s3://{bucket}/sync/", dst).stdout
+    assert down.count("download:") == 3, down
+    assert (dst / "d" / "b.txt").read_bytes() == b"changed size"
+    assert (dst / "d" / "e" / "c.txt").read_bytes() == b"c" * 30
+    again = aws("s3", "sync", f"s3://{bucket}/sync/", dst).stdout
+    assert "download:" not in again, f"unchanged objects were downloaded again:\n{again}"
+    aws("s3", "mv", f"s3://{bucket}/sync/a.txt", f"s3://{bucket}/moved/a.txt")
+    keys = _ls_keys(aws("s3", "ls", "--recursive", f"s3://{bucket}/").stdout)
+    assert "moved/a.txt" in keys and "sync/a.txt" not in keys
