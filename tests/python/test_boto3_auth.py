@@ -723,6 +723,7 @@ def test_error_request_ids_are_unique_and_match(target, users, s3, bucket):
     for resp, status, code in cases:
         try:
             assert_s3_error(resp, status, code, require_message=True)
+            assert (resp.header("content-type") or "").startswith("application/xml"), resp
             ids.append(resp.header("x-amz-request-id"))
         except AssertionError as e:
             failures.append(f"{code}: {e}")

@@ -81,6 +81,12 @@ def test_valid_bucket_names(s3, name):
         ".leading-dot",
         "trailing-dot.",
         "dot-.hyphen",
+        "xn--reserved-prefix",
+        "sthree-reserved",
+        "reserved-suffix-s3alias",
+        "reserved--ol-s3",
+        "bad!char",
+        "space name",
     ],
 )
 def test_invalid_bucket_names(target, users, name):
