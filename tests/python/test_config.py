@@ -146,3 +146,59 @@ def test_secret_file_trailing_newline_trimmed(make_target, tmp_path):
 def test_default_users_config_is_valid_yaml(tmp_path):
     users = default_users_config(tmp_path)
     assert yaml.safe_load(yaml.safe_dump(users)) == users
+
+
+def test_inflight_upload_invisible_and_kill9_safe(make_target):
+    """While a PUT body is still arriving the key is not visible; SIGKILL in
+    the middle leaves the old version intact and no partial object after a
+    restart."""
+    import http.client
+    import time
+    from urllib.parse import urlsplit
+
+    from s3util import UNSIGNED_PAYLOAD, amz_date, md5_hex, sign_headers
+
+    st = make_target(metrics=False)
+    st.start()
+    c = st.client("alice")
+    c.create_bucket(Bucket="crash")
+    old = rand(100_000)
+    c.put_object(Bucket="crash", Key="obj", Body=old)
+    c.put_object(Bucket="crash", Key="other", Body=b"untouched")
+
+    total = 8 * 1024 * 1024
+    u = urlsplit(st.endpoint)
+    ts = amz_date()
+    hdrs = {"Host": u.netloc, "x-amz-date": ts, "x-amz-content-sha256": UNSIGNED_PAYLOAD, "Content-Length": str(total)}
+    conns = []
+    for key in ("obj", "new"):
+        auth, _ = sign_headers("PUT", key_path("crash", key), [], hdrs, UNSIGNED_PAYLOAD, USERS["alice"], ts)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.putrequest("PUT", key_path("crash", key), skip_host=True, skip_accept_encoding=True)
+        for k, v in {**hdrs, "Authorization": auth}.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        conn.send(b"x" * (total // 2))  # half the body, then stall
+        conns.append(conn)
+    time.sleep(0.5)
+    listed = [o["Key"] for o in c.list_objects_v2(Bucket="crash")["Contents"]]
+    assert listed == ["obj", "other"], listed
+    assert c.get_object(Bucket="crash", Key="obj")["Body"].read() == old
+    with pytest.raises(ClientError) as e:
+        c.head_object(Bucket="crash", Key="new")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+    st.proc.kill()  # SIGKILL mid-upload
+    st.proc.wait()
+    st.proc = None
+    for conn in conns:
+        conn.close()
+    st.start()
+    c = st.client("alice")
+    listed = {o["Key"]: o for o in c.list_objects_v2(Bucket="crash")["Contents"]}
+    assert sorted(listed) == ["obj", "other"]
+    g = c.get_object(Bucket="crash", Key="obj")
+    assert g["Body"].read() == old and g["ETag"] == f'"{md5_hex(old)}"'
+    assert listed["obj"]["Size"] == len(old)
+    with pytest.raises(ClientError):
+        c.head_object(Bucket="crash", Key="new")
