@@ -660,3 +660,17 @@ def test_dotdot_key_cannot_read_other_bucket(target, users, s3, bucket, bucket_f
     r = raw_request(target.endpoint, "GET", key_path(bobs, f"../{other}/secret"), user=users["bob"])
     assert r.status in (400, 403, 404), r
     assert b"top secret" not in r.body
+
+
+@pytest.mark.parametrize("algo", ["CRC32", "SHA256"])
+def test_checksum_mode_enabled(s3, bucket, algo):
+    """Get/Head with ChecksumMode=ENABLED: botocore validates any
+    x-amz-checksum-* the server returns, so a returned checksum must be right
+    (and a ranged GET must not carry the whole object's checksum)."""
+    data = rand(300_000)
+    s3.put_object(Bucket=bucket, Key="ck", Body=data, ChecksumAlgorithm=algo)
+    g = s3.get_object(Bucket=bucket, Key="ck", ChecksumMode="ENABLED")
+    assert sha256(g["Body"].read()) == sha256(data)
+    s3.head_object(Bucket=bucket, Key="ck", ChecksumMode="ENABLED")
+    g = s3.get_object(Bucket=bucket, Key="ck", ChecksumMode="ENABLED", Range="bytes=100-199")
+    assert g["Body"].read() == data[100:200]
