@@ -65,6 +65,10 @@ pub struct Config {
     /// The users allowed to access the server.
     #[serde(default)]
     pub users: Vec<UserConfig>,
+    /// Serving GET/PUT/UploadPart over RDMA (`x-amz-rdma-token`); disabled
+    /// when omitted.
+    #[serde(default)]
+    pub rdma: crate::rdma::RdmaConfig,
 }
 
 /// One user: credentials and bucket grants.
@@ -229,6 +233,9 @@ impl Config {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir".into(), "must not be empty".into()));
         }
+        self.rdma
+            .validate()
+            .map_err(|(field, message)| invalid(field, message))?;
         if self.users.is_empty() {
             return Err(invalid(
                 "users".into(),
@@ -320,6 +327,22 @@ mod tests {
         let users = c.validate("storage-target.example.yaml").unwrap();
         assert_eq!(users[0].access_key_id, "s3dma-local");
         assert_eq!(users[0].buckets[0].access, Access::ReadWrite);
+        assert_eq!(c.rdma.mode, crate::rdma::RdmaMode::Disabled);
+        assert_eq!(c.rdma.staging_buffer_size, crate::rdma::ByteSize(4 << 20));
+        assert_eq!(c.rdma.connect_timeout_ms, 2000);
+    }
+
+    #[test]
+    fn rdma_errors_name_the_field() {
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s}]\nrdma: {mode: enabled}\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(msg.starts_with("t.yaml: rdma.fabric_key_file:"), "{msg}");
+        let e = Config::parse("t.yaml", "data_dir: /x\nrdma: {bogus: 1}\n").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
     }
 
     #[test]

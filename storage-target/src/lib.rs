@@ -8,6 +8,8 @@
 //! - [`s3`]: the `s3s::S3` implementation, DTOs to store calls, store errors to S3 errors.
 //! - [`store`]: the filesystem store and its pure helpers (ranges, conditions,
 //!   listing, ETags, bucket names, on-disk format).
+//! - [`rdma`]: GetObject/PutObject/UploadPart over RDMA (`x-amz-rdma-token`):
+//!   staging pool, session pool, pipelined transfers.
 //! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
 //!
 //! s3s does the S3 protocol work: routing, XML, SigV4 (header and presigned)
@@ -16,6 +18,7 @@
 pub mod auth;
 pub mod config;
 pub mod metrics;
+pub mod rdma;
 pub mod s3;
 pub mod server;
 pub mod store;
@@ -47,19 +50,18 @@ pub enum StartError {
     },
 }
 
-/// Builds the s3s service for a store and users.
+/// Builds the s3s service for a store, users and the RDMA service.
 #[must_use]
 pub fn build_service(
     store: Arc<store::Store>,
     cfg: &config::Config,
     users: Vec<config::User>,
+    rdma: Arc<rdma::RdmaService>,
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
-    let mut b = s3s::service::S3ServiceBuilder::new(s3::S3Store::new(
-        store,
-        cfg.region.clone(),
-        users.clone(),
-    ));
+    let mut b = s3s::service::S3ServiceBuilder::new(
+        s3::S3Store::new(store, cfg.region.clone(), users.clone()).with_rdma(rdma),
+    );
     b.set_auth(users.clone());
     b.set_access(users);
     let mut s3cfg = s3s::config::S3Config::default();
@@ -83,7 +85,20 @@ pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), 
         .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
     let store = Arc::new(store);
     let metrics = Arc::new(metrics::Metrics::new());
-    let service = build_service(store, &cfg, users);
+    let key = cfg
+        .rdma
+        .validate()
+        .map_err(|(field, message)| config::ConfigError::Invalid {
+            file: config_path.display().to_string(),
+            field,
+            message,
+        })?;
+    let rdma = Arc::new(rdma::RdmaService::start(
+        &cfg.rdma,
+        key,
+        Arc::clone(&metrics),
+    ));
+    let service = build_service(store, &cfg, users, rdma);
     let handler = server::Handler::new(service, Arc::clone(&metrics));
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use prometheus::{Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{
+    Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -21,6 +23,13 @@ pub struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     bytes: IntCounterVec,
+    path_requests: IntCounterVec,
+    path_bytes: IntCounterVec,
+    rdma_ops: HistogramVec,
+    rdma_staging_total: IntGauge,
+    rdma_staging_in_use: IntGauge,
+    rdma_sessions: IntGauge,
+    rdma_connects: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -66,10 +75,68 @@ impl Metrics {
             &["direction"],
         )
         .expect("valid metric");
+        let path_requests = IntCounterVec::new(
+            Opts::new(
+                "s3dma_storage_target_path_requests_total",
+                "Successful GetObject/PutObject/UploadPart requests by data path (rdma | http)",
+            ),
+            &["op", "path"],
+        )
+        .expect("valid metric");
+        let path_bytes = IntCounterVec::new(
+            Opts::new(
+                "s3dma_storage_target_path_bytes_total",
+                "Object bytes moved by data path (rdma | http) and direction (in | out)",
+            ),
+            &["path", "direction"],
+        )
+        .expect("valid metric");
+        let rdma_ops = HistogramVec::new(
+            HistogramOpts::new(
+                "s3dma_storage_target_rdma_op_seconds",
+                "Latency of one-sided RDMA operations (write | read), post to completion",
+            )
+            .buckets(vec![
+                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                0.25, 0.5, 1.0, 5.0,
+            ]),
+            &["op"],
+        )
+        .expect("valid metric");
+        let rdma_staging_total = IntGauge::new(
+            "s3dma_storage_target_rdma_staging_buffers",
+            "Registered RDMA staging buffers",
+        )
+        .expect("valid metric");
+        let rdma_staging_in_use = IntGauge::new(
+            "s3dma_storage_target_rdma_staging_buffers_in_use",
+            "RDMA staging buffers in use",
+        )
+        .expect("valid metric");
+        let rdma_sessions = IntGauge::new(
+            "s3dma_storage_target_rdma_sessions",
+            "Pooled fabric sessions to client endpoints",
+        )
+        .expect("valid metric");
+        let rdma_connects = IntCounterVec::new(
+            Opts::new(
+                "s3dma_storage_target_rdma_session_connects_total",
+                "Fabric session connects by result (ok | error | timeout)",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
             Box::new(bytes.clone()),
+            Box::new(path_requests.clone()),
+            Box::new(path_bytes.clone()),
+            Box::new(rdma_ops.clone()),
+            Box::new(rdma_staging_total.clone()),
+            Box::new(rdma_staging_in_use.clone()),
+            Box::new(rdma_sessions.clone()),
+            Box::new(rdma_connects.clone()),
         ] {
             registry.register(m).expect("unique metric");
         }
@@ -78,7 +145,55 @@ impl Metrics {
             requests,
             duration,
             bytes,
+            path_requests,
+            path_bytes,
+            rdma_ops,
+            rdma_staging_total,
+            rdma_staging_in_use,
+            rdma_sessions,
+            rdma_connects,
         }
+    }
+
+    /// Counts a successful data request on `path` (`rdma` | `http`).
+    pub fn path_request(&self, op: &str, path: &str) {
+        self.path_requests.with_label_values(&[op, path]).inc();
+    }
+
+    /// Counts object bytes moved on `path` in `direction` (`in` | `out`).
+    pub fn path_bytes(&self, path: &str, direction: &str, n: u64) {
+        self.path_bytes
+            .with_label_values(&[path, direction])
+            .inc_by(n);
+    }
+
+    /// Records one RDMA operation's latency.
+    pub fn rdma_op(&self, op: &str, elapsed: Duration) {
+        self.rdma_ops
+            .with_label_values(&[op])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the number of registered staging buffers.
+    pub fn rdma_staging_total(&self, n: usize) {
+        self.rdma_staging_total
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the number of staging buffers in use.
+    pub fn rdma_staging_in_use(&self, n: usize) {
+        self.rdma_staging_in_use
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the number of pooled sessions.
+    pub fn rdma_sessions(&self, n: usize) {
+        self.rdma_sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a session connect attempt by result.
+    pub fn rdma_connect(&self, result: &str) {
+        self.rdma_connects.with_label_values(&[result]).inc();
     }
 
     /// Records one finished request.

@@ -19,6 +19,7 @@ use s3s::{
 use tracing::{debug, error};
 
 use crate::auth::{Need, Users};
+use crate::rdma::{Decision, RdmaError, RdmaService, plan::reply_headers};
 use crate::store::conditions::{Conditions, EtagCondition, Verdict};
 use crate::store::listing::{self, ListParams};
 use crate::store::range::{RangeSpec, content_range};
@@ -36,16 +37,71 @@ pub struct S3Store {
     store: Arc<Store>,
     region: String,
     users: Users,
+    rdma: Arc<RdmaService>,
 }
 
 impl S3Store {
-    /// Creates the front end.
+    /// Creates the front end (RDMA requests declined until [`S3Store::with_rdma`]).
     #[must_use]
     pub fn new(store: Arc<Store>, region: String, users: Users) -> Self {
         S3Store {
             store,
             region,
             users,
+            rdma: Arc::new(RdmaService::disabled(Arc::new(
+                crate::metrics::Metrics::new(),
+            ))),
+        }
+    }
+
+    /// Serves `x-amz-rdma-token` requests with `rdma`.
+    #[must_use]
+    pub fn with_rdma(mut self, rdma: Arc<RdmaService>) -> Self {
+        self.rdma = rdma;
+        self
+    }
+
+    /// How to serve a GetObject/PutObject/UploadPart.
+    fn rdma_decision<T>(&self, req: &S3Request<T>) -> S3Result<Decision> {
+        self.rdma
+            .decide(&req.headers, &req.uri)
+            .map_err(|e| e.to_s3())
+    }
+
+    /// The body of a PutObject/UploadPart: the HTTP body, or RDMA READs of
+    /// the token's memory (declined: nothing is read or stored).
+    async fn put_body(
+        &self,
+        decision: &Decision,
+        headers: &HeaderMap,
+        body: Option<StreamingBlob>,
+    ) -> S3Result<Pin<Box<dyn Stream<Item = Result<Bytes, StdError>> + Send + Sync>>> {
+        match decision {
+            Decision::Http => Ok(body_stream(body)),
+            Decision::Decline => Err(self.rdma.declined_put()),
+            Decision::Rdma(token) => Ok(Box::pin(
+                self.rdma
+                    .put_body(token, headers)
+                    .await
+                    .map_err(|e| e.to_s3())?,
+            )),
+        }
+    }
+
+    /// Records a successful data request and returns the RDMA reply headers.
+    fn finish_put(&self, op: &str, decision: &Decision, size: u64) -> HeaderMap {
+        let m = self.rdma.metrics();
+        match decision {
+            Decision::Rdma(_) => {
+                m.path_request(op, "rdma");
+                m.path_bytes("rdma", "in", size);
+                reply_headers(200, None)
+            }
+            _ => {
+                m.path_request(op, "http");
+                m.path_bytes("http", "in", size);
+                HeaderMap::new()
+            }
         }
     }
 }
@@ -70,7 +126,12 @@ pub fn store_error(e: StoreError) -> S3Error {
         StoreError::EntityTooSmall { .. } => C::EntityTooSmall,
         StoreError::EntityTooLarge => C::EntityTooLarge,
         StoreError::InvalidArgument(_) => C::InvalidArgument,
-        StoreError::Body(inner) => return body_error(inner.as_ref()),
+        StoreError::Body(inner) => {
+            if let Some(r) = inner.downcast_ref::<RdmaError>() {
+                return r.to_s3();
+            }
+            return body_error(inner.as_ref());
+        }
         StoreError::Io(_) | StoreError::Corrupt { .. } => {
             error!(error = %e, "store failure");
             return S3Error::with_message(
@@ -541,8 +602,10 @@ impl S3 for S3Store {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
+        let rdma = self.rdma_decision(&req)?;
         let mut check = ChecksumCheck::new(&req.headers, req.trailing_headers.clone());
-        let input = req.input;
+        let headers = req.headers;
+        let mut input = req.input;
         let md5 = content_md5(input.content_md5.as_ref())?;
         let attrs = make_attrs(
             input.content_type,
@@ -565,28 +628,34 @@ impl S3 for S3Store {
                 "At least one of the pre-conditions you specified did not hold"
             ));
         }
+        let body = self.put_body(&rdma, &headers, input.body.take()).await?;
         let meta = self
             .store
             .put_object(
                 &input.bucket,
                 &input.key,
                 attrs,
-                body_stream(input.body),
+                body,
                 md5.as_deref(),
                 &mut check,
             )
             .await
             .map_err(store_error)?;
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(strong(&meta.etag)),
-            ..Default::default()
-        }))
+        let reply = self.finish_put("PutObject", &rdma, meta.size);
+        Ok(S3Response::with_headers(
+            PutObjectOutput {
+                e_tag: Some(strong(&meta.etag)),
+                ..Default::default()
+            },
+            reply,
+        ))
     }
 
     async fn get_object(
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        let rdma = self.rdma_decision(&req)?;
         let input = req.input;
         let reader = self
             .store
@@ -612,34 +681,64 @@ impl S3 for S3Store {
             }
         };
         let len = range.end - range.start;
-        let body = StreamingBlob::new(ObjectBody {
-            inner: reader.stream(range),
-        });
+        let partial = content_range.is_some();
+        let m = self.rdma.metrics();
+        let (body, body_len, reply) = match &rdma {
+            Decision::Rdma(token) => {
+                let n = self
+                    .rdma
+                    .get(token, &reader, range)
+                    .await
+                    .map_err(|e| e.to_s3())?;
+                m.path_request("GetObject", "rdma");
+                (
+                    None,
+                    0,
+                    reply_headers(if partial { 206 } else { 200 }, Some(n)),
+                )
+            }
+            Decision::Http | Decision::Decline => {
+                m.path_request("GetObject", "http");
+                m.path_bytes("http", "out", len);
+                let body = StreamingBlob::new(ObjectBody {
+                    inner: reader.stream(range),
+                });
+                let reply = if matches!(rdma, Decision::Decline) {
+                    reply_headers(501, None)
+                } else {
+                    HeaderMap::new()
+                };
+                (Some(body), len, reply)
+            }
+        };
         let meta = &reader.meta;
-        Ok(S3Response::new(GetObjectOutput {
-            body: Some(body),
-            accept_ranges: Some("bytes".into()),
-            content_length: Some(i64::try_from(len).unwrap_or(i64::MAX)),
-            content_range,
-            content_type: Some(
-                meta.attrs
-                    .content_type
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
-            ),
-            content_encoding: meta.attrs.content_encoding.clone(),
-            content_disposition: meta.attrs.content_disposition.clone(),
-            content_language: meta.attrs.content_language.clone(),
-            cache_control: meta.attrs.cache_control.clone(),
-            expires: meta.attrs.expires.map(|s| ts(s.saturating_mul(1000))),
-            e_tag: Some(strong(&meta.etag)),
-            last_modified: Some(ts(meta.last_modified_ms)),
-            metadata: user_metadata(meta),
-            parts_count: meta
-                .parts_count
-                .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
-            ..Default::default()
-        }))
+        Ok(S3Response::with_headers(
+            GetObjectOutput {
+                body,
+                accept_ranges: Some("bytes".into()),
+                content_length: Some(i64::try_from(body_len).unwrap_or(i64::MAX)),
+                content_range,
+                content_type: Some(
+                    meta.attrs
+                        .content_type
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
+                ),
+                content_encoding: meta.attrs.content_encoding.clone(),
+                content_disposition: meta.attrs.content_disposition.clone(),
+                content_language: meta.attrs.content_language.clone(),
+                cache_control: meta.attrs.cache_control.clone(),
+                expires: meta.attrs.expires.map(|s| ts(s.saturating_mul(1000))),
+                e_tag: Some(strong(&meta.etag)),
+                last_modified: Some(ts(meta.last_modified_ms)),
+                metadata: user_metadata(meta),
+                parts_count: meta
+                    .parts_count
+                    .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+                ..Default::default()
+            },
+            reply,
+        ))
     }
 
     async fn head_object(
@@ -947,10 +1046,13 @@ impl S3 for S3Store {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
+        let rdma = self.rdma_decision(&req)?;
         let mut check = ChecksumCheck::new(&req.headers, req.trailing_headers.clone());
+        let headers = req.headers;
         let input = req.input;
         let md5 = content_md5(input.content_md5.as_ref())?;
         let n = part_number(input.part_number)?;
+        let body = self.put_body(&rdma, &headers, input.body).await?;
         let part = self
             .store
             .upload_part(
@@ -958,16 +1060,20 @@ impl S3 for S3Store {
                 &input.key,
                 &input.upload_id,
                 n,
-                body_stream(input.body),
+                body,
                 md5.as_deref(),
                 &mut check,
             )
             .await
             .map_err(store_error)?;
-        Ok(S3Response::new(UploadPartOutput {
-            e_tag: Some(strong(&part.etag)),
-            ..Default::default()
-        }))
+        let reply = self.finish_put("UploadPart", &rdma, part.size);
+        Ok(S3Response::with_headers(
+            UploadPartOutput {
+                e_tag: Some(strong(&part.etag)),
+                ..Default::default()
+            },
+            reply,
+        ))
     }
 
     async fn complete_multipart_upload(

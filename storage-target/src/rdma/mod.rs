@@ -1,0 +1,657 @@
+//! GetObject, PutObject and UploadPart over RDMA (`x-amz-rdma-token`).
+//!
+//! The request stays an ordinary SigV4-signed S3 request; the object bytes
+//! move by one-sided RDMA between registered staging buffers of this server
+//! and the requester's memory named by the token (see the `fabric` crate).
+//!
+//! # Wire protocol (as matched)
+//!
+//! This follows the public S3-over-RDMA draft used by NVIDIA cuObject and its
+//! aws-c-s3 fork (`RDMA_PROTOCOL_SPEC.md`, v1.0, October 2025), MinIO AIStor
+//! and NooBaa (`docs/design/S3-over-RDMA.md`):
+//!
+//! * Request: `x-amz-rdma-token: <token>` (the cuObject 81-character format,
+//!   [`fabric::token`]), which MUST be among the SigV4 signed headers
+//!   (`SignedHeaders=` of `Authorization`, or `X-Amz-SignedHeaders` of a
+//!   presigned URL); otherwise `403 AccessDenied` and nothing is
+//!   transferred. PUT/UploadPart: `Content-Length: 0`, empty body,
+//!   `x-amz-content-sha256: UNSIGNED-PAYLOAD` (or the empty-body hash); the
+//!   object length is the token's size. `x-amz-checksum-*` (and Content-MD5)
+//!   are checked over the bytes read by RDMA, as over HTTP.
+//! * GET success: HTTP `200` or `206` (ranged), `x-amz-rdma-reply: 200|206`,
+//!   `x-amz-rdma-bytes-transferred: N`, `Content-Length: 0`, empty body, all
+//!   usual object headers (ETag, Last-Modified, Content-Range, metadata).
+//!   The HTTP status equals the reply code (spec §8.2).
+//! * PUT/UploadPart success: HTTP `200`, `x-amz-rdma-reply: 200`, ETag, empty body.
+//! * Declined (`rdma: disabled`, or the fabric is unavailable):
+//!   `x-amz-rdma-reply: 501`. A GET then carries the object in the HTTP body
+//!   (HTTP 200/206). A PUT/UploadPart stores nothing and answers HTTP `200`
+//!   with `x-amz-rdma-reply: 501` and an XML error body with code
+//!   `RDMANotSupported` (spec §3.3: "HTTP status code MUST be 200 (operation
+//!   did not succeed)"; the client retries over HTTP). No ETag is returned.
+//! * Invalid token: HTTP `400 InvalidRDMAToken`, no `x-amz-rdma-reply`
+//!   (spec §7.1). Transfer failure: `RDMATransferFailed` (spec §7.2), HTTP
+//!   `500` for transport failures (unreachable endpoint, connection lost) and
+//!   HTTP `400` when the client's memory refused the operation (wrong rkey,
+//!   revoked or too small window); no `x-amz-rdma-reply`. We do not fall back
+//!   to the HTTP body after a failed GET: the requester's memory may hold
+//!   partial data, so the failure must be visible.
+//! * A GET whose object (or range) exceeds the token's size fails with
+//!   `400 InvalidRequest` before anything is written; a smaller object is
+//!   written at the start of the token's memory and reported by
+//!   `x-amz-rdma-bytes-transferred`.
+//!
+//! # Modules
+//! * [`plan`]: pure helpers (signed-header check, request shape, sizes,
+//!   chunking, reply headers).
+//! * [`pool`]: the staging buffers, one registered region.
+//! * [`sessions`]: sessions pooled per endpoint, connect timeout, idle reaper.
+//! * [`transfer`]: pipelined disk→WRITE and READ→disk.
+
+pub mod plan;
+pub mod pool;
+pub mod sessions;
+pub mod transfer;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fabric::{Backend, Domain, EndpointAddr, FabricKey, OpError, OpStatus, RdmaToken, TokenError};
+use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use s3s::{S3Error, S3ErrorCode};
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::store::ObjectReader;
+use plan::PlanError;
+use pool::StagingPool;
+use sessions::{ConnectError, SessionPool};
+
+/// Whether the target serves requests that carry `x-amz-rdma-token` over RDMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RdmaMode {
+    /// Serve over the fabric.
+    Enabled,
+    /// Decline with `x-amz-rdma-reply: 501` (the default).
+    #[default]
+    Disabled,
+}
+
+/// The fabric backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendName {
+    /// Software RDMA over authenticated TCP (works everywhere).
+    #[default]
+    Tcp,
+    /// RDMA verbs; when no RDMA device exists the target logs a warning and
+    /// declines RDMA requests (501).
+    Verbs,
+}
+
+/// A size in bytes, written as a number of bytes or as `4MiB`, `512KiB`, `1GiB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Str(s) => plan::parse_size(&s)
+                .map(ByteSize)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The `rdma:` section of the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaConfig {
+    /// `enabled` or `disabled` (default): whether requests carrying
+    /// `x-amz-rdma-token` are served over the fabric or declined with
+    /// `x-amz-rdma-reply: 501`.
+    #[serde(default)]
+    pub mode: RdmaMode,
+    /// Fabric backend: `tcp` (default) or `verbs`.
+    #[serde(default)]
+    pub backend: BackendName,
+    /// File holding the pre-shared fabric key: hexadecimal, at least 32 hex
+    /// digits (16 bytes), 64 (32 bytes) recommended; surrounding whitespace
+    /// is ignored. Required when `mode: enabled`. Generate one with
+    /// `openssl rand -hex 32`.
+    #[serde(default)]
+    pub fabric_key_file: Option<PathBuf>,
+    /// Number of registered staging buffers (bounds memory and in-flight data).
+    #[serde(default = "default_staging_buffers")]
+    pub staging_buffers: usize,
+    /// Size of each staging buffer, i.e. the RDMA chunk size (bytes, or e.g.
+    /// `4MiB`); between 4KiB and 256MiB.
+    #[serde(default = "default_staging_buffer_size")]
+    pub staging_buffer_size: ByteSize,
+    /// Most RDMA operations in flight on one session (one per client endpoint).
+    #[serde(default = "default_max_ops_per_session")]
+    pub max_ops_per_session: usize,
+    /// Most RDMA operations in flight in total.
+    #[serde(default = "default_max_ops_total")]
+    pub max_ops_total: usize,
+    /// Time allowed to connect (and authenticate) to a client's endpoint, in
+    /// milliseconds; past it the request fails with `RDMATransferFailed`.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Sessions idle this many seconds (nothing in flight) are closed.
+    #[serde(default = "default_idle_session_secs")]
+    pub idle_session_secs: u64,
+}
+
+fn default_staging_buffers() -> usize {
+    32
+}
+fn default_staging_buffer_size() -> ByteSize {
+    ByteSize(4 << 20)
+}
+fn default_max_ops_per_session() -> usize {
+    16
+}
+fn default_max_ops_total() -> usize {
+    256
+}
+fn default_connect_timeout_ms() -> u64 {
+    2000
+}
+fn default_idle_session_secs() -> u64 {
+    60
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            mode: RdmaMode::Disabled,
+            backend: BackendName::Tcp,
+            fabric_key_file: None,
+            staging_buffers: default_staging_buffers(),
+            staging_buffer_size: default_staging_buffer_size(),
+            max_ops_per_session: default_max_ops_per_session(),
+            max_ops_total: default_max_ops_total(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            idle_session_secs: default_idle_session_secs(),
+        }
+    }
+}
+
+/// Parses a fabric key file's text (hex, whitespace-trimmed).
+///
+/// # Errors
+/// A message saying what is wrong (never the key itself).
+pub fn parse_fabric_key(text: &str) -> Result<FabricKey, String> {
+    let t = text.trim();
+    let bytes = hex::decode(t).map_err(|e| format!("not hexadecimal ({e})"))?;
+    if bytes.len() < FabricKey::MIN_LEN {
+        return Err(format!(
+            "the key is {} bytes; at least {} bytes ({} hex digits) are required",
+            bytes.len(),
+            FabricKey::MIN_LEN,
+            FabricKey::MIN_LEN * 2
+        ));
+    }
+    FabricKey::new(bytes).map_err(|e| e.to_string())
+}
+
+impl RdmaConfig {
+    /// Validates values; returns the fabric key when RDMA is enabled.
+    /// Errors are `(field, message)` with the field under `rdma.`.
+    ///
+    /// # Errors
+    /// The first offending field.
+    pub fn validate(&self) -> Result<Option<FabricKey>, (String, String)> {
+        let bad = |f: &str, m: String| Err((format!("rdma.{f}"), m));
+        if self.staging_buffers == 0 || self.staging_buffers > 4096 {
+            return bad("staging_buffers", "must be between 1 and 4096".into());
+        }
+        let sz = self.staging_buffer_size.0;
+        if !(4 << 10..=256 << 20).contains(&sz) {
+            return bad(
+                "staging_buffer_size",
+                format!("must be between 4KiB and 256MiB, got {sz} bytes"),
+            );
+        }
+        if self.staging_buffers as u64 * sz > 16 << 30 {
+            return bad(
+                "staging_buffer_size",
+                "staging_buffers x staging_buffer_size must not exceed 16GiB".into(),
+            );
+        }
+        if self.max_ops_per_session == 0 {
+            return bad("max_ops_per_session", "must be at least 1".into());
+        }
+        if self.max_ops_total == 0 {
+            return bad("max_ops_total", "must be at least 1".into());
+        }
+        if self.connect_timeout_ms == 0 {
+            return bad("connect_timeout_ms", "must be at least 1".into());
+        }
+        if self.idle_session_secs == 0 {
+            return bad("idle_session_secs", "must be at least 1".into());
+        }
+        if self.mode == RdmaMode::Disabled {
+            return Ok(None);
+        }
+        let Some(path) = &self.fabric_key_file else {
+            return bad(
+                "fabric_key_file",
+                "required when rdma.mode is enabled".into(),
+            );
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            (
+                "rdma.fabric_key_file".to_owned(),
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        parse_fabric_key(&text).map(Some).map_err(|m| {
+            (
+                "rdma.fabric_key_file".to_owned(),
+                format!("{}: {m}", path.display()),
+            )
+        })
+    }
+}
+
+/// Why an RDMA request failed (mapped to S3 errors by [`RdmaError::to_s3`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RdmaError {
+    /// The token header is not among the signed headers.
+    #[error(
+        "x-amz-rdma-token must be one of the SigV4 signed headers (SignedHeaders); nothing was transferred"
+    )]
+    NotSigned,
+    /// The token does not parse.
+    #[error("The provided RDMA token is invalid: {0}")]
+    InvalidToken(#[from] TokenError),
+    /// The request does not fit the protocol or the token.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The client's endpoint could not be reached.
+    #[error("RDMA data transfer failed: {0}")]
+    Connect(#[from] ConnectError),
+    /// An operation failed.
+    #[error("RDMA data transfer with {peer} failed: {source}")]
+    Op {
+        /// The endpoint.
+        peer: EndpointAddr,
+        /// The operation's error.
+        source: OpError,
+    },
+    /// A server-side failure (disk, task).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl RdmaError {
+    /// The S3 error returned to the client.
+    #[must_use]
+    pub fn to_s3(&self) -> S3Error {
+        let msg = self.to_string();
+        let (code, status) = match self {
+            RdmaError::NotSigned => (S3ErrorCode::AccessDenied, StatusCode::FORBIDDEN),
+            RdmaError::InvalidToken(_)
+            | RdmaError::Plan(PlanError::DuplicateToken(_) | PlanError::TokenNotAscii) => (
+                S3ErrorCode::Custom("InvalidRDMAToken".into()),
+                StatusCode::BAD_REQUEST,
+            ),
+            RdmaError::Plan(_) => (S3ErrorCode::InvalidRequest, StatusCode::BAD_REQUEST),
+            RdmaError::Connect(_) => (
+                S3ErrorCode::Custom("RDMATransferFailed".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+            RdmaError::Op { source, .. } => {
+                let status = match source.status {
+                    OpStatus::RemoteAccess | OpStatus::RemoteInvalidRequest => {
+                        StatusCode::BAD_REQUEST
+                    }
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                (S3ErrorCode::Custom("RDMATransferFailed".into()), status)
+            }
+            RdmaError::Internal(_) => {
+                warn!(error = %msg, "RDMA transfer: internal failure");
+                return S3Error::with_message(
+                    S3ErrorCode::InternalError,
+                    "We encountered an internal error. Please try again.",
+                );
+            }
+        };
+        let mut e = S3Error::with_message(code, msg);
+        e.set_status_code(status);
+        e
+    }
+}
+
+/// What to do with a request.
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// No token: plain HTTP.
+    Http,
+    /// Token present but RDMA is off or unavailable: answer 501.
+    Decline,
+    /// Serve over the fabric with this token.
+    Rdma(RdmaToken),
+}
+
+#[derive(Debug)]
+struct Fabric {
+    pool: Arc<StagingPool>,
+    sessions: Arc<SessionPool>,
+    total_ops: Arc<Semaphore>,
+    depth: usize,
+}
+
+/// The RDMA side of the target, shared by all requests.
+#[derive(Debug)]
+pub struct RdmaService {
+    fabric: Option<Fabric>,
+    declined: &'static str,
+    metrics: Arc<Metrics>,
+}
+
+impl RdmaService {
+    /// A service that declines every RDMA request.
+    #[must_use]
+    pub fn disabled(metrics: Arc<Metrics>) -> Self {
+        RdmaService {
+            fabric: None,
+            declined: "RDMA is disabled on this server",
+            metrics,
+        }
+    }
+
+    /// Starts the service from validated config (`key` from
+    /// [`RdmaConfig::validate`]). Must run in a tokio runtime. A fabric that
+    /// cannot be opened is logged and leaves the service declining (501).
+    #[must_use]
+    pub fn start(cfg: &RdmaConfig, key: Option<FabricKey>, metrics: Arc<Metrics>) -> Self {
+        let (RdmaMode::Enabled, Some(key)) = (cfg.mode, key) else {
+            return Self::disabled(metrics);
+        };
+        let backend = match cfg.backend {
+            BackendName::Tcp => Backend::Tcp,
+            BackendName::Verbs => Backend::Verbs,
+        };
+        let unavailable = |metrics| RdmaService {
+            fabric: None,
+            declined: "the RDMA fabric is unavailable on this server",
+            metrics,
+        };
+        let domain = match Domain::open(backend) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(error = %e, ?backend, "RDMA fabric unavailable: declining RDMA requests (x-amz-rdma-reply: 501)");
+                return unavailable(metrics);
+            }
+        };
+        let size = usize::try_from(cfg.staging_buffer_size.0).unwrap_or(usize::MAX);
+        let pool = match StagingPool::new(&domain, cfg.staging_buffers, size, Arc::clone(&metrics))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "registering the RDMA staging pool failed: declining RDMA requests (x-amz-rdma-reply: 501)");
+                return unavailable(metrics);
+            }
+        };
+        let sessions = SessionPool::new(
+            domain,
+            key,
+            Duration::from_millis(cfg.connect_timeout_ms),
+            cfg.max_ops_per_session,
+            Arc::clone(&metrics),
+        );
+        sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+        let depth = cfg
+            .max_ops_per_session
+            .min(cfg.staging_buffers.div_ceil(2))
+            .clamp(1, 16);
+        info!(
+            ?backend,
+            staging_buffers = cfg.staging_buffers,
+            staging_buffer_size = size,
+            "RDMA serving enabled"
+        );
+        RdmaService {
+            fabric: Some(Fabric {
+                pool,
+                sessions,
+                total_ops: Arc::new(Semaphore::new(cfg.max_ops_total)),
+                depth,
+            }),
+            declined: "",
+            metrics,
+        }
+    }
+
+    /// Whether requests are served over the fabric.
+    #[must_use]
+    pub fn is_available(&self) -> bool {
+        self.fabric.is_some()
+    }
+
+    /// The metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Decides how to serve a request from its headers: refuses an unsigned
+    /// token (whatever the mode) and a malformed one (when RDMA is on).
+    ///
+    /// # Errors
+    /// [`RdmaError::NotSigned`], [`RdmaError::InvalidToken`], duplicate tokens.
+    pub fn decide(&self, headers: &HeaderMap, uri: &Uri) -> Result<Decision, RdmaError> {
+        let Some(text) = plan::token_header(headers)? else {
+            return Ok(Decision::Http);
+        };
+        if !plan::token_is_signed(headers, uri) {
+            return Err(RdmaError::NotSigned);
+        }
+        if self.fabric.is_none() {
+            return Ok(Decision::Decline);
+        }
+        let token = RdmaToken::parse(text)?;
+        token.endpoint()?;
+        Ok(Decision::Rdma(token))
+    }
+
+    fn fabric(&self) -> Result<&Fabric, RdmaError> {
+        self.fabric
+            .as_ref()
+            .ok_or_else(|| RdmaError::Internal("RDMA fabric not available".into()))
+    }
+
+    async fn ctx(&self, token: &RdmaToken) -> Result<transfer::Ctx, RdmaError> {
+        let f = self.fabric()?;
+        let session = f.sessions.get(token.endpoint()?).await?;
+        Ok(transfer::Ctx {
+            pool: Arc::clone(&f.pool),
+            session,
+            total_ops: Arc::clone(&f.total_ops),
+            depth: f.depth,
+            metrics: Arc::clone(&self.metrics),
+        })
+    }
+
+    /// Serves a GET: checks the size, RDMA WRITEs `range` of the object into
+    /// the token's memory (from its start) and returns the bytes written.
+    ///
+    /// # Errors
+    /// Too small a token, unreachable endpoint, failed operations, disk errors.
+    pub async fn get(
+        &self,
+        token: &RdmaToken,
+        reader: &ObjectReader,
+        range: std::ops::Range<u64>,
+    ) -> Result<u64, RdmaError> {
+        let len = range.end - range.start;
+        plan::check_fits(len, u64::from(token.size))?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let ctx = self.ctx(token).await?;
+        let n = transfer::write_range(&ctx, reader, range, token.remote()).await?;
+        self.metrics.path_bytes("rdma", "out", n);
+        Ok(n)
+    }
+
+    /// Prepares a PUT/UploadPart body read from the token's memory: checks
+    /// the request shape and connects; the returned stream RDMA READs
+    /// `token.size` bytes as the store consumes it.
+    ///
+    /// # Errors
+    /// A request that is not an empty-body RDMA PUT; unreachable endpoint.
+    pub async fn put_body(
+        &self,
+        token: &RdmaToken,
+        headers: &HeaderMap,
+    ) -> Result<transfer::RdmaBody, RdmaError> {
+        plan::check_put_request(headers)?;
+        let size = u64::from(token.size);
+        let ctx = self.ctx(token).await?;
+        Ok(transfer::read_stream(ctx, token.remote(), size))
+    }
+
+    /// The error answering a PUT/UploadPart that RDMA must decline: HTTP 200,
+    /// `x-amz-rdma-reply: 501`, an `RDMANotSupported` error body; nothing stored.
+    #[must_use]
+    pub fn declined_put(&self) -> S3Error {
+        let mut e = S3Error::with_message(
+            S3ErrorCode::Custom("RDMANotSupported".into()),
+            format!(
+                "{}; nothing was stored. Retry with the data in the HTTP body.",
+                self.declined
+            ),
+        );
+        e.set_status_code(StatusCode::OK);
+        let mut h = plan::reply_headers(501, None);
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/xml"),
+        );
+        e.set_headers(h);
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let c = RdmaConfig::default();
+        assert_eq!(c.mode, RdmaMode::Disabled);
+        assert_eq!(c.validate().unwrap().map(|_| ()), None);
+        let c: RdmaConfig =
+            serde_yaml::from_str("mode: enabled\nstaging_buffer_size: 1MiB\n").unwrap();
+        assert_eq!(c.staging_buffer_size, ByteSize(1 << 20));
+        let (f, m) = c.validate().unwrap_err();
+        assert_eq!(f, "rdma.fabric_key_file");
+        assert!(m.contains("required"), "{m}");
+        let c: RdmaConfig = serde_yaml::from_str("staging_buffer_size: 100\n").unwrap();
+        assert_eq!(c.validate().unwrap_err().0, "rdma.staging_buffer_size");
+        let e = serde_yaml::from_str::<RdmaConfig>("staging_buffer_size: 4MB\n").unwrap_err();
+        assert!(e.to_string().contains("KiB"), "{e}");
+        assert!(serde_yaml::from_str::<RdmaConfig>("mode: on\n").is_err());
+        assert!(serde_yaml::from_str::<RdmaConfig>("bogus: 1\n").is_err());
+    }
+
+    #[test]
+    fn key_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k");
+        std::fs::write(&p, format!("{}\n", "ab".repeat(32))).unwrap();
+        let c = RdmaConfig {
+            mode: RdmaMode::Enabled,
+            fabric_key_file: Some(p.clone()),
+            ..RdmaConfig::default()
+        };
+        assert!(c.validate().unwrap().is_some());
+        std::fs::write(&p, "abcd").unwrap();
+        let (f, m) = c.validate().unwrap_err();
+        assert_eq!(f, "rdma.fabric_key_file");
+        assert!(m.contains("at least 16 bytes"), "{m}");
+        std::fs::write(&p, "zz".repeat(32)).unwrap();
+        assert!(c.validate().unwrap_err().1.contains("hexadecimal"));
+    }
+
+    #[test]
+    fn error_mapping() {
+        assert_eq!(
+            RdmaError::NotSigned.to_s3().code(),
+            &S3ErrorCode::AccessDenied
+        );
+        let e = RdmaError::InvalidToken(TokenError::Length(3)).to_s3();
+        assert_eq!(e.code().as_str(), "InvalidRDMAToken");
+        assert_eq!(e.status_code(), Some(StatusCode::BAD_REQUEST));
+        let e = RdmaError::Plan(PlanError::TooSmall { need: 2, have: 1 }).to_s3();
+        assert_eq!(e.code(), &S3ErrorCode::InvalidRequest);
+        let op = OpError {
+            status: OpStatus::RemoteAccess,
+            op: "write",
+            remote_addr: 0,
+            rkey: 1,
+            len: 1,
+        };
+        let peer = EndpointAddr {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            responder: 1,
+        };
+        let e = RdmaError::Op {
+            peer,
+            source: op.clone(),
+        }
+        .to_s3();
+        assert_eq!(e.code().as_str(), "RDMATransferFailed");
+        assert_eq!(e.status_code(), Some(StatusCode::BAD_REQUEST));
+        let e = RdmaError::Op {
+            peer,
+            source: OpError {
+                status: OpStatus::RetryExceeded,
+                ..op
+            },
+        }
+        .to_s3();
+        assert_eq!(e.status_code(), Some(StatusCode::INTERNAL_SERVER_ERROR));
+    }
+
+    #[test]
+    fn decisions() {
+        let m = Arc::new(Metrics::new());
+        let svc = RdmaService::disabled(m);
+        let uri: Uri = "/b/k".parse().unwrap();
+        assert!(matches!(
+            svc.decide(&HeaderMap::new(), &uri),
+            Ok(Decision::Http)
+        ));
+        let mut h = HeaderMap::new();
+        h.insert(plan::RDMA_TOKEN, HeaderValue::from_static("x"));
+        assert!(matches!(svc.decide(&h, &uri), Err(RdmaError::NotSigned)));
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static(
+                "AWS4-HMAC-SHA256 Credential=a/1/r/s3/aws4_request, SignedHeaders=host;x-amz-rdma-token, Signature=s",
+            ),
+        );
+        assert!(matches!(svc.decide(&h, &uri), Ok(Decision::Decline)));
+        let e = svc.declined_put();
+        assert_eq!(e.status_code(), Some(StatusCode::OK));
+        assert_eq!(e.code().as_str(), "RDMANotSupported");
+    }
+}

@@ -1,0 +1,319 @@
+//! Pure helpers of the RDMA path: the signed-header check, request
+//! validation, size checks, chunk plans and reply headers. No I/O.
+
+use http::{HeaderMap, HeaderValue, Uri};
+
+/// Request header carrying the client's RDMA token.
+pub const RDMA_TOKEN: &str = "x-amz-rdma-token";
+/// Response header with the RDMA result code (200, 206, 501...).
+pub const RDMA_REPLY: &str = "x-amz-rdma-reply";
+/// Response header (GET) with the number of bytes placed by RDMA WRITE.
+pub const RDMA_BYTES: &str = "x-amz-rdma-bytes-transferred";
+
+/// SHA-256 of the empty string (the payload hash of an empty signed body).
+pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// Whether `x-amz-rdma-token` is one of the SigV4 signed headers: listed in
+/// `SignedHeaders=` of an `AWS4-HMAC-SHA256` `Authorization` header, or in
+/// the `X-Amz-SignedHeaders` query parameter of a presigned URL. Any other
+/// authentication (SigV2, anonymous) does not sign it.
+///
+/// The signature itself has already been verified by s3s; this only checks
+/// that the token was covered by it, so that nobody can swap the token of a
+/// captured request.
+#[must_use]
+pub fn token_is_signed(headers: &HeaderMap, uri: &Uri) -> bool {
+    let listed = |list: &str| {
+        list.split(';')
+            .any(|h| h.trim().eq_ignore_ascii_case(RDMA_TOKEN))
+    };
+    if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
+        let Ok(auth) = auth.to_str() else {
+            return false;
+        };
+        let Some(rest) = auth.trim_start().strip_prefix("AWS4-HMAC-SHA256 ") else {
+            return false;
+        };
+        return rest
+            .split(',')
+            .filter_map(|p| p.trim().strip_prefix("SignedHeaders="))
+            .next()
+            .is_some_and(listed);
+    }
+    let Some(q) = uri.query() else {
+        return false;
+    };
+    let mut algo_v4 = false;
+    let mut signed = None;
+    for pair in q.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy();
+        match k {
+            "X-Amz-Algorithm" => algo_v4 = v == "AWS4-HMAC-SHA256",
+            "X-Amz-SignedHeaders" => signed = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    algo_v4 && signed.as_deref().is_some_and(listed)
+}
+
+/// Why a request cannot be served over RDMA as sent (a client error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// More than one `x-amz-rdma-token` header.
+    #[error("x-amz-rdma-token must appear once, found {0} values")]
+    DuplicateToken(usize),
+    /// The token header is not valid ASCII.
+    #[error("x-amz-rdma-token is not valid ASCII")]
+    TokenNotAscii,
+    /// A PUT/UploadPart over RDMA carried a body or a streaming payload.
+    #[error("{0}")]
+    BadPut(String),
+    /// The object (range) does not fit the token's memory.
+    #[error(
+        "the requested object data is {need} bytes but the x-amz-rdma-token grants only {have} bytes of memory; nothing was transferred"
+    )]
+    TooSmall {
+        /// Bytes to transfer.
+        need: u64,
+        /// Bytes the token grants.
+        have: u64,
+    },
+}
+
+/// The single `x-amz-rdma-token` value, if any.
+///
+/// # Errors
+/// [`PlanError::DuplicateToken`] or [`PlanError::TokenNotAscii`].
+pub fn token_header(headers: &HeaderMap) -> Result<Option<&str>, PlanError> {
+    let mut values = headers.get_all(RDMA_TOKEN).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    let extra = values.count();
+    if extra > 0 {
+        return Err(PlanError::DuplicateToken(extra + 1));
+    }
+    first
+        .to_str()
+        .map(|s| Some(s.trim()))
+        .map_err(|_| PlanError::TokenNotAscii)
+}
+
+/// Checks the shape of a PutObject/UploadPart over RDMA: an empty body
+/// (`Content-Length: 0` or none, no chunked transfer) and a payload hash of
+/// `UNSIGNED-PAYLOAD` (or the hash of the empty body). The object length is
+/// the token's size.
+///
+/// # Errors
+/// [`PlanError::BadPut`] naming what is wrong.
+pub fn check_put_request(headers: &HeaderMap) -> Result<(), PlanError> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    match get("content-length").map(str::trim) {
+        None | Some("0") => {}
+        Some(v) => {
+            return Err(PlanError::BadPut(format!(
+                "a PUT with x-amz-rdma-token must have Content-Length: 0 (the object length is the token's size), got {v}"
+            )));
+        }
+    }
+    if headers.contains_key(http::header::TRANSFER_ENCODING)
+        || headers.contains_key("x-amz-decoded-content-length")
+    {
+        return Err(PlanError::BadPut(
+            "a PUT with x-amz-rdma-token must have an empty body, not a chunked or aws-chunked one"
+                .into(),
+        ));
+    }
+    match get("x-amz-content-sha256") {
+        Some("UNSIGNED-PAYLOAD" | EMPTY_SHA256) => Ok(()),
+        Some(v) => Err(PlanError::BadPut(format!(
+            "a PUT with x-amz-rdma-token must be signed with x-amz-content-sha256: UNSIGNED-PAYLOAD, got {v}"
+        ))),
+        // Presigned URLs carry no payload hash (UNSIGNED-PAYLOAD implied).
+        None => Ok(()),
+    }
+}
+
+/// Checks that `need` bytes fit the token's `have` bytes.
+///
+/// # Errors
+/// [`PlanError::TooSmall`].
+pub fn check_fits(need: u64, have: u64) -> Result<(), PlanError> {
+    if need > have {
+        return Err(PlanError::TooSmall { need, have });
+    }
+    Ok(())
+}
+
+/// Splits `[0, total)` into consecutive `(offset, len)` chunks of at most
+/// `chunk` bytes (`chunk` 0 is treated as 1).
+pub fn chunks(total: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
+    let chunk = chunk.max(1);
+    (0..total.div_ceil(chunk)).map(move |i| {
+        let off = i * chunk;
+        (off, chunk.min(total - off))
+    })
+}
+
+/// The RDMA reply headers: `x-amz-rdma-reply: <reply>` and, when given,
+/// `x-amz-rdma-bytes-transferred: <bytes>`.
+#[must_use]
+pub fn reply_headers(reply: u16, bytes: Option<u64>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(RDMA_REPLY, HeaderValue::from(reply));
+    if let Some(n) = bytes {
+        h.insert(RDMA_BYTES, HeaderValue::from(n));
+    }
+    h
+}
+
+/// Parses a size such as `4194304`, `4MiB`, `512KiB`, `1GiB` (binary units;
+/// `B` optional).
+///
+/// # Errors
+/// A message describing the accepted forms.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let (num, unit) = s.split_at(digits);
+    let bad = || format!("{s:?} is not a size (use bytes, or a number with KiB, MiB or GiB)");
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hdrs(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    const AUTH: &str = "AWS4-HMAC-SHA256 Credential=ak/20250101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date;x-amz-rdma-token, Signature=abc";
+
+    #[test]
+    fn signed_header_check() {
+        let uri: Uri = "/b/k".parse().unwrap();
+        assert!(token_is_signed(&hdrs(&[("authorization", AUTH)]), &uri));
+        let unsigned = AUTH.replace(";x-amz-rdma-token", "");
+        assert!(!token_is_signed(
+            &hdrs(&[("authorization", &unsigned)]),
+            &uri
+        ));
+        // A token named in another field does not count.
+        let tricky = "AWS4-HMAC-SHA256 Credential=x-amz-rdma-token/1/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=x-amz-rdma-token";
+        assert!(!token_is_signed(&hdrs(&[("authorization", tricky)]), &uri));
+        // SigV2 and anonymous requests never sign it.
+        assert!(!token_is_signed(
+            &hdrs(&[("authorization", "AWS ak:sig")]),
+            &uri
+        ));
+        assert!(!token_is_signed(&HeaderMap::new(), &uri));
+        // Upper case in the list is tolerated.
+        let upper = AUTH.replace("x-amz-rdma-token", "X-Amz-Rdma-Token");
+        assert!(token_is_signed(&hdrs(&[("authorization", &upper)]), &uri));
+    }
+
+    #[test]
+    fn signed_header_check_presigned() {
+        let ok: Uri = "/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-SignedHeaders=host%3Bx-amz-rdma-token&X-Amz-Signature=s"
+            .parse()
+            .unwrap();
+        assert!(token_is_signed(&HeaderMap::new(), &ok));
+        let no: Uri = "/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-SignedHeaders=host"
+            .parse()
+            .unwrap();
+        assert!(!token_is_signed(&HeaderMap::new(), &no));
+        let v2: Uri = "/b/k?X-Amz-SignedHeaders=host%3Bx-amz-rdma-token"
+            .parse()
+            .unwrap();
+        assert!(!token_is_signed(&HeaderMap::new(), &v2));
+    }
+
+    #[test]
+    fn token_header_values() {
+        assert_eq!(token_header(&HeaderMap::new()), Ok(None));
+        assert_eq!(
+            token_header(&hdrs(&[(RDMA_TOKEN, " abc ")])),
+            Ok(Some("abc"))
+        );
+        assert_eq!(
+            token_header(&hdrs(&[(RDMA_TOKEN, "a"), (RDMA_TOKEN, "b")])),
+            Err(PlanError::DuplicateToken(2))
+        );
+    }
+
+    #[test]
+    fn put_shape() {
+        assert!(
+            check_put_request(&hdrs(&[
+                ("content-length", "0"),
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD")
+            ]))
+            .is_ok()
+        );
+        assert!(check_put_request(&hdrs(&[("x-amz-content-sha256", EMPTY_SHA256)])).is_ok());
+        let e = check_put_request(&hdrs(&[("content-length", "5")])).unwrap_err();
+        assert!(e.to_string().contains("Content-Length: 0"), "{e}");
+        assert!(
+            check_put_request(&hdrs(&[(
+                "x-amz-content-sha256",
+                "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+            )]))
+            .is_err()
+        );
+        assert!(check_put_request(&hdrs(&[("transfer-encoding", "chunked")])).is_err());
+    }
+
+    #[test]
+    fn sizes_and_chunks() {
+        assert!(check_fits(10, 10).is_ok());
+        assert_eq!(
+            check_fits(11, 10),
+            Err(PlanError::TooSmall { need: 11, have: 10 })
+        );
+        assert_eq!(chunks(0, 4).count(), 0);
+        assert_eq!(
+            chunks(10, 4).collect::<Vec<_>>(),
+            vec![(0, 4), (4, 4), (8, 2)]
+        );
+        assert_eq!(chunks(8, 4).collect::<Vec<_>>(), vec![(0, 4), (4, 4)]);
+        assert_eq!(chunks(3, 0).count(), 3);
+        let total: u64 = chunks((5 << 20) + 1, 1 << 20).map(|c| c.1).sum();
+        assert_eq!(total, (5 << 20) + 1);
+    }
+
+    #[test]
+    fn reply() {
+        let h = reply_headers(206, Some(42));
+        assert_eq!(h[RDMA_REPLY], "206");
+        assert_eq!(h[RDMA_BYTES], "42");
+        assert!(!reply_headers(501, None).contains_key(RDMA_BYTES));
+    }
+
+    #[test]
+    fn size_parsing() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_size("512 KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("4MB").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999GiB").is_err());
+    }
+}

@@ -1,0 +1,217 @@
+//! Pipelined transfers between the store and a client's memory.
+//!
+//! * GET ([`write_range`]): chunk `i+1` is read from disk into a staging
+//!   buffer while the RDMA WRITE of chunk `i` is in flight.
+//! * PUT ([`read_stream`]): RDMA READs of the next chunks are in flight
+//!   while the store writes (and hashes) the previous chunk to disk.
+//!
+//! Every posted operation is awaited by its own task that owns the staging
+//! buffer and the in-flight permits, so a buffer goes back to the pool only
+//! after its operation completed, even if the request is abandoned.
+//! Memory is bounded by the staging pool plus, for PUT, `depth` chunks
+//! being handed to the store.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use fabric::RemoteBuf;
+use futures::Stream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
+
+use super::RdmaError;
+use super::plan::chunks;
+use super::pool::{StagingBuf, StagingPool};
+use super::sessions::SessionEntry;
+use crate::metrics::Metrics;
+use crate::store::{BodyError, ObjectReader};
+
+/// What a transfer needs.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// Staging buffers.
+    pub pool: Arc<StagingPool>,
+    /// The session to the client's endpoint.
+    pub session: Arc<SessionEntry>,
+    /// Bound on operations in flight across all sessions.
+    pub total_ops: Arc<Semaphore>,
+    /// Operations in flight per request.
+    pub depth: usize,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+#[allow(clippy::expect_used)]
+async fn permits(ctx: &Ctx) -> (OwnedSemaphorePermit, OwnedSemaphorePermit) {
+    let s = Arc::clone(&ctx.session.ops)
+        .acquire_owned()
+        .await
+        .expect("never closed");
+    let t = Arc::clone(&ctx.total_ops)
+        .acquire_owned()
+        .await
+        .expect("never closed");
+    (s, t)
+}
+
+type OpTask = JoinHandle<Result<StagingBuf, RdmaError>>;
+
+fn post(
+    ctx: &Ctx,
+    write: bool,
+    buf: StagingBuf,
+    len: usize,
+    remote: RemoteBuf,
+    off: u64,
+) -> Result<OpTask, RdmaError> {
+    let local = buf
+        .slice(len)
+        .map_err(|e| RdmaError::Internal(e.to_string()))?;
+    let addr = remote.addr + off;
+    let c = if write {
+        ctx.session.session.write(local, addr, remote.rkey)
+    } else {
+        ctx.session.session.read(local, addr, remote.rkey)
+    };
+    let metrics = Arc::clone(&ctx.metrics);
+    let peer = ctx.session.session.peer();
+    Ok(tokio::spawn(async move {
+        let started = Instant::now();
+        let r = c.await;
+        metrics.rdma_op(if write { "write" } else { "read" }, started.elapsed());
+        r.map(|()| buf)
+            .map_err(|e| RdmaError::Op { peer, source: e })
+    }))
+}
+
+async fn join(t: OpTask) -> Result<StagingBuf, RdmaError> {
+    t.await
+        .map_err(|e| RdmaError::Internal(format!("transfer task failed: {e}")))?
+}
+
+/// RDMA WRITEs `range` of the object into `remote` (which must be at least
+/// as long); returns the bytes transferred.
+///
+/// # Errors
+/// Disk errors ([`RdmaError::Internal`]) or failed operations.
+pub async fn write_range(
+    ctx: &Ctx,
+    reader: &ObjectReader,
+    range: std::ops::Range<u64>,
+    remote: RemoteBuf,
+) -> Result<u64, RdmaError> {
+    let total = range.end - range.start;
+    let chunk = ctx.pool.buf_size() as u64;
+    let mut inflight: VecDeque<OpTask> = VecDeque::new();
+    for (off, len) in chunks(total, chunk) {
+        while inflight.len() >= ctx.depth {
+            if let Some(t) = inflight.pop_front() {
+                drop(join(t).await?);
+            }
+        }
+        let mut buf = ctx.pool.acquire().await;
+        let reader = reader.clone();
+        let start = range.start + off;
+        let n = usize::try_from(len).unwrap_or(usize::MAX);
+        let buf = tokio::task::spawn_blocking(move || {
+            buf.fill_with(n, |dst| {
+                let mut filled = 0;
+                while filled < dst.len() {
+                    let k = reader.read_at(start + filled as u64, &mut dst[filled..])?;
+                    if k == 0 {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "object file shorter than its header says",
+                        ));
+                    }
+                    filled += k;
+                }
+                Ok(())
+            })
+            .map(|()| buf)
+        })
+        .await
+        .map_err(|e| RdmaError::Internal(format!("disk read task failed: {e}")))?
+        .map_err(|e| RdmaError::Internal(format!("reading the object failed: {e}")))?;
+        let (sp, tp) = permits(ctx).await;
+        let t = post(ctx, true, buf, n, remote, off)?;
+        inflight.push_back(tokio::spawn(async move {
+            let r = join(t).await;
+            drop((sp, tp));
+            r
+        }));
+    }
+    while let Some(t) = inflight.pop_front() {
+        drop(join(t).await?);
+    }
+    Ok(total)
+}
+
+/// A body stream that RDMA READs `len` bytes from `remote`, chunk by chunk,
+/// with up to `depth` READs in flight ahead of the consumer.
+pub fn read_stream(ctx: Ctx, remote: RemoteBuf, len: u64) -> RdmaBody {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, BodyError>>(2);
+    tokio::spawn(async move {
+        let chunk = ctx.pool.buf_size() as u64;
+        let mut inflight: VecDeque<(OpTask, usize)> = VecDeque::new();
+        let mut plan = chunks(len, chunk);
+        loop {
+            // Keep the pipeline full.
+            while inflight.len() < ctx.depth {
+                let Some((off, n)) = plan.next() else { break };
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                let buf = ctx.pool.acquire().await;
+                let (sp, tp) = permits(&ctx).await;
+                let t = match post(&ctx, false, buf, n, remote, off) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = tx.send(Err(Box::new(e))).await;
+                        return;
+                    }
+                };
+                inflight.push_back((
+                    tokio::spawn(async move {
+                        let r = join(t).await;
+                        drop((sp, tp));
+                        r
+                    }),
+                    n,
+                ));
+            }
+            let Some((t, n)) = inflight.pop_front() else {
+                return; // all delivered
+            };
+            let item = match join(t).await {
+                Ok(buf) => buf
+                    .slice(n)
+                    .and_then(|s| s.to_vec())
+                    .map(Bytes::from)
+                    .map_err(|e| Box::new(RdmaError::Internal(e.to_string())) as BodyError),
+                Err(e) => Err(Box::new(e) as BodyError),
+            };
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                return; // the store stopped reading, or we failed
+            }
+        }
+    });
+    RdmaBody { rx }
+}
+
+/// The body of a PUT/UploadPart over RDMA (see [`read_stream`]).
+#[derive(Debug)]
+pub struct RdmaBody {
+    rx: mpsc::Receiver<Result<Bytes, BodyError>>,
+}
+
+impl Stream for RdmaBody {
+    type Item = Result<Bytes, BodyError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
