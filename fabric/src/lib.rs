@@ -291,6 +291,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Domain>();
+        check::<Region>();
+        check::<Window>();
+        check::<LocalSlice>();
+        check::<Endpoint>();
+        check::<Session>();
+        check::<Completion>();
+        check::<Memory>();
+    }
+
+    #[test]
     fn backend_names() {
         assert_eq!("tcp".parse::<Backend>().unwrap(), Backend::Tcp);
         assert_eq!("verbs".parse::<Backend>().unwrap(), Backend::Verbs);
