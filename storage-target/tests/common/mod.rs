@@ -75,9 +75,22 @@ users:
 impl Server {
     /// Starts a server on a fresh temporary data directory.
     pub fn start() -> Server {
+        Server::start_with(|_| String::new())
+    }
+
+    /// Starts a server whose config is the standard one plus the YAML that
+    /// `extra` returns (it may write files into the temporary directory it
+    /// is given, e.g. a fabric key).
+    pub fn start_with(extra: impl FnOnce(&Path) -> String) -> Server {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let config = write_config(tmp.path(), &data);
+        let more = extra(tmp.path());
+        if !more.is_empty() {
+            let mut text = std::fs::read_to_string(&config).unwrap();
+            text.push_str(&more);
+            std::fs::write(&config, text).unwrap();
+        }
         let mut s = Server::spawn(config, data, tmp.path().join("stderr.log"));
         s._tmp = Some(tmp);
         s

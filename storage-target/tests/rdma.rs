@@ -1,0 +1,731 @@
+//! GetObject, PutObject and UploadPart over RDMA against the real binary:
+//! a tenant holds memory on the tcp fabric, mints a window per request and
+//! signs requests (SigV4, token among the signed headers) with aws-sigv4.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_s3::primitives::ByteStream;
+use base64::Engine as _;
+use bytes::Bytes;
+use common::{ADMIN, Raw, Server, data, md5_hex, raw};
+use fabric::{Access, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
+use s3s::crypto::Checksum as _;
+use sha2::Digest as _;
+
+const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+fn key() -> FabricKey {
+    storage_target::rdma::parse_fabric_key(KEY_HEX).unwrap()
+}
+
+/// A server with RDMA enabled on the tcp fabric; `extra` adds `rdma:` fields.
+fn rdma_server(extra: &str) -> Server {
+    let extra = extra.to_owned();
+    Server::start_with(move |dir: &Path| {
+        let kf = dir.join("fabric.key");
+        std::fs::write(&kf, format!("{KEY_HEX}\n")).unwrap();
+        format!(
+            "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 1000\n{extra}",
+            kf.display()
+        )
+    })
+}
+
+/// The tenant side: registered memory served by a fabric endpoint.
+struct Tenant {
+    endpoint: Endpoint,
+    mem: Region,
+}
+
+impl Tenant {
+    async fn new(len: usize) -> Tenant {
+        Tenant::with_key(len, key()).await
+    }
+
+    async fn with_key(len: usize, key: FabricKey) -> Tenant {
+        let domain = Domain::tcp();
+        let mem = domain.alloc(len, Access::ALL).unwrap();
+        let endpoint = Endpoint::listen(
+            &domain,
+            EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key),
+        )
+        .await
+        .unwrap();
+        Tenant { endpoint, mem }
+    }
+
+    fn window(&self, off: usize, len: usize, access: Access) -> Window {
+        self.mem.window(off, len, access, None).unwrap()
+    }
+
+    fn token(&self, w: &Window) -> String {
+        self.endpoint.token(w).unwrap().to_string()
+    }
+
+    /// Fills `[off, off+len)` with deterministic data; returns its SHA-256 and MD5.
+    fn fill(&self, off: usize, len: usize, seed: u64) -> (String, String) {
+        let d = data(len, seed);
+        self.mem.write_at(off, &d).unwrap();
+        (hex::encode(sha2::Sha256::digest(&d)), md5_hex(&d))
+    }
+
+    fn clear(&self, byte: u8) {
+        let chunk = vec![byte; 1 << 20];
+        let mut off = 0;
+        while off < self.mem.len() {
+            let n = chunk.len().min(self.mem.len() - off);
+            self.mem.write_at(off, &chunk[..n]).unwrap();
+            off += n;
+        }
+    }
+
+    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.mem.read_at(off, &mut v).unwrap();
+        v
+    }
+
+    fn sha256(&self, off: usize, len: usize) -> String {
+        let mut h = sha2::Sha256::new();
+        let mut buf = vec![0; 1 << 20];
+        let mut pos = 0;
+        while pos < len {
+            let n = buf.len().min(len - pos);
+            self.mem.read_at(off + pos, &mut buf[..n]).unwrap();
+            h.update(&buf[..n]);
+            pos += n;
+        }
+        hex::encode(h.finalize())
+    }
+}
+
+/// Signs with SigV4 (UNSIGNED-PAYLOAD), `extra` headers included in the
+/// signature; `after` headers are added after signing (unsigned).
+async fn send(
+    s: &Server,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    after: &[(&str, &str)],
+) -> Raw {
+    send_to(&s.endpoint, method, path, extra, after).await
+}
+
+async fn send_to(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    after: &[(&str, &str)],
+) -> Raw {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
+    };
+    let url = format!("{endpoint}{path}");
+    let identity = aws_credential_types::Credentials::new(ADMIN.0, ADMIN.1, None, None, "t").into();
+    let mut settings = SigningSettings::default();
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(SystemTime::now())
+        .settings(settings)
+        .build()
+        .unwrap()
+        .into();
+    let host = url.split('/').nth(2).unwrap().to_owned();
+    let mut headers: Vec<(String, String)> = vec![("host".into(), host)];
+    headers.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let req = SignableRequest::new(
+        method,
+        &url,
+        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        SignableBody::UnsignedPayload,
+    )
+    .unwrap();
+    let (instr, _) = sign(req, &params).unwrap().into_parts();
+    let (hs, _) = instr.into_parts();
+    headers.extend(
+        hs.into_iter()
+            .map(|h| (h.name().to_owned(), h.value().to_owned())),
+    );
+    headers.extend(
+        after
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let hs: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| k != "host")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    raw(method, &url, &hs, Bytes::new()).await
+}
+
+async fn rdma_get(s: &Server, path: &str, token: &str, extra: &[(&str, &str)]) -> Raw {
+    let mut h = vec![("x-amz-rdma-token", token)];
+    h.extend_from_slice(extra);
+    send(s, "GET", path, &h, &[]).await
+}
+
+async fn rdma_put(s: &Server, path: &str, token: &str, extra: &[(&str, &str)]) -> Raw {
+    let mut h = vec![("x-amz-rdma-token", token)];
+    h.extend_from_slice(extra);
+    send(s, "PUT", path, &h, &[]).await
+}
+
+fn etag(r: &Raw) -> String {
+    r.header("etag")
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_owned()
+}
+
+async fn create_bucket(s: &Server, b: &str) {
+    s.admin().create_bucket().bucket(b).send().await.unwrap();
+}
+
+async fn sdk_get(s: &Server, b: &str, k: &str) -> Vec<u8> {
+    let o = s
+        .admin()
+        .get_object()
+        .bucket(b)
+        .key(k)
+        .send()
+        .await
+        .unwrap();
+    o.body.collect().await.unwrap().into_bytes().to_vec()
+}
+
+async fn exists(s: &Server, b: &str, k: &str) -> bool {
+    s.admin()
+        .head_object()
+        .bucket(b)
+        .key(k)
+        .send()
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn put_and_get_sizes_with_mixed_clients() {
+    let s = rdma_server("");
+    create_bucket(&s, "rdsz").await;
+    const BIG: usize = 256 << 20;
+    let t = Tenant::new(BIG).await;
+    for (i, &len) in [0usize, 1, 4096, (5 << 20) + 1, BIG].iter().enumerate() {
+        let key = format!("obj-{len}");
+        let path = format!("/rdsz/{key}");
+        t.clear(0);
+        let (sha, md5) = t.fill(0, len, i as u64 + 1);
+        // PUT over RDMA: the object length is the token's size.
+        let w = t.window(0, len, Access::REMOTE_READ);
+        let r = rdma_put(&s, &path, &t.token(&w), &[]).await;
+        assert_eq!(r.status, 200, "PUT {len}: {}", r.text());
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+        assert_eq!(etag(&r), md5, "PUT {len}");
+        assert!(r.body.is_empty());
+        drop(w);
+
+        // GET over RDMA into a clean window.
+        t.clear(0xee);
+        let w = t.window(0, len.max(1), Access::REMOTE_WRITE);
+        let r = rdma_get(&s, &path, &t.token(&w), &[]).await;
+        assert_eq!(r.status, 200, "GET {len}: {}", r.text());
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+        assert_eq!(
+            r.header("x-amz-rdma-bytes-transferred"),
+            Some(len.to_string().as_str())
+        );
+        assert_eq!(r.header("content-length"), Some("0"));
+        assert!(r.body.is_empty());
+        assert_eq!(etag(&r), md5);
+        assert!(r.header("last-modified").is_some());
+        assert_eq!(t.sha256(0, len), sha, "GET {len} bytes differ");
+        drop(w);
+
+        // The same object over HTTP (aws-sdk-s3).
+        if len <= 8 << 20 {
+            let got = sdk_get(&s, "rdsz", &key).await;
+            assert_eq!(hex::encode(sha2::Sha256::digest(&got)), sha);
+        }
+    }
+
+    // An object PUT over HTTP, read over RDMA; metadata comes along.
+    let d = data(100_000, 77);
+    s.admin()
+        .put_object()
+        .bucket("rdsz")
+        .key("http-put")
+        .metadata("color", "blue")
+        .body(ByteStream::from(d.clone()))
+        .send()
+        .await
+        .unwrap();
+    t.clear(0);
+    let w = t.window(4096, 200_000, Access::REMOTE_WRITE);
+    let r = rdma_get(&s, "/rdsz/http-put", &t.token(&w), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-meta-color"), Some("blue"));
+    assert_eq!(r.header("x-amz-rdma-bytes-transferred"), Some("100000"));
+    assert_eq!(t.bytes(4096, d.len()), d);
+    // A smaller object leaves the rest of the window alone.
+    assert!(t.bytes(4096 + d.len(), 1000).iter().all(|&b| b == 0));
+}
+
+#[tokio::test]
+async fn ranged_and_conditional_gets() {
+    let s = rdma_server("");
+    create_bucket(&s, "rng").await;
+    let d = data((3 << 20) + 17, 5);
+    let put = s
+        .admin()
+        .put_object()
+        .bucket("rng")
+        .key("k")
+        .body(ByteStream::from(d.clone()))
+        .send()
+        .await
+        .unwrap();
+    let et = put.e_tag().unwrap().to_owned();
+    let t = Tenant::new(4 << 20).await;
+    let total = d.len();
+    let cases: Vec<(String, usize, usize)> = vec![
+        ("bytes=0-0".into(), 0, 1),
+        ("bytes=100-4195".into(), 100, 4096),
+        (format!("bytes={}-", total - 1000), total - 1000, 1000),
+        ("bytes=-10".into(), total - 10, 10),
+        ("bytes=1048570-3145740".into(), 1_048_570, 2_097_171),
+    ];
+    for (range, start, len) in cases {
+        t.clear(0);
+        let w = t.window(0, len, Access::REMOTE_WRITE);
+        let r = rdma_get(&s, "/rng/k", &t.token(&w), &[("range", &range)]).await;
+        assert_eq!(r.status, 206, "{range}: {}", r.text());
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("206"));
+        assert_eq!(
+            r.header("x-amz-rdma-bytes-transferred"),
+            Some(len.to_string().as_str())
+        );
+        assert_eq!(
+            r.header("content-range"),
+            Some(format!("bytes {start}-{}/{total}", start + len - 1).as_str())
+        );
+        assert_eq!(t.bytes(0, len), &d[start..start + len], "{range}");
+    }
+
+    // Conditionals as over HTTP; nothing is written when they fail.
+    t.clear(0);
+    let w = t.window(0, total, Access::REMOTE_WRITE);
+    let tok = t.token(&w);
+    let r = rdma_get(&s, "/rng/k", &tok, &[("if-match", "\"0000\"")]).await;
+    assert_eq!(r.status, 412, "{}", r.text());
+    assert!(r.header("x-amz-rdma-reply").is_none());
+    let r = rdma_get(&s, "/rng/k", &tok, &[("if-none-match", &et)]).await;
+    assert_eq!(r.status, 304);
+    assert!(t.bytes(0, 4096).iter().all(|&b| b == 0));
+    let r = rdma_get(&s, "/rng/k", &tok, &[("if-match", &et)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(t.bytes(0, total), d);
+    let r = rdma_get(&s, "/rng/k", &tok, &[("range", "bytes=99999999-")]).await;
+    assert_eq!(r.status, 416);
+}
+
+#[tokio::test]
+async fn multipart_with_rdma_and_http_parts_and_checksums() {
+    let s = rdma_server("");
+    create_bucket(&s, "mpu").await;
+    let c = s.admin();
+    let up = c
+        .create_multipart_upload()
+        .bucket("mpu")
+        .key("big")
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap().to_owned();
+    let p1 = data(5 << 20, 11);
+    let p2 = data(5 << 20, 12);
+    let p3 = data(1_000_003, 13);
+    let t = Tenant::new(16 << 20).await;
+    t.mem.write_at(0, &p1).unwrap();
+    t.mem.write_at(5 << 20, &p3).unwrap();
+    // Part 1 over RDMA, with a CRC-free SHA-256 checksum checked over the RDMA bytes.
+    let w1 = t.window(0, p1.len(), Access::REMOTE_READ);
+    let sum = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&p1));
+    let r = rdma_put(
+        &s,
+        &format!("/mpu/big?partNumber=1&uploadId={id}"),
+        &t.token(&w1),
+        &[("x-amz-checksum-sha256", &sum)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+    assert_eq!(etag(&r), md5_hex(&p1));
+    let e1 = etag(&r);
+    // Part 2 over HTTP.
+    let r2 = c
+        .upload_part()
+        .bucket("mpu")
+        .key("big")
+        .upload_id(&id)
+        .part_number(2)
+        .body(ByteStream::from(p2.clone()))
+        .send()
+        .await
+        .unwrap();
+    // Part 3 over RDMA with a wrong checksum: refused, then right.
+    let w3 = t.window(5 << 20, p3.len(), Access::REMOTE_READ);
+    let path3 = format!("/mpu/big?partNumber=3&uploadId={id}");
+    let r = rdma_put(
+        &s,
+        &path3,
+        &t.token(&w3),
+        &[("x-amz-checksum-sha256", &sum)],
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"));
+    let md5 = base64::engine::general_purpose::STANDARD.encode(s3s::crypto::Md5::checksum(&p3));
+    let r = rdma_put(&s, &path3, &t.token(&w3), &[("content-md5", &md5)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let e3 = etag(&r);
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let parts = [(1, e1), (2, r2.e_tag().unwrap().to_owned()), (3, e3)]
+        .into_iter()
+        .map(|(n, e)| CompletedPart::builder().part_number(n).e_tag(e).build())
+        .collect::<Vec<_>>();
+    c.complete_multipart_upload()
+        .bucket("mpu")
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .set_parts(Some(parts))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let got = sdk_get(&s, "mpu", "big").await;
+    let want: Vec<u8> = [p1, p2, p3].concat();
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "multipart content differs");
+    // And back over RDMA in one GET.
+    t.clear(0);
+    let w = t.window(0, want.len(), Access::REMOTE_WRITE);
+    let r = rdma_get(&s, "/mpu/big", &t.token(&w), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(t.bytes(0, want.len()) == want);
+
+    // A whole-object PUT with a wrong checksum stores nothing.
+    let r = rdma_put(
+        &s,
+        "/mpu/bad-sum",
+        &t.token(&w1),
+        &[(
+            "x-amz-checksum-sha256",
+            &base64::engine::general_purpose::STANDARD.encode([0u8; 32]),
+        )],
+    )
+    .await;
+    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"), "{}", r.text());
+    assert!(!exists(&s, "mpu", "bad-sum").await);
+
+    let text = reqwest_metrics(&s).await;
+    assert!(
+        text.contains(
+            "s3dma_storage_target_path_requests_total{op=\"UploadPart\",path=\"rdma\"} 2"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("s3dma_storage_target_rdma_sessions 1"),
+        "{text}"
+    );
+    assert!(text.contains("s3dma_storage_target_rdma_op_seconds_count{op=\"read\"}"));
+}
+
+async fn reqwest_metrics(s: &Server) -> String {
+    raw("GET", &s.metrics, &[], Bytes::new()).await.text()
+}
+
+#[tokio::test]
+async fn refusals_and_failures() {
+    // Small staging buffers: many operations per request.
+    let s = rdma_server("  staging_buffers: 4\n  staging_buffer_size: 64KiB\n");
+    create_bucket(&s, "neg").await;
+    let d = data(1 << 20, 9);
+    s.admin()
+        .put_object()
+        .bucket("neg")
+        .key("k")
+        .body(ByteStream::from(d.clone()))
+        .send()
+        .await
+        .unwrap();
+    let t = Tenant::new(32 << 20).await;
+    t.clear(0);
+    let w = t.window(0, 2 << 20, Access::REMOTE_WRITE | Access::REMOTE_READ);
+    let tok = t.token(&w);
+
+    // Unsigned token header: AccessDenied, nothing moved or stored.
+    let r = send(&s, "GET", "/neg/k", &[], &[("x-amz-rdma-token", &tok)]).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("AccessDenied"));
+    assert!(r.text().contains("signed"), "{}", r.text());
+    assert!(t.bytes(0, 4096).iter().all(|&b| b == 0));
+    let r = send(
+        &s,
+        "PUT",
+        "/neg/unsigned",
+        &[],
+        &[("x-amz-rdma-token", &tok)],
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert!(!exists(&s, "neg", "unsigned").await);
+
+    // Malformed token.
+    let r = rdma_get(&s, "/neg/k", "not-a-token", &[]).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRDMAToken"));
+    assert!(r.header("x-amz-rdma-reply").is_none());
+    let r = rdma_put(&s, "/neg/bad", &tok.to_uppercase(), &[]).await;
+    assert_eq!(
+        r.xml("Code").as_deref(),
+        Some("InvalidRDMAToken"),
+        "{}",
+        r.text()
+    );
+    assert!(!exists(&s, "neg", "bad").await);
+
+    // A PUT with a body besides the token is refused.
+    let r = rdma_put(&s, "/neg/body", &tok, &[("content-length", "5")]).await;
+    assert!(r.status >= 400, "{}", r.text());
+    assert!(!exists(&s, "neg", "body").await);
+
+    // Window too small: clear error, nothing written anywhere.
+    let small = t.window(0, 1000, Access::REMOTE_WRITE);
+    let r = rdma_get(&s, "/neg/k", &t.token(&small), &[]).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    assert!(r.text().contains("grants only 1000 bytes"), "{}", r.text());
+    assert!(t.bytes(0, 1 << 20).iter().all(|&b| b == 0));
+
+    // Wrong rkey: GET fails, PUT stores nothing.
+    let mut bad: fabric::RdmaToken = tok.parse().unwrap();
+    bad.rkey ^= 0x5a5a_5a5a;
+    let r = rdma_get(&s, "/neg/k", &bad.to_string(), &[]).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
+    assert!(r.text().contains("remote access"), "{}", r.text());
+    let r = rdma_put(&s, "/neg/wrong-rkey", &bad.to_string(), &[]).await;
+    assert_eq!(
+        r.xml("Code").as_deref(),
+        Some("RDMATransferFailed"),
+        "{}",
+        r.text()
+    );
+    assert!(!exists(&s, "neg", "wrong-rkey").await);
+    // Write-only window used for a PUT (needs remote read): refused by the tenant.
+    let wo = t.window(0, 1000, Access::REMOTE_WRITE);
+    let r = rdma_put(&s, "/neg/write-only", &t.token(&wo), &[]).await;
+    assert_eq!(
+        r.xml("Code").as_deref(),
+        Some("RDMATransferFailed"),
+        "{}",
+        r.text()
+    );
+    assert!(!exists(&s, "neg", "write-only").await);
+
+    // A token naming an endpoint nobody listens on fails quickly and cleanly...
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut gone: fabric::RdmaToken = tok.parse().unwrap();
+    gone.lid = dead;
+    let started = std::time::Instant::now();
+    let r = rdma_get(&s, "/neg/k", &gone.to_string(), &[]).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
+    assert!(r.text().contains("connect"), "{}", r.text());
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let r = rdma_put(&s, "/neg/dead", &gone.to_string(), &[]).await;
+    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
+    assert!(!exists(&s, "neg", "dead").await);
+    // ...as does an endpoint with another fabric key...
+    let stranger = Tenant::with_key(1 << 20, FabricKey::random()).await;
+    let sw = stranger.window(0, 1 << 20, Access::REMOTE_WRITE);
+    let r = rdma_get(&s, "/neg/k", &stranger.token(&sw), &[]).await;
+    assert_eq!(
+        r.xml("Code").as_deref(),
+        Some("RDMATransferFailed"),
+        "{}",
+        r.text()
+    );
+    // ...and later requests to a good endpoint are not poisoned.
+    let r = rdma_get(&s, "/neg/k", &tok, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(t.bytes(0, d.len()), d);
+
+    // A dead tenant endpoint: its pooled session is replaced by a fresh one.
+    let t2 = Tenant::new(2 << 20).await;
+    let w2 = t2.window(0, 2 << 20, Access::REMOTE_WRITE);
+    let r = rdma_get(&s, "/neg/k", &t2.token(&w2), &[]).await;
+    assert_eq!(r.status, 200);
+    let tok2 = t2.token(&w2);
+    drop(w2);
+    let Tenant { endpoint, .. } = t2;
+    endpoint.shutdown().await;
+    let r = rdma_get(&s, "/neg/k", &tok2, &[]).await;
+    assert_eq!(
+        r.xml("Code").as_deref(),
+        Some("RDMATransferFailed"),
+        "{}",
+        r.text()
+    );
+
+    // Window revoked mid-request: the GET fails, no byte lands afterwards.
+    let big = data(24 << 20, 21);
+    s.admin()
+        .put_object()
+        .bucket("neg")
+        .key("big")
+        .body(ByteStream::from(big.clone()))
+        .send()
+        .await
+        .unwrap();
+    t.clear(0);
+    let w = t.window(0, big.len(), Access::REMOTE_WRITE);
+    let tok = t.token(&w);
+    let req = tokio::spawn({
+        let endpoint = s.endpoint.clone();
+        async move {
+            send_to(
+                &endpoint,
+                "GET",
+                "/neg/big",
+                &[("x-amz-rdma-token", &tok)],
+                &[],
+            )
+            .await
+        }
+    });
+    // Revoke once the first chunk has landed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while t.bytes(0, 16) != big[..16] {
+        assert!(std::time::Instant::now() < deadline, "no byte arrived");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    w.revoke();
+    let r = req.await.unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
+    let tail = t.sha256(0, big.len());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        t.sha256(0, big.len()),
+        tail,
+        "bytes landed after revocation"
+    );
+    assert!(t.bytes(big.len() - 65536, 65536) != big[big.len() - 65536..]);
+}
+
+#[tokio::test]
+async fn disabled_rdma_answers_501() {
+    // The standard config has no rdma section: RDMA is disabled.
+    let s = Server::start();
+    create_bucket(&s, "dis").await;
+    let d = data(70_000, 3);
+    s.admin()
+        .put_object()
+        .bucket("dis")
+        .key("k")
+        .body(ByteStream::from(d.clone()))
+        .send()
+        .await
+        .unwrap();
+    let t = Tenant::new(1 << 20).await;
+    t.fill(0, 1 << 20, 8);
+    let w = t.window(0, 1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE);
+    let tok = t.token(&w);
+    // GET: the object comes in the HTTP body.
+    let r = rdma_get(&s, "/dis/k", &tok, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert!(r.header("x-amz-rdma-bytes-transferred").is_none());
+    assert_eq!(r.body.as_ref(), d.as_slice());
+    let r = rdma_get(&s, "/dis/k", &tok, &[("range", "bytes=10-19")]).await;
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(r.body.as_ref(), &d[10..20]);
+    // PUT: declined, nothing stored (never a zero-byte object).
+    let r = rdma_put(&s, "/dis/new", &tok, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
+    assert!(r.header("etag").is_none());
+    assert!(!exists(&s, "dis", "new").await);
+    // Replacing an existing object: it stays as it was.
+    let r = rdma_put(&s, "/dis/k", &tok, &[]).await;
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(sdk_get(&s, "dis", "k").await, d);
+    // UploadPart: declined, no part recorded.
+    let up = s
+        .admin()
+        .create_multipart_upload()
+        .bucket("dis")
+        .key("mpu")
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap();
+    let r = rdma_put(
+        &s,
+        &format!("/dis/mp?partNumber=1&uploadId={id}"),
+        &tok,
+        &[],
+    )
+    .await;
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
+    let parts = s
+        .admin()
+        .list_parts()
+        .bucket("dis")
+        .key("mpu")
+        .upload_id(id)
+        .send()
+        .await
+        .unwrap();
+    assert!(parts.parts().is_empty());
+    // The token must still be signed.
+    let r = send(&s, "GET", "/dis/k", &[], &[("x-amz-rdma-token", &tok)]).await;
+    assert_eq!(r.status, 403);
+}
+
+#[tokio::test]
+async fn verbs_without_a_device_declines() {
+    let s = rdma_server("  backend: verbs\n");
+    create_bucket(&s, "vrb").await;
+    let t = Tenant::new(4096).await;
+    let w = t.window(0, 4096, Access::REMOTE_READ);
+    let r = rdma_put(&s, "/vrb/x", &t.token(&w), &[]).await;
+    // On a machine with an RDMA device this is served; without one it is declined.
+    if r.header("x-amz-rdma-reply") == Some("501") {
+        assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
+        assert!(!exists(&s, "vrb", "x").await);
+        assert!(s.log().contains("unavailable"), "{}", s.log());
+    }
+}
