@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod config;
 pub mod metrics;
+pub mod precheck;
 pub mod rdma;
 pub mod s3;
 pub mod server;
@@ -99,7 +100,7 @@ pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), 
         Arc::clone(&metrics),
     ));
     let service = build_service(store, &cfg, users, rdma);
-    let handler = server::Handler::new(service, Arc::clone(&metrics));
+    let handler = server::Handler::new(service, Arc::clone(&metrics), &cfg.region);
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

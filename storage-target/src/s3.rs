@@ -126,6 +126,7 @@ pub fn store_error(e: StoreError) -> S3Error {
         StoreError::EntityTooSmall { .. } => C::EntityTooSmall,
         StoreError::EntityTooLarge => C::EntityTooLarge,
         StoreError::InvalidArgument(_) => C::InvalidArgument,
+        StoreError::IncompleteBody(_) => C::IncompleteBody,
         StoreError::Body(inner) => {
             if let Some(r) = inner.downcast_ref::<RdmaError>() {
                 return r.to_s3();
@@ -292,12 +293,18 @@ fn check_conditions(c: &Conditions, meta: &ObjectMeta) -> S3Result<()> {
     }
 }
 
-/// Verifies `x-amz-checksum-*` values given as headers or as aws-chunked
-/// trailers against the body.
+/// Verifies the body against what the signed request declared: its
+/// `x-amz-checksum-*` values (as headers or as aws-chunked trailers; an
+/// announced trailer must arrive) and, for aws-chunked bodies, its
+/// `x-amz-decoded-content-length`.
 struct ChecksumCheck {
     hasher: Option<ChecksumHasher>,
     expected: Vec<(&'static str, String)>,
-    trailer: Option<(&'static str, TrailingHeaders)>,
+    /// The checksum trailer named by `x-amz-trailer`, and the trailers s3s
+    /// decoded (none when the body carried no trailer section).
+    trailer: Option<(&'static str, Option<TrailingHeaders>)>,
+    declared_len: Option<u64>,
+    seen_len: u64,
 }
 
 const CHECKSUM_HEADERS: [&str; 5] = [
@@ -327,21 +334,24 @@ impl ChecksumCheck {
             }
         }
         let mut trailer = None;
-        if let (Some(t), Some(announced)) = (
-            trailers,
-            headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()),
-        ) {
+        if let Some(announced) = headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()) {
             let announced = announced.trim().to_ascii_lowercase();
             if let Some(name) = CHECKSUM_HEADERS.iter().find(|n| **n == announced) {
                 enable(name);
-                trailer = Some((*name, t));
+                trailer = Some((*name, trailers));
             }
         }
+        let declared_len = headers
+            .get("x-amz-decoded-content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let any = !expected.is_empty() || trailer.is_some();
         ChecksumCheck {
             hasher: any.then_some(hasher),
             expected,
             trailer,
+            declared_len,
+            seen_len: 0,
         }
     }
 }
@@ -359,26 +369,40 @@ fn checksum_value(c: &Checksum, name: &str) -> Option<String> {
 
 impl BodyCheck for ChecksumCheck {
     fn update(&mut self, data: &[u8]) {
+        self.seen_len += data.len() as u64;
         if let Some(h) = &mut self.hasher {
             h.update(data);
         }
     }
 
     fn finish(&mut self) -> StoreResult<()> {
+        if let Some(declared) = self.declared_len
+            && declared != self.seen_len
+        {
+            return Err(StoreError::IncompleteBody(format!(
+                "The request body has {} bytes but x-amz-decoded-content-length declares {declared}.",
+                self.seen_len
+            )));
+        }
         let Some(h) = self.hasher.take() else {
             return Ok(());
         };
         let got = h.finalize();
         let mut expected = std::mem::take(&mut self.expected);
-        if let Some((name, t)) = &self.trailer
-            && let Some(v) = t
-                .read(|h| {
+        if let Some((name, trailers)) = &self.trailer {
+            let value = trailers.as_ref().and_then(|t| {
+                t.read(|h| {
                     h.get(*name)
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_owned)
                 })
                 .flatten()
-        {
+            });
+            let Some(v) = value else {
+                return Err(StoreError::IncompleteBody(format!(
+                    "The request announced the trailer {name} (x-amz-trailer) but the body did not carry it."
+                )));
+            };
             expected.push((name, v.trim().to_owned()));
         }
         for (name, want) in expected {

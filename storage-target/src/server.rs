@@ -245,6 +245,8 @@ impl http_body::Body for ResponseBody {
 pub struct Handler {
     s3: S3Service,
     metrics: Arc<Metrics>,
+    /// This server's region: SigV4 credential scopes must name it.
+    region: Arc<str>,
 }
 
 impl std::fmt::Debug for Handler {
@@ -254,10 +256,14 @@ impl std::fmt::Debug for Handler {
 }
 
 impl Handler {
-    /// Wraps an s3s service.
+    /// Wraps an s3s service of a server in `region`.
     #[must_use]
-    pub fn new(s3: S3Service, metrics: Arc<Metrics>) -> Self {
-        Handler { s3, metrics }
+    pub fn new(s3: S3Service, metrics: Arc<Metrics>, region: &str) -> Self {
+        Handler {
+            s3,
+            metrics,
+            region: region.into(),
+        }
     }
 
     async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -276,7 +282,15 @@ impl Handler {
                 inner: body,
                 metrics: Arc::clone(&self.metrics),
             });
-            let resp = match self.s3.call(Request::from_parts(parts, body)).await {
+            let outcome = match crate::precheck::precheck(&mut parts, &self.region) {
+                Ok(()) => self.s3.call(Request::from_parts(parts, body)).await,
+                Err(mut e) => {
+                    e.set_request_id(request_id.clone());
+                    e.to_http_response()
+                        .map_err(|e| s3s::HttpError::new(Box::new(e)))
+                }
+            };
+            let resp = match outcome {
                 Ok(r) => r,
                 Err(e) => {
                     error!(error = ?e, "s3 service failed");

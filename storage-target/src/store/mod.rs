@@ -118,6 +118,10 @@ pub enum StoreError {
     /// Another invalid argument.
     #[error("{0}")]
     InvalidArgument(String),
+    /// The body ended short of (or ran past) what the request declared, or
+    /// lacked a trailer it announced.
+    #[error("{0}")]
+    IncompleteBody(String),
     /// Reading the request body failed (client error, signature or hash mismatch).
     #[error("reading the request body failed: {0}")]
     Body(BodyError),
