@@ -729,3 +729,130 @@ async fn verbs_without_a_device_declines() {
         assert!(s.log().contains("unavailable"), "{}", s.log());
     }
 }
+
+#[tokio::test]
+async fn concurrent_rdma_and_http_clients_on_the_same_object() {
+    let s = rdma_server("  staging_buffers: 8\n  staging_buffer_size: 256KiB\n");
+    create_bucket(&s, "mix").await;
+    const LEN: usize = 3 << 20;
+    let versions: Vec<Vec<u8>> = (0..3).map(|i| data(LEN, 100 + i)).collect();
+    let md5s: Vec<String> = versions.iter().map(|v| md5_hex(v)).collect();
+    s.admin()
+        .put_object()
+        .bucket("mix")
+        .key("k")
+        .body(ByteStream::from(versions[0].clone()))
+        .send()
+        .await
+        .unwrap();
+    let readers = 4;
+    let t = Tenant::new(LEN * readers + LEN).await;
+    // The last slot holds version 2 as the source of RDMA PUTs.
+    t.mem.write_at(LEN * readers, &versions[2]).unwrap();
+    let src = t.window(LEN * readers, LEN, Access::REMOTE_READ);
+    let src_tok = t.token(&src);
+    let mut tasks = Vec::new();
+    for i in 0..readers {
+        let w = t.window(LEN * i, LEN, Access::REMOTE_WRITE);
+        let tok = t.token(&w);
+        let ep = s.endpoint.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut etags = Vec::new();
+            for _ in 0..3 {
+                let r = send_to(&ep, "GET", "/mix/k", &[("x-amz-rdma-token", &tok)], &[]).await;
+                assert_eq!(r.status, 200, "{}", r.text());
+                etags.push(etag(&r));
+            }
+            drop(w);
+            etags
+        }));
+    }
+    let writer = {
+        let c = s.admin();
+        let v1 = versions[1].clone();
+        let ep = s.endpoint.clone();
+        tokio::spawn(async move {
+            for _ in 0..2 {
+                c.put_object()
+                    .bucket("mix")
+                    .key("k")
+                    .body(ByteStream::from(v1.clone()))
+                    .send()
+                    .await
+                    .unwrap();
+                let r = send_to(&ep, "PUT", "/mix/k", &[("x-amz-rdma-token", &src_tok)], &[]).await;
+                assert_eq!(r.status, 200, "{}", r.text());
+            }
+        })
+    };
+    for (i, task) in tasks.into_iter().enumerate() {
+        let etags = task.await.unwrap();
+        // Every GET delivered one whole version (the one it opened); the last
+        // one is still in the reader's slot.
+        for e in &etags {
+            assert!(md5s.contains(e), "unknown ETag {e}");
+        }
+        let last = md5s
+            .iter()
+            .position(|m| m == etags.last().unwrap())
+            .unwrap();
+        assert!(
+            t.bytes(LEN * i, LEN) == versions[last],
+            "reader {i} got mixed bytes"
+        );
+    }
+    writer.await.unwrap();
+    assert_eq!(sdk_get(&s, "mix", "k").await, versions[2]);
+
+    // Concurrent RDMA PUTs from one window (more buffers wanted than the pool has).
+    let puts: Vec<_> = (0..4)
+        .map(|i| {
+            let ep = s.endpoint.clone();
+            let tok = t.token(&src);
+            tokio::spawn(async move {
+                send_to(
+                    &ep,
+                    "PUT",
+                    &format!("/mix/p{i}"),
+                    &[("x-amz-rdma-token", &tok)],
+                    &[],
+                )
+                .await
+            })
+        })
+        .collect();
+    for p in puts {
+        let r = p.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(etag(&r), md5s[2]);
+    }
+}
+
+#[tokio::test]
+async fn idle_sessions_are_closed() {
+    let s = rdma_server("  idle_session_secs: 1\n");
+    create_bucket(&s, "idle").await;
+    let t = Tenant::new(4096).await;
+    t.fill(0, 4096, 1);
+    let w = t.window(0, 4096, Access::REMOTE_READ);
+    let r = rdma_put(&s, "/idle/k", &t.token(&w), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = raw("GET", &s.metrics, &[], Bytes::new()).await.text();
+    assert!(m.contains("s3dma_storage_target_rdma_sessions 1"), "{m}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = raw("GET", &s.metrics, &[], Bytes::new()).await.text();
+        if m.contains("s3dma_storage_target_rdma_sessions 0") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "session never reaped: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A later request reconnects.
+    let r = rdma_put(&s, "/idle/k2", &t.token(&w), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(s.log().contains("closing idle"), "{}", s.log());
+}

@@ -7,9 +7,11 @@
 //!
 //! Every posted operation is awaited by its own task that owns the staging
 //! buffer and the in-flight permits, so a buffer goes back to the pool only
-//! after its operation completed, even if the request is abandoned.
-//! Memory is bounded by the staging pool plus, for PUT, `depth` chunks
-//! being handed to the store.
+//! after its operation completed, even if the request is abandoned, and as
+//! soon as it completed (a READ's bytes are copied out first): a request
+//! never holds an idle buffer while waiting for another, so requests cannot
+//! deadlock on the pool. Memory is bounded by the staging pool plus, for
+//! PUT, `depth` + 2 chunks per request on their way to the store.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -58,12 +60,16 @@ async fn permits(ctx: &Ctx) -> (OwnedSemaphorePermit, OwnedSemaphorePermit) {
     (s, t)
 }
 
-type OpTask = JoinHandle<Result<StagingBuf, RdmaError>>;
+/// A posted operation: the task awaiting its completion. It owns the
+/// staging buffer and the permits and releases them as soon as the
+/// operation completes; a READ's bytes are copied out first.
+type OpTask = JoinHandle<Result<Option<Bytes>, RdmaError>>;
 
 fn post(
     ctx: &Ctx,
     write: bool,
     buf: StagingBuf,
+    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     len: usize,
     remote: RemoteBuf,
     off: u64,
@@ -73,9 +79,9 @@ fn post(
         .map_err(|e| RdmaError::Internal(e.to_string()))?;
     let addr = remote.addr + off;
     let c = if write {
-        ctx.session.session.write(local, addr, remote.rkey)
+        ctx.session.session.write(local.clone(), addr, remote.rkey)
     } else {
-        ctx.session.session.read(local, addr, remote.rkey)
+        ctx.session.session.read(local.clone(), addr, remote.rkey)
     };
     let metrics = Arc::clone(&ctx.metrics);
     let peer = ctx.session.session.peer();
@@ -83,12 +89,23 @@ fn post(
         let started = Instant::now();
         let r = c.await;
         metrics.rdma_op(if write { "write" } else { "read" }, started.elapsed());
-        r.map(|()| buf)
-            .map_err(|e| RdmaError::Op { peer, source: e })
+        drop(permits);
+        r.map_err(|e| RdmaError::Op { peer, source: e })?;
+        let out = if write {
+            None
+        } else {
+            Some(Bytes::from(
+                local
+                    .to_vec()
+                    .map_err(|e| RdmaError::Internal(e.to_string()))?,
+            ))
+        };
+        drop(buf);
+        Ok(out)
     }))
 }
 
-async fn join(t: OpTask) -> Result<StagingBuf, RdmaError> {
+async fn join(t: OpTask) -> Result<Option<Bytes>, RdmaError> {
     t.await
         .map_err(|e| RdmaError::Internal(format!("transfer task failed: {e}")))?
 }
@@ -137,13 +154,8 @@ pub async fn write_range(
         .await
         .map_err(|e| RdmaError::Internal(format!("disk read task failed: {e}")))?
         .map_err(|e| RdmaError::Internal(format!("reading the object failed: {e}")))?;
-        let (sp, tp) = permits(ctx).await;
-        let t = post(ctx, true, buf, n, remote, off)?;
-        inflight.push_back(tokio::spawn(async move {
-            let r = join(t).await;
-            drop((sp, tp));
-            r
-        }));
+        let p = permits(ctx).await;
+        inflight.push_back(post(ctx, true, buf, p, n, remote, off)?);
     }
     while let Some(t) = inflight.pop_front() {
         drop(join(t).await?);
@@ -157,7 +169,7 @@ pub fn read_stream(ctx: Ctx, remote: RemoteBuf, len: u64) -> RdmaBody {
     let (tx, rx) = mpsc::channel::<Result<Bytes, BodyError>>(2);
     tokio::spawn(async move {
         let chunk = ctx.pool.buf_size() as u64;
-        let mut inflight: VecDeque<(OpTask, usize)> = VecDeque::new();
+        let mut inflight: VecDeque<OpTask> = VecDeque::new();
         let mut plan = chunks(len, chunk);
         loop {
             // Keep the pipeline full.
@@ -165,32 +177,20 @@ pub fn read_stream(ctx: Ctx, remote: RemoteBuf, len: u64) -> RdmaBody {
                 let Some((off, n)) = plan.next() else { break };
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
                 let buf = ctx.pool.acquire().await;
-                let (sp, tp) = permits(&ctx).await;
-                let t = match post(&ctx, false, buf, n, remote, off) {
-                    Ok(t) => t,
+                let p = permits(&ctx).await;
+                match post(&ctx, false, buf, p, n, remote, off) {
+                    Ok(t) => inflight.push_back(t),
                     Err(e) => {
                         let _ = tx.send(Err(Box::new(e))).await;
                         return;
                     }
-                };
-                inflight.push_back((
-                    tokio::spawn(async move {
-                        let r = join(t).await;
-                        drop((sp, tp));
-                        r
-                    }),
-                    n,
-                ));
+                }
             }
-            let Some((t, n)) = inflight.pop_front() else {
+            let Some(t) = inflight.pop_front() else {
                 return; // all delivered
             };
             let item = match join(t).await {
-                Ok(buf) => buf
-                    .slice(n)
-                    .and_then(|s| s.to_vec())
-                    .map(Bytes::from)
-                    .map_err(|e| Box::new(RdmaError::Internal(e.to_string())) as BodyError),
+                Ok(b) => Ok(b.unwrap_or_default()),
                 Err(e) => Err(Box::new(e) as BodyError),
             };
             let failed = item.is_err();

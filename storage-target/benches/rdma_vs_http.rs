@@ -1,0 +1,231 @@
+//! GET and PUT throughput of one storage-target process: over RDMA (tcp
+//! fabric, client memory registered, `x-amz-rdma-token`) versus over HTTP
+//! with aws-sdk-s3 (GET body drained into memory, PUT from memory), for
+//! 64 MiB and 1 GiB objects, measured in one run.
+//!
+//! `cargo bench -p storage-target --bench rdma_vs_http` (add `-- --quick`
+//! for one repetition each). Prints a table and, as the last line, JSON.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+use common::{ADMIN, Server};
+use fabric::{Access, Domain, Endpoint, EndpointConfig};
+use http_body_util::BodyExt as _;
+
+const KEY_HEX: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+type Http = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<Bytes>,
+>;
+
+fn sign(method: &str, url: &str, token: &str) -> Vec<(String, String)> {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
+    };
+    let identity =
+        aws_credential_types::Credentials::new(ADMIN.0, ADMIN.1, None, None, "bench").into();
+    let mut settings = SigningSettings::default();
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(SystemTime::now())
+        .settings(settings)
+        .build()
+        .expect("signing params")
+        .into();
+    let host = url.split('/').nth(2).expect("host").to_owned();
+    let headers = [("host", host.as_str()), ("x-amz-rdma-token", token)];
+    let req = SignableRequest::new(
+        method,
+        url,
+        headers.iter().copied(),
+        SignableBody::UnsignedPayload,
+    )
+    .expect("signable");
+    let (instr, _) = sign(req, &params).expect("sign").into_parts();
+    let (hs, _) = instr.into_parts();
+    let mut out = vec![("x-amz-rdma-token".to_owned(), token.to_owned())];
+    out.extend(
+        hs.into_iter()
+            .map(|h| (h.name().to_owned(), h.value().to_owned())),
+    );
+    out
+}
+
+async fn rdma_req(http: &Http, method: &str, url: &str, token: &str) {
+    let mut b = http::Request::builder().method(method).uri(url);
+    for (k, v) in sign(method, url, token) {
+        b = b.header(k, v);
+    }
+    let resp = http
+        .request(
+            b.body(http_body_util::Full::new(Bytes::new()))
+                .expect("request"),
+        )
+        .await
+        .expect("send");
+    let status = resp.status();
+    let reply = resp
+        .headers()
+        .get("x-amz-rdma-reply")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(
+        status.is_success() && reply.as_deref() == Some("200"),
+        "{method} {url}: {status} {reply:?} {}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
+fn gbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+/// Runs `f` `reps` times and returns the mean duration.
+async fn time<F, Fut>(reps: usize, mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut total = Duration::ZERO;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f().await;
+        total += t.elapsed();
+    }
+    total / u32::try_from(reps).unwrap_or(1)
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let server = Server::start_with(|dir: &Path| {
+        let kf = dir.join("fabric.key");
+        std::fs::write(&kf, KEY_HEX).expect("key file");
+        format!(
+            "rdma:\n  mode: enabled\n  backend: tcp\n  fabric_key_file: {}\n",
+            kf.display()
+        )
+    });
+    let sdk = server.admin();
+    sdk.create_bucket()
+        .bucket("bench")
+        .send()
+        .await
+        .expect("bucket");
+    let http: Http =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+
+    const GIB: usize = 1 << 30;
+    let domain = Domain::tcp();
+    let mem = domain.alloc(GIB, Access::ALL).expect("client memory");
+    let key = storage_target::rdma::parse_fabric_key(KEY_HEX).expect("key");
+    let endpoint = Endpoint::listen(
+        &domain,
+        EndpointConfig::new("127.0.0.1:0".parse().expect("addr"), key),
+    )
+    .await
+    .expect("endpoint");
+    // Client data, in registered memory (RDMA) and in a Bytes (HTTP).
+    let data: Bytes = {
+        let mut v = vec![0u8; GIB];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for c in v.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+        }
+        Bytes::from(v)
+    };
+    mem.write_at(0, &data).expect("fill");
+
+    println!(
+        "storage-target RDMA (tcp fabric) vs HTTP (aws-sdk-s3), one process each side, loopback"
+    );
+    println!(
+        "{:>8} {:>4} {:>12} {:>12} {:>8}",
+        "size", "op", "rdma GB/s", "http GB/s", "ratio"
+    );
+    let mut json = Vec::new();
+    for (name, size, reps) in [("64MiB", 64usize << 20, 5usize), ("1GiB", GIB, 2)] {
+        let reps = if quick { 1 } else { reps };
+        let url = server.url(&format!("/bench/rdma-{name}"));
+        let put_w = mem
+            .window(0, size, Access::REMOTE_READ, None)
+            .expect("window");
+        let put_tok = endpoint.token(&put_w).expect("token").to_string();
+        let get_w = mem
+            .window(0, size, Access::REMOTE_WRITE, None)
+            .expect("window");
+        let get_tok = endpoint.token(&get_w).expect("token").to_string();
+        // Warm-up (session connect, page cache).
+        rdma_req(&http, "PUT", &url, &put_tok).await;
+        rdma_req(&http, "GET", &url, &get_tok).await;
+        let rdma_put = time(reps, || rdma_req(&http, "PUT", &url, &put_tok)).await;
+        let rdma_get = time(reps, || rdma_req(&http, "GET", &url, &get_tok)).await;
+
+        let key = format!("http-{name}");
+        let body = data.slice(..size);
+        let put_once = || {
+            let sdk = sdk.clone();
+            let body = body.clone();
+            let key = key.clone();
+            async move {
+                sdk.put_object()
+                    .bucket("bench")
+                    .key(key)
+                    .body(ByteStream::from(body))
+                    .send()
+                    .await
+                    .expect("sdk put");
+            }
+        };
+        let get_once = || {
+            let sdk = sdk.clone();
+            let key = key.clone();
+            async move {
+                let o = sdk
+                    .get_object()
+                    .bucket("bench")
+                    .key(key)
+                    .send()
+                    .await
+                    .expect("sdk get");
+                let got = o.body.collect().await.expect("drain").into_bytes();
+                assert_eq!(got.len(), size);
+            }
+        };
+        put_once().await;
+        get_once().await;
+        let http_put = time(reps, put_once).await;
+        let http_get = time(reps, get_once).await;
+
+        for (op, r, h) in [("GET", rdma_get, http_get), ("PUT", rdma_put, http_put)] {
+            let (rg, hg) = (gbps(size, r), gbps(size, h));
+            println!("{name:>8} {op:>4} {rg:>12.3} {hg:>12.3} {:>7.2}x", rg / hg);
+            json.push(serde_json::json!({
+                "size": name, "bytes": size, "op": op, "reps": reps,
+                "rdma_gbps": (rg * 1000.0).round() / 1000.0,
+                "http_gbps": (hg * 1000.0).round() / 1000.0,
+                "ratio": ((rg / hg) * 100.0).round() / 100.0,
+            }));
+        }
+        drop((put_w, get_w));
+    }
+    println!(
+        "{}",
+        serde_json::json!({"bench": "storage-target rdma_vs_http", "results": json})
+    );
+}
