@@ -18,7 +18,7 @@ sed -e "s#^data_dir: .*#data_dir: $state/data#" \
 key=$(sed -n 's/^ *- access_key_id: *//p' "$cfg" | head -n1)
 secret=$(sed -n 's/^ *secret: *//p' "$cfg" | head -n1)
 
-target/release/storage-target --config "$cfg" | (
+"${CARGO_TARGET_DIR:-target}/release/storage-target" --config "$cfg" | (
   while IFS= read -r line; do
     echo "$line"
     case "$line" in
