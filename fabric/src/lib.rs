@@ -18,6 +18,24 @@
 //!   verbs domain without one fails with [`FabricError::Unavailable`], which
 //!   callers use to fall back to tcp.
 //!
+//! # Backend differences
+//!
+//! Both backends complete operations with the same [`OpStatus`] values, but:
+//!
+//! * after a remote error a verbs RC queue pair is in the error state and
+//!   flushes everything after it; a tcp session drains the refused payload
+//!   and keeps going. Pools should drop a session once
+//!   [`Session::is_alive`] is false either way;
+//! * dropping a tcp [`Session`] lets already-posted operations finish;
+//!   dropping a verbs session destroys its queue pair and the outstanding
+//!   operations complete as [`OpStatus::Flushed`] (their memory is released
+//!   only after the queue pair is gone);
+//! * window expiry is checked at every placement on tcp; on verbs a timer
+//!   deregisters the window's memory registration when it expires;
+//! * on tcp, CUDA regions are served through a host bounce buffer and may only
+//!   be the remote side; on verbs they are registered with
+//!   `ibv_reg_dmabuf_mr` (feature `cuda`).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), fabric::FabricError> {
 //! use fabric::*;

@@ -350,9 +350,12 @@ async fn expired_window(backend: Backend) {
 
 async fn peer_killed_mid_transfer(backend: Backend) {
     let fx = Fixture::new(backend).await;
-    const OPS: usize = 64;
+    // 4 GiB of traffic cycling through 1 GiB of remote slots: far more than
+    // can be in flight when the responder dies.
+    const OPS: usize = 256;
+    const SLOTS: usize = 64;
     const SIZE: usize = 16 << 20;
-    let remote = fx.server.alloc(OPS * SIZE, Access::REMOTE_WRITE).unwrap();
+    let remote = fx.server.alloc(SLOTS * SIZE, Access::REMOTE_WRITE).unwrap();
     let local = fx.client.alloc(SIZE, Access::LOCAL_WRITE).unwrap();
     local.write_at(0, &[0xee; 16]).unwrap();
     local.write_at(SIZE - 1, &[0xee]).unwrap();
@@ -361,7 +364,7 @@ async fn peer_killed_mid_transfer(backend: Backend) {
         .map(|i| {
             s.write(
                 local.as_slice(),
-                remote.addr() + (i * SIZE) as u64,
+                remote.addr() + ((i % SLOTS) * SIZE) as u64,
                 remote.rkey(),
             )
         })

@@ -273,3 +273,134 @@ async fn revoke_during_a_large_write_stops_placement() {
     // The session survives a refused operation on tcp.
     assert!(s.is_alive());
 }
+
+/// Runs an endpoint in a child process (this test binary re-executed) so that
+/// a peer can be killed for real with SIGKILL.
+#[test]
+#[ignore = "helper process for peer_process_killed_mid_transfer; does nothing when run directly"]
+fn helper_endpoint_process() {
+    let (Ok(key_hex), Ok(size)) = (
+        std::env::var("FABRIC_HELPER_KEY"),
+        std::env::var("FABRIC_HELPER_SIZE"),
+    ) else {
+        return;
+    };
+    let key: Vec<u8> = (0..key_hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&key_hex[i..i + 2], 16).unwrap())
+        .collect();
+    let size: usize = size.parse().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let d = Domain::tcp();
+        let r = d.alloc(size, Access::REMOTE_WRITE).unwrap();
+        let ep = Endpoint::listen(
+            &d,
+            EndpointConfig::new("127.0.0.1:0".parse().unwrap(), FabricKey::new(key).unwrap()),
+        )
+        .await
+        .unwrap();
+        println!(
+            "ENDPOINT {} {} {} {}",
+            ep.addr().addr,
+            ep.addr().responder,
+            r.addr(),
+            r.rkey()
+        );
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        // Serve until killed.
+        std::future::pending::<()>().await;
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_process_killed_mid_transfer() {
+    use std::io::BufRead;
+    // 4 GiB of traffic through one 16 MiB remote slot: far more than can be
+    // in flight when the peer dies right after the first completion.
+    const OPS: usize = 256;
+    const SZ: usize = 16 << 20;
+    let key_bytes: [u8; 32] = rand::random();
+    let key_hex: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_endpoint_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FABRIC_HELPER_KEY", &key_hex)
+        .env("FABRIC_HELPER_SIZE", SZ.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the helper even if an assertion below fails.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(child);
+    let line = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map(|l| l.unwrap())
+            .find_map(|l| l.find("ENDPOINT ").map(|i| l[i..].to_string()))
+            .expect("helper printed its endpoint")
+    })
+    .await
+    .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let target = fabric::EndpointAddr {
+        addr: f[1].parse().unwrap(),
+        responder: f[2].parse().unwrap(),
+    };
+    let (raddr, rkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
+
+    let c = Domain::tcp();
+    let l = c.alloc(SZ, Access::LOCAL_WRITE).unwrap();
+    let s = Session::connect(
+        &c,
+        target,
+        SessionConfig::new(FabricKey::new(key_bytes.to_vec()).unwrap()),
+    )
+    .await
+    .unwrap();
+    let mut ops: Vec<_> = (0..OPS)
+        .map(|_| s.write(l.as_slice(), raddr, rkey))
+        .collect();
+    // The first write completing proves the peer is serving; kill it now.
+    let first = ops.remove(0);
+    tokio::time::timeout(GUARD, first).await.unwrap().unwrap();
+    child.0.kill().unwrap();
+    let _ = child.0.wait();
+    let results = tokio::time::timeout(GUARD, futures::future::join_all(ops))
+        .await
+        .expect("operations hung");
+    let first_fail = results
+        .iter()
+        .position(|r| r.is_err())
+        .expect("a killed peer must fail operations");
+    let summary: Vec<String> = results
+        .iter()
+        .map(|r| match r {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("{:?}", e.status),
+        })
+        .collect();
+    for r in &results[first_fail..] {
+        let e = r
+            .as_ref()
+            .expect_err("completions after a failure must fail too");
+        assert!(
+            matches!(e.status, OpStatus::RetryExceeded | OpStatus::Flushed),
+            "{e}; all: {summary:?}"
+        );
+    }
+    assert!(!s.is_alive());
+}
