@@ -235,12 +235,23 @@ impl Session {
                 inner: SessionImpl::Tcp(tcp::session::TcpSession::connect(target, &config).await?),
                 domain: domain.clone(),
             }),
-            Backend::Verbs => Ok(Session {
-                inner: SessionImpl::Verbs(
-                    verbs::conn::VerbsSession::connect(domain, target, &config.fabric_key).await?,
-                ),
-                domain: domain.clone(),
-            }),
+            Backend::Verbs => {
+                let connect =
+                    verbs::conn::VerbsSession::connect(domain, target, &config.fabric_key);
+                let s = tokio::time::timeout(config.connect_timeout, connect)
+                    .await
+                    .map_err(|_| FabricError::Handshake {
+                        peer: target.to_string(),
+                        reason: format!(
+                            "connect and queue-pair exchange timed out after {:?}",
+                            config.connect_timeout
+                        ),
+                    })??;
+                Ok(Session {
+                    inner: SessionImpl::Verbs(s),
+                    domain: domain.clone(),
+                })
+            }
         }
     }
 
