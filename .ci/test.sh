@@ -19,6 +19,9 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 
 step "cargo test"
 cargo test --workspace --locked
+# The cuda feature's own tests: without a GPU they check the clear
+# "no driver" errors; the GPU ones are #[ignore]d (run with --ignored on a GPU host).
+cargo test -p fabric --features cuda --locked
 
 step "python clients (boto3, aws CLI)"
 cargo build --locked -p storage-target
