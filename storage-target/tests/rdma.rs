@@ -865,3 +865,67 @@ async fn idle_sessions_are_closed() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(s.log().contains("closing idle"), "{}", s.log());
 }
+
+#[tokio::test]
+async fn tiny_pool_serves_many_concurrent_puts_and_gets() {
+    // Two staging buffers for four concurrent PUTs, then four GETs: nothing deadlocks.
+    let s = rdma_server(
+        "  staging_buffers: 2\n  staging_buffer_size: 64KiB\n  max_ops_per_session: 2\n  max_ops_total: 3\n",
+    );
+    create_bucket(&s, "tiny").await;
+    const LEN: usize = (1 << 20) + 5;
+    let t = Tenant::new(LEN * 8).await;
+    let (_, md5) = t.fill(0, LEN, 42);
+    let src = t.window(0, LEN, Access::REMOTE_READ);
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let (ep, tok) = (s.endpoint.clone(), t.token(&src));
+        tasks.push(tokio::spawn(async move {
+            send_to(
+                &ep,
+                "PUT",
+                &format!("/tiny/k{i}"),
+                &[("x-amz-rdma-token", &tok)],
+                &[],
+            )
+            .await
+        }));
+    }
+    for task in tasks {
+        let r = task.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(etag(&r), md5);
+    }
+    let mut windows = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let w = t.window(LEN * (i + 1), LEN, Access::REMOTE_WRITE);
+        let (ep, tok) = (s.endpoint.clone(), t.token(&w));
+        windows.push(w);
+        tasks.push(tokio::spawn(async move {
+            send_to(
+                &ep,
+                "GET",
+                &format!("/tiny/k{i}"),
+                &[("x-amz-rdma-token", &tok)],
+                &[],
+            )
+            .await
+        }));
+    }
+    let want = t.bytes(0, LEN);
+    for (i, task) in tasks.into_iter().enumerate() {
+        let r = task.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(t.bytes(LEN * (i + 1), LEN) == want, "GET {i} differs");
+    }
+    let m = raw("GET", &s.metrics, &[], Bytes::new()).await.text();
+    assert!(
+        m.contains("s3dma_storage_target_rdma_staging_buffers 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("s3dma_storage_target_rdma_staging_buffers_in_use 0"),
+        "{m}"
+    );
+}

@@ -353,6 +353,7 @@ struct Fabric {
     pool: Arc<StagingPool>,
     sessions: Arc<SessionPool>,
     total_ops: Arc<Semaphore>,
+    put_budget: Arc<Semaphore>,
     depth: usize,
 }
 
@@ -431,6 +432,7 @@ impl RdmaService {
                 pool,
                 sessions,
                 total_ops: Arc::new(Semaphore::new(cfg.max_ops_total)),
+                put_budget: Arc::new(Semaphore::new(cfg.staging_buffers)),
                 depth,
             }),
             declined: "",
@@ -483,6 +485,7 @@ impl RdmaService {
             pool: Arc::clone(&f.pool),
             session,
             total_ops: Arc::clone(&f.total_ops),
+            put_budget: Arc::clone(&f.put_budget),
             depth: f.depth,
             metrics: Arc::clone(&self.metrics),
         })

@@ -11,7 +11,11 @@
 //! soon as it completed (a READ's bytes are copied out first): a request
 //! never holds an idle buffer while waiting for another, so requests cannot
 //! deadlock on the pool. Memory is bounded by the staging pool plus, for
-//! PUT, `depth` + 2 chunks per request on their way to the store.
+//! PUT, the chunks between a completed READ and the store's write: one
+//! `put_budget` permit each (as many as staging buffers, for all requests).
+//! A PUT blocks on the budget only when it holds no undelivered chunk, and
+//! the store releases a chunk's permit when it asks for the next one, so
+//! the budget cannot deadlock either.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -41,6 +45,9 @@ pub struct Ctx {
     pub session: Arc<SessionEntry>,
     /// Bound on operations in flight across all sessions.
     pub total_ops: Arc<Semaphore>,
+    /// Chunks read by RDMA and not yet written by the store, across all
+    /// PUTs (one permit per chunk; as many as staging buffers).
+    pub put_budget: Arc<Semaphore>,
     /// Operations in flight per request.
     pub depth: usize,
     /// Metrics.
@@ -165,28 +172,41 @@ pub async fn write_range(
 
 /// A body stream that RDMA READs `len` bytes from `remote`, chunk by chunk,
 /// with up to `depth` READs in flight ahead of the consumer.
+#[allow(clippy::expect_used)]
 pub fn read_stream(ctx: Ctx, remote: RemoteBuf, len: u64) -> RdmaBody {
-    let (tx, rx) = mpsc::channel::<Result<Bytes, BodyError>>(2);
+    let (tx, rx) = mpsc::channel::<Item>(2);
     tokio::spawn(async move {
         let chunk = ctx.pool.buf_size() as u64;
-        let mut inflight: VecDeque<OpTask> = VecDeque::new();
-        let mut plan = chunks(len, chunk);
+        let mut inflight: VecDeque<(OpTask, OwnedSemaphorePermit)> = VecDeque::new();
+        let mut plan = chunks(len, chunk).peekable();
         loop {
-            // Keep the pipeline full.
-            while inflight.len() < ctx.depth {
+            // Keep the pipeline full, as far as the budget allows without
+            // waiting while we hold undelivered chunks.
+            while inflight.len() < ctx.depth && plan.peek().is_some() {
+                let budget = if inflight.is_empty() {
+                    Arc::clone(&ctx.put_budget)
+                        .acquire_owned()
+                        .await
+                        .expect("never closed")
+                } else {
+                    match Arc::clone(&ctx.put_budget).try_acquire_owned() {
+                        Ok(b) => b,
+                        Err(_) => break,
+                    }
+                };
                 let Some((off, n)) = plan.next() else { break };
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
                 let buf = ctx.pool.acquire().await;
                 let p = permits(&ctx).await;
                 match post(&ctx, false, buf, p, n, remote, off) {
-                    Ok(t) => inflight.push_back(t),
+                    Ok(t) => inflight.push_back((t, budget)),
                     Err(e) => {
-                        let _ = tx.send(Err(Box::new(e))).await;
+                        let _ = tx.send((Err(Box::new(e)), None)).await;
                         return;
                     }
                 }
             }
-            let Some(t) = inflight.pop_front() else {
+            let Some((t, budget)) = inflight.pop_front() else {
                 return; // all delivered
             };
             let item = match join(t).await {
@@ -194,24 +214,37 @@ pub fn read_stream(ctx: Ctx, remote: RemoteBuf, len: u64) -> RdmaBody {
                 Err(e) => Err(Box::new(e) as BodyError),
             };
             let failed = item.is_err();
-            if tx.send(item).await.is_err() || failed {
+            if tx.send((item, Some(budget))).await.is_err() || failed {
                 return; // the store stopped reading, or we failed
             }
         }
     });
-    RdmaBody { rx }
+    RdmaBody { rx, held: None }
 }
+
+type Item = (Result<Bytes, BodyError>, Option<OwnedSemaphorePermit>);
 
 /// The body of a PUT/UploadPart over RDMA (see [`read_stream`]).
 #[derive(Debug)]
 pub struct RdmaBody {
-    rx: mpsc::Receiver<Result<Bytes, BodyError>>,
+    rx: mpsc::Receiver<Item>,
+    /// The budget permit of the chunk last handed to the store.
+    held: Option<OwnedSemaphorePermit>,
 }
 
 impl Stream for RdmaBody {
     type Item = Result<Bytes, BodyError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
+        // Asking for the next chunk means the store is done with the last one.
+        self.held = None;
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some((item, permit))) => {
+                self.held = permit;
+                Poll::Ready(Some(item))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
