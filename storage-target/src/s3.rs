@@ -265,6 +265,59 @@ fn range_spec(r: Range) -> RangeSpec {
 }
 
 /// Evaluates read conditions; errors are 304 (with ETag/Last-Modified) or 412.
+/// What GET and HEAD select of an object, by one rule: the conditional
+/// headers checked against it, then the byte range resolved, with its
+/// `Content-Range` when the request named one.
+fn select(
+    meta: &ObjectMeta,
+    conds: &Conditions,
+    range: Option<Range>,
+) -> S3Result<(std::ops::Range<u64>, Option<String>)> {
+    check_conditions(conds, meta)?;
+    match range {
+        None => Ok((0..meta.size, None)),
+        Some(r) => {
+            let r = range_spec(r)
+                .resolve(meta.size)
+                .map_err(|_| s3_error!(InvalidRange, "The requested range is not satisfiable"))?;
+            let cr = content_range(&r, meta.size);
+            Ok((r, Some(cr)))
+        }
+    }
+}
+
+/// Builds a GetObject or HeadObject output: the fields both return for an
+/// object, from its metadata, plus the call's own fields.
+macro_rules! object_output {
+    ($output:ident, $meta:expr, $len:expr, $content_range:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let meta: &ObjectMeta = $meta;
+        $output {
+            $($field: $value,)*
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(i64::try_from($len).unwrap_or(i64::MAX)),
+            content_range: $content_range,
+            content_type: Some(
+                meta.attrs
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
+            ),
+            content_encoding: meta.attrs.content_encoding.clone(),
+            content_disposition: meta.attrs.content_disposition.clone(),
+            content_language: meta.attrs.content_language.clone(),
+            cache_control: meta.attrs.cache_control.clone(),
+            expires: meta.attrs.expires.map(|s| ts(s.saturating_mul(1000))),
+            e_tag: Some(strong(&meta.etag)),
+            last_modified: Some(ts(meta.last_modified_ms)),
+            metadata: user_metadata(meta),
+            parts_count: meta
+                .parts_count
+                .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+            ..Default::default()
+        }
+    }};
+}
+
 fn check_conditions(c: &Conditions, meta: &ObjectMeta) -> S3Result<()> {
     match c.evaluate(&meta.etag, meta.last_modified_secs()) {
         Verdict::Proceed => Ok(()),
@@ -693,17 +746,7 @@ impl S3 for S3Store {
             if_modified_since: input.if_modified_since.map(ts_secs),
             if_unmodified_since: input.if_unmodified_since.map(ts_secs),
         };
-        check_conditions(&conds, meta)?;
-        let (range, content_range) = match input.range {
-            None => (0..meta.size, None),
-            Some(r) => {
-                let r = range_spec(r).resolve(meta.size).map_err(|_| {
-                    s3_error!(InvalidRange, "The requested range is not satisfiable")
-                })?;
-                let cr = content_range(&r, meta.size);
-                (r, Some(cr))
-            }
-        };
+        let (range, content_range) = select(meta, &conds, input.range)?;
         let len = range.end - range.start;
         let partial = content_range.is_some();
         let m = self.rdma.metrics();
@@ -737,30 +780,7 @@ impl S3 for S3Store {
         };
         let meta = &reader.meta;
         Ok(S3Response::with_headers(
-            GetObjectOutput {
-                body,
-                accept_ranges: Some("bytes".into()),
-                content_length: Some(i64::try_from(body_len).unwrap_or(i64::MAX)),
-                content_range,
-                content_type: Some(
-                    meta.attrs
-                        .content_type
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
-                ),
-                content_encoding: meta.attrs.content_encoding.clone(),
-                content_disposition: meta.attrs.content_disposition.clone(),
-                content_language: meta.attrs.content_language.clone(),
-                cache_control: meta.attrs.cache_control.clone(),
-                expires: meta.attrs.expires.map(|s| ts(s.saturating_mul(1000))),
-                e_tag: Some(strong(&meta.etag)),
-                last_modified: Some(ts(meta.last_modified_ms)),
-                metadata: user_metadata(meta),
-                parts_count: meta
-                    .parts_count
-                    .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
-                ..Default::default()
-            },
+            object_output!(GetObjectOutput, meta, body_len, content_range, { body: body }),
             reply,
         ))
     }
@@ -782,39 +802,14 @@ impl S3 for S3Store {
             if_modified_since: input.if_modified_since.map(ts_secs),
             if_unmodified_since: input.if_unmodified_since.map(ts_secs),
         };
-        check_conditions(&conds, meta)?;
-        let (len, content_range) = match input.range {
-            None => (meta.size, None),
-            Some(r) => {
-                let r = range_spec(r).resolve(meta.size).map_err(|_| {
-                    s3_error!(InvalidRange, "The requested range is not satisfiable")
-                })?;
-                (r.end - r.start, Some(content_range(&r, meta.size)))
-            }
-        };
-        Ok(S3Response::new(HeadObjectOutput {
-            accept_ranges: Some("bytes".into()),
-            content_length: Some(i64::try_from(len).unwrap_or(i64::MAX)),
+        let (range, content_range) = select(meta, &conds, input.range)?;
+        Ok(S3Response::new(object_output!(
+            HeadObjectOutput,
+            meta,
+            range.end - range.start,
             content_range,
-            content_type: Some(
-                meta.attrs
-                    .content_type
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
-            ),
-            content_encoding: meta.attrs.content_encoding.clone(),
-            content_disposition: meta.attrs.content_disposition.clone(),
-            content_language: meta.attrs.content_language.clone(),
-            cache_control: meta.attrs.cache_control.clone(),
-            expires: meta.attrs.expires.map(|s| ts(s.saturating_mul(1000))),
-            e_tag: Some(strong(&meta.etag)),
-            last_modified: Some(ts(meta.last_modified_ms)),
-            metadata: user_metadata(meta),
-            parts_count: meta
-                .parts_count
-                .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
-            ..Default::default()
-        }))
+            {}
+        )))
     }
 
     async fn delete_object(

@@ -23,38 +23,10 @@ pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934c
 /// captured request.
 #[must_use]
 pub fn token_is_signed(headers: &HeaderMap, uri: &Uri) -> bool {
-    let listed = |list: &str| {
-        list.split(';')
-            .any(|h| h.trim().eq_ignore_ascii_case(RDMA_TOKEN))
-    };
-    if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
-        let Ok(auth) = auth.to_str() else {
-            return false;
-        };
-        let Some(rest) = auth.trim_start().strip_prefix("AWS4-HMAC-SHA256 ") else {
-            return false;
-        };
-        return rest
-            .split(',')
-            .filter_map(|p| p.trim().strip_prefix("SignedHeaders="))
-            .next()
-            .is_some_and(listed);
-    }
-    let Some(q) = uri.query() else {
-        return false;
-    };
-    let mut algo_v4 = false;
-    let mut signed = None;
-    for pair in q.split('&') {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy();
-        match k {
-            "X-Amz-Algorithm" => algo_v4 = v == "AWS4-HMAC-SHA256",
-            "X-Amz-SignedHeaders" => signed = Some(v.into_owned()),
-            _ => {}
-        }
-    }
-    algo_v4 && signed.as_deref().is_some_and(listed)
+    let query = crate::precheck::parse_query(uri.query().unwrap_or(""));
+    crate::precheck::signed_headers(headers, &query)
+        .iter()
+        .any(|h| h == RDMA_TOKEN)
 }
 
 /// Why a request cannot be served over RDMA as sent (a client error).
