@@ -146,18 +146,25 @@ impl Memory {
             -1,
             "aligned memory",
         )?;
+        let page = page_size();
         let start = base.as_ptr() as usize;
         let aligned = (start + align - 1) & !(align - 1);
         let head = aligned - start;
-        let tail = map_len - head - len;
-        // SAFETY: [start, start+head) and [aligned+len, aligned+len+tail) are
-        // page-aligned pieces of the mapping we just made and nobody else uses.
+        // The kernel mapped whole pages; keep [aligned, keep_end), the pages
+        // that `Drop` unmaps, and give the rest back. `aligned + len` need not
+        // be page-aligned (munmap would then refuse and leak the tail).
+        let mapped_end = start + map_len.next_multiple_of(page);
+        let keep_end = (aligned + len).next_multiple_of(page);
+        let tail = mapped_end - keep_end;
+        // SAFETY: start, aligned and keep_end are page-aligned, so
+        // [start, aligned) and [keep_end, mapped_end) are whole-page pieces of
+        // the mapping we just made, outside the kept range, used by nobody.
         unsafe {
             if head > 0 {
                 libc::munmap(start as *mut libc::c_void, head);
             }
             if tail > 0 {
-                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+                libc::munmap(keep_end as *mut libc::c_void, tail);
             }
         }
         Ok(Memory {
@@ -198,7 +205,25 @@ impl Memory {
 
     /// Maps `len` bytes of shared memory from an fd (a memfd or an open
     /// `/dev/shm` file) shared and read-write. The fd is kept open.
+    ///
+    /// A regular file (memfd, shm file) shorter than `len` is refused:
+    /// mapping past its end would make every access to the tail fault
+    /// (`SIGBUS` for CPU copies). The fd usually comes from another process,
+    /// so its size is checked rather than trusted. (A peer that can still
+    /// shrink the file afterwards should seal it with `F_SEAL_SHRINK`.)
     pub fn from_fd(fd: OwnedFd, len: usize) -> Result<Memory> {
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().map_err(|e| FabricError::Memory {
+            what: "fstat of the shared-memory fd".into(),
+            source: e,
+        })?;
+        if meta.is_file() && meta.len() < len as u64 {
+            return Err(FabricError::InvalidArgument(format!(
+                "the shared-memory fd has {} bytes, fewer than the {len} to map",
+                meta.len()
+            )));
+        }
+        let fd = OwnedFd::from(file);
         if len == 0 {
             let mut m = Memory::empty(MemoryKind::Host);
             m.owner = Owner::Mapping {
@@ -356,6 +381,41 @@ mod tests {
         assert!(Memory::anonymous(0).unwrap().is_empty());
     }
 
+    /// The `/proc/self/maps` entry containing `addr`: (start, end).
+    fn vma_containing(addr: usize) -> Option<(usize, usize)> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().find_map(|l| {
+            let range = l.split_whitespace().next()?;
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            );
+            (a <= addr && addr < b).then_some((a, b))
+        })
+    }
+
+    #[test]
+    fn aligned_memory_of_an_odd_length_gives_back_the_over_mapped_tail() {
+        let ps = page_size();
+        let align = 1 << 21;
+        let len = 3 * ps + 100;
+        let m = Memory::aligned(len, align).unwrap();
+        assert_eq!(m.addr() % align as u64, 0);
+        let keep_end = (m.addr() as usize + len).next_multiple_of(ps);
+        // SAFETY: the last byte of the memory, which lives for the test.
+        unsafe { *m.as_ptr().add(len - 1) = 1 };
+        // The page after the kept range must not still belong to our mapping
+        // (a mapping that starts at or before our address); something else
+        // may have been mapped there since.
+        if let Some((start, _)) = vma_containing(keep_end) {
+            assert!(
+                start >= keep_end,
+                "the over-mapped tail at {keep_end:#x} is still mapped ({start:#x}..)"
+            );
+        }
+    }
+
     #[test]
     fn memfd_is_shared_between_mappings() {
         let m = Memory::memfd("fabric-test", 4096).unwrap();
@@ -366,6 +426,20 @@ mod tests {
             *m.as_ptr().add(100) = 42;
             assert_eq!(*other.as_ptr().add(100), 42);
         }
+    }
+
+    #[test]
+    fn an_fd_shorter_than_the_mapping_is_refused() {
+        // Mapping past the end of a file maps pages whose every access faults
+        // (SIGBUS on a CPU copy such as `Region::write_at`).
+        let m = Memory::memfd("fabric-test-short", 4096).unwrap();
+        let fd = m.fd().unwrap().try_clone_to_owned().unwrap();
+        match Memory::from_fd(fd, 1 << 20) {
+            Err(FabricError::InvalidArgument(msg)) => assert!(msg.contains("4096"), "{msg}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        let fd = m.fd().unwrap().try_clone_to_owned().unwrap();
+        assert_eq!(Memory::from_fd(fd, 4096).unwrap().len(), 4096);
     }
 
     #[test]

@@ -133,12 +133,28 @@ impl Domain {
 
     fn remove_key(&self, entry: &KeyEntry) {
         entry.revoke();
-        let mut keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
-        if keys
-            .get(&entry.rkey)
-            .is_some_and(|e| std::ptr::eq(&**e, entry))
-        {
-            keys.remove(&entry.rkey);
+        let children: Vec<Arc<KeyEntry>> = {
+            let mut keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
+            if keys
+                .get(&entry.rkey)
+                .is_some_and(|e| std::ptr::eq(&**e, entry))
+            {
+                keys.remove(&entry.rkey);
+            }
+            if entry.parent.is_some() {
+                Vec::new()
+            } else {
+                keys.values()
+                    .filter(|k| k.parent.as_ref().is_some_and(|p| std::ptr::eq(&**p, entry)))
+                    .cloned()
+                    .collect()
+            }
+        };
+        // A region's windows die with it. On tcp the parent's flag already
+        // refuses them; on verbs each window is its own MR, which the NIC
+        // keeps honouring until it is deregistered here.
+        for child in children {
+            child.revoke();
         }
     }
 
@@ -436,11 +452,20 @@ impl Region {
             self.addr() + offset as u64,
             len as u64,
             access,
-            ttl.map(|t| Instant::now() + t),
+            // A ttl too large for an `Instant` means "never expires" (no panic).
+            ttl.and_then(|t| Instant::now().checked_add(t)),
             Some(self.inner.key.clone()),
             verbs_mr,
         )?;
-        if let (Some(ttl), Some(_)) = (ttl, &self.inner.domain.inner.verbs) {
+        if self.inner.key.is_revoked() {
+            // Deregistered while we minted it (after the check above): its
+            // scan of the windows may have missed this one.
+            self.inner.domain.remove_key(&key);
+            return Err(FabricError::InvalidArgument(
+                "the region has been deregistered".into(),
+            ));
+        }
+        if let (Some(ttl), Some(_), Some(_)) = (ttl, key.expires, &self.inner.domain.inner.verbs) {
             // The NIC knows nothing of expiry: deregister the window's MR when it expires.
             schedule_expiry(self.inner.domain.clone(), Arc::downgrade(&key), ttl);
         }
@@ -660,9 +685,10 @@ pub struct RemoteBuf {
 impl RemoteBuf {
     /// The sub-range `[offset, offset+len)`, with the same rkey.
     pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteBuf> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(RemoteBuf {
-                addr: self.addr + offset,
+        // `addr` may come from the wire (a token): refuse a wrapping address.
+        match (offset.checked_add(len), self.addr.checked_add(offset)) {
+            (Some(end), Some(addr)) if end <= self.len => Ok(RemoteBuf {
+                addr,
                 len,
                 rkey: self.rkey,
             }),
@@ -800,6 +826,13 @@ mod tests {
         );
         assert!(e.enter().is_none());
 
+        // A huge ttl is "no expiry", not an `Instant` overflow panic.
+        let forever = r
+            .window(0, 10, Access::REMOTE_READ, Some(Duration::MAX))
+            .unwrap();
+        assert_eq!(forever.expires_at(), None);
+        assert!(d.lookup(forever.rkey()).unwrap().enter().is_some());
+
         assert!(r.window(8000, 500, Access::REMOTE_READ, None).is_err());
         let ro = d.alloc(10, Access::REMOTE_READ).unwrap();
         assert!(ro.window(0, 10, Access::REMOTE_WRITE, None).is_err());
@@ -815,6 +848,10 @@ mod tests {
         assert!(w.is_revoked());
         let e = d.lookup(w.rkey()).unwrap();
         assert!(e.enter().is_none());
+        // The window's own key is revoked too: on verbs that deregisters the
+        // window's MR, without which the NIC would keep serving its rkey.
+        assert!(*e.revoked.read().unwrap());
+        assert!(e.verbs_mr.lock().unwrap().is_none());
         drop(w);
         drop(r);
         assert_eq!(d.key_count(), 0);

@@ -182,9 +182,11 @@ impl RdmaToken {
     /// A token for the sub-range `[offset, offset+len)` with the same key and
     /// endpoint (what the dpu-agent hands each chunk's GET).
     pub fn slice(&self, offset: u64, len: u64) -> Result<RdmaToken, TokenError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size as u64 => Ok(RdmaToken {
-                addr: self.addr + offset,
+        // The address comes from the wire: a slice whose address would wrap
+        // past u64::MAX is refused, never wrapped (or a debug-build panic).
+        match (offset.checked_add(len), self.addr.checked_add(offset)) {
+            (Some(end), Some(addr)) if end <= self.size as u64 => Ok(RdmaToken {
+                addr,
                 size: len as u32,
                 ..*self
             }),
@@ -416,6 +418,21 @@ mod tests {
         assert_eq!((s.addr, s.size, s.rkey), (rb.addr + 1024, 2048, rb.rkey));
         assert!(t.slice(4000, 97).is_err());
         assert!(t.slice(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn slicing_a_token_whose_address_would_wrap_is_an_error_not_a_panic() {
+        // addr and size come from an untrusted header: addr + offset must not
+        // overflow (a panic in debug builds, a wrapped address in release).
+        let t = RdmaToken::parse(
+            "ffffffffffffff00:00001000:00000001:0050:000001:1:00000000000000000000ffff7f000001",
+        )
+        .unwrap();
+        assert!(matches!(t.slice(0x100, 1), Err(TokenError::Slice { .. })));
+        assert!(t.remote().slice(0x100, 1).is_err());
+        let s = t.slice(0xff, 1).unwrap();
+        assert_eq!((s.addr, s.size), (u64::MAX, 1));
+        assert_eq!(t.remote().slice(0xff, 1).unwrap().addr, u64::MAX);
     }
 
     proptest! {
