@@ -200,7 +200,7 @@ impl VerbsSession {
             &remote,
             access_flags(Access::LOCAL_WRITE),
         )?;
-        let req = Requester::new(qp);
+        let req = Requester::new(qp, domain.clone());
         let cq_task = {
             let req = req.clone();
             tokio::spawn(async move {

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::policy;
 use super::wire::QpInfo;
 use crate::error::{FabricError, OpError, OpStatus, Result};
-use crate::region::LocalSlice;
+use crate::region::{Domain, LocalSlice};
 
 /// Send-queue depth of a session's QP; more operations wait in a backlog.
 pub const MAX_SEND_WR: u32 = 512;
@@ -303,19 +303,29 @@ struct SendState {
     inflight: HashMap<u64, Posted>,
     backlog: VecDeque<Posted>,
     dead: bool,
+    /// Local buffers of operations failed by `fail_all` while the QP may
+    /// still hold their work requests: kept (mapped and registered) until
+    /// the QP is destroyed, which happens before `state` drops.
+    retired: Vec<LocalSlice>,
 }
 
 /// A requester's QP plus the bookkeeping that ties completions to operations.
 pub(crate) struct Requester {
     pub(crate) qp: QueuePair,
     state: Mutex<SendState>,
+    /// Keeps the device context and PD open until the QP and CQ (fields
+    /// above, dropped first) are destroyed: the completion task holds the
+    /// last `Arc<Requester>` after the session is gone, so without this the
+    /// domain could close the device under a live QP.
+    _domain: Domain,
 }
 
 impl Requester {
-    pub(crate) fn new(qp: QueuePair) -> Arc<Requester> {
+    pub(crate) fn new(qp: QueuePair, domain: Domain) -> Arc<Requester> {
         Arc::new(Requester {
             qp,
             state: Mutex::new(SendState::default()),
+            _domain: domain,
         })
     }
 
@@ -402,7 +412,9 @@ impl Requester {
         }
     }
 
-    /// Fails everything still outstanding (after the QP is destroyed).
+    /// Fails everything still outstanding. The QP may still be alive (the
+    /// completion loop failed), so the device may still use the posted
+    /// buffers: their slices are kept until the QP is destroyed.
     pub(crate) fn fail_all(&self, status: OpStatus) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.dead = true;
@@ -412,6 +424,7 @@ impl Requester {
             let mut info = op.info.clone();
             info.status = status;
             let _ = op.tx.send(Err(info));
+            st.retired.push(op.local);
         }
     }
 
