@@ -102,6 +102,14 @@ pub enum TokenError {
     /// The endpoint or window cannot be expressed as a token.
     #[error("cannot express as an x-amz-rdma-token: {0}")]
     Unrepresentable(String),
+    /// The token's memory range runs past the end of the address space.
+    #[error("x-amz-rdma-token memory {addr:#x}+{size} wraps past the end of the address space")]
+    AddressWraps {
+        /// The token's address.
+        addr: u64,
+        /// The token's size.
+        size: u32,
+    },
     /// A slice of the token is outside it.
     #[error("slice {offset}+{len} is outside the token's {size} bytes")]
     Slice {
@@ -154,9 +162,15 @@ impl RdmaToken {
         if gid_flag > 1 {
             return Err(TokenError::GidFlag(gid_flag));
         }
+        let (addr, size) = (vals[0] as u64, vals[1] as u32);
+        // Every byte the token grants must have an address: a range that
+        // wraps would make `addr + offset` overflow in whoever serves it.
+        if addr.checked_add(u64::from(size)).is_none() {
+            return Err(TokenError::AddressWraps { addr, size });
+        }
         Ok(RdmaToken {
-            addr: vals[0] as u64,
-            size: vals[1] as u32,
+            addr,
+            size,
             rkey: vals[2] as u32,
             lid: vals[3] as u16,
             dctn: vals[4] as u32,
@@ -229,6 +243,12 @@ impl RdmaToken {
                 remote.len
             ))
         })?;
+        if remote.addr.checked_add(remote.len).is_none() {
+            return Err(TokenError::AddressWraps {
+                addr: remote.addr,
+                size,
+            });
+        }
         let gid = match endpoint.addr.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped(),
             IpAddr::V6(v6) => v6,
@@ -424,10 +444,26 @@ mod tests {
     fn slicing_a_token_whose_address_would_wrap_is_an_error_not_a_panic() {
         // addr and size come from an untrusted header: addr + offset must not
         // overflow (a panic in debug builds, a wrapped address in release).
-        let t = RdmaToken::parse(
-            "ffffffffffffff00:00001000:00000001:0050:000001:1:00000000000000000000ffff7f000001",
-        )
-        .unwrap();
+        let wrapping =
+            "ffffffffffffff00:00001000:00000001:0050:000001:1:00000000000000000000ffff7f000001";
+        // Such a token is refused as soon as it is parsed...
+        assert_eq!(
+            RdmaToken::parse(wrapping),
+            Err(TokenError::AddressWraps {
+                addr: 0xffff_ffff_ffff_ff00,
+                size: 0x1000
+            })
+        );
+        // (Its exclusive end must be an address too: 0xff bytes is the most.)
+        let top =
+            "ffffffffffffff00:000000ff:00000001:0050:000001:1:00000000000000000000ffff7f000001";
+        assert_eq!(RdmaToken::parse(top).unwrap().size, 0xff);
+        assert!(RdmaToken::parse(&top.replace(":000000ff:", ":00000100:")).is_err());
+        // ...and slicing one built in memory is still checked.
+        let t = RdmaToken {
+            size: 0x1000,
+            ..RdmaToken::parse(top).unwrap()
+        };
         assert!(matches!(t.slice(0x100, 1), Err(TokenError::Slice { .. })));
         assert!(t.remote().slice(0x100, 1).is_err());
         let s = t.slice(0xff, 1).unwrap();
@@ -438,6 +474,7 @@ mod tests {
     proptest! {
         #[test]
         fn roundtrip(addr: u64, size: u32, rkey: u32, lid: u16, dctn in 0u32..=MAX_DCTN, gid_valid: bool, gid: [u8; 16]) {
+            prop_assume!(addr.checked_add(u64::from(size)).is_some());
             let t = RdmaToken { addr, size, rkey, lid, dctn, gid_valid, gid };
             let s = t.to_string();
             prop_assert_eq!(s.len(), TOKEN_LEN);
@@ -447,6 +484,7 @@ mod tests {
         #[test]
         fn endpoint_roundtrip(ip: std::net::Ipv4Addr, port: u16, responder in 0u32..=MAX_DCTN, addr: u64, len: u32, rkey: u32) {
             prop_assume!(!ip.is_unspecified());
+            prop_assume!(addr.checked_add(u64::from(len)).is_some());
             let ep = EndpointAddr { addr: SocketAddr::new(IpAddr::V4(ip), port), responder };
             let rb = RemoteBuf { addr, len: len as u64, rkey };
             let t = RdmaToken::parse(&RdmaToken::new(ep, rb).unwrap().to_string()).unwrap();

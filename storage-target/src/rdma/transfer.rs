@@ -84,6 +84,8 @@ fn post(
     let local = buf
         .slice(len)
         .map_err(|e| RdmaError::Internal(e.to_string()))?;
+    // Cannot overflow: `RdmaToken::parse` refuses tokens whose memory range
+    // wraps, and the plan keeps `off + len` within the token.
     let addr = remote.addr + off;
     let c = if write {
         ctx.session.session.write(local.clone(), addr, remote.rkey)
