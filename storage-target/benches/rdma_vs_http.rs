@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use common::{ADMIN, Server};
+use common::Server;
 use fabric::{Access, Domain, Endpoint, EndpointConfig};
 use http_body_util::BodyExt as _;
 
@@ -25,40 +25,17 @@ type Http = hyper_util::client::legacy::Client<
     http_body_util::Full<Bytes>,
 >;
 
+/// The headers of an RDMA request: the token, inside the SigV4 signature.
 fn sign(method: &str, url: &str, token: &str) -> Vec<(String, String)> {
-    use aws_sigv4::http_request::{
-        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
-    };
-    let identity =
-        aws_credential_types::Credentials::new(ADMIN.0, ADMIN.1, None, None, "bench").into();
-    let mut settings = SigningSettings::default();
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(SystemTime::now())
-        .settings(settings)
-        .build()
-        .expect("signing params")
-        .into();
-    let host = url.split('/').nth(2).expect("host").to_owned();
-    let headers = [("host", host.as_str()), ("x-amz-rdma-token", token)];
-    let req = SignableRequest::new(
+    let mut headers = common::sign_v4(
         method,
         url,
-        headers.iter().copied(),
-        SignableBody::UnsignedPayload,
-    )
-    .expect("signable");
-    let (instr, _) = sign(req, &params).expect("sign").into_parts();
-    let (hs, _) = instr.into_parts();
-    let mut out = vec![("x-amz-rdma-token".to_owned(), token.to_owned())];
-    out.extend(
-        hs.into_iter()
-            .map(|h| (h.name().to_owned(), h.value().to_owned())),
+        &[("x-amz-rdma-token", token)],
+        aws_sigv4::http_request::SignableBody::UnsignedPayload,
+        SystemTime::now(),
     );
-    out
+    headers.retain(|(k, _)| k != "host");
+    headers
 }
 
 async fn rdma_req(http: &Http, method: &str, url: &str, token: &str) {

@@ -10,7 +10,7 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use common::{ADMIN, READER, Raw, Server, md5_hex, raw};
+use common::{ADMIN, READER, Raw, Server, md5_hex, raw, sign_v4};
 
 fn code<E: ProvideErrorMetadata + std::fmt::Debug>(
     e: SdkError<E, aws_smithy_runtime_api::http::Response>,
@@ -304,50 +304,6 @@ async fn presigned_get_put_expired_and_tampered() {
     assert_ids_match(&r);
 }
 
-/// Signs a raw request with SigV4 in the Authorization header.
-fn sign(
-    method: &str,
-    url: &str,
-    extra: &[(&str, &str)],
-    body: aws_sigv4::http_request::SignableBody<'_>,
-    time: SystemTime,
-) -> Vec<(String, String)> {
-    use aws_sigv4::http_request::{PayloadChecksumKind, SignableRequest, SigningSettings, sign};
-    let identity = aws_credential_types::Credentials::new(ADMIN.0, ADMIN.1, None, None, "t").into();
-    let mut settings = SigningSettings::default();
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(time)
-        .settings(settings)
-        .build()
-        .unwrap()
-        .into();
-    let host = url.split('/').nth(2).unwrap().to_owned();
-    let mut headers: Vec<(String, String)> = vec![("host".into(), host)];
-    headers.extend(
-        extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
-    let req = SignableRequest::new(
-        method,
-        url,
-        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        body,
-    )
-    .unwrap();
-    let (instr, _) = sign(req, &params).unwrap().into_parts();
-    let (hs, _) = instr.into_parts();
-    headers.extend(
-        hs.into_iter()
-            .map(|h| (h.name().to_owned(), h.value().to_owned())),
-    );
-    headers
-}
-
 async fn signed(s: &Server, method: &str, path: &str, body: &'static [u8], mode: &str) -> Raw {
     use aws_sigv4::http_request::SignableBody;
     let url = s.url(path);
@@ -358,7 +314,7 @@ async fn signed(s: &Server, method: &str, path: &str, body: &'static [u8], mode:
         _ => unreachable!(),
     };
     let time = SystemTime::now();
-    let headers = sign(method, &url, &[], sb, time);
+    let headers = sign_v4(method, &url, &[], sb, time);
     let hs: Vec<(&str, &str)> = headers
         .iter()
         .filter(|(k, _)| k != "host")
@@ -467,7 +423,7 @@ async fn chunked(s: &Server, path: &str, payload: &[u8], crc: &str) -> Raw {
         ("x-amz-decoded-content-length", decoded.as_str()),
         ("x-amz-trailer", "x-amz-checksum-crc32"),
     ];
-    let headers = sign(
+    let headers = sign_v4(
         "PUT",
         &url,
         &extra,
@@ -486,7 +442,7 @@ async fn chunked(s: &Server, path: &str, payload: &[u8], crc: &str) -> Raw {
 async fn header_auth_clock_skew() {
     let s = setup().await;
     let url = s.url("/shared/obj");
-    let headers = sign(
+    let headers = sign_v4(
         "GET",
         &url,
         &[],

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
 use bytes::Bytes;
-use common::{ADMIN, Raw, Server, data, md5_hex, raw};
+use common::{Raw, Server, data, md5_hex, raw, sign_v4};
 use fabric::{Access, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
 use s3s::crypto::Checksum as _;
 use sha2::Digest as _;
@@ -121,41 +121,13 @@ async fn send_to(
     extra: &[(&str, &str)],
     after: &[(&str, &str)],
 ) -> Raw {
-    use aws_sigv4::http_request::{
-        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
-    };
     let url = format!("{endpoint}{path}");
-    let identity = aws_credential_types::Credentials::new(ADMIN.0, ADMIN.1, None, None, "t").into();
-    let mut settings = SigningSettings::default();
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(SystemTime::now())
-        .settings(settings)
-        .build()
-        .unwrap()
-        .into();
-    let host = url.split('/').nth(2).unwrap().to_owned();
-    let mut headers: Vec<(String, String)> = vec![("host".into(), host)];
-    headers.extend(
-        extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
-    let req = SignableRequest::new(
+    let mut headers = sign_v4(
         method,
         &url,
-        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        SignableBody::UnsignedPayload,
-    )
-    .unwrap();
-    let (instr, _) = sign(req, &params).unwrap().into_parts();
-    let (hs, _) = instr.into_parts();
-    headers.extend(
-        hs.into_iter()
-            .map(|h| (h.name().to_owned(), h.value().to_owned())),
+        extra,
+        aws_sigv4::http_request::SignableBody::UnsignedPayload,
+        SystemTime::now(),
     );
     headers.extend(
         after

@@ -6,6 +6,7 @@
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::SystemTime;
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
@@ -298,4 +299,51 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Signs a raw request as [`ADMIN`] with SigV4 in the Authorization header
+/// (region us-east-1, `x-amz-content-sha256` from `body`). Returns `host`,
+/// the `extra` headers (all among the signed headers) and the signing
+/// headers, ready to send.
+pub fn sign_v4(
+    method: &str,
+    url: &str,
+    extra: &[(&str, &str)],
+    body: aws_sigv4::http_request::SignableBody<'_>,
+    time: SystemTime,
+) -> Vec<(String, String)> {
+    use aws_sigv4::http_request::{PayloadChecksumKind, SignableRequest, SigningSettings, sign};
+    let identity = aws_credential_types::Credentials::new(ADMIN.0, ADMIN.1, None, None, "t").into();
+    let mut settings = SigningSettings::default();
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(time)
+        .settings(settings)
+        .build()
+        .expect("signing params")
+        .into();
+    let host = url.split('/').nth(2).expect("url has a host").to_owned();
+    let mut headers: Vec<(String, String)> = vec![("host".into(), host)];
+    headers.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let req = SignableRequest::new(
+        method,
+        url,
+        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        body,
+    )
+    .expect("signable request");
+    let (instr, _) = sign(req, &params).expect("sign").into_parts();
+    let (hs, _) = instr.into_parts();
+    headers.extend(
+        hs.into_iter()
+            .map(|h| (h.name().to_owned(), h.value().to_owned())),
+    );
+    headers
 }
