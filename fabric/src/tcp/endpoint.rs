@@ -5,9 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use super::frame::{
@@ -16,6 +14,7 @@ use super::frame::{
 };
 use super::handshake::{self, FabricKey};
 use super::io::{self, Tuning};
+use super::listener::Listener;
 use crate::access::Access;
 use crate::error::{FabricError, OpStatus, Result};
 use crate::memory::MemoryKind;
@@ -27,15 +26,13 @@ const SCRATCH: usize = 256 * 1024;
 const GUARDED_CHUNK: usize = 4 << 20;
 
 pub(crate) struct TcpEndpoint {
-    local: SocketAddr,
-    stop: watch::Sender<bool>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    listener: Listener,
 }
 
 impl std::fmt::Debug for TcpEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpEndpoint")
-            .field("local", &self.local)
+            .field("local", &self.listener.local_addr())
             .finish()
     }
 }
@@ -55,74 +52,28 @@ impl TcpEndpoint {
         responder: u32,
         tuning: Tuning,
     ) -> Result<TcpEndpoint> {
-        let listener = TcpListener::bind(bind)
-            .await
-            .map_err(|e| FabricError::io(format!("bind fabric endpoint on {bind}"), e))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| FabricError::io("local address of the fabric listener", e))?;
-        let (stop, stop_rx) = watch::channel(false);
         let ctx = Arc::new(Ctx {
             domain,
             key,
             responder,
             tuning,
         });
-        let task = tokio::spawn(accept_loop(listener, ctx, stop_rx));
-        Ok(TcpEndpoint {
-            local,
-            stop,
-            task: Some(task),
+        let listener = Listener::bind(bind, "fabric endpoint", move |stream, peer| {
+            serve(stream, peer, Arc::clone(&ctx))
         })
+        .await?;
+        Ok(TcpEndpoint { listener })
     }
 
     pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.listener.local_addr()
     }
 
     /// Stops accepting and drops every connection at once (outstanding
     /// operations of their sessions fail), then waits for the tasks to end.
-    pub(crate) async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.task.take() {
-            let _ = t.await;
-        }
+    pub(crate) async fn shutdown(self) {
+        self.listener.shutdown().await;
     }
-}
-
-impl Drop for TcpEndpoint {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-    }
-}
-
-async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = super::io::cancelled(&mut stop) => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            r = listener.accept() => match r {
-                Ok((stream, peer)) => {
-                    let ctx = ctx.clone();
-                    conns.spawn(async move {
-                        if let Err(e) = serve(stream, peer, ctx).await {
-                            debug!(%peer, error = %e, "fabric connection closed");
-                        }
-                    });
-                }
-                Err(e) => {
-                    warn!(error = %e, "fabric endpoint accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
 }
 
 fn protocol(peer: SocketAddr, source: FrameError) -> FabricError {

@@ -5,6 +5,7 @@
 //! * `endpoint`: the responder, which checks every request against the key
 //!   table and places WRITE payloads with `recv(2)` straight into region
 //!   memory and serves READs with `send(2)` straight from it;
+//! * `listener`: the accept loop both backends' endpoints use;
 //! * `session`: the requester, with many operations outstanding, optionally
 //!   striped over several TCP streams by remote address so that operations
 //!   touching the same bytes stay ordered (RC queue-pair semantics).
@@ -14,6 +15,7 @@ pub mod handshake;
 
 pub(crate) mod endpoint;
 pub(crate) mod io;
+pub(crate) mod listener;
 pub(crate) mod session;
 
 pub(crate) fn io_tuning(

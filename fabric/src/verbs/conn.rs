@@ -6,9 +6,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, watch};
-use tokio::task::JoinSet;
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::qp::{Posted, QueuePair, Requester};
@@ -20,6 +19,7 @@ use crate::region::{Domain, LocalSlice};
 use crate::tcp::frame::OpKind;
 use crate::tcp::handshake::FabricKey;
 use crate::tcp::io;
+use crate::tcp::listener::Listener;
 use crate::tcp::session::Completion;
 use crate::token::EndpointAddr;
 
@@ -60,15 +60,13 @@ fn local_info(v: &VerbsDomain, qp: &QueuePair, psn: u32) -> QpInfo {
 /// A verbs endpoint: accepts out-of-band connections and brings up one
 /// responder QP per session. The NIC serves the one-sided operations.
 pub(crate) struct VerbsEndpoint {
-    local: SocketAddr,
-    stop: watch::Sender<bool>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    listener: Listener,
 }
 
 impl std::fmt::Debug for VerbsEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VerbsEndpoint")
-            .field("local", &self.local)
+            .field("local", &self.listener.local_addr())
             .finish()
     }
 }
@@ -81,57 +79,19 @@ impl VerbsEndpoint {
         responder: u32,
     ) -> Result<VerbsEndpoint> {
         verbs_of(&domain)?;
-        let listener = TcpListener::bind(bind)
-            .await
-            .map_err(|e| FabricError::io(format!("bind verbs endpoint on {bind}"), e))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| FabricError::io("local address of the verbs listener", e))?;
-        let (stop, mut stop_rx) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                tokio::select! {
-                    _ = io::cancelled(&mut stop_rx) => break,
-                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                    r = listener.accept() => if let Ok((s, peer)) = r {
-                        let (domain, key) = (domain.clone(), key.clone());
-                        conns.spawn(async move {
-                            if let Err(e) = serve(s, peer, domain, key, responder).await {
-                                debug!(%peer, error = %e, "verbs connection closed");
-                            }
-                        });
-                    }
-                }
-            }
-            conns.abort_all();
-            while conns.join_next().await.is_some() {}
-        });
-        Ok(VerbsEndpoint {
-            local,
-            stop,
-            task: Some(task),
+        let listener = Listener::bind(bind, "verbs endpoint", move |stream, peer| {
+            serve(stream, peer, domain.clone(), key.clone(), responder)
         })
+        .await?;
+        Ok(VerbsEndpoint { listener })
     }
 
     pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.listener.local_addr()
     }
 
-    pub(crate) async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.task.take() {
-            let _ = t.await;
-        }
-    }
-}
-
-impl Drop for VerbsEndpoint {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
+    pub(crate) async fn shutdown(self) {
+        self.listener.shutdown().await;
     }
 }
 
