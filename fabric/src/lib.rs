@@ -17,6 +17,10 @@
 //!   [`Backend::Verbs`] (rdma-sys) where an RDMA device exists; opening a
 //!   verbs domain without one fails with [`FabricError::Unavailable`], which
 //!   callers use to fall back to tcp.
+//! * [`pool`] holds what request-serving programs build on a domain: a
+//!   bounded staging pool carved from one registered region and sessions
+//!   pooled per endpoint; [`config`] holds shared configuration pieces
+//!   (sizes such as `4MiB`, the fabric key file, backend names).
 //!
 //! # Backend differences
 //!
@@ -55,10 +59,12 @@
 //! ```
 
 mod access;
+pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
 mod memory;
+pub mod pool;
 mod region;
 pub mod tcp;
 pub mod token;

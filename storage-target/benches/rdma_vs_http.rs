@@ -107,7 +107,7 @@ async fn main() {
     const GIB: usize = 1 << 30;
     let domain = Domain::tcp();
     let mem = domain.alloc(GIB, Access::ALL).expect("client memory");
-    let key = storage_target::rdma::parse_fabric_key(KEY_HEX).expect("key");
+    let key = fabric::config::parse_fabric_key(KEY_HEX).expect("key");
     let endpoint = Endpoint::listen(
         &domain,
         EndpointConfig::new("127.0.0.1:0".parse().expect("addr"), key),

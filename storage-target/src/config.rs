@@ -328,7 +328,10 @@ mod tests {
         assert_eq!(users[0].access_key_id, "s3dma-local");
         assert_eq!(users[0].buckets[0].access, Access::ReadWrite);
         assert_eq!(c.rdma.mode, crate::rdma::RdmaMode::Disabled);
-        assert_eq!(c.rdma.staging_buffer_size, crate::rdma::ByteSize(4 << 20));
+        assert_eq!(
+            c.rdma.staging_buffer_size,
+            fabric::config::ByteSize(4 << 20)
+        );
         assert_eq!(c.rdma.connect_timeout_ms, 2000);
     }
 

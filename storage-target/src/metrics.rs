@@ -174,28 +174,6 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Sets the number of registered staging buffers.
-    pub fn rdma_staging_total(&self, n: usize) {
-        self.rdma_staging_total
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    /// Sets the number of staging buffers in use.
-    pub fn rdma_staging_in_use(&self, n: usize) {
-        self.rdma_staging_in_use
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    /// Sets the number of pooled sessions.
-    pub fn rdma_sessions(&self, n: usize) {
-        self.rdma_sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    /// Counts a session connect attempt by result.
-    pub fn rdma_connect(&self, result: &str) {
-        self.rdma_connects.with_label_values(&[result]).inc();
-    }
-
     /// Records one finished request.
     pub fn observe(&self, op: &str, status: u16, elapsed: Duration) {
         self.requests
@@ -225,6 +203,32 @@ impl Metrics {
             warn!(error = %e, "encoding metrics failed");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// The fabric pools' gauges and connect counter (the staging and session
+/// pools live in [`fabric::pool`]).
+impl fabric::pool::PoolObserver for Metrics {
+    /// Sets the number of registered staging buffers.
+    fn staging_total(&self, n: usize) {
+        self.rdma_staging_total
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the number of staging buffers in use.
+    fn staging_in_use(&self, n: usize) {
+        self.rdma_staging_in_use
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the number of pooled sessions.
+    fn sessions(&self, n: usize) {
+        self.rdma_sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a session connect attempt by result (`ok`, `timeout`, `error`).
+    fn connect(&self, outcome: &'static str) {
+        self.rdma_connects.with_label_values(&[outcome]).inc();
     }
 }
 

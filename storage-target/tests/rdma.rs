@@ -18,7 +18,7 @@ use sha2::Digest as _;
 const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
 fn key() -> FabricKey {
-    storage_target::rdma::parse_fabric_key(KEY_HEX).unwrap()
+    fabric::config::parse_fabric_key(KEY_HEX).unwrap()
 }
 
 /// A server with RDMA enabled on the tcp fabric; `extra` adds `rdma:` fields.

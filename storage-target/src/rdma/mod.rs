@@ -44,19 +44,22 @@
 //! # Modules
 //! * [`plan`]: pure helpers (signed-header check, request shape, sizes,
 //!   chunking, reply headers).
-//! * [`pool`]: the staging buffers, one registered region.
-//! * [`sessions`]: sessions pooled per endpoint, connect timeout, idle reaper.
 //! * [`transfer`]: pipelined disk→WRITE and READ→disk.
+//!
+//! The staging buffers (one registered region) and the sessions pooled per
+//! endpoint (connect timeout, idle reaper) are [`fabric::pool`]'s, reporting
+//! to [`Metrics`] through [`fabric::pool::PoolObserver`]; sizes and the
+//! fabric key file are read with [`fabric::config`].
 
 pub mod plan;
-pub mod pool;
-pub mod sessions;
 pub mod transfer;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fabric::config::ByteSize;
+use fabric::pool::{ConnectError, SessionPool, StagingPool};
 use fabric::{Backend, Domain, EndpointAddr, FabricKey, OpError, OpStatus, RdmaToken, TokenError};
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use s3s::{S3Error, S3ErrorCode};
@@ -67,8 +70,6 @@ use tracing::{info, warn};
 use crate::metrics::Metrics;
 use crate::store::ObjectReader;
 use plan::PlanError;
-use pool::StagingPool;
-use sessions::{ConnectError, SessionPool};
 
 /// Whether the target serves requests that carry `x-amz-rdma-token` over RDMA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -81,39 +82,6 @@ pub enum RdmaMode {
     Disabled,
 }
 
-/// The fabric backend to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendName {
-    /// Software RDMA over authenticated TCP (works everywhere).
-    #[default]
-    Tcp,
-    /// RDMA verbs; when no RDMA device exists the target logs a warning and
-    /// declines RDMA requests (501).
-    Verbs,
-}
-
-/// A size in bytes, written as a number of bytes or as `4MiB`, `512KiB`, `1GiB`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ByteSize(pub u64);
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Str(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(ByteSize(n)),
-            Raw::Str(s) => plan::parse_size(&s)
-                .map(ByteSize)
-                .map_err(serde::de::Error::custom),
-        }
-    }
-}
-
 /// The `rdma:` section of the configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,9 +91,11 @@ pub struct RdmaConfig {
     /// `x-amz-rdma-reply: 501`.
     #[serde(default)]
     pub mode: RdmaMode,
-    /// Fabric backend: `tcp` (default) or `verbs`.
-    #[serde(default)]
-    pub backend: BackendName,
+    /// Fabric backend: `tcp` (default; software RDMA over authenticated
+    /// TCP, works everywhere) or `verbs` (when no RDMA device exists the
+    /// target logs a warning and declines RDMA requests with 501).
+    #[serde(default = "default_backend")]
+    pub backend: Backend,
     /// File holding the pre-shared fabric key: hexadecimal, at least 32 hex
     /// digits (16 bytes), 64 (32 bytes) recommended; surrounding whitespace
     /// is ignored. Required when `mode: enabled`. Generate one with
@@ -154,6 +124,9 @@ pub struct RdmaConfig {
     pub idle_session_secs: u64,
 }
 
+fn default_backend() -> Backend {
+    Backend::Tcp
+}
 fn default_staging_buffers() -> usize {
     32
 }
@@ -177,7 +150,7 @@ impl Default for RdmaConfig {
     fn default() -> Self {
         RdmaConfig {
             mode: RdmaMode::Disabled,
-            backend: BackendName::Tcp,
+            backend: default_backend(),
             fabric_key_file: None,
             staging_buffers: default_staging_buffers(),
             staging_buffer_size: default_staging_buffer_size(),
@@ -187,24 +160,6 @@ impl Default for RdmaConfig {
             idle_session_secs: default_idle_session_secs(),
         }
     }
-}
-
-/// Parses a fabric key file's text (hex, whitespace-trimmed).
-///
-/// # Errors
-/// A message saying what is wrong (never the key itself).
-pub fn parse_fabric_key(text: &str) -> Result<FabricKey, String> {
-    let t = text.trim();
-    let bytes = hex::decode(t).map_err(|e| format!("not hexadecimal ({e})"))?;
-    if bytes.len() < FabricKey::MIN_LEN {
-        return Err(format!(
-            "the key is {} bytes; at least {} bytes ({} hex digits) are required",
-            bytes.len(),
-            FabricKey::MIN_LEN,
-            FabricKey::MIN_LEN * 2
-        ));
-    }
-    FabricKey::new(bytes).map_err(|e| e.to_string())
 }
 
 impl RdmaConfig {
@@ -252,18 +207,9 @@ impl RdmaConfig {
                 "required when rdma.mode is enabled".into(),
             );
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            (
-                "rdma.fabric_key_file".to_owned(),
-                format!("cannot read {}: {e}", path.display()),
-            )
-        })?;
-        parse_fabric_key(&text).map(Some).map_err(|m| {
-            (
-                "rdma.fabric_key_file".to_owned(),
-                format!("{}: {m}", path.display()),
-            )
-        })
+        fabric::config::read_fabric_key_file(path)
+            .map(Some)
+            .map_err(|m| ("rdma.fabric_key_file".to_owned(), m))
     }
 }
 
@@ -384,10 +330,7 @@ impl RdmaService {
         let (RdmaMode::Enabled, Some(key)) = (cfg.mode, key) else {
             return Self::disabled(metrics);
         };
-        let backend = match cfg.backend {
-            BackendName::Tcp => Backend::Tcp,
-            BackendName::Verbs => Backend::Verbs,
-        };
+        let backend = cfg.backend;
         let unavailable = |metrics| RdmaService {
             fabric: None,
             declined: "the RDMA fabric is unavailable on this server",
@@ -401,8 +344,12 @@ impl RdmaService {
             }
         };
         let size = usize::try_from(cfg.staging_buffer_size.0).unwrap_or(usize::MAX);
-        let pool = match StagingPool::new(&domain, cfg.staging_buffers, size, Arc::clone(&metrics))
-        {
+        let pool = match StagingPool::new(
+            &domain,
+            cfg.staging_buffers,
+            size,
+            Arc::clone(&metrics) as _,
+        ) {
             Ok(p) => p,
             Err(e) => {
                 warn!(error = %e, "registering the RDMA staging pool failed: declining RDMA requests (x-amz-rdma-reply: 501)");
@@ -414,7 +361,7 @@ impl RdmaService {
             key,
             Duration::from_millis(cfg.connect_timeout_ms),
             cfg.max_ops_per_session,
-            Arc::clone(&metrics),
+            Arc::clone(&metrics) as _,
         );
         sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
         let depth = cfg
@@ -572,6 +519,11 @@ mod tests {
         let e = serde_yaml::from_str::<RdmaConfig>("staging_buffer_size: 4MB\n").unwrap_err();
         assert!(e.to_string().contains("KiB"), "{e}");
         assert!(serde_yaml::from_str::<RdmaConfig>("mode: on\n").is_err());
+        assert_eq!(RdmaConfig::default().backend, Backend::Tcp);
+        let c: RdmaConfig = serde_yaml::from_str("backend: verbs\n").unwrap();
+        assert_eq!(c.backend, Backend::Verbs);
+        let e = serde_yaml::from_str::<RdmaConfig>("backend: rdma\n").unwrap_err();
+        assert!(e.to_string().contains("unknown variant `rdma`"), "{e}");
         assert!(serde_yaml::from_str::<RdmaConfig>("bogus: 1\n").is_err());
     }
 

@@ -140,27 +140,6 @@ pub fn reply_headers(reply: u16, bytes: Option<u64>) -> HeaderMap {
     h
 }
 
-/// Parses a size such as `4194304`, `4MiB`, `512KiB`, `1GiB` (binary units;
-/// `B` optional).
-///
-/// # Errors
-/// A message describing the accepted forms.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    let (num, unit) = s.split_at(digits);
-    let bad = || format!("{s:?} is not a size (use bytes, or a number with KiB, MiB or GiB)");
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(mult).ok_or_else(bad)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,16 +255,5 @@ mod tests {
         assert_eq!(h[RDMA_REPLY], "206");
         assert_eq!(h[RDMA_BYTES], "42");
         assert!(!reply_headers(501, None).contains_key(RDMA_BYTES));
-    }
-
-    #[test]
-    fn size_parsing() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
-        assert_eq!(parse_size("512 KiB"), Ok(512 << 10));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert!(parse_size("4MB").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("99999999999999GiB").is_err());
     }
 }

@@ -25,14 +25,13 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use fabric::RemoteBuf;
+use fabric::pool::{SessionEntry, StagingBuf, StagingPool};
 use futures::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 use super::RdmaError;
 use super::plan::chunks;
-use super::pool::{StagingBuf, StagingPool};
-use super::sessions::SessionEntry;
 use crate::metrics::Metrics;
 use crate::store::{BodyError, ObjectReader};
 
