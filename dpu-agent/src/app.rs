@@ -1,0 +1,246 @@
+//! Assembling and running the agent from a loaded configuration: metrics,
+//! fabric domain and pools, target clients, tenants, and the gRPC server
+//! (plain TCP or mTLS).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fabric::pool::{SessionPool, StagingPool};
+use fabric::{Backend, Domain, FabricKey};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::auth::ShimAuth;
+use crate::config::{BackendName, LoadedConfig};
+use crate::metrics::Metrics;
+use crate::plan::PutPolicy;
+use crate::policy::TenantPolicy;
+use crate::quota::TenantQuota;
+use crate::retry::RetryPolicy;
+use crate::s3::{Signer, TargetClient};
+use crate::service::AgentService;
+use crate::transfer::{Core, Settings, Tenant};
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The fabric could not be opened (e.g. `verbs` without an RDMA device).
+    #[error("fabric: {0}")]
+    Fabric(String),
+    /// A target client could not be built.
+    #[error("targets: {0}")]
+    Target(String),
+    /// TLS material could not be read.
+    #[error("listen.tls: {0}")]
+    Tls(String),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Running {
+    /// Where shims connect.
+    pub grpc_addr: SocketAddr,
+    /// Where `/metrics` is served, if enabled.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The shared state (tests and the bench read metrics from it).
+    pub core: Arc<Core>,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Running {
+    /// Stops accepting calls, lets running ones finish (bounded by
+    /// [`crate::service::SHUTDOWN_GRACE`]) and returns.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(crate::service::SHUTDOWN_GRACE, self.server).await;
+    }
+
+    /// Waits until the server stops on its own (it does not, unless it fails).
+    ///
+    /// # Errors
+    /// The server's transport error.
+    pub async fn wait(&mut self) -> Result<(), String> {
+        match (&mut self.server).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Builds the shared state (no listeners).
+///
+/// # Errors
+/// [`StartError`].
+pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>, StartError> {
+    let c = &cfg.config;
+    let backend = match c.fabric.backend {
+        BackendName::Tcp => Backend::Tcp,
+        BackendName::Verbs => Backend::Verbs,
+    };
+    let domain = Domain::open(backend).map_err(|e| StartError::Fabric(e.to_string()))?;
+    let key = FabricKey::new(cfg.fabric_key.expose().to_vec())
+        .map_err(|e| StartError::Fabric(format!("fabric.fabric_key_file: {e}")))?;
+    let observer: Arc<dyn fabric::pool::PoolObserver> = metrics.clone();
+    let staging = StagingPool::new(
+        &domain,
+        c.fabric.staging_buffers,
+        usize::try_from(c.fabric.staging_buffer_size.0)
+            .map_err(|_| StartError::Fabric("staging_buffer_size too large".into()))?,
+        Arc::clone(&observer),
+    )
+    .map_err(|e| StartError::Fabric(format!("allocating staging buffers: {e}")))?;
+    let sessions = SessionPool::new(
+        domain.clone(),
+        key,
+        Duration::from_millis(c.fabric.connect_timeout_ms),
+        c.fabric.max_ops_per_session,
+        observer,
+    );
+    sessions.spawn_reaper(Duration::from_secs(c.fabric.idle_session_secs));
+    let connect_timeout = Duration::from_millis(c.transfer.connect_timeout_ms);
+    let mut targets = Vec::new();
+    let mut routes = HashMap::new();
+    for (i, t) in c.targets.iter().enumerate() {
+        targets.push(TargetClient::new(t, connect_timeout).map_err(StartError::Target)?);
+        for b in &t.buckets {
+            routes.insert(b.clone(), i);
+        }
+    }
+    let tenants = cfg
+        .tenants
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                Arc::new(Tenant {
+                    name: t.name.clone(),
+                    signer: Signer::new(&t.access_key_id, t.secret_access_key.expose()),
+                    policy: TenantPolicy::new(&t.allow),
+                    quota: TenantQuota::new(&t.quotas),
+                }),
+            )
+        })
+        .collect();
+    let tr = &c.transfer;
+    let settings = Settings {
+        chunk_size: tr.chunk_size.0,
+        max_chunks_in_flight: tr.max_chunks_in_flight,
+        put: PutPolicy {
+            multipart_threshold: tr.multipart_threshold.0,
+            part_size: tr.part_size.0,
+        },
+        retry: RetryPolicy {
+            retries: tr.retries,
+            initial: Duration::from_millis(tr.backoff_initial_ms),
+            max: Duration::from_millis(tr.backoff_max_ms),
+        },
+        request_timeout: Duration::from_secs(tr.request_timeout_secs),
+        attempt_timeout: Duration::from_secs(tr.attempt_timeout_secs),
+        batch_concurrency: tr.batch_concurrency,
+    };
+    Ok(Arc::new(Core {
+        targets,
+        routes,
+        tenants,
+        settings,
+        staging,
+        sessions,
+        metrics,
+    }))
+}
+
+/// Starts the agent: binds the gRPC and metrics listeners, then serves.
+///
+/// # Errors
+/// [`StartError`].
+pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
+    let metrics = Arc::new(Metrics::new());
+    let core = build_core(&cfg, Arc::clone(&metrics))?;
+    let c = &cfg.config;
+    let metrics_addr = match c.metrics.address {
+        Some(addr) => {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Bind { addr, source })?;
+            let bound = l
+                .local_addr()
+                .map_err(|source| StartError::Bind { addr, source })?;
+            tokio::spawn(Arc::clone(&metrics).serve(l));
+            Some(bound)
+        }
+        None => None,
+    };
+    let addr = c.listen.address;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let grpc_addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let mut builder = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let Some(tls) = &c.listen.tls {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())))
+        };
+        let identity =
+            tonic::transport::Identity::from_pem(read(&tls.cert_file)?, read(&tls.key_file)?);
+        let ca = tonic::transport::Certificate::from_pem(read(&tls.client_ca_file)?);
+        let tls_cfg = tonic::transport::ServerTlsConfig::new()
+            .identity(identity)
+            .client_ca_root(ca)
+            // Shims without a certificate may still use bearer tokens.
+            .client_auth_optional(true);
+        builder = builder
+            .tls_config(tls_cfg)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+    }
+    let service = AgentService::new(Arc::clone(&core), Arc::new(ShimAuth::new(&cfg.shims)));
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let incoming = tokio_stream_from(listener);
+    let router = builder.add_service(
+        s3dma_proto::agent::v1::agent_server::AgentServer::new(service)
+            .max_decoding_message_size(16 << 20),
+    );
+    let server = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+            .await
+    });
+    info!(%grpc_addr, tls = c.listen.tls.is_some(), "dpu-agent serving");
+    Ok(Running {
+        grpc_addr,
+        metrics_addr,
+        core,
+        shutdown,
+        server,
+    })
+}
+
+/// Accepted connections as the stream tonic serves.
+fn tokio_stream_from(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |l| async move {
+        let r = l.accept().await.map(|(s, _)| {
+            let _ = s.set_nodelay(true);
+            s
+        });
+        Some((r, l))
+    })
+}

@@ -1,0 +1,2380 @@
+//! The dpu-agent YAML configuration file (`dpu-agent --config <file.yaml>`).
+//!
+//! The structs below are the operator reference: every field is documented
+//! with its unit, default and bounds, and `dpu-agent.example.yaml` is a
+//! complete, tested example. Unknown fields are rejected everywhere.
+//!
+//! * [`parse`] parses and validates the text without touching any other file
+//!   (used by tests and by `load`).
+//! * [`load`] reads the file, parses and validates it, reads the secret files
+//!   (tenant secret access keys, shim bearer tokens, the fabric key) and checks
+//!   that the TLS and CA files it names can be opened.
+//!
+//! Errors read `<file>: <field path>: <what is wrong>`, e.g.
+//! `/etc/s3dma/agent.yaml: tenants[1].quotas.max_concurrent_requests: must be at least 1`;
+//! YAML syntax, type and unknown-field errors read `<file>: <serde_yaml message>`
+//! (which names the field, the line and the column).
+//!
+//! Secrets are held in [`Secret`] / [`SecretBytes`], whose `Debug` prints
+//! `<redacted>`; no error message ever contains a secret. Relative paths in the
+//! file are relative to the agent's working directory.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::Deserialize;
+
+// ===========================================================================
+// Local stand-ins for shared types.
+// TODO(merge): replace with fabric::config::ByteSize (and the fabric-key
+// parser in fabric::config); this block only keeps the module independent of
+// the fabric crate while that move is in progress.
+// ===========================================================================
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const TIB: u64 = 1 << 40;
+
+/// A size in bytes, written in YAML as a bare number of bytes (`65536`) or a
+/// string with a binary unit: `B`, `KiB`, `MiB`, `GiB` or `TiB` (powers of
+/// 1024, case-sensitive), with or without a space: `4MiB`, `512KiB`,
+/// `64 MiB`. Decimal units (`KB`, `MB`, `GB`) and fractions are rejected.
+// TODO(merge): replace with fabric::config::ByteSize
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ByteSize, String> {
+        parse_size(s).map(ByteSize)
+    }
+}
+
+impl fmt::Display for ByteSize {
+    /// The largest binary unit that divides the size exactly: `4MiB`,
+    /// `1536KiB`, `100B` (a form [`ByteSize::from_str`] accepts).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        for (unit, name) in [(TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
+            if n != 0 && n.is_multiple_of(unit) {
+                return write!(f, "{}{name}", n / unit);
+            }
+        }
+        write!(f, "{n}B")
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ByteSize, D::Error> {
+        struct SizeVisitor;
+        impl serde::de::Visitor<'_> for SizeVisitor {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a size: a number of bytes or a string like \"4MiB\" \
+                     (units B, KiB, MiB, GiB, TiB)",
+                )
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                u64::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("a size cannot be negative (got {v})")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_any(SizeVisitor)
+    }
+}
+
+/// Parses `"4MiB"`, `"64 MiB"`, `"4096"`, `"4096B"`; see [`ByteSize`].
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    let Some((num, unit)) = t.split_at_checked(digits) else {
+        return Err(format!("{s:?} is not a size"));
+    };
+    let unit = unit.trim_start();
+    let usage = "write a whole number of bytes, optionally followed by B, KiB, MiB, GiB or TiB \
+                 (e.g. 4MiB)";
+    if num.is_empty() {
+        return Err(format!("{s:?} is not a size: {usage}"));
+    }
+    if unit.starts_with('.') || unit.starts_with(',') {
+        return Err(format!(
+            "{s:?}: fractions are not supported; use a smaller unit (e.g. 1536MiB instead of 1.5GiB)"
+        ));
+    }
+    let mult = match unit {
+        "" | "B" => 1,
+        "KiB" => KIB,
+        "MiB" => MIB,
+        "GiB" => GIB,
+        "TiB" => TIB,
+        _ => {
+            let lower = unit.to_ascii_lowercase();
+            return Err(
+                if matches!(
+                    lower.as_str(),
+                    "k" | "kb" | "m" | "mb" | "g" | "gb" | "t" | "tb"
+                ) {
+                    format!(
+                        "{s:?}: unit {unit:?} is ambiguous; use the binary units KiB, MiB, GiB \
+                         or TiB (powers of 1024)"
+                    )
+                } else {
+                    format!(
+                        "{s:?}: unknown unit {unit:?}; use B, KiB, MiB, GiB or TiB \
+                         (case-sensitive)"
+                    )
+                },
+            );
+        }
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is too large a size"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large a size"))
+}
+
+/// Smallest fabric key, in bytes (32 hex digits).
+const FABRIC_KEY_MIN_BYTES: usize = 16;
+
+/// Decodes a fabric key file's text: hexadecimal, surrounding whitespace
+/// ignored, at least [`FABRIC_KEY_MIN_BYTES`] bytes. Error messages never
+/// contain any part of the key.
+// TODO(merge): replace with the fabric-key parser in fabric::config.
+fn parse_fabric_key(text: &str) -> Result<SecretBytes, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("the key file is empty".to_owned());
+    }
+    if let Some(pos) = t.bytes().position(|b| !b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "the key is not hexadecimal (a non-hex character at position {pos}); \
+             generate one with `openssl rand -hex 32`"
+        ));
+    }
+    if !t.len().is_multiple_of(2) {
+        return Err("the key has an odd number of hex digits".to_owned());
+    }
+    if t.len() < FABRIC_KEY_MIN_BYTES * 2 {
+        return Err(format!(
+            "the key has {} hex digits; at least {} are required (64 recommended: \
+             `openssl rand -hex 32`)",
+            t.len(),
+            FABRIC_KEY_MIN_BYTES * 2
+        ));
+    }
+    let mut key = SecretBytes(vec![0; t.len() / 2]);
+    hex::decode_to_slice(t, &mut key.0)
+        .map_err(|_| "the key is not valid hexadecimal".to_owned())?;
+    Ok(key)
+}
+
+// ===========================================================================
+// End of local stand-ins.
+// ===========================================================================
+
+// ---------------------------------------------------------------------------
+// Secrets
+// ---------------------------------------------------------------------------
+
+/// A secret string read from a file: a tenant's secret access key or a shim's
+/// bearer token.
+///
+/// `Debug` prints `<redacted>`; there is deliberately no `Display`,
+/// `Serialize` or `PartialEq` (compare tokens in constant time on
+/// [`Secret::expose`], e.g. with `subtle`). The memory is overwritten with
+/// zeros when the value is dropped (best effort: copies made through
+/// [`Secret::expose`] are not covered).
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    #[must_use]
+    pub fn new(value: String) -> Secret {
+        Secret(value)
+    }
+
+    /// The secret itself. Never log it or put it in an error or a reply.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        wipe(std::mem::take(&mut self.0).into_bytes());
+    }
+}
+
+/// Secret bytes: the decoded fabric key. Same rules as [`Secret`]: `Debug`
+/// prints `<redacted>`, no `Display`/`Serialize`/`PartialEq`, zeroed on drop
+/// (best effort).
+#[derive(Clone)]
+pub struct SecretBytes(Vec<u8>);
+
+impl SecretBytes {
+    /// Wraps secret bytes.
+    #[must_use]
+    pub fn new(value: Vec<u8>) -> SecretBytes {
+        SecretBytes(value)
+    }
+
+    /// The secret bytes. Never log them.
+    #[must_use]
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Drop for SecretBytes {
+    fn drop(&mut self) {
+        wipe(std::mem::take(&mut self.0));
+    }
+}
+
+/// Overwrites the whole allocation of `bytes` with zeros before freeing it.
+fn wipe(mut bytes: Vec<u8>) {
+    let cap = bytes.capacity();
+    bytes.clear();
+    bytes.resize(cap, 0);
+    std::hint::black_box(&mut bytes);
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+/// Why the configuration could not be loaded. The message always starts with
+/// the configuration file's path and never contains a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The configuration file itself could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The configuration file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Malformed YAML, an unknown field, a missing field or a value of the
+    /// wrong type.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The configuration file.
+        file: String,
+        /// serde_yaml's message, which names the field, the line and the column.
+        message: String,
+    },
+    /// A field has an invalid value, or a file it names cannot be used.
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        /// The configuration file.
+        file: String,
+        /// Path of the offending field, e.g. `targets[0].endpoint`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The offending field's path, for [`ConfigError::Invalid`].
+    #[must_use]
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            ConfigError::Read { .. } | ConfigError::Parse { .. } => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The file, as parsed
+// ---------------------------------------------------------------------------
+
+/// The whole configuration file, as parsed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where host-shims reach the agent's gRPC API, and how it is secured.
+    pub listen: ListenConfig,
+    /// The host-shims allowed to connect, how each authenticates, and which
+    /// tenants each may act for. At least one.
+    pub shims: Vec<ShimConfig>,
+    /// The tenants: S3 credentials, grants and quotas. At least one.
+    pub tenants: Vec<TenantConfig>,
+    /// The S3 endpoints (storage targets) and the buckets each serves. At least one.
+    pub targets: Vec<TargetConfig>,
+    /// The RDMA fabric: backend, key and staging memory.
+    pub fabric: FabricConfig,
+    /// How requests are split into chunks and parts, retried and timed out.
+    /// Optional; every field has a default.
+    #[serde(default)]
+    pub transfer: TransferConfig,
+    /// The Prometheus endpoint. Optional; off by default.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `listen:` — the gRPC endpoint host-shims connect to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Address and port of the gRPC API for host-shims, e.g. `0.0.0.0:7000`
+    /// (port 0 picks a free port). Required.
+    pub address: SocketAddr,
+    /// TLS for the gRPC API. Omit for plaintext (then shims can only
+    /// authenticate with bearer tokens). With TLS configured every shim must
+    /// present a client certificate signed by `client_ca_file` (mTLS).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+/// `listen.tls:` — server certificate and the CA for shim client certificates.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain of the agent (leaf first).
+    pub cert_file: PathBuf,
+    /// PEM private key of the agent's certificate.
+    pub key_file: PathBuf,
+    /// PEM CA certificate(s) that sign shim client certificates. With TLS
+    /// configured every shim must present a certificate from this CA (mTLS).
+    pub client_ca_file: PathBuf,
+}
+
+/// `shims[]:` — one host-shim (one host) allowed to connect.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShimConfig {
+    /// Unique name of the shim (used in logs and metrics), e.g. the host name.
+    pub name: String,
+    /// File holding the shim's bearer token; the shim sends
+    /// `authorization: Bearer <token>`. The token is the file's content with
+    /// surrounding whitespace trimmed: at least 16 printable ASCII characters
+    /// without spaces, distinct for every shim (e.g. `openssl rand -hex 32`).
+    /// At least one of `token_file` and `tls_name` is required.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// DNS subject alternative name (or, failing that, common name) that the
+    /// shim's client certificate must carry. Requires `listen.tls`; distinct
+    /// for every shim.
+    #[serde(default)]
+    pub tls_name: Option<String>,
+    /// Names of the tenants this shim may act for (at least one; each must be
+    /// in `tenants`).
+    pub tenants: Vec<String>,
+}
+
+/// `tenants[]:` — one tenant: S3 credentials, what it may access, its quotas.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Unique tenant name, used by shims and in logs and metrics.
+    pub name: String,
+    /// The S3 access key id the agent signs this tenant's requests with
+    /// (SigV4). Printable ASCII without spaces; unique among tenants.
+    pub access_key_id: String,
+    /// File holding the S3 secret access key (surrounding whitespace is
+    /// trimmed; must not be empty). Read by the agent only; it never leaves
+    /// the DPU.
+    pub secret_access_key_file: PathBuf,
+    /// What the tenant may read and write. Everything not granted is denied;
+    /// an empty list denies everything.
+    pub allow: Vec<Grant>,
+    /// Limits on the tenant's concurrent work and bandwidth. Optional.
+    #[serde(default)]
+    pub quotas: Quotas,
+}
+
+/// `tenants[].allow[]:` — a grant of access to keys under a prefix of a bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    /// Bucket name, or `"*"` for every bucket. No `/`; `*` only alone
+    /// (patterns such as `team-*` are not supported).
+    pub bucket: String,
+    /// Key prefix the grant covers; `""` (default) covers every key. Listing
+    /// is allowed only under a prefix that starts with this one.
+    #[serde(default)]
+    pub prefix: String,
+    /// Whether the grant allows reading (GetObject, HeadObject, listing).
+    /// Default `true`.
+    #[serde(default = "default_true")]
+    pub read: bool,
+    /// Whether the grant allows writing (PutObject, multipart uploads).
+    /// Default `false`. At least one of `read` and `write` must be `true`.
+    #[serde(default)]
+    pub write: bool,
+}
+
+/// `tenants[].quotas:` — per-tenant limits enforced by the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    /// Requests of this tenant served at the same time. Default 64; at least 1.
+    #[serde(default = "default_max_concurrent_requests")]
+    pub max_concurrent_requests: usize,
+    /// Requests waiting for a slot beyond the concurrent ones; further
+    /// requests are refused at once with `SlowDown`. Default 256; 0 = no queue.
+    #[serde(default = "default_max_queued_requests")]
+    pub max_queued_requests: usize,
+    /// Bytes of this tenant's chunks in flight at once, over all its requests.
+    /// Default `1GiB`; at least `transfer.chunk_size` (otherwise no chunk
+    /// could ever start).
+    #[serde(default = "default_max_bytes_in_flight")]
+    pub max_bytes_in_flight: ByteSize,
+    /// Bandwidth cap for the tenant, bytes per second (e.g. `2GiB`). Omit for
+    /// unlimited (default); at least 1 when set.
+    #[serde(default)]
+    pub max_bytes_per_second: Option<ByteSize>,
+}
+
+/// `targets[]:` — one S3 endpoint and the buckets it serves.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Unique target name (logs and metrics).
+    pub name: String,
+    /// Base URL: `http://host[:port]` or `https://host[:port]` (an IPv6
+    /// address in brackets); no path other than `/`, no query, no user info.
+    /// Path-style requests (`/bucket/key`) are sent to it.
+    pub endpoint: String,
+    /// SigV4 signing region. Default `us-east-1`; must not be empty.
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// Bucket names served by this target, or `"*"` for every bucket not
+    /// listed by another target. A bucket name may appear in one target only,
+    /// and `"*"` at most once over all targets. At least one.
+    pub buckets: Vec<String>,
+    /// Whether requests carry `x-amz-rdma-token` so the target moves the bytes
+    /// by RDMA. `false` = plain S3: always the HTTP fallback path through the
+    /// agent's staging buffers. Default `true`.
+    #[serde(default = "default_true")]
+    pub rdma: bool,
+    /// PEM CA bundle to trust for an `https://` endpoint with a private CA
+    /// (in addition to the system roots). Only with `https://`.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Idle keep-alive HTTP connections kept per target. Default 64; 0
+    /// disables keep-alive.
+    #[serde(default = "default_max_idle_connections")]
+    pub max_idle_connections: usize,
+}
+
+/// `fabric:` — the RDMA fabric the agent uses to expose tenants' memory and
+/// its staging buffers to storage targets.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricConfig {
+    /// Fabric backend: `tcp` (software RDMA over authenticated TCP, works
+    /// everywhere; default) or `verbs` (an RDMA NIC).
+    #[serde(default)]
+    pub backend: BackendName,
+    /// File holding the pre-shared fabric key as hex: at least 32 hex digits
+    /// (16 bytes), 64 recommended (`openssl rand -hex 32`); surrounding
+    /// whitespace is ignored. Storage targets must hold the same key.
+    /// Required.
+    pub fabric_key_file: PathBuf,
+    /// Number of registered staging buffers used by the HTTP fallback path.
+    /// Default 32; 1..=4096. Memory used: `staging_buffers` x
+    /// `staging_buffer_size`, at most 16GiB.
+    #[serde(default = "default_staging_buffers")]
+    pub staging_buffers: usize,
+    /// Size of each staging buffer. Default `4MiB`; 4KiB..=256MiB.
+    #[serde(default = "default_staging_buffer_size")]
+    pub staging_buffer_size: ByteSize,
+    /// Time allowed to connect (and authenticate) to a fabric endpoint, in
+    /// milliseconds. Default 2000; at least 1.
+    #[serde(default = "default_fabric_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Most RDMA operations in flight on one fabric session. Default 64; at
+    /// least 1.
+    #[serde(default = "default_max_ops_per_session")]
+    pub max_ops_per_session: usize,
+    /// Fabric sessions idle this many seconds (nothing in flight) are closed.
+    /// Default 60; at least 1.
+    #[serde(default = "default_idle_session_secs")]
+    pub idle_session_secs: u64,
+}
+
+/// The fabric backend (`fabric.backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendName {
+    /// `tcp`: software RDMA over authenticated TCP (works everywhere).
+    #[default]
+    Tcp,
+    /// `verbs`: RDMA verbs on an RDMA NIC.
+    Verbs,
+}
+
+/// `transfer:` — how requests are split, pipelined, retried and timed out.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferConfig {
+    /// Size of one chunk: one ranged GET, or one RDMA token's slice. Default
+    /// `8MiB`; 64KiB..=1GiB (a token's size field is 32 bits).
+    #[serde(default = "default_chunk_size")]
+    pub chunk_size: ByteSize,
+    /// Chunks of one request in flight at once. Default 8; at least 1.
+    #[serde(default = "default_max_chunks_in_flight")]
+    pub max_chunks_in_flight: usize,
+    /// Objects at least this large are written with a multipart upload.
+    /// Default `64MiB`; 5MiB..=5GiB.
+    #[serde(default = "default_multipart_threshold")]
+    pub multipart_threshold: ByteSize,
+    /// Size of each part of a multipart upload (the last may be smaller).
+    /// Default `16MiB`; 5MiB..=5GiB (S3's limits).
+    #[serde(default = "default_part_size")]
+    pub part_size: ByteSize,
+    /// Retries of one chunk or part after a 5xx reply, a connection error or a
+    /// timeout (4xx replies are not retried). Default 4; 0 = no retries.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// First retry delay in milliseconds; doubles on every retry (with
+    /// jitter) up to `backoff_max_ms`. Default 50; at least 1.
+    #[serde(default = "default_backoff_initial_ms")]
+    pub backoff_initial_ms: u64,
+    /// Longest retry delay in milliseconds. Default 2000; at least
+    /// `backoff_initial_ms`.
+    #[serde(default = "default_backoff_max_ms")]
+    pub backoff_max_ms: u64,
+    /// Deadline for a whole request (all chunks and retries), in seconds.
+    /// Default 300; at least 1.
+    #[serde(default = "default_request_timeout_secs")]
+    pub request_timeout_secs: u64,
+    /// Deadline for one HTTP attempt, in seconds. Default 60; at least 1.
+    #[serde(default = "default_attempt_timeout_secs")]
+    pub attempt_timeout_secs: u64,
+    /// Time allowed for the TCP (and TLS) connection to a target, in
+    /// milliseconds. Default 3000; at least 1.
+    #[serde(default = "default_target_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Items of one GetObjects batch fetched at once. Default 16; at least 1.
+    #[serde(default = "default_batch_concurrency")]
+    pub batch_concurrency: usize,
+}
+
+/// `metrics:` — the Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Listen address of the Prometheus text endpoint (`GET /metrics`), e.g.
+    /// `127.0.0.1:9102`. Omit (default) to turn metrics off. Must differ from
+    /// `listen.address`.
+    #[serde(default)]
+    pub address: Option<SocketAddr>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_max_concurrent_requests() -> usize {
+    64
+}
+fn default_max_queued_requests() -> usize {
+    256
+}
+fn default_max_bytes_in_flight() -> ByteSize {
+    ByteSize(GIB)
+}
+fn default_region() -> String {
+    "us-east-1".to_owned()
+}
+fn default_max_idle_connections() -> usize {
+    64
+}
+fn default_staging_buffers() -> usize {
+    32
+}
+fn default_staging_buffer_size() -> ByteSize {
+    ByteSize(4 * MIB)
+}
+fn default_fabric_connect_timeout_ms() -> u64 {
+    2000
+}
+fn default_max_ops_per_session() -> usize {
+    64
+}
+fn default_idle_session_secs() -> u64 {
+    60
+}
+fn default_chunk_size() -> ByteSize {
+    ByteSize(8 * MIB)
+}
+fn default_max_chunks_in_flight() -> usize {
+    8
+}
+fn default_multipart_threshold() -> ByteSize {
+    ByteSize(64 * MIB)
+}
+fn default_part_size() -> ByteSize {
+    ByteSize(16 * MIB)
+}
+fn default_retries() -> u32 {
+    4
+}
+fn default_backoff_initial_ms() -> u64 {
+    50
+}
+fn default_backoff_max_ms() -> u64 {
+    2000
+}
+fn default_request_timeout_secs() -> u64 {
+    300
+}
+fn default_attempt_timeout_secs() -> u64 {
+    60
+}
+fn default_target_connect_timeout_ms() -> u64 {
+    3000
+}
+fn default_batch_concurrency() -> usize {
+    16
+}
+
+impl Default for Quotas {
+    fn default() -> Quotas {
+        Quotas {
+            max_concurrent_requests: default_max_concurrent_requests(),
+            max_queued_requests: default_max_queued_requests(),
+            max_bytes_in_flight: default_max_bytes_in_flight(),
+            max_bytes_per_second: None,
+        }
+    }
+}
+
+impl Default for TransferConfig {
+    fn default() -> TransferConfig {
+        TransferConfig {
+            chunk_size: default_chunk_size(),
+            max_chunks_in_flight: default_max_chunks_in_flight(),
+            multipart_threshold: default_multipart_threshold(),
+            part_size: default_part_size(),
+            retries: default_retries(),
+            backoff_initial_ms: default_backoff_initial_ms(),
+            backoff_max_ms: default_backoff_max_ms(),
+            request_timeout_secs: default_request_timeout_secs(),
+            attempt_timeout_secs: default_attempt_timeout_secs(),
+            connect_timeout_ms: default_target_connect_timeout_ms(),
+            batch_concurrency: default_batch_concurrency(),
+        }
+    }
+}
+
+impl Config {
+    /// The target serving `bucket`: the one that lists the name exactly,
+    /// otherwise the one listing `"*"`, otherwise `None`.
+    #[must_use]
+    pub fn target_for(&self, bucket: &str) -> Option<&TargetConfig> {
+        self.targets
+            .iter()
+            .find(|t| t.buckets.iter().any(|b| b == bucket))
+            .or_else(|| {
+                self.targets
+                    .iter()
+                    .find(|t| t.buckets.iter().any(|b| b == "*"))
+            })
+    }
+
+    /// Checks every rule that needs no file access (see the field docs);
+    /// `file` names the configuration file in errors.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first offending field.
+    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
+        let v = Validator {
+            file: file.display().to_string(),
+        };
+        v.listen(self)?;
+        v.transfer(&self.transfer)?;
+        v.fabric(&self.fabric)?;
+        v.tenants(self)?;
+        v.shims(self)?;
+        v.targets(&self.targets)?;
+        v.metrics(self)?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The loaded form
+// ---------------------------------------------------------------------------
+
+/// A validated configuration with its secrets read. `Debug` never shows a
+/// secret.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    /// The configuration file it was loaded from.
+    pub path: PathBuf,
+    /// The file as parsed (holds secret file paths, not secrets).
+    pub config: Config,
+    /// The tenants with their secrets, in the order of `config.tenants`.
+    pub tenants: Vec<LoadedTenant>,
+    /// The shims with their tokens, in the order of `config.shims`.
+    pub shims: Vec<LoadedShim>,
+    /// The decoded fabric key (at least 16 bytes).
+    pub fabric_key: SecretBytes,
+}
+
+impl LoadedConfig {
+    /// The tenant named `name`.
+    #[must_use]
+    pub fn tenant(&self, name: &str) -> Option<&LoadedTenant> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+
+    /// The shim named `name`.
+    #[must_use]
+    pub fn shim(&self, name: &str) -> Option<&LoadedShim> {
+        self.shims.iter().find(|s| s.name == name)
+    }
+}
+
+/// A tenant with its secret access key read.
+#[derive(Debug, Clone)]
+pub struct LoadedTenant {
+    /// Tenant name.
+    pub name: String,
+    /// S3 access key id.
+    pub access_key_id: String,
+    /// S3 secret access key (trimmed, non-empty).
+    pub secret_access_key: Secret,
+    /// The tenant's grants, in configuration order.
+    pub allow: Vec<Grant>,
+    /// The tenant's quotas.
+    pub quotas: Quotas,
+}
+
+/// A shim with its bearer token read.
+#[derive(Debug, Clone)]
+pub struct LoadedShim {
+    /// Shim name.
+    pub name: String,
+    /// Bearer token (trimmed, at least 16 printable ASCII characters), when
+    /// `token_file` is set.
+    pub token: Option<Secret>,
+    /// Name its client certificate must carry, when set.
+    pub tls_name: Option<String>,
+    /// Tenants it may act for.
+    pub tenants: Vec<String>,
+}
+
+/// Reads, parses and validates the configuration file at `path`, reads the
+/// secret files it names and checks that its TLS/CA files can be opened.
+///
+/// # Errors
+/// A [`ConfigError`] naming the file, the field and what is wrong.
+pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    let config = parse(path, &text)?;
+    let v = Validator { file };
+
+    if let Some(tls) = &config.listen.tls {
+        v.readable("listen.tls.cert_file", &tls.cert_file)?;
+        v.readable("listen.tls.key_file", &tls.key_file)?;
+        v.readable("listen.tls.client_ca_file", &tls.client_ca_file)?;
+    }
+    for (i, t) in config.targets.iter().enumerate() {
+        if let Some(ca) = &t.ca_file {
+            v.readable(&format!("targets[{i}].ca_file"), ca)?;
+        }
+    }
+
+    let mut tenants = Vec::with_capacity(config.tenants.len());
+    for (i, t) in config.tenants.iter().enumerate() {
+        let field = format!("tenants[{i}].secret_access_key_file");
+        let secret = v.read_secret(&field, &t.secret_access_key_file)?;
+        tenants.push(LoadedTenant {
+            name: t.name.clone(),
+            access_key_id: t.access_key_id.clone(),
+            secret_access_key: secret,
+            allow: t.allow.clone(),
+            quotas: t.quotas.clone(),
+        });
+    }
+
+    let mut shims: Vec<LoadedShim> = Vec::with_capacity(config.shims.len());
+    for (i, s) in config.shims.iter().enumerate() {
+        let token = match &s.token_file {
+            None => None,
+            Some(p) => {
+                let field = format!("shims[{i}].token_file");
+                let token = v.read_secret(&field, p)?;
+                let t = token.expose();
+                if !t.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(v.err(
+                        field,
+                        format!(
+                            "the token in {} must be printable ASCII without spaces",
+                            p.display()
+                        ),
+                    ));
+                }
+                if t.len() < 16 {
+                    return Err(v.err(
+                        field,
+                        format!(
+                            "the token in {} is {} characters long; at least 16 are required \
+                             (e.g. `openssl rand -hex 32`)",
+                            p.display(),
+                            t.len()
+                        ),
+                    ));
+                }
+                if let Some((j, other)) = shims.iter().enumerate().find(|(_, o)| {
+                    o.token
+                        .as_ref()
+                        .is_some_and(|o| o.expose().as_bytes() == t.as_bytes())
+                }) {
+                    return Err(v.err(
+                        field,
+                        format!(
+                            "the token in {} is the same as shims[{j}]'s ({:?}); every shim \
+                             needs its own token",
+                            p.display(),
+                            other.name
+                        ),
+                    ));
+                }
+                Some(token)
+            }
+        };
+        shims.push(LoadedShim {
+            name: s.name.clone(),
+            token,
+            tls_name: s.tls_name.clone(),
+            tenants: s.tenants.clone(),
+        });
+    }
+
+    let key_field = "fabric.fabric_key_file";
+    let key_path = &config.fabric.fabric_key_file;
+    let key_text = Secret::new(std::fs::read_to_string(key_path).map_err(|e| {
+        v.err(
+            key_field,
+            format!("cannot read {}: {e}", key_path.display()),
+        )
+    })?);
+    let fabric_key = parse_fabric_key(key_text.expose())
+        .map_err(|m| v.err(key_field, format!("{}: {m}", key_path.display())))?;
+
+    Ok(LoadedConfig {
+        path: path.to_path_buf(),
+        config,
+        tenants,
+        shims,
+        fabric_key,
+    })
+}
+
+/// Parses and validates configuration text without reading any other file;
+/// `path` names the file in errors.
+///
+/// # Errors
+/// [`ConfigError::Parse`] for malformed YAML, unknown fields or wrong types;
+/// [`ConfigError::Invalid`] for the first invalid field.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let config: Config = serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+        file: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    config.validate(path)?;
+    Ok(config)
+}
+
+// ---------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------
+
+/// Builds errors for one file and holds the validation rules.
+struct Validator {
+    file: String,
+}
+
+type Check = Result<(), ConfigError>;
+
+impl Validator {
+    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn at_least(&self, field: &str, value: u64, min: u64) -> Check {
+        if value < min {
+            return Err(self.err(field, format!("must be at least {min}, got {value}")));
+        }
+        Ok(())
+    }
+
+    fn size_between(&self, field: &str, value: ByteSize, min: u64, max: u64) -> Check {
+        if !(min..=max).contains(&value.0) {
+            return Err(self.err(
+                field,
+                format!(
+                    "must be between {} and {}, got {} ({} bytes)",
+                    ByteSize(min),
+                    ByteSize(max),
+                    value,
+                    value.0
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn non_empty_path(&self, field: &str, p: &Path) -> Check {
+        if p.as_os_str().is_empty() {
+            return Err(self.err(field, "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// A name: non-empty, no surrounding whitespace, no control characters.
+    fn name(&self, field: &str, name: &str) -> Check {
+        if name.trim().is_empty() {
+            return Err(self.err(field, "must not be empty"));
+        }
+        if name.trim() != name || name.chars().any(char::is_control) {
+            return Err(self.err(
+                field,
+                format!("{name:?} must not have surrounding spaces or control characters"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A bucket name in a grant or a target: `*` alone, or a name without `/`.
+    fn bucket(&self, field: &str, bucket: &str) -> Check {
+        if bucket.is_empty() {
+            return Err(self.err(field, "must not be empty (use \"*\" for every bucket)"));
+        }
+        if bucket.contains('/') {
+            return Err(self.err(
+                field,
+                format!(
+                    "{bucket:?} must be a bucket name, without '/' (put key prefixes in `prefix`)"
+                ),
+            ));
+        }
+        if bucket != "*" && bucket.contains('*') {
+            return Err(self.err(
+                field,
+                format!(
+                    "{bucket:?}: '*' is only allowed alone (every bucket); patterns are not supported"
+                ),
+            ));
+        }
+        if bucket.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(self.err(field, format!("{bucket:?} must not contain spaces")));
+        }
+        Ok(())
+    }
+
+    fn listen(&self, c: &Config) -> Check {
+        if let Some(tls) = &c.listen.tls {
+            self.non_empty_path("listen.tls.cert_file", &tls.cert_file)?;
+            self.non_empty_path("listen.tls.key_file", &tls.key_file)?;
+            self.non_empty_path("listen.tls.client_ca_file", &tls.client_ca_file)?;
+        }
+        Ok(())
+    }
+
+    fn transfer(&self, t: &TransferConfig) -> Check {
+        // A token's size field is 8 hex digits (32 bits); 1GiB fits.
+        self.size_between("transfer.chunk_size", t.chunk_size, 64 * KIB, GIB)?;
+        if t.chunk_size.0 > u64::from(u32::MAX) {
+            return Err(self.err(
+                "transfer.chunk_size",
+                "must fit the 32-bit size field of an RDMA token",
+            ));
+        }
+        self.at_least(
+            "transfer.max_chunks_in_flight",
+            t.max_chunks_in_flight as u64,
+            1,
+        )?;
+        self.size_between(
+            "transfer.multipart_threshold",
+            t.multipart_threshold,
+            5 * MIB,
+            5 * GIB,
+        )?;
+        self.size_between("transfer.part_size", t.part_size, 5 * MIB, 5 * GIB)?;
+        self.at_least("transfer.backoff_initial_ms", t.backoff_initial_ms, 1)?;
+        if t.backoff_max_ms < t.backoff_initial_ms {
+            return Err(self.err(
+                "transfer.backoff_max_ms",
+                format!(
+                    "must be at least transfer.backoff_initial_ms ({}), got {}",
+                    t.backoff_initial_ms, t.backoff_max_ms
+                ),
+            ));
+        }
+        self.at_least("transfer.request_timeout_secs", t.request_timeout_secs, 1)?;
+        self.at_least("transfer.attempt_timeout_secs", t.attempt_timeout_secs, 1)?;
+        self.at_least("transfer.connect_timeout_ms", t.connect_timeout_ms, 1)?;
+        self.at_least("transfer.batch_concurrency", t.batch_concurrency as u64, 1)?;
+        Ok(())
+    }
+
+    fn fabric(&self, f: &FabricConfig) -> Check {
+        self.non_empty_path("fabric.fabric_key_file", &f.fabric_key_file)?;
+        let n = f.staging_buffers as u64;
+        if !(1..=4096).contains(&n) {
+            return Err(self.err(
+                "fabric.staging_buffers",
+                format!("must be between 1 and 4096, got {n}"),
+            ));
+        }
+        self.size_between(
+            "fabric.staging_buffer_size",
+            f.staging_buffer_size,
+            4 * KIB,
+            256 * MIB,
+        )?;
+        if n.saturating_mul(f.staging_buffer_size.0) > 16 * GIB {
+            return Err(self.err(
+                "fabric.staging_buffer_size",
+                format!(
+                    "fabric.staging_buffers x fabric.staging_buffer_size must not exceed 16GiB \
+                     ({n} x {})",
+                    f.staging_buffer_size
+                ),
+            ));
+        }
+        self.at_least("fabric.connect_timeout_ms", f.connect_timeout_ms, 1)?;
+        self.at_least(
+            "fabric.max_ops_per_session",
+            f.max_ops_per_session as u64,
+            1,
+        )?;
+        self.at_least("fabric.idle_session_secs", f.idle_session_secs, 1)?;
+        Ok(())
+    }
+
+    fn tenants(&self, c: &Config) -> Check {
+        if c.tenants.is_empty() {
+            return Err(self.err("tenants", "at least one tenant is required"));
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut keys: HashMap<&str, usize> = HashMap::new();
+        for (i, t) in c.tenants.iter().enumerate() {
+            let at = |f: &str| format!("tenants[{i}].{f}");
+            self.name(&at("name"), &t.name)?;
+            if let Some(j) = names.insert(&t.name, i) {
+                return Err(self.err(
+                    at("name"),
+                    format!("duplicate tenant name {:?} (also tenants[{j}])", t.name),
+                ));
+            }
+            if t.access_key_id.is_empty() {
+                return Err(self.err(at("access_key_id"), "must not be empty"));
+            }
+            if !t.access_key_id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(self.err(
+                    at("access_key_id"),
+                    "must be printable ASCII without spaces",
+                ));
+            }
+            if let Some(j) = keys.insert(&t.access_key_id, i) {
+                return Err(self.err(
+                    at("access_key_id"),
+                    format!(
+                        "duplicate access key id {:?} (also tenants[{j}])",
+                        t.access_key_id
+                    ),
+                ));
+            }
+            self.non_empty_path(&at("secret_access_key_file"), &t.secret_access_key_file)?;
+            for (j, g) in t.allow.iter().enumerate() {
+                let ga = |f: &str| format!("tenants[{i}].allow[{j}].{f}");
+                self.bucket(&ga("bucket"), &g.bucket)?;
+                if !g.read && !g.write {
+                    return Err(self.err(
+                        format!("tenants[{i}].allow[{j}]"),
+                        "grants nothing: set read and/or write to true",
+                    ));
+                }
+            }
+            let q = &t.quotas;
+            self.at_least(
+                &at("quotas.max_concurrent_requests"),
+                q.max_concurrent_requests as u64,
+                1,
+            )?;
+            let chunk = c.transfer.chunk_size;
+            if q.max_bytes_in_flight < chunk {
+                return Err(self.err(
+                    at("quotas.max_bytes_in_flight"),
+                    format!(
+                        "{} is less than transfer.chunk_size ({chunk}): no chunk could ever \
+                         start; set it to at least {chunk}",
+                        q.max_bytes_in_flight
+                    ),
+                ));
+            }
+            if let Some(bps) = q.max_bytes_per_second {
+                self.at_least(&at("quotas.max_bytes_per_second"), bps.0, 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn shims(&self, c: &Config) -> Check {
+        if c.shims.is_empty() {
+            return Err(self.err("shims", "at least one shim is required"));
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut tls_names: HashMap<&str, usize> = HashMap::new();
+        for (i, s) in c.shims.iter().enumerate() {
+            let at = |f: &str| format!("shims[{i}].{f}");
+            self.name(&at("name"), &s.name)?;
+            if let Some(j) = names.insert(&s.name, i) {
+                return Err(self.err(
+                    at("name"),
+                    format!("duplicate shim name {:?} (also shims[{j}])", s.name),
+                ));
+            }
+            if s.token_file.is_none() && s.tls_name.is_none() {
+                return Err(self.err(
+                    format!("shims[{i}]"),
+                    "needs token_file or tls_name (or both) to authenticate",
+                ));
+            }
+            if let Some(p) = &s.token_file {
+                self.non_empty_path(&at("token_file"), p)?;
+            }
+            if let Some(n) = &s.tls_name {
+                self.name(&at("tls_name"), n)?;
+                if c.listen.tls.is_none() {
+                    return Err(self.err(
+                        at("tls_name"),
+                        "requires listen.tls (client certificates need TLS)",
+                    ));
+                }
+                if let Some(j) = tls_names.insert(n, i) {
+                    return Err(self.err(
+                        at("tls_name"),
+                        format!("duplicate tls_name {n:?} (also shims[{j}])"),
+                    ));
+                }
+            }
+            if s.tenants.is_empty() {
+                return Err(self.err(at("tenants"), "must name at least one tenant"));
+            }
+            for (j, t) in s.tenants.iter().enumerate() {
+                if !c.tenants.iter().any(|ct| &ct.name == t) {
+                    return Err(self.err(
+                        format!("shims[{i}].tenants[{j}]"),
+                        format!("unknown tenant {t:?} (not in tenants)"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn targets(&self, targets: &[TargetConfig]) -> Check {
+        if targets.is_empty() {
+            return Err(self.err("targets", "at least one target is required"));
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut buckets: HashMap<&str, usize> = HashMap::new();
+        for (i, t) in targets.iter().enumerate() {
+            let at = |f: &str| format!("targets[{i}].{f}");
+            self.name(&at("name"), &t.name)?;
+            if let Some(j) = names.insert(&t.name, i) {
+                return Err(self.err(
+                    at("name"),
+                    format!("duplicate target name {:?} (also targets[{j}])", t.name),
+                ));
+            }
+            let https = check_endpoint(&t.endpoint).map_err(|m| self.err(at("endpoint"), m))?;
+            if t.region.trim().is_empty() {
+                return Err(self.err(at("region"), "must not be empty"));
+            }
+            if t.region
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(self.err(at("region"), "must not contain spaces"));
+            }
+            if let Some(ca) = &t.ca_file {
+                if !https {
+                    return Err(self.err(at("ca_file"), "only allowed with an https:// endpoint"));
+                }
+                self.non_empty_path(&at("ca_file"), ca)?;
+            }
+            if t.buckets.is_empty() {
+                return Err(self.err(
+                    at("buckets"),
+                    "must name at least one bucket, or \"*\" for every bucket",
+                ));
+            }
+            for (j, b) in t.buckets.iter().enumerate() {
+                let field = format!("targets[{i}].buckets[{j}]");
+                self.bucket(&field, b)?;
+                if let Some(k) = buckets.insert(b, i) {
+                    let what = if b == "*" {
+                        "\"*\" may appear in one target only".to_owned()
+                    } else {
+                        format!("bucket {b:?} is served by one target only")
+                    };
+                    return Err(self.err(
+                        field,
+                        format!(
+                            "{what}; already listed by targets[{k}] ({:?})",
+                            targets.get(k).map_or("", |o| o.name.as_str())
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn metrics(&self, c: &Config) -> Check {
+        if let Some(a) = c.metrics.address
+            && a.port() != 0
+            && a == c.listen.address
+        {
+            return Err(self.err("metrics.address", "must differ from listen.address"));
+        }
+        Ok(())
+    }
+
+    /// Checks that `path` can be opened for reading (its content is not read).
+    fn readable(&self, field: &str, path: &Path) -> Check {
+        let cannot =
+            |e: std::io::Error| self.err(field, format!("cannot read {}: {e}", path.display()));
+        let f = std::fs::File::open(path).map_err(cannot)?;
+        if !f.metadata().map_err(cannot)?.is_file() {
+            return Err(self.err(field, format!("{} is not a regular file", path.display())));
+        }
+        Ok(())
+    }
+
+    /// Reads a secret file: its content, trimmed, must not be empty. Errors
+    /// name the field and the path, never the content.
+    fn read_secret(&self, field: &str, path: &Path) -> Result<Secret, ConfigError> {
+        let raw = Secret::new(
+            std::fs::read_to_string(path)
+                .map_err(|e| self.err(field, format!("cannot read {}: {e}", path.display())))?,
+        );
+        let value = raw.expose().trim();
+        if value.is_empty() {
+            return Err(self.err(field, format!("{} is empty", path.display())));
+        }
+        Ok(Secret::new(value.to_owned()))
+    }
+}
+
+/// Checks a target endpoint: `http://` or `https://`, then `host[:port]` (an
+/// IPv6 address in brackets), optionally followed by a single `/`. Returns
+/// whether it is https. Messages do not repeat the value (it could hold
+/// credentials).
+fn check_endpoint(endpoint: &str) -> Result<bool, String> {
+    let form = "must be http://host[:port] or https://host[:port]";
+    let (https, rest) = if let Some(r) = endpoint.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = endpoint.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err(format!("{form} (scheme http:// or https://)"));
+    };
+    let (authority, tail) = rest
+        .find(['/', '?', '#'])
+        .and_then(|i| rest.split_at_checked(i))
+        .unwrap_or((rest, ""));
+    let (path, after_path) = tail
+        .find(['?', '#'])
+        .and_then(|i| tail.split_at_checked(i))
+        .unwrap_or((tail, ""));
+    if !path.is_empty() && path != "/" {
+        return Err(format!("{form}: no path (the agent adds /bucket/key)"));
+    }
+    if after_path.starts_with('?') {
+        return Err(format!("{form}: no query"));
+    }
+    if after_path.starts_with('#') {
+        return Err(format!("{form}: no fragment"));
+    }
+    if authority.contains('@') {
+        return Err(format!(
+            "{form}: no user info (credentials belong in secret files)"
+        ));
+    }
+    if authority
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!("{form}: no spaces or control characters"));
+    }
+    if authority.is_empty() {
+        return Err(format!("{form}: the host is missing"));
+    }
+    let (host, port) = if let Some(r) = authority.strip_prefix('[') {
+        let Some((h, after)) = r.split_once(']') else {
+            return Err(format!("{form}: unterminated [IPv6 address]"));
+        };
+        if h.parse::<Ipv6Addr>().is_err() {
+            return Err(format!("{form}: invalid IPv6 address in brackets"));
+        }
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("{form}: unexpected characters after ']'"))?,
+            ),
+        };
+        (h, port)
+    } else {
+        if authority.matches(':').count() > 1 {
+            return Err(format!(
+                "{form}: write an IPv6 address in brackets, e.g. http://[::1]:9000"
+            ));
+        }
+        let (h, port) = match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        };
+        if h.is_empty() {
+            return Err(format!("{form}: the host is missing"));
+        }
+        if !h
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        {
+            return Err(format!(
+                "{form}: the host may only contain letters, digits, '-', '.' and '_'"
+            ));
+        }
+        (h, port)
+    };
+    if host.is_empty() {
+        return Err(format!("{form}: the host is missing"));
+    }
+    if let Some(p) = port {
+        let valid = !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u16>().is_ok_and(|n| n != 0);
+        if !valid {
+            return Err(format!("{form}: the port must be a number from 1 to 65535"));
+        }
+    }
+    Ok(https)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../dpu-agent.example.yaml");
+
+    /// A minimal valid configuration.
+    const BASE: &str = "\
+listen:
+  address: 127.0.0.1:7000
+shims:
+  - name: host1
+    token_file: /etc/s3dma/host1.token
+    tenants: [alice]
+tenants:
+  - name: alice
+    access_key_id: AKALICE
+    secret_access_key_file: /etc/s3dma/alice.secret
+    allow:
+      - bucket: alice-data
+        write: true
+targets:
+  - name: local
+    endpoint: http://127.0.0.1:9000
+    buckets: [\"*\"]
+fabric:
+  fabric_key_file: /etc/s3dma/fabric.key
+";
+
+    fn p() -> &'static Path {
+        Path::new("/etc/s3dma/agent.yaml")
+    }
+
+    fn base() -> Config {
+        parse(p(), BASE).unwrap()
+    }
+
+    fn parse_err(text: &str) -> String {
+        parse(p(), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn example_parses_and_validates() {
+        let c = parse(Path::new("dpu-agent.example.yaml"), EXAMPLE).unwrap();
+        assert_eq!(c.listen.address, "127.0.0.1:7000".parse().unwrap());
+        assert!(c.listen.tls.is_none());
+        assert_eq!(c.shims.len(), 1);
+        assert_eq!(c.shims[0].tenants, ["alice", "bob"]);
+        assert_eq!(c.tenants.len(), 2);
+        let alice = &c.tenants[0];
+        assert_eq!(alice.name, "alice");
+        assert_eq!(alice.allow[0].bucket, "alice-data");
+        assert!(alice.allow[0].read && alice.allow[0].write);
+        let bob = &c.tenants[1];
+        assert_eq!(bob.allow[0].bucket, "shared");
+        assert_eq!(bob.allow[0].prefix, "datasets/");
+        assert!(bob.allow[0].read && !bob.allow[0].write);
+        assert_eq!(c.targets.len(), 1);
+        assert_eq!(c.targets[0].endpoint, "http://127.0.0.1:9000");
+        assert!(c.targets[0].rdma);
+        assert_eq!(c.target_for("anything").unwrap().name, c.targets[0].name);
+        assert_eq!(c.fabric.backend, BackendName::Tcp);
+        // The transfer section spells out the defaults.
+        assert_eq!(c.transfer, TransferConfig::default());
+        assert_eq!(c.fabric.staging_buffers, default_staging_buffers());
+        assert_eq!(c.fabric.staging_buffer_size, default_staging_buffer_size());
+        assert_eq!(c.metrics.address, Some("127.0.0.1:9102".parse().unwrap()));
+    }
+
+    /// Uncomments the example's optional settings: lines whose `#` is directly
+    /// followed by YAML (`#tls:`, `#  cert_file: ...`, `#- name: ...`), as
+    /// opposed to prose (`# text`, exactly one space after `#`).
+    fn uncomment(text: &str) -> String {
+        let mut out = String::new();
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            let indent = &line[..line.len() - trimmed.len()];
+            match trimmed.strip_prefix('#') {
+                Some(rest)
+                    if !rest.trim().is_empty()
+                        && !rest.starts_with('#')
+                        && (!rest.starts_with(' ') || rest.starts_with("  ")) =>
+                {
+                    out.push_str(indent);
+                    out.push_str(rest);
+                }
+                _ => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    #[test]
+    fn example_optional_blocks_also_validate() {
+        // Enabling the commented TLS block, the mTLS shim and the plain-S3
+        // target must give a valid file too.
+        let text = uncomment(EXAMPLE);
+        let c = parse(Path::new("uncommented.yaml"), &text).unwrap();
+        let tls = c.listen.tls.as_ref().unwrap();
+        assert_eq!(tls.client_ca_file, Path::new("/etc/s3dma/shim-ca.pem"));
+        assert_eq!(c.shims.len(), 2);
+        assert_eq!(
+            c.shims[1].tls_name.as_deref(),
+            Some("host2.example.internal")
+        );
+        assert_eq!(c.targets.len(), 2);
+        assert!(!c.targets[1].rdma);
+        assert_eq!(c.target_for("archive").unwrap().name, c.targets[1].name);
+        assert_eq!(c.target_for("other").unwrap().name, c.targets[0].name);
+    }
+
+    #[test]
+    fn defaults() {
+        let c = base();
+        assert_eq!(c.transfer, TransferConfig::default());
+        assert_eq!(c.transfer.chunk_size, ByteSize(8 << 20));
+        assert_eq!(c.transfer.max_chunks_in_flight, 8);
+        assert_eq!(c.transfer.multipart_threshold, ByteSize(64 << 20));
+        assert_eq!(c.transfer.part_size, ByteSize(16 << 20));
+        assert_eq!(c.transfer.retries, 4);
+        assert_eq!(c.transfer.backoff_initial_ms, 50);
+        assert_eq!(c.transfer.backoff_max_ms, 2000);
+        assert_eq!(c.transfer.request_timeout_secs, 300);
+        assert_eq!(c.transfer.attempt_timeout_secs, 60);
+        assert_eq!(c.transfer.connect_timeout_ms, 3000);
+        assert_eq!(c.transfer.batch_concurrency, 16);
+        assert_eq!(c.metrics, MetricsConfig::default());
+        assert_eq!(c.metrics.address, None);
+        let q = &c.tenants[0].quotas;
+        assert_eq!(*q, Quotas::default());
+        assert_eq!(q.max_concurrent_requests, 64);
+        assert_eq!(q.max_queued_requests, 256);
+        assert_eq!(q.max_bytes_in_flight, ByteSize(1 << 30));
+        assert_eq!(q.max_bytes_per_second, None);
+        let g = &c.tenants[0].allow[0];
+        assert_eq!(g.prefix, "");
+        assert!(g.read);
+        let t = &c.targets[0];
+        assert_eq!(t.region, "us-east-1");
+        assert!(t.rdma);
+        assert_eq!(t.ca_file, None);
+        assert_eq!(t.max_idle_connections, 64);
+        let f = &c.fabric;
+        assert_eq!(f.backend, BackendName::Tcp);
+        assert_eq!(f.staging_buffers, 32);
+        assert_eq!(f.staging_buffer_size, ByteSize(4 << 20));
+        assert_eq!(f.connect_timeout_ms, 2000);
+        assert_eq!(f.max_ops_per_session, 64);
+        assert_eq!(f.idle_session_secs, 60);
+    }
+
+    #[test]
+    fn byte_sizes() {
+        let ok = [
+            ("4096", 4096),
+            ("0", 0),
+            ("4096B", 4096),
+            ("512KiB", 512 << 10),
+            ("4MiB", 4 << 20),
+            ("64 MiB", 64 << 20),
+            (" 1GiB ", 1 << 30),
+            ("2TiB", 2 << 40),
+        ];
+        for (s, n) in ok {
+            assert_eq!(s.parse::<ByteSize>(), Ok(ByteSize(n)), "{s}");
+        }
+        let bad = [
+            ("4MB", "ambiguous"),
+            ("4 GB", "ambiguous"),
+            ("4k", "ambiguous"),
+            ("4mib", "unknown unit"),
+            ("4Mib", "unknown unit"),
+            ("4 PiB", "unknown unit"),
+            ("1.5GiB", "fractions"),
+            ("MiB", "not a size"),
+            ("", "not a size"),
+            ("-4", "not a size"),
+            ("99999999999999999999", "too large"),
+            ("20000000TiB", "too large"),
+        ];
+        for (s, want) in bad {
+            let e = s.parse::<ByteSize>().unwrap_err();
+            assert!(e.contains(want), "{s}: {e}");
+        }
+        for (n, s) in [
+            (4 << 20, "4MiB"),
+            (1536 << 10, "1536KiB"),
+            (100, "100B"),
+            (0, "0B"),
+            (1 << 30, "1GiB"),
+        ] {
+            assert_eq!(ByteSize(n).to_string(), s);
+            assert_eq!(s.parse::<ByteSize>(), Ok(ByteSize(n)));
+        }
+    }
+
+    #[test]
+    fn byte_sizes_in_yaml() {
+        let with = |v: &str| BASE.to_owned() + &format!("transfer:\n  chunk_size: {v}\n");
+        assert_eq!(
+            parse(p(), &with("65536")).unwrap().transfer.chunk_size,
+            ByteSize(65536)
+        );
+        assert_eq!(
+            parse(p(), &with("\"16 MiB\"")).unwrap().transfer.chunk_size,
+            ByteSize(16 << 20)
+        );
+        assert_eq!(
+            parse(p(), &with("16MiB")).unwrap().transfer.chunk_size,
+            ByteSize(16 << 20)
+        );
+        let e = parse_err(&with("16MB"));
+        assert!(
+            e.contains("transfer.chunk_size") && e.contains("ambiguous"),
+            "{e}"
+        );
+        let e = parse_err(&with("-5"));
+        assert!(
+            e.contains("transfer.chunk_size") && e.contains("negative"),
+            "{e}"
+        );
+        let e = parse_err(&with("1.5"));
+        assert!(
+            e.contains("transfer.chunk_size") && e.contains("floating point"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_naming_the_field() {
+        let cases = [
+            (
+                BASE.replace("listen:\n", "listen:\n  adress: 1.2.3.4:5\n"),
+                "adress",
+            ),
+            (BASE.to_owned() + "extra: 1\n", "extra"),
+            (
+                BASE.replace(
+                    "        write: true",
+                    "        write: true\n        delete: true",
+                ),
+                "delete",
+            ),
+            (
+                BASE.replace(
+                    "    buckets: [\"*\"]",
+                    "    buckets: [\"*\"]\n    path_style: true",
+                ),
+                "path_style",
+            ),
+            (
+                BASE.to_owned() + "transfer:\n  chunksize: 1MiB\n",
+                "chunksize",
+            ),
+            (
+                BASE.to_owned() + "metrics:\n  listen: 1.2.3.4:5\n",
+                "listen",
+            ),
+            (
+                BASE.replace(
+                    "    tenants: [alice]",
+                    "    tenants: [alice]\n    token: abc",
+                ),
+                "token",
+            ),
+            (
+                BASE.replace(
+                    "        write: true",
+                    "        write: true\n    quotas:\n      max_requests: 3",
+                ),
+                "max_requests",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = parse(p(), &text).unwrap_err();
+            assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+            let m = e.to_string();
+            assert!(m.starts_with("/etc/s3dma/agent.yaml: "), "{m}");
+            assert!(m.contains(&format!("unknown field `{field}`")), "{m}");
+            assert!(m.contains("line"), "{m}");
+        }
+    }
+
+    #[test]
+    fn syntax_and_type_errors_name_the_file_and_position() {
+        let e = parse_err("listen: [\n");
+        assert!(e.starts_with("/etc/s3dma/agent.yaml: "), "{e}");
+        let e = parse_err(&BASE.replace("127.0.0.1:7000", "not-an-address"));
+        assert!(e.contains("listen.address") && e.contains("line 2"), "{e}");
+        let e = parse_err(&BASE.replace("fabric:\n  fabric_key_file: /etc/s3dma/fabric.key\n", ""));
+        assert!(e.contains("missing field `fabric`"), "{e}");
+        let e = parse_err(
+            &(BASE
+                .to_owned()
+                .replace("fabric:\n", "fabric:\n  backend: ib\n")),
+        );
+        assert!(
+            e.contains("fabric.backend") && e.contains("unknown variant"),
+            "{e}"
+        );
+        let c = parse(
+            p(),
+            &BASE.replace("fabric:\n", "fabric:\n  backend: verbs\n"),
+        )
+        .unwrap();
+        assert_eq!(c.fabric.backend, BackendName::Verbs);
+    }
+
+    type Mutation = fn(&mut Config);
+
+    /// Every validation rule: (field path expected in the message, a word of
+    /// the message, the change that breaks the rule).
+    const RULES: &[(&str, &str, Mutation)] = &[
+        ("tenants:", "at least one", |c| c.tenants.clear()),
+        ("shims:", "at least one", |c| c.shims.clear()),
+        ("targets:", "at least one", |c| c.targets.clear()),
+        ("tenants[1].name:", "duplicate", |c| {
+            let mut t = c.tenants[0].clone();
+            t.access_key_id = "OTHER".into();
+            c.tenants.push(t);
+        }),
+        ("tenants[0].name:", "empty", |c| {
+            c.tenants[0].name = " ".into()
+        }),
+        ("tenants[0].name:", "spaces", |c| {
+            c.tenants[0].name = "alice ".into()
+        }),
+        ("tenants[1].access_key_id:", "duplicate", |c| {
+            let mut t = c.tenants[0].clone();
+            t.name = "bob".into();
+            c.tenants.push(t);
+        }),
+        ("tenants[0].access_key_id:", "empty", |c| {
+            c.tenants[0].access_key_id = String::new()
+        }),
+        ("tenants[0].access_key_id:", "printable", |c| {
+            c.tenants[0].access_key_id = "AK ALICE".into()
+        }),
+        ("tenants[0].secret_access_key_file:", "empty", |c| {
+            c.tenants[0].secret_access_key_file = PathBuf::new()
+        }),
+        ("tenants[0].allow[0].bucket:", "empty", |c| {
+            c.tenants[0].allow[0].bucket = String::new()
+        }),
+        ("tenants[0].allow[0].bucket:", "'/'", |c| {
+            c.tenants[0].allow[0].bucket = "alice-data/train".into()
+        }),
+        ("tenants[0].allow[0].bucket:", "patterns", |c| {
+            c.tenants[0].allow[0].bucket = "alice-*".into()
+        }),
+        ("tenants[0].allow[0]:", "grants nothing", |c| {
+            c.tenants[0].allow[0].read = false;
+            c.tenants[0].allow[0].write = false;
+        }),
+        (
+            "tenants[0].quotas.max_concurrent_requests:",
+            "at least 1",
+            |c| c.tenants[0].quotas.max_concurrent_requests = 0,
+        ),
+        (
+            "tenants[0].quotas.max_bytes_in_flight:",
+            "no chunk could ever start",
+            |c| c.tenants[0].quotas.max_bytes_in_flight = ByteSize(4 << 20),
+        ),
+        (
+            "tenants[0].quotas.max_bytes_per_second:",
+            "at least 1",
+            |c| c.tenants[0].quotas.max_bytes_per_second = Some(ByteSize(0)),
+        ),
+        ("shims[1].name:", "duplicate", |c| {
+            let s = c.shims[0].clone();
+            c.shims.push(s);
+        }),
+        ("shims[0].name:", "empty", |c| {
+            c.shims[0].name = String::new()
+        }),
+        ("shims[0]:", "token_file or tls_name", |c| {
+            c.shims[0].token_file = None
+        }),
+        ("shims[0].token_file:", "empty", |c| {
+            c.shims[0].token_file = Some(PathBuf::new())
+        }),
+        ("shims[0].tls_name:", "requires listen.tls", |c| {
+            c.shims[0].tls_name = Some("host1.example".into())
+        }),
+        ("shims[1].tls_name:", "duplicate", |c| {
+            c.listen.tls = Some(tls());
+            c.shims[0].tls_name = Some("host1.example".into());
+            let mut s = c.shims[0].clone();
+            s.name = "host2".into();
+            s.token_file = None;
+            c.shims.push(s);
+        }),
+        ("shims[0].tenants:", "at least one tenant", |c| {
+            c.shims[0].tenants.clear()
+        }),
+        ("shims[0].tenants[1]:", "unknown tenant \"carol\"", |c| {
+            c.shims[0].tenants.push("carol".into())
+        }),
+        ("targets[1].name:", "duplicate", |c| {
+            let mut t = c.targets[0].clone();
+            t.buckets = vec!["b".into()];
+            c.targets.push(t);
+        }),
+        ("targets[0].endpoint:", "scheme", |c| {
+            c.targets[0].endpoint = "127.0.0.1:9000".into()
+        }),
+        ("targets[0].endpoint:", "scheme", |c| {
+            c.targets[0].endpoint = "ftp://127.0.0.1:9000".into()
+        }),
+        ("targets[0].endpoint:", "no path", |c| {
+            c.targets[0].endpoint = "http://127.0.0.1:9000/s3".into()
+        }),
+        ("targets[0].endpoint:", "no query", |c| {
+            c.targets[0].endpoint = "http://127.0.0.1:9000?x=1".into()
+        }),
+        ("targets[0].endpoint:", "no query", |c| {
+            c.targets[0].endpoint = "http://127.0.0.1:9000/?x=1".into()
+        }),
+        ("targets[0].endpoint:", "no fragment", |c| {
+            c.targets[0].endpoint = "http://h#f".into()
+        }),
+        ("targets[0].endpoint:", "no user info", |c| {
+            c.targets[0].endpoint = "http://user:pw@h:9000".into()
+        }),
+        ("targets[0].endpoint:", "no spaces", |c| {
+            c.targets[0].endpoint = "http://h :9000".into()
+        }),
+        ("targets[0].endpoint:", "host is missing", |c| {
+            c.targets[0].endpoint = "http://".into()
+        }),
+        ("targets[0].endpoint:", "host is missing", |c| {
+            c.targets[0].endpoint = "https://:443".into()
+        }),
+        ("targets[0].endpoint:", "port", |c| {
+            c.targets[0].endpoint = "http://h:".into()
+        }),
+        ("targets[0].endpoint:", "port", |c| {
+            c.targets[0].endpoint = "http://h:65536".into()
+        }),
+        ("targets[0].endpoint:", "port", |c| {
+            c.targets[0].endpoint = "http://h:0".into()
+        }),
+        ("targets[0].endpoint:", "port", |c| {
+            c.targets[0].endpoint = "http://h:+80".into()
+        }),
+        ("targets[0].endpoint:", "brackets", |c| {
+            c.targets[0].endpoint = "http://::1:9000".into()
+        }),
+        ("targets[0].endpoint:", "IPv6", |c| {
+            c.targets[0].endpoint = "http://[::g]:9000".into()
+        }),
+        ("targets[0].endpoint:", "unterminated", |c| {
+            c.targets[0].endpoint = "http://[::1:9000".into()
+        }),
+        ("targets[0].endpoint:", "after ']'", |c| {
+            c.targets[0].endpoint = "http://[::1]9000".into()
+        }),
+        ("targets[0].endpoint:", "host may only", |c| {
+            c.targets[0].endpoint = "http://bad!host".into()
+        }),
+        ("targets[0].region:", "empty", |c| {
+            c.targets[0].region = String::new()
+        }),
+        ("targets[0].region:", "spaces", |c| {
+            c.targets[0].region = "us east".into()
+        }),
+        ("targets[0].ca_file:", "https", |c| {
+            c.targets[0].ca_file = Some("/etc/s3dma/ca.pem".into())
+        }),
+        ("targets[0].buckets:", "at least one", |c| {
+            c.targets[0].buckets.clear()
+        }),
+        ("targets[0].buckets[0]:", "empty", |c| {
+            c.targets[0].buckets = vec![String::new()]
+        }),
+        ("targets[0].buckets[0]:", "'/'", |c| {
+            c.targets[0].buckets = vec!["a/b".into()]
+        }),
+        (
+            "targets[0].buckets[1]:",
+            "already listed by targets[0]",
+            |c| c.targets[0].buckets = vec!["a".into(), "a".into()],
+        ),
+        (
+            "targets[1].buckets[0]:",
+            "\"*\" may appear in one target only",
+            |c| {
+                let mut t = c.targets[0].clone();
+                t.name = "other".into();
+                c.targets.push(t);
+            },
+        ),
+        (
+            "targets[1].buckets[1]:",
+            "bucket \"b\" is served by one target only",
+            |c| {
+                c.targets[0].buckets.push("b".into());
+                let mut t = c.targets[0].clone();
+                t.name = "other".into();
+                t.buckets = vec!["a".into(), "b".into()];
+                c.targets.push(t);
+            },
+        ),
+        ("fabric.fabric_key_file:", "empty", |c| {
+            c.fabric.fabric_key_file = PathBuf::new()
+        }),
+        ("fabric.staging_buffers:", "between 1 and 4096", |c| {
+            c.fabric.staging_buffers = 0
+        }),
+        ("fabric.staging_buffers:", "between 1 and 4096", |c| {
+            c.fabric.staging_buffers = 4097
+        }),
+        (
+            "fabric.staging_buffer_size:",
+            "between 4KiB and 256MiB",
+            |c| c.fabric.staging_buffer_size = ByteSize(4095),
+        ),
+        (
+            "fabric.staging_buffer_size:",
+            "between 4KiB and 256MiB",
+            |c| c.fabric.staging_buffer_size = ByteSize(256 * MIB + 1),
+        ),
+        ("fabric.staging_buffer_size:", "16GiB", |c| {
+            c.fabric.staging_buffers = 4096;
+            c.fabric.staging_buffer_size = ByteSize(256 * MIB);
+        }),
+        ("fabric.connect_timeout_ms:", "at least 1", |c| {
+            c.fabric.connect_timeout_ms = 0
+        }),
+        ("fabric.max_ops_per_session:", "at least 1", |c| {
+            c.fabric.max_ops_per_session = 0
+        }),
+        ("fabric.idle_session_secs:", "at least 1", |c| {
+            c.fabric.idle_session_secs = 0
+        }),
+        ("transfer.chunk_size:", "between 64KiB and 1GiB", |c| {
+            c.transfer.chunk_size = ByteSize(64 * KIB - 1)
+        }),
+        ("transfer.chunk_size:", "between 64KiB and 1GiB", |c| {
+            c.transfer.chunk_size = ByteSize(4 * GIB)
+        }),
+        ("transfer.max_chunks_in_flight:", "at least 1", |c| {
+            c.transfer.max_chunks_in_flight = 0
+        }),
+        (
+            "transfer.multipart_threshold:",
+            "between 5MiB and 5GiB",
+            |c| c.transfer.multipart_threshold = ByteSize(4 * MIB),
+        ),
+        (
+            "transfer.multipart_threshold:",
+            "between 5MiB and 5GiB",
+            |c| c.transfer.multipart_threshold = ByteSize(5 * GIB + 1),
+        ),
+        ("transfer.part_size:", "between 5MiB and 5GiB", |c| {
+            c.transfer.part_size = ByteSize(5 * MIB - 1)
+        }),
+        ("transfer.part_size:", "between 5MiB and 5GiB", |c| {
+            c.transfer.part_size = ByteSize(6 * GIB)
+        }),
+        ("transfer.backoff_initial_ms:", "at least 1", |c| {
+            c.transfer.backoff_initial_ms = 0
+        }),
+        ("transfer.backoff_max_ms:", "backoff_initial_ms", |c| {
+            c.transfer.backoff_initial_ms = 100;
+            c.transfer.backoff_max_ms = 99;
+        }),
+        ("transfer.request_timeout_secs:", "at least 1", |c| {
+            c.transfer.request_timeout_secs = 0
+        }),
+        ("transfer.attempt_timeout_secs:", "at least 1", |c| {
+            c.transfer.attempt_timeout_secs = 0
+        }),
+        ("transfer.connect_timeout_ms:", "at least 1", |c| {
+            c.transfer.connect_timeout_ms = 0
+        }),
+        ("transfer.batch_concurrency:", "at least 1", |c| {
+            c.transfer.batch_concurrency = 0
+        }),
+        ("listen.tls.cert_file:", "empty", |c| {
+            let mut t = tls();
+            t.cert_file = PathBuf::new();
+            c.listen.tls = Some(t);
+        }),
+        ("listen.tls.key_file:", "empty", |c| {
+            let mut t = tls();
+            t.key_file = PathBuf::new();
+            c.listen.tls = Some(t);
+        }),
+        ("listen.tls.client_ca_file:", "empty", |c| {
+            let mut t = tls();
+            t.client_ca_file = PathBuf::new();
+            c.listen.tls = Some(t);
+        }),
+        ("metrics.address:", "differ", |c| {
+            c.metrics.address = Some(c.listen.address)
+        }),
+    ];
+
+    fn tls() -> TlsConfig {
+        TlsConfig {
+            cert_file: "/etc/s3dma/agent.crt".into(),
+            key_file: "/etc/s3dma/agent.key".into(),
+            client_ca_file: "/etc/s3dma/shim-ca.pem".into(),
+        }
+    }
+
+    #[test]
+    fn every_validation_rule_names_the_field() {
+        base().validate(p()).unwrap();
+        for (i, (field, word, mutate)) in RULES.iter().enumerate() {
+            let mut c = base();
+            mutate(&mut c);
+            let e = c
+                .validate(p())
+                .expect_err(&format!("rule #{i} ({field} {word}) accepted"));
+            let m = e.to_string();
+            assert!(
+                m.starts_with(&format!("/etc/s3dma/agent.yaml: {field} ")),
+                "rule #{i}: want field {field}, got: {m}"
+            );
+            assert!(m.contains(word), "rule #{i}: want {word:?} in: {m}");
+            assert_eq!(
+                e.field(),
+                Some(field.trim_end_matches(':')),
+                "rule #{i}: {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn accepted_edge_values() {
+        let ok: &[Mutation] = &[
+            |c| c.targets[0].endpoint = "http://127.0.0.1:9000/".into(),
+            |c| c.targets[0].endpoint = "https://s3.example.com".into(),
+            |c| c.targets[0].endpoint = "http://[::1]:9000".into(),
+            |c| c.targets[0].endpoint = "http://[fe80::1]".into(),
+            |c| c.targets[0].endpoint = "http://my_host.local:65535".into(),
+            |c| {
+                c.targets[0].endpoint = "https://s3.example.com:8443/".into();
+                c.targets[0].ca_file = Some("/etc/s3dma/ca.pem".into());
+            },
+            |c| {
+                c.listen.tls = Some(tls());
+                c.shims[0].tls_name = Some("host1.example".into());
+                c.shims[0].token_file = None;
+            },
+            |c| c.transfer.chunk_size = ByteSize(64 * KIB),
+            |c| {
+                c.transfer.chunk_size = ByteSize(GIB);
+                c.tenants[0].quotas.max_bytes_in_flight = ByteSize(GIB);
+            },
+            |c| c.transfer.part_size = ByteSize(5 * GIB),
+            |c| c.transfer.multipart_threshold = ByteSize(5 * MIB),
+            |c| c.transfer.retries = 0,
+            |c| c.transfer.backoff_max_ms = c.transfer.backoff_initial_ms,
+            |c| c.tenants[0].quotas.max_queued_requests = 0,
+            |c| c.tenants[0].quotas.max_bytes_in_flight = ByteSize(8 * MIB),
+            |c| c.tenants[0].quotas.max_bytes_per_second = Some(ByteSize(1)),
+            |c| c.tenants[0].allow.clear(),
+            |c| {
+                c.tenants[0].allow[0].read = false;
+                c.tenants[0].allow[0].bucket = "*".into();
+            },
+            |c| c.targets[0].max_idle_connections = 0,
+            |c| {
+                c.fabric.staging_buffers = 4096;
+                c.fabric.staging_buffer_size = ByteSize(4 * MIB);
+            },
+            |c| {
+                c.listen.address = "127.0.0.1:0".parse().unwrap();
+                c.metrics.address = Some("127.0.0.1:0".parse().unwrap());
+            },
+            |c| c.metrics.address = Some("127.0.0.1:9102".parse().unwrap()),
+        ];
+        for (i, mutate) in ok.iter().enumerate() {
+            let mut c = base();
+            mutate(&mut c);
+            if let Err(e) = c.validate(p()) {
+                panic!("edge case #{i} rejected: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn parse_runs_validation() {
+        let e = parse_err(&BASE.replace("tenants: [alice]", "tenants: [carol]"));
+        assert_eq!(
+            e,
+            "/etc/s3dma/agent.yaml: shims[0].tenants[0]: unknown tenant \"carol\" (not in tenants)"
+        );
+        let e = parse_err(
+            &(BASE.to_owned() + "transfer:\n  chunk_size: 16MiB\n").replace(
+                "        write: true",
+                "        write: true\n    quotas:\n      max_bytes_in_flight: 8MiB",
+            ),
+        );
+        assert!(
+            e.starts_with("/etc/s3dma/agent.yaml: tenants[0].quotas.max_bytes_in_flight: 8MiB is less than transfer.chunk_size (16MiB)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn target_for_prefers_exact_names() {
+        let mut c = base();
+        let mut t = c.targets[0].clone();
+        t.name = "archive".into();
+        t.buckets = vec!["cold".into(), "older".into()];
+        c.targets.insert(0, t);
+        c.validate(p()).unwrap();
+        assert_eq!(c.target_for("cold").unwrap().name, "archive");
+        assert_eq!(c.target_for("older").unwrap().name, "archive");
+        assert_eq!(c.target_for("hot").unwrap().name, "local");
+        c.targets.pop();
+        assert!(c.target_for("hot").is_none());
+        assert_eq!(c.target_for("cold").unwrap().name, "archive");
+    }
+
+    // ---- load ------------------------------------------------------------
+
+    const ALICE_SECRET: &str = "alice-SECRET-wJalrXUtnFEMI";
+    const BOB_SECRET: &str = "bob-SECRET-K7MDENGbPxRfiCY";
+    const HOST1_TOKEN: &str = "host1-TOKEN-0123456789abcdef";
+    const FABRIC_KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+    struct Files {
+        dir: tempfile::TempDir,
+    }
+
+    impl Files {
+        fn new() -> Files {
+            let f = Files {
+                dir: tempfile::tempdir().unwrap(),
+            };
+            f.write("alice.secret", &format!("{ALICE_SECRET}\n"));
+            f.write("bob.secret", &format!("  {BOB_SECRET}\r\n"));
+            f.write("host1.token", &format!("{HOST1_TOKEN}\n"));
+            f.write("fabric.key", &format!("{FABRIC_KEY}\n"));
+            f
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.dir.path().join(name)
+        }
+
+        fn write(&self, name: &str, content: &str) {
+            std::fs::write(self.path(name), content).unwrap();
+        }
+
+        /// Writes the agent config and returns its path.
+        fn config(&self, extra_shim: &str) -> PathBuf {
+            let d = self.dir.path().display();
+            let text = format!(
+                "\
+listen:
+  address: 127.0.0.1:7000
+shims:
+  - name: host1
+    token_file: {d}/host1.token
+    tenants: [alice, bob]
+{extra_shim}
+tenants:
+  - name: alice
+    access_key_id: AKALICE
+    secret_access_key_file: {d}/alice.secret
+    allow:
+      - bucket: alice-data
+        write: true
+  - name: bob
+    access_key_id: AKBOB
+    secret_access_key_file: {d}/bob.secret
+    allow:
+      - bucket: shared
+        prefix: datasets/
+targets:
+  - name: local
+    endpoint: http://127.0.0.1:9000
+    buckets: [\"*\"]
+fabric:
+  fabric_key_file: {d}/fabric.key
+"
+            );
+            self.write("agent.yaml", &text);
+            self.path("agent.yaml")
+        }
+    }
+
+    #[test]
+    fn load_reads_secrets() {
+        let f = Files::new();
+        let path = f.config("");
+        let l = load(&path).unwrap();
+        assert_eq!(l.path, path);
+        assert_eq!(l.tenants.len(), 2);
+        assert_eq!(l.tenants[0].name, "alice");
+        assert_eq!(l.tenants[0].access_key_id, "AKALICE");
+        assert_eq!(l.tenants[0].secret_access_key.expose(), ALICE_SECRET);
+        assert_eq!(l.tenants[1].secret_access_key.expose(), BOB_SECRET);
+        assert_eq!(l.tenants[1].allow, l.config.tenants[1].allow);
+        assert_eq!(l.tenants[1].quotas, Quotas::default());
+        assert_eq!(l.shims.len(), 1);
+        assert_eq!(l.shims[0].token.as_ref().unwrap().expose(), HOST1_TOKEN);
+        assert_eq!(l.shims[0].tenants, ["alice", "bob"]);
+        assert_eq!(l.fabric_key.expose(), hex::decode(FABRIC_KEY).unwrap());
+        assert_eq!(l.tenant("bob").unwrap().access_key_id, "AKBOB");
+        assert!(l.tenant("carol").is_none());
+        assert_eq!(l.shim("host1").unwrap().name, "host1");
+        assert!(l.shim("host2").is_none());
+    }
+
+    #[test]
+    fn debug_never_shows_secrets() {
+        let f = Files::new();
+        let l = load(&f.config("")).unwrap();
+        let dbg = format!("{l:?}");
+        let pretty = format!("{l:#?}");
+        for s in [ALICE_SECRET, BOB_SECRET, HOST1_TOKEN, FABRIC_KEY] {
+            assert!(!dbg.contains(s), "{s} in {dbg}");
+            assert!(!pretty.contains(s), "{s} in {pretty}");
+        }
+        assert!(!dbg.contains("0, 17, 34, 51"), "fabric key bytes in {dbg}");
+        assert!(dbg.contains("<redacted>"));
+        assert_eq!(format!("{:?}", Secret::new("x".into())), "<redacted>");
+        assert_eq!(format!("{:?}", SecretBytes::new(vec![1])), "<redacted>");
+    }
+
+    #[test]
+    fn missing_secret_file_names_field_and_path() {
+        let f = Files::new();
+        let path = f.config("");
+        std::fs::remove_file(f.path("bob.secret")).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        let want = format!(
+            "{}: tenants[1].secret_access_key_file: cannot read {}",
+            path.display(),
+            f.path("bob.secret").display()
+        );
+        assert!(e.starts_with(&want), "{e}");
+    }
+
+    #[test]
+    fn secret_file_problems() {
+        let cases: &[(&str, &str, &str, &str)] = &[
+            (
+                "alice.secret",
+                " \n",
+                "tenants[0].secret_access_key_file",
+                "is empty",
+            ),
+            ("host1.token", "\n", "shims[0].token_file", "is empty"),
+            (
+                "host1.token",
+                "short-token-15c\n",
+                "shims[0].token_file",
+                "15 characters",
+            ),
+            (
+                "host1.token",
+                "has a space inside the token\n",
+                "shims[0].token_file",
+                "printable ASCII",
+            ),
+            ("fabric.key", "", "fabric.fabric_key_file", "empty"),
+            (
+                "fabric.key",
+                "00112233445566778899aabbccddeeff0",
+                "fabric.fabric_key_file",
+                "odd",
+            ),
+            (
+                "fabric.key",
+                "00112233445566778899aabbccddee",
+                "fabric.fabric_key_file",
+                "30 hex digits",
+            ),
+            (
+                "fabric.key",
+                "zz112233445566778899aabbccddeeff",
+                "fabric.fabric_key_file",
+                "not hexadecimal",
+            ),
+        ];
+        for (file, content, field, word) in cases {
+            let f = Files::new();
+            let path = f.config("");
+            f.write(file, content);
+            let e = load(&path).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("{}: {field}: ", path.display())),
+                "{file}: {e}"
+            );
+            assert!(e.contains(word), "{file}: want {word:?} in {e}");
+            assert!(e.contains(&f.path(file).display().to_string()), "{e}");
+            if !content.trim().is_empty() {
+                assert!(!e.contains(content.trim()), "content leaked: {e}");
+            }
+        }
+        // A 32-digit key is the minimum.
+        let f = Files::new();
+        let path = f.config("");
+        f.write("fabric.key", "  00112233445566778899AABBCCDDEEFF  \n");
+        assert_eq!(load(&path).unwrap().fabric_key.expose().len(), 16);
+    }
+
+    #[test]
+    fn shims_need_distinct_tokens() {
+        let f = Files::new();
+        let d = f.dir.path().display().to_string();
+        f.write("host2.token", &format!("{HOST1_TOKEN}\n"));
+        let path = f.config(&format!(
+            "  - name: host2\n    token_file: {d}/host2.token\n    tenants: [bob]\n"
+        ));
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("shims[1].token_file: "), "{e}");
+        assert!(e.contains("same as shims[0]'s"), "{e}");
+        assert!(!e.contains(HOST1_TOKEN), "{e}");
+        f.write("host2.token", "host2-TOKEN-0123456789abcdef");
+        let l = load(&path).unwrap();
+        assert_eq!(l.shims[1].tenants, ["bob"]);
+    }
+
+    #[test]
+    fn load_checks_tls_and_ca_files() {
+        let f = Files::new();
+        let d = f.dir.path().display().to_string();
+        let path = f.config("");
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "  address: 127.0.0.1:7000\n",
+            &format!(
+                "  address: 127.0.0.1:7000\n  tls:\n    cert_file: {d}/agent.crt\n    \
+                 key_file: {d}/agent.key\n    client_ca_file: {d}/ca.pem\n"
+            ),
+        );
+        std::fs::write(&path, text).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("listen.tls.cert_file: cannot read"), "{e}");
+        assert!(e.contains(&format!("{d}/agent.crt")), "{e}");
+        f.write("agent.crt", "pem");
+        f.write("agent.key", "pem");
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("listen.tls.client_ca_file: cannot read"), "{e}");
+        std::fs::create_dir(f.path("ca.pem")).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("listen.tls.client_ca_file: ") && e.contains("not a regular file"),
+            "{e}"
+        );
+        std::fs::remove_dir(f.path("ca.pem")).unwrap();
+        f.write("ca.pem", "pem");
+        load(&path).unwrap();
+
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "    endpoint: http://127.0.0.1:9000\n",
+            &format!("    endpoint: https://s3.local:9443\n    ca_file: {d}/target-ca.pem\n"),
+        );
+        std::fs::write(&path, text).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("targets[0].ca_file: cannot read"), "{e}");
+        f.write("target-ca.pem", "pem");
+        load(&path).unwrap();
+    }
+
+    #[test]
+    fn missing_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope.yaml");
+        let e = load(&path).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }));
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}: cannot read: ", path.display()))
+        );
+    }
+}

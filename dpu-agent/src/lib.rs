@@ -1,0 +1,23 @@
+#![warn(missing_docs)]
+//! The dpu-agent: s3dma's offload service on the DPU's Arm cores.
+//!
+//! Host-shims call its gRPC API ([`service`]); it authenticates the shim
+//! ([`auth`]), checks the tenant's policy ([`policy`]) and quotas
+//! ([`quota`]), plans the transfer without I/O ([`plan`]), and runs it
+//! ([`transfer`]) as SigV4-signed S3 requests ([`s3`]) that carry
+//! `x-amz-rdma-token`s for slices of the tenant's window, falling back to
+//! plain HTTP through its own registered staging memory when a target
+//! declines RDMA. Configuration is one YAML file ([`config`]).
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod plan;
+pub mod policy;
+pub mod quota;
+pub mod retry;
+pub mod s3;
+pub mod service;
+pub mod transfer;

@@ -1,0 +1,282 @@
+//! Prometheus metrics of the agent, served on `metrics.address` at
+//! `/metrics`. Labels carry tenant, operation, path and target names, never
+//! keys, tokens or credentials.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use prometheus::{
+    Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use tracing::warn;
+
+/// The agent's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    bytes: IntCounterVec,
+    in_flight: IntGaugeVec,
+    queued: IntGaugeVec,
+    target_requests: IntCounterVec,
+    retries: IntCounterVec,
+    auth_failures: IntCounterVec,
+    staging_total: IntGauge,
+    staging_in_use: IntGauge,
+    sessions: IntGauge,
+    connects: IntCounterVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+#[allow(clippy::expect_used)] // metric definitions are static and valid
+impl Metrics {
+    /// Registers every metric on a fresh registry.
+    #[must_use]
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_requests_total",
+                "Tenant requests by operation and outcome",
+            ),
+            &["tenant", "op", "status"],
+        )
+        .expect("metric");
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "s3dma_agent_request_seconds",
+                "Tenant request latency in seconds",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ]),
+            &["tenant", "op"],
+        )
+        .expect("metric");
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_bytes_total",
+                "Object bytes moved for tenants, by path (rdma | fallback)",
+            ),
+            &["tenant", "op", "path"],
+        )
+        .expect("metric");
+        let in_flight = IntGaugeVec::new(
+            Opts::new("s3dma_agent_requests_in_flight", "Tenant requests running"),
+            &["tenant"],
+        )
+        .expect("metric");
+        let queued = IntGaugeVec::new(
+            Opts::new(
+                "s3dma_agent_requests_queued",
+                "Tenant requests waiting for a concurrency slot",
+            ),
+            &["tenant"],
+        )
+        .expect("metric");
+        let target_requests = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_target_requests_total",
+                "S3 requests sent to targets, by HTTP status (or `error` when no reply came)",
+            ),
+            &["target", "method", "status"],
+        )
+        .expect("metric");
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_retries_total",
+                "Retried S3 attempts by target and reason",
+            ),
+            &["target", "reason"],
+        )
+        .expect("metric");
+        let auth_failures = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_auth_failures_total",
+                "Calls refused before reaching a tenant (bad shim credentials or tenant not assigned)",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
+        let staging_total = IntGauge::new(
+            "s3dma_agent_staging_buffers",
+            "Registered staging buffers (fallback path)",
+        )
+        .expect("metric");
+        let staging_in_use = IntGauge::new(
+            "s3dma_agent_staging_buffers_in_use",
+            "Staging buffers in use",
+        )
+        .expect("metric");
+        let sessions = IntGauge::new(
+            "s3dma_agent_fabric_sessions",
+            "Open fabric sessions to tenant endpoints (fallback path)",
+        )
+        .expect("metric");
+        let connects = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_fabric_connects_total",
+                "Fabric session connects by outcome",
+            ),
+            &["outcome"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency.clone()),
+            Box::new(bytes.clone()),
+            Box::new(in_flight.clone()),
+            Box::new(queued.clone()),
+            Box::new(target_requests.clone()),
+            Box::new(retries.clone()),
+            Box::new(auth_failures.clone()),
+            Box::new(staging_total.clone()),
+            Box::new(staging_in_use.clone()),
+            Box::new(sessions.clone()),
+            Box::new(connects.clone()),
+        ] {
+            registry.register(c).expect("unique metric");
+        }
+        Metrics {
+            registry,
+            requests,
+            latency,
+            bytes,
+            in_flight,
+            queued,
+            target_requests,
+            retries,
+            auth_failures,
+            staging_total,
+            staging_in_use,
+            sessions,
+            connects,
+        }
+    }
+
+    /// A finished tenant request.
+    pub fn request(&self, tenant: &str, op: &str, status: &str, elapsed: Duration) {
+        self.requests.with_label_values(&[tenant, op, status]).inc();
+        self.latency
+            .with_label_values(&[tenant, op])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Object bytes moved.
+    pub fn bytes(&self, tenant: &str, op: &str, path: &str, n: u64) {
+        self.bytes.with_label_values(&[tenant, op, path]).inc_by(n);
+    }
+
+    /// Requests running for `tenant` changed by `delta`.
+    pub fn in_flight(&self, tenant: &str, delta: i64) {
+        self.in_flight.with_label_values(&[tenant]).add(delta);
+    }
+
+    /// Requests queued for `tenant`.
+    pub fn queued(&self, tenant: &str, n: usize) {
+        self.queued
+            .with_label_values(&[tenant])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// An S3 request to a target finished with `status` (HTTP code or `error`).
+    pub fn target_request(&self, target: &str, method: &str, status: &str) {
+        self.target_requests
+            .with_label_values(&[target, method, status])
+            .inc();
+    }
+
+    /// An attempt is retried.
+    pub fn retry(&self, target: &str, reason: &str) {
+        self.retries.with_label_values(&[target, reason]).inc();
+    }
+
+    /// A call refused before reaching a tenant.
+    pub fn auth_failure(&self, reason: &str) {
+        self.auth_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// Prometheus text exposition.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            warn!(error = %e, "encoding metrics failed");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Serves `/metrics` on `listener` until the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let me = Arc::clone(&self);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let me = Arc::clone(&me);
+                    async move {
+                        let resp = if req.uri().path() == "/metrics" {
+                            Response::builder()
+                                .header("content-type", "text/plain; version=0.0.4")
+                                .body(Full::new(Bytes::from(me.render())))
+                        } else {
+                            Response::builder()
+                                .status(404)
+                                .body(Full::new(Bytes::from_static(b"try /metrics\n")))
+                        };
+                        Ok::<_, Infallible>(resp.unwrap_or_default())
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }
+}
+
+impl fabric::pool::PoolObserver for Metrics {
+    fn staging_total(&self, n: usize) {
+        self.staging_total.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    fn staging_in_use(&self, n: usize) {
+        self.staging_in_use
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    fn sessions(&self, n: usize) {
+        self.sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    fn connect(&self, outcome: &'static str) {
+        self.connects.with_label_values(&[outcome]).inc();
+    }
+}
+
+/// Binds the metrics listener (so the address is known before serving).
+///
+/// # Errors
+/// The bind failed.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}

@@ -1,0 +1,526 @@
+//! The `s3dma.agent.v1.Agent` gRPC service host-shims call.
+//!
+//! Every call: authenticate the shim ([`crate::auth`]), check that it may
+//! act for the named tenant, validate the request, check the tenant's
+//! policy, admit it under the tenant's quota, run it under the request
+//! deadline in a `tracing` span carrying the request id, and record
+//! metrics. Errors become statuses with S3 codes ([`AgentError::to_status`]).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabric::RdmaToken;
+use futures::{Stream, StreamExt as _};
+use s3dma_proto::agent::v1 as pb;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument as _, debug, info_span, warn};
+
+use crate::auth::ShimAuth;
+use crate::error::AgentError;
+use crate::plan::RangeSpec;
+use crate::policy::Access;
+use crate::transfer::get::GetRequest;
+use crate::transfer::meta::ListRequest;
+use crate::transfer::put::PutRequest;
+use crate::transfer::{Core, Ctx, Tenant};
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct AgentService {
+    core: Arc<Core>,
+    auth: Arc<ShimAuth>,
+}
+
+/// Counts a request as in flight for its tenant until dropped.
+struct InFlight {
+    core: Arc<Core>,
+    tenant: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.core.metrics.in_flight(&self.tenant, -1);
+    }
+}
+
+/// A request id: the caller's `x-request-id` when it is sane, else a new one.
+fn request_id<T>(req: &Request<T>) -> String {
+    req.metadata()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 64
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        })
+        .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_owned)
+}
+
+fn check_bucket(bucket: &str) -> Result<(), AgentError> {
+    let ok = (1..=63).contains(&bucket.len())
+        && bucket.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || b == b'.'
+                || b == b'-'
+                || b == b'_'
+                || b.is_ascii_uppercase()
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(AgentError::InvalidArgument(format!(
+            "bucket name {bucket:?} is not valid (1-63 letters, digits, '.', '-', '_')"
+        )))
+    }
+}
+
+fn check_key(key: &str) -> Result<(), AgentError> {
+    if key.is_empty() || key.len() > 1024 {
+        return Err(AgentError::InvalidArgument(format!(
+            "object key must be 1-1024 bytes (got {})",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+fn parse_token(field: &str, token: &str) -> Result<RdmaToken, AgentError> {
+    token.parse::<RdmaToken>().map_err(|e| {
+        AgentError::InvalidArgument(format!("{field} is not a valid x-amz-rdma-token: {e}"))
+    })
+}
+
+fn range_spec(r: Option<&pb::ByteRange>) -> Result<RangeSpec, AgentError> {
+    use pb::byte_range::Kind;
+    Ok(match r.and_then(|r| r.kind.as_ref()) {
+        None => RangeSpec::Whole,
+        Some(Kind::Bounded(b)) => RangeSpec::Bounded {
+            first: b.first,
+            last: b.last,
+        },
+        Some(Kind::From(f)) => RangeSpec::From(*f),
+        Some(Kind::Suffix(n)) => RangeSpec::Suffix(*n),
+    })
+}
+
+fn path_label(p: pb::TransferPath) -> &'static str {
+    match p {
+        pb::TransferPath::Rdma => "rdma",
+        pb::TransferPath::Fallback => "fallback",
+        pb::TransferPath::Mixed => "mixed",
+        pb::TransferPath::Unspecified => "none",
+    }
+}
+
+impl AgentService {
+    /// The service over `core`, authenticating shims with `auth`.
+    #[must_use]
+    pub fn new(core: Arc<Core>, auth: Arc<ShimAuth>) -> AgentService {
+        AgentService { core, auth }
+    }
+
+    /// Authenticates the shim and resolves the tenant it names.
+    fn tenant<T>(&self, req: &Request<T>, tenant: &str, rid: &str) -> Result<Arc<Tenant>, Status> {
+        let certs = req.peer_certs();
+        let shim = match self
+            .auth
+            .authenticate(req.metadata(), certs.as_deref().map(Vec::as_slice))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                self.core.metrics.auth_failure(e.label());
+                return Err(Status::unauthenticated(e.to_string()));
+            }
+        };
+        let known = self.core.tenants.get(tenant);
+        match known {
+            Some(t) if shim.may_act_for(tenant) => Ok(Arc::clone(t)),
+            _ => {
+                self.core.metrics.auth_failure("tenant_not_assigned");
+                Err(AgentError::AccessDenied(format!(
+                    "shim {} may not act for tenant {tenant:?}",
+                    shim.name
+                ))
+                .to_status(rid))
+            }
+        }
+    }
+
+    /// Runs `work` for `tenant` as operation `op`: quota admission,
+    /// deadline, span, metrics.
+    async fn run<T, F>(
+        &self,
+        tenant: &Arc<Tenant>,
+        op: &'static str,
+        rid: &str,
+        bucket: &str,
+        work: F,
+    ) -> Result<T, Status>
+    where
+        F: Future<Output = Result<T, AgentError>>,
+    {
+        let started = Instant::now();
+        let span = info_span!("request", id = %rid, tenant = %tenant.name, op, bucket);
+        let core = &self.core;
+        let res = async {
+            core.metrics.queued(&tenant.name, tenant.quota.queued() + 1);
+            let admitted = tenant.quota.admit().await;
+            core.metrics.queued(&tenant.name, tenant.quota.queued());
+            let _permit = admitted.map_err(|e| AgentError::SlowDown(e.to_string()))?;
+            core.metrics.in_flight(&tenant.name, 1);
+            let _guard = InFlight {
+                core: Arc::clone(core),
+                tenant: tenant.name.clone(),
+            };
+            let deadline = core.settings.request_timeout;
+            match tokio::time::timeout(deadline, work).await {
+                Ok(r) => r,
+                Err(_) => Err(AgentError::DeadlineExceeded(format!(
+                    "the request did not finish within {deadline:?} (transfer.request_timeout_secs)"
+                ))),
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        let elapsed = started.elapsed();
+        match res {
+            Ok(v) => {
+                core.metrics.request(&tenant.name, op, "ok", elapsed);
+                span.in_scope(|| debug!(?elapsed, "done"));
+                Ok(v)
+            }
+            Err(e) => {
+                core.metrics
+                    .request(&tenant.name, op, e.metric_label(), elapsed);
+                span.in_scope(|| {
+                    if matches!(
+                        e.grpc_code(),
+                        tonic::Code::Internal | tonic::Code::Unavailable
+                    ) {
+                        warn!(error = %e, "request failed");
+                    } else {
+                        debug!(error = %e, "request failed");
+                    }
+                });
+                Err(e.to_status(rid))
+            }
+        }
+    }
+
+    fn ctx(&self, tenant: &Arc<Tenant>, bucket: &str, rid: &str) -> Result<Arc<Ctx>, AgentError> {
+        Ok(Arc::new(Ctx {
+            core: Arc::clone(&self.core),
+            tenant: Arc::clone(tenant),
+            target: self.core.target_for(bucket)?,
+            request_id: rid.to_owned(),
+        }))
+    }
+}
+
+/// One GET (shared by GetObject and GetObjects items).
+async fn get_one(
+    svc: &AgentService,
+    tenant: &Arc<Tenant>,
+    rid: &str,
+    bucket: String,
+    key: String,
+    range: Option<&pb::ByteRange>,
+    destination: &str,
+    if_match: &str,
+) -> Result<pb::GetObjectResponse, AgentError> {
+    check_bucket(&bucket)?;
+    check_key(&key)?;
+    let range = range_spec(range)?;
+    let dest = parse_token("destination", destination)?;
+    if !tenant.policy.allows(&bucket, &key, Access::Read) {
+        return Err(AgentError::AccessDenied(format!(
+            "tenant {} may not read s3://{bucket}/{key}",
+            tenant.name
+        )));
+    }
+    let ctx = svc.ctx(tenant, &bucket, rid)?;
+    let req = GetRequest {
+        bucket,
+        key,
+        range,
+        dest,
+        if_match: (!if_match.is_empty()).then(|| if_match.to_owned()),
+    };
+    let r = ctx.get_object(&req).await?;
+    svc.core
+        .metrics
+        .bytes(&tenant.name, "GetObject", path_label(r.path), r.placed);
+    Ok(pb::GetObjectResponse {
+        object: Some(r.info),
+        bytes_placed: r.placed,
+        range_start: r.start,
+        path: r.path as i32,
+        request_id: rid.to_owned(),
+    })
+}
+
+type GetObjectsStream = Pin<Box<dyn Stream<Item = Result<pb::GetObjectsReply, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::agent_server::Agent for AgentService {
+    async fn get_object(
+        &self,
+        request: Request<pb::GetObjectRequest>,
+    ) -> Result<Response<pb::GetObjectResponse>, Status> {
+        let rid = request_id(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let r = request.into_inner();
+        let bucket = r.bucket.clone();
+        self.run(&tenant, "GetObject", &rid, &bucket, async {
+            get_one(
+                self,
+                &tenant,
+                &rid,
+                r.bucket,
+                r.key,
+                r.range.as_ref(),
+                &r.destination,
+                &r.if_match,
+            )
+            .await
+        })
+        .await
+        .map(Response::new)
+    }
+
+    type GetObjectsStream = GetObjectsStream;
+
+    async fn get_objects(
+        &self,
+        request: Request<pb::GetObjectsRequest>,
+    ) -> Result<Response<Self::GetObjectsStream>, Status> {
+        let rid = request_id(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let r = request.into_inner();
+        if r.items.is_empty() {
+            return Err(
+                AgentError::InvalidArgument("GetObjects needs at least one item".into())
+                    .to_status(&rid),
+            );
+        }
+        if r.items.len() > 100_000 {
+            return Err(AgentError::InvalidArgument(format!(
+                "GetObjects takes at most 100000 items (got {})",
+                r.items.len()
+            ))
+            .to_status(&rid));
+        }
+        let concurrency = match r.concurrency {
+            0 => self.core.settings.batch_concurrency,
+            n => (n as usize).min(self.core.settings.batch_concurrency.max(1) * 4),
+        }
+        .max(1);
+        // The batch is one request for the concurrency quota; its items
+        // share the tenant's byte and bandwidth budgets.
+        let svc = self.clone();
+        let (tx, rx) =
+            tokio::sync::mpsc::channel::<Result<pb::GetObjectsReply, Status>>(concurrency.max(16));
+        let handle = tokio::spawn(async move {
+            let items_tx = tx.clone();
+            let res = svc
+                .run(&tenant, "GetObjects", &rid, "", async {
+                    let mut items = futures::stream::iter(r.items.into_iter().enumerate())
+                        .map(|(i, it)| {
+                            let (svc, tenant) = (&svc, &tenant);
+                            let rid = format!("{rid}-{i}");
+                            async move {
+                                let res = get_one(
+                                    svc,
+                                    tenant,
+                                    &rid,
+                                    it.bucket,
+                                    it.key,
+                                    it.range.as_ref(),
+                                    &it.destination,
+                                    "",
+                                )
+                                .await;
+                                let result = match res {
+                                    Ok(ok) => pb::get_objects_reply::Result::Ok(ok),
+                                    Err(e) => pb::get_objects_reply::Result::Error(pb::ItemError {
+                                        grpc_code: e.grpc_code() as i32,
+                                        s3_code: e.s3_code().to_owned(),
+                                        message: e.to_string(),
+                                        request_id: rid,
+                                    }),
+                                };
+                                pb::GetObjectsReply {
+                                    index: u32::try_from(i).unwrap_or(u32::MAX),
+                                    result: Some(result),
+                                }
+                            }
+                        })
+                        .buffer_unordered(concurrency);
+                    while let Some(reply) = items.next().await {
+                        if items_tx.send(Ok(reply)).await.is_err() {
+                            // The shim went away: stop fetching.
+                            break;
+                        }
+                    }
+                    Ok(())
+                })
+                .await;
+            // A quota refusal or the deadline ends the stream with a status.
+            if let Err(status) = res {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        let guard = AbortOnDrop(handle);
+        let stream = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+            rx.recv().await.map(|item| (item, (rx, guard)))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn put_object(
+        &self,
+        request: Request<pb::PutObjectRequest>,
+    ) -> Result<Response<pb::PutObjectResponse>, Status> {
+        let rid = request_id(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let r = request.into_inner();
+        let bucket = r.bucket.clone();
+        self.run(&tenant, "PutObject", &rid, &bucket, async {
+            check_bucket(&r.bucket)?;
+            check_key(&r.key)?;
+            let src = parse_token("source", &r.source)?;
+            if !tenant.policy.allows(&r.bucket, &r.key, Access::Write) {
+                return Err(AgentError::AccessDenied(format!(
+                    "tenant {} may not write s3://{}/{}",
+                    tenant.name, r.bucket, r.key
+                )));
+            }
+            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            let req = PutRequest {
+                bucket: r.bucket,
+                key: r.key,
+                src,
+                content_type: (!r.content_type.is_empty()).then_some(r.content_type),
+                metadata: r.metadata,
+            };
+            let out = ctx.put_object(&req).await?;
+            self.core
+                .metrics
+                .bytes(&tenant.name, "PutObject", path_label(out.path), out.size);
+            Ok(pb::PutObjectResponse {
+                etag: out.etag,
+                size: out.size,
+                path: out.path as i32,
+                parts: out.parts,
+                request_id: rid.clone(),
+            })
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn head_object(
+        &self,
+        request: Request<pb::HeadObjectRequest>,
+    ) -> Result<Response<pb::HeadObjectResponse>, Status> {
+        let rid = request_id(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let r = request.into_inner();
+        self.run(&tenant, "HeadObject", &rid, &r.bucket, async {
+            check_bucket(&r.bucket)?;
+            check_key(&r.key)?;
+            if !tenant.policy.allows(&r.bucket, &r.key, Access::Read) {
+                return Err(AgentError::AccessDenied(format!(
+                    "tenant {} may not read s3://{}/{}",
+                    tenant.name, r.bucket, r.key
+                )));
+            }
+            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            let info = ctx.head_object(&r.bucket, &r.key).await?;
+            Ok(pb::HeadObjectResponse {
+                object: Some(info),
+                request_id: rid.clone(),
+            })
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn list_objects(
+        &self,
+        request: Request<pb::ListObjectsRequest>,
+    ) -> Result<Response<pb::ListObjectsResponse>, Status> {
+        let rid = request_id(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let r = request.into_inner();
+        self.run(&tenant, "ListObjects", &rid, &r.bucket, async {
+            check_bucket(&r.bucket)?;
+            if !tenant.policy.allows_list(&r.bucket, &r.prefix) {
+                return Err(AgentError::AccessDenied(format!(
+                    "tenant {} may not list s3://{}/{}",
+                    tenant.name, r.bucket, r.prefix
+                )));
+            }
+            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            let req = ListRequest {
+                bucket: r.bucket.clone(),
+                prefix: r.prefix.clone(),
+                delimiter: r.delimiter.clone(),
+                continuation_token: r.continuation_token.clone(),
+                max_keys: if r.max_keys == 0 {
+                    1000
+                } else {
+                    r.max_keys.min(1000)
+                },
+                start_after: r.start_after.clone(),
+            };
+            let mut out = ctx.list_objects(&req).await?;
+            out.request_id = rid.clone();
+            Ok(out)
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn delete_object(
+        &self,
+        request: Request<pb::DeleteObjectRequest>,
+    ) -> Result<Response<pb::DeleteObjectResponse>, Status> {
+        let rid = request_id(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let r = request.into_inner();
+        self.run(&tenant, "DeleteObject", &rid, &r.bucket, async {
+            check_bucket(&r.bucket)?;
+            check_key(&r.key)?;
+            if !tenant.policy.allows(&r.bucket, &r.key, Access::Write) {
+                return Err(AgentError::AccessDenied(format!(
+                    "tenant {} may not delete s3://{}/{}",
+                    tenant.name, r.bucket, r.key
+                )));
+            }
+            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            ctx.delete_object(&r.bucket, &r.key).await?;
+            Ok(pb::DeleteObjectResponse {
+                request_id: rid.clone(),
+            })
+        })
+        .await
+        .map(Response::new)
+    }
+}
+
+/// Aborts the batch task when the response stream is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How long a shim waits before its call is refused when the agent is
+/// shutting down (documented for operators).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -1,0 +1,202 @@
+//! The fallback path: moving bytes between an HTTP body and the tenant's
+//! window through the agent's registered staging memory.
+//!
+//! GET: the body is copied into staging buffers and each full buffer is
+//! RDMA WRITTEN to its place in the window while the next one fills. PUT:
+//! the window is RDMA READ into staging buffers and sent as the HTTP body.
+//! Nothing is ever written outside the token slice the planner gave: the
+//! agent counts bytes itself and refuses a body longer than the slice.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use fabric::RdmaToken;
+use fabric::pool::SessionEntry;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use http_body::Frame;
+use http_body_util::{BodyExt as _, StreamBody};
+use hyper::body::Incoming;
+
+use super::{Attempt, Core};
+use crate::error::AgentError;
+use crate::s3::client::{BodyError, RequestBody};
+
+/// Staging buffers one transfer may have in flight at once.
+const PIPELINE: usize = 3;
+
+async fn session_for(core: &Core, token: &RdmaToken) -> Result<Arc<SessionEntry>, AgentError> {
+    let peer = token.endpoint().map_err(|e| {
+        AgentError::InvalidArgument(format!("the window's token names no endpoint: {e}"))
+    })?;
+    core.sessions
+        .get(peer)
+        .await
+        .map_err(|e| AgentError::Fabric(format!("cannot reach the tenant's memory: {e}")))
+}
+
+/// Streams `body` (exactly `expected` bytes) into the window slice `dest`.
+///
+/// # Errors
+/// A body cut short or a transport error is retryable; a body longer than
+/// the slice is a protocol error; fabric failures are final.
+pub async fn body_into_window(
+    core: &Core,
+    mut body: Incoming,
+    dest: RdmaToken,
+    expected: u64,
+) -> Result<(), Attempt> {
+    if expected > u64::from(dest.size) {
+        return Err(Attempt::Fatal(AgentError::Internal(format!(
+            "fallback of {expected} bytes into a {}-byte slice",
+            dest.size
+        ))));
+    }
+    let entry = if expected > 0 {
+        Some(session_for(core, &dest).await?)
+    } else {
+        None
+    };
+    let buf_size = core.staging.buf_size();
+    let mut placed = 0u64; // bytes posted to the window
+    let mut cur: Option<(fabric::pool::StagingBuf, usize)> = None;
+    let mut inflight = FuturesUnordered::new();
+
+    let post = |buf: fabric::pool::StagingBuf, n: usize, at: u64| {
+        let entry = entry.clone();
+        async move {
+            let Some(entry) = entry else {
+                return Ok(());
+            };
+            let slice = buf
+                .slice(n)
+                .map_err(|e| AgentError::Internal(e.to_string()))?;
+            let permit = Arc::clone(&entry.ops)
+                .acquire_owned()
+                .await
+                .map_err(|_| AgentError::Internal("fabric session closed".into()))?;
+            let res = entry.session.write(slice, dest.addr + at, dest.rkey).await;
+            drop(permit);
+            // The buffer returns to the pool only now that the write is done.
+            drop(buf);
+            res.map_err(|e| {
+                AgentError::Fabric(format!("writing into the tenant's window failed: {e}"))
+            })
+        }
+    };
+
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            Attempt::Retry(
+                AgentError::Unavailable(format!("reading the object body failed: {e}")),
+                "body",
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let mut data: &[u8] = &data;
+        while !data.is_empty() {
+            let filled = cur.as_ref().map_or(0, |(_, f)| *f) as u64;
+            if placed + filled + data.len() as u64 > expected {
+                return Err(Attempt::Fatal(AgentError::Protocol(format!(
+                    "the target sent more than the {expected} bytes of the range"
+                ))));
+            }
+            if cur.is_none() {
+                cur = Some((core.staging.acquire().await, 0));
+            }
+            let Some((buf, filled)) = cur.as_mut() else {
+                continue;
+            };
+            let n = (buf_size - *filled).min(data.len());
+            buf.copy_in(*filled, &data[..n])
+                .map_err(|e| AgentError::Internal(e.to_string()))?;
+            *filled += n;
+            data = &data[n..];
+            if *filled == buf_size
+                && let Some((buf, n)) = cur.take()
+            {
+                inflight.push(post(buf, n, placed));
+                placed += n as u64;
+                while inflight.len() >= PIPELINE {
+                    if let Some(r) = inflight.next().await {
+                        r?;
+                    }
+                }
+            }
+        }
+    }
+    if let Some((buf, n)) = cur.take()
+        && n > 0
+    {
+        inflight.push(post(buf, n, placed));
+        placed += n as u64;
+    }
+    while let Some(r) = inflight.next().await {
+        r?;
+    }
+    if placed != expected {
+        return Err(Attempt::Retry(
+            AgentError::Unavailable(format!(
+                "the object body ended after {placed} of {expected} bytes"
+            )),
+            "body",
+        ));
+    }
+    Ok(())
+}
+
+/// An HTTP body of the `len` bytes of the window slice `src`, read through
+/// staging buffers (one read ahead of the sender).
+pub fn window_body(core: &Arc<Core>, src: RdmaToken, len: u64) -> (RequestBody, u64) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BodyError>>(2);
+    let core = Arc::clone(core);
+    tokio::spawn(async move {
+        let res = async {
+            if len == 0 {
+                return Ok(());
+            }
+            let entry = session_for(&core, &src).await?;
+            let buf_size = core.staging.buf_size() as u64;
+            let mut off = 0u64;
+            while off < len {
+                let n = buf_size.min(len - off) as usize;
+                let buf = core.staging.acquire().await;
+                let slice = buf
+                    .slice(n)
+                    .map_err(|e| AgentError::Internal(e.to_string()))?;
+                let permit = Arc::clone(&entry.ops)
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| AgentError::Internal("fabric session closed".into()))?;
+                entry
+                    .session
+                    .read(slice, src.addr + off, src.rkey)
+                    .await
+                    .map_err(|e| {
+                        AgentError::Fabric(format!("reading the tenant's window failed: {e}"))
+                    })?;
+                drop(permit);
+                let bytes = buf
+                    .slice(n)
+                    .and_then(|s| s.to_vec())
+                    .map_err(|e| AgentError::Internal(e.to_string()))?;
+                drop(buf);
+                if tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_err() {
+                    return Ok(()); // the request was dropped
+                }
+                off += n as u64;
+            }
+            Ok::<(), AgentError>(())
+        }
+        .await;
+        if let Err(e) = res {
+            let _ = tx.send(Err(Box::new(e) as BodyError)).await;
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (StreamBody::new(stream).boxed_unsync(), len)
+}

@@ -1,0 +1,314 @@
+//! GetObject: probe (first chunk or HEAD) for size and ETag, then the rest
+//! in parallel ranged GETs, each with `If-Match: <etag>` and a token for
+//! its slice of the window.
+
+use std::sync::Arc;
+
+use fabric::RdmaToken;
+use futures::StreamExt as _;
+use http::{Method, StatusCode};
+use s3dma_proto::agent::v1::{ObjectInfo, TransferPath};
+
+use super::{Attempt, Ctx, RDMA_BYTES, RDMA_REPLY, RDMA_TOKEN, fallback, object_info};
+use crate::error::AgentError;
+use crate::plan::{self, Chunk, HttpRange, Probe, ProbeOutcome, RangeSpec};
+use crate::s3::client::{S3Call, header};
+
+/// A GetObject request after validation.
+#[derive(Debug, Clone)]
+pub struct GetRequest {
+    /// Bucket.
+    pub bucket: String,
+    /// Key.
+    pub key: String,
+    /// Which bytes.
+    pub range: RangeSpec,
+    /// The destination window.
+    pub dest: RdmaToken,
+    /// Required ETag, if any.
+    pub if_match: Option<String>,
+}
+
+/// What a GET did.
+#[derive(Debug, Clone)]
+pub struct GetResult {
+    /// The object.
+    pub info: ObjectInfo,
+    /// Bytes placed at the start of the window.
+    pub placed: u64,
+    /// Object offset of the first placed byte.
+    pub start: u64,
+    /// How the bytes moved.
+    pub path: TransferPath,
+}
+
+/// What one ranged GET placed.
+#[derive(Debug, Clone)]
+struct RangeReply {
+    info: ObjectInfo,
+    /// (first, len, total size).
+    first: u64,
+    len: u64,
+    total: u64,
+    fallback: bool,
+}
+
+/// Parses `Content-Range: bytes a-b/total`.
+fn content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let rest = v.trim().strip_prefix("bytes ")?;
+    let (span, total) = rest.split_once('/')?;
+    let (a, b) = span.split_once('-')?;
+    let (a, b, total) = (
+        a.parse::<u64>().ok()?,
+        b.parse::<u64>().ok()?,
+        total.parse::<u64>().ok()?,
+    );
+    (a <= b && b < total).then(|| (a, b - a + 1, total))
+}
+
+impl Ctx {
+    /// One ranged GET placing at most `slot.size` bytes into `slot`.
+    async fn get_range(
+        self: &Arc<Self>,
+        req: &GetRequest,
+        range: HttpRange,
+        slot: RdmaToken,
+        if_match: Option<&str>,
+    ) -> Result<RangeReply, Attempt> {
+        let mut call = S3Call::new(Method::GET, &req.bucket, Some(&req.key));
+        call.header("range", &range.header_value())
+            .map_err(AgentError::InvalidArgument)?;
+        if let Some(m) = if_match {
+            call.header("if-match", m)
+                .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
+        }
+        if self.target.rdma {
+            call.header(RDMA_TOKEN, &slot.to_string())
+                .map_err(AgentError::Internal)?;
+        }
+        let reply = self.send(call).await?;
+        let status = reply.status();
+        if status == StatusCode::PRECONDITION_FAILED {
+            let e = super::super::s3::client::error_of(reply).await;
+            return Err(Attempt::Fatal(match if_match {
+                Some(etag) if req.if_match.as_deref() != Some(etag) => {
+                    AgentError::PreconditionFailed(format!(
+                        "the object changed during the transfer (its ETag is no longer {etag}); nothing consistent was placed, retry the GET"
+                    ))
+                }
+                _ => AgentError::S3(e),
+            }));
+        }
+        if !(status == StatusCode::OK || status == StatusCode::PARTIAL_CONTENT) {
+            return Err(self.failure(reply).await);
+        }
+        let headers = reply.headers().clone();
+        let (first, len, total) = match header(&headers, "content-range") {
+            Some(cr) => content_range(&cr).ok_or_else(|| {
+                AgentError::Protocol(format!("the target sent a malformed Content-Range {cr:?}"))
+            })?,
+            None => {
+                let n = header(&headers, "content-length")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                // A 200 without Content-Range is the whole object (RDMA
+                // replies carry the size as bytes transferred).
+                let n = if status == StatusCode::OK && self.target.rdma {
+                    header(&headers, RDMA_BYTES)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(n)
+                } else {
+                    n
+                };
+                (0, n, n)
+            }
+        };
+        if len > u64::from(slot.size) {
+            return Err(Attempt::Fatal(AgentError::Protocol(format!(
+                "the target answered {len} bytes for a {}-byte slot",
+                slot.size
+            ))));
+        }
+        let info = object_info(&headers, total);
+        let rdma_reply = header(&headers, RDMA_REPLY);
+        let by_rdma = self.target.rdma && matches!(rdma_reply.as_deref(), Some("200" | "206"));
+        if by_rdma {
+            let moved = header(&headers, RDMA_BYTES).and_then(|v| v.parse::<u64>().ok());
+            if moved != Some(len) {
+                return Err(Attempt::Fatal(AgentError::Protocol(format!(
+                    "the target reported {moved:?} bytes transferred for a {len}-byte range"
+                ))));
+            }
+            // Drain the (empty) body so the connection is reused.
+            let _ = super::super::s3::client::read_small(reply, 1 << 10).await;
+        } else {
+            let slice = slot
+                .slice(0, len)
+                .map_err(|e| AgentError::Internal(e.to_string()))?;
+            fallback::body_into_window(&self.core, reply.into_body(), slice, len).await?;
+        }
+        Ok(RangeReply {
+            info,
+            first,
+            len,
+            total,
+            fallback: !by_rdma,
+        })
+    }
+
+    async fn head_probe(self: &Arc<Self>, req: &GetRequest) -> Result<ObjectInfo, AgentError> {
+        self.retrying("HEAD probe", || async {
+            let mut call = S3Call::new(Method::HEAD, &req.bucket, Some(&req.key));
+            if let Some(m) = &req.if_match {
+                call.header("if-match", m)
+                    .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
+            }
+            let reply = self.send(call).await?;
+            if reply.status() != StatusCode::OK {
+                return Err(self.failure(reply).await);
+            }
+            let size = header(reply.headers(), "content-length")
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| AgentError::Protocol("HEAD reply without Content-Length".into()))?;
+            Ok(object_info(reply.headers(), size))
+        })
+        .await
+    }
+
+    /// Runs a GetObject.
+    ///
+    /// # Errors
+    /// Any [`AgentError`]; bytes may have been placed in the window even
+    /// then (the window belongs to this request only).
+    pub async fn get_object(self: &Arc<Self>, req: &GetRequest) -> Result<GetResult, AgentError> {
+        let s = &self.core.settings;
+        let window = u64::from(req.dest.size);
+        let probe = plan::probe(req.range, window, s.chunk_size)?;
+        let mut fell_back = false;
+        let mut rdma_used = false;
+        let (info, outcome) = match probe {
+            Probe::Get { range, max_len } => {
+                let slot = req
+                    .dest
+                    .slice(0, max_len)
+                    .map_err(|e| AgentError::Internal(e.to_string()))?;
+                let first = self
+                    .retrying("GET", || {
+                        self.get_range(req, range, slot, req.if_match.as_deref())
+                    })
+                    .await;
+                match first {
+                    Ok(r) => {
+                        fell_back |= r.fallback;
+                        rdma_used |= !r.fallback;
+                        let outcome = ProbeOutcome {
+                            total_size: r.total,
+                            placed: Some((r.first, r.len)),
+                        };
+                        (r.info, outcome)
+                    }
+                    Err(AgentError::S3(e))
+                        if e.http_status == 416
+                            && plan::retry_unsatisfiable_with_head(req.range) =>
+                    {
+                        let info = self.head_probe(req).await?;
+                        let outcome = ProbeOutcome {
+                            total_size: info.size,
+                            placed: None,
+                        };
+                        (info, outcome)
+                    }
+                    Err(AgentError::S3(e)) if e.http_status == 416 => {
+                        return Err(AgentError::InvalidRange(format!(
+                            "the requested range is not satisfiable: {}",
+                            e.message
+                        )));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Probe::Head => {
+                let info = self.head_probe(req).await?;
+                let outcome = ProbeOutcome {
+                    total_size: info.size,
+                    placed: None,
+                };
+                (info, outcome)
+            }
+        };
+        let plan = plan::plan_get(req.range, window, s.chunk_size, &outcome)?;
+        let etag = info.etag.clone();
+        if !plan.chunks.is_empty() && etag.is_empty() {
+            return Err(AgentError::Protocol(
+                "the target sent no ETag, so a chunked GET cannot guard against a concurrent overwrite".into(),
+            ));
+        }
+        let mut results = futures::stream::iter(plan.chunks.iter().copied())
+            .map(|c| self.get_chunk(req, c, &etag, outcome.total_size))
+            .buffer_unordered(s.max_chunks_in_flight.max(1));
+        while let Some(r) = results.next().await {
+            let fb = r?;
+            fell_back |= fb;
+            rdma_used |= !fb;
+        }
+        let path = match (rdma_used, fell_back) {
+            (true, true) => TransferPath::Mixed,
+            (_, true) => TransferPath::Fallback,
+            _ => TransferPath::Rdma,
+        };
+        Ok(GetResult {
+            info,
+            placed: plan.len,
+            start: plan.start,
+            path,
+        })
+    }
+
+    /// One chunk after the probe: quota, bandwidth, retries.
+    async fn get_chunk(
+        self: &Arc<Self>,
+        req: &GetRequest,
+        c: Chunk,
+        etag: &str,
+        total: u64,
+    ) -> Result<bool, AgentError> {
+        let quota = &self.tenant.quota;
+        let _bytes = quota.reserve_bytes(c.len).await;
+        quota.throttle(c.len).await;
+        let slot = req
+            .dest
+            .slice(c.window_offset, c.len)
+            .map_err(|e| AgentError::Internal(e.to_string()))?;
+        let r = self
+            .retrying("GET chunk", || {
+                self.get_range(req, c.http_range(), slot, Some(etag))
+            })
+            .await?;
+        if r.first != c.object_first || r.len != c.len || r.total != total {
+            return Err(AgentError::Protocol(format!(
+                "asked bytes {}+{} of {total}, the target answered {}+{} of {}",
+                c.object_first, c.len, r.first, r.len, r.total
+            )));
+        }
+        Ok(r.fallback)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_range_table() {
+        assert_eq!(content_range("bytes 0-9/10"), Some((0, 10, 10)));
+        assert_eq!(content_range("bytes 5-5/6"), Some((5, 1, 6)));
+        assert_eq!(content_range("bytes 5-4/6"), None);
+        assert_eq!(content_range("bytes 0-10/10"), None);
+        assert_eq!(content_range("bytes */10"), None);
+        assert_eq!(content_range("items 0-1/2"), None);
+        assert_eq!(
+            content_range("bytes 0-18446744073709551615/18446744073709551615"),
+            None
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! Running tenant requests against targets: the executor.
+//!
+//! [`Core`] holds what every request shares (target clients, tenants,
+//! staging memory, fabric sessions to tenant endpoints, settings, metrics).
+//! A [`Ctx`] is one tenant request bound to one target; it sends attempts
+//! with per-attempt timeouts and retries retryable failures (5xx, throttling,
+//! connection errors, timeouts, bodies cut short) with jittered backoff,
+//! never 4xx. The operations live in [`get`], [`put`] and [`meta`]; moving
+//! bytes through the agent when a target speaks plain HTTP is [`fallback`].
+//!
+//! Cancellation: dropping a request's future drops its in-flight HTTP
+//! exchanges; fabric operations already posted keep their staging buffers
+//! until they complete, and the shim revokes the window, which fences any
+//! late placement by a target.
+
+pub mod fallback;
+pub mod get;
+pub mod meta;
+pub mod put;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fabric::pool::{SessionPool, StagingPool};
+use http::HeaderMap;
+use tracing::debug;
+
+use crate::error::AgentError;
+use crate::metrics::Metrics;
+use crate::plan::PutPolicy;
+use crate::policy::TenantPolicy;
+use crate::quota::TenantQuota;
+use crate::retry::{RetryPolicy, retryable_status};
+use crate::s3::client::{S3Call, SendError, error_of, header};
+use crate::s3::{Reply, Signer, TargetClient};
+
+/// The request header carrying the token.
+pub const RDMA_TOKEN: &str = "x-amz-rdma-token";
+/// The reply header saying what the target did with the token.
+pub const RDMA_REPLY: &str = "x-amz-rdma-reply";
+/// The reply header with the bytes the target placed.
+pub const RDMA_BYTES: &str = "x-amz-rdma-bytes-transferred";
+
+/// Transfer settings (from `transfer:`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// GET chunk size.
+    pub chunk_size: u64,
+    /// Chunks (or parts) in flight per request.
+    pub max_chunks_in_flight: usize,
+    /// Multipart thresholds.
+    pub put: PutPolicy,
+    /// Retries and backoff.
+    pub retry: RetryPolicy,
+    /// Deadline of a whole request.
+    pub request_timeout: Duration,
+    /// Deadline of one HTTP attempt.
+    pub attempt_timeout: Duration,
+    /// Default GetObjects concurrency.
+    pub batch_concurrency: usize,
+}
+
+/// A tenant as the executor sees it.
+#[derive(Debug)]
+pub struct Tenant {
+    /// Name (metrics, logs).
+    pub name: String,
+    /// Signs with the tenant's S3 credentials.
+    pub signer: Signer,
+    /// Bucket/prefix allowlist.
+    pub policy: TenantPolicy,
+    /// Quotas.
+    pub quota: TenantQuota,
+}
+
+/// What all requests share.
+#[derive(Debug)]
+pub struct Core {
+    /// Targets in config order.
+    pub targets: Vec<Arc<TargetClient>>,
+    /// Bucket name -> index into `targets` (`*` under the key "*").
+    pub routes: HashMap<String, usize>,
+    /// Tenants by name.
+    pub tenants: HashMap<String, Arc<Tenant>>,
+    /// Settings.
+    pub settings: Settings,
+    /// Registered staging memory for the fallback path.
+    pub staging: Arc<StagingPool>,
+    /// Fabric sessions to tenant endpoints (fallback path).
+    pub sessions: Arc<SessionPool>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Core {
+    /// The target serving `bucket`.
+    ///
+    /// # Errors
+    /// [`AgentError::NoTarget`].
+    pub fn target_for(&self, bucket: &str) -> Result<Arc<TargetClient>, AgentError> {
+        self.routes
+            .get(bucket)
+            .or_else(|| self.routes.get("*"))
+            .and_then(|i| self.targets.get(*i))
+            .cloned()
+            .ok_or_else(|| AgentError::NoTarget(bucket.to_owned()))
+    }
+}
+
+/// How one attempt failed.
+#[derive(Debug)]
+pub enum Attempt {
+    /// Worth another attempt (reason is a metric label).
+    Retry(AgentError, &'static str),
+    /// Final.
+    Fatal(AgentError),
+}
+
+impl From<AgentError> for Attempt {
+    fn from(e: AgentError) -> Self {
+        Attempt::Fatal(e)
+    }
+}
+
+/// One tenant request bound to one target.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// Shared state.
+    pub core: Arc<Core>,
+    /// The tenant.
+    pub tenant: Arc<Tenant>,
+    /// The target.
+    pub target: Arc<TargetClient>,
+    /// The agent's request id.
+    pub request_id: String,
+}
+
+impl Ctx {
+    /// Sends one attempt of `call`; a transport failure is retryable.
+    pub async fn send(&self, call: S3Call) -> Result<Reply, Attempt> {
+        let method = call.method.clone();
+        match self
+            .target
+            .send(&self.tenant.signer, call, &self.request_id)
+            .await
+        {
+            Ok(r) => {
+                self.core.metrics.target_request(
+                    &self.target.name,
+                    method.as_str(),
+                    r.status().as_str(),
+                );
+                Ok(r)
+            }
+            Err(SendError::Build(m)) => Err(Attempt::Fatal(AgentError::InvalidArgument(m))),
+            Err(SendError::Transport(m)) => {
+                self.core
+                    .metrics
+                    .target_request(&self.target.name, method.as_str(), "error");
+                Err(Attempt::Retry(AgentError::Unavailable(m), "connection"))
+            }
+        }
+    }
+
+    /// The failure of a non-success reply: retryable for 5xx/429/408.
+    pub async fn failure(&self, reply: Reply) -> Attempt {
+        let status = reply.status().as_u16();
+        let err = error_of(reply).await;
+        if retryable_status(status) {
+            Attempt::Retry(AgentError::S3(err), "status")
+        } else {
+            Attempt::Fatal(AgentError::S3(err))
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, fails finally, or retries run out.
+    /// Each try is bounded by the attempt timeout.
+    ///
+    /// # Errors
+    /// The last failure.
+    pub async fn retrying<T, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T, AgentError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Attempt>>,
+    {
+        let s = &self.core.settings;
+        let mut retry = 0u32;
+        loop {
+            let res = match tokio::time::timeout(s.attempt_timeout, attempt()).await {
+                Ok(r) => r,
+                Err(_) => Err(Attempt::Retry(
+                    AgentError::Unavailable(format!(
+                        "{what}: target {} did not answer within {:?}",
+                        self.target.name, s.attempt_timeout
+                    )),
+                    "timeout",
+                )),
+            };
+            match res {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Retry(e, reason)) => {
+                    if retry >= s.retry.retries {
+                        return Err(match e {
+                            AgentError::Unavailable(m) => AgentError::Unavailable(format!(
+                                "{m} (gave up after {} attempts)",
+                                retry + 1
+                            )),
+                            other => other,
+                        });
+                    }
+                    retry += 1;
+                    self.core.metrics.retry(&self.target.name, reason);
+                    let wait = s.retry.backoff(retry, rand::random::<f64>());
+                    debug!(%what, retry, ?wait, error = %e, "retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+}
+
+/// The object facts in reply headers.
+#[must_use]
+pub fn object_info(headers: &HeaderMap, size: u64) -> s3dma_proto::agent::v1::ObjectInfo {
+    let metadata = headers
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = k.as_str().strip_prefix("x-amz-meta-")?;
+            Some((name.to_owned(), v.to_str().ok()?.to_owned()))
+        })
+        .collect();
+    let last_modified_unix_ms = header(headers, "last-modified")
+        .and_then(|v| httpdate::parse_http_date(&v).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    s3dma_proto::agent::v1::ObjectInfo {
+        size,
+        etag: header(headers, "etag").unwrap_or_default(),
+        content_type: header(headers, "content-type").unwrap_or_default(),
+        metadata,
+        last_modified_unix_ms,
+    }
+}

@@ -1,0 +1,325 @@
+//! PutObject: one PUT for small objects, a multipart upload (parts in
+//! parallel, each with a token for its slice of the window) for large ones.
+//! A declined token (`x-amz-rdma-reply: 501`) or a plain-S3 target sends the
+//! bytes as an HTTP body read from the window instead. A failed multipart
+//! upload is aborted — also when the request is cancelled — so no partial
+//! object ever becomes visible.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fabric::RdmaToken;
+use futures::StreamExt as _;
+use http::{Method, StatusCode};
+use s3dma_proto::agent::v1::TransferPath;
+use tracing::{debug, warn};
+
+use super::{Attempt, Ctx, RDMA_REPLY, RDMA_TOKEN, fallback};
+use crate::error::AgentError;
+use crate::plan::{self, Part, PutPlan};
+use crate::s3::client::{S3Call, full_body, header, read_small};
+use crate::s3::xml;
+
+/// A PutObject request after validation.
+#[derive(Debug, Clone)]
+pub struct PutRequest {
+    /// Bucket.
+    pub bucket: String,
+    /// Key.
+    pub key: String,
+    /// The source window (the object is exactly its bytes).
+    pub src: RdmaToken,
+    /// Content-Type to store.
+    pub content_type: Option<String>,
+    /// User metadata.
+    pub metadata: HashMap<String, String>,
+}
+
+/// What a PUT did.
+#[derive(Debug, Clone)]
+pub struct PutResult {
+    /// The stored object's ETag.
+    pub etag: String,
+    /// Its size.
+    pub size: u64,
+    /// Parts (0 = single PUT).
+    pub parts: u32,
+    /// How the bytes moved.
+    pub path: TransferPath,
+}
+
+/// Aborts an unfinished multipart upload when dropped (error or cancel).
+struct AbortGuard {
+    ctx: Option<Arc<Ctx>>,
+    bucket: String,
+    key: String,
+    upload_id: String,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        let Some(ctx) = self.ctx.take() else {
+            return;
+        };
+        let (bucket, key, upload_id) = (
+            std::mem::take(&mut self.bucket),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.upload_id),
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let r = ctx
+                    .retrying("AbortMultipartUpload", || async {
+                        let mut call = S3Call::new(Method::DELETE, &bucket, Some(&key));
+                        call.query.push(("uploadId", Some(upload_id.clone())));
+                        let reply = ctx.send(call).await?;
+                        match reply.status() {
+                            StatusCode::NO_CONTENT | StatusCode::OK | StatusCode::NOT_FOUND => {
+                                Ok(())
+                            }
+                            _ => Err(ctx.failure(reply).await),
+                        }
+                    })
+                    .await;
+                match r {
+                    Ok(()) => debug!(%bucket, "aborted multipart upload"),
+                    Err(e) => warn!(%bucket, error = %e, "aborting a multipart upload failed; the target's stale-upload sweep must collect it"),
+                }
+            });
+        }
+    }
+}
+
+impl Ctx {
+    fn put_headers(call: &mut S3Call, req: &PutRequest) -> Result<(), AgentError> {
+        if let Some(ct) = &req.content_type {
+            call.header("content-type", ct)
+                .map_err(|e| AgentError::InvalidArgument(format!("content_type: {e}")))?;
+        }
+        for (k, v) in &req.metadata {
+            let name = format!("x-amz-meta-{}", k.to_ascii_lowercase());
+            let name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                AgentError::InvalidArgument(format!(
+                    "metadata name {k:?} is not a valid header name"
+                ))
+            })?;
+            let value = http::HeaderValue::from_str(v).map_err(|_| {
+                AgentError::InvalidArgument(format!(
+                    "metadata {k:?} has a value that is not valid header text"
+                ))
+            })?;
+            call.headers.insert(name, value);
+        }
+        Ok(())
+    }
+
+    /// Sends the bytes of `slot` as one PUT (or UploadPart when `part` is
+    /// given); returns the ETag and whether the fallback path was used.
+    async fn put_bytes(
+        self: &Arc<Self>,
+        req: &PutRequest,
+        slot: RdmaToken,
+        part: Option<(u32, &str)>,
+    ) -> Result<(String, bool), AgentError> {
+        let build = |rdma: bool| -> Result<S3Call, AgentError> {
+            let mut call = S3Call::new(Method::PUT, &req.bucket, Some(&req.key));
+            match part {
+                Some((n, upload_id)) => {
+                    call.query.push(("partNumber", Some(n.to_string())));
+                    call.query.push(("uploadId", Some(upload_id.to_owned())));
+                }
+                None => Self::put_headers(&mut call, req)?,
+            }
+            if rdma {
+                call.header(RDMA_TOKEN, &slot.to_string())
+                    .map_err(AgentError::Internal)?;
+            }
+            Ok(call)
+        };
+        let len = u64::from(slot.size);
+        if self.target.rdma {
+            let outcome = self
+                .retrying("PUT", || async {
+                    let mut call = build(true)?;
+                    call.body = Some(full_body(bytes::Bytes::new()));
+                    let reply = self.send(call).await?;
+                    if reply.status() != StatusCode::OK {
+                        return Err(self.failure(reply).await);
+                    }
+                    let rdma_reply = header(reply.headers(), RDMA_REPLY);
+                    let etag = header(reply.headers(), "etag").unwrap_or_default();
+                    let _ = read_small(reply, 64 << 10).await;
+                    Ok((rdma_reply, etag))
+                })
+                .await?;
+            match outcome {
+                (Some(r), etag) if r == "200" || r == "204" => return Ok((etag, false)),
+                (Some(r), _) if r == "501" => {
+                    debug!(target = %self.target.name, "target declined RDMA for PUT; sending over HTTP");
+                }
+                (other, _) => {
+                    warn!(target = %self.target.name, reply = ?other, "target ignored x-amz-rdma-token on PUT (it may have stored an empty object); rewriting over HTTP — configure it with rdma: false");
+                }
+            }
+        }
+        let etag = self
+            .retrying("PUT (HTTP body)", || async {
+                let mut call = build(false)?;
+                call.body = Some(fallback::window_body(&self.core, slot, len));
+                let reply = self.send(call).await?;
+                if reply.status() != StatusCode::OK {
+                    return Err(self.failure(reply).await);
+                }
+                let etag = header(reply.headers(), "etag").unwrap_or_default();
+                let _ = read_small(reply, 64 << 10).await;
+                Ok(etag)
+            })
+            .await?;
+        Ok((etag, true))
+    }
+
+    /// Runs a PutObject.
+    ///
+    /// # Errors
+    /// Any [`AgentError`]; a failed upload leaves the previous object (if
+    /// any) in place.
+    pub async fn put_object(self: &Arc<Self>, req: &PutRequest) -> Result<PutResult, AgentError> {
+        let size = u64::from(req.src.size);
+        let plan = plan::plan_put(size, self.core.settings.put)?;
+        match plan {
+            PutPlan::Single => {
+                let quota = &self.tenant.quota;
+                let _bytes = quota.reserve_bytes(size).await;
+                quota.throttle(size).await;
+                let (etag, fb) = self.put_bytes(req, req.src, None).await?;
+                Ok(PutResult {
+                    etag,
+                    size,
+                    parts: 0,
+                    path: if fb {
+                        TransferPath::Fallback
+                    } else {
+                        TransferPath::Rdma
+                    },
+                })
+            }
+            PutPlan::Multipart { parts, .. } => self.put_multipart(req, &parts).await,
+        }
+    }
+
+    async fn put_multipart(
+        self: &Arc<Self>,
+        req: &PutRequest,
+        parts: &[Part],
+    ) -> Result<PutResult, AgentError> {
+        let upload_id = self
+            .retrying("CreateMultipartUpload", || async {
+                let mut call = S3Call::new(Method::POST, &req.bucket, Some(&req.key));
+                call.query.push(("uploads", None));
+                Self::put_headers(&mut call, req)?;
+                let reply = self.send(call).await?;
+                if reply.status() != StatusCode::OK {
+                    return Err(self.failure(reply).await);
+                }
+                let (_, body) = read_small(reply, 64 << 10)
+                    .await
+                    .map_err(|m| Attempt::Retry(AgentError::Unavailable(m), "body"))?;
+                let r: xml::InitiateMultipartUploadResult = xml::parse(&body).map_err(|e| {
+                    AgentError::Protocol(format!("CreateMultipartUpload reply: {e}"))
+                })?;
+                if r.upload_id.is_empty() {
+                    return Err(Attempt::Fatal(AgentError::Protocol(
+                        "CreateMultipartUpload reply has no UploadId".into(),
+                    )));
+                }
+                Ok(r.upload_id)
+            })
+            .await?;
+        let mut guard = AbortGuard {
+            ctx: Some(Arc::clone(self)),
+            bucket: req.bucket.clone(),
+            key: req.key.clone(),
+            upload_id: upload_id.clone(),
+        };
+        let mut etags: Vec<(u32, String)> = Vec::with_capacity(parts.len());
+        let mut any_fallback = false;
+        let mut any_rdma = false;
+        {
+            let upload_id = upload_id.as_str();
+            let mut results = futures::stream::iter(parts.iter().copied())
+                .map(|p| async move {
+                    let quota = &self.tenant.quota;
+                    let _bytes = quota.reserve_bytes(p.len).await;
+                    quota.throttle(p.len).await;
+                    let slot = req
+                        .src
+                        .slice(p.offset, p.len)
+                        .map_err(|e| AgentError::Internal(e.to_string()))?;
+                    let (etag, fb) = self
+                        .put_bytes(req, slot, Some((p.number, upload_id)))
+                        .await?;
+                    if etag.is_empty() {
+                        return Err(AgentError::Protocol(format!(
+                            "UploadPart {} reply has no ETag",
+                            p.number
+                        )));
+                    }
+                    Ok::<_, AgentError>((p.number, etag, fb))
+                })
+                .buffer_unordered(self.core.settings.max_chunks_in_flight.max(1));
+            while let Some(r) = results.next().await {
+                let (n, etag, fb) = r?;
+                any_fallback |= fb;
+                any_rdma |= !fb;
+                etags.push((n, etag));
+            }
+        }
+        etags.sort_unstable_by_key(|(n, _)| *n);
+        let body = xml::complete_body(
+            etags
+                .into_iter()
+                .map(|(part_number, etag)| xml::CompletedPart { part_number, etag })
+                .collect(),
+        )
+        .map_err(AgentError::Internal)?;
+        let body = bytes::Bytes::from(body);
+        let etag = self
+            .retrying("CompleteMultipartUpload", || async {
+                let mut call = S3Call::new(Method::POST, &req.bucket, Some(&req.key));
+                call.query.push(("uploadId", Some(upload_id.clone())));
+                call.body = Some(full_body(body.clone()));
+                let reply = self.send(call).await?;
+                if reply.status() != StatusCode::OK {
+                    return Err(self.failure(reply).await);
+                }
+                let (parts, body) = read_small(reply, 1 << 20)
+                    .await
+                    .map_err(|m| Attempt::Retry(AgentError::Unavailable(m), "body"))?;
+                // S3 may answer 200 and report the failure in the body.
+                if xml::root_name(&body).as_deref() == Some("Error") {
+                    let e = crate::s3::client::error_from_parts(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &header(&parts.headers, "x-amz-request-id").unwrap_or_default(),
+                        &body,
+                    );
+                    return Err(Attempt::Retry(AgentError::S3(e), "status"));
+                }
+                let r: xml::CompleteMultipartUploadResult = xml::parse(&body).map_err(|e| {
+                    AgentError::Protocol(format!("CompleteMultipartUpload reply: {e}"))
+                })?;
+                Ok(r.etag)
+            })
+            .await?;
+        guard.ctx = None; // completed: nothing to abort
+        Ok(PutResult {
+            etag,
+            size: u64::from(req.src.size),
+            parts: u32::try_from(parts.len()).unwrap_or(u32::MAX),
+            path: match (any_rdma, any_fallback) {
+                (true, true) => TransferPath::Mixed,
+                (_, true) => TransferPath::Fallback,
+                _ => TransferPath::Rdma,
+            },
+        })
+    }
+}
