@@ -179,6 +179,9 @@ impl Metrics {
 
     /// Object bytes moved.
     pub fn bytes(&self, tenant: &str, op: &str, path: &str, n: u64) {
+        if n == 0 {
+            return; // an empty object moved nothing on either path
+        }
         self.bytes.with_label_values(&[tenant, op, path]).inc_by(n);
     }
 

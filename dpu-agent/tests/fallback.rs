@@ -1,0 +1,140 @@
+//! The fallback path: targets that decline RDMA (storage-target with RDMA
+//! disabled answers `x-amz-rdma-reply: 501`) or never heard of it (moto, a
+//! third-party S3 server, configured `rdma: false`). The agent moves the
+//! bytes between HTTP bodies and the tenant's window through its own
+//! registered staging memory; the tenant sees the same API.
+
+mod common;
+
+use common::*;
+use fabric::Access;
+use pb::byte_range::Kind;
+use s3dma_proto::agent::v1 as pb;
+
+/// PUT (single and multipart) and GET of `sizes` through the agent, checked
+/// against what `sdk` reads straight from the target.
+async fn round_trips(shim: &Shim, sdk: &aws_sdk_s3::Client, bucket: &str, sizes: &[usize]) {
+    let max = *sizes.iter().max().unwrap();
+    let mem = Memory::new(max).await;
+    for (i, &len) in sizes.iter().enumerate() {
+        let key = format!("fb/{len}");
+        let body = data(len, 100 + i as u64);
+        mem.fill(0, &body);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_READ);
+        let put = shim.put("alice", bucket, &key, &tok).await.unwrap();
+        drop(w);
+        assert_eq!(put.path, pb::TransferPath::Fallback as i32, "PUT {len}");
+        assert_eq!(put.size, len as u64);
+        let stored = sdk_get(sdk, bucket, &key).await;
+        assert_eq!(stored.len(), len);
+        assert_eq!(sha256(&stored), sha256(&body), "PUT {len}");
+
+        mem.clear(0x5A);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+        let got = shim.get("alice", bucket, &key, None, &tok).await.unwrap();
+        drop(w);
+        assert_eq!(got.bytes_placed, len as u64, "GET {len}");
+        if len > 0 {
+            assert_eq!(got.path, pb::TransferPath::Fallback as i32, "GET {len}");
+        }
+        assert_eq!(mem.sha256(0, len), sha256(&body), "GET {len}");
+    }
+    // A range, over HTTP too.
+    let len = sizes[sizes.len() - 1];
+    let body = data(len, 100 + sizes.len() as u64 - 1);
+    mem.clear(0);
+    let (w, tok) = mem.window(0, 1000, Access::REMOTE_WRITE);
+    let got = shim
+        .get(
+            "alice",
+            bucket,
+            &format!("fb/{len}"),
+            Some(Kind::Suffix(1000)),
+            &tok,
+        )
+        .await
+        .unwrap();
+    drop(w);
+    assert_eq!(got.range_start as usize, len - 1000);
+    assert_eq!(mem.read(0, 1000), body[len - 1000..]);
+}
+
+const SPEC_TRANSFER: &str = "chunk_size: 4MiB\nmultipart_threshold: 8MiB\npart_size: 5MiB\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_target_with_rdma_disabled() {
+    let target = Target::start(false);
+    target.create_bucket("alice-data").await;
+    let mut spec = AgentSpec::one(&target);
+    spec.transfer = SPEC_TRANSFER.into();
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    // 0 B, 1 B, a few chunks, and a 3-part multipart upload.
+    round_trips(
+        &shim,
+        &target.s3(ALICE),
+        "alice-data",
+        &[0, 1, (9 << 20) + 7, 13 << 20],
+    )
+    .await;
+    let m = agent.metrics_text().await;
+    assert!(
+        m.contains(r#"s3dma_agent_bytes_total{op="GetObject",path="fallback",tenant="alice"}"#),
+        "{m}"
+    );
+    assert!(m.contains("s3dma_agent_staging_buffers 16"), "{m}");
+    // Nothing went over RDMA, and the target declined each token with 501.
+    assert!(!m.contains(r#"path="rdma""#), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_party_s3_server_moto() {
+    let moto = Moto::start();
+    let sdk = s3_client(&moto.endpoint, ALICE.0, ALICE.1);
+    sdk.create_bucket()
+        .bucket("alice-data")
+        .send()
+        .await
+        .unwrap();
+    let mut spec = AgentSpec::new(vec![TargetSpec {
+        name: "moto",
+        endpoint: moto.endpoint.clone(),
+        buckets: vec!["alice-data"],
+        rdma: false,
+    }]);
+    spec.transfer = SPEC_TRANSFER.into();
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    round_trips(&shim, &sdk, "alice-data", &[0, 1, (9 << 20) + 7, 13 << 20]).await;
+
+    // Listing and errors come through from a foreign server too.
+    let r = shim
+        .inner
+        .clone()
+        .list_objects(shim.req(pb::ListObjectsRequest {
+            tenant: "alice".into(),
+            bucket: "alice-data".into(),
+            prefix: "fb/".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.objects.len(), 4);
+    let mem = Memory::new(4096).await;
+    let (_w, tok) = mem.window(0, 4096, Access::REMOTE_WRITE);
+    let e = shim
+        .get("alice", "alice-data", "missing", None, &tok)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert_eq!(s3_code(&e), "NoSuchKey");
+    // The multipart upload was completed, none left behind.
+    let ups = sdk
+        .list_multipart_uploads()
+        .bucket("alice-data")
+        .send()
+        .await
+        .unwrap();
+    assert!(ups.uploads().is_empty(), "{ups:?}");
+}
