@@ -499,3 +499,64 @@ async fn target_killed_mid_get_is_an_error() {
     assert_eq!(ok.bytes_placed, len as u64);
     assert_eq!(mem.sha256(0, len), sha256(&data(len, 6)));
 }
+
+/// The shim cancels a GET mid-transfer and revokes its window: the agent
+/// abandons the request (in-flight gauge back to 0), nothing lands in the
+/// revoked window afterwards, and the next request works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_get_is_abandoned_safely() {
+    let target = Target::start(true);
+    target.create_bucket("alice-data").await;
+    let mut spec = AgentSpec::one(&target);
+    spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\n".into();
+    spec.alice_quotas = "max_bytes_per_second: 16MiB".into();
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    let len = 32usize << 20;
+    target
+        .s3(ALICE)
+        .put_object()
+        .bucket("alice-data")
+        .key("k")
+        .body(data(len, 8).into())
+        .send()
+        .await
+        .unwrap();
+    let mem = Memory::new(len).await;
+    let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+    let r = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        shim.get("alice", "alice-data", "k", None, &tok),
+    )
+    .await;
+    assert!(r.is_err(), "the GET should still be running when cancelled");
+    // What a shim does when its request ends: revoke the window.
+    w.revoke();
+    drop(w);
+    mem.clear(0);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(
+        mem.read(0, len).iter().all(|b| *b == 0),
+        "bytes landed after revocation"
+    );
+    let m = agent.metrics_text().await;
+    assert!(
+        m.contains(r#"s3dma_agent_requests_in_flight{tenant="alice"} 0"#),
+        "{m}"
+    );
+    // The agent and the target still serve.
+    let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+    let ok = shim
+        .get(
+            "alice",
+            "alice-data",
+            "k",
+            Some(pb::byte_range::Kind::Suffix(1 << 20)),
+            &tok,
+        )
+        .await
+        .unwrap();
+    drop(w);
+    assert_eq!(ok.bytes_placed, 1 << 20);
+    assert_eq!(mem.read(0, 1 << 20), data(len, 8)[len - (1 << 20)..]);
+}

@@ -272,7 +272,21 @@ impl Handler {
         let op = OpSlot::default();
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
-        let span = info_span!("request", id = %request_id, %method, %path);
+        let span = info_span!("request", id = %request_id, %method, %path, agent_request = tracing::field::Empty);
+        // A dpu-agent names its own request id so one tenant request can be
+        // followed from shim to agent to target in the logs.
+        if let Some(v) = req
+            .headers()
+            .get("x-s3dma-request-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| {
+                v.len() <= 80
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            })
+        {
+            span.record("agent_request", v);
+        }
         async move {
             let (mut parts, body) = req.into_parts();
             let payload = payload_mode(&parts.headers);

@@ -147,9 +147,19 @@ pub async fn body_into_window(
     Ok(())
 }
 
+/// Where [`window_body`] reports why it stopped early (a fabric failure is
+/// final; the HTTP error the aborted body causes is not the real cause).
+pub type BodyFailure = Arc<std::sync::Mutex<Option<AgentError>>>;
+
 /// An HTTP body of the `len` bytes of the window slice `src`, read through
 /// staging buffers (one read ahead of the sender).
-pub fn window_body(core: &Arc<Core>, src: RdmaToken, len: u64) -> (RequestBody, u64) {
+pub fn window_body(
+    core: &Arc<Core>,
+    src: RdmaToken,
+    len: u64,
+) -> ((RequestBody, u64), BodyFailure) {
+    let failure: BodyFailure = Arc::default();
+    let report = Arc::clone(&failure);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BodyError>>(2);
     let core = Arc::clone(core);
     tokio::spawn(async move {
@@ -192,11 +202,14 @@ pub fn window_body(core: &Arc<Core>, src: RdmaToken, len: u64) -> (RequestBody, 
         }
         .await;
         if let Err(e) = res {
+            *report
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.clone());
             let _ = tx.send(Err(Box::new(e) as BodyError)).await;
         }
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    (StreamBody::new(stream).boxed_unsync(), len)
+    ((StreamBody::new(stream).boxed_unsync(), len), failure)
 }

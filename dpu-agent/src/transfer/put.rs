@@ -165,8 +165,18 @@ impl Ctx {
         let etag = self
             .retrying("PUT (HTTP body)", || async {
                 let mut call = build(false)?;
-                call.body = Some(fallback::window_body(&self.core, slot, len));
-                let reply = self.send(call).await?;
+                let (body, failure) = fallback::window_body(&self.core, slot, len);
+                call.body = Some(body);
+                let sent = self.send(call).await;
+                let taken = failure
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                if let Some(e) = taken {
+                    // Reading the tenant's window failed: retrying cannot help.
+                    return Err(Attempt::Fatal(e));
+                }
+                let reply = sent?;
                 if reply.status() != StatusCode::OK {
                     return Err(self.failure(reply).await);
                 }

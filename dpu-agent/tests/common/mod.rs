@@ -369,9 +369,7 @@ tenants:
       - bucket: shared
         read: true
         write: true
-    quotas:
-      max_bytes_in_flight: 256MiB
-{aq}  - name: bob
+    quotas:{aq}  - name: bob
     access_key_id: {bak}
     secret_access_key_file: {d}/bob.secret
     allow:
@@ -397,11 +395,15 @@ transfer:
             d = p.display(),
             aak = ALICE.0,
             bak = BOB.0,
-            aq = spec
-                .alice_quotas
-                .lines()
-                .map(|l| format!("      {l}\n"))
-                .collect::<String>(),
+            aq = if spec.alice_quotas.is_empty() {
+                " {}\n".to_owned()
+            } else {
+                spec.alice_quotas
+                    .lines()
+                    .map(|l| format!("\n      {l}"))
+                    .collect::<String>()
+                    + "\n"
+            },
             tr = spec
                 .transfer
                 .lines()
