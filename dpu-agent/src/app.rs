@@ -7,14 +7,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fabric::Domain;
 use fabric::pool::{SessionPool, StagingPool};
-use fabric::{Backend, Domain, FabricKey};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::auth::ShimAuth;
-use crate::config::{BackendName, LoadedConfig};
+use crate::config::LoadedConfig;
 use crate::metrics::Metrics;
 use crate::plan::PutPolicy;
 use crate::policy::TenantPolicy;
@@ -85,13 +85,8 @@ impl Running {
 /// [`StartError`].
 pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>, StartError> {
     let c = &cfg.config;
-    let backend = match c.fabric.backend {
-        BackendName::Tcp => Backend::Tcp,
-        BackendName::Verbs => Backend::Verbs,
-    };
-    let domain = Domain::open(backend).map_err(|e| StartError::Fabric(e.to_string()))?;
-    let key = FabricKey::new(cfg.fabric_key.expose().to_vec())
-        .map_err(|e| StartError::Fabric(format!("fabric.fabric_key_file: {e}")))?;
+    let domain = Domain::open(c.fabric.backend).map_err(|e| StartError::Fabric(e.to_string()))?;
+    let key = cfg.fabric_key.clone();
     let observer: Arc<dyn fabric::pool::PoolObserver> = metrics.clone();
     let staging = StagingPool::new(
         &domain,

@@ -15,176 +15,27 @@
 //! YAML syntax, type and unknown-field errors read `<file>: <serde_yaml message>`
 //! (which names the field, the line and the column).
 //!
-//! Secrets are held in [`Secret`] / [`SecretBytes`], whose `Debug` prints
-//! `<redacted>`; no error message ever contains a secret. Relative paths in the
-//! file are relative to the agent's working directory.
+//! Secrets are held in [`Secret`] (tenant secret access keys, shim tokens)
+//! and [`fabric::FabricKey`] (the fabric key), whose `Debug` never shows them;
+//! no error message ever contains a secret. Sizes are [`ByteSize`]s and the
+//! fabric key file is read by [`fabric::config`], as storage-target does, so
+//! both programs accept the same forms. Relative paths in the file are
+//! relative to the agent's working directory.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use serde::Deserialize;
 
-// ===========================================================================
-// Local stand-ins for shared types.
-// TODO(merge): replace with fabric::config::ByteSize (and the fabric-key
-// parser in fabric::config); this block only keeps the module independent of
-// the fabric crate while that move is in progress.
-// ===========================================================================
+/// Sizes in the file (`4MiB`, `512KiB`, `65536`): see [`fabric::config::parse_size`].
+pub use fabric::config::ByteSize;
+use fabric::{Backend, FabricKey};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-const TIB: u64 = 1 << 40;
-
-/// A size in bytes, written in YAML as a bare number of bytes (`65536`) or a
-/// string with a binary unit: `B`, `KiB`, `MiB`, `GiB` or `TiB` (powers of
-/// 1024, case-sensitive), with or without a space: `4MiB`, `512KiB`,
-/// `64 MiB`. Decimal units (`KB`, `MB`, `GB`) and fractions are rejected.
-// TODO(merge): replace with fabric::config::ByteSize
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ByteSize(pub u64);
-
-impl FromStr for ByteSize {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<ByteSize, String> {
-        parse_size(s).map(ByteSize)
-    }
-}
-
-impl fmt::Display for ByteSize {
-    /// The largest binary unit that divides the size exactly: `4MiB`,
-    /// `1536KiB`, `100B` (a form [`ByteSize::from_str`] accepts).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.0;
-        for (unit, name) in [(TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
-            if n != 0 && n.is_multiple_of(unit) {
-                return write!(f, "{}{name}", n / unit);
-            }
-        }
-        write!(f, "{n}B")
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ByteSize, D::Error> {
-        struct SizeVisitor;
-        impl serde::de::Visitor<'_> for SizeVisitor {
-            type Value = ByteSize;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(
-                    "a size: a number of bytes or a string like \"4MiB\" \
-                     (units B, KiB, MiB, GiB, TiB)",
-                )
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ByteSize, E> {
-                Ok(ByteSize(v))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom(format!("a size cannot be negative (got {v})")))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteSize, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-        d.deserialize_any(SizeVisitor)
-    }
-}
-
-/// Parses `"4MiB"`, `"64 MiB"`, `"4096"`, `"4096B"`; see [`ByteSize`].
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
-    let Some((num, unit)) = t.split_at_checked(digits) else {
-        return Err(format!("{s:?} is not a size"));
-    };
-    let unit = unit.trim_start();
-    let usage = "write a whole number of bytes, optionally followed by B, KiB, MiB, GiB or TiB \
-                 (e.g. 4MiB)";
-    if num.is_empty() {
-        return Err(format!("{s:?} is not a size: {usage}"));
-    }
-    if unit.starts_with('.') || unit.starts_with(',') {
-        return Err(format!(
-            "{s:?}: fractions are not supported; use a smaller unit (e.g. 1536MiB instead of 1.5GiB)"
-        ));
-    }
-    let mult = match unit {
-        "" | "B" => 1,
-        "KiB" => KIB,
-        "MiB" => MIB,
-        "GiB" => GIB,
-        "TiB" => TIB,
-        _ => {
-            let lower = unit.to_ascii_lowercase();
-            return Err(
-                if matches!(
-                    lower.as_str(),
-                    "k" | "kb" | "m" | "mb" | "g" | "gb" | "t" | "tb"
-                ) {
-                    format!(
-                        "{s:?}: unit {unit:?} is ambiguous; use the binary units KiB, MiB, GiB \
-                         or TiB (powers of 1024)"
-                    )
-                } else {
-                    format!(
-                        "{s:?}: unknown unit {unit:?}; use B, KiB, MiB, GiB or TiB \
-                         (case-sensitive)"
-                    )
-                },
-            );
-        }
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is too large a size"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large a size"))
-}
-
-/// Smallest fabric key, in bytes (32 hex digits).
-const FABRIC_KEY_MIN_BYTES: usize = 16;
-
-/// Decodes a fabric key file's text: hexadecimal, surrounding whitespace
-/// ignored, at least [`FABRIC_KEY_MIN_BYTES`] bytes. Error messages never
-/// contain any part of the key.
-// TODO(merge): replace with the fabric-key parser in fabric::config.
-fn parse_fabric_key(text: &str) -> Result<SecretBytes, String> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err("the key file is empty".to_owned());
-    }
-    if let Some(pos) = t.bytes().position(|b| !b.is_ascii_hexdigit()) {
-        return Err(format!(
-            "the key is not hexadecimal (a non-hex character at position {pos}); \
-             generate one with `openssl rand -hex 32`"
-        ));
-    }
-    if !t.len().is_multiple_of(2) {
-        return Err("the key has an odd number of hex digits".to_owned());
-    }
-    if t.len() < FABRIC_KEY_MIN_BYTES * 2 {
-        return Err(format!(
-            "the key has {} hex digits; at least {} are required (64 recommended: \
-             `openssl rand -hex 32`)",
-            t.len(),
-            FABRIC_KEY_MIN_BYTES * 2
-        ));
-    }
-    let mut key = SecretBytes(vec![0; t.len() / 2]);
-    hex::decode_to_slice(t, &mut key.0)
-        .map_err(|_| "the key is not valid hexadecimal".to_owned())?;
-    Ok(key)
-}
-
-// ===========================================================================
-// End of local stand-ins.
-// ===========================================================================
 
 // ---------------------------------------------------------------------------
 // Secrets
@@ -224,38 +75,6 @@ impl fmt::Debug for Secret {
 impl Drop for Secret {
     fn drop(&mut self) {
         wipe(std::mem::take(&mut self.0).into_bytes());
-    }
-}
-
-/// Secret bytes: the decoded fabric key. Same rules as [`Secret`]: `Debug`
-/// prints `<redacted>`, no `Display`/`Serialize`/`PartialEq`, zeroed on drop
-/// (best effort).
-#[derive(Clone)]
-pub struct SecretBytes(Vec<u8>);
-
-impl SecretBytes {
-    /// Wraps secret bytes.
-    #[must_use]
-    pub fn new(value: Vec<u8>) -> SecretBytes {
-        SecretBytes(value)
-    }
-
-    /// The secret bytes. Never log them.
-    #[must_use]
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for SecretBytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl Drop for SecretBytes {
-    fn drop(&mut self) {
-        wipe(std::mem::take(&mut self.0));
     }
 }
 
@@ -495,9 +314,9 @@ pub struct TargetConfig {
 #[serde(deny_unknown_fields)]
 pub struct FabricConfig {
     /// Fabric backend: `tcp` (software RDMA over authenticated TCP, works
-    /// everywhere; default) or `verbs` (an RDMA NIC).
-    #[serde(default)]
-    pub backend: BackendName,
+    /// everywhere; default) or `verbs` (RDMA verbs on an RDMA NIC).
+    #[serde(default = "default_backend")]
+    pub backend: Backend,
     /// File holding the pre-shared fabric key as hex: at least 32 hex digits
     /// (16 bytes), 64 recommended (`openssl rand -hex 32`); surrounding
     /// whitespace is ignored. Storage targets must hold the same key.
@@ -523,17 +342,6 @@ pub struct FabricConfig {
     /// Default 60; at least 1.
     #[serde(default = "default_idle_session_secs")]
     pub idle_session_secs: u64,
-}
-
-/// The fabric backend (`fabric.backend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendName {
-    /// `tcp`: software RDMA over authenticated TCP (works everywhere).
-    #[default]
-    Tcp,
-    /// `verbs`: RDMA verbs on an RDMA NIC.
-    Verbs,
 }
 
 /// `transfer:` — how requests are split, pipelined, retried and timed out.
@@ -614,6 +422,9 @@ fn default_max_idle_connections() -> usize {
 }
 fn default_staging_buffers() -> usize {
     32
+}
+fn default_backend() -> Backend {
+    Backend::Tcp
 }
 fn default_staging_buffer_size() -> ByteSize {
     ByteSize(4 * MIB)
@@ -741,8 +552,9 @@ pub struct LoadedConfig {
     pub tenants: Vec<LoadedTenant>,
     /// The shims with their tokens, in the order of `config.shims`.
     pub shims: Vec<LoadedShim>,
-    /// The decoded fabric key (at least 16 bytes).
-    pub fabric_key: SecretBytes,
+    /// The decoded fabric key (at least 16 bytes; `Debug` shows only its
+    /// length).
+    pub fabric_key: FabricKey,
 }
 
 impl LoadedConfig {
@@ -880,16 +692,9 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
         });
     }
 
-    let key_field = "fabric.fabric_key_file";
-    let key_path = &config.fabric.fabric_key_file;
-    let key_text = Secret::new(std::fs::read_to_string(key_path).map_err(|e| {
-        v.err(
-            key_field,
-            format!("cannot read {}: {e}", key_path.display()),
-        )
-    })?);
-    let fabric_key = parse_fabric_key(key_text.expose())
-        .map_err(|m| v.err(key_field, format!("{}: {m}", key_path.display())))?;
+    // `cannot read <path>: ...` or `<path>: <what is wrong>`, never the key.
+    let fabric_key = fabric::config::read_fabric_key_file(&config.fabric.fabric_key_file)
+        .map_err(|m| v.err("fabric.fabric_key_file", m))?;
 
     Ok(LoadedConfig {
         path: path.to_path_buf(),
@@ -1462,7 +1267,7 @@ fabric:
         assert_eq!(c.targets[0].endpoint, "http://127.0.0.1:9000");
         assert!(c.targets[0].rdma);
         assert_eq!(c.target_for("anything").unwrap().name, c.targets[0].name);
-        assert_eq!(c.fabric.backend, BackendName::Tcp);
+        assert_eq!(c.fabric.backend, Backend::Tcp);
         // The transfer section spells out the defaults.
         assert_eq!(c.transfer, TransferConfig::default());
         assert_eq!(c.fabric.staging_buffers, default_staging_buffers());
@@ -1545,57 +1350,12 @@ fabric:
         assert_eq!(t.ca_file, None);
         assert_eq!(t.max_idle_connections, 64);
         let f = &c.fabric;
-        assert_eq!(f.backend, BackendName::Tcp);
+        assert_eq!(f.backend, Backend::Tcp);
         assert_eq!(f.staging_buffers, 32);
         assert_eq!(f.staging_buffer_size, ByteSize(4 << 20));
         assert_eq!(f.connect_timeout_ms, 2000);
         assert_eq!(f.max_ops_per_session, 64);
         assert_eq!(f.idle_session_secs, 60);
-    }
-
-    #[test]
-    fn byte_sizes() {
-        let ok = [
-            ("4096", 4096),
-            ("0", 0),
-            ("4096B", 4096),
-            ("512KiB", 512 << 10),
-            ("4MiB", 4 << 20),
-            ("64 MiB", 64 << 20),
-            (" 1GiB ", 1 << 30),
-            ("2TiB", 2 << 40),
-        ];
-        for (s, n) in ok {
-            assert_eq!(s.parse::<ByteSize>(), Ok(ByteSize(n)), "{s}");
-        }
-        let bad = [
-            ("4MB", "ambiguous"),
-            ("4 GB", "ambiguous"),
-            ("4k", "ambiguous"),
-            ("4mib", "unknown unit"),
-            ("4Mib", "unknown unit"),
-            ("4 PiB", "unknown unit"),
-            ("1.5GiB", "fractions"),
-            ("MiB", "not a size"),
-            ("", "not a size"),
-            ("-4", "not a size"),
-            ("99999999999999999999", "too large"),
-            ("20000000TiB", "too large"),
-        ];
-        for (s, want) in bad {
-            let e = s.parse::<ByteSize>().unwrap_err();
-            assert!(e.contains(want), "{s}: {e}");
-        }
-        for (n, s) in [
-            (4 << 20, "4MiB"),
-            (1536 << 10, "1536KiB"),
-            (100, "100B"),
-            (0, "0B"),
-            (1 << 30, "1GiB"),
-        ] {
-            assert_eq!(ByteSize(n).to_string(), s);
-            assert_eq!(s.parse::<ByteSize>(), Ok(ByteSize(n)));
-        }
     }
 
     #[test]
@@ -1707,7 +1467,7 @@ fabric:
             &BASE.replace("fabric:\n", "fabric:\n  backend: verbs\n"),
         )
         .unwrap();
-        assert_eq!(c.fabric.backend, BackendName::Verbs);
+        assert_eq!(c.fabric.backend, Backend::Verbs);
     }
 
     type Mutation = fn(&mut Config);
@@ -2207,7 +1967,10 @@ fabric:
         assert_eq!(l.shims.len(), 1);
         assert_eq!(l.shims[0].token.as_ref().unwrap().expose(), HOST1_TOKEN);
         assert_eq!(l.shims[0].tenants, ["alice", "bob"]);
-        assert_eq!(l.fabric_key.expose(), hex::decode(FABRIC_KEY).unwrap());
+        assert_eq!(
+            l.fabric_key,
+            FabricKey::new(hex::decode(FABRIC_KEY).unwrap()).unwrap()
+        );
         assert_eq!(l.tenant("bob").unwrap().access_key_id, "AKBOB");
         assert!(l.tenant("carol").is_none());
         assert_eq!(l.shim("host1").unwrap().name, "host1");
@@ -2227,7 +1990,7 @@ fabric:
         assert!(!dbg.contains("0, 17, 34, 51"), "fabric key bytes in {dbg}");
         assert!(dbg.contains("<redacted>"));
         assert_eq!(format!("{:?}", Secret::new("x".into())), "<redacted>");
-        assert_eq!(format!("{:?}", SecretBytes::new(vec![1])), "<redacted>");
+        assert!(dbg.contains("FabricKey(<32 bytes redacted>)"), "{dbg}");
     }
 
     #[test]
@@ -2305,7 +2068,10 @@ fabric:
         let f = Files::new();
         let path = f.config("");
         f.write("fabric.key", "  00112233445566778899AABBCCDDEEFF  \n");
-        assert_eq!(load(&path).unwrap().fabric_key.expose().len(), 16);
+        assert_eq!(
+            load(&path).unwrap().fabric_key,
+            FabricKey::new(hex::decode("00112233445566778899aabbccddeeff").unwrap()).unwrap()
+        );
     }
 
     #[test]

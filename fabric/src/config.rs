@@ -3,8 +3,9 @@
 //! sizes, fabric keys and backend names the same way.
 //!
 //! * [`ByteSize`]: a size written as a number of bytes or as `4MiB`,
-//!   `512KiB`, `1GiB` (serde and [`std::str::FromStr`]); [`parse_size`] is
-//!   the parser.
+//!   `512KiB`, `1GiB`, `2TiB` (serde and [`std::str::FromStr`]);
+//!   [`parse_size`] is the parser, strict about units (binary only,
+//!   case-sensitive) and clear about what it rejects.
 //! * [`parse_fabric_key`] / [`read_fabric_key_file`]: the pre-shared fabric
 //!   key file (hexadecimal). Error messages never contain the key.
 //! * [`Backend`] implements `serde::Deserialize` from the lower-case names
@@ -19,33 +20,96 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 use crate::{Backend, FabricKey};
 
-/// Parses a size such as `4194304`, `4MiB`, `512KiB`, `1GiB` (binary units;
-/// `B` optional; a space may separate number and unit).
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const TIB: u64 = 1 << 40;
+
+/// The units [`parse_size`] accepts after the number, and their sizes.
+const UNITS: [(&str, u64); 5] = [
+    ("B", 1),
+    ("KiB", KIB),
+    ("MiB", MIB),
+    ("GiB", GIB),
+    ("TiB", TIB),
+];
+
+/// Parses a size: a whole number of bytes (`4194304`, `4096B`) or a whole
+/// number with a binary unit `KiB`, `MiB`, `GiB` or `TiB` (powers of 1024,
+/// case-sensitive), with or without a space: `4MiB`, `512KiB`, `64 MiB`.
+/// Surrounding whitespace is ignored.
+///
+/// Decimal or bare units (`KB`, `MB`, `GB`, `TB`, `k`, `M`, ...) are rejected
+/// as ambiguous rather than guessed, as are fractions (`1.5GiB`), negative
+/// numbers, wrongly-cased units (`4mib`) and sizes that overflow a `u64`.
 ///
 /// # Errors
-/// A message describing the accepted forms (also on overflow).
+/// A message quoting the input and saying what is wrong and what to write
+/// instead.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    let (num, unit) = s.split_at(digits);
-    let bad = || format!("{s:?} is not a size (use bytes, or a number with KiB, MiB or GiB)");
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => return Err(bad()),
+    let t = s.trim();
+    let usage = "write a whole number of bytes, optionally followed by B, KiB, MiB, GiB or TiB \
+                 (e.g. 4MiB)";
+    if t.starts_with('-') {
+        return Err(format!(
+            "{s:?} is not a size: sizes cannot be negative; {usage}"
+        ));
+    }
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    let (num, unit) = t.split_at(digits);
+    if num.is_empty() {
+        return Err(format!("{s:?} is not a size: {usage}"));
+    }
+    let unit = unit.trim_start();
+    if unit.starts_with(['.', ',']) {
+        return Err(format!(
+            "{s:?}: fractions are not supported; use a smaller unit \
+             (e.g. 1536MiB instead of 1.5GiB)"
+        ));
+    }
+    let mult = if unit.is_empty() {
+        1
+    } else if let Some(&(_, m)) = UNITS.iter().find(|(name, _)| *name == unit) {
+        m
+    } else {
+        let lower = unit.to_ascii_lowercase();
+        return Err(
+            if let Some((name, _)) = UNITS
+                .iter()
+                .find(|(name, _)| name.to_ascii_lowercase() == lower)
+            {
+                format!(
+                    "{s:?}: unknown unit {unit:?}; units are case-sensitive: did you mean {name}?"
+                )
+            } else if matches!(
+                lower.as_str(),
+                "k" | "kb" | "m" | "mb" | "g" | "gb" | "t" | "tb"
+            ) {
+                format!(
+                    "{s:?}: unit {unit:?} is ambiguous; use the binary units KiB, MiB, GiB \
+                     or TiB (powers of 1024)"
+                )
+            } else {
+                format!(
+                    "{s:?}: unknown unit {unit:?}; use B, KiB, MiB, GiB or TiB \
+                     (case-sensitive)"
+                )
+            },
+        );
     };
-    n.checked_mul(mult).ok_or_else(bad)
+    let too_large = || format!("{s:?} is too large a size (it must fit in 64 bits)");
+    let n: u64 = num.parse().map_err(|_| too_large())?;
+    n.checked_mul(mult).ok_or_else(too_large)
 }
 
-/// A size in bytes, written as a number of bytes or as `4MiB`, `512KiB`, `1GiB`.
+/// A size in bytes, written as a number of bytes or as `4MiB`, `512KiB`,
+/// `1GiB` (see [`parse_size`] for the exact forms).
 ///
 /// Deserialises from a non-negative integer or a string accepted by
 /// [`parse_size`]; parses from a string the same way ([`FromStr`], e.g. for
-/// command-line flags). [`fmt::Display`] writes the largest exact binary
-/// unit (`4MiB`, `4097`), which parses back to the same size.
+/// command-line flags). [`fmt::Display`] writes the largest binary unit that
+/// divides the size exactly (`4MiB`, `1536KiB`), or bytes with a `B` (`4097B`,
+/// `0B`); every form it writes parses back to the same size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ByteSize(pub u64);
 
@@ -67,12 +131,12 @@ impl FromStr for ByteSize {
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0;
-        for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-            if n != 0 && n.trailing_zeros() >= shift {
-                return write!(f, "{}{unit}", n >> shift);
+        for &(name, unit) in UNITS[1..].iter().rev() {
+            if n != 0 && n.is_multiple_of(unit) {
+                return write!(f, "{}{name}", n / unit);
             }
         }
-        write!(f, "{n}")
+        write!(f, "{n}B")
     }
 }
 
@@ -82,7 +146,10 @@ impl<'de> Deserialize<'de> for ByteSize {
         impl Visitor<'_> for V {
             type Value = ByteSize;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a size: a number of bytes, or a string such as 4MiB, 512KiB, 1GiB")
+                f.write_str(
+                    "a size: a number of bytes, or a string such as \"4MiB\" \
+                     (units B, KiB, MiB, GiB, TiB)",
+                )
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
                 Ok(ByteSize(v))
@@ -90,7 +157,7 @@ impl<'de> Deserialize<'de> for ByteSize {
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
                 u64::try_from(v)
                     .map(ByteSize)
-                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+                    .map_err(|_| E::custom(format!("a size cannot be negative (got {v})")))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
                 parse_size(v).map(ByteSize).map_err(E::custom)
@@ -100,27 +167,49 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
-/// Parses a fabric key file's text: hexadecimal, at least
+/// Parses a fabric key file's text: hexadecimal (either case), at least
 /// [`FabricKey::MIN_LEN`] bytes (32 hex digits), surrounding whitespace
-/// ignored. `openssl rand -hex 32` makes a good one.
+/// ignored. `openssl rand -hex 32` makes a good one (64 hex digits).
 ///
 /// # Errors
-/// A message saying what is wrong (never the key itself).
+/// A message saying what is wrong: the text is empty, the position (not the
+/// value) of the first non-hex character, an odd number of digits, or too
+/// short a key. It never contains any part of the key.
 pub fn parse_fabric_key(text: &str) -> Result<FabricKey, String> {
     let t = text.trim();
-    let bytes = hex::decode(t).map_err(|e| format!("not hexadecimal ({e})"))?;
-    if bytes.len() < FabricKey::MIN_LEN {
+    if t.is_empty() {
+        return Err("the key file is empty; generate a key with `openssl rand -hex 32`".to_owned());
+    }
+    if let Some(pos) = t.bytes().position(|b| !b.is_ascii_hexdigit()) {
         return Err(format!(
-            "the key is {} bytes; at least {} bytes ({} hex digits) are required",
-            bytes.len(),
+            "the key is not hexadecimal (a non-hex character at position {pos}); \
+             generate one with `openssl rand -hex 32`"
+        ));
+    }
+    if !t.len().is_multiple_of(2) {
+        return Err(format!(
+            "the key has an odd number of hex digits ({}); each byte takes two",
+            t.len()
+        ));
+    }
+    if t.len() < FabricKey::MIN_LEN * 2 {
+        return Err(format!(
+            "the key is {} bytes ({} hex digits); at least {} bytes ({} hex digits) are \
+             required (32 bytes recommended: `openssl rand -hex 32`)",
+            t.len() / 2,
+            t.len(),
             FabricKey::MIN_LEN,
             FabricKey::MIN_LEN * 2
         ));
     }
+    // Checked above: even length, hex digits only. Neither error may echo the
+    // text.
+    let bytes = hex::decode(t).map_err(|_| "the key is not valid hexadecimal".to_owned())?;
     FabricKey::new(bytes).map_err(|e| e.to_string())
 }
 
-/// Reads and parses a fabric key file ([`parse_fabric_key`]).
+/// Reads and parses a fabric key file ([`parse_fabric_key`]). The text read
+/// is overwritten with zeros afterwards (best effort).
 ///
 /// # Errors
 /// A message naming the file: `cannot read <path>: <io error>` or
@@ -129,7 +218,17 @@ pub fn read_fabric_key_file(path: impl AsRef<Path>) -> Result<FabricKey, String>
     let path = path.as_ref();
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    parse_fabric_key(&text).map_err(|m| format!("{}: {m}", path.display()))
+    let key = parse_fabric_key(&text).map_err(|m| format!("{}: {m}", path.display()));
+    wipe(text.into_bytes());
+    key
+}
+
+/// Overwrites the whole allocation of `bytes` with zeros before freeing it.
+fn wipe(mut bytes: Vec<u8>) {
+    let cap = bytes.capacity();
+    bytes.clear();
+    bytes.resize(cap, 0);
+    std::hint::black_box(&mut bytes);
 }
 
 const BACKENDS: &[&str] = &["tcp", "verbs"];
@@ -168,16 +267,55 @@ mod tests {
 
     #[test]
     fn size_parsing() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
-        assert_eq!(parse_size("512 KiB"), Ok(512 << 10));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size(" 7B "), Ok(7));
-        assert!(parse_size("4MB").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("MiB").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("99999999999999GiB").is_err());
+        let ok = [
+            ("4096", 4096),
+            ("0", 0),
+            ("4096B", 4096),
+            (" 7B ", 7),
+            ("512KiB", 512 << 10),
+            ("512 KiB", 512 << 10),
+            ("4MiB", 4 << 20),
+            ("64 MiB", 64 << 20),
+            (" 1GiB ", 1 << 30),
+            ("2TiB", 2 << 40),
+            ("16777215TiB", 16_777_215 << 40),
+        ];
+        for (s, n) in ok {
+            assert_eq!(parse_size(s), Ok(n), "{s}");
+        }
+        let bad = [
+            ("4MB", "ambiguous"),
+            ("4 GB", "ambiguous"),
+            ("4KB", "ambiguous"),
+            ("4k", "ambiguous"),
+            ("4T", "ambiguous"),
+            ("4mib", "did you mean MiB?"),
+            ("4Mib", "case-sensitive"),
+            ("4 b", "did you mean B?"),
+            ("4 PiB", "unknown unit"),
+            ("4 bytes", "unknown unit"),
+            ("1.5GiB", "fractions"),
+            ("1,5GiB", "fractions"),
+            ("MiB", "not a size"),
+            ("", "not a size"),
+            ("   ", "not a size"),
+            ("-4", "negative"),
+            ("- 4MiB", "negative"),
+            ("+4", "not a size"),
+            ("99999999999999999999", "too large"),
+            ("16777216TiB", "too large"),
+            ("99999999999999GiB", "too large"),
+        ];
+        for (s, want) in bad {
+            let e = parse_size(s).unwrap_err();
+            assert!(e.contains(want), "{s}: want {want:?} in {e}");
+            assert!(e.starts_with(&format!("{s:?}")), "{s}: {e}");
+        }
+        // Every rejection says what to write instead.
+        for s in ["4MB", "-4", "", "4 PiB", "1.5GiB"] {
+            let e = parse_size(s).unwrap_err();
+            assert!(e.contains("KiB") || e.contains("MiB"), "{s}: {e}");
+        }
     }
 
     #[test]
@@ -186,17 +324,25 @@ mod tests {
         assert_eq!(size_from(4096i64), Ok(ByteSize(4096)));
         assert_eq!(size_from("4MiB"), Ok(ByteSize(4 << 20)));
         assert_eq!(size_from(String::from("1GiB")), Ok(ByteSize(1 << 30)));
+        assert_eq!(size_from("2TiB"), Ok(ByteSize(2 << 40)));
         let e = size_from("4MB").unwrap_err();
-        assert!(e.contains("KiB"), "{e}");
-        assert!(size_from(-1i64).is_err());
-        assert!(size_from(true).is_err());
+        assert!(e.contains("KiB") && e.contains("ambiguous"), "{e}");
+        let e = size_from(-1i64).unwrap_err();
+        assert!(e.contains("negative"), "{e}");
+        let e = size_from(true).unwrap_err();
+        assert!(e.contains("a size"), "{e}");
         assert_eq!("512KiB".parse::<ByteSize>(), Ok(ByteSize(512 << 10)));
+        assert_eq!(ByteSize::default(), ByteSize(0));
         for (n, s) in [
-            (0, "0"),
-            (4097, "4097"),
+            (0, "0B"),
+            (100, "100B"),
+            (4097, "4097B"),
             (4 << 20, "4MiB"),
             (3 << 30, "3GiB"),
             (1536 << 10, "1536KiB"),
+            (5 << 40, "5TiB"),
+            ((1 << 40) + (1 << 30), "1025GiB"),
+            (u64::MAX, "18446744073709551615B"),
         ] {
             assert_eq!(ByteSize(n).to_string(), s);
             assert_eq!(s.parse::<ByteSize>(), Ok(ByteSize(n)));
@@ -207,17 +353,47 @@ mod tests {
     #[test]
     fn fabric_keys() {
         let hex = "ab".repeat(32);
-        assert!(parse_fabric_key(&format!("  {hex}\n")).is_ok());
-        let e = parse_fabric_key("abcd").unwrap_err();
-        assert!(e.contains("at least 16 bytes"), "{e}");
-        let e = parse_fabric_key(&"zz".repeat(32)).unwrap_err();
-        assert!(e.contains("hexadecimal"), "{e}");
-        assert!(parse_fabric_key("abc").is_err());
-        // Messages never echo the key.
-        let secret = "0123456789abcdef0123456789abcde";
-        assert!(!parse_fabric_key(secret).unwrap_err().contains(secret));
-        let short = "0123456789abcdef";
-        assert!(!parse_fabric_key(short).unwrap_err().contains(short));
+        let key = parse_fabric_key(&format!("  {hex}\n")).unwrap();
+        assert_eq!(key, FabricKey::new(vec![0xab; 32]).unwrap());
+        // Either case; 32 digits is the minimum.
+        let min = "00112233445566778899AABBCCDDEEFF";
+        assert_eq!(
+            parse_fabric_key(min).unwrap(),
+            parse_fabric_key(&min.to_ascii_lowercase()).unwrap()
+        );
+        assert_eq!(
+            format!("{:?}", parse_fabric_key(min).unwrap()),
+            "FabricKey(<16 bytes redacted>)"
+        );
+        let cases = [
+            ("", "empty"),
+            (" \n\t", "empty"),
+            ("abcd", "at least 16 bytes"),
+            ("abcd", "2 bytes (4 hex digits)"),
+            ("00112233445566778899aabbccddee", "30 hex digits"),
+            ("00112233445566778899aabbccddee", "openssl rand -hex 32"),
+            ("abc", "odd number of hex digits (3)"),
+            ("00112233445566778899aabbccddeeff0", "odd"),
+            (&"zz".repeat(32), "not hexadecimal"),
+            (&"zz".repeat(32), "position 0"),
+            ("0011223344556677889g", "position 19"),
+            ("00112233 44556677", "position 8"),
+        ];
+        for (text, want) in cases {
+            let e = parse_fabric_key(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: want {want:?} in {e}");
+        }
+        // Messages never echo the key, nor its offending character.
+        for secret in [
+            "0123456789abcdef0123456789abcde",
+            "0123456789abcdef",
+            "0123456789abcdefq123456789abcdef",
+            "0123456789abcdef0123456789abcdeq",
+        ] {
+            let e = parse_fabric_key(secret).unwrap_err();
+            assert!(!e.contains(secret), "{e}");
+            assert!(!e.contains("0123") && !e.contains("'q'"), "{e}");
+        }
     }
 
     #[test]
