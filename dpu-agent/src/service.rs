@@ -225,12 +225,17 @@ async fn get_one(
     svc: &AgentService,
     tenant: &Arc<Tenant>,
     rid: &str,
-    bucket: String,
-    key: String,
-    range: Option<&pb::ByteRange>,
-    destination: &str,
+    item: pb::GetObjectsItem,
     if_match: &str,
 ) -> Result<pb::GetObjectResponse, AgentError> {
+    let pb::GetObjectsItem {
+        bucket,
+        key,
+        range,
+        destination,
+    } = item;
+    let range = range.as_ref();
+    let destination = destination.as_str();
     check_bucket(&bucket)?;
     check_key(&key)?;
     let range = range_spec(range)?;
@@ -279,10 +284,12 @@ impl pb::agent_server::Agent for AgentService {
                 self,
                 &tenant,
                 &rid,
-                r.bucket,
-                r.key,
-                r.range.as_ref(),
-                &r.destination,
+                pb::GetObjectsItem {
+                    bucket: r.bucket,
+                    key: r.key,
+                    range: r.range,
+                    destination: r.destination,
+                },
                 &r.if_match,
             )
             .await
@@ -332,17 +339,7 @@ impl pb::agent_server::Agent for AgentService {
                             let (svc, tenant) = (&svc, &tenant);
                             let rid = format!("{rid}-{i}");
                             async move {
-                                let res = get_one(
-                                    svc,
-                                    tenant,
-                                    &rid,
-                                    it.bucket,
-                                    it.key,
-                                    it.range.as_ref(),
-                                    &it.destination,
-                                    "",
-                                )
-                                .await;
+                                let res = get_one(svc, tenant, &rid, it, "").await;
                                 let result = match res {
                                     Ok(ok) => pb::get_objects_reply::Result::Ok(ok),
                                     Err(e) => pb::get_objects_reply::Result::Error(pb::ItemError {
