@@ -90,49 +90,7 @@ fn wipe(mut bytes: Vec<u8>) {
 // Errors
 // ---------------------------------------------------------------------------
 
-/// Why the configuration could not be loaded. The message always starts with
-/// the configuration file's path and never contains a secret.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The configuration file itself could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Read {
-        /// The configuration file.
-        file: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// Malformed YAML, an unknown field, a missing field or a value of the
-    /// wrong type.
-    #[error("{file}: {message}")]
-    Parse {
-        /// The configuration file.
-        file: String,
-        /// serde_yaml's message, which names the field, the line and the column.
-        message: String,
-    },
-    /// A field has an invalid value, or a file it names cannot be used.
-    #[error("{file}: {field}: {message}")]
-    Invalid {
-        /// The configuration file.
-        file: String,
-        /// Path of the offending field, e.g. `targets[0].endpoint`.
-        field: String,
-        /// What is wrong.
-        message: String,
-    },
-}
-
-impl ConfigError {
-    /// The offending field's path, for [`ConfigError::Invalid`].
-    #[must_use]
-    pub fn field(&self) -> Option<&str> {
-        match self {
-            ConfigError::Invalid { field, .. } => Some(field),
-            ConfigError::Read { .. } | ConfigError::Parse { .. } => None,
-        }
-    }
-}
+pub use fabric::config::ConfigError;
 
 // ---------------------------------------------------------------------------
 // The file, as parsed

@@ -436,7 +436,7 @@ impl pb::agent_server::Agent for AgentService {
                 )));
             }
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
-            let info = ctx.head_object(&r.bucket, &r.key).await?;
+            let info = ctx.head_object(&r.bucket, &r.key, None).await?;
             Ok(pb::HeadObjectResponse {
                 object: Some(info),
                 request_id: rid.clone(),

@@ -8,6 +8,8 @@
 //!   case-sensitive) and clear about what it rejects.
 //! * [`parse_fabric_key`] / [`read_fabric_key_file`]: the pre-shared fabric
 //!   key file (hexadecimal). Error messages never contain the key.
+//! * [`ConfigError`]: `<file>: <field path>: <what is wrong>` errors of a
+//!   configuration file.
 //! * [`Backend`] implements `serde::Deserialize` from the lower-case names
 //!   `tcp` and `verbs` (the same names as its `FromStr`), so a configuration
 //!   struct holds a [`Backend`] directly; there is no separate name type.
@@ -252,6 +254,51 @@ impl<'de> Deserialize<'de> for Backend {
             }
         }
         d.deserialize_str(V)
+    }
+}
+
+/// Why a program's configuration file could not be loaded (storage-target,
+/// dpu-agent). The message always starts with the file's path and never
+/// contains a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The configuration file itself could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The configuration file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Malformed YAML, an unknown field, a missing field or a value of the
+    /// wrong type.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The configuration file.
+        file: String,
+        /// serde_yaml's message, which names the field, the line and the column.
+        message: String,
+    },
+    /// A field has an invalid value, or a file it names cannot be used.
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        /// The configuration file.
+        file: String,
+        /// Path of the offending field, e.g. `targets[0].endpoint`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The offending field's path, for [`ConfigError::Invalid`].
+    #[must_use]
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            ConfigError::Read { .. } | ConfigError::Parse { .. } => None,
+        }
     }
 }
 

@@ -11,36 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// Errors from loading or validating the configuration.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Read {
-        /// The configuration file.
-        file: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The YAML is malformed, has an unknown field or a value of the wrong type.
-    #[error("{file}: {message}")]
-    Parse {
-        /// The configuration file.
-        file: String,
-        /// serde_yaml's message, which names the field and the position.
-        message: String,
-    },
-    /// A field has an invalid value.
-    #[error("{file}: {field}: {message}")]
-    Invalid {
-        /// The configuration file.
-        file: String,
-        /// Path of the offending field, e.g. `users[1].secret_file`.
-        field: String,
-        /// What is wrong.
-        message: String,
-    },
-}
+pub use fabric::config::ConfigError;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use fabric::RdmaToken;
-use fabric::pool::SessionEntry;
+use fabric::pool::{SessionEntry, StagingBuf};
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use http_body::Frame;
@@ -33,6 +33,44 @@ async fn session_for(core: &Core, token: &RdmaToken) -> Result<Arc<SessionEntry>
         .get(peer)
         .await
         .map_err(|e| AgentError::Fabric(format!("cannot reach the tenant's memory: {e}")))
+}
+
+/// Which way an operation moves bytes between a staging buffer and the window.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Staging buffer → window (GET fallback).
+    Write,
+    /// Window → staging buffer (PUT fallback).
+    Read,
+}
+
+/// One RDMA operation between the first `n` bytes of `buf` and
+/// `remote_addr`, within the session's in-flight bound.
+async fn rdma_op(
+    entry: &SessionEntry,
+    buf: &StagingBuf,
+    n: usize,
+    op: Op,
+    remote_addr: u64,
+    rkey: u32,
+) -> Result<(), AgentError> {
+    let slice = buf
+        .slice(n)
+        .map_err(|e| AgentError::Internal(e.to_string()))?;
+    let _permit = Arc::clone(&entry.ops)
+        .acquire_owned()
+        .await
+        .map_err(|_| AgentError::Internal("fabric session closed".into()))?;
+    let res = match op {
+        Op::Write => entry.session.write(slice, remote_addr, rkey).await,
+        Op::Read => entry.session.read(slice, remote_addr, rkey).await,
+    };
+    res.map_err(|e| {
+        AgentError::Fabric(match op {
+            Op::Write => format!("writing into the tenant's window failed: {e}"),
+            Op::Read => format!("reading the tenant's window failed: {e}"),
+        })
+    })
 }
 
 /// Streams `body` (exactly `expected` bytes) into the window slice `dest`.
@@ -59,29 +97,17 @@ pub async fn body_into_window(
     };
     let buf_size = core.staging.buf_size();
     let mut placed = 0u64; // bytes posted to the window
-    let mut cur: Option<(fabric::pool::StagingBuf, usize)> = None;
+    let mut cur: Option<(StagingBuf, usize)> = None;
     let mut inflight = FuturesUnordered::new();
 
-    let post = |buf: fabric::pool::StagingBuf, n: usize, at: u64| {
+    let post = |buf: StagingBuf, n: usize, at: u64| {
         let entry = entry.clone();
         async move {
             let Some(entry) = entry else {
                 return Ok(());
             };
-            let slice = buf
-                .slice(n)
-                .map_err(|e| AgentError::Internal(e.to_string()))?;
-            let permit = Arc::clone(&entry.ops)
-                .acquire_owned()
-                .await
-                .map_err(|_| AgentError::Internal("fabric session closed".into()))?;
-            let res = entry.session.write(slice, dest.addr + at, dest.rkey).await;
-            drop(permit);
-            // The buffer returns to the pool only now that the write is done.
-            drop(buf);
-            res.map_err(|e| {
-                AgentError::Fabric(format!("writing into the tenant's window failed: {e}"))
-            })
+            // `buf` returns to the pool only after the write completed.
+            rdma_op(&entry, &buf, n, Op::Write, dest.addr + at, dest.rkey).await
         }
     };
 
@@ -173,24 +199,9 @@ pub fn window_body(
             while off < len {
                 let n = buf_size.min(len - off) as usize;
                 let buf = core.staging.acquire().await;
-                let slice = buf
-                    .slice(n)
-                    .map_err(|e| AgentError::Internal(e.to_string()))?;
-                let permit = Arc::clone(&entry.ops)
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| AgentError::Internal("fabric session closed".into()))?;
-                entry
-                    .session
-                    .read(slice, src.addr + off, src.rkey)
-                    .await
-                    .map_err(|e| {
-                        AgentError::Fabric(format!("reading the tenant's window failed: {e}"))
-                    })?;
-                drop(permit);
+                rdma_op(&entry, &buf, n, Op::Read, src.addr + off, src.rkey).await?;
                 let bytes = buf
-                    .slice(n)
-                    .and_then(|s| s.to_vec())
+                    .to_vec(n)
                     .map_err(|e| AgentError::Internal(e.to_string()))?;
                 drop(buf);
                 if tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_err() {

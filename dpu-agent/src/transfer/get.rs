@@ -157,22 +157,8 @@ impl Ctx {
     }
 
     async fn head_probe(self: &Arc<Self>, req: &GetRequest) -> Result<ObjectInfo, AgentError> {
-        self.retrying("HEAD probe", || async {
-            let mut call = S3Call::new(Method::HEAD, &req.bucket, Some(&req.key));
-            if let Some(m) = &req.if_match {
-                call.header("if-match", m)
-                    .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
-            }
-            let reply = self.send(call).await?;
-            if reply.status() != StatusCode::OK {
-                return Err(self.failure(reply).await);
-            }
-            let size = header(reply.headers(), "content-length")
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| AgentError::Protocol("HEAD reply without Content-Length".into()))?;
-            Ok(object_info(reply.headers(), size))
-        })
-        .await
+        self.head_object(&req.bucket, &req.key, req.if_match.as_deref())
+            .await
     }
 
     /// Runs a GetObject.
@@ -251,11 +237,7 @@ impl Ctx {
             fell_back |= fb;
             rdma_used |= !fb;
         }
-        let path = match (rdma_used, fell_back) {
-            (true, true) => TransferPath::Mixed,
-            (_, true) => TransferPath::Fallback,
-            _ => TransferPath::Rdma,
-        };
+        let path = super::path_of(rdma_used, fell_back);
         Ok(GetResult {
             info,
             placed: plan.len,

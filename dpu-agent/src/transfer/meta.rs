@@ -43,7 +43,8 @@ fn unix_ms(iso: &str) -> i64 {
 }
 
 impl Ctx {
-    /// HeadObject.
+    /// HeadObject (`if_match`: fail with PreconditionFailed unless the
+    /// ETag is this one).
     ///
     /// # Errors
     /// Any [`AgentError`] (404 → `NoSuchKey`).
@@ -51,11 +52,15 @@ impl Ctx {
         self: &Arc<Self>,
         bucket: &str,
         key: &str,
+        if_match: Option<&str>,
     ) -> Result<ObjectInfo, AgentError> {
         self.retrying("HEAD", || async {
-            let reply = self
-                .send(S3Call::new(Method::HEAD, bucket, Some(key)))
-                .await?;
+            let mut call = S3Call::new(Method::HEAD, bucket, Some(key));
+            if let Some(m) = if_match {
+                call.header("if-match", m)
+                    .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
+            }
+            let reply = self.send(call).await?;
             if reply.status() != StatusCode::OK {
                 return Err(self.failure(reply).await);
             }

@@ -222,6 +222,18 @@ impl Ctx {
     }
 }
 
+/// How a request's bytes moved, from whether any piece went by RDMA and
+/// whether any went through the fallback (nothing moved counts as RDMA).
+#[must_use]
+pub fn path_of(rdma: bool, fallback: bool) -> s3dma_proto::agent::v1::TransferPath {
+    use s3dma_proto::agent::v1::TransferPath;
+    match (rdma, fallback) {
+        (true, true) => TransferPath::Mixed,
+        (false, true) => TransferPath::Fallback,
+        _ => TransferPath::Rdma,
+    }
+}
+
 /// The object facts in reply headers.
 #[must_use]
 pub fn object_info(headers: &HeaderMap, size: u64) -> s3dma_proto::agent::v1::ObjectInfo {

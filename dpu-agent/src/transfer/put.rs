@@ -206,11 +206,7 @@ impl Ctx {
                     etag,
                     size,
                     parts: 0,
-                    path: if fb {
-                        TransferPath::Fallback
-                    } else {
-                        TransferPath::Rdma
-                    },
+                    path: super::path_of(!fb, fb),
                 })
             }
             PutPlan::Multipart { parts, .. } => self.put_multipart(req, &parts).await,
@@ -325,11 +321,7 @@ impl Ctx {
             etag,
             size: u64::from(req.src.size),
             parts: u32::try_from(parts.len()).unwrap_or(u32::MAX),
-            path: match (any_rdma, any_fallback) {
-                (true, true) => TransferPath::Mixed,
-                (_, true) => TransferPath::Fallback,
-                _ => TransferPath::Rdma,
-            },
+            path: super::path_of(any_rdma, any_fallback),
         })
     }
 }
