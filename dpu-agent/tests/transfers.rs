@@ -560,3 +560,46 @@ async fn cancelled_get_is_abandoned_safely() {
     assert_eq!(ok.bytes_placed, 1 << 20);
     assert_eq!(mem.read(0, 1 << 20), data(len, 8)[len - (1 << 20)..]);
 }
+
+/// The target restarts during a chunked GET: the failed chunks are retried
+/// (with backoff) against the restarted target and the GET succeeds with
+/// exactly the object's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_are_retried_across_a_target_restart() {
+    let mut target = Target::start(true);
+    target.create_bucket("alice-data").await;
+    let mut spec = AgentSpec::one(&target);
+    spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\nretries: 12\nbackoff_initial_ms: 200\nbackoff_max_ms: 1000\nattempt_timeout_secs: 5\n".into();
+    spec.alice_quotas = "max_bytes_per_second: 16MiB".into();
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    let len = 48usize << 20;
+    let body = data(len, 12);
+    target
+        .s3(ALICE)
+        .put_object()
+        .bucket("alice-data")
+        .key("k")
+        .body(body.clone().into())
+        .send()
+        .await
+        .unwrap();
+    let mem = Memory::new(len).await;
+    let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+    let get = tokio::spawn({
+        let shim = shim.clone();
+        async move { shim.get("alice", "alice-data", "k", None, &tok).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    // Down long enough for chunks to fail (connection refused) and back off.
+    tokio::task::block_in_place(|| target.restart_after(std::time::Duration::from_millis(700)));
+    let r = get.await.unwrap().expect("retried chunks should succeed");
+    drop(w);
+    assert_eq!(r.bytes_placed, len as u64);
+    assert_eq!(mem.sha256(0, len), sha256(&body));
+    let m = agent.metrics_text().await;
+    assert!(
+        m.contains("s3dma_agent_retries_total{"),
+        "no retry was counted:\n{m}"
+    );
+}

@@ -187,8 +187,14 @@ rdma:
 
     /// Restarts on the same port (same data).
     pub fn restart(&mut self) {
+        self.restart_after(Duration::ZERO);
+    }
+
+    /// Kills the target, waits `down`, and starts it again on the same port.
+    pub fn restart_after(&mut self, down: Duration) {
         let port = self.port();
         self.kill9();
+        std::thread::sleep(down);
         self.spawn(Some(port));
     }
 
@@ -386,9 +392,6 @@ targets:
   staging_buffers: 16
   staging_buffer_size: 1MiB
 transfer:
-  request_timeout_secs: 120
-  backoff_initial_ms: 20
-  backoff_max_ms: 200
 {tr}metrics:
   address: 127.0.0.1:0
 "#,
@@ -404,11 +407,21 @@ transfer:
                     .collect::<String>()
                     + "\n"
             },
-            tr = spec
-                .transfer
-                .lines()
-                .map(|l| format!("  {l}\n"))
-                .collect::<String>(),
+            tr = {
+                // Test defaults, unless the spec sets the same key.
+                let mut lines: Vec<String> = spec.transfer.lines().map(str::to_owned).collect();
+                for d in [
+                    "request_timeout_secs: 120",
+                    "backoff_initial_ms: 20",
+                    "backoff_max_ms: 200",
+                ] {
+                    let key = d.split(':').next().unwrap();
+                    if !lines.iter().any(|l| l.split(':').next() == Some(key)) {
+                        lines.push(d.to_owned());
+                    }
+                }
+                lines.iter().map(|l| format!("  {l}\n")).collect::<String>()
+            },
         );
         let config = p.join("agent.yaml");
         std::fs::write(&config, cfg).unwrap();
