@@ -161,6 +161,10 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
 /// # Errors
 /// [`StartError`].
 pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
+    // tonic's TLS server takes rustls's process-wide provider; name it, so
+    // the choice never depends on which rustls features the build unified
+    // (an error only means one is installed already).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = Arc::new(Metrics::new());
     let core = build_core(&cfg, Arc::clone(&metrics))?;
     let c = &cfg.config;

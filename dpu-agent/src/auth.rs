@@ -1,6 +1,7 @@
 //! Who is calling: host-shims authenticate with a bearer token
 //! (`authorization: Bearer <token>`) and/or an mTLS client certificate whose
-//! DNS SAN or CN is the shim's `tls_name`. A shim configured with both must
+//! DNS SAN (or, for a certificate without DNS SANs, CN) is the shim's
+//! `tls_name`. A shim configured with both must
 //! present both. The shim then names a tenant, which must be one the
 //! operator assigned to it.
 //!
@@ -131,7 +132,9 @@ impl ShimAuth {
     }
 }
 
-/// DNS SANs and subject CNs of a DER certificate (empty when unparsable).
+/// The names a DER certificate is valid for: its DNS subject alternative
+/// names, or — only when it has none — its subject common names (the rule
+/// of RFC 6125; a CN never adds to SANs). Empty when unparsable.
 #[must_use]
 pub fn certificate_names(der: &[u8]) -> Vec<String> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
@@ -145,10 +148,42 @@ pub fn certificate_names(der: &[u8]) -> Vec<String> {
             }
         }
     }
+    if !names.is_empty() {
+        return names;
+    }
     for cn in cert.subject().iter_common_name() {
         if let Ok(s) = cn.as_str() {
             names.push(s.to_owned());
         }
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(sans: &[&str], cn: &str) -> Vec<u8> {
+        let mut p =
+            rcgen::CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, cn.to_owned());
+        let key = rcgen::KeyPair::generate().unwrap();
+        p.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_common_name_never_adds_to_sans() {
+        assert_eq!(
+            certificate_names(&cert(&["evil.test"], "host3.test")),
+            ["evil.test"]
+        );
+        assert_eq!(
+            certificate_names(&cert(&["a.test", "b.test"], "c.test")),
+            ["a.test", "b.test"]
+        );
+        assert_eq!(certificate_names(&cert(&[], "host3.test")), ["host3.test"]);
+        assert!(certificate_names(b"not a certificate").is_empty());
+    }
 }

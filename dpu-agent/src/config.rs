@@ -128,8 +128,10 @@ pub struct ListenConfig {
     /// (port 0 picks a free port). Required.
     pub address: SocketAddr,
     /// TLS for the gRPC API. Omit for plaintext (then shims can only
-    /// authenticate with bearer tokens). With TLS configured every shim must
-    /// present a client certificate signed by `client_ca_file` (mTLS).
+    /// authenticate with bearer tokens). With TLS configured, a shim that
+    /// has a `tls_name` must present a client certificate signed by
+    /// `client_ca_file` (mTLS); shims with only a `token_file` send their
+    /// token over the encrypted connection without a certificate.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
 }
@@ -142,8 +144,8 @@ pub struct TlsConfig {
     pub cert_file: PathBuf,
     /// PEM private key of the agent's certificate.
     pub key_file: PathBuf,
-    /// PEM CA certificate(s) that sign shim client certificates. With TLS
-    /// configured every shim must present a certificate from this CA (mTLS).
+    /// PEM CA certificate(s) that sign shim client certificates; a
+    /// certificate from another CA fails the TLS handshake.
     pub client_ca_file: PathBuf,
 }
 
@@ -160,8 +162,8 @@ pub struct ShimConfig {
     /// At least one of `token_file` and `tls_name` is required.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
-    /// DNS subject alternative name (or, failing that, common name) that the
-    /// shim's client certificate must carry. Requires `listen.tls`; distinct
+    /// Name the shim's client certificate must carry: one of its DNS subject
+    /// alternative names, or its common name when it has no DNS SANs. Requires `listen.tls`; distinct
     /// for every shim.
     #[serde(default)]
     pub tls_name: Option<String>,
