@@ -198,12 +198,13 @@ async fn overwrite_during_chunked_get_is_detected() {
     let target = Target::start(true);
     target.create_bucket("alice-data").await;
     let mut spec = AgentSpec::one(&target);
-    // Small chunks, one at a time, 32 MiB/s: a 64 MiB GET takes ~2 s.
+    // Small chunks, one at a time, 2 MiB/s (after a one-second burst): a
+    // 16 MiB GET takes ~7 s, far longer than the overwrite needs.
     spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 1\n".into();
-    spec.alice_quotas = "max_bytes_per_second: 32MiB".into();
+    spec.alice_quotas = "max_bytes_per_second: 2MiB".into();
     let agent = Agent::start(spec);
     let shim = agent.client().await;
-    let len = 64usize << 20;
+    let len = 16usize << 20;
     let sdk = target.s3(ALICE);
     let v1 = data(len, 1);
     let v2 = data(len, 2);
@@ -459,10 +460,10 @@ async fn target_killed_mid_get_is_an_error() {
     let mut spec = AgentSpec::one(&target);
     spec.transfer =
         "chunk_size: 1MiB\nmax_chunks_in_flight: 2\nretries: 2\nattempt_timeout_secs: 5\n".into();
-    spec.alice_quotas = "max_bytes_per_second: 32MiB".into();
+    spec.alice_quotas = "max_bytes_per_second: 4MiB".into();
     let agent = Agent::start(spec);
     let shim = agent.client().await;
-    let len = 64usize << 20;
+    let len = 32usize << 20;
     target
         .s3(ALICE)
         .put_object()
@@ -509,7 +510,7 @@ async fn cancelled_get_is_abandoned_safely() {
     target.create_bucket("alice-data").await;
     let mut spec = AgentSpec::one(&target);
     spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\n".into();
-    spec.alice_quotas = "max_bytes_per_second: 16MiB".into();
+    spec.alice_quotas = "max_bytes_per_second: 4MiB".into();
     let agent = Agent::start(spec);
     let shim = agent.client().await;
     let len = 32usize << 20;
@@ -570,7 +571,7 @@ async fn chunks_are_retried_across_a_target_restart() {
     target.create_bucket("alice-data").await;
     let mut spec = AgentSpec::one(&target);
     spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\nretries: 12\nbackoff_initial_ms: 200\nbackoff_max_ms: 1000\nattempt_timeout_secs: 5\n".into();
-    spec.alice_quotas = "max_bytes_per_second: 16MiB".into();
+    spec.alice_quotas = "max_bytes_per_second: 8MiB".into();
     let agent = Agent::start(spec);
     let shim = agent.client().await;
     let len = 48usize << 20;
