@@ -87,6 +87,25 @@ fn check_key(key: &str) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// The tenant's policy decision on one object (`verb` names the operation
+/// in the denial message).
+fn authorize(
+    tenant: &Tenant,
+    bucket: &str,
+    key: &str,
+    access: Access,
+    verb: &str,
+) -> Result<(), AgentError> {
+    if tenant.policy.allows(bucket, key, access) {
+        Ok(())
+    } else {
+        Err(AgentError::AccessDenied(format!(
+            "tenant {} may not {verb} s3://{bucket}/{key}",
+            tenant.name
+        )))
+    }
+}
+
 fn parse_token(field: &str, token: &str) -> Result<RdmaToken, AgentError> {
     token.parse::<RdmaToken>().map_err(|e| {
         AgentError::InvalidArgument(format!("{field} is not a valid x-amz-rdma-token: {e}"))
@@ -240,12 +259,7 @@ async fn get_one(
     check_key(&key)?;
     let range = range_spec(range)?;
     let dest = parse_token("destination", destination)?;
-    if !tenant.policy.allows(&bucket, &key, Access::Read) {
-        return Err(AgentError::AccessDenied(format!(
-            "tenant {} may not read s3://{bucket}/{key}",
-            tenant.name
-        )));
-    }
+    authorize(tenant, &bucket, &key, Access::Read, "read")?;
     let ctx = svc.ctx(tenant, &bucket, rid)?;
     let req = GetRequest {
         bucket,
@@ -389,12 +403,7 @@ impl pb::agent_server::Agent for AgentService {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             let src = parse_token("source", &r.source)?;
-            if !tenant.policy.allows(&r.bucket, &r.key, Access::Write) {
-                return Err(AgentError::AccessDenied(format!(
-                    "tenant {} may not write s3://{}/{}",
-                    tenant.name, r.bucket, r.key
-                )));
-            }
+            authorize(&tenant, &r.bucket, &r.key, Access::Write, "write")?;
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
             let req = PutRequest {
                 bucket: r.bucket,
@@ -429,12 +438,7 @@ impl pb::agent_server::Agent for AgentService {
         self.run(&tenant, "HeadObject", &rid, &r.bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
-            if !tenant.policy.allows(&r.bucket, &r.key, Access::Read) {
-                return Err(AgentError::AccessDenied(format!(
-                    "tenant {} may not read s3://{}/{}",
-                    tenant.name, r.bucket, r.key
-                )));
-            }
+            authorize(&tenant, &r.bucket, &r.key, Access::Read, "read")?;
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
             let info = ctx.head_object(&r.bucket, &r.key, None).await?;
             Ok(pb::HeadObjectResponse {
@@ -492,12 +496,7 @@ impl pb::agent_server::Agent for AgentService {
         self.run(&tenant, "DeleteObject", &rid, &r.bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
-            if !tenant.policy.allows(&r.bucket, &r.key, Access::Write) {
-                return Err(AgentError::AccessDenied(format!(
-                    "tenant {} may not delete s3://{}/{}",
-                    tenant.name, r.bucket, r.key
-                )));
-            }
+            authorize(&tenant, &r.bucket, &r.key, Access::Write, "delete")?;
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
             ctx.delete_object(&r.bucket, &r.key).await?;
             Ok(pb::DeleteObjectResponse {
