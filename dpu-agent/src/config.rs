@@ -23,7 +23,6 @@
 //! relative to the agent's working directory.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
@@ -41,50 +40,9 @@ const GIB: u64 = 1 << 30;
 // Secrets
 // ---------------------------------------------------------------------------
 
-/// A secret string read from a file: a tenant's secret access key or a shim's
-/// bearer token.
-///
-/// `Debug` prints `<redacted>`; there is deliberately no `Display`,
-/// `Serialize` or `PartialEq` (compare tokens in constant time on
-/// [`Secret::expose`], e.g. with `subtle`). The memory is overwritten with
-/// zeros when the value is dropped (best effort: copies made through
-/// [`Secret::expose`] are not covered).
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    #[must_use]
-    pub fn new(value: String) -> Secret {
-        Secret(value)
-    }
-
-    /// The secret itself. Never log it or put it in an error or a reply.
-    #[must_use]
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl Drop for Secret {
-    fn drop(&mut self) {
-        wipe(std::mem::take(&mut self.0).into_bytes());
-    }
-}
-
-/// Overwrites the whole allocation of `bytes` with zeros before freeing it.
-fn wipe(mut bytes: Vec<u8>) {
-    let cap = bytes.capacity();
-    bytes.clear();
-    bytes.resize(cap, 0);
-    std::hint::black_box(&mut bytes);
-}
+/// A secret read from a file (tenant secret keys, shim tokens): see
+/// [`fabric::config::Secret`].
+pub use fabric::config::Secret;
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -1058,15 +1016,7 @@ impl Validator {
     /// Reads a secret file: its content, trimmed, must not be empty. Errors
     /// name the field and the path, never the content.
     fn read_secret(&self, field: &str, path: &Path) -> Result<Secret, ConfigError> {
-        let raw = Secret::new(
-            std::fs::read_to_string(path)
-                .map_err(|e| self.err(field, format!("cannot read {}: {e}", path.display())))?,
-        );
-        let value = raw.expose().trim();
-        if value.is_empty() {
-            return Err(self.err(field, format!("{} is empty", path.display())));
-        }
-        Ok(Secret::new(value.to_owned()))
+        fabric::config::read_secret_file(path).map_err(|m| self.err(field, m))
     }
 }
 

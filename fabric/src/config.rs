@@ -257,6 +257,60 @@ impl<'de> Deserialize<'de> for Backend {
     }
 }
 
+/// A secret string read from a file: a tenant's secret access key, a shim's
+/// bearer token.
+///
+/// `Debug` prints `<redacted>`; there is deliberately no `Display`,
+/// `Serialize` or `PartialEq` (compare tokens in constant time on
+/// [`Secret::expose`], e.g. with `subtle`). The memory is overwritten with
+/// zeros when the value is dropped (best effort: copies made through
+/// [`Secret::expose`] are not covered).
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    #[must_use]
+    pub fn new(value: String) -> Secret {
+        Secret(value)
+    }
+
+    /// The secret itself. Never log it or put it in an error or a reply.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        wipe(std::mem::take(&mut self.0).into_bytes());
+    }
+}
+
+/// Reads a secret file: its content without surrounding whitespace. The
+/// error names the path (never the content).
+///
+/// # Errors
+/// The file cannot be read or holds only whitespace.
+pub fn read_secret_file(path: &Path) -> Result<Secret, String> {
+    let raw = Secret::new(
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+    );
+    let value = raw.expose().trim();
+    if value.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(Secret::new(value.to_owned()))
+}
+
 /// Why a program's configuration file could not be loaded (storage-target,
 /// dpu-agent). The message always starts with the file's path and never
 /// contains a secret.

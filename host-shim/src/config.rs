@@ -1,0 +1,633 @@
+//! The host-shim's configuration file (YAML, unknown fields rejected).
+//!
+//! Every field is documented here and in `host-shim.example.yaml`; defaults
+//! live in `default_*` functions. [`load`] parses, validates and reads the
+//! secret files; errors read `file: field.path: what is wrong` and never
+//! contain a secret.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use fabric::config::{ByteSize, ConfigError, Secret};
+use fabric::{Backend, FabricKey};
+use serde::Deserialize;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The Unix socket tenant applications connect to.
+    pub socket: SocketConfig,
+    /// The link to this host's dpu-agent.
+    pub agent: AgentConfig,
+    /// The fabric endpoint that serves tenant memory to the agent and targets.
+    pub fabric: FabricConfig,
+    /// Tenants, identified by the uid/gid of the connecting process.
+    pub tenants: Vec<TenantConfig>,
+    /// Lease (fd passing) limits; optional.
+    #[serde(default)]
+    pub leases: LeaseConfig,
+    /// Prometheus metrics; optional (off when absent).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `socket:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SocketConfig {
+    /// Path of the socket. Its directory must exist. A stale socket file
+    /// left by a previous run is replaced; a live one (another shim answers)
+    /// is an error.
+    pub path: PathBuf,
+    /// Permission bits of the socket file, octal (default `"0660"`). Only
+    /// processes that can open the socket can be tenants at all; the uid
+    /// mapping below decides which tenant they are.
+    #[serde(default = "default_socket_mode")]
+    pub mode: String,
+    /// Group owning the socket (name or numeric gid); absent = the shim's.
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+/// `agent:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The agent's gRPC address, `http://host:port` or `https://host:port`.
+    pub endpoint: String,
+    /// File holding this shim's bearer token (the agent lists its SHA-256
+    /// digest). Needed unless the agent knows this shim by its client
+    /// certificate.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// TLS towards an `https://` endpoint.
+    #[serde(default)]
+    pub tls: Option<AgentTlsConfig>,
+    /// Time to open the connection to the agent, milliseconds (default 2000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Longest a call to the agent may take, seconds (default 300). A
+    /// tenant's own gRPC deadline applies when shorter.
+    #[serde(default = "default_request_timeout_secs")]
+    pub request_timeout_secs: u64,
+    /// Reconnect delay after the agent became unreachable: starts here and
+    /// doubles up to `backoff_max_ms` (defaults 100 and 5000). While it is
+    /// down, calls fail at once with UNAVAILABLE.
+    #[serde(default = "default_backoff_initial_ms")]
+    pub backoff_initial_ms: u64,
+    /// See `backoff_initial_ms`.
+    #[serde(default = "default_backoff_max_ms")]
+    pub backoff_max_ms: u64,
+}
+
+/// `agent.tls:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTlsConfig {
+    /// PEM CA that signed the agent's certificate.
+    pub ca_file: PathBuf,
+    /// Name to verify in the agent's certificate (default: the endpoint's host).
+    #[serde(default)]
+    pub server_name: Option<String>,
+    /// PEM client certificate for mTLS (with `key_file`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
+
+/// `fabric:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricConfig {
+    /// `tcp` (default) or `verbs`.
+    #[serde(default = "default_backend")]
+    pub backend: Backend,
+    /// Where the endpoint serving tenant memory listens; the agent and the
+    /// storage targets connect here to place and take bytes. Port 0 picks one.
+    pub listen: SocketAddr,
+    /// Address written into tokens when `listen` is 0.0.0.0 or ::.
+    #[serde(default)]
+    pub advertise: Option<IpAddr>,
+    /// Pre-shared fabric key file (hex), the same as the agent's and targets'.
+    pub fabric_key_file: PathBuf,
+}
+
+/// One entry of `tenants:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The tenant's name, as the dpu-agent knows it.
+    pub name: String,
+    /// Processes running as these uids are this tenant.
+    #[serde(default)]
+    pub uids: Vec<u32>,
+    /// Processes whose primary gid is one of these are this tenant (a uid
+    /// match wins over a gid match).
+    #[serde(default)]
+    pub gids: Vec<u32>,
+    /// Buffers the tenant may hold at once (default 256).
+    #[serde(default = "default_max_buffers")]
+    pub max_buffers: u32,
+    /// Total bytes of registered buffers (default 64GiB).
+    #[serde(default = "default_max_buffer_bytes")]
+    pub max_buffer_bytes: ByteSize,
+    /// Requests the tenant may have in the shim at once (default 256);
+    /// more get RESOURCE_EXHAUSTED at once. The agent's quotas apply too.
+    #[serde(default = "default_max_concurrent_requests")]
+    pub max_concurrent_requests: u32,
+}
+
+/// `leases:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseConfig {
+    /// Seconds an fd handle waits for its RegisterBuffer (default 60).
+    #[serde(default = "default_fd_handle_ttl_secs")]
+    pub fd_handle_ttl_secs: u64,
+    /// Fd handles a lease may hold unused at once (default 64).
+    #[serde(default = "default_max_pending_fds")]
+    pub max_pending_fds: usize,
+    /// Leases one tenant may hold at once (default 1024).
+    #[serde(default = "default_max_leases_per_tenant")]
+    pub max_leases_per_tenant: usize,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            fd_handle_ttl_secs: default_fd_handle_ttl_secs(),
+            max_pending_fds: default_max_pending_fds(),
+            max_leases_per_tenant: default_max_leases_per_tenant(),
+        }
+    }
+}
+
+/// `metrics:`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve Prometheus metrics at `GET /metrics` here; absent = off.
+    #[serde(default)]
+    pub address: Option<SocketAddr>,
+}
+
+fn default_socket_mode() -> String {
+    "0660".into()
+}
+fn default_connect_timeout_ms() -> u64 {
+    2000
+}
+fn default_request_timeout_secs() -> u64 {
+    300
+}
+fn default_backoff_initial_ms() -> u64 {
+    100
+}
+fn default_backoff_max_ms() -> u64 {
+    5000
+}
+fn default_backend() -> Backend {
+    Backend::Tcp
+}
+fn default_max_buffers() -> u32 {
+    256
+}
+fn default_max_buffer_bytes() -> ByteSize {
+    ByteSize(64 * GIB)
+}
+fn default_max_concurrent_requests() -> u32 {
+    256
+}
+fn default_fd_handle_ttl_secs() -> u64 {
+    60
+}
+fn default_max_pending_fds() -> usize {
+    64
+}
+fn default_max_leases_per_tenant() -> usize {
+    1024
+}
+
+/// A validated configuration with its secrets read.
+#[derive(Debug)]
+pub struct LoadedConfig {
+    /// The file as written.
+    pub config: Config,
+    /// The socket mode, parsed.
+    pub socket_mode: u32,
+    /// The socket's group, resolved to a gid.
+    pub socket_gid: Option<u32>,
+    /// The bearer token for the agent.
+    pub agent_token: Option<Secret>,
+    /// The fabric key.
+    pub fabric_key: FabricKey,
+}
+
+/// Reads, parses and validates `path`, and reads the files it names.
+///
+/// # Errors
+/// [`ConfigError`], naming the file and the field.
+pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    let config = parse(path, &text)?;
+    let v = Validator { file };
+    let socket_mode = parse_mode(&config.socket.mode).map_err(|m| v.err("socket.mode", m))?;
+    let socket_gid = match &config.socket.group {
+        None => None,
+        Some(g) => Some(resolve_group(g).map_err(|m| v.err("socket.group", m))?),
+    };
+    let agent_token = match &config.agent.token_file {
+        None => None,
+        Some(p) => {
+            Some(fabric::config::read_secret_file(p).map_err(|m| v.err("agent.token_file", m))?)
+        }
+    };
+    if let Some(tls) = &config.agent.tls {
+        v.readable("agent.tls.ca_file", &tls.ca_file)?;
+        if let Some(c) = &tls.cert_file {
+            v.readable("agent.tls.cert_file", c)?;
+        }
+        if let Some(k) = &tls.key_file {
+            v.readable("agent.tls.key_file", k)?;
+        }
+    }
+    let fabric_key = fabric::config::read_fabric_key_file(&config.fabric.fabric_key_file)
+        .map_err(|m| v.err("fabric.fabric_key_file", m))?;
+    Ok(LoadedConfig {
+        config,
+        socket_mode,
+        socket_gid,
+        agent_token,
+        fabric_key,
+    })
+}
+
+/// Parses and validates the text of a configuration file (no file access).
+///
+/// # Errors
+/// [`ConfigError`].
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let config: Config = serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+        file: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    config.validate(&Validator {
+        file: path.display().to_string(),
+    })?;
+    Ok(config)
+}
+
+impl Config {
+    fn validate(&self, v: &Validator) -> Result<(), ConfigError> {
+        if self.socket.path.as_os_str().is_empty() {
+            return Err(v.err("socket.path", "must not be empty"));
+        }
+        // sun_path holds 108 bytes including the NUL.
+        if self.socket.path.as_os_str().len() > 107 {
+            return Err(v.err(
+                "socket.path",
+                "is longer than the 107 bytes a Unix socket path may have",
+            ));
+        }
+        parse_mode(&self.socket.mode).map_err(|m| v.err("socket.mode", m))?;
+
+        let a = &self.agent;
+        let https = check_endpoint(&a.endpoint).map_err(|m| v.err("agent.endpoint", m))?;
+        if a.tls.is_some() && !https {
+            return Err(v.err("agent.tls", "is set but agent.endpoint is not https://"));
+        }
+        if let Some(tls) = &a.tls
+            && tls.cert_file.is_some() != tls.key_file.is_some()
+        {
+            return Err(v.err(
+                "agent.tls",
+                "cert_file and key_file go together (both or neither)",
+            ));
+        }
+        let has_cert = a.tls.as_ref().is_some_and(|t| t.cert_file.is_some());
+        if a.token_file.is_none() && !has_cert {
+            return Err(v.err(
+                "agent.token_file",
+                "is required unless agent.tls has a client certificate (cert_file)",
+            ));
+        }
+        v.range("agent.connect_timeout_ms", a.connect_timeout_ms, 1, 600_000)?;
+        v.range(
+            "agent.request_timeout_secs",
+            a.request_timeout_secs,
+            1,
+            86_400,
+        )?;
+        v.range("agent.backoff_initial_ms", a.backoff_initial_ms, 1, 60_000)?;
+        v.range(
+            "agent.backoff_max_ms",
+            a.backoff_max_ms,
+            a.backoff_initial_ms,
+            600_000,
+        )?;
+
+        if self.fabric.listen.ip().is_unspecified() && self.fabric.advertise.is_none() {
+            return Err(v.err(
+                "fabric.advertise",
+                "is required when fabric.listen is 0.0.0.0 or :: (the address the agent and targets reach this host on)",
+            ));
+        }
+
+        if self.tenants.is_empty() {
+            return Err(v.err("tenants", "at least one tenant is required"));
+        }
+        let mut names = HashMap::new();
+        let mut uids: HashMap<u32, usize> = HashMap::new();
+        let mut gids: HashMap<u32, usize> = HashMap::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let f = |x: &str| format!("tenants[{i}].{x}");
+            if !valid_name(&t.name) {
+                return Err(v.err(f("name"), "must be 1-64 characters of A-Z a-z 0-9 . _ -"));
+            }
+            if let Some(j) = names.insert(t.name.as_str(), i) {
+                return Err(v.err(f("name"), format!("{:?} is also tenants[{j}].name", t.name)));
+            }
+            if t.uids.is_empty() && t.gids.is_empty() {
+                return Err(v.err(f("uids"), "a tenant needs at least one uid or gid"));
+            }
+            for u in &t.uids {
+                if let Some(j) = uids.insert(*u, i) {
+                    return Err(v.err(f("uids"), format!("uid {u} is also in tenants[{j}].uids")));
+                }
+            }
+            for g in &t.gids {
+                if let Some(j) = gids.insert(*g, i) {
+                    return Err(v.err(f("gids"), format!("gid {g} is also in tenants[{j}].gids")));
+                }
+            }
+            v.range(&f("max_buffers"), u64::from(t.max_buffers), 1, 1 << 20)?;
+            v.range(&f("max_buffer_bytes"), t.max_buffer_bytes.0, MIB, 1 << 50)?;
+            v.range(
+                &f("max_concurrent_requests"),
+                u64::from(t.max_concurrent_requests),
+                1,
+                1 << 20,
+            )?;
+        }
+        let l = &self.leases;
+        v.range("leases.fd_handle_ttl_secs", l.fd_handle_ttl_secs, 1, 3600)?;
+        v.range("leases.max_pending_fds", l.max_pending_fds as u64, 1, 4096)?;
+        v.range(
+            "leases.max_leases_per_tenant",
+            l.max_leases_per_tenant as u64,
+            1,
+            1 << 20,
+        )?;
+        Ok(())
+    }
+}
+
+struct Validator {
+    file: String,
+}
+
+impl Validator {
+    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn range(&self, field: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+        if value < min || value > max {
+            return Err(self.err(field, format!("must be between {min} and {max}")));
+        }
+        Ok(())
+    }
+
+    fn readable(&self, field: &str, path: &Path) -> Result<(), ConfigError> {
+        std::fs::File::open(path)
+            .map(drop)
+            .map_err(|e| self.err(field, format!("cannot read {}: {e}", path.display())))
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// `"0660"` → `0o660`: octal permission bits, no setuid/setgid/sticky.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    let mode = u32::from_str_radix(digits, 8)
+        .map_err(|_| format!("{s:?} is not an octal mode such as \"0660\""))?;
+    if mode > 0o777 {
+        return Err(format!(
+            "{s:?} has bits beyond 0777 (setuid, setgid and sticky make no sense on a socket)"
+        ));
+    }
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "{s:?} must let the owner read and write (0600 at least)"
+        ));
+    }
+    Ok(mode)
+}
+
+fn resolve_group(g: &str) -> Result<u32, String> {
+    if let Ok(gid) = g.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(g) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(format!("no group named {g:?} on this host")),
+        Err(e) => Err(format!("cannot look up group {g:?}: {e}")),
+    }
+}
+
+/// `http://host:port` or `https://host:port` (no path); returns whether https.
+fn check_endpoint(endpoint: &str) -> Result<bool, String> {
+    let (https, rest) = if let Some(r) = endpoint.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = endpoint.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err("must start with http:// or https://".into());
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
+        return Err("must be http(s)://host:port with no path, query or user".into());
+    }
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| format!("is not a valid URI: {e}"))?;
+    if uri.port_u16().is_none() {
+        return Err("needs an explicit port (e.g. http://192.168.100.2:7000)".into());
+    }
+    Ok(https)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+socket:
+  path: /run/s3dma/shim.sock
+agent:
+  endpoint: http://127.0.0.1:7000
+  token_file: /etc/s3dma/shim.token
+fabric:
+  listen: 127.0.0.1:0
+  fabric_key_file: /etc/s3dma/fabric.key
+tenants:
+  - name: alice
+    uids: [1000]
+"#;
+
+    fn err_of(text: &str) -> String {
+        parse(Path::new("shim.yaml"), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let c = parse(Path::new("shim.yaml"), BASE).unwrap();
+        assert_eq!(c.socket.mode, "0660");
+        assert_eq!(c.agent.connect_timeout_ms, 2000);
+        assert_eq!(c.tenants[0].max_buffers, 256);
+        assert_eq!(c.tenants[0].max_buffer_bytes, ByteSize(64 * GIB));
+        assert_eq!(c.leases.fd_handle_ttl_secs, 60);
+        assert!(c.metrics.address.is_none());
+        assert_eq!(c.fabric.backend, Backend::Tcp);
+    }
+
+    #[test]
+    fn the_example_file_parses() {
+        let text = include_str!("../host-shim.example.yaml");
+        parse(Path::new("host-shim.example.yaml"), text).unwrap();
+    }
+
+    #[test]
+    fn errors_name_file_and_field() {
+        let cases = [
+            (
+                BASE.replace("  fabric_key_file", "  bogus: 1\n  fabric_key_file"),
+                "unknown field `bogus`",
+            ),
+            (
+                BASE.replace("http://127.0.0.1:7000", "ftp://x:1"),
+                "shim.yaml: agent.endpoint: must start with http://",
+            ),
+            (
+                BASE.replace("http://127.0.0.1:7000", "http://x"),
+                "agent.endpoint: needs an explicit port",
+            ),
+            (
+                BASE.replace("http://127.0.0.1:7000", "http://x:1/path"),
+                "agent.endpoint: must be http(s)://host:port",
+            ),
+            (
+                BASE.replace("  token_file: /etc/s3dma/shim.token\n", ""),
+                "agent.token_file: is required",
+            ),
+            (
+                BASE.replace("127.0.0.1:0", "0.0.0.0:0"),
+                "fabric.advertise: is required",
+            ),
+            (
+                BASE.replace("uids: [1000]", "uids: []"),
+                "tenants[0].uids: a tenant needs",
+            ),
+            (
+                BASE.replace("name: alice", "name: a/b"),
+                "tenants[0].name: must be",
+            ),
+            (
+                format!("{BASE}  - name: bob\n    uids: [1000]\n"),
+                "tenants[1].uids: uid 1000 is also in tenants[0].uids",
+            ),
+            (
+                format!("{BASE}  - name: alice\n    uids: [1]\n"),
+                "tenants[1].name: \"alice\" is also tenants[0].name",
+            ),
+            (
+                BASE.replace("shim.sock", "shim.sock\n  mode: \"4777\""),
+                "socket.mode: \"4777\" has bits beyond 0777",
+            ),
+            (
+                BASE.replace("shim.sock", "shim.sock\n  mode: \"0066\""),
+                "must let the owner read and write",
+            ),
+            (
+                BASE.replace("shim.sock", "shim.sock\n  mode: rw"),
+                "is not an octal mode",
+            ),
+            (
+                BASE.replace("uids: [1000]", "uids: [1000]\n    max_buffers: 0"),
+                "tenants[0].max_buffers: must be between 1",
+            ),
+            (
+                BASE.replace("uids: [1000]", "uids: [1000]\n    max_buffer_bytes: 10GB"),
+                "decimal",
+            ),
+            (
+                BASE.replace(
+                    "tenants:\n  - name: alice\n    uids: [1000]\n",
+                    "tenants: []\n",
+                ),
+                "tenants: at least one tenant",
+            ),
+            (
+                BASE.replace("  token_file", "  tls:\n    ca_file: /x\n  token_file"),
+                "agent.tls: is set but agent.endpoint is not https://",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err_of(&text);
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+            assert!(e.starts_with("shim.yaml: "), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn load_reads_secrets_and_never_shows_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("shim.token");
+        std::fs::write(&token, "  s3cr3t-token-0123456789  \n").unwrap();
+        let key = dir.path().join("fabric.key");
+        std::fs::write(
+            &key,
+            "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+        )
+        .unwrap();
+        let text = BASE
+            .replace("/etc/s3dma/shim.token", token.to_str().unwrap())
+            .replace("/etc/s3dma/fabric.key", key.to_str().unwrap());
+        let cfg_path = dir.path().join("shim.yaml");
+        std::fs::write(&cfg_path, &text).unwrap();
+        let loaded = load(&cfg_path).unwrap();
+        assert_eq!(
+            loaded.agent_token.as_ref().unwrap().expose(),
+            "s3cr3t-token-0123456789"
+        );
+        assert_eq!(loaded.socket_mode, 0o660);
+        assert!(!format!("{loaded:?}").contains("s3cr3t"));
+
+        std::fs::write(&key, "not hex").unwrap();
+        let e = load(&cfg_path).unwrap_err().to_string();
+        assert!(e.contains("fabric.fabric_key_file"), "{e}");
+        std::fs::remove_file(&token).unwrap();
+        let e = load(&cfg_path).unwrap_err().to_string();
+        assert!(e.contains("agent.token_file: cannot read"), "{e}");
+    }
+}
