@@ -578,7 +578,7 @@ tenants:
             ),
             (
                 BASE.replace("uids: [1000]", "uids: [1000]\n    max_buffer_bytes: 10GB"),
-                "decimal",
+                "binary units",
             ),
             (
                 BASE.replace(
