@@ -180,13 +180,17 @@ impl Memory {
     }
 
     /// Shared memory backed by a new memfd (`memfd_create`) of `len` bytes,
-    /// mapped shared. [`Memory::fd`] gives the fd to pass to another process.
+    /// mapped shared and sealed with `F_SEAL_SHRINK | F_SEAL_SEAL` (it can
+    /// grow, never shrink). [`Memory::fd`] gives the fd to pass to another
+    /// process.
     pub fn memfd(name: &str, len: usize) -> Result<Memory> {
         let cname = CString::new(name).map_err(|_| {
             FabricError::InvalidArgument(format!("memfd name {name:?} contains NUL"))
         })?;
         // SAFETY: `cname` is a valid NUL-terminated string; the result is checked.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if fd < 0 {
             return Err(FabricError::Memory {
                 what: format!("memfd_create({name})"),
@@ -199,6 +203,18 @@ impl Memory {
         file.set_len(len as u64).map_err(|e| FabricError::Memory {
             what: format!("ftruncate memfd {name} to {len} bytes"),
             source: e,
+        })?;
+        // A peer mapping this memfd (the host-shim) needs it never to shrink
+        // under its mapping; it checks for the seal.
+        nix::fcntl::fcntl(
+            &file,
+            nix::fcntl::FcntlArg::F_ADD_SEALS(
+                nix::fcntl::SealFlag::F_SEAL_SHRINK | nix::fcntl::SealFlag::F_SEAL_SEAL,
+            ),
+        )
+        .map_err(|e| FabricError::Memory {
+            what: format!("sealing memfd {name} against shrinking"),
+            source: e.into(),
         })?;
         Memory::from_fd(OwnedFd::from(file), len)
     }
@@ -341,6 +357,42 @@ impl Memory {
     /// Host or CUDA memory.
     pub fn kind(&self) -> MemoryKind {
         self.kind
+    }
+
+    /// The bytes of host memory (`None` for CUDA memory).
+    ///
+    /// Memory you hold is not registered in any domain of this process
+    /// ([`crate::Domain::register`] takes it), so the only other writer can
+    /// be a process you shared its fd with. s3dma's shim writes into a
+    /// tenant's memory only while a request the tenant started is in flight
+    /// (the tenant client borrows the memory mutably for it) and revokes the
+    /// window before answering; bytes are plain `u8`, so even a misbehaving
+    /// peer can change values but never make them invalid.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        if self.kind != MemoryKind::Host {
+            return None;
+        }
+        if self.len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: `ptr..ptr+len` is a live mapping owned by `self` (it is
+        // unmapped only in Drop), readable (every host constructor maps
+        // PROT_READ|PROT_WRITE), and the returned borrow is tied to `&self`.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The bytes of host memory, writable (`None` for CUDA memory). See
+    /// [`Memory::host_bytes`] for who else may write them.
+    pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        if self.kind != MemoryKind::Host {
+            return None;
+        }
+        if self.len == 0 {
+            return Some(&mut []);
+        }
+        // SAFETY: as in `host_bytes`, and `&mut self` makes this the only
+        // borrow of the bytes within this process.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
 
     /// The shared-memory fd, for memfd / shm memory.
