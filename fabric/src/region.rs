@@ -71,13 +71,33 @@ impl Domain {
 
     /// Registers `mem` with `access` and returns the region.
     pub fn register(&self, mem: Memory, access: Access) -> Result<Region> {
+        self.register_with_key_access(mem, access, access)
+    }
+
+    /// Registers `mem` so that only windows reach it remotely: the region's
+    /// own rkey allows local use alone, while [`Region::window`] may still
+    /// mint windows with any subset of `access`. For memory owned by someone
+    /// else (a tenant's buffer): a peer can never name the whole buffer,
+    /// only the bytes of a live window.
+    pub fn register_windows_only(&self, mem: Memory, access: Access) -> Result<Region> {
+        let local =
+            Access::from_bits(access.bits() & Access::LOCAL_WRITE.bits()).unwrap_or(Access::NONE);
+        self.register_with_key_access(mem, access, local)
+    }
+
+    fn register_with_key_access(
+        &self,
+        mem: Memory,
+        access: Access,
+        key_access: Access,
+    ) -> Result<Region> {
         let addr = mem.addr();
         let len = mem.len() as u64;
         let verbs_mr = match &self.inner.verbs {
-            Some(v) => Some(v.register(&mem, 0, mem.len(), access)?),
+            Some(v) => Some(v.register(&mem, 0, mem.len(), key_access)?),
             None => None,
         };
-        let key = self.insert_key(addr, len, access, None, None, verbs_mr)?;
+        let key = self.insert_key(addr, len, key_access, None, None, verbs_mr)?;
         let inner = Arc::new(RegionInner {
             domain: self.clone(),
             mem,

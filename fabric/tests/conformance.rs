@@ -318,6 +318,42 @@ async fn revoked_window(backend: Backend) {
     .await;
 }
 
+async fn windows_only_region(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let mem = fabric::Memory::anonymous(8192).unwrap();
+    let remote = fx
+        .server
+        .register_windows_only(mem, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let local = fx.client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &[7; 4096]).unwrap();
+    let s = fx.session().await;
+    // The region's own rkey names the whole buffer: refused both ways.
+    expect_status(
+        s.write(local.as_slice(), remote.addr(), remote.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
+    let s = fx.session().await;
+    expect_status(
+        s.read(local.as_slice(), remote.addr(), remote.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
+    // A window minted from it works, for exactly its bytes.
+    let w = remote
+        .window(4096, 4096, Access::REMOTE_WRITE, None)
+        .unwrap();
+    let s = fx.session().await;
+    guard(s.write(local.as_slice(), w.addr(), w.rkey()))
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 8192];
+    remote.read_at(0, &mut got).unwrap();
+    assert!(got[..4096].iter().all(|&b| b == 0));
+    assert!(got[4096..].iter().all(|&b| b == 7));
+}
+
 async fn expired_window(backend: Backend) {
     let fx = Fixture::new(backend).await;
     let remote = fx
@@ -698,6 +734,7 @@ conformance!(
     wrong_rkey,
     write_to_read_only,
     revoked_window,
+    windows_only_region,
     expired_window,
     peer_killed_mid_transfer,
     thousand_concurrent,
