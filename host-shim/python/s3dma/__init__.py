@@ -1,0 +1,41 @@
+"""s3dma: S3 objects straight into your memory, through the local host-shim.
+
+See :class:`s3dma.Client` (module :mod:`s3dma.client`), the exceptions in
+:mod:`s3dma.errors` and the data-loader helper :mod:`s3dma.dataset`.
+"""
+
+from .client import (  # noqa: F401
+    DEFAULT_SOCKET,
+    SOCKET_ENV,
+    Buffer,
+    BufferInfo,
+    Client,
+    GetItem,
+    GetResult,
+    Info,
+    ListedObject,
+    ListPage,
+    ObjectInfo,
+    PutResult,
+    default_socket,
+)
+from .errors import (  # noqa: F401
+    AccessDenied,
+    Cancelled,
+    DeadlineExceeded,
+    InternalError,
+    InvalidArgument,
+    InvalidRange,
+    LeaseRefused,
+    NotFound,
+    OutOfBounds,
+    PreconditionFailed,
+    S3dmaError,
+    ShimUnavailable,
+    SlowDown,
+    Unavailable,
+    Unsupported,
+)
+from .ranges import ByteRange, parse_range  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,620 @@
+"""The tenant client: buffers (memfds shared with the shim) and S3 calls
+that place object bytes straight into them.
+
+    import s3dma
+    with s3dma.Client() as c, c.alloc(64 << 20, label="batch") as buf:
+        r = c.get_object_into("data", "shard-0001", buf)
+        arr = buf.numpy()[: r.bytes_placed]      # no copy: a view of the memfd
+
+One Client per process: gRPC channels do not survive ``fork``, and the lease
+(the connection that keeps your buffers alive) is shared with children
+until the last of them closes it. Worker processes (e.g. a torch
+DataLoader's) must create their own Client; see :mod:`s3dma.dataset`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap as _mmap
+import os
+import socket as _socket
+import stat
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+
+import grpc
+
+from . import errors
+from ._pb import agent_pb2, tenant_pb2, tenant_pb2_grpc
+from .errors import S3dmaError
+from .lease import Lease, LeaseError
+from .ranges import RangeLike, parse_range
+
+DEFAULT_SOCKET = "/run/s3dma/shim.sock"
+SOCKET_ENV = "S3DMA_SOCKET"
+
+_PATHS = {
+    agent_pb2.TRANSFER_PATH_UNSPECIFIED: "",
+    agent_pb2.TRANSFER_PATH_RDMA: "rdma",
+    agent_pb2.TRANSFER_PATH_FALLBACK: "fallback",
+    agent_pb2.TRANSFER_PATH_MIXED: "mixed",
+}
+
+
+def default_socket() -> str:
+    """``$S3DMA_SOCKET``, else ``/run/s3dma/shim.sock``."""
+    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+# -- results ----------------------------------------------------------------
+
+
+@dataclass
+class GetResult:
+    """What a GET placed, and where."""
+
+    size: int  # the object's size
+    etag: str
+    bytes_placed: int  # placed at the destination's start
+    range_start: int  # offset in the object of the first placed byte
+    path: str  # "rdma", "fallback" or "mixed"
+    request_id: str
+    content_type: str = ""
+    metadata: Dict[str, str] = field(default_factory=dict)
+    last_modified_ms: int = 0
+    buffer: Optional["Buffer"] = field(default=None, repr=False)
+    offset: int = 0  # where in the buffer the bytes start
+
+    def memoryview(self) -> memoryview:
+        """The placed bytes (a view of the buffer, no copy)."""
+        if self.buffer is None:
+            raise ValueError("this result has no Buffer (the GET named a buffer id)")
+        return self.buffer.memoryview()[self.offset : self.offset + self.bytes_placed]
+
+    def numpy(self, dtype: Any = None):
+        """The placed bytes as a numpy array (a view, no copy)."""
+        if self.buffer is None:
+            raise ValueError("this result has no Buffer (the GET named a buffer id)")
+        import numpy as np
+
+        dt = np.dtype(dtype if dtype is not None else np.uint8)
+        return self.buffer.numpy(dt, offset=self.offset, count=self.bytes_placed // dt.itemsize)
+
+
+@dataclass
+class PutResult:
+    etag: str
+    size: int
+    path: str
+    parts: int  # 0 = a single PUT
+    request_id: str
+
+
+@dataclass
+class ObjectInfo:
+    size: int
+    etag: str
+    content_type: str
+    metadata: Dict[str, str]
+    last_modified_ms: int
+    request_id: str = ""
+
+
+@dataclass
+class ListedObject:
+    key: str
+    size: int
+    etag: str
+    last_modified_ms: int
+
+
+@dataclass
+class ListPage:
+    objects: List[ListedObject]
+    common_prefixes: List[str]
+    next_continuation_token: str
+    is_truncated: bool
+    request_id: str
+
+
+@dataclass
+class Info:
+    tenant: str
+    uid: int
+    gid: int
+    max_buffers: int
+    max_buffer_bytes: int
+    buffers: int
+    buffer_bytes: int
+    agent_connected: bool
+    version: str
+
+
+@dataclass
+class BufferInfo:
+    id: int
+    size: int
+    label: str
+    kind: str  # "host" or "cuda"
+    in_use: int
+
+
+@dataclass
+class GetItem:
+    """One item of :meth:`Client.get_objects`."""
+
+    bucket: str
+    key: str
+    buffer: Union["Buffer", int]
+    offset: int = 0
+    length: Optional[int] = None
+    range: RangeLike = None
+
+
+# -- buffers ----------------------------------------------------------------
+
+
+class Buffer:
+    """Host memory registered with the shim: a sealed memfd mapped here and
+    in the shim. Object bytes land in :attr:`mmap` with no copy.
+
+    Views (:meth:`memoryview`, :meth:`numpy`, :meth:`torch`) share the
+    memory: a later GET into the buffer changes them."""
+
+    def __init__(self, client: "Client", buffer_id: int, size: int, label: str, mm: _mmap.mmap):
+        self._client = client
+        self.id = buffer_id
+        self.size = size
+        self.label = label
+        self.mmap = mm
+        self.released = False
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        state = " released" if self.released else ""
+        return f"<s3dma.Buffer id={self.id} size={self.size} label={self.label!r}{state}>"
+
+    def memoryview(self) -> memoryview:
+        """The whole buffer as a writable memoryview (no copy)."""
+        return memoryview(self.mmap)
+
+    def numpy(self, dtype: Any = None, *, offset: int = 0, count: Optional[int] = None):
+        """``np.frombuffer`` over the mapping: a writable view, no copy.
+
+        ``count`` items of ``dtype`` from byte ``offset`` (default: as many
+        whole items as fit)."""
+        import numpy as np
+
+        dt = np.dtype(dtype if dtype is not None else np.uint8)
+        if count is None:
+            count = (self.size - offset) // dt.itemsize
+        return np.frombuffer(self.mmap, dtype=dt, count=count, offset=offset)
+
+    def torch(self, dtype: Any = None, *, offset: int = 0, count: Optional[int] = None):
+        """``torch.frombuffer`` over the mapping (a CPU tensor sharing the
+        memory). torch is imported only here."""
+        import torch  # optional dependency
+
+        dtype = dtype if dtype is not None else torch.uint8
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if count is None:
+            count = (self.size - offset) // itemsize
+        return torch.frombuffer(self.mmap, dtype=dtype, count=count, offset=offset)
+
+    def release(self) -> None:
+        """Releases the buffer in the shim (requests using it finish first)
+        and unmaps it here once no view of it is left. Idempotent."""
+        if self.released:
+            return
+        self._client._release(self.id)
+        self.released = True
+        try:
+            self.mmap.close()
+        except BufferError:
+            pass  # numpy/torch/memoryview views still use it; unmapped when they go
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.released and not self._client.closed and self._client._same_process():
+            self.release()
+
+
+# -- the client -------------------------------------------------------------
+
+
+class Client:
+    """A connection to the host-shim: a lease (for passing memory) and a gRPC
+    channel over the same Unix socket.
+
+    ``socket``: the shim's socket path (default ``$S3DMA_SOCKET``, else
+    ``/run/s3dma/shim.sock``). ``timeout``: seconds per call (None = no
+    deadline; large GETs take a while)."""
+
+    def __init__(self, socket: Optional[str] = None, *, timeout: Optional[float] = None, connect_timeout: float = 30.0):
+        path = os.path.abspath(socket or default_socket())
+        self.socket = path
+        self.timeout = timeout
+        self._pid = os.getpid()
+        self._closed = False
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise errors.ShimUnavailable(
+                f"no host-shim socket at {path} (is host-shim running? ${SOCKET_ENV} names another socket)",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            ) from None
+        except PermissionError as e:
+            raise errors.ShimUnavailable(
+                f"cannot reach the host-shim socket {path}: {e.strerror}",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            ) from None
+        if not stat.S_ISSOCK(st.st_mode):
+            raise errors.ShimUnavailable(
+                f"{path} is not a socket (expected the host-shim's Unix socket)",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            )
+        self._channel = grpc.insecure_channel("unix:" + path)
+        self._stub = tenant_pb2_grpc.TenantStub(self._channel)
+        try:
+            self._lease = Lease(path, timeout=connect_timeout)
+        except (ConnectionRefusedError, FileNotFoundError) as e:
+            self._channel.close()
+            raise errors.ShimUnavailable(
+                f"the host-shim socket {path} refuses connections ({e.strerror}); is host-shim running?",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            ) from None
+        except LeaseError as e:
+            # The shim said no (e.g. an unknown uid): Info gives the
+            # structured reason (UnknownTenant) when the shim has one.
+            try:
+                self._stub.Info(tenant_pb2.InfoRequest(), timeout=connect_timeout)
+            except grpc.RpcError as rpc:
+                self._channel.close()
+                raise errors.from_rpc_error(rpc, f"host-shim at {path}") from None
+            self._channel.close()
+            raise errors.LeaseRefused(str(e), code="LeaseRefused", domain=errors.CLIENT_DOMAIN) from None
+        except OSError as e:
+            self._channel.close()
+            raise errors.ShimUnavailable(
+                f"cannot open a lease on the host-shim socket {path}: {e}",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            ) from None
+        self._lock = threading.Lock()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _same_process(self) -> bool:
+        return os.getpid() == self._pid
+
+    def _check(self) -> None:
+        if self._closed:
+            raise S3dmaError(
+                f"this s3dma Client ({self.socket}) is closed", code="ClientClosed", domain=errors.CLIENT_DOMAIN
+            )
+        if not self._same_process():
+            raise S3dmaError(
+                f"this s3dma Client was created in process {self._pid}, not in this one ({os.getpid()}): "
+                "create a Client in each process (gRPC channels do not survive fork)",
+                code="ForkedClient",
+                domain=errors.CLIENT_DOMAIN,
+            )
+
+    def _call(self, method: str, request, timeout: Optional[float] = None):
+        self._check()
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout if timeout is not None else self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, f"{method} on host-shim {self.socket}") from None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def lease_id(self) -> bytes:
+        return self._lease.id
+
+    def close(self) -> None:
+        """Closes the channel and the lease (the shim releases every buffer
+        of this client). Buffers' mappings stay readable here."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._same_process():
+            self._channel.close()
+        self._lease.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- tenant and buffers -------------------------------------------------
+
+    def info(self) -> Info:
+        r = self._call("Info", tenant_pb2.InfoRequest())
+        return Info(
+            tenant=r.tenant,
+            uid=r.uid,
+            gid=r.gid,
+            max_buffers=r.max_buffers,
+            max_buffer_bytes=r.max_buffer_bytes,
+            buffers=r.buffers,
+            buffer_bytes=r.buffer_bytes,
+            agent_connected=r.agent_connected,
+            version=r.version,
+        )
+
+    def alloc(self, size: int, label: str = "") -> Buffer:
+        """Creates ``size`` bytes of shared memory (a memfd sealed against
+        shrinking), maps it, passes it to the shim and registers it."""
+        self._check()
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError(f"buffer size must be a positive integer, not {size!r}")
+        fd = os.memfd_create("s3dma", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        mm = None
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+            mm = _mmap.mmap(fd, size)  # MAP_SHARED, read-write
+            try:
+                handle = self._lease.pass_fd(fd)
+            except LeaseError as e:
+                raise errors.LeaseRefused(
+                    str(e), code="LeaseRefused", domain=errors.CLIENT_DOMAIN
+                ) from None
+            except OSError as e:
+                raise errors.ShimUnavailable(
+                    f"passing a buffer to the host-shim {self.socket} failed: {e}",
+                    code="ShimUnavailable",
+                    domain=errors.CLIENT_DOMAIN,
+                ) from None
+        except BaseException:
+            if mm is not None:
+                mm.close()
+            raise
+        finally:
+            os.close(fd)  # the mapping and the shim keep the memory
+        try:
+            r = self._call(
+                "RegisterBuffer",
+                tenant_pb2.RegisterBufferRequest(
+                    lease=self._lease.id,
+                    host=tenant_pb2.HostMemory(fd_handle=handle, size=size),
+                    label=label,
+                ),
+            )
+        except BaseException:
+            mm.close()
+            raise
+        return Buffer(self, r.buffer_id, r.size or size, label, mm)
+
+    def _release(self, buffer_id: int) -> None:
+        self._call("ReleaseBuffer", tenant_pb2.ReleaseBufferRequest(buffer_id=buffer_id))
+
+    def release(self, buffer: Union[Buffer, int]) -> None:
+        """Releases a buffer (a :class:`Buffer` or a buffer id)."""
+        if isinstance(buffer, Buffer):
+            buffer.release()
+        else:
+            self._release(int(buffer))
+
+    def list_buffers(self) -> List[BufferInfo]:
+        r = self._call("ListBuffers", tenant_pb2.ListBuffersRequest())
+        return [BufferInfo(b.buffer_id, b.size, b.label, b.kind, b.in_use) for b in r.buffers]
+
+    # -- objects ------------------------------------------------------------
+
+    @staticmethod
+    def _slice(buffer: Union[Buffer, int], offset: int, length: Optional[int]):
+        if isinstance(buffer, Buffer):
+            bid = buffer.id
+        elif isinstance(buffer, int) and not isinstance(buffer, bool):
+            bid = buffer
+        else:
+            raise TypeError(f"expected an s3dma.Buffer or a buffer id, not {type(buffer).__name__}")
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError(f"offset ({offset}) and length ({length}) must not be negative")
+        s = tenant_pb2.BufferSlice(buffer_id=bid, offset=offset)
+        if length is not None:
+            s.length = length
+        return s
+
+    @staticmethod
+    def _get_result(r, buffer, offset) -> GetResult:
+        o = r.object
+        return GetResult(
+            size=o.size,
+            etag=o.etag,
+            bytes_placed=r.bytes_placed,
+            range_start=r.range_start,
+            path=_PATHS.get(r.path, str(r.path)),
+            request_id=r.request_id,
+            content_type=o.content_type,
+            metadata=dict(o.metadata),
+            last_modified_ms=o.last_modified_unix_ms,
+            buffer=buffer if isinstance(buffer, Buffer) else None,
+            offset=offset,
+        )
+
+    def get_object_into(
+        self,
+        bucket: str,
+        key: str,
+        buffer: Union[Buffer, int],
+        offset: int = 0,
+        length: Optional[int] = None,
+        range: RangeLike = None,
+        if_match: str = "",
+        timeout: Optional[float] = None,
+    ) -> GetResult:
+        """Reads the object (or ``range``: ``"a-b"``, ``"a-"``, ``"-n"`` or a
+        ``(first, last)`` tuple, inclusive) into ``buffer`` at ``offset``.
+        ``length`` bounds the destination (default: to the buffer's end);
+        the bytes must fit or nothing is read. Bytes of the buffer outside
+        ``[offset, offset + bytes_placed)`` are not touched."""
+        req = tenant_pb2.GetObjectRequest(
+            bucket=bucket, key=key, destination=self._slice(buffer, offset, length), if_match=if_match
+        )
+        br = parse_range(range)
+        if br is not None:
+            req.range.CopyFrom(br.to_proto())
+        return self._get_result(self._call("GetObject", req, timeout), buffer, offset)
+
+    def get_objects(
+        self, items: Iterable[Union[GetItem, Sequence, Dict[str, Any]]], concurrency: int = 0, timeout: Optional[float] = None
+    ) -> List[Union[GetResult, S3dmaError]]:
+        """Many GETs in one call. Returns, in the order of ``items``, a
+        :class:`GetResult` or the :class:`S3dmaError` of each item. Items are
+        :class:`GetItem`, dicts of its fields, or tuples
+        ``(bucket, key, buffer[, offset[, length[, range]]])``."""
+        norm: List[GetItem] = []
+        for it in items:
+            if isinstance(it, GetItem):
+                norm.append(it)
+            elif isinstance(it, dict):
+                norm.append(GetItem(**it))
+            else:
+                norm.append(GetItem(*it))
+        req = tenant_pb2.GetObjectsRequest(concurrency=concurrency)
+        for it in norm:
+            pi = req.items.add(bucket=it.bucket, key=it.key)
+            pi.destination.CopyFrom(self._slice(it.buffer, it.offset, it.length))
+            br = parse_range(it.range)
+            if br is not None:
+                pi.range.CopyFrom(br.to_proto())
+        self._check()
+        out: List[Union[GetResult, S3dmaError, None]] = [None] * len(norm)
+        try:
+            for rep in self._stub.GetObjects(req, timeout=timeout if timeout is not None else self.timeout):
+                if rep.index >= len(norm):
+                    continue
+                it = norm[rep.index]
+                if rep.HasField("ok"):
+                    out[rep.index] = self._get_result(rep.ok, it.buffer, it.offset)
+                else:
+                    e = rep.error
+                    out[rep.index] = errors.make_error(
+                        e.message,
+                        code=e.s3_code,
+                        grpc_code=errors.grpc_code_from_number(e.grpc_code),
+                        request_id=e.request_id,
+                        domain=errors.AGENT_DOMAIN,
+                    )
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, f"GetObjects on host-shim {self.socket}") from None
+        for i, r in enumerate(out):
+            if r is None:
+                out[i] = S3dmaError(
+                    f"the shim sent no reply for item {i} ({norm[i].bucket}/{norm[i].key})",
+                    code="MissingReply",
+                    domain=errors.CLIENT_DOMAIN,
+                )
+        return out  # type: ignore[return-value]
+
+    def put_object_from(
+        self,
+        bucket: str,
+        key: str,
+        buffer: Union[Buffer, int],
+        offset: int = 0,
+        length: Optional[int] = None,
+        content_type: str = "",
+        metadata: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> PutResult:
+        """Writes ``length`` bytes of ``buffer`` from ``offset`` as the object
+        (default: to the buffer's end; required when ``buffer`` is an id)."""
+        if length is None:
+            if not isinstance(buffer, Buffer):
+                raise ValueError("put_object_from needs a length when the buffer is given by id")
+            length = buffer.size - offset
+        req = tenant_pb2.PutObjectRequest(
+            bucket=bucket,
+            key=key,
+            source=self._slice(buffer, offset, length),
+            content_type=content_type,
+            metadata=metadata or {},
+        )
+        r = self._call("PutObject", req, timeout)
+        return PutResult(
+            etag=r.etag, size=r.size, path=_PATHS.get(r.path, str(r.path)), parts=r.parts, request_id=r.request_id
+        )
+
+    def head(self, bucket: str, key: str) -> ObjectInfo:
+        r = self._call("HeadObject", tenant_pb2.HeadObjectRequest(bucket=bucket, key=key))
+        o = r.object
+        return ObjectInfo(
+            size=o.size,
+            etag=o.etag,
+            content_type=o.content_type,
+            metadata=dict(o.metadata),
+            last_modified_ms=o.last_modified_unix_ms,
+            request_id=r.request_id,
+        )
+
+    def list(
+        self,
+        bucket: str,
+        prefix: str = "",
+        delimiter: str = "",
+        continuation_token: str = "",
+        max_keys: int = 0,
+        start_after: str = "",
+    ) -> ListPage:
+        """One page of a listing (``max_keys`` 0 = 1000)."""
+        r = self._call(
+            "ListObjects",
+            tenant_pb2.ListObjectsRequest(
+                bucket=bucket,
+                prefix=prefix,
+                delimiter=delimiter,
+                continuation_token=continuation_token,
+                max_keys=max_keys,
+                start_after=start_after,
+            ),
+        )
+        return ListPage(
+            objects=[ListedObject(o.key, o.size, o.etag, o.last_modified_unix_ms) for o in r.objects],
+            common_prefixes=list(r.common_prefixes),
+            next_continuation_token=r.next_continuation_token,
+            is_truncated=r.is_truncated,
+            request_id=r.request_id,
+        )
+
+    def list_all(
+        self, bucket: str, prefix: str = "", delimiter: str = "", page_size: int = 0, start_after: str = ""
+    ) -> Iterator[ListedObject]:
+        """Every object under ``prefix``, page after page (common prefixes
+        are in :meth:`list`'s pages)."""
+        token = ""
+        first = True
+        while True:
+            page = self.list(
+                bucket,
+                prefix=prefix,
+                delimiter=delimiter,
+                continuation_token=token,
+                max_keys=page_size,
+                start_after=start_after if first else "",
+            )
+            first = False
+            yield from page.objects
+            if not page.is_truncated or not page.next_continuation_token:
+                return
+            token = page.next_continuation_token
+
+    def delete(self, bucket: str, key: str) -> str:
+        """Deletes an object (a missing key is not an error); returns the request id."""
+        return self._call("DeleteObject", tenant_pb2.DeleteObjectRequest(bucket=bucket, key=key)).request_id

@@ -1,0 +1,154 @@
+"""Runs `s3dma local` (storage-target + dpu-agent + host-shim over the tcp
+fabric) for the tenant-client tests, and puts host-shim/python on sys.path.
+
+`target/debug/s3dma` and the three service binaries next to it are not
+built here (`cargo build -p storage-target -p dpu-agent -p host-shim -p
+s3dma-cli` or the whole workspace). `S3DMA_BIN` names another `s3dma`.
+Without them the end-to-end tests skip, except under CI (`$CI` set), where
+they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PY_CLIENT = REPO_ROOT / "host-shim" / "python"
+if str(PY_CLIENT) not in sys.path:
+    sys.path.insert(0, str(PY_CLIENT))
+
+READY_RE = re.compile(r"^s3dma local ready: socket=(\S+)\s*$")
+SERVICES = ("storage-target", "dpu-agent", "host-shim")
+BUCKET = "data"
+
+
+def s3dma_bin() -> Path:
+    env = os.environ.get("S3DMA_BIN")
+    return Path(env) if env else REPO_ROOT / "target" / "debug" / "s3dma"
+
+
+def missing_binaries() -> list[str]:
+    b = s3dma_bin()
+    missing = [] if b.exists() else [str(b)]
+    for name in SERVICES:
+        p = b.parent / name
+        if not p.exists() and shutil.which(name) is None:
+            missing.append(str(p))
+    return missing
+
+
+def require_binaries() -> None:
+    missing = missing_binaries()
+    if not missing:
+        return
+    why = (
+        f"s3dma local needs {', '.join(missing)}; build them with `cargo build --workspace` "
+        "(or set S3DMA_BIN)"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why)
+
+
+def _die_with_parent():  # child, between fork and exec
+    try:
+        import ctypes
+
+        # PR_SET_PDEATHSIG: SIGINT, so `s3dma local` stops its children too.
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)
+    except Exception:
+        pass
+
+
+class LocalStack:
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.dir = self.workdir / "state"
+        # Unix socket paths are limited to 107 bytes: keep it short.
+        self.sockdir = Path(tempfile.mkdtemp(prefix="s3dma-py-"))
+        self.socket_arg = self.sockdir / "shim.sock"
+        self.socket: str | None = None
+        self.proc: subprocess.Popen | None = None
+        self.stdout_lines: list[str] = []
+        self.log_path = self.workdir / "s3dma-local.stderr.log"
+
+    def start(self, timeout: float = 180.0) -> "LocalStack":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(s3dma_bin()), "local", "--dir", str(self.dir), "--socket", str(self.socket_arg)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+        lines: queue.Queue = queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                line = line.rstrip("\n")
+                self.stdout_lines.append(line)
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while self.socket is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.stop()
+                raise RuntimeError(f"s3dma local was not ready in {timeout}s\n{self.diagnostics()}")
+            try:
+                line = lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                rc = self.proc.wait(timeout=30)
+                raise RuntimeError(f"s3dma local exited (rc={rc}) before it was ready\n{self.diagnostics()}")
+            m = READY_RE.match(line)
+            if m:
+                self.socket = m.group(1)
+        return self
+
+    def diagnostics(self, n: int = 80) -> str:
+        out = [f"stdout: {self.stdout_lines!r}"]
+        try:
+            out.append("--- s3dma local stderr ---\n" + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:]))
+        except FileNotFoundError:
+            pass
+        logs = self.dir / "logs"
+        if logs.is_dir():
+            for f in sorted(logs.iterdir()):
+                tail = "\n".join(f.read_text(errors="replace").splitlines()[-n:])
+                out.append(f"--- {f.name} ---\n{tail}")
+        return "\n".join(out)
+
+    def stop(self, timeout: float = 40.0) -> int | None:
+        proc, self.proc = self.proc, None
+        rc = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    rc = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    rc = proc.wait()
+            else:
+                rc = proc.returncode
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+        return rc
