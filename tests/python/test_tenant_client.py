@@ -498,11 +498,32 @@ def test_unknown_buffer_id_is_not_found(client, ten_k):
         client.release(bogus)
 
 
+def _backing(arr):
+    """The object at the end of an array's base chain (numpy 2 puts a
+    memoryview of the exporter there; numpy 1 the exporter itself)."""
+    b = arr
+    while isinstance(b, np.ndarray) and b.base is not None:
+        b = b.base
+    return b.obj if isinstance(b, memoryview) else b
+
+
+def _address(mm) -> int:
+    import ctypes
+
+    c = ctypes.c_char.from_buffer(mm)
+    try:
+        return ctypes.addressof(c)
+    finally:
+        del c
+
+
 def test_zero_copy_views_share_the_mapping(client, prefix):
     key = f"{prefix}zc"
     with client.alloc(64 * KIB, label="zc") as buf:
         arr = buf.numpy()
-        assert arr.base is buf.mmap, "numpy view is not backed by the buffer's mmap"
+        assert _backing(arr) is buf.mmap, "the numpy view is not backed by the buffer's mmap"
+        assert arr.ctypes.data == _address(buf.mmap)
+        assert buf.numpy(offset=100, count=8).ctypes.data == _address(buf.mmap) + 100
         assert not arr.flags.owndata and arr.flags.writeable
         assert np.shares_memory(arr, buf.numpy(np.uint32))
         words = buf.numpy(np.uint32)
@@ -692,6 +713,7 @@ def test_object_dataset_with_numpy(stack, client, prefix):
                 assert isinstance(a, np.ndarray) and a.dtype == np.uint8
                 assert a.size == len(wants[k]) and sha(memoryview(a)) == sha(wants[k]), k
                 assert not a.flags.owndata  # a view of a registered buffer: no copy
+                assert any(_backing(a) is b.mmap for b in ds._buffers)
             seen.extend(items)
         # Views are reused after `slots` more items; copies are not.
         assert ds[-1].size == sizes[-1]

@@ -261,7 +261,11 @@ class Client:
                 code="ShimUnavailable",
                 domain=errors.CLIENT_DOMAIN,
             )
-        self._channel = grpc.insecure_channel("unix:" + path)
+        # A private subchannel pool: a Client created after fork must not
+        # pick up the parent's inherited connection (gRPC shares subchannels
+        # between channels to the same target by default; used from a forked
+        # child, they fail with "Wrong file descriptor generation").
+        self._channel = grpc.insecure_channel("unix:" + path, options=[("grpc.use_local_subchannel_pool", 1)])
         self._stub = tenant_pb2_grpc.TenantStub(self._channel)
         try:
             self._lease = Lease(path, timeout=connect_timeout)
