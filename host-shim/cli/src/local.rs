@@ -1,0 +1,1100 @@
+//! `s3dma local`: storage-target, dpu-agent and host-shim on this machine.
+//!
+//! Everything is loopback-only over the `tcp` fabric:
+//!
+//! 1. `DIR` (default `$XDG_DATA_HOME/s3dma/local`, else
+//!    `~/.local/share/s3dma/local`, mode 0700) holds `data/` (the
+//!    storage-target's store), `secrets/` (the tenant's access key id and
+//!    secret, the shim's bearer token and the fabric key; 0600 files created
+//!    on the first run and reused afterwards, so the data stays readable),
+//!    the three generated configuration files (rewritten on every run: the
+//!    ports change) and `logs/` (each child's stderr and stdout).
+//! 2. storage-target starts on `127.0.0.1:0`; its stdout line
+//!    `storage-target listening on http://ADDR` gives the address. The bucket
+//!    (default `data`) is created with a SigV4-signed S3 CreateBucket (an
+//!    existing one is kept).
+//! 3. dpu-agent starts on `127.0.0.1:0` with that target and one tenant,
+//!    `local`, allowed to read and write every bucket; its stdout line
+//!    `dpu-agent listening on ADDR` gives the address.
+//! 4. host-shim starts on the socket (mode 0600), mapping the invoking uid to
+//!    tenant `local`; it is up once the socket accepts connections.
+//! 5. The line `s3dma local ready: socket=<absolute path>` goes to stdout,
+//!    then help for humans.
+//!
+//! The children run in their own process group, so a terminal's Ctrl-C
+//! reaches only `s3dma local`, which then stops them in reverse order
+//! (SIGTERM, then SIGKILL after [`STOP_TIMEOUT`]), removes the socket and
+//! exits 0. When a child dies on its own the others are stopped and the
+//! error carries the tail of its log. A `kill -9` of `s3dma local` leaves
+//! the children running (their pids are printed).
+//!
+//! The configuration text comes from pure functions
+//! ([`storage_target_yaml`], [`dpu_agent_yaml`], [`host_shim_yaml`]) whose
+//! output the unit tests parse with the services' own parsers.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::{
+    DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _,
+    PermissionsExt as _,
+};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context as _, anyhow, bail};
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::{Instant, sleep, timeout};
+
+/// How long storage-target may take to print its address (it rebuilds its
+/// listing index from the data directory first).
+pub const TARGET_START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long dpu-agent may take to print its address.
+pub const AGENT_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long host-shim may take until its socket accepts connections.
+pub const SHIM_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a child may take to exit after SIGTERM before it gets SIGKILL.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The SigV4 region the local storage-target uses.
+pub const REGION: &str = "us-east-1";
+/// The tenant's name in the generated configurations.
+pub const TENANT: &str = "local";
+
+/// What `s3dma local` was asked for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// State directory (`None` = [`default_dir`]).
+    pub dir: Option<PathBuf>,
+    /// Shim socket (`None` = [`default_socket`]).
+    pub socket: Option<PathBuf>,
+    /// Bucket created at start-up if missing.
+    pub bucket: String,
+}
+
+/// `$XDG_DATA_HOME/s3dma/local`, else `$HOME/.local/share/s3dma/local`
+/// (relative or empty values are ignored, as the XDG spec says).
+#[must_use]
+pub fn default_dir(xdg_data_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    let abs = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(d) = abs(xdg_data_home) {
+        return Some(d.join("s3dma").join("local"));
+    }
+    abs(home).map(|h| h.join(".local/share/s3dma/local"))
+}
+
+/// `$XDG_RUNTIME_DIR/s3dma/shim.sock`, else `/tmp/s3dma-<uid>/shim.sock`.
+#[must_use]
+pub fn default_socket(xdg_runtime_dir: Option<OsString>, uid: u32) -> PathBuf {
+    match xdg_runtime_dir
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+    {
+        Some(d) => d.join("s3dma").join("shim.sock"),
+        None => PathBuf::from(format!("/tmp/s3dma-{uid}/shim.sock")),
+    }
+}
+
+/// Where things live under the state directory.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The state directory itself.
+    pub dir: PathBuf,
+    /// The storage-target's data directory.
+    pub data_dir: PathBuf,
+    /// One log file per child.
+    pub logs_dir: PathBuf,
+    /// The secret files (0700 directory, 0600 files).
+    pub secrets_dir: PathBuf,
+    /// The tenant's S3 access key id.
+    pub access_key_file: PathBuf,
+    /// The tenant's S3 secret access key.
+    pub secret_key_file: PathBuf,
+    /// The shim's bearer token towards the agent.
+    pub shim_token_file: PathBuf,
+    /// The pre-shared fabric key (64 hex digits).
+    pub fabric_key_file: PathBuf,
+    /// Generated storage-target configuration.
+    pub target_config: PathBuf,
+    /// Generated dpu-agent configuration.
+    pub agent_config: PathBuf,
+    /// Generated host-shim configuration.
+    pub shim_config: PathBuf,
+}
+
+impl Layout {
+    /// The layout under `dir` (which should be absolute).
+    #[must_use]
+    pub fn new(dir: &Path) -> Layout {
+        let secrets = dir.join("secrets");
+        Layout {
+            dir: dir.to_path_buf(),
+            data_dir: dir.join("data"),
+            logs_dir: dir.join("logs"),
+            access_key_file: secrets.join("tenant.access-key-id"),
+            secret_key_file: secrets.join("tenant.secret"),
+            shim_token_file: secrets.join("shim.token"),
+            fabric_key_file: secrets.join("fabric.key"),
+            secrets_dir: secrets,
+            target_config: dir.join("storage-target.yaml"),
+            agent_config: dir.join("dpu-agent.yaml"),
+            shim_config: dir.join("host-shim.yaml"),
+        }
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.logs_dir.join(format!("{name}.log"))
+    }
+}
+
+/// A YAML double-quoted scalar holding `s` (paths may hold spaces, `#`, `:`).
+fn q(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn qp(p: &Path) -> String {
+    q(&p.to_string_lossy())
+}
+
+/// The storage-target's configuration: loopback, a free port, RDMA over the
+/// tcp fabric, one user (the tenant's key) with read-write on every bucket.
+#[must_use]
+pub fn storage_target_yaml(l: &Layout, access_key_id: &str) -> String {
+    format!(
+        "# Generated by `s3dma local` on every start; edits are overwritten.
+listen: 127.0.0.1:0
+region: {region}
+data_dir: {data}
+users:
+  - access_key_id: {key}
+    secret_file: {secret}
+    buckets:
+      - name: \"*\"
+        access: read-write
+rdma:
+  mode: enabled
+  backend: tcp
+  fabric_key_file: {fabric}
+",
+        region = REGION,
+        data = qp(&l.data_dir),
+        key = q(access_key_id),
+        secret = qp(&l.secret_key_file),
+        fabric = qp(&l.fabric_key_file),
+    )
+}
+
+/// The dpu-agent's configuration: loopback, a free port, one shim (bearer
+/// token), tenant [`TENANT`] with read and write on every bucket, one target.
+#[must_use]
+pub fn dpu_agent_yaml(l: &Layout, access_key_id: &str, target_url: &str) -> String {
+    format!(
+        "# Generated by `s3dma local` on every start; edits are overwritten.
+listen:
+  address: 127.0.0.1:0
+shims:
+  - name: local
+    token_file: {token}
+    tenants: [{tenant}]
+tenants:
+  - name: {tenant}
+    access_key_id: {key}
+    secret_access_key_file: {secret}
+    allow:
+      - bucket: \"*\"
+        read: true
+        write: true
+targets:
+  - name: local
+    endpoint: {target}
+    region: {region}
+    buckets: [\"*\"]
+    rdma: true
+fabric:
+  backend: tcp
+  fabric_key_file: {fabric}
+",
+        token = qp(&l.shim_token_file),
+        tenant = TENANT,
+        key = q(access_key_id),
+        secret = qp(&l.secret_key_file),
+        target = q(target_url),
+        region = REGION,
+        fabric = qp(&l.fabric_key_file),
+    )
+}
+
+/// The host-shim's configuration: the socket (0600), the agent at
+/// `agent_addr` (`IP:PORT`), a loopback fabric endpoint, and `uid` as
+/// tenant [`TENANT`].
+#[must_use]
+pub fn host_shim_yaml(l: &Layout, socket: &Path, agent_addr: &str, uid: u32) -> String {
+    format!(
+        "# Generated by `s3dma local` on every start; edits are overwritten.
+socket:
+  path: {socket}
+  mode: \"0600\"
+agent:
+  endpoint: {endpoint}
+  token_file: {token}
+fabric:
+  backend: tcp
+  listen: 127.0.0.1:0
+  fabric_key_file: {fabric}
+tenants:
+  - name: {tenant}
+    uids: [{uid}]
+",
+        socket = qp(socket),
+        endpoint = q(&format!("http://{agent_addr}")),
+        token = qp(&l.shim_token_file),
+        fabric = qp(&l.fabric_key_file),
+        tenant = TENANT,
+    )
+}
+
+/// `storage-target listening on http://127.0.0.1:1234` → the URL.
+#[must_use]
+pub fn parse_target_line(line: &str) -> Option<&str> {
+    let url = line.trim().strip_prefix("storage-target listening on ")?;
+    url.starts_with("http://").then_some(url)
+}
+
+/// `dpu-agent listening on 127.0.0.1:1234` → `127.0.0.1:1234` (an
+/// `http://` prefix is tolerated).
+#[must_use]
+pub fn parse_agent_line(line: &str) -> Option<&str> {
+    let addr = line.trim().strip_prefix("dpu-agent listening on ")?;
+    let addr = addr.strip_prefix("http://").unwrap_or(addr);
+    (!addr.is_empty()).then_some(addr)
+}
+
+/// The last `n` lines of `text`.
+#[must_use]
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::fill(&mut buf[..]);
+    hex::encode(buf)
+}
+
+/// Reads the secret in `path`, or creates it (0600) with `make()`.
+fn ensure_secret(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(mut f) => {
+            let value = make();
+            f.write_all(value.as_bytes())
+                .and_then(|()| f.sync_all())
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok(value)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+            if meta.permissions().mode() & 0o077 != 0 {
+                fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+                    .with_context(|| format!("making {} private (0600)", path.display()))?;
+            }
+            let value = fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .trim()
+                .to_owned();
+            if value.is_empty() {
+                bail!(
+                    "{} is empty; delete it to have a new one generated",
+                    path.display()
+                );
+            }
+            Ok(value)
+        }
+        Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
+    }
+}
+
+/// Creates `dir` (and parents) with mode 0700 if missing; refuses one owned
+/// by someone else.
+fn private_dir(dir: &Path, uid: u32) -> anyhow::Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating directory {}", dir.display()))?;
+    let meta = fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    if meta.uid() != uid {
+        bail!(
+            "{} belongs to uid {}, not to you (uid {uid}); pick another with --dir or --socket",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    Ok(())
+}
+
+/// The tenant's S3 credentials, read from (or created in) the secrets dir.
+#[derive(Clone)]
+struct Secrets {
+    access_key_id: String,
+    secret_access_key: String,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn prepare_secrets(l: &Layout, uid: u32) -> anyhow::Result<Secrets> {
+    private_dir(&l.secrets_dir, uid)?;
+    let access_key_id = ensure_secret(&l.access_key_file, || {
+        format!("S3DMALOCAL{}", random_hex(5).to_uppercase())
+    })?;
+    let secret_access_key = ensure_secret(&l.secret_key_file, || random_hex(20))?;
+    ensure_secret(&l.shim_token_file, || random_hex(32))?;
+    ensure_secret(&l.fabric_key_file, || random_hex(32))?;
+    Ok(Secrets {
+        access_key_id,
+        secret_access_key,
+    })
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Finds `name` next to the running `s3dma` (cargo puts every workspace
+/// binary in one target directory), then on `PATH`.
+fn find_binary(name: &str) -> Option<PathBuf> {
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        let p = dir.join(name);
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn find_binaries() -> anyhow::Result<[PathBuf; 3]> {
+    let names = ["storage-target", "dpu-agent", "host-shim"];
+    let found: Vec<Option<PathBuf>> = names.iter().map(|n| find_binary(n)).collect();
+    let missing: Vec<&str> = names
+        .iter()
+        .zip(&found)
+        .filter(|(_, f)| f.is_none())
+        .map(|(n, _)| *n)
+        .collect();
+    if !missing.is_empty() {
+        let here = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.display().to_string()))
+            .unwrap_or_else(|| "this program's directory".into());
+        bail!(
+            "cannot find {} in {here} or on PATH; build them with `cargo build --release --bins` \
+             (then run target/release/s3dma local)",
+            missing.join(", ")
+        );
+    }
+    let mut it = found.into_iter().flatten();
+    match (it.next(), it.next(), it.next()) {
+        (Some(a), Some(b), Some(c)) => Ok([a, b, c]),
+        _ => Err(anyhow!("internal error: binaries vanished")),
+    }
+}
+
+/// A started child.
+#[derive(Debug)]
+struct Proc {
+    name: &'static str,
+    child: Child,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn log_tail(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let _ = f.read_to_string(&mut text);
+        }
+        let t = tail(&text, 20);
+        if t.is_empty() {
+            format!("(its log {} is empty)", self.log.display())
+        } else {
+            format!("last lines of {}:\n{t}", self.log.display())
+        }
+    }
+
+    fn died(&self, status: ExitStatus, when: &str) -> anyhow::Error {
+        anyhow!("{} {when} ({status}); {}", self.name, self.log_tail())
+    }
+}
+
+fn append_line(path: &Path, line: &str) {
+    if let Ok(mut f) = OpenOptions::new().append(true).open(path) {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Copies the rest of a child's stdout into its log.
+fn drain<R: AsyncRead + Unpin + Send + 'static>(mut lines: Lines<BufReader<R>>, log: PathBuf) {
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            append_line(&log, &line);
+        }
+    });
+}
+
+fn spawn(
+    name: &'static str,
+    bin: &Path,
+    config: &Path,
+    log: PathBuf,
+) -> anyhow::Result<(Proc, Lines<BufReader<ChildStdout>>)> {
+    let stderr = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut child = Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        // Logs go to files: no colour codes in them.
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr))
+        // Our own Ctrl-C handling stops the children, in order.
+        .process_group(0)
+        // If s3dma panics, the children do not outlive it.
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let pid = child.id().unwrap_or(0);
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("{name}: no stdout pipe"))?;
+    eprintln!(
+        "s3dma local: started {name} (pid {pid}), log {}",
+        log.display()
+    );
+    Ok((
+        Proc {
+            name,
+            child,
+            pid,
+            log,
+        },
+        BufReader::new(stdout).lines(),
+    ))
+}
+
+/// Reads `p`'s stdout until `parse` accepts a line; other lines go to its log.
+async fn wait_for_line(
+    p: &mut Proc,
+    lines: &mut Lines<BufReader<ChildStdout>>,
+    limit: Duration,
+    parse: impl Fn(&str) -> Option<&str>,
+) -> anyhow::Result<String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => {
+                    append_line(&p.log, &line);
+                    if let Some(v) = parse(&line) {
+                        return Ok(v.to_owned());
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    // Stdout closed: it is exiting.
+                    let status = timeout(Duration::from_secs(5), p.child.wait()).await;
+                    return Err(match status {
+                        Ok(Ok(s)) => p.died(s, "exited during start-up"),
+                        _ => anyhow!("{} closed its stdout during start-up; {}", p.name, p.log_tail()),
+                    });
+                }
+            },
+            status = p.child.wait() => {
+                let status = status.with_context(|| format!("waiting for {}", p.name))?;
+                return Err(p.died(status, "exited during start-up"));
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                bail!("{} did not start within {} s; {}", p.name, limit.as_secs(), p.log_tail());
+            }
+        }
+    }
+}
+
+/// Polls until something accepts connections on `socket`.
+async fn wait_for_socket(p: &mut Proc, socket: &Path, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = p.child.try_wait()? {
+            return Err(p.died(status, "exited during start-up"));
+        }
+        if tokio::net::UnixStream::connect(socket).await.is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{} did not open {} within {} s; {}",
+                p.name,
+                socket.display(),
+                limit.as_secs(),
+                p.log_tail()
+            );
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates `bucket` on the target with a SigV4-signed S3 CreateBucket; a
+/// bucket the tenant already owns is fine.
+async fn create_bucket(target_url: &str, secrets: &Secrets, bucket: &str) -> anyhow::Result<()> {
+    let authority = target_url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("unexpected storage-target address {target_url}"))?
+        .trim_end_matches('/');
+    let url = format!("http://{authority}/{bucket}");
+    let mut headers = vec![
+        ("host".to_owned(), authority.to_owned()),
+        ("content-length".to_owned(), "0".to_owned()),
+    ];
+    sign(&mut headers, "PUT", &url, secrets)?;
+    let mut req = format!("PUT /{bucket} HTTP/1.1\r\n");
+    for (k, v) in &headers {
+        let _ = write!(req, "{k}: {v}\r\n");
+    }
+    req.push_str("connection: close\r\n\r\n");
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(authority).await?;
+        s.write_all(req.as_bytes()).await?;
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).await?;
+        Ok::<_, std::io::Error>(resp)
+    };
+    let resp = timeout(Duration::from_secs(30), io)
+        .await
+        .map_err(|_| {
+            anyhow!("creating bucket {bucket}: storage-target did not answer within 30 s")
+        })?
+        .with_context(|| format!("creating bucket {bucket} at {target_url}"))?;
+    let text = String::from_utf8_lossy(&resp);
+    let status: u16 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("creating bucket {bucket}: malformed reply from storage-target"))?;
+    if status == 200 || text.contains("<Code>BucketAlreadyOwnedByYou</Code>") {
+        return Ok(());
+    }
+    let code = between(&text, "<Code>", "</Code>").unwrap_or("?");
+    let message = between(&text, "<Message>", "</Message>").unwrap_or("");
+    bail!("creating bucket {bucket:?}: HTTP {status} {code}: {message}")
+}
+
+fn between<'a>(s: &'a str, a: &str, b: &str) -> Option<&'a str> {
+    let start = s.find(a)? + a.len();
+    let len = s[start..].find(b)?;
+    Some(&s[start..start + len])
+}
+
+fn sign(
+    headers: &mut Vec<(String, String)>,
+    method: &str,
+    url: &str,
+    secrets: &Secrets,
+) -> anyhow::Result<()> {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings,
+    };
+    let creds = aws_credential_types::Credentials::new(
+        &secrets.access_key_id,
+        &secrets.secret_access_key,
+        None,
+        None,
+        "s3dma-local",
+    );
+    let identity: aws_smithy_runtime_api::client::identity::Identity = creds.into();
+    let mut settings = SigningSettings::default();
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region(REGION)
+        .name("s3")
+        .time(SystemTime::now())
+        .settings(settings)
+        .build()
+        .map_err(|e| anyhow!("signing CreateBucket: {e}"))?
+        .into();
+    let signable = SignableRequest::new(
+        method,
+        url,
+        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        SignableBody::Bytes(&[]),
+    )
+    .map_err(|e| anyhow!("signing CreateBucket: {e}"))?;
+    let (instructions, _) = aws_sigv4::http_request::sign(signable, &params)
+        .map_err(|e| anyhow!("signing CreateBucket: {e}"))?
+        .into_parts();
+    let (new_headers, _) = instructions.into_parts();
+    for h in new_headers {
+        headers.push((h.name().to_owned(), h.value().to_owned()));
+    }
+    Ok(())
+}
+
+/// Makes `p` absolute against the current directory.
+fn absolute(p: PathBuf) -> anyhow::Result<PathBuf> {
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Ok(std::env::current_dir()
+            .context("reading the current directory")?
+            .join(p))
+    }
+}
+
+/// Checks the socket path and its directory; removes a stale socket.
+fn prepare_socket(socket: &Path, uid: u32) -> anyhow::Result<()> {
+    if socket.as_os_str().len() > 107 {
+        bail!(
+            "socket path {} is longer than the 107 bytes a Unix socket path may have; pick a shorter one with --socket",
+            socket.display()
+        );
+    }
+    if socket.to_str().is_none() {
+        bail!("socket path {} is not valid UTF-8", socket.display());
+    }
+    let parent = socket
+        .parent()
+        .ok_or_else(|| anyhow!("socket path {} has no directory", socket.display()))?;
+    if !parent.exists() {
+        private_dir(parent, uid)?;
+    }
+    match fs::symlink_metadata(socket) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                bail!(
+                    "something already listens on {} (another s3dma local or host-shim?); stop it or pick another --socket",
+                    socket.display()
+                );
+            }
+            fs::remove_file(socket)
+                .with_context(|| format!("removing the stale socket {}", socket.display()))?;
+        }
+        Ok(_) => bail!(
+            "{} exists and is not a socket; pick another --socket",
+            socket.display()
+        ),
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+/// What start-up found out, for the help text.
+#[derive(Debug)]
+struct Started {
+    target_url: String,
+    agent_addr: String,
+}
+
+async fn start(
+    procs: &mut Vec<Proc>,
+    bins: &[PathBuf; 3],
+    l: &Layout,
+    secrets: &Secrets,
+    socket: &Path,
+    bucket: &str,
+    uid: u32,
+) -> anyhow::Result<Started> {
+    write_private(
+        &l.target_config,
+        &storage_target_yaml(l, &secrets.access_key_id),
+    )?;
+    let (p, mut lines) = spawn(
+        "storage-target",
+        &bins[0],
+        &l.target_config,
+        l.log("storage-target"),
+    )?;
+    procs.push(p);
+    let p = procs.last_mut().ok_or_else(|| anyhow!("no process"))?;
+    let target_url = wait_for_line(p, &mut lines, TARGET_START_TIMEOUT, parse_target_line).await?;
+    drain(lines, p.log.clone());
+    create_bucket(&target_url, secrets, bucket).await?;
+
+    write_private(
+        &l.agent_config,
+        &dpu_agent_yaml(l, &secrets.access_key_id, &target_url),
+    )?;
+    let (p, mut lines) = spawn("dpu-agent", &bins[1], &l.agent_config, l.log("dpu-agent"))?;
+    procs.push(p);
+    let p = procs.last_mut().ok_or_else(|| anyhow!("no process"))?;
+    let agent_addr = wait_for_line(p, &mut lines, AGENT_START_TIMEOUT, parse_agent_line).await?;
+    drain(lines, p.log.clone());
+
+    write_private(&l.shim_config, &host_shim_yaml(l, socket, &agent_addr, uid))?;
+    let (p, lines) = spawn("host-shim", &bins[2], &l.shim_config, l.log("host-shim"))?;
+    procs.push(p);
+    let p = procs.last_mut().ok_or_else(|| anyhow!("no process"))?;
+    drain(lines, p.log.clone());
+    wait_for_socket(p, socket, SHIM_START_TIMEOUT).await?;
+    Ok(Started {
+        target_url,
+        agent_addr,
+    })
+}
+
+/// Stops the children in reverse start order: SIGTERM, then SIGKILL after
+/// [`STOP_TIMEOUT`].
+async fn stop(procs: &mut [Proc]) {
+    for p in procs.iter_mut().rev() {
+        if matches!(p.child.try_wait(), Ok(Some(_))) {
+            continue;
+        }
+        if let Ok(pid) = i32::try_from(p.pid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        if timeout(STOP_TIMEOUT, p.child.wait()).await.is_err() {
+            eprintln!(
+                "s3dma local: {} (pid {}) did not stop within {} s; killing it",
+                p.name,
+                p.pid,
+                STOP_TIMEOUT.as_secs()
+            );
+            let _ = p.child.kill().await;
+        }
+    }
+}
+
+/// Resolves when a child exits: its index and status.
+async fn any_exit(procs: &mut [Proc]) -> (usize, ExitStatus) {
+    loop {
+        for (i, p) in procs.iter_mut().enumerate() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                return (i, status);
+            }
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn help_text(
+    socket: &Path,
+    l: &Layout,
+    procs: &[Proc],
+    started: &Started,
+    secrets: &Secrets,
+    bucket: &str,
+) -> String {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "s3dma".into());
+    let s = socket.display();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\ns3dma local is running: storage-target, dpu-agent and host-shim on this machine\n\
+         (tcp fabric, loopback only). State, data and configs: {}",
+        l.dir.display()
+    );
+    for p in procs {
+        let at = match p.name {
+            "storage-target" => started.target_url.clone(),
+            "dpu-agent" => started.agent_addr.clone(),
+            _ => s.to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<15} pid {:<8} {at}  (log {})",
+            p.name,
+            p.pid,
+            p.log.display()
+        );
+    }
+    let _ = write!(
+        out,
+        "
+From another shell:
+  export S3DMA_SOCKET={s}
+  {exe} put README.md s3://{bucket}/README.md
+  {exe} get s3://{bucket}/README.md -
+  {exe} ls s3://{bucket}/
+  {exe} info
+
+or in one line:
+  S3DMA_SOCKET={s} {exe} put README.md s3://{bucket}/README.md
+  S3DMA_SOCKET={s} {exe} get s3://{bucket}/README.md -
+
+The same objects over plain S3 (HTTP to the storage-target, no RDMA), e.g. with the aws CLI:
+  export AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY=$(cat {secret}) AWS_DEFAULT_REGION={REGION}
+  aws --endpoint-url {url} s3 ls s3://{bucket}/
+
+Ctrl-C stops all three.
+",
+        key = secrets.access_key_id,
+        secret = l.secret_key_file.display(),
+        url = started.target_url,
+    );
+    out
+}
+
+/// Runs local mode until Ctrl-C / SIGTERM (`Ok`) or a failure (`Err`).
+///
+/// # Errors
+/// Missing binaries, unusable directories or socket, a child that does not
+/// start or dies.
+pub async fn run(opts: Options) -> anyhow::Result<()> {
+    let uid = nix::unistd::getuid().as_raw();
+    let dir = match opts.dir {
+        Some(d) => absolute(d)?,
+        None => default_dir(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
+            .ok_or_else(|| {
+                anyhow!("neither XDG_DATA_HOME nor HOME is set; name a directory with --dir")
+            })?,
+    };
+    let socket = absolute(
+        opts.socket
+            .unwrap_or_else(|| default_socket(std::env::var_os("XDG_RUNTIME_DIR"), uid)),
+    )?;
+    let bins = find_binaries()?;
+    let l = Layout::new(&dir);
+    private_dir(&l.dir, uid)?;
+    if dir.to_str().is_none() {
+        bail!("{} is not valid UTF-8; pick another --dir", dir.display());
+    }
+    let lock_file = File::create(dir.join("lock"))
+        .with_context(|| format!("creating {}", dir.join("lock").display()))?;
+    let _lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+        anyhow!(
+            "another s3dma local is using {}; stop it or pick another --dir",
+            dir.display()
+        )
+    })?;
+    fs::create_dir_all(&l.logs_dir)
+        .with_context(|| format!("creating {}", l.logs_dir.display()))?;
+    let secrets = prepare_secrets(&l, uid)?;
+    prepare_socket(&socket, uid)?;
+
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+
+    let mut procs: Vec<Proc> = Vec::new();
+    let started = tokio::select! {
+        r = start(&mut procs, &bins, &l, &secrets, &socket, &opts.bucket, uid) => r,
+        _ = sigint.recv() => Err(anyhow!("interrupted during start-up")),
+        _ = sigterm.recv() => Err(anyhow!("terminated during start-up")),
+        _ = sighup.recv() => Err(anyhow!("hung up during start-up")),
+    };
+    let started = match started {
+        Ok(s) => s,
+        Err(e) => {
+            stop(&mut procs).await;
+            let _ = fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "s3dma local ready: socket={}", socket.display());
+        let _ = out
+            .write_all(help_text(&socket, &l, &procs, &started, &secrets, &opts.bucket).as_bytes());
+        let _ = out.flush();
+    }
+
+    let died = tokio::select! {
+        _ = sigint.recv() => None,
+        _ = sigterm.recv() => None,
+        _ = sighup.recv() => None,
+        (i, status) = any_exit(&mut procs) => Some((i, status)),
+    };
+    let result = match died {
+        None => {
+            eprintln!("s3dma local: stopping");
+            Ok(())
+        }
+        Some((i, status)) => Err(procs[i].died(status, "exited unexpectedly")),
+    };
+    stop(&mut procs).await;
+    let _ = fs::remove_file(&socket);
+    if result.is_ok() {
+        eprintln!("s3dma local: stopped");
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> Layout {
+        Layout::new(Path::new("/home/u/.local/share/s3dma/local dir #1"))
+    }
+
+    #[test]
+    fn defaults_follow_xdg() {
+        assert_eq!(
+            default_dir(Some("/x/data".into()), Some("/home/u".into())).unwrap(),
+            Path::new("/x/data/s3dma/local")
+        );
+        assert_eq!(
+            default_dir(Some("relative".into()), Some("/home/u".into())).unwrap(),
+            Path::new("/home/u/.local/share/s3dma/local")
+        );
+        assert_eq!(
+            default_dir(None, Some("/home/u".into())).unwrap(),
+            Path::new("/home/u/.local/share/s3dma/local")
+        );
+        assert!(default_dir(None, None).is_none());
+        assert_eq!(
+            default_socket(Some("/run/user/1000".into()), 1000),
+            Path::new("/run/user/1000/s3dma/shim.sock")
+        );
+        assert_eq!(
+            default_socket(None, 1000),
+            Path::new("/tmp/s3dma-1000/shim.sock")
+        );
+        assert_eq!(
+            default_socket(Some("".into()), 7),
+            Path::new("/tmp/s3dma-7/shim.sock")
+        );
+    }
+
+    #[test]
+    fn storage_target_config_parses() {
+        let l = layout();
+        let text = storage_target_yaml(&l, "S3DMALOCALABC");
+        let c = storage_target::config::Config::parse("st.yaml", &text).unwrap();
+        assert_eq!(c.data_dir, l.data_dir);
+        assert_eq!(c.listen.to_string(), "127.0.0.1:0");
+    }
+
+    #[test]
+    fn dpu_agent_config_parses() {
+        let l = layout();
+        let text = dpu_agent_yaml(&l, "S3DMALOCALABC", "http://127.0.0.1:4567");
+        let c = dpu_agent::config::parse(Path::new("agent.yaml"), &text).unwrap();
+        assert_eq!(c.tenants[0].name, TENANT);
+        assert_eq!(c.tenants[0].access_key_id, "S3DMALOCALABC");
+        assert_eq!(c.tenants[0].secret_access_key_file, l.secret_key_file);
+        assert!(c.tenants[0].allow[0].write);
+        assert_eq!(c.targets[0].endpoint, "http://127.0.0.1:4567");
+        assert_eq!(c.shims[0].tenants, vec![TENANT.to_owned()]);
+        assert_eq!(c.listen.address.ip().to_string(), "127.0.0.1");
+    }
+
+    #[test]
+    fn host_shim_config_parses() {
+        let l = layout();
+        let sock = Path::new("/tmp/s3dma-1000/shim \"x\".sock");
+        let text = host_shim_yaml(&l, sock, "127.0.0.1:7000", 1000);
+        let c = host_shim::config::parse(Path::new("shim.yaml"), &text).unwrap();
+        assert_eq!(c.socket.path, sock);
+        assert_eq!(c.socket.mode, "0600");
+        assert_eq!(c.agent.endpoint, "http://127.0.0.1:7000");
+        assert_eq!(c.tenants[0].uids, vec![1000]);
+        assert_eq!(c.fabric.fabric_key_file, l.fabric_key_file);
+        assert!(c.fabric.listen.ip().is_loopback());
+    }
+
+    #[test]
+    fn ready_lines() {
+        assert_eq!(
+            parse_target_line("storage-target listening on http://127.0.0.1:40001\n"),
+            Some("http://127.0.0.1:40001")
+        );
+        assert_eq!(parse_target_line("metrics on http://x/metrics"), None);
+        assert_eq!(
+            parse_agent_line("dpu-agent listening on 127.0.0.1:5"),
+            Some("127.0.0.1:5")
+        );
+        assert_eq!(
+            parse_agent_line("dpu-agent listening on http://127.0.0.1:5"),
+            Some("127.0.0.1:5")
+        );
+        assert_eq!(parse_agent_line("dpu-agent listening on "), None);
+    }
+
+    #[test]
+    fn tails() {
+        assert_eq!(tail("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(tail("a", 5), "a");
+        assert_eq!(tail("", 5), "");
+    }
+
+    #[test]
+    fn secrets_are_private_and_reused() {
+        let d = tempfile::tempdir().unwrap();
+        let uid = nix::unistd::getuid().as_raw();
+        let l = Layout::new(d.path());
+        let a = prepare_secrets(&l, uid).unwrap();
+        let b = prepare_secrets(&l, uid).unwrap();
+        assert_eq!(a.access_key_id, b.access_key_id);
+        assert_eq!(a.secret_access_key, b.secret_access_key);
+        let key = fs::read_to_string(&l.fabric_key_file).unwrap();
+        assert_eq!(key.len(), 64);
+        assert!(key.bytes().all(|c| c.is_ascii_hexdigit()));
+        for f in [
+            &l.access_key_file,
+            &l.secret_key_file,
+            &l.shim_token_file,
+            &l.fabric_key_file,
+        ] {
+            let mode = fs::metadata(f).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", f.display());
+        }
+        let mode = fs::metadata(&l.secrets_dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert!(!format!("{a:?}").contains(&a.secret_access_key));
+    }
+
+    #[test]
+    fn yaml_quoting() {
+        assert_eq!(q(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(q("x\ny"), "\"x\\u000ay\"");
+    }
+}
