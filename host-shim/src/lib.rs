@@ -1,4 +1,19 @@
 //! s3dma's host-shim: the tenant API (`s3dma.tenant.v1`) on a Unix socket.
 //!
-//! See `docs/ARCHITECTURE.md` ("host-shim") for how the modules fit.
+//! * [`socket`]: binds the socket, takes each connection's peer credentials
+//!   (`SO_PEERCRED`), serves leases (memfds passed with `SCM_RIGHTS`) and
+//!   hands HTTP/2 connections to tonic.
+//! * [`registry`]: tenants (from uid/gid), their leases and buffers, limits.
+//! * [`service`]: the gRPC service: per-request windows, forwarding to the agent.
+//! * [`agent_link`]: the channel to the dpu-agent, reconnected with backoff.
+//! * [`config`], [`metrics`], [`error`], [`app`] (wiring).
+//!
+//! See `docs/ARCHITECTURE.md` ("host-shim").
+pub mod agent_link;
+pub mod app;
 pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod registry;
+pub mod service;
+pub mod socket;

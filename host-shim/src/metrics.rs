@@ -1,0 +1,188 @@
+//! The shim's Prometheus metrics and the `/metrics` endpoint.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus::{
+    Encoder as _, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry as PromRegistry, TextEncoder,
+};
+
+/// Every metric the shim exports (names start with `s3dma_shim_`).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: PromRegistry,
+    /// Tenant calls by tenant, operation and gRPC code.
+    pub requests: IntCounterVec,
+    /// Call latency by operation, seconds.
+    pub latency: HistogramVec,
+    /// Object bytes placed into / taken from tenant buffers, by tenant and
+    /// direction (`get`, `put`).
+    pub bytes: IntCounterVec,
+    /// Registered buffers per tenant.
+    pub buffers: IntGaugeVec,
+    /// Registered bytes per tenant.
+    pub buffer_bytes: IntGaugeVec,
+    /// Open leases (client processes) per tenant.
+    pub leases: IntGaugeVec,
+    /// Windows minted and not yet revoked.
+    pub windows_open: IntGauge,
+    /// Connections refused before any tenant call, by reason.
+    pub refused: IntCounterVec,
+    /// 1 while the link to the dpu-agent is up.
+    pub agent_connected: IntGauge,
+    /// Reconnects to the dpu-agent.
+    pub agent_reconnects: IntCounter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    ///
+    /// # Panics
+    /// Never in practice: names are static and unique.
+    #[must_use]
+    pub fn new() -> Metrics {
+        let registry = PromRegistry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "s3dma_shim_requests_total",
+                "Tenant calls by tenant, op and gRPC code",
+            ),
+            &["tenant", "op", "code"],
+        )
+        .expect("metric");
+        let latency = HistogramVec::new(
+            HistogramOpts::new("s3dma_shim_request_seconds", "Tenant call latency by op").buckets(
+                vec![
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 120.0,
+                ],
+            ),
+            &["op"],
+        )
+        .expect("metric");
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "s3dma_shim_bytes_total",
+                "Object bytes placed into (get) or taken from (put) tenant buffers",
+            ),
+            &["tenant", "direction"],
+        )
+        .expect("metric");
+        let buffers = IntGaugeVec::new(
+            Opts::new("s3dma_shim_buffers", "Registered buffers per tenant"),
+            &["tenant"],
+        )
+        .expect("metric");
+        let buffer_bytes = IntGaugeVec::new(
+            Opts::new("s3dma_shim_buffer_bytes", "Registered bytes per tenant"),
+            &["tenant"],
+        )
+        .expect("metric");
+        let leases = IntGaugeVec::new(
+            Opts::new(
+                "s3dma_shim_leases",
+                "Open leases (client processes) per tenant",
+            ),
+            &["tenant"],
+        )
+        .expect("metric");
+        let windows_open = IntGauge::new(
+            "s3dma_shim_windows_open",
+            "Windows minted and not yet revoked",
+        )
+        .expect("metric");
+        let refused = IntCounterVec::new(
+            Opts::new(
+                "s3dma_shim_connections_refused_total",
+                "Socket connections refused before any call, by reason",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
+        let agent_connected = IntGauge::new(
+            "s3dma_shim_agent_connected",
+            "1 while the link to the dpu-agent is up",
+        )
+        .expect("metric");
+        let agent_reconnects = IntCounter::new(
+            "s3dma_shim_agent_reconnects_total",
+            "Reconnects to the dpu-agent",
+        )
+        .expect("metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency.clone()),
+            Box::new(bytes.clone()),
+            Box::new(buffers.clone()),
+            Box::new(buffer_bytes.clone()),
+            Box::new(leases.clone()),
+            Box::new(windows_open.clone()),
+            Box::new(refused.clone()),
+            Box::new(agent_connected.clone()),
+            Box::new(agent_reconnects.clone()),
+        ] {
+            registry.register(c).expect("unique metric");
+        }
+        Metrics {
+            registry,
+            requests,
+            latency,
+            bytes,
+            buffers,
+            buffer_bytes,
+            leases,
+            windows_open,
+            refused,
+            agent_connected,
+            agent_reconnects,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Serves `GET /metrics` on `listener` until the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            };
+            let metrics = Arc::clone(&self);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let body = (req.uri().path() == "/metrics").then(|| metrics.render());
+                    async move {
+                        let resp = match body {
+                            Some(text) => Response::builder()
+                                .header("content-type", "text/plain; version=0.0.4")
+                                .body(Full::new(Bytes::from(text))),
+                            None => Response::builder()
+                                .status(404)
+                                .body(Full::new(Bytes::from_static(b"see /metrics\n"))),
+                        };
+                        Ok::<_, Infallible>(resp.unwrap_or_default())
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }
+}

@@ -1,0 +1,739 @@
+//! Tenants, their leases and their buffers.
+//!
+//! A tenant is found from the peer's uid/gid (never from a request). Each
+//! lease (one client process's fd-passing connection) holds passed fds
+//! waiting for RegisterBuffer and owns the buffers registered through it;
+//! closing the lease releases them. Buffer ids are random and looked up in
+//! the caller's tenant only, so another tenant's id is simply "not found".
+//!
+//! A buffer's memory is registered with [`fabric::Domain::register_windows_only`]:
+//! peers can reach it only through the per-request windows the service mints.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fabric::{Access, Domain, Memory, Region};
+use s3dma_proto::lease::Id;
+use tokio::sync::Semaphore;
+
+use crate::config::{Config, LeaseConfig};
+use crate::error::ShimError;
+use crate::metrics::Metrics;
+
+/// Longest buffer label kept.
+const MAX_LABEL: usize = 64;
+
+/// What the kernel says about the connecting process (SO_PEERCRED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Effective uid.
+    pub uid: u32,
+    /// Effective gid.
+    pub gid: u32,
+    /// Pid (0 when it is not visible in the shim's pid namespace).
+    pub pid: i32,
+}
+
+/// A configured tenant and what it holds.
+#[derive(Debug)]
+pub struct Tenant {
+    /// The name the agent knows.
+    pub name: String,
+    /// Buffers at once.
+    pub max_buffers: u32,
+    /// Total registered bytes.
+    pub max_buffer_bytes: u64,
+    /// Requests in the shim at once.
+    pub requests: Arc<Semaphore>,
+    /// The configured request limit.
+    pub max_concurrent_requests: u32,
+    state: Mutex<TenantState>,
+}
+
+#[derive(Debug, Default)]
+struct TenantState {
+    buffers: HashMap<u64, Arc<Buffer>>,
+    buffer_bytes: u64,
+    /// Registrations between `reserve` and `insert`/`unreserve`.
+    reserved: u64,
+    leases: HashMap<Id, Arc<Lease>>,
+}
+
+/// A registered buffer.
+#[derive(Debug)]
+pub struct Buffer {
+    /// The tenant-scoped id.
+    pub id: u64,
+    /// The registered memory.
+    pub region: Region,
+    /// Its tenant's label.
+    pub label: String,
+    /// The lease it lives under.
+    pub lease: Id,
+    /// Requests using it now.
+    pub in_use: AtomicU32,
+}
+
+impl Buffer {
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.region.len() as u64
+    }
+
+    /// `host` or `cuda`.
+    pub fn kind(&self) -> &'static str {
+        match self.region.kind() {
+            fabric::MemoryKind::Host => "host",
+            fabric::MemoryKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// One client process's lease.
+#[derive(Debug)]
+pub struct Lease {
+    /// The lease id the client names in RegisterBuffer.
+    pub id: Id,
+    /// The process that opened it.
+    pub peer: Peer,
+    pending: Mutex<HashMap<Id, PendingFd>>,
+}
+
+#[derive(Debug)]
+struct PendingFd {
+    fd: OwnedFd,
+    size: u64,
+    expires: Instant,
+}
+
+/// Everything the service and the lease handler share.
+#[derive(Debug)]
+pub struct Registry {
+    tenants: Vec<Arc<Tenant>>,
+    by_uid: HashMap<u32, usize>,
+    by_gid: HashMap<u32, usize>,
+    domain: Domain,
+    leases: LeaseConfig,
+    metrics: Arc<Metrics>,
+}
+
+impl Registry {
+    /// Builds the tenants from the configuration.
+    pub fn new(config: &Config, domain: Domain, metrics: Arc<Metrics>) -> Registry {
+        let mut by_uid = HashMap::new();
+        let mut by_gid = HashMap::new();
+        let tenants = config
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                for u in &t.uids {
+                    by_uid.insert(*u, i);
+                }
+                for g in &t.gids {
+                    by_gid.insert(*g, i);
+                }
+                Arc::new(Tenant {
+                    name: t.name.clone(),
+                    max_buffers: t.max_buffers,
+                    max_buffer_bytes: t.max_buffer_bytes.0,
+                    requests: Arc::new(Semaphore::new(t.max_concurrent_requests as usize)),
+                    max_concurrent_requests: t.max_concurrent_requests,
+                    state: Mutex::default(),
+                })
+            })
+            .collect();
+        Registry {
+            tenants,
+            by_uid,
+            by_gid,
+            domain,
+            leases: config.leases.clone(),
+            metrics,
+        }
+    }
+
+    /// The fabric domain buffers are registered in.
+    pub fn domain(&self) -> &Domain {
+        &self.domain
+    }
+
+    /// The tenant a peer is: by uid, else by primary gid.
+    ///
+    /// # Errors
+    /// [`ShimError::UnknownTenant`].
+    pub fn tenant_of(&self, peer: Peer) -> Result<Arc<Tenant>, ShimError> {
+        self.by_uid
+            .get(&peer.uid)
+            .or_else(|| self.by_gid.get(&peer.gid))
+            .map(|&i| Arc::clone(&self.tenants[i]))
+            .ok_or(ShimError::UnknownTenant {
+                uid: peer.uid,
+                gid: peer.gid,
+            })
+    }
+
+    /// Opens a lease for `peer`'s tenant.
+    ///
+    /// # Errors
+    /// Unknown tenant, or the tenant holds too many leases.
+    pub fn open_lease(&self, peer: Peer) -> Result<(Arc<Tenant>, Arc<Lease>), ShimError> {
+        let tenant = self.tenant_of(peer)?;
+        let lease = Arc::new(Lease {
+            id: Id(rand::random()),
+            peer,
+            pending: Mutex::default(),
+        });
+        {
+            let mut st = lock(&tenant.state);
+            if st.leases.len() >= self.leases.max_leases_per_tenant {
+                return Err(ShimError::BufferLimit(format!(
+                    "tenant {} already holds {} leases (one per client process; leases.max_leases_per_tenant)",
+                    tenant.name,
+                    st.leases.len()
+                )));
+            }
+            st.leases.insert(lease.id, Arc::clone(&lease));
+            self.metrics
+                .leases
+                .with_label_values(&[&tenant.name])
+                .set(st.leases.len() as i64);
+        }
+        Ok((tenant, lease))
+    }
+
+    /// Closes a lease: its pending fds are closed and its buffers released.
+    pub fn close_lease(&self, tenant: &Tenant, lease: &Lease) {
+        let released: Vec<Arc<Buffer>> = {
+            let mut st = lock(&tenant.state);
+            st.leases.remove(&lease.id);
+            let ids: Vec<u64> = st
+                .buffers
+                .values()
+                .filter(|b| b.lease == lease.id)
+                .map(|b| b.id)
+                .collect();
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(b) = st.buffers.remove(&id) {
+                    st.buffer_bytes -= b.size();
+                    out.push(b);
+                }
+            }
+            self.metrics
+                .leases
+                .with_label_values(&[&tenant.name])
+                .set(st.leases.len() as i64);
+            self.publish(tenant, &st);
+            out
+        };
+        lock(&lease.pending).clear();
+        if !released.is_empty() {
+            tracing::info!(
+                tenant = %tenant.name,
+                pid = lease.peer.pid,
+                buffers = released.len(),
+                "lease closed; its buffers are released"
+            );
+        }
+    }
+
+    /// Takes a passed fd into the lease and returns its handle.
+    ///
+    /// # Errors
+    /// The fd is not sealed shared memory, or the lease holds too many.
+    pub fn add_fd(&self, lease: &Lease, fd: OwnedFd) -> Result<Id, ShimError> {
+        let size = check_shared_memory_fd(&fd)?;
+        let now = Instant::now();
+        let mut pending = lock(&lease.pending);
+        pending.retain(|_, p| p.expires > now);
+        if pending.len() >= self.leases.max_pending_fds {
+            return Err(ShimError::BufferLimit(format!(
+                "{} passed fds are waiting for RegisterBuffer on this lease (leases.max_pending_fds)",
+                pending.len()
+            )));
+        }
+        let handle = Id(rand::random());
+        pending.insert(
+            handle,
+            PendingFd {
+                fd,
+                size,
+                expires: now + Duration::from_secs(self.leases.fd_handle_ttl_secs),
+            },
+        );
+        Ok(handle)
+    }
+
+    fn lease(&self, tenant: &Tenant, lease: &[u8]) -> Result<Arc<Lease>, ShimError> {
+        let id = Id::from_slice(lease).ok_or_else(|| {
+            ShimError::InvalidArgument(format!(
+                "lease must be the 16-byte id the lease connection returned, not {} bytes",
+                lease.len()
+            ))
+        })?;
+        lock(&tenant.state).leases.get(&id).cloned().ok_or_else(|| {
+            ShimError::NoSuchLease(
+                "no such lease for this tenant (its connection closed, or it is not yours)".into(),
+            )
+        })
+    }
+
+    /// Registers a passed memfd as a buffer.
+    ///
+    /// # Errors
+    /// Unknown lease or handle, a size outside the file, or the tenant's limits.
+    pub fn register_host(
+        &self,
+        tenant: &Tenant,
+        lease: &[u8],
+        fd_handle: &[u8],
+        size: u64,
+        label: &str,
+    ) -> Result<Arc<Buffer>, ShimError> {
+        let lease = self.lease(tenant, lease)?;
+        let handle = Id::from_slice(fd_handle).ok_or_else(|| {
+            ShimError::InvalidArgument("fd_handle must be the 16 bytes the lease returned".into())
+        })?;
+        if size == 0 {
+            return Err(ShimError::InvalidArgument(
+                "a buffer needs at least one byte".into(),
+            ));
+        }
+        let pending = lock(&lease.pending).remove(&handle).ok_or_else(|| {
+            ShimError::NoSuchLease(
+                "no such fd handle on this lease (already used, expired, or never passed)".into(),
+            )
+        })?;
+        if pending.expires <= Instant::now() {
+            return Err(ShimError::NoSuchLease(format!(
+                "the fd handle expired (it is valid for {} s after the fd is passed)",
+                self.leases.fd_handle_ttl_secs
+            )));
+        }
+        if size > pending.size {
+            return Err(ShimError::OutOfBounds(format!(
+                "size {size} is larger than the {} bytes of the passed memfd",
+                pending.size
+            )));
+        }
+        let len = usize::try_from(size)
+            .map_err(|_| ShimError::OutOfBounds(format!("size {size} does not fit in memory")))?;
+        self.reserve(tenant, size)?;
+        let registered = Memory::from_fd(pending.fd, len)
+            .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
+        match registered {
+            Ok(region) => self.insert(tenant, region, lease.id, label),
+            Err(e) => {
+                self.unreserve(tenant, size);
+                Err(ShimError::BadBuffer(format!(
+                    "cannot map and register the memfd: {e}"
+                )))
+            }
+        }
+    }
+
+    /// Registers CUDA memory exported with `cuIpcGetMemHandle`.
+    ///
+    /// # Errors
+    /// Unsupported without the `cuda` feature; else as [`Registry::register_host`].
+    #[allow(unused_variables)]
+    pub fn register_cuda(
+        &self,
+        tenant: &Tenant,
+        lease: &[u8],
+        ipc_handle: &[u8],
+        device: i32,
+        size: u64,
+        label: &str,
+    ) -> Result<Arc<Buffer>, ShimError> {
+        let lease = self.lease(tenant, lease)?;
+        if size == 0 {
+            return Err(ShimError::InvalidArgument(
+                "a buffer needs at least one byte".into(),
+            ));
+        }
+        let handle: [u8; 64] = ipc_handle.try_into().map_err(|_| {
+            ShimError::InvalidArgument(format!(
+                "ipc_handle must be the 64-byte CUipcMemHandle, not {} bytes",
+                ipc_handle.len()
+            ))
+        })?;
+        #[cfg(feature = "cuda")]
+        {
+            let len = usize::try_from(size).map_err(|_| {
+                ShimError::OutOfBounds(format!("size {size} does not fit in memory"))
+            })?;
+            self.reserve(tenant, size)?;
+            let registered = Memory::cuda_ipc(device, fabric::cuda::IpcMemHandle(handle), len)
+                .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
+            match registered {
+                Ok(region) => self.insert(tenant, region, lease.id, label),
+                Err(e) => {
+                    self.unreserve(tenant, size);
+                    Err(ShimError::BadBuffer(format!(
+                        "cannot open and register the CUDA IPC handle on device {device}: {e}"
+                    )))
+                }
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (lease, handle);
+            Err(ShimError::Unsupported(
+                "this host-shim was built without the `cuda` feature; register host memory instead"
+                    .into(),
+            ))
+        }
+    }
+
+    fn reserve(&self, tenant: &Tenant, size: u64) -> Result<(), ShimError> {
+        let mut st = lock(&tenant.state);
+        // Count reservations as placeholders so concurrent registrations
+        // cannot overshoot the limits together.
+        if st.buffers.len() as u64 + st.reserved + 1 > u64::from(tenant.max_buffers) {
+            return Err(ShimError::BufferLimit(format!(
+                "tenant {} already holds {} buffers (max_buffers {})",
+                tenant.name,
+                st.buffers.len(),
+                tenant.max_buffers
+            )));
+        }
+        if st.buffer_bytes + size > tenant.max_buffer_bytes {
+            return Err(ShimError::BufferLimit(format!(
+                "{size} more bytes would take tenant {} past its {} registered bytes (holds {})",
+                tenant.name, tenant.max_buffer_bytes, st.buffer_bytes
+            )));
+        }
+        st.buffer_bytes += size;
+        st.reserved += 1;
+        Ok(())
+    }
+
+    fn unreserve(&self, tenant: &Tenant, size: u64) {
+        let mut st = lock(&tenant.state);
+        st.buffer_bytes -= size;
+        st.reserved -= 1;
+    }
+
+    fn insert(
+        &self,
+        tenant: &Tenant,
+        region: Region,
+        lease: Id,
+        label: &str,
+    ) -> Result<Arc<Buffer>, ShimError> {
+        let mut st = lock(&tenant.state);
+        st.reserved -= 1;
+        if !st.leases.contains_key(&lease) {
+            // The lease closed while the memory was being registered.
+            st.buffer_bytes -= region.len() as u64;
+            return Err(ShimError::NoSuchLease(
+                "the lease closed during the registration".into(),
+            ));
+        }
+        let mut id: u64 = rand::random();
+        while id == 0 || st.buffers.contains_key(&id) {
+            id = rand::random();
+        }
+        let mut label = label.to_owned();
+        if label.len() > MAX_LABEL {
+            let mut end = MAX_LABEL;
+            while !label.is_char_boundary(end) {
+                end -= 1;
+            }
+            label.truncate(end);
+        }
+        let buffer = Arc::new(Buffer {
+            id,
+            region,
+            label,
+            lease,
+            in_use: AtomicU32::new(0),
+        });
+        st.buffers.insert(id, Arc::clone(&buffer));
+        self.publish(tenant, &st);
+        Ok(buffer)
+    }
+
+    /// The caller's buffer `id`.
+    ///
+    /// # Errors
+    /// [`ShimError::NoSuchBuffer`] (also for another tenant's id).
+    pub fn buffer(&self, tenant: &Tenant, id: u64) -> Result<Arc<Buffer>, ShimError> {
+        lock(&tenant.state)
+            .buffers
+            .get(&id)
+            .cloned()
+            .ok_or(ShimError::NoSuchBuffer(id))
+    }
+
+    /// Releases a buffer; requests using it keep its memory until they end.
+    ///
+    /// # Errors
+    /// [`ShimError::NoSuchBuffer`].
+    pub fn release(&self, tenant: &Tenant, id: u64) -> Result<(), ShimError> {
+        let mut st = lock(&tenant.state);
+        let b = st.buffers.remove(&id).ok_or(ShimError::NoSuchBuffer(id))?;
+        st.buffer_bytes -= b.size();
+        self.publish(tenant, &st);
+        Ok(())
+    }
+
+    /// The tenant's buffers, and their count and bytes.
+    pub fn buffers(&self, tenant: &Tenant) -> (Vec<Arc<Buffer>>, u64) {
+        let st = lock(&tenant.state);
+        let mut v: Vec<_> = st.buffers.values().cloned().collect();
+        v.sort_by_key(|b| b.id);
+        (v, st.buffer_bytes)
+    }
+
+    fn publish(&self, tenant: &Tenant, st: &TenantState) {
+        let m = &self.metrics;
+        m.buffers
+            .with_label_values(&[&tenant.name])
+            .set(st.buffers.len() as i64);
+        m.buffer_bytes
+            .with_label_values(&[&tenant.name])
+            .set(i64::try_from(st.buffer_bytes).unwrap_or(i64::MAX));
+    }
+}
+
+/// Marks a buffer used by one request for as long as it lives.
+#[derive(Debug)]
+pub struct InUse(Arc<Buffer>);
+
+impl InUse {
+    /// Counts a request on `buffer`.
+    pub fn new(buffer: Arc<Buffer>) -> InUse {
+        buffer.in_use.fetch_add(1, Ordering::Relaxed);
+        InUse(buffer)
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> &Buffer {
+        &self.0
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.in_use.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Checks that a passed fd is shared memory the shim can map safely and
+/// returns its size: a regular file (memfd) sealed with `F_SEAL_SHRINK` (it
+/// can never shrink under the shim's mapping, which would fault), and not
+/// write-sealed (the shim maps it writable).
+///
+/// # Errors
+/// [`ShimError::BadBuffer`] with what to do instead.
+pub fn check_shared_memory_fd(fd: &OwnedFd) -> Result<u64, ShimError> {
+    use rustix::fs::{FileType, SealFlags};
+    let st = rustix::fs::fstat(fd)
+        .map_err(|e| ShimError::BadBuffer(format!("cannot fstat the passed fd: {e}")))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(ShimError::BadBuffer(
+            "the passed fd is not shared memory; pass a memfd (memfd_create with MFD_ALLOW_SEALING, sealed with F_SEAL_SHRINK)".into(),
+        ));
+    }
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|_| {
+        ShimError::BadBuffer(
+            "the passed fd does not support seals; pass a memfd created with MFD_ALLOW_SEALING and sealed with F_SEAL_SHRINK".into(),
+        )
+    })?;
+    if !seals.contains(SealFlags::SHRINK) {
+        return Err(ShimError::BadBuffer(
+            "the passed memfd is not sealed with F_SEAL_SHRINK (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)); the shim maps only memory that cannot shrink under it".into(),
+        ));
+    }
+    if seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
+        return Err(ShimError::BadBuffer(
+            "the passed memfd is sealed against writes; objects could not be placed in it".into(),
+        ));
+    }
+    u64::try_from(st.st_size)
+        .map_err(|_| ShimError::BadBuffer("the passed memfd has a negative size".into()))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd as _;
+
+    fn registry(yaml_extra: &str) -> Registry {
+        let text = format!(
+            r#"
+socket: {{ path: /tmp/x.sock }}
+agent: {{ endpoint: "http://127.0.0.1:1", token_file: /x }}
+fabric: {{ listen: "127.0.0.1:0", fabric_key_file: /x }}
+tenants:
+  - name: alice
+    uids: [1000]
+    max_buffers: 2
+    max_buffer_bytes: 1MiB
+  - name: bob
+    gids: [2000]
+{yaml_extra}"#
+        );
+        let config = crate::config::parse(std::path::Path::new("t.yaml"), &text).unwrap();
+        Registry::new(&config, Domain::tcp(), Arc::new(Metrics::new()))
+    }
+
+    fn memfd(len: usize) -> OwnedFd {
+        let m = Memory::memfd("t", len).unwrap();
+        m.fd().unwrap().try_clone_to_owned().unwrap()
+    }
+
+    const ALICE: Peer = Peer {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    };
+    const BOB: Peer = Peer {
+        uid: 5,
+        gid: 2000,
+        pid: 2,
+    };
+
+    #[test]
+    fn tenants_come_from_uid_then_gid() {
+        let r = registry("");
+        assert_eq!(r.tenant_of(ALICE).unwrap().name, "alice");
+        assert_eq!(r.tenant_of(BOB).unwrap().name, "bob");
+        // uid wins over gid.
+        let both = Peer {
+            uid: 1000,
+            gid: 2000,
+            pid: 3,
+        };
+        assert_eq!(r.tenant_of(both).unwrap().name, "alice");
+        let e = r
+            .tenant_of(Peer {
+                uid: 9,
+                gid: 9,
+                pid: 0,
+            })
+            .unwrap_err();
+        assert_eq!(e, ShimError::UnknownTenant { uid: 9, gid: 9 });
+    }
+
+    #[test]
+    fn buffers_are_scoped_limited_and_released_with_their_lease() {
+        let r = registry("");
+        let (alice, lease) = r.open_lease(ALICE).unwrap();
+        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        let b = r
+            .register_host(&alice, &lease.id.0, &h.0, 4096, "first")
+            .unwrap();
+        assert_eq!(r.buffer(&alice, b.id).unwrap().size(), 4096);
+        // The handle is single use.
+        assert_eq!(
+            r.register_host(&alice, &lease.id.0, &h.0, 4096, "")
+                .unwrap_err()
+                .reason(),
+            "NoSuchLease"
+        );
+        // Bob can neither see alice's buffer nor use her lease.
+        let (bob, bob_lease) = r.open_lease(BOB).unwrap();
+        assert_eq!(
+            r.buffer(&bob, b.id).unwrap_err(),
+            ShimError::NoSuchBuffer(b.id)
+        );
+        assert_eq!(
+            r.release(&bob, b.id).unwrap_err(),
+            ShimError::NoSuchBuffer(b.id)
+        );
+        let h_bob = r.add_fd(&bob_lease, memfd(4096)).unwrap();
+        assert_eq!(
+            r.register_host(&bob, &lease.id.0, &h_bob.0, 4096, "")
+                .unwrap_err()
+                .reason(),
+            "NoSuchLease"
+        );
+        // Limits: size beyond the file, total bytes, count.
+        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        assert_eq!(
+            r.register_host(&alice, &lease.id.0, &h.0, 8192, "")
+                .unwrap_err()
+                .reason(),
+            "OutOfBounds"
+        );
+        let h = r.add_fd(&lease, memfd(2 << 20)).unwrap();
+        assert_eq!(
+            r.register_host(&alice, &lease.id.0, &h.0, 2 << 20, "")
+                .unwrap_err()
+                .reason(),
+            "BufferLimit"
+        );
+        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        r.register_host(&alice, &lease.id.0, &h.0, 4096, "second")
+            .unwrap();
+        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        let e = r
+            .register_host(&alice, &lease.id.0, &h.0, 4096, "")
+            .unwrap_err();
+        assert_eq!(e.reason(), "BufferLimit");
+        assert!(e.to_string().contains("max_buffers 2"), "{e}");
+        assert_eq!(r.buffers(&alice).0.len(), 2);
+        // Closing the lease releases everything under it.
+        r.close_lease(&alice, &lease);
+        let (left, bytes) = r.buffers(&alice);
+        assert!(left.is_empty());
+        assert_eq!(bytes, 0);
+        assert_eq!(
+            r.buffer(&alice, b.id).unwrap_err(),
+            ShimError::NoSuchBuffer(b.id)
+        );
+    }
+
+    #[test]
+    fn only_sealed_memfds_are_accepted() {
+        // A plain file, an unsealed memfd, a pipe.
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(dir.path().join("f")).unwrap();
+        f.set_len(4096).unwrap();
+        let e = check_shared_memory_fd(&OwnedFd::from(f)).unwrap_err();
+        assert!(e.to_string().contains("does not support seals"), "{e}");
+
+        let unsealed =
+            rustix::fs::memfd_create("u", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+        let e = check_shared_memory_fd(&unsealed).unwrap_err();
+        assert!(e.to_string().contains("F_SEAL_SHRINK"), "{e}");
+
+        rustix::fs::fcntl_add_seals(
+            &unsealed,
+            rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::WRITE,
+        )
+        .unwrap();
+        let e = check_shared_memory_fd(&unsealed).unwrap_err();
+        assert!(e.to_string().contains("sealed against writes"), "{e}");
+
+        let (rd, _wr) = std::io::pipe().unwrap();
+        let e = check_shared_memory_fd(&OwnedFd::from(rd)).unwrap_err();
+        assert!(e.to_string().contains("not shared memory"), "{e}");
+
+        let good = memfd(8192);
+        assert_eq!(check_shared_memory_fd(&good).unwrap(), 8192);
+        let _ = good.as_fd();
+    }
+
+    #[test]
+    fn pending_fds_are_bounded_per_lease() {
+        let r = registry("leases:\n  max_pending_fds: 2\n");
+        let (_alice, lease) = r.open_lease(ALICE).unwrap();
+        r.add_fd(&lease, memfd(4096)).unwrap();
+        r.add_fd(&lease, memfd(4096)).unwrap();
+        let e = r.add_fd(&lease, memfd(4096)).unwrap_err();
+        assert_eq!(e.reason(), "BufferLimit");
+    }
+}
