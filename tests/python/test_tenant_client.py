@@ -464,24 +464,35 @@ def test_no_such_key_is_not_found(client, prefix):
 
 def test_destination_too_small_is_a_clear_error(client, ten_k):
     key, _ = ten_k
-    with client.alloc(8 * KIB) as buf:
+    with client.alloc(16 * KIB) as buf:
         arr = buf.numpy()
         arr[:] = SENTINEL
+        # A slice of 8 KiB in the middle of the buffer, for a 10000-byte object.
         with pytest.raises(s3dma.InvalidArgument) as ei:
-            client.get_object_into(BUCKET, key, buf)
-        assert ei.value.code in ("DestinationTooSmall", "OutOfBounds"), repr(ei.value)
-        assert "10000" in ei.value.message or "8192" in ei.value.message, ei.value.message
-        # The slice from an offset is too small too.
+            client.get_object_into(BUCKET, key, buf, offset=4 * KIB, length=8 * KIB)
+        e = ei.value
+        assert e.code in ("DestinationTooSmall", "OutOfBounds"), repr(e)
+        assert "10000" in e.message and "8192" in e.message, e.message
+        # The window covers the slice only: nothing outside it was written
+        # (a failed GET may have placed a first chunk inside it).
+        assert not np.any(arr[: 4 * KIB] != SENTINEL)
+        assert not np.any(arr[12 * KIB :] != SENTINEL)
+        # The whole buffer from an offset is too small too.
         with pytest.raises(s3dma.InvalidArgument) as ei:
-            client.get_object_into(BUCKET, key, buf, offset=0, length=9999)
+            client.get_object_into(BUCKET, key, buf, offset=8 * KIB)
         assert ei.value.code in ("DestinationTooSmall", "OutOfBounds"), repr(ei.value)
-        # A slice outside the buffer is the shim's OutOfBounds.
+        assert not np.any(arr[: 4 * KIB] != SENTINEL)
+        # A slice outside the buffer is the shim's OutOfBounds, before any I/O.
+        arr[:] = SENTINEL
         with pytest.raises(s3dma.OutOfBounds) as ei:
-            client.get_object_into(BUCKET, key, buf, offset=8 * KIB + 1)
+            client.get_object_into(BUCKET, key, buf, offset=16 * KIB + 1)
         assert ei.value.code == "OutOfBounds" and ei.value.domain == "s3dma.shim"
+        with pytest.raises(s3dma.OutOfBounds) as ei:
+            client.get_object_into(BUCKET, key, buf, offset=8 * KIB, length=8 * KIB + 1)
+        assert ei.value.code == "OutOfBounds" and "16384" in ei.value.message, ei.value.message
         with pytest.raises(s3dma.OutOfBounds):
-            client.put_object_from(BUCKET, key + "-x", buf, offset=4 * KIB, length=8 * KIB)
-        assert not np.any(arr != SENTINEL), "a failed GET wrote into the buffer"
+            client.put_object_from(BUCKET, key + "-x", buf, offset=12 * KIB, length=8 * KIB)
+        assert not np.any(arr != SENTINEL), "a GET refused by the shim wrote into the buffer"
 
 
 def test_unknown_buffer_id_is_not_found(client, ten_k):
@@ -811,3 +822,16 @@ def test_a_client_refuses_use_after_fork(stack):
     c.close()
     with pytest.raises(s3dma.S3dmaError, match="closed"):
         c.info()
+
+
+def test_torch_views_when_torch_is_installed(client, ten_k):
+    torch = pytest.importorskip("torch", reason="torch is not installed (optional; CI has none)")
+    key, data = ten_k
+    with client.alloc(16 * KIB) as buf:
+        t = buf.torch()
+        assert t.dtype == torch.uint8 and t.numel() == 16 * KIB
+        t.zero_()
+        client.get_object_into(BUCKET, key, buf)
+        assert bytes(t[:10000].numpy()) == data  # the GET changed the tensor in place
+        f = buf.torch(torch.float32, count=4)
+        assert f.data_ptr() == t.data_ptr()

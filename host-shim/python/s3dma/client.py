@@ -265,7 +265,13 @@ class Client:
         # pick up the parent's inherited connection (gRPC shares subchannels
         # between channels to the same target by default; used from a forked
         # child, they fail with "Wrong file descriptor generation").
-        self._channel = grpc.insecure_channel("unix:" + path, options=[("grpc.use_local_subchannel_pool", 1)])
+        # gRPC's default :authority for a unix target is the percent-encoded
+        # path ("tmp%2Fs3l%2Fshim.sock"), which the shim's HTTP/2 stack
+        # (hyper) refuses with RST_STREAM(PROTOCOL_ERROR): name localhost.
+        self._channel = grpc.insecure_channel(
+            "unix:" + path,
+            options=[("grpc.use_local_subchannel_pool", 1), ("grpc.default_authority", "localhost")],
+        )
         self._stub = tenant_pb2_grpc.TenantStub(self._channel)
         try:
             self._lease = Lease(path, timeout=connect_timeout)
