@@ -198,6 +198,15 @@ impl From<tonic::Status> for Error {
                     grpc_code,
                 }
             }
+            // A tonic server ends a call whose `grpc-timeout` passed with
+            // CANCELLED "Timeout expired".
+            _ if grpc_code == Code::Cancelled && status.message() == "Timeout expired" => Error {
+                kind: ErrorKind::DeadlineExceeded,
+                code: String::new(),
+                message: "the call's deadline passed at the host-shim".to_owned(),
+                request_id: None,
+                grpc_code,
+            },
             _ => Error {
                 kind: classify("", grpc_code),
                 code: String::new(),
@@ -435,6 +444,12 @@ mod tests {
             assert_eq!(e.code(), "");
             assert_eq!(e.to_string(), "plain");
         }
+        let e = Error::from(Status::cancelled("Timeout expired"));
+        assert_eq!(e.kind(), ErrorKind::DeadlineExceeded);
+        assert_eq!(
+            Error::from(Status::cancelled("other")).kind(),
+            ErrorKind::Other
+        );
         // An ErrorInfo of another domain is not trusted for the reason.
         let e = Error::from(status(Code::Internal, "example.com", "NoSuchKey", &[]));
         assert_eq!(e.kind(), ErrorKind::Other);
