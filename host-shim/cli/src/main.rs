@@ -1,38 +1,134 @@
 //! `s3dma`: the s3dma command line.
 //!
+//! Client commands talk to the host-shim on its Unix socket (`--socket`,
+//! else `$S3DMA_SOCKET`, else `/run/s3dma/shim.sock`) through
+//! `s3dma-client`: `get`, `put`, `ls`, `stat`, `rm`, `info`. Object bytes
+//! move between shared-memory buffers and storage by RDMA; the CLI only
+//! copies them between those buffers and files.
+//!
 //! `s3dma local` starts storage-target, dpu-agent and host-shim on this
-//! machine (see [`local`]).
+//! machine (see `local.rs`).
+//!
+//! Exit status:
+//!
+//! | code | meaning |
+//! | --- | --- |
+//! | 0 | success |
+//! | 1 | any other error (I/O, internal, quota, timeout; `s3dma local` failures) |
+//! | 2 | usage: a bad command line or URL |
+//! | 3 | not found (`NoSuchKey`, `NoSuchBucket`) |
+//! | 4 | access denied (or a uid the shim does not know) |
+//! | 5 | unavailable: the host-shim (its socket) or the dpu-agent is down |
+//! | 6 | precondition failed: the object changed during the transfer |
+//! | 7 | invalid range |
+//!
+//! Errors are one line on stderr: `s3dma: <what>: <code>: <message> (request id ...)`.
 
+mod commands;
 mod local;
+mod url;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// s3dma command line.
+use commands::{Failure, Global};
+
+const EXIT_CODES: &str = "\
+Exit status:
+  0  success
+  1  any other error (I/O, internal, quota, timeout; local mode failures)
+  2  usage: a bad command line or URL
+  3  not found (NoSuchKey, NoSuchBucket)
+  4  access denied
+  5  unavailable: the host-shim (its socket) or the dpu-agent is down
+  6  precondition failed: the object changed during the transfer
+  7  invalid range
+
+Errors are one line on stderr: s3dma: <what>: <code>: <message> (request id ...)";
+
+/// Move S3 objects through the s3dma host-shim (RDMA into shared memory),
+/// or run the whole stack locally.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = EXIT_CODES)]
 struct Cli {
+    /// The host-shim's Unix socket [default: $S3DMA_SOCKET, else
+    /// /run/s3dma/shim.sock; for `local`: $XDG_RUNTIME_DIR/s3dma/shim.sock,
+    /// else /tmp/s3dma-<uid>/shim.sock].
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// No progress bars or summaries (errors are still printed).
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Cmd,
 }
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Download an object (or a range of it) to a file or stdout.
+    #[command(after_help = EXIT_CODES)]
+    Get {
+        /// s3://bucket/key
+        url: String,
+        /// Destination file, a directory, or - for stdout [default: the
+        /// key's last part, in the current directory].
+        file: Option<PathBuf>,
+        /// Only these bytes: FIRST-LAST, FIRST- or -SUFFIX (e.g. 0-1023).
+        #[arg(long, value_name = "RANGE")]
+        range: Option<String>,
+    },
+    /// Upload a file (or stdin, -) as one object.
+    #[command(after_help = EXIT_CODES)]
+    Put {
+        /// Source file, or - for stdin.
+        file: PathBuf,
+        /// s3://bucket/key (a key ending in / gets the file's name appended).
+        url: String,
+        /// Content-Type to store.
+        #[arg(long, value_name = "TYPE")]
+        content_type: Option<String>,
+        /// User metadata NAME=VALUE (repeatable).
+        #[arg(long = "meta", value_name = "NAME=VALUE")]
+        meta: Vec<String>,
+    },
+    /// List objects: s3://bucket[/prefix]; directories (common prefixes) show
+    /// as PRE unless --recursive.
+    #[command(after_help = EXIT_CODES)]
+    Ls {
+        /// s3://bucket or s3://bucket/prefix
+        url: String,
+        /// Every key under the prefix, without grouping by "/".
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Show an object's size, ETag, content type, modification time and metadata.
+    #[command(after_help = EXIT_CODES)]
+    Stat {
+        /// s3://bucket/key
+        url: String,
+    },
+    /// Delete an object (deleting a missing key succeeds, as in S3).
+    #[command(after_help = EXIT_CODES)]
+    Rm {
+        /// s3://bucket/key
+        url: String,
+    },
+    /// Show who the shim thinks you are, your limits and whether the
+    /// dpu-agent is connected.
+    #[command(after_help = EXIT_CODES)]
+    Info,
     /// Run storage-target, dpu-agent and host-shim on this machine (tcp
-    /// fabric, loopback only) until Ctrl-C.
+    /// fabric, loopback only) until Ctrl-C. Prints
+    /// `s3dma local ready: socket=PATH` when they are up.
     Local {
         /// State directory: data, generated configs, secrets, logs
-        /// [default: $XDG_DATA_HOME/s3dma/local or ~/.local/share/s3dma/local].
-        #[arg(long)]
+        /// [default: $XDG_DATA_HOME/s3dma/local, else ~/.local/share/s3dma/local].
+        #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// The shim's socket [default: $XDG_RUNTIME_DIR/s3dma/shim.sock or
-        /// /tmp/s3dma-<uid>/shim.sock].
-        #[arg(long)]
-        socket: Option<PathBuf>,
         /// Bucket created at start-up if missing.
-        #[arg(long, default_value = "data")]
+        #[arg(long, default_value = "data", value_name = "NAME")]
         bucket: String,
     },
 }
@@ -47,26 +143,41 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("s3dma: starting the runtime: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(commands::EXIT_OTHER);
         }
     };
-    match cli.command {
-        Cmd::Local {
-            dir,
-            socket,
-            bucket,
-        } => {
-            match rt.block_on(local::run(local::Options {
-                dir,
-                socket,
-                bucket,
-            })) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("s3dma local: {e:#}");
-                    ExitCode::from(1)
-                }
+    let g = Global {
+        socket: cli.socket.clone(),
+        quiet: cli.quiet,
+    };
+    let result: Result<(), Failure> = rt.block_on(async {
+        match cli.command {
+            Cmd::Get { url, file, range } => {
+                commands::get(&g, &url, file.as_deref(), range.as_deref()).await
             }
+            Cmd::Put {
+                file,
+                url,
+                content_type,
+                meta,
+            } => commands::put(&g, &file, &url, content_type, &meta).await,
+            Cmd::Ls { url, recursive } => commands::ls(&g, &url, recursive).await,
+            Cmd::Stat { url } => commands::stat(&g, &url).await,
+            Cmd::Rm { url } => commands::rm(&g, &url).await,
+            Cmd::Info => commands::info(&g).await,
+            Cmd::Local { dir, bucket } => local::run(local::Options {
+                dir,
+                socket: cli.socket,
+                bucket,
+            })
+            .await
+            .map_err(|e| Failure::Other(format!("local: {e:#}"))),
         }
+    });
+    // Background buffer releases must not hold the exit up.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(()) => ExitCode::from(commands::EXIT_OK),
+        Err(f) => f.report(),
     }
 }
