@@ -53,10 +53,14 @@ Errors are one line on stderr: s3dma: <what>: <code>: <message> (request id ...)
 #[derive(Debug, Parser)]
 #[command(version, about, after_help = EXIT_CODES)]
 struct Cli {
-    /// The host-shim's Unix socket [default: $S3DMA_SOCKET, else
-    /// /run/s3dma/shim.sock; for `local`: $XDG_RUNTIME_DIR/s3dma/shim.sock,
-    /// else /tmp/s3dma-<uid>/shim.sock].
-    #[arg(long, global = true, value_name = "PATH")]
+    /// The host-shim's Unix socket.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        help = "The host-shim's Unix socket [default: $S3DMA_SOCKET, else /run/s3dma/shim.sock; \
+                for `local`: $XDG_RUNTIME_DIR/s3dma/shim.sock, else /tmp/s3dma-<uid>/shim.sock]"
+    )]
     socket: Option<PathBuf>,
     /// No progress bars or summaries (errors are still printed).
     #[arg(short, long, global = true)]
@@ -72,11 +76,12 @@ enum Cmd {
     Get {
         /// s3://bucket/key
         url: String,
-        /// Destination file, a directory, or - for stdout [default: the
-        /// key's last part, in the current directory].
+        /// Destination file, a directory, or - for stdout.
+        #[arg(help = "Destination file, a directory, or - for stdout \
+                    [default: the key's last part, in the current directory]")]
         file: Option<PathBuf>,
         /// Only these bytes: FIRST-LAST, FIRST- or -SUFFIX (e.g. 0-1023).
-        #[arg(long, value_name = "RANGE")]
+        #[arg(long, value_name = "RANGE", allow_hyphen_values = true)]
         range: Option<String>,
     },
     /// Upload a file (or stdin, -) as one object.
@@ -123,9 +128,13 @@ enum Cmd {
     /// fabric, loopback only) until Ctrl-C. Prints
     /// `s3dma local ready: socket=PATH` when they are up.
     Local {
-        /// State directory: data, generated configs, secrets, logs
-        /// [default: $XDG_DATA_HOME/s3dma/local, else ~/.local/share/s3dma/local].
-        #[arg(long, value_name = "DIR")]
+        /// State directory: data, generated configs, secrets, logs.
+        #[arg(
+            long,
+            value_name = "DIR",
+            help = "State directory: data, generated configs, secrets, logs \
+                    [default: $XDG_DATA_HOME/s3dma/local, else ~/.local/share/s3dma/local]"
+        )]
         dir: Option<PathBuf>,
         /// Bucket created at start-up if missing.
         #[arg(long, default_value = "data", value_name = "NAME")]

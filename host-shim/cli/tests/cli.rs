@@ -1,0 +1,483 @@
+//! The `s3dma` CLI against `s3dma local`: real storage-target, dpu-agent and
+//! host-shim processes.
+//!
+//! The three service binaries must sit next to `s3dma` in the target
+//! directory: `cargo test --workspace` (or `cargo build --bins` first)
+//! builds them.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sha2::{Digest as _, Sha256};
+
+const S3DMA: &str = env!("CARGO_BIN_EXE_s3dma");
+
+/// A running `s3dma local`; stopped (and its children killed) on drop.
+struct Local {
+    child: Option<Child>,
+    socket: PathBuf,
+    /// name → pid of the three services.
+    pids: Vec<(String, i32)>,
+    /// Everything local mode printed on stdout up to the end of its help.
+    stdout: String,
+    _dir: tempfile::TempDir,
+}
+
+fn check_binaries() {
+    let dir = Path::new(S3DMA).parent().unwrap();
+    for b in ["storage-target", "dpu-agent", "host-shim"] {
+        assert!(
+            dir.join(b).is_file(),
+            "{b} is not in {}: build the workspace binaries first \
+             (`cargo build --bins`; `cargo test --workspace` does it)",
+            dir.display()
+        );
+    }
+}
+
+impl Local {
+    fn start() -> Local {
+        check_binaries();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("s.sock");
+        let stderr = std::fs::File::create(dir.path().join("local.stderr")).unwrap();
+        let mut child = Command::new(S3DMA)
+            .arg("local")
+            .arg("--dir")
+            .arg(dir.path().join("state"))
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut local = Local {
+            child: Some(child),
+            socket,
+            pids: Vec::new(),
+            stdout: String::new(),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut ready = false;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    local.stdout.push_str(&line);
+                    local.stdout.push('\n');
+                    if let Some(s) = line.strip_prefix("s3dma local ready: socket=") {
+                        assert_eq!(Path::new(s), local.socket);
+                        ready = true;
+                    }
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    if ready && words.len() > 2 && words[1] == "pid" {
+                        local
+                            .pids
+                            .push((words[0].to_owned(), words[2].parse().unwrap()));
+                    }
+                    if ready && line.starts_with("Ctrl-C stops") {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let err = std::fs::read_to_string(local._dir.path().join("local.stderr"))
+                        .unwrap_or_default();
+                    panic!(
+                        "s3dma local did not get ready; stdout:\n{}\nstderr:\n{err}",
+                        local.stdout
+                    );
+                }
+            }
+        }
+        // Keep draining stdout so local mode never blocks on it.
+        std::thread::spawn(move || for _ in rx {});
+        assert_eq!(local.pids.len(), 3, "{}", local.stdout);
+        local
+    }
+
+    fn s3dma(&self, args: &[&str]) -> Output {
+        run(
+            Command::new(S3DMA)
+                .env("S3DMA_SOCKET", &self.socket)
+                .args(args),
+            None,
+        )
+    }
+
+    fn s3dma_stdin(&self, args: &[&str], stdin: &[u8]) -> Output {
+        run(
+            Command::new(S3DMA)
+                .env("S3DMA_SOCKET", &self.socket)
+                .args(args),
+            Some(stdin),
+        )
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("local.stderr")).unwrap_or_default()
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Whatever happened to local mode, no service outlives the test.
+        for (_, pid) in &self.pids {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Runs a command with a 10-minute limit, optionally feeding stdin.
+fn run(cmd: &mut Command, stdin: Option<&[u8]>) -> Output {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    if let Some(data) = stdin {
+        let mut w = child.stdin.take().unwrap();
+        let data = data.to_vec();
+        std::thread::spawn(move || {
+            let _ = w.write_all(&data);
+        });
+    }
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let e = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{cmd:?} did not finish within 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+    }
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails(o: &Output, code: i32, message: &str) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    assert!(err.contains(message), "{err:?} should contain {message:?}");
+    assert!(err.starts_with("s3dma: "), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    err
+}
+
+/// Deterministic bytes: block-numbered copies of a 1 MiB pattern.
+fn pattern(len: usize) -> Vec<u8> {
+    let block: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut v = Vec::with_capacity(len);
+    let mut n = 0u64;
+    while v.len() < len {
+        let mut b = block.clone();
+        b[..8].copy_from_slice(&n.to_le_bytes());
+        let take = (len - v.len()).min(b.len());
+        v.extend_from_slice(&b[..take]);
+        n += 1;
+    }
+    v
+}
+
+fn alive(pid: i32) -> bool {
+    // Zombies count as gone: local mode reaps its children.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn usage_and_unavailable_errors_need_no_services() {
+    let o = run(Command::new(S3DMA).args(["get", "data/key"]), None);
+    fails(&o, 2, "invalid URL \"data/key\": must start with s3://");
+    let o = run(Command::new(S3DMA).args(["stat", "s3://data"]), None);
+    fails(&o, 2, "names a bucket, not an object");
+    let o = run(
+        Command::new(S3DMA).args(["get", "s3://b/k", "--range", "9-1"]),
+        None,
+    );
+    fails(&o, 2, "invalid byte range");
+    let o = run(Command::new(S3DMA).args(["frobnicate"]), None);
+    assert_eq!(o.status.code(), Some(2));
+
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nobody.sock");
+    for args in [vec!["info"], vec!["stat", "s3://b/k"], vec!["ls", "s3://b"]] {
+        let o = run(
+            Command::new(S3DMA).arg("--socket").arg(&sock).args(&args),
+            None,
+        );
+        fails(&o, 5, &sock.display().to_string());
+    }
+    // A socket file nobody listens on.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let o = run(
+        Command::new(S3DMA)
+            .env("S3DMA_SOCKET", &sock)
+            .args(["get", "s3://b/k", "-"]),
+        None,
+    );
+    fails(&o, 5, &sock.display().to_string());
+
+    let o = run(Command::new(S3DMA).arg("--help"), None);
+    let help = ok(&o);
+    assert!(help.contains("7  invalid range"), "{help}");
+}
+
+#[test]
+fn round_trips_errors_and_clean_stop() {
+    let local = Local::start();
+    assert!(local.stdout.contains(&format!(
+        "S3DMA_SOCKET={} {S3DMA} put",
+        local.socket.display()
+    )));
+    let work = tempfile::tempdir().unwrap();
+
+    let info = ok(&local.s3dma(&["info"]));
+    assert!(info.contains("tenant:          local"), "{info}");
+    assert!(info.contains("agent connected: yes"), "{info}");
+
+    for (name, len) in [
+        ("zero", 0usize),
+        ("one", 1),
+        ("five-mib-plus-one", (5 << 20) + 1),
+    ] {
+        let data = pattern(len);
+        let src = work.path().join(name);
+        std::fs::write(&src, &data).unwrap();
+        let url = format!("s3://data/sizes/{name}");
+        ok(&local.s3dma(&["put", src.to_str().unwrap(), &url]));
+
+        let stat = ok(&local.s3dma(&["stat", &url]));
+        assert!(stat.contains(&format!("size:          {len} ")), "{stat}");
+
+        let dst = work.path().join(format!("{name}.back"));
+        ok(&local.s3dma(&["get", &url, dst.to_str().unwrap()]));
+        assert!(std::fs::read(&dst).unwrap() == data, "{name} differs");
+
+        let out = local.s3dma(&["get", &url, "-"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout == data, "{name} on stdout differs");
+    }
+
+    // Default destination: the key's last part, in the current directory.
+    let o = run(
+        Command::new(S3DMA)
+            .env("S3DMA_SOCKET", &local.socket)
+            .current_dir(work.path())
+            .args(["-q", "get", "s3://data/sizes/one"]),
+        None,
+    );
+    ok(&o);
+    assert!(o.stderr.is_empty(), "quiet");
+    assert_eq!(std::fs::read(work.path().join("one")).unwrap(), pattern(1));
+
+    // Ranges.
+    let whole = pattern((5 << 20) + 1);
+    let url = "s3://data/sizes/five-mib-plus-one";
+    let o = local.s3dma(&["get", url, "-", "--range", "100-199"]);
+    assert!(o.status.success());
+    assert!(o.stdout == whole[100..200]);
+    let o = local.s3dma(&["get", url, "-", "--range", "-10"]);
+    ok(&o);
+    assert!(o.stdout == whole[whole.len() - 10..]);
+    let o = local.s3dma(&["get", url, "-", "--range", &format!("{}-", 5 << 20)]);
+    assert!(o.stdout == whole[5 << 20..]);
+    let o = local.s3dma(&["get", url, "-", "--range", "99999999-"]);
+    fails(&o, 7, "InvalidRange");
+
+    // stdin, content type and metadata.
+    ok(&local.s3dma_stdin(
+        &[
+            "put",
+            "-",
+            "s3://data/piped.txt",
+            "--content-type",
+            "text/plain",
+            "--meta",
+            "owner=ci",
+        ],
+        b"hello from stdin\n",
+    ));
+    let stat = ok(&local.s3dma(&["stat", "s3://data/piped.txt"]));
+    assert!(stat.contains("content type:  text/plain"), "{stat}");
+    assert!(stat.contains("owner=ci"), "{stat}");
+    assert_eq!(
+        local.s3dma(&["get", "s3://data/piped.txt", "-"]).stdout,
+        b"hello from stdin\n"
+    );
+
+    // Listings.
+    let ls = ok(&local.s3dma(&["ls", "s3://data"]));
+    assert!(ls.contains("PRE sizes/"), "{ls}");
+    assert!(ls.contains(" piped.txt"), "{ls}");
+    let ls = ok(&local.s3dma(&["ls", "s3://data/sizes/"]));
+    assert!(
+        ls.contains(&format!("{:>10} five-mib-plus-one", (5 << 20) + 1)),
+        "{ls}"
+    );
+    assert!(!ls.contains("PRE"), "{ls}");
+    let ls = ok(&local.s3dma(&["ls", "--recursive", "s3://data"]));
+    assert!(ls.contains(" sizes/zero"), "{ls}");
+    assert_eq!(ls.lines().count(), 4, "{ls}");
+
+    // Missing objects: exit 3, the S3 code, nothing left behind.
+    let dst = work.path().join("missing");
+    let o = local.s3dma(&["get", "s3://data/no/such/key", dst.to_str().unwrap()]);
+    fails(&o, 3, "NoSuchKey");
+    assert!(!dst.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(work.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    fails(&local.s3dma(&["stat", "s3://data/nope"]), 3, "NoSuchKey");
+    fails(
+        &local.s3dma(&["get", "s3://data/nope", "-"]),
+        3,
+        "get s3://data/nope: NoSuchKey",
+    );
+
+    // rm.
+    ok(&local.s3dma(&["rm", "s3://data/piped.txt"]));
+    fails(
+        &local.s3dma(&["stat", "s3://data/piped.txt"]),
+        3,
+        "NoSuchKey",
+    );
+    ok(&local.s3dma(&["rm", "s3://data/piped.txt"]));
+
+    // Ctrl-C: everything stops, the socket goes.
+    let mut local = local;
+    let mut child = local.child.take().unwrap();
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "s3dma local did not stop within 15 s after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}\n{}", local.stderr());
+    for (name, pid) in &local.pids {
+        assert!(!alive(*pid), "{name} (pid {pid}) still runs");
+    }
+    assert!(!local.socket.exists(), "the socket was not removed");
+}
+
+#[test]
+fn one_gib_round_trip() {
+    const LEN: usize = 1 << 30;
+    let local = Local::start();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("big");
+    let mut want = Sha256::new();
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&src).unwrap());
+        let chunk = pattern(64 << 20);
+        for i in 0..LEN / chunk.len() {
+            let mut c = chunk.clone();
+            c[8..16].copy_from_slice(&(i as u64).to_le_bytes());
+            want.update(&c);
+            f.write_all(&c).unwrap();
+        }
+        f.flush().unwrap();
+    }
+    let want = hex::encode(want.finalize());
+    ok(&local.s3dma(&["put", src.to_str().unwrap(), "s3://data/big"]));
+    std::fs::remove_file(&src).unwrap();
+    let stat = ok(&local.s3dma(&["stat", "s3://data/big"]));
+    assert!(stat.contains(&format!("size:          {LEN} ")), "{stat}");
+
+    let dst = work.path().join("big.back");
+    ok(&local.s3dma(&["get", "s3://data/big", dst.to_str().unwrap()]));
+    let mut got = Sha256::new();
+    let mut f = std::fs::File::open(&dst).unwrap();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut total = 0;
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        total += n;
+        got.update(&buf[..n]);
+    }
+    assert_eq!(total, LEN);
+    assert_eq!(hex::encode(got.finalize()), want);
+    ok(&local.s3dma(&["rm", "s3://data/big"]));
+}
