@@ -54,8 +54,8 @@ def require_binaries() -> None:
     if not missing:
         return
     why = (
-        f"s3dma local needs {', '.join(missing)}; build them with `cargo build --workspace` "
-        "(or set S3DMA_BIN)"
+        f"s3dma local needs {', '.join(missing)}; build them with "
+        "`cargo build -p storage-target -p dpu-agent -p host-shim -p s3dma-cli` (or set S3DMA_BIN)"
     )
     if os.environ.get("CI"):
         pytest.fail(why, pytrace=False)
