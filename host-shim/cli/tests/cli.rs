@@ -25,7 +25,9 @@ struct Local {
     pids: Vec<(String, i32)>,
     /// Everything local mode printed on stdout up to the end of its help.
     stdout: String,
-    _dir: tempfile::TempDir,
+    /// Holds the state directory, the socket and local mode's stderr.
+    root: PathBuf,
+    _dir: Option<tempfile::TempDir>,
 }
 
 fn check_binaries() {
@@ -42,14 +44,21 @@ fn check_binaries() {
 
 impl Local {
     fn start() -> Local {
-        check_binaries();
         let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("s.sock");
-        let stderr = std::fs::File::create(dir.path().join("local.stderr")).unwrap();
+        let mut local = Local::start_in(dir.path());
+        local._dir = Some(dir);
+        local
+    }
+
+    /// Local mode with its state in `root/state` and its socket `root/s.sock`.
+    fn start_in(root: &Path) -> Local {
+        check_binaries();
+        let socket = root.join("s.sock");
+        let stderr = std::fs::File::create(root.join("local.stderr")).unwrap();
         let mut child = Command::new(S3DMA)
             .arg("local")
             .arg("--dir")
-            .arg(dir.path().join("state"))
+            .arg(root.join("state"))
             .arg("--socket")
             .arg(&socket)
             .stdin(Stdio::null())
@@ -72,7 +81,8 @@ impl Local {
             socket,
             pids: Vec::new(),
             stdout: String::new(),
-            _dir: dir,
+            root: root.to_path_buf(),
+            _dir: None,
         };
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut ready = false;
@@ -97,7 +107,7 @@ impl Local {
                     }
                 }
                 Err(_) => {
-                    let err = std::fs::read_to_string(local._dir.path().join("local.stderr"))
+                    let err = std::fs::read_to_string(local.root.join("local.stderr"))
                         .unwrap_or_default();
                     panic!(
                         "s3dma local did not get ready; stdout:\n{}\nstderr:\n{err}",
@@ -130,8 +140,29 @@ impl Local {
         )
     }
 
+    fn pid(&self, name: &str) -> i32 {
+        self.pids.iter().find(|p| p.0 == name).unwrap().1
+    }
+
+    /// Waits up to `secs` for local mode to exit.
+    fn wait_exit(&mut self, secs: u64) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "s3dma local did not exit within {secs} s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn stderr(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("local.stderr")).unwrap_or_default()
+        std::fs::read_to_string(self.root.join("local.stderr")).unwrap_or_default()
     }
 }
 
@@ -419,19 +450,9 @@ fn round_trips_errors_and_clean_stop() {
 
     // Ctrl-C: everything stops, the socket goes.
     let mut local = local;
-    let mut child = local.child.take().unwrap();
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "s3dma local did not stop within 15 s after SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let pid = local.child.as_ref().unwrap().id() as i32;
+    kill(Pid::from_raw(pid), Signal::SIGINT).unwrap();
+    let status = local.wait_exit(15);
     assert!(status.success(), "{status:?}\n{}", local.stderr());
     for (name, pid) in &local.pids {
         assert!(!alive(*pid), "{name} (pid {pid}) still runs");
@@ -480,4 +501,34 @@ fn one_gib_round_trip() {
     assert_eq!(total, LEN);
     assert_eq!(hex::encode(got.finalize()), want);
     ok(&local.s3dma(&["rm", "s3://data/big"]));
+}
+
+#[test]
+fn data_survives_a_restart_and_a_dying_service_stops_local_mode() {
+    let root = tempfile::tempdir().unwrap();
+    let mut local = Local::start_in(root.path());
+    ok(&local.s3dma_stdin(&["put", "-", "s3://data/kept"], b"still here"));
+    let pid = local.child.as_ref().unwrap().id() as i32;
+    kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    assert!(local.wait_exit(15).success(), "{}", local.stderr());
+    drop(local);
+
+    // Same directory: same secrets, same data.
+    let mut local = Local::start_in(root.path());
+    assert_eq!(
+        local.s3dma(&["get", "s3://data/kept", "-"]).stdout,
+        b"still here"
+    );
+
+    // The agent dies: local mode stops the others and fails, showing its log.
+    kill(Pid::from_raw(local.pid("dpu-agent")), Signal::SIGKILL).unwrap();
+    let status = local.wait_exit(30);
+    assert_eq!(status.code(), Some(1));
+    let err = local.stderr();
+    assert!(err.contains("dpu-agent exited unexpectedly"), "{err}");
+    assert!(err.contains("dpu-agent.log"), "{err}");
+    for (name, pid) in &local.pids {
+        assert!(!alive(*pid), "{name} (pid {pid}) still runs");
+    }
+    assert!(!local.socket.exists());
 }
