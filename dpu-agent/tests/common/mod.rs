@@ -297,6 +297,8 @@ pub struct AgentSpec {
     /// Extra YAML under alice's `quotas:`.
     pub alice_quotas: String,
     pub rust_log: &'static str,
+    /// `listen.address` (a fixed port survives restarts).
+    pub listen: String,
 }
 
 impl AgentSpec {
@@ -306,6 +308,7 @@ impl AgentSpec {
             transfer: String::new(),
             alice_quotas: String::new(),
             rust_log: "info",
+            listen: "127.0.0.1:0".into(),
         }
     }
 
@@ -356,7 +359,7 @@ impl Agent {
         }
         let cfg = format!(
             r#"listen:
-  address: 127.0.0.1:0
+  address: {listen}
 shims:
   - name: host1
     token_file: {d}/shim.token
@@ -396,6 +399,7 @@ transfer:
   address: 127.0.0.1:0
 "#,
             d = p.display(),
+            listen = spec.listen,
             aak = ALICE.0,
             bak = BOB.0,
             aq = if spec.alice_quotas.is_empty() {
@@ -445,7 +449,9 @@ transfer:
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dpu-agent"))
+        // By path rather than CARGO_BIN_EXE_*, so host-shim's tests can
+        // start agents with this same harness.
+        let mut child = Command::new(bin_dir().join("dpu-agent"))
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", self.rust_log)
@@ -519,6 +525,13 @@ transfer:
 
     pub fn kill9(&mut self) {
         kill(&mut self.child, nix::sys::signal::Signal::SIGKILL);
+    }
+
+    /// SIGKILL, then the same configuration again (the same address when
+    /// `listen` was a fixed port).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
     }
 }
 

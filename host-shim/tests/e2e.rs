@@ -1,0 +1,659 @@
+//! End to end: storage-target + dpu-agent + host-shim as real processes,
+//! driven by the Rust client (and raw gRPC where a test must send what the
+//! safe client never would). Bytes are checked by SHA-256, and what the
+//! target stored is checked with aws-sdk-s3.
+//!
+//! Needs the workspace's binaries (`cargo test --workspace` builds them).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use s3dma_client::{ByteRange, Client, ErrorKind, GetOptions, PutOptions};
+use s3dma_proto::tenant::v1 as api;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+async fn guard<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(HANG_GUARD, f)
+        .await
+        .expect("hung past the hang guard")
+}
+
+async fn sdk_bytes(stack: &Stack, bucket: &str, key: &str) -> Vec<u8> {
+    agent::sdk_get(&stack.target.s3(ALICE), bucket, key).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_client_put_get_list_delete_from_empty_to_one_gib() {
+    let stack = Stack::start().await;
+    let c = stack.client().await;
+    let info = c.info().await.unwrap();
+    assert_eq!(info.tenant, "alice");
+    assert!(info.agent_connected);
+
+    for (i, len) in [0usize, 1, 4096, (5 << 20) + 1].into_iter().enumerate() {
+        let key = format!("sizes/{i}-{len}");
+        let payload = data(len, i as u64);
+        let mut src = c.alloc(len.max(1)).await.unwrap();
+        src.as_mut_slice()[..len].copy_from_slice(&payload);
+        let mut meta = HashMap::new();
+        meta.insert("origin".to_string(), "e2e".to_string());
+        let put = guard(c.put_object_from(
+            "alice-data",
+            &key,
+            &src,
+            0..len,
+            PutOptions {
+                content_type: Some("application/x-test".into()),
+                metadata: meta,
+            },
+        ))
+        .await
+        .unwrap();
+        assert_eq!(put.size, len as u64);
+        // What the target stored, read by a plain S3 client.
+        assert_eq!(
+            sha256(&sdk_bytes(&stack, "alice-data", &key).await),
+            sha256(&payload)
+        );
+
+        // Into a fresh buffer, at an offset, with sentinels around it.
+        let mut dst = c.alloc(len + 8192).await.unwrap();
+        dst.as_mut_slice().fill(0xEE);
+        let got = guard(c.get_object_into(
+            "alice-data",
+            &key,
+            &mut dst,
+            4096,
+            GetOptions {
+                length: Some(len as u64),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap();
+        assert_eq!(got.bytes_placed, len as u64);
+        assert_eq!(got.object.size, len as u64);
+        assert_eq!(got.object.content_type, "application/x-test");
+        assert_eq!(got.object.metadata["origin"], "e2e");
+        let b = dst.as_slice();
+        assert_eq!(sha256(&b[4096..4096 + len]), sha256(&payload), "{key}");
+        assert!(
+            b[..4096].iter().all(|&x| x == 0xEE),
+            "bytes before the slice"
+        );
+        assert!(
+            b[4096 + len..].iter().all(|&x| x == 0xEE),
+            "bytes after the slice"
+        );
+
+        let head = c.head("alice-data", &key).await.unwrap();
+        assert_eq!(head.size, len as u64);
+        assert_eq!(head.etag, put.etag);
+    }
+
+    // Ranges.
+    let payload = data(100_000, 9);
+    let mut buf = c.alloc(100_000).await.unwrap();
+    buf.as_mut_slice().copy_from_slice(&payload);
+    c.put_object_from(
+        "alice-data",
+        "ranged",
+        &buf,
+        0..100_000,
+        PutOptions::default(),
+    )
+    .await
+    .unwrap();
+    for (range, want) in [
+        (
+            ByteRange::Bounded {
+                first: 10,
+                last: 19,
+            },
+            &payload[10..20],
+        ),
+        (ByteRange::From(99_990), &payload[99_990..]),
+        (ByteRange::Suffix(7), &payload[100_000 - 7..]),
+    ] {
+        let mut dst = c.alloc(4096).await.unwrap();
+        let got = c
+            .get_object_into(
+                "alice-data",
+                "ranged",
+                &mut dst,
+                0,
+                GetOptions {
+                    range: Some(range),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            &dst.as_slice()[..got.bytes_placed as usize],
+            want,
+            "{range:?}"
+        );
+    }
+    // Too small a destination is a clear error; nothing lands outside the
+    // slice the tenant named (the first chunk may land inside it).
+    let mut small = c.alloc(4096).await.unwrap();
+    small.as_mut_slice().fill(1);
+    let e = c
+        .get_object_into(
+            "alice-data",
+            "ranged",
+            &mut small,
+            1000,
+            GetOptions {
+                length: Some(100),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "DestinationTooSmall", "{e}");
+    assert!(small.as_slice()[..1000].iter().all(|&x| x == 1));
+    assert!(small.as_slice()[1100..].iter().all(|&x| x == 1));
+
+    // 1 GiB: one buffer, filled, PUT (multipart over RDMA), cleared, GET back.
+    let len = 1usize << 30;
+    let mut big = c.alloc(len).await.unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for chunk in big.as_mut_slice().chunks_mut(8) {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        chunk.copy_from_slice(&seed.to_le_bytes()[..chunk.len()]);
+    }
+    let want = sha256(big.as_slice());
+    let put = guard(c.put_object_from(
+        "alice-data",
+        "big/1gib",
+        &big,
+        0..len,
+        PutOptions::default(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(put.size, len as u64);
+    assert!(put.parts > 1, "1 GiB goes as multipart");
+    big.as_mut_slice().fill(0);
+    let got =
+        guard(c.get_object_into("alice-data", "big/1gib", &mut big, 0, GetOptions::default()))
+            .await
+            .unwrap();
+    assert_eq!(got.bytes_placed, len as u64);
+    assert_eq!(sha256(big.as_slice()), want);
+    big.release().await.unwrap();
+
+    // Listing and deletion.
+    let keys: Vec<String> = c
+        .list_all("alice-data", "sizes/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    for k in &keys {
+        c.delete("alice-data", k).await.unwrap();
+    }
+    assert!(c.list_all("alice-data", "sizes/").await.unwrap().is_empty());
+    let e = c.head("alice-data", &keys[0]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let mut dst = c.alloc(16).await.unwrap();
+    let e = c
+        .get_object_into("alice-data", &keys[0], &mut dst, 0, GetOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.kind(), e.code()),
+        (ErrorKind::NotFound, "NoSuchKey"),
+        "{e}"
+    );
+
+    // Every window minted was revoked.
+    assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 0.0);
+}
+
+/// Run as bob's uid by `two_tenants_are_isolated`: alice's buffer, lease and
+/// bucket are invisible from here.
+#[tokio::test]
+#[ignore = "run as another uid by two_tenants_are_isolated"]
+async fn child_as_bob() {
+    let socket = std::env::var("E2E_SOCKET").unwrap();
+    let alice_buffer: u64 = std::env::var("E2E_ALICE_BUFFER").unwrap().parse().unwrap();
+    let alice_lease = hex_decode(&std::env::var("E2E_ALICE_LEASE").unwrap());
+
+    let c = Client::connect(&socket).await.unwrap();
+    assert_eq!(c.info().await.unwrap().tenant, "bob");
+    let mut raw = raw_tenant_client(socket.as_ref()).await;
+
+    // Alice's buffer id is simply not found, for every use.
+    let dest = api::BufferSlice {
+        buffer_id: alice_buffer,
+        offset: 0,
+        length: None,
+    };
+    let st = raw
+        .get_object(api::GetObjectRequest {
+            bucket: "bob-data".into(),
+            key: "mine".into(),
+            destination: Some(dest),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(&st),
+        (tonic::Code::NotFound, "NoSuchBuffer".into()),
+        "{st:?}"
+    );
+    let st = raw
+        .put_object(api::PutObjectRequest {
+            bucket: "bob-data".into(),
+            key: "stolen".into(),
+            source: Some(api::BufferSlice {
+                length: Some(16),
+                ..dest
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&st), (tonic::Code::NotFound, "NoSuchBuffer".into()));
+    let st = raw
+        .release_buffer(api::ReleaseBufferRequest {
+            buffer_id: alice_buffer,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&st), (tonic::Code::NotFound, "NoSuchBuffer".into()));
+    let listed = raw
+        .list_buffers(api::ListBuffersRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.buffers.iter().all(|b| b.buffer_id != alice_buffer));
+    // Nor can bob register memory under alice's lease.
+    let st = raw
+        .register_buffer(api::RegisterBufferRequest {
+            lease: alice_lease,
+            memory: Some(api::register_buffer_request::Memory::Host(
+                api::HostMemory {
+                    fd_handle: vec![0; 16],
+                    size: 4096,
+                },
+            )),
+            label: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&st), (tonic::Code::NotFound, "NoSuchLease".into()));
+
+    // Alice's bucket is denied by the agent's policy; bob's works.
+    let mut buf = c.alloc(4096).await.unwrap();
+    let e = c
+        .get_object_into("alice-data", "secret", &mut buf, 0, GetOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+    let e = c
+        .put_object_from("alice-data", "secret", &buf, 0..16, PutOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+    buf.as_mut_slice()[..3].copy_from_slice(b"bob");
+    c.put_object_from("bob-data", "mine", &buf, 0..3, PutOptions::default())
+        .await
+        .unwrap();
+    // Bob's limits are his own (4 buffers; one is held).
+    let mut held = Vec::new();
+    let e = loop {
+        match c.alloc(4096).await {
+            Ok(b) => held.push(b),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        (e.kind(), e.code()),
+        (ErrorKind::SlowDown, "BufferLimit"),
+        "{e}"
+    );
+    assert_eq!(held.len(), 3);
+}
+
+/// Run as a uid that no tenant has.
+#[tokio::test]
+#[ignore = "run as another uid by two_tenants_are_isolated"]
+async fn child_as_stranger() {
+    let socket = std::env::var("E2E_SOCKET").unwrap();
+    let mut raw = raw_tenant_client(socket.as_ref()).await;
+    let st = raw.info(api::InfoRequest {}).await.unwrap_err();
+    assert_eq!(
+        reason(&st),
+        (tonic::Code::PermissionDenied, "UnknownTenant".into())
+    );
+    assert!(st.message().contains("uid 4242"), "{st:?}");
+    // The lease is refused with the same reason.
+    let e = Client::connect(&socket).await.unwrap_err();
+    assert!(e.to_string().contains("not a tenant"), "{e}");
+}
+
+fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_are_isolated() {
+    let stack = Stack::start().await;
+    let c = stack.client().await;
+    let mut buf = c.alloc(4096).await.unwrap();
+    buf.as_mut_slice()[..6].copy_from_slice(b"secret");
+    c.put_object_from("alice-data", "secret", &buf, 0..6, PutOptions::default())
+        .await
+        .unwrap();
+    buf.as_mut_slice().fill(0xAA);
+    // Alice's lease id, to see that bob cannot use it.
+    let lease = {
+        let mut s = tokio::net::UnixStream::connect(&stack.shim.socket)
+            .await
+            .unwrap();
+        s.write_all(&s3dma_proto::lease::MAGIC).await.unwrap();
+        let mut h = [0u8; 24];
+        s.read_exact(&mut h).await.unwrap();
+        // Keep it open in the background for the child's checks.
+        let id: String = h[8..24].iter().map(|b| format!("{b:02x}")).collect();
+        std::mem::forget(s);
+        id
+    };
+    let env = [
+        ("E2E_SOCKET", stack.shim.socket.display().to_string()),
+        ("E2E_ALICE_BUFFER", buf.id().to_string()),
+        ("E2E_ALICE_LEASE", lease),
+    ];
+    let dir = stack.dir.path().to_owned();
+    let d = dir.clone();
+    let e = env.clone();
+    tokio::task::spawn_blocking(move || run_test_as(&d, BOB_UID, "child_as_bob", &e))
+        .await
+        .unwrap();
+    tokio::task::spawn_blocking(move || run_test_as(&dir, STRANGER_UID, "child_as_stranger", &env))
+        .await
+        .unwrap();
+
+    // Alice's buffer and object are untouched; bob's object exists.
+    assert!(buf.as_slice().iter().all(|&x| x == 0xAA));
+    c.get_object_into("alice-data", "secret", &mut buf, 0, GetOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(&buf.as_slice()[..6], b"secret");
+    assert_eq!(sdk_bytes(&stack, "bob-data", "mine").await, b"bob");
+    // bob's process exited: its lease closed and its buffers are gone.
+    guard(async {
+        while stack.shim.metric("s3dma_shim_buffers{tenant=\"bob\"}") != 0.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// Run by `a_dead_process_releases_its_buffers`: registers buffers, then
+/// exits without releasing anything (no destructors run).
+#[tokio::test]
+#[ignore = "run in a child process by a_dead_process_releases_its_buffers"]
+async fn child_allocates_and_exits() {
+    let c = Client::connect(std::env::var("E2E_SOCKET").unwrap())
+        .await
+        .unwrap();
+    let a = c.alloc(1 << 20).await.unwrap();
+    let b = c.alloc(1 << 20).await.unwrap();
+    println!("ALLOCATED {} {}", a.id(), b.id());
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    std::process::exit(0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_process_releases_its_buffers() {
+    let stack = Stack::start().await;
+    let watcher = stack.client().await;
+    let before = watcher.info().await.unwrap().buffers;
+    let socket = stack.shim.socket.display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_allocates_and_exits",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("E2E_SOCKET", socket)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ALLOCATED"), "{text}");
+    // The process is gone, so is its lease; the shim releases its buffers.
+    guard(async {
+        while watcher.info().await.unwrap().buffers != before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        stack.shim.metric("s3dma_shim_leases"),
+        1.0,
+        "only the watcher's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restart_and_outage() {
+    let mut stack = Stack::start().await;
+    let c = stack.client().await;
+    let mut buf = c.alloc(4096).await.unwrap();
+    buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+    c.put_object_from("alice-data", "k", &buf, 0..5, PutOptions::default())
+        .await
+        .unwrap();
+
+    // Restarted while idle: the very next request works.
+    stack.agent.restart();
+    let got = guard(c.get_object_into("alice-data", "k", &mut buf, 0, GetOptions::default()))
+        .await
+        .unwrap();
+    assert_eq!(got.bytes_placed, 5);
+
+    // Down: calls fail (fast: well inside the shim's 120 s request timeout)
+    // with UNAVAILABLE and the shim's AgentUnavailable reason.
+    stack.agent.kill9();
+    for _ in 0..3 {
+        let e = guard(c.head("alice-data", "k")).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert_eq!(e.code(), "AgentUnavailable", "{e}");
+    }
+    assert_eq!(stack.shim.metric("s3dma_shim_agent_connected"), 0.0);
+
+    // Back: the shim reconnects in the background and requests work again.
+    stack.agent.restart();
+    guard(async {
+        loop {
+            match c.head("alice-data", "k").await {
+                Ok(h) => break assert_eq!(h.size, 5),
+                Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(stack.shim.metric("s3dma_shim_agent_connected"), 1.0);
+    assert!(stack.shim.metric("s3dma_shim_agent_reconnects_total") >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_shim_is_a_clean_error() {
+    let mut stack = Stack::start().await;
+    let c = stack.client().await;
+    let mut buf = c.alloc(4096).await.unwrap();
+    stack.shim.kill9();
+    let e = guard(c.get_object_into("alice-data", "k", &mut buf, 0, GetOptions::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let e = guard(Client::connect(&stack.shim.socket))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("shim.sock"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_get_revokes_its_window() {
+    // A slow GET (alice limited to 4 MiB/s) that the tenant abandons.
+    let stack = Stack::start_with(|spec| {
+        spec.alice_quotas = "max_bytes_per_second: 4MiB".into();
+        spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2".into();
+    })
+    .await;
+    let c = stack.client().await;
+    // Stored straight at the target (the quota would slow a PUT as well).
+    let len = 32 << 20;
+    stack
+        .target
+        .s3(ALICE)
+        .put_object()
+        .bucket("alice-data")
+        .key("slow")
+        .body(vec![7u8; len].into())
+        .send()
+        .await
+        .unwrap();
+    let mut buf = c.alloc(len).await.unwrap();
+    let get = c.get_object_into("alice-data", "slow", &mut buf, 0, GetOptions::default());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), get)
+            .await
+            .is_err(),
+        "the bandwidth-limited GET should still be running"
+    );
+    // The tenant's cancel reaches the shim, which revokes the window.
+    guard(async {
+        while stack.shim.metric("s3dma_shim_windows_open") != 0.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Nothing lands after that: the contents stop changing.
+    let snapshot = sha256(buf.as_slice());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sha256(buf.as_slice()), snapshot);
+    assert!(buf.as_slice().contains(&0), "the GET did not finish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_lease_frames_and_bad_memory_are_refused() {
+    let stack = Stack::start().await;
+    let sock = &stack.shim.socket;
+    // Garbage after the magic: an error reply, the lease closes.
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    s.write_all(b"S3DMALS1").await.unwrap();
+    let mut h = [0u8; 24];
+    s.read_exact(&mut h).await.unwrap();
+    assert_eq!(h[0], 0, "lease opened");
+    s.write_all(b"XXXXXXXX").await.unwrap();
+    s.read_exact(&mut h).await.unwrap();
+    assert_eq!(h[0], 1, "error reply");
+    let mut msg = vec![0u8; usize::from(u16::from_le_bytes([h[2], h[3]]))];
+    s.read_exact(&mut msg).await.unwrap();
+    assert!(String::from_utf8_lossy(&msg).contains("unknown lease request"));
+    assert_eq!(s.read(&mut h).await.unwrap(), 0, "closed");
+
+    // An FD frame without an fd.
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    s.write_all(b"S3DMALS1").await.unwrap();
+    s.read_exact(&mut h).await.unwrap();
+    s.write_all(&s3dma_proto::lease::FdRequest { seq: 5 }.encode())
+        .await
+        .unwrap();
+    s.read_exact(&mut h).await.unwrap();
+    assert_eq!((h[0], u32::from_le_bytes([h[4], h[5], h[6], h[7]])), (1, 5));
+
+    // Random bytes and a silent client: the shim keeps serving.
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    s.write_all(&data(4096, 3)).await.unwrap();
+    drop(s);
+    let _silent = tokio::net::UnixStream::connect(sock).await.unwrap();
+
+    // A buffer id nobody has; slices outside a buffer.
+    let c = stack.client().await;
+    let mut raw = raw_tenant_client(sock).await;
+    let st = raw
+        .get_object(api::GetObjectRequest {
+            bucket: "alice-data".into(),
+            key: "x".into(),
+            destination: Some(api::BufferSlice {
+                buffer_id: 12345,
+                offset: 0,
+                length: None,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&st), (tonic::Code::NotFound, "NoSuchBuffer".into()));
+    let buf = c.alloc(4096).await.unwrap();
+    for (offset, length) in [
+        (4097, None),
+        (0, Some(4097)),
+        (4000, Some(97)),
+        (u64::MAX, Some(2)),
+    ] {
+        let st = raw
+            .put_object(api::PutObjectRequest {
+                bucket: "alice-data".into(),
+                key: "x".into(),
+                source: Some(api::BufferSlice {
+                    buffer_id: buf.id(),
+                    offset,
+                    length: length.or(Some(0)),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reason(&st),
+            (tonic::Code::InvalidArgument, "OutOfBounds".into()),
+            "{offset} {length:?}"
+        );
+    }
+    let st = raw
+        .put_object(api::PutObjectRequest {
+            bucket: "alice-data".into(),
+            key: "x".into(),
+            source: Some(api::BufferSlice {
+                buffer_id: buf.id(),
+                offset: 0,
+                length: None,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(&st),
+        (tonic::Code::InvalidArgument, "InvalidArgument".into())
+    );
+    assert!(c.info().await.unwrap().agent_connected);
+    assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 0.0);
+}
