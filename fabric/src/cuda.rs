@@ -7,7 +7,8 @@
 //! `cuMemFree`, `cuMemcpyHtoD/DtoH` (the tcp backend's bounce path),
 //! `cuMemGetAddressRange`, `cuPointerGetAttribute`,
 //! `cuMemGetHandleForAddressRange` (a dma-buf fd for `ibv_reg_dmabuf_mr`) and
-//! `cuIpcOpenMemHandle/CloseMemHandle` (memory another process exported).
+//! `cuIpcGetMemHandle/OpenMemHandle/CloseMemHandle` (memory shared between
+//! processes).
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::fmt;
@@ -58,6 +59,7 @@ struct Api {
         unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize, c_int, u64) -> CuResult,
     ipc_open: unsafe extern "C" fn(*mut CuDevicePtr, IpcMemHandle, c_uint) -> CuResult,
     ipc_close: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
+    ipc_get: unsafe extern "C" fn(*mut IpcMemHandle, CuDevicePtr) -> CuResult,
     error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
 }
 
@@ -91,6 +93,7 @@ fn load() -> std::result::Result<Api, String> {
         get_handle_for_range: sym!(b"cuMemGetHandleForAddressRange\0"),
         ipc_open: sym!(b"cuIpcOpenMemHandle_v2\0"),
         ipc_close: sym!(b"cuIpcCloseMemHandle\0"),
+        ipc_get: sym!(b"cuIpcGetMemHandle\0"),
         error_string: sym!(b"cuGetErrorString\0"),
         _lib: lib,
     };
@@ -215,6 +218,19 @@ impl DeviceMemory {
             )));
         }
         Ok(dm)
+    }
+
+    /// Exports this allocation for another process (`cuIpcGetMemHandle`):
+    /// what a tenant sends the host-shim to register GPU memory.
+    pub fn ipc_handle(&self) -> Result<IpcMemHandle> {
+        let api = api()?;
+        self.make_current()?;
+        let mut handle = IpcMemHandle([0; 64]);
+        // SAFETY: `handle` is a valid out-pointer of the API's 64-byte type
+        // (repr(C)); `dptr` is this allocation's base pointer.
+        let rc = unsafe { (api.ipc_get)(&mut handle, self.dptr) };
+        check(api, rc, "cuIpcGetMemHandle")?;
+        Ok(handle)
     }
 
     fn make_current(&self) -> Result<()> {

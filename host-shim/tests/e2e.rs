@@ -654,6 +654,31 @@ async fn hostile_lease_frames_and_bad_memory_are_refused() {
         reason(&st),
         (tonic::Code::InvalidArgument, "InvalidArgument".into())
     );
+    // CUDA memory needs the `cuda` feature (tests/cuda.rs has the GPU test).
+    if cfg!(not(feature = "cuda")) {
+        let mut lease = tokio::net::UnixStream::connect(sock).await.unwrap();
+        lease.write_all(&s3dma_proto::lease::MAGIC).await.unwrap();
+        lease.read_exact(&mut h).await.unwrap();
+        let st = raw
+            .register_buffer(api::RegisterBufferRequest {
+                lease: h[8..24].to_vec(),
+                memory: Some(api::register_buffer_request::Memory::Cuda(
+                    api::CudaMemory {
+                        ipc_handle: vec![0; 64],
+                        device: 0,
+                        size: 4096,
+                    },
+                )),
+                label: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reason(&st),
+            (tonic::Code::Unimplemented, "Unsupported".into())
+        );
+        assert!(st.message().contains("`cuda` feature"), "{st:?}");
+    }
     assert!(c.info().await.unwrap().agent_connected);
     assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 0.0);
 }
