@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 use fabric::{Access, Endpoint, Window};
 use futures::Stream;
 use s3dma_proto::agent::v1 as agent;
+use s3dma_proto::agent::v1::agent_client::AgentClient;
 use s3dma_proto::tenant::v1 as api;
 use tokio::sync::OwnedSemaphorePermit;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::agent_link::AgentLink;
@@ -149,6 +151,20 @@ impl TenantService {
             ),
         }
         result.map(Response::new)
+    }
+
+    /// Forwards a call that names no buffer and records its outcome.
+    async fn forward<M, R, F, Fut>(&self, call: &Call, msg: M, f: F) -> Result<Response<R>, Status>
+    where
+        M: Clone,
+        F: Fn(AgentClient<Channel>, Request<M>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<R>, Status>>,
+    {
+        let result = self
+            .agent
+            .call(msg, &call.request_id, call.timeout, f)
+            .await;
+        self.finish(call, result)
     }
 
     fn err(&self, call: &Call, e: ShimError) -> Status {
@@ -520,13 +536,8 @@ impl api::tenant_server::Tenant for TenantService {
             bucket: r.bucket,
             key: r.key,
         };
-        let result = self
-            .agent
-            .call(msg, &call.request_id, call.timeout, |mut c, m| async move {
-                c.head_object(m).await
-            })
-            .await;
-        self.finish(&call, result)
+        self.forward(&call, msg, |mut c, m| async move { c.head_object(m).await })
+            .await
     }
 
     async fn list_objects(
@@ -544,13 +555,12 @@ impl api::tenant_server::Tenant for TenantService {
             max_keys: r.max_keys,
             start_after: r.start_after,
         };
-        let result = self
-            .agent
-            .call(msg, &call.request_id, call.timeout, |mut c, m| async move {
-                c.list_objects(m).await
-            })
-            .await;
-        self.finish(&call, result)
+        self.forward(
+            &call,
+            msg,
+            |mut c, m| async move { c.list_objects(m).await },
+        )
+        .await
     }
 
     async fn delete_object(
@@ -564,13 +574,12 @@ impl api::tenant_server::Tenant for TenantService {
             bucket: r.bucket,
             key: r.key,
         };
-        let result = self
-            .agent
-            .call(msg, &call.request_id, call.timeout, |mut c, m| async move {
-                c.delete_object(m).await
-            })
-            .await;
-        self.finish(&call, result)
+        self.forward(
+            &call,
+            msg,
+            |mut c, m| async move { c.delete_object(m).await },
+        )
+        .await
     }
 }
 
