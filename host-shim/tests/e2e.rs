@@ -682,3 +682,64 @@ async fn hostile_lease_frames_and_bad_memory_are_refused() {
     assert!(c.info().await.unwrap().agent_connected);
     assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_fills_one_buffer_item_by_item() {
+    let stack = Stack::start().await;
+    let c = stack.client().await;
+    let mut src = c.alloc(64 << 10).await.unwrap();
+    let mut want = Vec::new();
+    for i in 0..8u64 {
+        let payload = data(4096 + i as usize * 100, i);
+        src.as_mut_slice()[..payload.len()].copy_from_slice(&payload);
+        c.put_object_from(
+            "alice-data",
+            &format!("batch/{i}"),
+            &src,
+            0..payload.len(),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+        want.push(payload);
+    }
+    let slot = 8192usize;
+    let mut items: Vec<s3dma_client::GetItem> = (0..8)
+        .map(|i| s3dma_client::GetItem {
+            bucket: "alice-data".into(),
+            key: format!("batch/{i}"),
+            offset: i * slot,
+            length: Some(slot as u64),
+            ..Default::default()
+        })
+        .collect();
+    items.push(s3dma_client::GetItem {
+        bucket: "alice-data".into(),
+        key: "batch/missing".into(),
+        offset: 8 * slot,
+        length: Some(slot as u64),
+        ..Default::default()
+    });
+    let mut dst = c.alloc(9 * slot).await.unwrap();
+    dst.as_mut_slice().fill(0xEE);
+    let results = guard(c.get_objects(&mut dst, &items, 4)).await.unwrap();
+    assert_eq!(results.len(), 9);
+    for (i, payload) in want.iter().enumerate() {
+        let got = results[i].as_ref().unwrap();
+        assert_eq!(got.bytes_placed, payload.len() as u64);
+        let at = &dst.as_slice()[i * slot..(i + 1) * slot];
+        assert_eq!(&at[..payload.len()], &payload[..], "item {i}");
+        assert!(
+            at[payload.len()..].iter().all(|&x| x == 0xEE),
+            "item {i} tail"
+        );
+    }
+    let e = results[8].as_ref().unwrap_err();
+    assert_eq!(
+        (e.kind(), e.code()),
+        (ErrorKind::NotFound, "NoSuchKey"),
+        "{e}"
+    );
+    assert!(dst.as_slice()[8 * slot..].iter().all(|&x| x == 0xEE));
+    assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 0.0);
+}
