@@ -30,6 +30,10 @@ use crate::registry::{Buffer, InUse, Peer, Registry, Tenant};
 /// window is revoked when the request ends).
 const WINDOW_GRACE: Duration = Duration::from_secs(5);
 
+/// Items in one GetObjects batch (each holds a window while it runs); the
+/// agent's own limit.
+const MAX_BATCH_ITEMS: usize = 100_000;
+
 /// The tenant service.
 #[derive(Debug, Clone)]
 pub struct TenantService {
@@ -395,6 +399,13 @@ impl api::tenant_server::Tenant for TenantService {
     ) -> Result<Response<Self::GetObjectsStream>, Status> {
         let call = self.begin(&req, "GetObjects")?;
         let r = req.into_inner();
+        if r.items.len() > MAX_BATCH_ITEMS {
+            let e = ShimError::InvalidArgument(format!(
+                "a batch has at most {MAX_BATCH_ITEMS} items, not {}",
+                r.items.len()
+            ));
+            return self.finish(&call, Err(self.err(&call, e)));
+        }
         let mut windows = Vec::with_capacity(r.items.len());
         let mut items = Vec::with_capacity(r.items.len());
         for (i, item) in r.items.into_iter().enumerate() {
