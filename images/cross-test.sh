@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Cross-compiles the s3dma workspace for aarch64-unknown-linux-gnu (the
+# BlueField-3's Arm cores) and runs the library unit tests under qemu-user
+# (the runner in .cargo/config.toml: qemu-aarch64-static -L
+# /usr/aarch64-linux-gnu).
+#
+# What runs: `cargo test --workspace --lib` = every crate's unit tests (the
+# #[cfg(test)] modules in src/), plus a build of every binary.
+# What is left out, and why:
+#   - tests/ integration suites and bins' own tests: the end-to-end suites
+#     start storage-target, dpu-agent and host-shim as processes over
+#     loopback and move gigabytes; under qemu they take many times their
+#     native time, and they test the same Rust code the x86-64 CI runs
+#     natively. With FULL=1 their binaries are built for arm64 (--no-run),
+#     which catches an arm64 compile error in them but costs a build of the
+#     AWS SDK and the other dev-dependencies for arm64 (minutes on 2 cores).
+#   - doc tests: rustdoc cannot run cross-compiled doc tests on stable.
+#   - #[ignore]d tests (verbs hardware, CUDA), as in the native CI.
+#
+# Usage: images/cross-test.sh   (runs images/setup-arm64.sh first unless
+#        SKIP_SETUP=1; FULL=1 also builds every test target; extra args go to the `cargo test` that runs tests)
+set -euo pipefail
+
+IMAGES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TARGET=aarch64-unknown-linux-gnu
+cd "$IMAGES/.."
+export CARGO_TERM_COLOR=never
+step() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
+
+if [ "${SKIP_SETUP:-0}" != 1 ]; then
+    step "setup"
+    "$IMAGES/setup-arm64.sh"
+fi
+# shellcheck source=images/env-arm64.sh
+source "$IMAGES/env-arm64.sh"
+
+if [ "${FULL:-0}" = 1 ]; then
+    step "cargo test --workspace --all-targets --target $TARGET --no-run"
+    cargo test --workspace --locked --target "$TARGET" --all-targets --no-run
+fi
+
+step "cargo test --workspace --lib --target $TARGET (under qemu-aarch64)"
+cargo test --workspace --locked --target "$TARGET" --lib "$@"
+
+echo "cross-test.sh: done in ${SECONDS}s"
