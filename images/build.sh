@@ -121,7 +121,8 @@ for f in $(grep -oE '/etc/s3dma/secrets/[^ "]+' "$OUT/agent.yaml" | sort -u); do
     esac
 done
 sed "s|/etc/s3dma/secrets/|$CHECK/etc/s3dma/secrets/|g" "$OUT/agent.yaml" > "$CHECK/agent.yaml"
-qemu-aarch64-static -L "$ROOTFS" "$ROOTFS/usr/bin/dpu-agent" --config "$CHECK/agent.yaml" --check
+# (timeout: bookworm's qemu 7.2 can hang in thread spawn, see cross-test.sh)
+timeout 120 qemu-aarch64-static -L "$ROOTFS" "$ROOTFS/usr/bin/dpu-agent" --config "$CHECK/agent.yaml" --check
 rm -rf "$CHECK"
 
 # 5. The image: FROM scratch + the rootfs, for linux/arm64. COPY needs no
