@@ -1004,13 +1004,7 @@ impl Validator {
 
     /// Checks that `path` can be opened for reading (its content is not read).
     fn readable(&self, field: &str, path: &Path) -> Check {
-        let cannot =
-            |e: std::io::Error| self.err(field, format!("cannot read {}: {e}", path.display()));
-        let f = std::fs::File::open(path).map_err(cannot)?;
-        if !f.metadata().map_err(cannot)?.is_file() {
-            return Err(self.err(field, format!("{} is not a regular file", path.display())));
-        }
-        Ok(())
+        fabric::config::check_readable_file(path).map_err(|m| self.err(field, m))
     }
 
     /// Reads a secret file: its content, trimmed, must not be empty. Errors

@@ -311,6 +311,20 @@ pub fn read_secret_file(path: &Path) -> Result<Secret, String> {
     Ok(Secret::new(value.to_owned()))
 }
 
+/// Checks that a file a configuration names can be opened for reading and
+/// is a regular file (its content is not read). The message names the path.
+///
+/// # Errors
+/// `cannot read PATH: ...` or `PATH is not a regular file`.
+pub fn check_readable_file(path: &Path) -> Result<(), String> {
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let f = std::fs::File::open(path).map_err(cannot)?;
+    if !f.metadata().map_err(cannot)?.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    Ok(())
+}
+
 /// Why a program's configuration file could not be loaded (storage-target,
 /// dpu-agent). The message always starts with the file's path and never
 /// contains a secret.

@@ -414,9 +414,7 @@ impl Validator {
     }
 
     fn readable(&self, field: &str, path: &Path) -> Result<(), ConfigError> {
-        std::fs::File::open(path)
-            .map(drop)
-            .map_err(|e| self.err(field, format!("cannot read {}: {e}", path.display())))
+        fabric::config::check_readable_file(path).map_err(|m| self.err(field, m))
     }
 }
 
