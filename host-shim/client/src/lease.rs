@@ -215,6 +215,20 @@ mod tests {
         assert_eq!(m, MAGIC);
     }
 
+    /// The fake shim's side of opening a lease: the magic in, lease id
+    /// `[1; 16]` out.
+    fn accept_lease(peer: &mut StdStream) {
+        read_magic(peer);
+        peer.write_all(
+            &Reply::Ok {
+                seq: 0,
+                id: Id([1; 16]),
+            }
+            .encode(),
+        )
+        .unwrap();
+    }
+
     /// Receives one `FD` frame and its fd.
     fn recv_fd(peer: &StdStream) -> (FdRequest, RawFd) {
         let mut frame = [0u8; 8];
@@ -321,15 +335,7 @@ mod tests {
     async fn a_refused_fd_is_a_clear_error_and_the_lease_stays_usable() {
         let (client, mut peer) = pair();
         let shim = thread::spawn(move || {
-            read_magic(&mut peer);
-            peer.write_all(
-                &Reply::Ok {
-                    seq: 0,
-                    id: Id([1; 16]),
-                }
-                .encode(),
-            )
-            .unwrap();
+            accept_lease(&mut peer);
             let (req, fd) = recv_fd(&peer);
             nix::unistd::close(fd).unwrap();
             let reply = Reply::Err {
@@ -384,15 +390,7 @@ mod tests {
         // During an fd exchange: the error, then the lease is known broken.
         let (client, mut peer) = pair();
         let shim = thread::spawn(move || {
-            read_magic(&mut peer);
-            peer.write_all(
-                &Reply::Ok {
-                    seq: 0,
-                    id: Id([1; 16]),
-                }
-                .encode(),
-            )
-            .unwrap();
+            accept_lease(&mut peer);
             let (req, fd) = recv_fd(&peer);
             nix::unistd::close(fd).unwrap();
             let reply = Reply::Err {
@@ -416,15 +414,7 @@ mod tests {
     async fn a_reply_for_another_seq_is_a_protocol_error() {
         let (client, mut peer) = pair();
         let shim = thread::spawn(move || {
-            read_magic(&mut peer);
-            peer.write_all(
-                &Reply::Ok {
-                    seq: 0,
-                    id: Id([1; 16]),
-                }
-                .encode(),
-            )
-            .unwrap();
+            accept_lease(&mut peer);
             let (req, fd) = recv_fd(&peer);
             nix::unistd::close(fd).unwrap();
             peer.write_all(
