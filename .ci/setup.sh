@@ -10,6 +10,7 @@ APT_PACKAGES=(
   protobuf-compiler                         # tonic/prost code generation
   python3 python3-venv python3-pip          # boto3 / aws CLI test clients
   curl ca-certificates
+  iproute2 util-linux procps                # fault tests: netns/veth, tmpfs mounts, ps
 )
 
 missing=()
