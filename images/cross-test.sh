@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Cross-compiles the s3dma workspace for aarch64-unknown-linux-gnu (the
 # BlueField-3's Arm cores) and runs the library unit tests under qemu-user
-# (the runner in .cargo/config.toml: qemu-aarch64-static -L
-# /usr/aarch64-linux-gnu).
+# (the runner in .cargo/config.toml: qemu-aarch64-static -L /).
 #
 # What runs: `cargo test --workspace --lib` = every crate's unit tests (the
 # #[cfg(test)] modules in src/), plus a build of every binary.
@@ -35,33 +34,34 @@ fi
 source "$IMAGES/env-arm64.sh"
 
 step "cargo test --workspace --lib --target $TARGET --no-run (cross-build)"
-cargo test --workspace --locked --target "$TARGET" --lib --no-run
+cargo test --workspace --locked --target "$TARGET" --lib --bins --no-run
 
 if [ "${FULL:-0}" = 1 ]; then
     step "cargo test --workspace --all-targets --target $TARGET --no-run"
     cargo test --workspace --locked --target "$TARGET" --all-targets --no-run
 fi
 
-# Known problem (seen 2026-11-21 on this project's bookworm machine): Debian
-# bookworm's qemu-user-static 7.2 hangs, spinning, in the first
-# std::thread::spawn of an aarch64 Rust binary (a two-line program does it;
-# -cpu cortex-a57 / neoverse-n1 and glibc.pthread.rseq=0 do not help). Every
-# libtest binary spawns threads, so the tests would hang forever: probe
-# first and fail fast with a clear message instead.
+# qemu must load ld.so and libc.so.6 from the same glibc build: with the
+# cross sysroot (/usr/aarch64-linux-gnu) as prefix, ld.so came from
+# libc6-arm64-cross while libc.so.6 was found in the multiarch
+# /lib/aarch64-linux-gnu (libc6:arm64, a newer revision), and that pair
+# spins forever in the first pthread_create. The runner therefore uses
+# `-L /`. Probe a threaded program first so a broken emulator fails fast
+# with a clear message instead of hanging the test run.
 step "qemu-user thread probe"
 PROBE_DIR="$(mktemp -d)"
 trap 'rm -rf "$PROBE_DIR"' EXIT
 printf 'fn main() { assert_eq!(std::thread::spawn(|| 7).join().unwrap(), 7); }\n' > "$PROBE_DIR/p.rs"
 rustc --target "$TARGET" -C linker=aarch64-linux-gnu-gcc -C target-cpu=cortex-a78 \
     -o "$PROBE_DIR/p" "$PROBE_DIR/p.rs"
-if ! timeout 30 qemu-aarch64-static -L /usr/aarch64-linux-gnu "$PROBE_DIR/p"; then
+if ! timeout 60 qemu-aarch64-static -L / "$PROBE_DIR/p"; then
     echo "cross-test.sh: $(qemu-aarch64-static --version | head -n1) cannot run a" \
-         "threaded aarch64 program (hangs in thread spawn); the arm64 tests cannot" \
-         "run here. The cross-build above succeeded." >&2
+         "threaded aarch64 program (is libc6:arm64 installed? images/setup-arm64.sh);" \
+         "the cross-build above succeeded." >&2
     exit 2
 fi
 
 step "cargo test --workspace --lib --target $TARGET (under qemu-aarch64)"
-cargo test --workspace --locked --target "$TARGET" --lib "$@"
+cargo test --workspace --locked --target "$TARGET" --lib --bins "$@"
 
 echo "cross-test.sh: done in ${SECONDS}s"
