@@ -7,7 +7,10 @@
 //! copies them between those buffers and files.
 //!
 //! `s3dma local` starts storage-target, dpu-agent and host-shim on this
-//! machine (see `local.rs`).
+//! machine (see `local.rs`). `s3dma bench` starts such a stack in a
+//! temporary directory and measures it against plain S3 over HTTP
+//! (`bench.rs`); `s3dma soak` runs mixed, verified load against one and
+//! watches the services' memory and file descriptors (`soak.rs`).
 //!
 //! Exit status:
 //!
@@ -24,8 +27,12 @@
 //!
 //! Errors are one line on stderr: `s3dma: <what>: <code>: <message> (request id ...)`.
 
+mod bench;
 mod commands;
 mod local;
+mod procfs;
+mod report;
+mod stats;
 mod url;
 
 use std::path::PathBuf;
@@ -140,7 +147,45 @@ enum Cmd {
         #[arg(long, default_value = "data", value_name = "NAME")]
         bucket: String,
     },
+    /// Start a local stack in a temporary directory and measure it: GET/PUT
+    /// throughput of large objects and ops/s and latency of small ones
+    /// through s3dma, side by side with aws-sdk-s3 straight to the
+    /// storage-target over HTTP and with raw loopback TCP, plus the CPU time
+    /// of each service. Progress on stderr, a table on stdout.
+    #[command(after_help = BENCH_HELP)]
+    Bench {
+        /// Small sizes and short cells, for CI: 8 MiB and 64 MiB objects
+        /// (reported under the `64m` and `1g` keys), 3 rounds, 0.6 s per
+        /// small-object cell.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results as one flat JSON object to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Rounds per large-object measurement (median kept) [default: 5, --quick 3].
+        #[arg(long, value_name = "N")]
+        rounds: Option<usize>,
+        /// Seconds per small-object cell [default: 4, --quick 0.6].
+        #[arg(long, value_name = "SECS")]
+        cell_secs: Option<f64>,
+        /// The storage-target's data directory [default: a temporary
+        /// directory in /dev/shm when it has room, else in $TMPDIR].
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+    },
 }
+
+const BENCH_HELP: &str = "\
+Phases: raw loopback TCP (~2 s); large objects (64 MiB, 1 GiB): PUT then GET
+through s3dma, then the same with aws-sdk-s3 over HTTP, median of the rounds;
+small objects (4 KiB, 64 KiB): GET and PUT with 1, 16 and 64 requests in
+flight, both ways; CPU (utime+stime) of dpu-agent, host-shim, storage-target
+and the bench itself per GB and per request. A full run takes a few minutes
+and needs about 6 GiB of memory (1 GiB buffers, the store on /dev/shm).
+
+JSON keys include get_1g_gbps, http_get_1g_gbps, get_1g_vs_http,
+get_1g_vs_raw_tcp, raw_tcp_gbps, get_4k_p50_us, http_get_4k_p50_us,
+get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see docs/ARCHITECTURE.md).";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -181,6 +226,21 @@ fn main() -> ExitCode {
             })
             .await
             .map_err(|e| Failure::Other(format!("local: {e:#}"))),
+            Cmd::Bench {
+                quick,
+                json,
+                rounds,
+                cell_secs,
+                data_dir,
+            } => bench::run(bench::Options {
+                quick,
+                json,
+                rounds,
+                cell_secs,
+                data_dir,
+            })
+            .await
+            .map_err(|e| Failure::Other(format!("bench: {e:#}"))),
         }
     });
     // Background buffer releases must not hold the exit up.

@@ -1,0 +1,808 @@
+//! `s3dma bench`: the full stack against plain S3 over HTTP, in one run.
+//!
+//! It starts storage-target, dpu-agent and host-shim (the [`Stack`] of
+//! `s3dma local`) in a temporary directory, with the store on `/dev/shm`
+//! when it has room (so PUTs measure the transport, not the disk), and
+//! measures, printing one progress line per phase on stderr:
+//!
+//! 1. raw loopback TCP: one tokio `TcpStream`, 4 MiB writes for ~2 s
+//!    (1 s with `--quick`): the machine's limit for one stream;
+//! 2. large objects (64 MiB and 1 GiB; 8 MiB and 64 MiB with `--quick`):
+//!    PUT then GET through s3dma-client (shim → agent → target → fabric,
+//!    straight into or out of shared-memory buffers allocated once), then the
+//!    same object with aws-sdk-s3 straight against the storage-target over
+//!    HTTP (the body collected into a buffer allocated once / sent from
+//!    memory). Each is timed over several rounds and the median is kept; the
+//!    bytes are verified (CRC-32) once per size and path, untimed;
+//! 3. small objects (4 KiB, 64 KiB): GET and PUT with 1, 16 and 64 requests
+//!    in flight for a fixed time per cell (after a short warm-up), through
+//!    s3dma and over HTTP: ops/s and p50/p99 latency (HdrHistogram);
+//! 4. CPU: utime+stime of dpu-agent, host-shim, storage-target and this
+//!    process, read from `/proc/PID/stat` before and after each measured
+//!    phase, per GB moved (large) and per request (small).
+//!
+//! Then the table goes to stdout (see [`crate::report`]) and, with `--json`,
+//! the flat JSON object to a file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+use rand::{RngCore as _, SeedableRng as _};
+use s3dma_client::{Buffer, Client, GetOptions, PutOptions};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::time::Instant;
+
+use crate::local::{REGION, Stack, StackOptions};
+use crate::procfs;
+use crate::report::{Cell, CellStats, CpuSecs, Op, Report, Size, Throughput, human_size};
+use crate::stats::{Latencies, gbps, median, per_second, ticks_to_secs};
+
+/// The bucket the bench creates and uses.
+const BUCKET: &str = "bench";
+/// Small-object sizes.
+const SMALL: [Size; 2] = [
+    Size {
+        bytes: 4 << 10,
+        key: "4k",
+    },
+    Size {
+        bytes: 64 << 10,
+        key: "64k",
+    },
+];
+/// Requests in flight per small-object cell.
+const IN_FLIGHT: [usize; 3] = [1, 16, 64];
+
+/// What `s3dma bench` was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Small sizes and short cells (for CI).
+    pub quick: bool,
+    /// Write the flat JSON object here.
+    pub json: Option<PathBuf>,
+    /// Rounds per large measurement (default 5, quick 3).
+    pub rounds: Option<usize>,
+    /// Seconds per small-object cell (default 4, quick 0.6).
+    pub cell_secs: Option<f64>,
+    /// The storage-target's data directory (default: a temporary directory
+    /// on /dev/shm when it has room, else under the system's temp dir).
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Sizes and durations derived from the options.
+#[derive(Debug, Clone)]
+struct Plan {
+    quick: bool,
+    rounds: usize,
+    cell: Duration,
+    warmup: Duration,
+    raw_tcp: Duration,
+    /// Medium then large.
+    sizes: [Size; 2],
+}
+
+impl Plan {
+    fn new(o: &Options) -> anyhow::Result<Plan> {
+        let rounds = o.rounds.unwrap_or(if o.quick { 3 } else { 5 });
+        if !(1..=1000).contains(&rounds) {
+            bail!("--rounds must be 1 to 1000");
+        }
+        let cell_secs = o.cell_secs.unwrap_or(if o.quick { 0.6 } else { 4.0 });
+        let cell = Duration::try_from_secs_f64(cell_secs)
+            .ok()
+            .filter(|d| *d >= Duration::from_millis(50) && *d <= Duration::from_secs(600))
+            .ok_or_else(|| anyhow!("--cell-secs must be 0.05 to 600"))?;
+        let sizes = if o.quick {
+            [
+                Size {
+                    bytes: 8 << 20,
+                    key: "64m",
+                },
+                Size {
+                    bytes: 64 << 20,
+                    key: "1g",
+                },
+            ]
+        } else {
+            [
+                Size {
+                    bytes: 64 << 20,
+                    key: "64m",
+                },
+                Size {
+                    bytes: 1 << 30,
+                    key: "1g",
+                },
+            ]
+        };
+        Ok(Plan {
+            quick: o.quick,
+            rounds,
+            cell,
+            warmup: (cell / 5).min(Duration::from_millis(500)),
+            raw_tcp: if o.quick {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(2)
+            },
+            sizes,
+        })
+    }
+
+    fn large_bytes(&self) -> usize {
+        usize::try_from(self.sizes[1].bytes).unwrap_or(usize::MAX)
+    }
+}
+
+fn progress(msg: &str) {
+    eprintln!("s3dma bench: {msg}");
+}
+
+/// Runs the bench: starts a stack, measures, stops it, prints the table.
+///
+/// # Errors
+/// The stack does not start or dies, a request fails, data does not match,
+/// the JSON file cannot be written.
+pub async fn run(opts: Options) -> anyhow::Result<()> {
+    let plan = Plan::new(&opts)?;
+    let tmp = tempfile::Builder::new()
+        .prefix("s3dma-bench-")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    // Keep the store off the disk when /dev/shm has room: fsyncs would
+    // make the PUTs (both paths) measure the disk.
+    let needed = 3 * plan.sizes[1].bytes + (512 << 20);
+    let mut shm_dir = None;
+    let data_dir = match &opts.data_dir {
+        Some(d) => crate::local::absolute_path(d.clone())?,
+        None if free_bytes(Path::new("/dev/shm")).is_some_and(|f| f >= needed) => {
+            let d = tempfile::Builder::new()
+                .prefix("s3dma-bench-")
+                .tempdir_in("/dev/shm")
+                .context("creating a directory in /dev/shm")?;
+            let p = d.path().to_path_buf();
+            shm_dir = Some(d);
+            p
+        }
+        None => tmp.path().join("data"),
+    };
+    let mut stack = Stack::prepare(StackOptions {
+        dir: tmp.path().join("state"),
+        data_dir: Some(data_dir.clone()),
+        socket: tmp.path().join("shim.sock"),
+        bucket: BUCKET.into(),
+        metrics: false,
+        who: "s3dma bench",
+    })?;
+    if let Err(e) = stack.start().await {
+        stack.stop().await;
+        return Err(e);
+    }
+    let ctx = Ctx::new(&stack, data_dir.display().to_string()).await;
+    let result = match ctx {
+        Ok(ctx) => {
+            tokio::select! {
+                r = measure(&ctx, &plan) => r,
+                e = stack.any_exit() => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    stack.stop().await;
+    drop(shm_dir);
+    let report = result?;
+    print!("{}", report.table());
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&report.json())? + "\n";
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        progress(&format!("wrote {}", path.display()));
+    }
+    Ok(())
+}
+
+/// Free bytes of the file system holding `p`.
+fn free_bytes(p: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(p).ok()?;
+    u64::from(s.blocks_available()).checked_mul(s.fragment_size())
+}
+
+/// Clock ticks per second of `/proc/PID/stat` times (`USER_HZ`, 100 on
+/// Linux when sysconf cannot say).
+fn ticks_per_sec() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .filter(|v| *v > 0)
+        .unwrap_or(100)
+}
+
+/// Reads the CPU time of the agent, the shim, the target and this process.
+#[derive(Debug, Clone)]
+struct CpuProbe {
+    /// agent, shim, target, self.
+    pids: [u32; 4],
+    hz: u64,
+}
+
+impl CpuProbe {
+    fn now(&self) -> anyhow::Result<[u64; 4]> {
+        let mut out = [0u64; 4];
+        for (slot, pid) in out.iter_mut().zip(self.pids) {
+            let path = format!("/proc/{pid}/stat");
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+            *slot = procfs::cpu_ticks(&text).ok_or_else(|| anyhow!("cannot parse {path}"))?;
+        }
+        Ok(out)
+    }
+
+    fn since(&self, before: [u64; 4]) -> anyhow::Result<CpuSecs> {
+        let after = self.now()?;
+        let d = |i: usize| ticks_to_secs(after[i].saturating_sub(before[i]), self.hz);
+        Ok(CpuSecs {
+            agent: d(0),
+            shim: d(1),
+            target: d(2),
+            client: d(3),
+        })
+    }
+}
+
+/// The clients and what the phases share.
+#[derive(Debug)]
+struct Ctx {
+    client: Client,
+    s3: aws_sdk_s3::Client,
+    cpu: CpuProbe,
+    data_dir: String,
+}
+
+impl Ctx {
+    async fn new(stack: &Stack, data_dir: String) -> anyhow::Result<Ctx> {
+        let ep = stack.endpoints();
+        let client = Client::connect(&ep.socket)
+            .await
+            .context("connecting to the host-shim")?;
+        let (key_id, secret) = stack.credentials();
+        let conf = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(REGION))
+            .endpoint_url(&ep.target_url)
+            .credentials_provider(Credentials::new(key_id, secret, None, None, "s3dma-bench"))
+            .force_path_style(true)
+            .build();
+        let pid = |name: &str| {
+            stack
+                .pid(name)
+                .ok_or_else(|| anyhow!("{name} is not running"))
+        };
+        Ok(Ctx {
+            client,
+            s3: aws_sdk_s3::Client::from_conf(conf),
+            cpu: CpuProbe {
+                pids: [
+                    pid("dpu-agent")?,
+                    pid("host-shim")?,
+                    pid("storage-target")?,
+                    std::process::id(),
+                ],
+                hz: ticks_per_sec(),
+            },
+            data_dir,
+        })
+    }
+}
+
+fn fill_random(buf: &mut [u8], seed: u64) {
+    rand::rngs::SmallRng::seed_from_u64(seed).fill_bytes(buf);
+}
+
+async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
+    let mut report = Report {
+        quick: plan.quick,
+        rounds: plan.rounds,
+        cell_secs: plan.cell.as_secs_f64(),
+        cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        data_dir: ctx.data_dir.clone(),
+        sizes: plan.sizes.to_vec(),
+        ..Report::default()
+    };
+
+    progress(&format!(
+        "raw loopback TCP for {} s",
+        plan.raw_tcp.as_secs_f64()
+    ));
+    report.raw_tcp_gbps = Some(raw_tcp(plan.raw_tcp).await.context("raw TCP")?);
+    progress(&format!(
+        "raw loopback TCP: {:.2} GB/s",
+        report.raw_tcp_gbps.unwrap_or(0.0)
+    ));
+
+    let big = plan.large_bytes();
+    let mut src = ctx
+        .client
+        .alloc_labeled(big, "bench-src")
+        .await
+        .context("allocating the source buffer")?;
+    fill_random(src.as_mut_slice(), 1);
+    let mut dst = ctx
+        .client
+        .alloc_labeled(big, "bench-dst")
+        .await
+        .context("allocating the destination buffer")?;
+    dst.as_mut_slice().fill(0);
+    let src_bytes = Bytes::copy_from_slice(src.as_slice());
+    let mut http_dst = vec![0u8; big];
+
+    for size in plan.sizes {
+        large(
+            ctx,
+            plan,
+            size,
+            &src,
+            &mut dst,
+            &src_bytes,
+            &mut http_dst,
+            &mut report,
+        )
+        .await?;
+    }
+    drop(http_dst);
+    // Release the large buffers before the small phase.
+    dst.release().await.context("releasing a buffer")?;
+    drop(src_bytes);
+
+    small(ctx, plan, &src, &mut report).await?;
+    src.release().await.context("releasing a buffer")?;
+    Ok(report)
+}
+
+/// One path's rounds: the median GB/s and the CPU used.
+struct Rounds {
+    gbps: Option<f64>,
+    all: Vec<f64>,
+}
+
+fn describe(what: &str, r: &Rounds) -> String {
+    let all: Vec<String> = r.all.iter().map(|v| format!("{v:.2}")).collect();
+    format!(
+        "{what}: {} GB/s median (rounds: {})",
+        r.gbps.map_or("-".into(), |v| format!("{v:.2}")),
+        all.join(" ")
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn large(
+    ctx: &Ctx,
+    plan: &Plan,
+    size: Size,
+    src: &Buffer,
+    dst: &mut Buffer,
+    src_bytes: &Bytes,
+    http_dst: &mut [u8],
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let n = usize::try_from(size.bytes)?;
+    let key = format!("large/{}", size.key);
+    let label = human_size(size.bytes);
+    let moved = size.bytes * plan.rounds as u64;
+    let want_crc = crc32fast::hash(&src.as_slice()[..n]);
+
+    // s3dma PUT.
+    progress(&format!("PUT {label} via s3dma, {} rounds", plan.rounds));
+    let before = ctx.cpu.now()?;
+    let mut all = Vec::new();
+    for _ in 0..plan.rounds {
+        let t = Instant::now();
+        let out = ctx
+            .client
+            .put_object_from(BUCKET, &key, src, 0..n, PutOptions::default())
+            .await
+            .with_context(|| format!("s3dma PUT {label}"))?;
+        all.extend(gbps(size.bytes, t.elapsed()));
+        if out.size != size.bytes {
+            bail!("s3dma PUT {label}: stored {} bytes", out.size);
+        }
+    }
+    let cpu_put = ctx.cpu.since(before)?;
+    let put = Rounds {
+        gbps: median(&all),
+        all,
+    };
+    progress(&describe(&format!("PUT {label} via s3dma"), &put));
+
+    // s3dma GET.
+    progress(&format!("GET {label} via s3dma, {} rounds", plan.rounds));
+    let before = ctx.cpu.now()?;
+    let mut all = Vec::new();
+    for _ in 0..plan.rounds {
+        let t = Instant::now();
+        let out = ctx
+            .client
+            .get_object_into(
+                BUCKET,
+                &key,
+                dst,
+                0,
+                GetOptions {
+                    length: Some(size.bytes),
+                    ..GetOptions::default()
+                },
+            )
+            .await
+            .with_context(|| format!("s3dma GET {label}"))?;
+        all.extend(gbps(size.bytes, t.elapsed()));
+        if out.bytes_placed != size.bytes {
+            bail!("s3dma GET {label}: {} bytes placed", out.bytes_placed);
+        }
+    }
+    let cpu_get = ctx.cpu.since(before)?;
+    if crc32fast::hash(&dst.as_slice()[..n]) != want_crc {
+        bail!("s3dma GET {label}: the bytes differ from those PUT");
+    }
+    let get = Rounds {
+        gbps: median(&all),
+        all,
+    };
+    progress(&describe(&format!("GET {label} via s3dma"), &get));
+    report.cpu_s3dma.large = report.cpu_s3dma.large.plus(cpu_put).plus(cpu_get);
+    report.cpu_s3dma.large_bytes += 2 * moved;
+
+    // HTTP PUT (aws-sdk-s3 to the storage-target), same object.
+    progress(&format!("PUT {label} over HTTP, {} rounds", plan.rounds));
+    let before = ctx.cpu.now()?;
+    let mut all = Vec::new();
+    for _ in 0..plan.rounds {
+        let t = Instant::now();
+        ctx.s3
+            .put_object()
+            .bucket(BUCKET)
+            .key(&key)
+            .content_length(i64::try_from(n)?)
+            .body(ByteStream::from(src_bytes.slice(..n)))
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow!(
+                    "HTTP PUT {label}: {}",
+                    aws_sdk_s3::error::DisplayErrorContext(e)
+                )
+            })?;
+        all.extend(gbps(size.bytes, t.elapsed()));
+    }
+    let http_cpu_put = ctx.cpu.since(before)?;
+    let http_put = Rounds {
+        gbps: median(&all),
+        all,
+    };
+    progress(&describe(&format!("PUT {label} over HTTP"), &http_put));
+
+    // HTTP GET into memory allocated once.
+    progress(&format!("GET {label} over HTTP, {} rounds", plan.rounds));
+    let before = ctx.cpu.now()?;
+    let mut all = Vec::new();
+    for _ in 0..plan.rounds {
+        let t = Instant::now();
+        let got = http_get_into(&ctx.s3, &key, http_dst)
+            .await
+            .with_context(|| format!("HTTP GET {label}"))?;
+        all.extend(gbps(size.bytes, t.elapsed()));
+        if got != n {
+            bail!("HTTP GET {label}: {got} bytes");
+        }
+    }
+    let http_cpu_get = ctx.cpu.since(before)?;
+    if crc32fast::hash(&http_dst[..n]) != want_crc {
+        bail!("HTTP GET {label}: the bytes differ from those PUT");
+    }
+    let http_get = Rounds {
+        gbps: median(&all),
+        all,
+    };
+    progress(&describe(&format!("GET {label} over HTTP"), &http_get));
+    report.cpu_http.large = report.cpu_http.large.plus(http_cpu_put).plus(http_cpu_get);
+    report.cpu_http.large_bytes += 2 * moved;
+
+    report.throughput.push(Throughput {
+        op: Op::Get,
+        size,
+        s3dma_gbps: get.gbps,
+        http_gbps: http_get.gbps,
+    });
+    report.throughput.push(Throughput {
+        op: Op::Put,
+        size,
+        s3dma_gbps: put.gbps,
+        http_gbps: http_put.gbps,
+    });
+    Ok(())
+}
+
+/// GETs `key` over HTTP, copying the body into `dst`; the byte count.
+async fn http_get_into(
+    s3: &aws_sdk_s3::Client,
+    key: &str,
+    dst: &mut [u8],
+) -> anyhow::Result<usize> {
+    let out = s3
+        .get_object()
+        .bucket(BUCKET)
+        .key(key)
+        .send()
+        .await
+        .map_err(|e| anyhow!("{}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+    let mut body = out.body;
+    let mut at = 0usize;
+    while let Some(chunk) = body.try_next().await.context("reading the body")? {
+        let end = at + chunk.len();
+        let room = dst.len();
+        let slot = dst
+            .get_mut(at..end)
+            .ok_or_else(|| anyhow!("the body is longer than {room} bytes"))?;
+        slot.copy_from_slice(&chunk);
+        at = end;
+    }
+    Ok(at)
+}
+
+/// One stream, large writes, for `dur`: GB/s received.
+async fn raw_tcp(dur: Duration) -> anyhow::Result<f64> {
+    const CHUNK: usize = 4 << 20;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut total = 0u64;
+        loop {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        Ok::<u64, std::io::Error>(total)
+    });
+    let mut w = tokio::net::TcpStream::connect(addr).await?;
+    w.set_nodelay(true)?;
+    let chunk = vec![0x5au8; CHUNK];
+    let start = Instant::now();
+    while start.elapsed() < dur {
+        w.write_all(&chunk).await?;
+    }
+    w.shutdown().await?;
+    drop(w);
+    let received = reader.await.context("the reader task")??;
+    gbps(received, start.elapsed()).ok_or_else(|| anyhow!("no time passed"))
+}
+
+/// What one worker of a cell did.
+struct WorkerResult<B> {
+    state: B,
+    lat: Latencies,
+    error: Option<String>,
+}
+
+/// Runs `n` workers for warm-up + cell time; `work(i, state)` does one
+/// request. Returns the states (in order), the merged latencies of requests
+/// started after the warm-up, ops/s over the measured window, and the CPU
+/// used during it.
+async fn cell<B, W, F>(
+    ctx: &Ctx,
+    plan: &Plan,
+    states: Vec<B>,
+    work: W,
+) -> anyhow::Result<(Vec<B>, CellStats, CpuSecs)>
+where
+    B: Send + 'static,
+    W: Fn(usize, B) -> F + Send + Sync + 'static,
+    F: Future<Output = (B, Result<(), String>)> + Send + 'static,
+{
+    let start = Instant::now();
+    let measure_from = start + plan.warmup;
+    let end = measure_from + plan.cell;
+    let work = Arc::new(work);
+    let mut handles = Vec::with_capacity(states.len());
+    for (i, state) in states.into_iter().enumerate() {
+        let work = Arc::clone(&work);
+        handles.push(tokio::spawn(async move {
+            let mut lat = Latencies::new();
+            let mut state = Some(state);
+            let mut error = None;
+            while Instant::now() < end {
+                let Some(s) = state.take() else { break };
+                let t = Instant::now();
+                let (s, r) = work(i, s).await;
+                state = Some(s);
+                match r {
+                    Ok(()) if t >= measure_from => lat.record(t.elapsed()),
+                    Ok(()) => {}
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            state.map(|state| WorkerResult { state, lat, error })
+        }));
+    }
+    tokio::time::sleep_until(measure_from).await;
+    let before = ctx.cpu.now()?;
+    let mut lat = Latencies::new();
+    let mut states = Vec::with_capacity(handles.len());
+    let mut first_error = None;
+    for h in handles {
+        let r = h
+            .await
+            .context("a worker task failed")?
+            .ok_or_else(|| anyhow!("a worker lost its state"))?;
+        lat.merge(&r.lat);
+        if first_error.is_none() {
+            first_error = r.error;
+        }
+        states.push(r.state);
+    }
+    let elapsed = measure_from.elapsed();
+    let cpu = ctx.cpu.since(before)?;
+    if let Some(e) = first_error {
+        bail!("{e}");
+    }
+    let stats = CellStats {
+        ops_per_s: per_second(lat.count(), elapsed),
+        p50_us: lat.quantile_us(0.5),
+        p99_us: lat.quantile_us(0.99),
+        requests: lat.count(),
+    };
+    Ok((states, stats, cpu))
+}
+
+async fn small(ctx: &Ctx, plan: &Plan, src: &Buffer, report: &mut Report) -> anyhow::Result<()> {
+    let workers = IN_FLIGHT.iter().copied().max().unwrap_or(1);
+    let biggest = SMALL.iter().map(|s| s.bytes).max().unwrap_or(4096);
+    let biggest = usize::try_from(biggest)?;
+    progress(&format!(
+        "small objects: {} buffers, {} objects per size",
+        workers, workers
+    ));
+    let mut bufs = Vec::with_capacity(workers);
+    for i in 0..workers {
+        let mut b = ctx
+            .client
+            .alloc_labeled(biggest, "bench-small")
+            .await
+            .context("allocating small buffers")?;
+        let from = i * 4096 % (src.len().saturating_sub(biggest).max(1));
+        b.as_mut_slice()
+            .copy_from_slice(&src.as_slice()[from..from + biggest]);
+        bufs.push(b);
+    }
+    let http_body = Bytes::copy_from_slice(&src.as_slice()[..biggest]);
+    let mut http_dsts: Vec<Vec<u8>> = (0..workers).map(|_| vec![0u8; biggest]).collect();
+
+    for size in SMALL {
+        let n = usize::try_from(size.bytes)?;
+        for (i, b) in bufs.iter().enumerate() {
+            ctx.client
+                .put_object_from(BUCKET, &small_key(size, i), b, 0..n, PutOptions::default())
+                .await
+                .context("writing the small objects")?;
+        }
+        for op in [Op::Get, Op::Put] {
+            for in_flight in IN_FLIGHT {
+                let label = format!("{} {} x{in_flight}", op.label(), human_size(size.bytes));
+                // Through s3dma.
+                let mine: Vec<Buffer> = bufs.drain(..in_flight).collect();
+                let client = ctx.client.clone();
+                let (back, s3dma, cpu) = cell(ctx, plan, mine, move |i, mut buf: Buffer| {
+                    let client = client.clone();
+                    async move {
+                        let key = small_key(size, i);
+                        let r = match op {
+                            Op::Get => client
+                                .get_object_into(
+                                    BUCKET,
+                                    &key,
+                                    &mut buf,
+                                    0,
+                                    GetOptions {
+                                        length: Some(size.bytes),
+                                        ..GetOptions::default()
+                                    },
+                                )
+                                .await
+                                .map_err(|e| format!("s3dma GET {key}: {e}"))
+                                .and_then(|o| {
+                                    (o.bytes_placed == size.bytes).then_some(()).ok_or_else(|| {
+                                        format!("s3dma GET {key}: {} bytes", o.bytes_placed)
+                                    })
+                                }),
+                            Op::Put => client
+                                .put_object_from(BUCKET, &key, &buf, 0..n, PutOptions::default())
+                                .await
+                                .map(|_| ())
+                                .map_err(|e| format!("s3dma PUT {key}: {e}")),
+                        };
+                        (buf, r)
+                    }
+                })
+                .await?;
+                bufs.splice(0..0, back);
+                report.cpu_s3dma.small = report.cpu_s3dma.small.plus(cpu);
+                report.cpu_s3dma.small_requests += s3dma.requests;
+
+                // Over HTTP.
+                let mine: Vec<Vec<u8>> = http_dsts.drain(..in_flight).collect();
+                let s3 = ctx.s3.clone();
+                let body = http_body.slice(..n);
+                let (back, http, cpu) = cell(ctx, plan, mine, move |i, mut dst: Vec<u8>| {
+                    let s3 = s3.clone();
+                    let body = body.clone();
+                    async move {
+                        let key = small_key(size, i);
+                        let r = match op {
+                            Op::Get => http_get_into(&s3, &key, &mut dst)
+                                .await
+                                .map_err(|e| format!("HTTP GET {key}: {e:#}"))
+                                .and_then(|got| {
+                                    (got == n)
+                                        .then_some(())
+                                        .ok_or_else(|| format!("HTTP GET {key}: {got} bytes"))
+                                }),
+                            Op::Put => s3
+                                .put_object()
+                                .bucket(BUCKET)
+                                .key(&key)
+                                .content_length(n as i64)
+                                .body(ByteStream::from(body))
+                                .send()
+                                .await
+                                .map(|_| ())
+                                .map_err(|e| {
+                                    format!(
+                                        "HTTP PUT {key}: {}",
+                                        aws_sdk_s3::error::DisplayErrorContext(e)
+                                    )
+                                }),
+                        };
+                        (dst, r)
+                    }
+                })
+                .await?;
+                http_dsts.splice(0..0, back);
+                report.cpu_http.small = report.cpu_http.small.plus(cpu);
+                report.cpu_http.small_requests += http.requests;
+
+                progress(&format!(
+                    "{label}: s3dma {} ops/s p50 {} µs p99 {} µs | HTTP {} ops/s p50 {} µs p99 {} µs",
+                    crate::report::fmt_num(s3dma.ops_per_s),
+                    crate::report::fmt_num(s3dma.p50_us),
+                    crate::report::fmt_num(s3dma.p99_us),
+                    crate::report::fmt_num(http.ops_per_s),
+                    crate::report::fmt_num(http.p50_us),
+                    crate::report::fmt_num(http.p99_us),
+                ));
+                report.cells.push(Cell {
+                    op,
+                    size,
+                    in_flight,
+                    s3dma,
+                    http,
+                });
+            }
+        }
+    }
+    for b in bufs {
+        b.release().await.context("releasing a buffer")?;
+    }
+    Ok(())
+}
+
+fn small_key(size: Size, i: usize) -> String {
+    format!("small/{}/{i:03}", size.key)
+}

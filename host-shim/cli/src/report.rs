@@ -1,0 +1,622 @@
+//! `s3dma bench` results: the data model, the table and the flat JSON
+//! object (pure: the runner in `bench.rs` fills a [`Report`]).
+//!
+//! JSON keys (every value a number, `null` where a measurement is missing):
+//!
+//! - `{op}_{size}_gbps` and `http_{op}_{size}_gbps` for op `get`/`put` and
+//!   size `64m`/`1g` (the medium and large objects: 64 MiB and 1 GiB, or
+//!   8 MiB and 64 MiB with `--quick`; `medium_object_bytes` and
+//!   `large_object_bytes` say which), median over the rounds;
+//! - `{op}_{size}_vs_http` and `{op}_{size}_vs_raw_tcp`: s3dma ÷ HTTP and
+//!   s3dma ÷ raw TCP; `raw_tcp_gbps`;
+//! - small objects, size `4k`/`64k`, `n` requests in flight (1, 16, 64):
+//!   `{op}_{size}_ops_{n}`, `{op}_{size}_p50_us_{n}`, `{op}_{size}_p99_us_{n}`,
+//!   the same with `http_` in front, `{op}_{size}_ops_{n}_vs_http`; and
+//!   `{op}_{size}_p50_us` / `_p99_us` (at 1 in flight);
+//! - CPU (user + system) per GB moved by the large transfers and per request
+//!   of the small ones: `{proc}_cpu_s_per_gb`, `{proc}_cpu_us_per_req` for
+//!   `agent`, `shim`, `target` and `client` (this process) on the s3dma
+//!   path; `http_target_…` and `http_client_…` on the HTTP path.
+
+use std::fmt::Write as _;
+
+use serde_json::{Map, Value};
+
+use crate::stats::ratio;
+
+/// GET or PUT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Download.
+    Get,
+    /// Upload.
+    Put,
+}
+
+impl Op {
+    /// `get` / `put` (JSON keys).
+    #[must_use]
+    pub fn key(self) -> &'static str {
+        match self {
+            Op::Get => "get",
+            Op::Put => "put",
+        }
+    }
+
+    /// `GET` / `PUT` (the table).
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Op::Get => "GET",
+            Op::Put => "PUT",
+        }
+    }
+}
+
+/// An object size and its name in JSON keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    /// Bytes.
+    pub bytes: u64,
+    /// `4k`, `64k`, `64m`, `1g`.
+    pub key: &'static str,
+}
+
+/// `4 KiB`, `64 MiB`, `1 GiB`, `1000 B`.
+#[must_use]
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, n) in UNITS {
+        if bytes >= n && bytes % n == 0 {
+            return format!("{} {unit}", bytes / n);
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// One large-object measurement: s3dma and HTTP side by side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Throughput {
+    /// GET or PUT.
+    pub op: Op,
+    /// The object.
+    pub size: Size,
+    /// Median GB/s through shim → agent → target → fabric.
+    pub s3dma_gbps: Option<f64>,
+    /// Median GB/s of aws-sdk-s3 straight to the storage-target.
+    pub http_gbps: Option<f64>,
+}
+
+/// One side of a small-object cell.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CellStats {
+    /// Completed requests per second.
+    pub ops_per_s: Option<f64>,
+    /// Median latency, µs.
+    pub p50_us: Option<f64>,
+    /// 99th percentile latency, µs.
+    pub p99_us: Option<f64>,
+    /// Requests completed.
+    pub requests: u64,
+}
+
+/// One small-object cell: an op, a size, a number of requests in flight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// GET or PUT.
+    pub op: Op,
+    /// The objects.
+    pub size: Size,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Through s3dma.
+    pub s3dma: CellStats,
+    /// aws-sdk-s3 over HTTP.
+    pub http: CellStats,
+}
+
+/// CPU seconds (user + system) each process used during some phases.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuSecs {
+    /// dpu-agent.
+    pub agent: f64,
+    /// host-shim.
+    pub shim: f64,
+    /// storage-target.
+    pub target: f64,
+    /// This process (the client side: s3dma-client or aws-sdk-s3).
+    pub client: f64,
+}
+
+impl CpuSecs {
+    /// Element-wise sum.
+    #[must_use]
+    pub fn plus(self, o: CpuSecs) -> CpuSecs {
+        CpuSecs {
+            agent: self.agent + o.agent,
+            shim: self.shim + o.shim,
+            target: self.target + o.target,
+            client: self.client + o.client,
+        }
+    }
+}
+
+/// CPU used by one path (s3dma or HTTP) over the large and the small
+/// phases, with what those phases moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PathCpu {
+    /// During the large transfers.
+    pub large: CpuSecs,
+    /// Bytes the large transfers moved.
+    pub large_bytes: u64,
+    /// During the small-object cells.
+    pub small: CpuSecs,
+    /// Requests the small-object cells completed.
+    pub small_requests: u64,
+}
+
+impl PathCpu {
+    /// Seconds per GB (10^9 bytes) for `pick` of the large phases.
+    #[must_use]
+    pub fn s_per_gb(&self, pick: fn(&CpuSecs) -> f64) -> Option<f64> {
+        ratio(Some(pick(&self.large)), Some(self.large_bytes as f64 / 1e9))
+    }
+
+    /// Microseconds per request (= ms per 1000 requests) for `pick` of the
+    /// small phases.
+    #[must_use]
+    pub fn us_per_req(&self, pick: fn(&CpuSecs) -> f64) -> Option<f64> {
+        ratio(
+            Some(pick(&self.small) * 1e6),
+            Some(self.small_requests as f64),
+        )
+    }
+}
+
+/// Everything one `s3dma bench` run measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    /// `--quick` sizes and durations.
+    pub quick: bool,
+    /// Rounds per large measurement.
+    pub rounds: usize,
+    /// Seconds per small-object cell.
+    pub cell_secs: f64,
+    /// CPUs of this machine.
+    pub cpus: usize,
+    /// Where the storage-target kept its data.
+    pub data_dir: String,
+    /// The medium and large objects (`64m`, `1g`).
+    pub sizes: Vec<Size>,
+    /// Raw loopback TCP, GB/s.
+    pub raw_tcp_gbps: Option<f64>,
+    /// Large objects.
+    pub throughput: Vec<Throughput>,
+    /// Small objects.
+    pub cells: Vec<Cell>,
+    /// CPU on the s3dma path.
+    pub cpu_s3dma: PathCpu,
+    /// CPU on the HTTP path (agent and shim are idle there).
+    pub cpu_http: PathCpu,
+}
+
+fn num(v: Option<f64>) -> Value {
+    v.and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+impl Report {
+    /// The flat JSON object (see the module documentation for the keys).
+    #[must_use]
+    pub fn json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        let mut put = |k: String, v: Option<f64>| {
+            m.insert(k, num(v));
+        };
+        put("quick".into(), Some(if self.quick { 1.0 } else { 0.0 }));
+        put("rounds".into(), Some(self.rounds as f64));
+        put("cell_secs".into(), Some(self.cell_secs));
+        put("cpus".into(), Some(self.cpus as f64));
+        for (i, s) in self.sizes.iter().enumerate() {
+            let name = if i + 1 == self.sizes.len() {
+                "large_object_bytes"
+            } else {
+                "medium_object_bytes"
+            };
+            put(name.into(), Some(s.bytes as f64));
+        }
+        put("raw_tcp_gbps".into(), self.raw_tcp_gbps);
+        for t in &self.throughput {
+            let k = format!("{}_{}", t.op.key(), t.size.key);
+            put(format!("{k}_gbps"), t.s3dma_gbps);
+            put(format!("http_{k}_gbps"), t.http_gbps);
+            put(format!("{k}_vs_http"), ratio(t.s3dma_gbps, t.http_gbps));
+            put(
+                format!("{k}_vs_raw_tcp"),
+                ratio(t.s3dma_gbps, self.raw_tcp_gbps),
+            );
+            put(
+                format!("http_{k}_vs_raw_tcp"),
+                ratio(t.http_gbps, self.raw_tcp_gbps),
+            );
+        }
+        for c in &self.cells {
+            let k = format!("{}_{}", c.op.key(), c.size.key);
+            let n = c.in_flight;
+            for (prefix, s) in [("", &c.s3dma), ("http_", &c.http)] {
+                put(format!("{prefix}{k}_ops_{n}"), s.ops_per_s);
+                put(format!("{prefix}{k}_p50_us_{n}"), s.p50_us);
+                put(format!("{prefix}{k}_p99_us_{n}"), s.p99_us);
+                if n == 1 {
+                    put(format!("{prefix}{k}_p50_us"), s.p50_us);
+                    put(format!("{prefix}{k}_p99_us"), s.p99_us);
+                }
+            }
+            put(
+                format!("{k}_ops_{n}_vs_http"),
+                ratio(c.s3dma.ops_per_s, c.http.ops_per_s),
+            );
+        }
+        let procs: [(&str, fn(&CpuSecs) -> f64); 4] = [
+            ("agent", |c| c.agent),
+            ("shim", |c| c.shim),
+            ("target", |c| c.target),
+            ("client", |c| c.client),
+        ];
+        for (name, pick) in procs {
+            put(
+                format!("{name}_cpu_s_per_gb"),
+                self.cpu_s3dma.s_per_gb(pick),
+            );
+            put(
+                format!("{name}_cpu_us_per_req"),
+                self.cpu_s3dma.us_per_req(pick),
+            );
+        }
+        for (name, pick) in &procs[2..] {
+            put(
+                format!("http_{name}_cpu_s_per_gb"),
+                self.cpu_http.s_per_gb(*pick),
+            );
+            put(
+                format!("http_{name}_cpu_us_per_req"),
+                self.cpu_http.us_per_req(*pick),
+            );
+        }
+        m
+    }
+
+    /// The human-readable table, headline ratios first.
+    #[must_use]
+    pub fn table(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "s3dma bench{}: tcp fabric on loopback, {} CPUs, data in {}",
+            if self.quick { " --quick" } else { "" },
+            self.cpus,
+            self.data_dir
+        );
+        let _ = writeln!(
+            o,
+            "GB/s = 10^9 bytes/s; large objects: median of {} rounds; small objects: {} s per cell",
+            self.rounds,
+            fmt_num(Some(self.cell_secs))
+        );
+
+        let _ = writeln!(
+            o,
+            "\nHeadline: s3dma ÷ HTTP (aws-sdk-s3 to the storage-target) and ÷ raw TCP"
+        );
+        let _ = writeln!(
+            o,
+            "  {:<28} {:>11} {:>14}",
+            "", "s3dma/HTTP", "s3dma/raw TCP"
+        );
+        if let Some(large) = self.sizes.last() {
+            for t in self.throughput.iter().filter(|t| t.size == *large) {
+                let _ = writeln!(
+                    o,
+                    "  {:<28} {:>11} {:>14}",
+                    format!("{} {}", t.op.label(), human_size(t.size.bytes)),
+                    fmt_ratio(ratio(t.s3dma_gbps, t.http_gbps)),
+                    fmt_ratio(ratio(t.s3dma_gbps, self.raw_tcp_gbps)),
+                );
+            }
+        }
+        let headline_cells = self.cells.iter().filter(|c| {
+            Some(c.size.bytes) == self.cells.first().map(|f| f.size.bytes)
+                && (c.in_flight == 64 || c.in_flight == 1)
+        });
+        for c in headline_cells {
+            let what = if c.in_flight == 1 {
+                format!("{} {} p50 latency", c.op.label(), human_size(c.size.bytes))
+            } else {
+                format!(
+                    "{} {} ops/s @{}",
+                    c.op.label(),
+                    human_size(c.size.bytes),
+                    c.in_flight
+                )
+            };
+            // For latency, lower is better: show HTTP ÷ s3dma as the speed-up.
+            let r = if c.in_flight == 1 {
+                ratio(c.http.p50_us, c.s3dma.p50_us)
+            } else {
+                ratio(c.s3dma.ops_per_s, c.http.ops_per_s)
+            };
+            let _ = writeln!(o, "  {what:<28} {:>11} {:>14}", fmt_ratio(r), "");
+        }
+        let _ = writeln!(
+            o,
+            "  (latency rows: HTTP p50 ÷ s3dma p50, so above 1x means s3dma is faster)"
+        );
+
+        let _ = writeln!(o, "\nLarge objects, GB/s");
+        let _ = writeln!(
+            o,
+            "  {:<10} {:<4} {:>8} {:>8} {:>11} {:>14}",
+            "object", "op", "s3dma", "HTTP", "s3dma/HTTP", "s3dma/raw TCP"
+        );
+        for t in &self.throughput {
+            let _ = writeln!(
+                o,
+                "  {:<10} {:<4} {:>8} {:>8} {:>11} {:>14}",
+                human_size(t.size.bytes),
+                t.op.label(),
+                fmt_num(t.s3dma_gbps),
+                fmt_num(t.http_gbps),
+                fmt_ratio(ratio(t.s3dma_gbps, t.http_gbps)),
+                fmt_ratio(ratio(t.s3dma_gbps, self.raw_tcp_gbps)),
+            );
+        }
+        let _ = writeln!(
+            o,
+            "  raw loopback TCP (one stream, tokio): {} GB/s",
+            fmt_num(self.raw_tcp_gbps)
+        );
+
+        let _ = writeln!(o, "\nSmall objects: ops/s and latency (µs)");
+        let _ = writeln!(
+            o,
+            "  {:<7} {:<4} {:>6} | {:>8} {:>7} {:>7} | {:>8} {:>7} {:>7} | {:>10}",
+            "object", "op", "flight", "s3dma/s", "p50", "p99", "HTTP/s", "p50", "p99", "ops ratio"
+        );
+        for c in &self.cells {
+            let _ = writeln!(
+                o,
+                "  {:<7} {:<4} {:>6} | {:>8} {:>7} {:>7} | {:>8} {:>7} {:>7} | {:>10}",
+                human_size(c.size.bytes),
+                c.op.label(),
+                c.in_flight,
+                fmt_num(c.s3dma.ops_per_s),
+                fmt_num(c.s3dma.p50_us),
+                fmt_num(c.s3dma.p99_us),
+                fmt_num(c.http.ops_per_s),
+                fmt_num(c.http.p50_us),
+                fmt_num(c.http.p99_us),
+                fmt_ratio(ratio(c.s3dma.ops_per_s, c.http.ops_per_s)),
+            );
+        }
+
+        let _ = writeln!(
+            o,
+            "\nCPU (utime+stime from /proc/PID/stat): s per GB of the large transfers, \
+             µs per request (= ms per 1000) of the small ones"
+        );
+        let _ = writeln!(
+            o,
+            "  {:<20} {:>10} {:>10} {:>12} {:>12}",
+            "process", "s3dma s/GB", "HTTP s/GB", "s3dma µs/req", "HTTP µs/req"
+        );
+        let rows: [(&str, fn(&CpuSecs) -> f64, bool); 5] = [
+            ("dpu-agent", |c| c.agent, false),
+            ("host-shim", |c| c.shim, false),
+            ("storage-target", |c| c.target, true),
+            ("client (this bench)", |c| c.client, true),
+            ("total", |c| c.agent + c.shim + c.target + c.client, true),
+        ];
+        for (name, pick, http) in rows {
+            let h = |v: Option<f64>| if http { fmt_num(v) } else { "-".into() };
+            let _ = writeln!(
+                o,
+                "  {:<20} {:>10} {:>10} {:>12} {:>12}",
+                name,
+                fmt_num(self.cpu_s3dma.s_per_gb(pick)),
+                h(self.cpu_http.s_per_gb(pick)),
+                fmt_num(self.cpu_s3dma.us_per_req(pick)),
+                h(self.cpu_http.us_per_req(pick)),
+            );
+        }
+        o
+    }
+}
+
+/// A number with about three significant digits; `-` when missing.
+#[must_use]
+pub fn fmt_num(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => {
+            let a = v.abs();
+            if a >= 100.0 || a == 0.0 {
+                format!("{v:.0}")
+            } else if a >= 10.0 {
+                format!("{v:.1}")
+            } else if a >= 1.0 {
+                format!("{v:.2}")
+            } else {
+                format!("{v:.3}")
+            }
+        }
+        _ => "-".into(),
+    }
+}
+
+/// `1.85x`; `-` when missing.
+#[must_use]
+pub fn fmt_ratio(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("{v:.2}x"),
+        _ => "-".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K4: Size = Size {
+        bytes: 4096,
+        key: "4k",
+    };
+    const M64: Size = Size {
+        bytes: 64 << 20,
+        key: "64m",
+    };
+    const G1: Size = Size {
+        bytes: 1 << 30,
+        key: "1g",
+    };
+
+    fn report() -> Report {
+        let stats = |ops: f64, p50: f64| CellStats {
+            ops_per_s: Some(ops),
+            p50_us: Some(p50),
+            p99_us: Some(p50 * 3.0),
+            requests: 1000,
+        };
+        Report {
+            quick: false,
+            rounds: 5,
+            cell_secs: 5.0,
+            cpus: 2,
+            data_dir: "/dev/shm/x".into(),
+            sizes: vec![M64, G1],
+            raw_tcp_gbps: Some(4.0),
+            throughput: vec![
+                Throughput {
+                    op: Op::Get,
+                    size: M64,
+                    s3dma_gbps: Some(2.0),
+                    http_gbps: Some(1.0),
+                },
+                Throughput {
+                    op: Op::Get,
+                    size: G1,
+                    s3dma_gbps: Some(3.0),
+                    http_gbps: Some(1.5),
+                },
+                Throughput {
+                    op: Op::Put,
+                    size: G1,
+                    s3dma_gbps: Some(1.0),
+                    http_gbps: None,
+                },
+            ],
+            cells: vec![
+                Cell {
+                    op: Op::Get,
+                    size: K4,
+                    in_flight: 1,
+                    s3dma: stats(2000.0, 400.0),
+                    http: stats(1000.0, 800.0),
+                },
+                Cell {
+                    op: Op::Get,
+                    size: K4,
+                    in_flight: 64,
+                    s3dma: stats(9000.0, 6000.0),
+                    http: stats(3000.0, 20000.0),
+                },
+            ],
+            cpu_s3dma: PathCpu {
+                large: CpuSecs {
+                    agent: 0.5,
+                    shim: 0.1,
+                    target: 2.0,
+                    client: 0.0,
+                },
+                large_bytes: 10_000_000_000,
+                small: CpuSecs {
+                    agent: 1.0,
+                    shim: 0.5,
+                    target: 1.0,
+                    client: 0.25,
+                },
+                small_requests: 10_000,
+            },
+            cpu_http: PathCpu::default(),
+        }
+    }
+
+    #[test]
+    fn json_keys_and_values() {
+        let j = report().json();
+        let f = |k: &str| j.get(k).and_then(Value::as_f64);
+        assert_eq!(f("get_1g_gbps"), Some(3.0));
+        assert_eq!(f("http_get_1g_gbps"), Some(1.5));
+        assert_eq!(f("get_1g_vs_http"), Some(2.0));
+        assert_eq!(f("get_1g_vs_raw_tcp"), Some(0.75));
+        assert_eq!(f("get_64m_gbps"), Some(2.0));
+        assert_eq!(f("raw_tcp_gbps"), Some(4.0));
+        assert_eq!(f("large_object_bytes"), Some(1073741824.0));
+        assert_eq!(f("medium_object_bytes"), Some(67108864.0));
+        assert_eq!(f("get_4k_p50_us"), Some(400.0));
+        assert_eq!(f("get_4k_p99_us"), Some(1200.0));
+        assert_eq!(f("http_get_4k_p50_us"), Some(800.0));
+        assert_eq!(f("get_4k_ops_64"), Some(9000.0));
+        assert_eq!(f("http_get_4k_ops_64"), Some(3000.0));
+        assert_eq!(f("get_4k_ops_64_vs_http"), Some(3.0));
+        assert_eq!(f("get_4k_p50_us_64"), Some(6000.0));
+        assert_eq!(f("agent_cpu_us_per_req"), Some(100.0));
+        assert_eq!(f("shim_cpu_us_per_req"), Some(50.0));
+        assert_eq!(f("client_cpu_us_per_req"), Some(25.0));
+        assert_eq!(f("agent_cpu_s_per_gb"), Some(0.05));
+        assert_eq!(f("target_cpu_s_per_gb"), Some(0.2));
+        // Missing measurements are null, never NaN or a made-up number.
+        assert_eq!(j.get("http_put_1g_gbps"), Some(&Value::Null));
+        assert_eq!(j.get("put_1g_vs_http"), Some(&Value::Null));
+        assert_eq!(j.get("http_target_cpu_s_per_gb"), Some(&Value::Null));
+        // Flat: every value a number or null.
+        assert!(j.values().all(|v| v.is_number() || v.is_null()));
+        // And it serialises.
+        let text = serde_json::to_string(&j).unwrap();
+        assert!(text.starts_with('{'));
+    }
+
+    #[test]
+    fn table_has_the_headline_first() {
+        let t = report().table();
+        let headline = t.find("Headline").unwrap();
+        assert!(headline < t.find("Large objects").unwrap());
+        assert!(t.contains("GET 1 GiB"), "{t}");
+        assert!(t.contains("2.00x"), "{t}");
+        assert!(t.contains("0.75x"), "{t}");
+        assert!(t.contains("GET 4 KiB ops/s @64"), "{t}");
+        assert!(t.contains("3.00x"), "{t}");
+        assert!(
+            t.contains("raw loopback TCP (one stream, tokio): 4.00 GB/s"),
+            "{t}"
+        );
+        assert!(t.contains("dpu-agent"), "{t}");
+        // No NaN or inf anywhere.
+        assert!(!t.contains("NaN") && !t.contains("inf"), "{t}");
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(human_size(4096), "4 KiB");
+        assert_eq!(human_size(64 << 20), "64 MiB");
+        assert_eq!(human_size(1 << 30), "1 GiB");
+        assert_eq!(human_size(1000), "1000 B");
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(fmt_num(Some(1234.5)), "1234");
+        assert_eq!(fmt_num(Some(12.345)), "12.3");
+        assert_eq!(fmt_num(Some(1.2345)), "1.23");
+        assert_eq!(fmt_num(Some(0.12345)), "0.123");
+        assert_eq!(fmt_num(Some(f64::NAN)), "-");
+        assert_eq!(fmt_num(None), "-");
+        assert_eq!(fmt_ratio(Some(1.5)), "1.50x");
+        assert_eq!(fmt_ratio(Some(f64::INFINITY)), "-");
+    }
+}
