@@ -3,8 +3,8 @@
 # BlueField-3's Arm cores) and runs the library unit tests under qemu-user
 # (the runner in .cargo/config.toml: qemu-aarch64-static -L /).
 #
-# What runs: `cargo test --workspace --lib` = every crate's unit tests (the
-# #[cfg(test)] modules in src/), plus a build of every binary.
+# What runs: `cargo test --workspace --lib --bins` = every crate's unit tests
+# (the #[cfg(test)] modules in src/ of libraries and binaries).
 # What is left out, and why:
 #   - tests/ integration suites and bins' own tests: the end-to-end suites
 #     start storage-target, dpu-agent and host-shim as processes over
@@ -33,12 +33,18 @@ fi
 # shellcheck source=images/env-arm64.sh
 source "$IMAGES/env-arm64.sh"
 
-step "cargo test --workspace --lib --target $TARGET --no-run (cross-build)"
-cargo test --workspace --locked --target "$TARGET" --lib --bins --no-run
+# The unit tests exercise logic, not speed: dependencies unoptimised and no
+# debug info halve the cross-build (the native build optimises dependencies
+# because its end-to-end suites move gigabytes). Under qemu they run in
+# seconds either way.
+LEAN=(--config 'profile.dev.package."*".opt-level=0' --config 'profile.dev.debug=false')
+
+step "cargo test --workspace --lib --bins --target $TARGET --no-run (cross-build)"
+cargo test --workspace --locked --target "$TARGET" --lib --bins --no-run "${LEAN[@]}"
 
 if [ "${FULL:-0}" = 1 ]; then
     step "cargo test --workspace --all-targets --target $TARGET --no-run"
-    cargo test --workspace --locked --target "$TARGET" --all-targets --no-run
+    cargo test --workspace --locked --target "$TARGET" --all-targets --no-run "${LEAN[@]}"
 fi
 
 # qemu must load ld.so and libc.so.6 from the same glibc build: with the
@@ -61,7 +67,7 @@ if ! timeout 60 qemu-aarch64-static -L / "$PROBE_DIR/p"; then
     exit 2
 fi
 
-step "cargo test --workspace --lib --target $TARGET (under qemu-aarch64)"
-cargo test --workspace --locked --target "$TARGET" --lib --bins "$@"
+step "cargo test --workspace --lib --bins --target $TARGET (under qemu-aarch64)"
+cargo test --workspace --locked --target "$TARGET" --lib --bins "${LEAN[@]}" "$@"
 
 echo "cross-test.sh: done in ${SECONDS}s"
