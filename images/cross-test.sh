@@ -6,7 +6,7 @@
 # What runs: `cargo test --workspace --lib --bins` = every crate's unit tests
 # (the #[cfg(test)] modules in src/ of libraries and binaries).
 # What is left out, and why:
-#   - tests/ integration suites and bins' own tests: the end-to-end suites
+#   - the tests/ integration suites: the end-to-end suites
 #     start storage-target, dpu-agent and host-shim as processes over
 #     loopback and move gigabytes; under qemu they take many times their
 #     native time, and they test the same Rust code the x86-64 CI runs
