@@ -64,6 +64,10 @@ app.kubernetes.io/part-of: s3dma
 {{/* One shim config; called with dict "V" .Values "node" (overrides). */}}
 {{- define "s3dma.shimConfig" -}}
 {{- $v := .V -}}{{- $n := .node | default dict -}}
+{{- $endpoint := $n.agentEndpoint | default $v.agent.endpoint -}}
+{{- if and $v.agent.tls.enabled (not (hasPrefix "https://" $endpoint)) -}}
+{{- fail (printf "agent.tls.enabled needs an https:// agent endpoint (agent.endpoint / nodes.*.agentEndpoint), not %q" $endpoint) -}}
+{{- end -}}
 # Rendered by the s3dma host-shim Helm chart.
 socket:
   path: {{ printf "/run/s3dma/%s" $v.socket.name | quote }}
@@ -72,7 +76,7 @@ socket:
   group: {{ $v.socket.group | quote }}
   {{- end }}
 agent:
-  endpoint: {{ $n.agentEndpoint | default $v.agent.endpoint | quote }}
+  endpoint: {{ $endpoint | quote }}
   token_file: {{ printf "/etc/s3dma/secrets/%s" ($n.tokenSecretKey | default $v.agent.tokenSecretKey) | quote }}
   {{- if $v.agent.tls.enabled }}
   tls:
