@@ -965,23 +965,11 @@ impl Stack {
         &self.endpoints
     }
 
-    /// The state directory's layout.
-    #[must_use]
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
     /// The tenant's S3 access key id and secret (what the dpu-agent signs
     /// with; for talking to the storage-target directly).
     #[must_use]
     pub fn credentials(&self) -> (&str, &str) {
         (&self.secrets.access_key_id, &self.secrets.secret_access_key)
-    }
-
-    /// Name and pid of each started service, in start order.
-    #[must_use]
-    pub fn pids(&self) -> Vec<(&'static str, u32)> {
-        self.procs.iter().map(|p| (p.name, p.pid)).collect()
     }
 
     /// The pid of the service called `name`.

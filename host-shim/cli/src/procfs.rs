@@ -52,12 +52,6 @@ impl Memory {
             shmem_kib: status_kib(status, "RssShmem").unwrap_or(0),
         })
     }
-
-    /// RSS the process owns: `VmRSS - RssShmem`.
-    #[must_use]
-    pub fn private_kib(&self) -> u64 {
-        self.rss_kib.saturating_sub(self.shmem_kib)
-    }
 }
 
 #[cfg(test)]
@@ -99,7 +93,7 @@ mod tests {
         assert_eq!(status_kib(status, "Vm"), None);
         let m = Memory::parse(status).unwrap();
         assert_eq!(m.rss_kib, 51234);
-        assert_eq!(m.private_kib(), 50234);
+        assert_eq!(m.shmem_kib, 1000);
         assert_eq!(Memory::parse("Name:\tx\n"), None);
         assert_eq!(
             Memory::parse("VmRSS:\t5 kB\n"),

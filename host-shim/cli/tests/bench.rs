@@ -1,0 +1,185 @@
+//! `s3dma bench --quick` and a short `s3dma soak` against the real
+//! storage-target, dpu-agent and host-shim binaries (started by the
+//! commands themselves). No timing thresholds: the bench's numbers only have
+//! to be there, finite and positive; the soak has to pass.
+//!
+//! The three service binaries must sit next to `s3dma` in the target
+//! directory: `cargo test --workspace` (or `cargo build --bins` first)
+//! builds them.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const S3DMA: &str = env!("CARGO_BIN_EXE_s3dma");
+
+fn check_binaries() {
+    let dir = Path::new(S3DMA).parent().unwrap();
+    for b in ["storage-target", "dpu-agent", "host-shim"] {
+        assert!(
+            dir.join(b).is_file(),
+            "{b} is not in {}: build the workspace binaries first \
+             (`cargo build --bins`; `cargo test --workspace` does it)",
+            dir.display()
+        );
+    }
+}
+
+/// The keys every bench run must report.
+const REQUIRED: [&str; 7] = [
+    "get_1g_gbps",
+    "http_get_1g_gbps",
+    "raw_tcp_gbps",
+    "get_4k_p50_us",
+    "http_get_4k_p50_us",
+    "get_4k_ops_64",
+    "agent_cpu_us_per_req",
+];
+
+#[test]
+fn bench_quick_reports_every_number() {
+    check_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = Command::new(S3DMA)
+        .args(["bench", "--quick", "--json"])
+        .arg(&json)
+        .env("TMPDIR", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+
+    let text = std::fs::read_to_string(&json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let obj = v.as_object().expect("a JSON object");
+    let num = |k: &str| -> f64 {
+        let x = obj.get(k).unwrap_or_else(|| panic!("no key {k} in {text}"));
+        x.as_f64()
+            .unwrap_or_else(|| panic!("{k} is {x}, not a number, in {text}"))
+    };
+    let mut keys: Vec<String> = REQUIRED.iter().map(|k| (*k).to_owned()).collect();
+    for op in ["get", "put"] {
+        for size in ["64m", "1g"] {
+            for p in ["", "http_"] {
+                keys.push(format!("{p}{op}_{size}_gbps"));
+            }
+            keys.push(format!("{op}_{size}_vs_http"));
+            keys.push(format!("{op}_{size}_vs_raw_tcp"));
+        }
+        for size in ["4k", "64k"] {
+            for n in [1, 16, 64] {
+                for p in ["", "http_"] {
+                    keys.push(format!("{p}{op}_{size}_ops_{n}"));
+                    keys.push(format!("{p}{op}_{size}_p50_us_{n}"));
+                    keys.push(format!("{p}{op}_{size}_p99_us_{n}"));
+                }
+            }
+        }
+    }
+    for p in ["agent", "shim", "target"] {
+        keys.push(format!("{p}_cpu_us_per_req"));
+        keys.push(format!("{p}_cpu_s_per_gb"));
+    }
+    keys.push("http_target_cpu_us_per_req".into());
+    keys.push("http_target_cpu_s_per_gb".into());
+    for k in &keys {
+        let x = num(k);
+        assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
+    }
+    // Every value is a number (flat), and p99 is never below p50.
+    assert!(obj.values().all(serde_json::Value::is_number), "{text}");
+    for op in ["get", "put"] {
+        for size in ["4k", "64k"] {
+            for n in [1, 16, 64] {
+                let (p50, p99) = (
+                    num(&format!("{op}_{size}_p50_us_{n}")),
+                    num(&format!("{op}_{size}_p99_us_{n}")),
+                );
+                assert!(p99 >= p50, "{op} {size} x{n}: p99 {p99} < p50 {p50}");
+            }
+        }
+    }
+    assert_eq!(num("quick"), 1.0);
+    assert_eq!(num("large_object_bytes"), (64u64 << 20) as f64);
+
+    // The table, headline first, and a progress line per phase.
+    assert!(stdout.contains("Headline"), "{stdout}");
+    assert!(
+        stdout.find("Headline") < stdout.find("Large objects"),
+        "{stdout}"
+    );
+    for phase in [
+        "raw loopback TCP:",
+        "GET 64 MiB via s3dma:",
+        "PUT 64 MiB over HTTP:",
+        "GET 4 KiB x64:",
+        "PUT 64 KiB x16:",
+    ] {
+        assert!(stderr.contains(phase), "no {phase:?} in:\n{stderr}");
+    }
+    // It cleaned up after itself.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "bench.json")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn short_soak_passes() {
+    check_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(S3DMA)
+        .args(["soak", "--duration", "20s", "--clients", "4"])
+        .env("TMPDIR", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let verdicts: Vec<&str> = stdout.lines().filter(|l| l.starts_with("soak: ")).collect();
+    assert_eq!(
+        verdicts.len(),
+        1,
+        "exactly one verdict line expected:\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert_eq!(stdout.lines().last(), Some(verdicts[0]), "{stdout}");
+    assert!(
+        verdicts[0].starts_with("soak: PASS "),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(out.status.success(), "{}", out.status);
+    let samples = stdout
+        .lines()
+        .filter(|l| l.starts_with("soak sample t="))
+        .count();
+    assert!(samples >= 10, "{samples} samples:\n{stdout}");
+    for name in ["storage-target", "dpu-agent", "host-shim"] {
+        assert!(stdout.contains(&format!("| {name} rss=")), "{stdout}");
+    }
+}
+
+#[test]
+fn soak_rejects_bad_arguments_with_one_fail_line() {
+    let out = Command::new(S3DMA)
+        .args(["soak", "--duration", "5s", "--clients", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert_eq!(stdout.trim(), "soak: FAIL --clients must be 1 to 1024");
+    let out = Command::new(S3DMA)
+        .args(["soak", "--duration", "soon"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
