@@ -78,6 +78,24 @@ pub fn build_service(
 ///
 /// # Errors
 /// [`StartError`] if anything fails before serving starts.
+/// Validates a configuration file the way [`run`] would (YAML, every field,
+/// the users' secrets and the fabric key file) without opening the store or
+/// binding any socket: `storage-target --check`.
+///
+/// # Errors
+/// The [`StartError`] `run` would fail with for this file.
+pub fn check(config_path: &Path) -> Result<(), StartError> {
+    let (cfg, _users) = config::Config::load(config_path)?;
+    cfg.rdma
+        .validate()
+        .map_err(|(field, message)| config::ConfigError::Invalid {
+            file: config_path.display().to_string(),
+            field,
+            message,
+        })?;
+    Ok(())
+}
+
 pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), StartError> {
     let (cfg, users) = config::Config::load(config_path)?;
     let data_dir = cfg.data_dir.clone();

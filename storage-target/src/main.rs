@@ -1,4 +1,4 @@
-//! `storage-target --config <file.yaml>`: the s3dma S3 object server.
+//! `storage-target --config <file.yaml> [--check]`: the s3dma S3 object server.
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -16,11 +16,19 @@ struct Args {
     /// Path of the YAML configuration file.
     #[arg(long)]
     config: PathBuf,
+    /// Validate the configuration (and read its secret files), then exit.
+    #[arg(long)]
+    check: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.check {
+        storage_target::check(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        println!("{}: configuration is valid", args.config.display());
+        return Ok(());
+    }
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,s3s=off"));
     tracing_subscriber::fmt()

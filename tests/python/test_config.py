@@ -69,6 +69,28 @@ def test_missing_config_file(tmp_path):
     assert "nope.yaml" in p.stderr, p.stderr
 
 
+def test_check_validates_without_serving(tmp_path):
+    """--check: exit 0 with "configuration is valid" for a good file, the
+    same error as a real start for a bad one; it never binds or opens the store."""
+    cfg = base_config(tmp_path)
+    cfg["data_dir"] = str(tmp_path / "never-created")
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    p = subprocess.run(
+        [str(storage_target_bin()), "--config", str(path), "--check"], capture_output=True, text=True, timeout=20
+    )
+    assert p.returncode == 0, p.stderr
+    assert "configuration is valid" in p.stdout
+    assert not (tmp_path / "never-created").exists()
+    cfg["rdma"] = {"mode": "enabled", "backend": "tcp", "fabric_key_file": str(tmp_path / "missing.key")}
+    path.write_text(yaml.safe_dump(cfg))
+    p = subprocess.run(
+        [str(storage_target_bin()), "--config", str(path), "--check"], capture_output=True, text=True, timeout=20
+    )
+    assert p.returncode != 0
+    assert "rdma.fabric_key_file" in p.stderr and "missing.key" in p.stderr, p.stderr
+
+
 def test_ready_line_sigterm_and_persistence(make_target):
     st: StorageTarget = make_target(metrics=False)
     st.start()
