@@ -125,9 +125,7 @@ step "s3dma configs checked by the binaries (S3DMA_BIN_DIR: BINARY --config FILE
 # the keys the config names when the chart uses secrets.existingSecret); the
 # paths the charts mount (/etc/s3dma/secrets/, /etc/s3dma/config/) are
 # rewritten to it. Workarounds, printed per config when used: a socket.group
-# name that is no group here is checked as the current gid; a binary without
-# --check (storage-target today) is started with a temp data_dir on
-# 127.0.0.1:0 until it prints "... listening on", then stopped.
+# name that is no group here is checked as the current gid.
 if [[ -n "${S3DMA_BIN_DIR:-}" ]]; then
   if bindir=$(cd "$S3DMA_BIN_DIR" 2>/dev/null && pwd); then
     if ! S3DMA_BIN_DIR="$bindir" "$PY" "$HELM_DIR/check_rendered.py" binaries "$OUT"/*.yaml; then

@@ -19,12 +19,9 @@ import json
 import os
 import re
 import secrets
-import selectors
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import jsonschema
 import kubernetes_validate
@@ -135,12 +132,6 @@ SECRET_DIR = "/etc/s3dma/secrets/"
 CONFIG_DIR = "/etc/s3dma/config/"
 
 
-def supports_check(binary):
-    """Whether the binary has a --check flag (from its --help)."""
-    r = subprocess.run([binary, "--help"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
-    return "--check" in r.stdout
-
-
 def throwaway(key):
     """Content for a secret file the chart expects in an existing Secret."""
     # Fabric keys are hex (the binaries parse them); the charts generate *.key
@@ -155,48 +146,10 @@ def run_check(binary, cfg):
     return r.returncode == 0, (r.stdout + r.stderr).strip()
 
 
-def run_until_ready(binary, cfg, ready, timeout=30):
-    """For a binary without --check (storage-target today): start it and wait
-    for its ready line (it loads and validates the whole config, reads the
-    secret files and opens data_dir first), then stop it with SIGTERM.
-    Returns (ok, output)."""
-    p = subprocess.Popen([binary, "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-    out, ok, deadline = b"", False, time.monotonic() + timeout
-    fd = p.stdout.fileno()
-    sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_READ)
-    try:
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break  # it exited
-            out += chunk
-            if any(line.startswith(ready.encode()) for line in out.split(b"\n")):
-                ok = True
-                break
-        if not ok and p.poll() is None:
-            out += f"(no {ready!r} line within {timeout}s)".encode()
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        sel.close()
-        p.stdout.close()
-    return ok, out.decode(errors="replace").strip()
-
-
 def binaries(files):
     """Check each rendered s3dma config with the binary that reads it."""
     bindir = os.environ.get("S3DMA_BIN_DIR", "")
     os.environ["RUST_BACKTRACE"] = "0"  # the binaries' errors without a backtrace
-    has_check = {}
     errors, n = [], 0
     for path in files:
         with open(path) as f:
@@ -224,10 +177,8 @@ def binaries(files):
                 if not os.access(binary, os.X_OK):
                     errors.append(f"{where}: no executable {binary}")
                     continue
-                if binary not in has_check:
-                    has_check[binary] = supports_check(binary)
-                ok, out, notes = check_one(binary, has_check[binary], name, text, rendered_secret)
-                how = "--check" if has_check[binary] else "started until ready (no --check)"
+                ok, out, notes = check_one(binary, name, text, rendered_secret)
+                how = "--check"
                 note = f" [{'; '.join(notes)}]" if notes else ""
                 if ok:
                     print(f"  ok   {where}: {BINARIES[key]} {how}{note}")
@@ -236,7 +187,7 @@ def binaries(files):
     return n, errors
 
 
-def check_one(binary, has_check, name, text, rendered_secret):
+def check_one(binary, name, text, rendered_secret):
     """Write the config and its secret files into a temp dir, rewrite the
     paths the charts mount (SECRET_DIR, CONFIG_DIR) to it, and run the binary.
     Returns (ok, output, notes on what else was adapted)."""
@@ -272,19 +223,10 @@ def check_one(binary, has_check, name, text, rendered_secret):
                 if subs != 1:
                     return False, f"socket.group {group!r}: cannot substitute it (rendered differently)", notes
                 notes.append(f"socket.group {group!r} is not a group here: checked as gid {os.getgid()}")
-        if not has_check:
-            # Started for real: a temp data_dir and loopback port 0 instead of
-            # the pod's volume and ports.
-            text = re.sub(r"^data_dir: .*$", f'data_dir: "{tmp}/data"', text, flags=re.M)
-            text = re.sub(r"^(listen|metrics_listen): .*$", r'\1: "127.0.0.1:0"', text, flags=re.M)
-            notes.append("data_dir, listen, metrics_listen -> temp dir, 127.0.0.1:0")
         cfg = os.path.join(cdir, name)
         with open(cfg, "w") as f:
             f.write(text)
-        if has_check:
-            ok, out = run_check(binary, cfg)
-        else:
-            ok, out = run_until_ready(binary, cfg, ready=f"{os.path.basename(binary)} listening on ")
+        ok, out = run_check(binary, cfg)
         return ok, out.replace(tmp, "$TMP"), notes
 
 
