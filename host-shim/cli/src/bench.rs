@@ -208,7 +208,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
 /// Free bytes of the file system holding `p`.
 fn free_bytes(p: &Path) -> Option<u64> {
     let s = nix::sys::statvfs::statvfs(p).ok()?;
-    u64::from(s.blocks_available()).checked_mul(s.fragment_size())
+    s.blocks_available().checked_mul(s.fragment_size())
 }
 
 /// Clock ticks per second of `/proc/PID/stat` times (`USER_HZ`, 100 on

@@ -67,7 +67,7 @@ pub struct Size {
 pub fn human_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
     for (unit, n) in UNITS {
-        if bytes >= n && bytes % n == 0 {
+        if bytes >= n && bytes.is_multiple_of(n) {
             return format!("{} {unit}", bytes / n);
         }
     }
@@ -158,14 +158,14 @@ pub struct PathCpu {
 impl PathCpu {
     /// Seconds per GB (10^9 bytes) for `pick` of the large phases.
     #[must_use]
-    pub fn s_per_gb(&self, pick: fn(&CpuSecs) -> f64) -> Option<f64> {
+    pub fn s_per_gb(&self, pick: Pick) -> Option<f64> {
         ratio(Some(pick(&self.large)), Some(self.large_bytes as f64 / 1e9))
     }
 
     /// Microseconds per request (= ms per 1000 requests) for `pick` of the
     /// small phases.
     #[must_use]
-    pub fn us_per_req(&self, pick: fn(&CpuSecs) -> f64) -> Option<f64> {
+    pub fn us_per_req(&self, pick: Pick) -> Option<f64> {
         ratio(
             Some(pick(&self.small) * 1e6),
             Some(self.small_requests as f64),
@@ -199,6 +199,9 @@ pub struct Report {
     /// CPU on the HTTP path (agent and shim are idle there).
     pub cpu_http: PathCpu,
 }
+
+/// Picks one process's seconds out of a [`CpuSecs`].
+type Pick = fn(&CpuSecs) -> f64;
 
 fn num(v: Option<f64>) -> Value {
     v.and_then(serde_json::Number::from_f64)
@@ -257,7 +260,7 @@ impl Report {
                 ratio(c.s3dma.ops_per_s, c.http.ops_per_s),
             );
         }
-        let procs: [(&str, fn(&CpuSecs) -> f64); 4] = [
+        let procs: [(&str, Pick); 4] = [
             ("agent", |c| c.agent),
             ("shim", |c| c.shim),
             ("target", |c| c.target),
@@ -409,7 +412,7 @@ impl Report {
             "  {:<20} {:>10} {:>10} {:>12} {:>12}",
             "process", "s3dma s/GB", "HTTP s/GB", "s3dma µs/req", "HTTP µs/req"
         );
-        let rows: [(&str, fn(&CpuSecs) -> f64, bool); 5] = [
+        let rows: [(&str, Pick, bool); 5] = [
             ("dpu-agent", |c| c.agent, false),
             ("host-shim", |c| c.shim, false),
             ("storage-target", |c| c.target, true),

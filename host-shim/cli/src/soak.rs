@@ -260,10 +260,10 @@ async fn soak(
             )),
         }
     }
-    if problems.is_empty() {
-        if let Some(e) = stack.dead() {
-            problems.push(format!("{e:#}"));
-        }
+    if problems.is_empty()
+        && let Some(e) = stack.dead()
+    {
+        problems.push(format!("{e:#}"));
     }
     if problems.is_empty() {
         problems.extend(growth_problems(
@@ -319,7 +319,7 @@ async fn end_gauges(ep: &crate::local::Endpoints) -> Vec<String> {
             }
             let text = texts.get(service).map_or("", String::as_str);
             match metric_sum(text, metric) {
-                Some(v) if v == 0.0 => {}
+                Some(0.0) => {}
                 // A labelled gauge with no series yet (no tenant used it).
                 None if metric != "s3dma_shim_windows_open" => {}
                 Some(v) => bad.push(format!("{metric} is {v} at the end, not 0")),

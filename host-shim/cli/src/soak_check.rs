@@ -399,7 +399,7 @@ mod tests {
             assert!(size <= MAX_SIZE);
         }
         assert_eq!(pick_size(u32::MAX), pick_size(u32::MAX % total));
-        assert!(MULTIPART_SIZE > 64 << 20);
+        const { assert!(MULTIPART_SIZE > 64 << 20) };
     }
 
     #[test]
@@ -487,7 +487,7 @@ mod tests {
     fn shared_memory_is_not_growth() {
         let mut s: Vec<Sample> = (1..=20).map(|t| sample(t, 100, 40)).collect();
         for x in &mut s {
-            let grown = x.at.as_secs() * 100 << 10;
+            let grown = (x.at.as_secs() * 100) << 10;
             x.procs[0].rss_kib += grown;
             x.procs[0].shmem_kib += grown;
         }
