@@ -68,22 +68,40 @@ impl Drop for AbortGuard {
         );
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let r = ctx
-                    .retrying("AbortMultipartUpload", || async {
-                        let mut call = S3Call::new(Method::DELETE, &bucket, Some(&key));
-                        call.query.push(("uploadId", Some(upload_id.clone())));
-                        let reply = ctx.send(call).await?;
-                        match reply.status() {
-                            StatusCode::NO_CONTENT | StatusCode::OK | StatusCode::NOT_FOUND => {
-                                Ok(())
+                // The upload failed most likely because the target is down
+                // or unreachable, so one round of retries is often too
+                // short: keep trying (past the request, which has ended)
+                // for as long as a request may run, or the parts stay on
+                // the target's disk.
+                let s = &ctx.core.settings;
+                let give_up = tokio::time::Instant::now() + s.request_timeout;
+                let r = loop {
+                    let r = ctx
+                        .retrying("AbortMultipartUpload", || async {
+                            let mut call = S3Call::new(Method::DELETE, &bucket, Some(&key));
+                            call.query.push(("uploadId", Some(upload_id.clone())));
+                            let reply = ctx.send(call).await?;
+                            match reply.status() {
+                                StatusCode::NO_CONTENT
+                                | StatusCode::OK
+                                | StatusCode::NOT_FOUND => Ok(()),
+                                _ => Err(ctx.failure(reply).await),
                             }
-                            _ => Err(ctx.failure(reply).await),
-                        }
-                    })
-                    .await;
+                        })
+                        .await;
+                    let transient = match &r {
+                        Err(AgentError::Unavailable(_)) => true,
+                        Err(AgentError::S3(e)) => crate::retry::retryable_status(e.http_status),
+                        _ => false,
+                    };
+                    if !transient || tokio::time::Instant::now() + s.retry.max >= give_up {
+                        break r;
+                    }
+                    tokio::time::sleep(s.retry.max).await;
+                };
                 match r {
                     Ok(()) => debug!(%bucket, "aborted multipart upload"),
-                    Err(e) => warn!(%bucket, error = %e, "aborting a multipart upload failed; the target's stale-upload sweep must collect it"),
+                    Err(e) => warn!(%bucket, error = %e, "aborting a multipart upload failed; its parts stay on the target until it is aborted there"),
                 }
             });
         }
