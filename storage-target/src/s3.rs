@@ -133,6 +133,23 @@ pub fn store_error(e: StoreError) -> S3Error {
             }
             return body_error(inner.as_ref());
         }
+        StoreError::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) =>
+        {
+            // A condition of the server, not a fault of the request: say
+            // so (507 Insufficient Storage, RFC 4918) rather than "internal
+            // error, try again", which a client would retry in vain. The
+            // write's temporary files are gone by now (their guards).
+            error!(error = %e, "store out of space");
+            return S3Error::with_message(
+                C::Custom("InsufficientStorage".into()),
+                "The storage target is out of space: its data directory's filesystem is full (or over quota). Nothing was stored; delete objects or add capacity, then retry.",
+            )
+            .with_status(http::StatusCode::INSUFFICIENT_STORAGE);
+        }
         StoreError::Io(_) | StoreError::Corrupt { .. } => {
             error!(error = %e, "store failure");
             return S3Error::with_message(
@@ -1358,6 +1375,20 @@ mod tests {
         let e = store_error(StoreError::Io(std::io::Error::other("secret path")));
         assert_eq!(e.code(), &S3ErrorCode::InternalError);
         assert!(!e.message().unwrap_or_default().contains("secret"));
+        // ENOSPC and EDQUOT (Linux).
+        for errno in [28, 122] {
+            let e = store_error(StoreError::Io(std::io::Error::from_raw_os_error(errno)));
+            assert_eq!(
+                e.code(),
+                &S3ErrorCode::Custom("InsufficientStorage".into()),
+                "{errno}"
+            );
+            assert_eq!(
+                e.status_code(),
+                Some(http::StatusCode::INSUFFICIENT_STORAGE)
+            );
+            assert!(e.message().unwrap_or_default().contains("out of space"));
+        }
     }
 
     #[test]
