@@ -72,6 +72,12 @@ pub struct Options {
     /// The storage-target's data directory (default: a temporary directory
     /// on /dev/shm when it has room, else under the system's temp dir).
     pub data_dir: Option<PathBuf>,
+    /// Measure an existing stack instead: its storage-target's S3 endpoint
+    /// (with `socket` and the tenant's key in `AWS_ACCESS_KEY_ID` /
+    /// `AWS_SECRET_ACCESS_KEY`).
+    pub endpoint: Option<String>,
+    /// The existing stack's shim socket (default: [`Client::default_socket`]).
+    pub socket: Option<PathBuf>,
 }
 
 /// Sizes and durations derived from the options.
@@ -150,6 +156,103 @@ fn progress(msg: &str) {
 /// the JSON file cannot be written.
 pub async fn run(opts: Options) -> anyhow::Result<()> {
     let plan = Plan::new(&opts)?;
+    let report = match &opts.endpoint {
+        Some(endpoint) => attached(&opts, &plan, endpoint).await?,
+        None => own_stack(&opts, &plan).await?,
+    };
+    print!("{}", report.table());
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&report.json())? + "\n";
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        progress(&format!("wrote {}", path.display()));
+    }
+    Ok(())
+}
+
+/// Measures an existing stack: the shim at `--socket`, the target at
+/// `endpoint`, CPU of the services found by name in /proc (when exactly one
+/// of each runs).
+async fn attached(opts: &Options, plan: &Plan, endpoint: &str) -> anyhow::Result<Report> {
+    if opts.data_dir.is_some() {
+        bail!("--data-dir is for the stack the bench starts; it cannot be used with --endpoint");
+    }
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| anyhow!("--endpoint needs the tenant's S3 key in ${name}"))
+    };
+    let (key_id, secret) = (var("AWS_ACCESS_KEY_ID")?, var("AWS_SECRET_ACCESS_KEY")?);
+    let socket = opts.socket.clone().unwrap_or_else(Client::default_socket);
+    let pids = find_services();
+    if pids.is_none() {
+        progress(
+            "not exactly one dpu-agent, host-shim and storage-target process here: \
+             no CPU figures for them",
+        );
+    }
+    let ctx = Ctx::connect(
+        &socket,
+        endpoint,
+        &key_id,
+        &secret,
+        pids,
+        format!("the stack at {endpoint}"),
+    )
+    .await?;
+    match ctx.s3.create_bucket().bucket(BUCKET).send().await {
+        Ok(_) => {}
+        Err(e)
+            if e.as_service_error().is_some_and(|s| {
+                s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()
+            }) => {}
+        Err(e) => bail!(
+            "creating bucket {BUCKET}: {}",
+            aws_sdk_s3::error::DisplayErrorContext(e)
+        ),
+    }
+    let report = measure(&ctx, plan).await;
+    // Leave the stack as it was (but for the bucket).
+    let mut keys: Vec<String> = plan
+        .sizes
+        .iter()
+        .map(|s| format!("large/{}", s.key))
+        .collect();
+    for size in SMALL {
+        keys.extend((0..IN_FLIGHT[IN_FLIGHT.len() - 1]).map(|i| small_key(size, i)));
+    }
+    for key in keys {
+        if let Err(e) = ctx.s3.delete_object().bucket(BUCKET).key(&key).send().await {
+            progress(&format!(
+                "deleting {BUCKET}/{key}: {}",
+                aws_sdk_s3::error::DisplayErrorContext(e)
+            ));
+        }
+    }
+    report
+}
+
+/// The pids of dpu-agent, host-shim and storage-target on this machine,
+/// when exactly one of each runs.
+fn find_services() -> Option<[u32; 3]> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) {
+            found.push((pid, comm.trim().to_owned()));
+        }
+    }
+    procfs::unique_pids(&found, ["dpu-agent", "host-shim", "storage-target"])
+}
+
+/// Starts a stack in a temporary directory, measures it, stops it.
+async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
     let tmp = tempfile::Builder::new()
         .prefix("s3dma-bench-")
         .tempdir()
@@ -187,7 +290,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let result = match ctx {
         Ok(ctx) => {
             tokio::select! {
-                r = measure(&ctx, &plan) => r,
+                r = measure(&ctx, plan) => r,
                 e = stack.any_exit() => Err(e),
             }
         }
@@ -195,14 +298,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     };
     stack.stop().await;
     drop(shm_dir);
-    let report = result?;
-    print!("{}", report.table());
-    if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&report.json())? + "\n";
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-        progress(&format!("wrote {}", path.display()));
-    }
-    Ok(())
+    result
 }
 
 /// Free bytes of the file system holding `p`.
@@ -225,8 +321,8 @@ fn ticks_per_sec() -> u64 {
 /// Reads the CPU time of the agent, the shim, the target and this process.
 #[derive(Debug, Clone)]
 struct CpuProbe {
-    /// agent, shim, target, self.
-    pids: [u32; 4],
+    /// agent, shim, target (unknown for an attached stack); self.
+    pids: [Option<u32>; 4],
     hz: u64,
 }
 
@@ -234,6 +330,7 @@ impl CpuProbe {
     fn now(&self) -> anyhow::Result<[u64; 4]> {
         let mut out = [0u64; 4];
         for (slot, pid) in out.iter_mut().zip(self.pids) {
+            let Some(pid) = pid else { continue };
             let path = format!("/proc/{pid}/stat");
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
             *slot = procfs::cpu_ticks(&text).ok_or_else(|| anyhow!("cannot parse {path}"))?;
@@ -265,32 +362,48 @@ struct Ctx {
 impl Ctx {
     async fn new(stack: &Stack, data_dir: String) -> anyhow::Result<Ctx> {
         let ep = stack.endpoints();
-        let client = Client::connect(&ep.socket)
-            .await
-            .context("connecting to the host-shim")?;
         let (key_id, secret) = stack.credentials();
-        let conf = aws_sdk_s3::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new(REGION))
-            .endpoint_url(&ep.target_url)
-            .credentials_provider(Credentials::new(key_id, secret, None, None, "s3dma-bench"))
-            .force_path_style(true)
-            .build();
         let pid = |name: &str| {
             stack
                 .pid(name)
                 .ok_or_else(|| anyhow!("{name} is not running"))
         };
+        let pids = [pid("dpu-agent")?, pid("host-shim")?, pid("storage-target")?];
+        Ctx::connect(
+            &ep.socket,
+            &ep.target_url,
+            key_id,
+            secret,
+            Some(pids),
+            data_dir,
+        )
+        .await
+    }
+
+    async fn connect(
+        socket: &Path,
+        target_url: &str,
+        key_id: &str,
+        secret: &str,
+        pids: Option<[u32; 3]>,
+        data_dir: String,
+    ) -> anyhow::Result<Ctx> {
+        let client = Client::connect(socket)
+            .await
+            .context("connecting to the host-shim")?;
+        let conf = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(REGION))
+            .endpoint_url(target_url)
+            .credentials_provider(Credentials::new(key_id, secret, None, None, "s3dma-bench"))
+            .force_path_style(true)
+            .build();
+        let [a, s, t] = pids.map_or([None; 3], |p| p.map(Some));
         Ok(Ctx {
             client,
             s3: aws_sdk_s3::Client::from_conf(conf),
             cpu: CpuProbe {
-                pids: [
-                    pid("dpu-agent")?,
-                    pid("host-shim")?,
-                    pid("storage-target")?,
-                    std::process::id(),
-                ],
+                pids: [a, s, t, Some(std::process::id())],
                 hz: ticks_per_sec(),
             },
             data_dir,
@@ -309,6 +422,7 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
         cell_secs: plan.cell.as_secs_f64(),
         cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         data_dir: ctx.data_dir.clone(),
+        services_cpu: ctx.cpu.pids[..3].iter().all(Option::is_some),
         sizes: plan.sizes.to_vec(),
         ..Report::default()
     };

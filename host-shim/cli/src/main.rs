@@ -174,6 +174,13 @@ enum Cmd {
         /// directory in /dev/shm when it has room, else in $TMPDIR].
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
+        /// Measure an existing stack instead of starting one: its
+        /// storage-target's S3 endpoint (http://IP:PORT). The shim is found
+        /// at --socket (or $S3DMA_SOCKET); the tenant's S3 key is taken from
+        /// $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY; CPU is reported when
+        /// exactly one dpu-agent, host-shim and storage-target run here.
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
@@ -287,12 +294,15 @@ fn main() -> ExitCode {
                 rounds,
                 cell_secs,
                 data_dir,
+                endpoint,
             } => bench::run(bench::Options {
                 quick,
                 json,
                 rounds,
                 cell_secs,
                 data_dir,
+                endpoint,
+                socket: cli.socket,
             })
             .await
             .map_err(|e| Failure::Other(format!("bench: {e:#}"))),

@@ -31,6 +31,21 @@ pub fn status_kib(status: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// The pid of each of `names` among `(pid, comm)` pairs, when each name
+/// belongs to exactly one process.
+#[must_use]
+pub fn unique_pids<const N: usize>(procs: &[(u32, String)], names: [&str; N]) -> Option<[u32; N]> {
+    let mut out = [0u32; N];
+    for (slot, name) in out.iter_mut().zip(names) {
+        let mut it = procs.iter().filter(|(_, c)| c == name);
+        *slot = it.next()?.0;
+        if it.next().is_some() {
+            return None;
+        }
+    }
+    Some(out)
+}
+
 /// What the soak samples of one process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Memory {
@@ -81,6 +96,22 @@ mod tests {
         assert_eq!(cpu_ticks("no parenthesis at all"), None);
         let max = STAT.replace(" 731 96 ", &format!(" {} 1 ", u64::MAX));
         assert_eq!(cpu_ticks(&max), None);
+    }
+
+    #[test]
+    fn unique_pids_by_name() {
+        let procs: Vec<(u32, String)> = [(1, "init"), (7, "dpu-agent"), (9, "host-shim")]
+            .iter()
+            .map(|(p, c)| (*p, (*c).to_owned()))
+            .collect();
+        assert_eq!(
+            unique_pids(&procs, ["host-shim", "dpu-agent"]),
+            Some([9, 7])
+        );
+        assert_eq!(unique_pids(&procs, ["storage-target"]), None);
+        let mut twice = procs.clone();
+        twice.push((10, "host-shim".into()));
+        assert_eq!(unique_pids(&twice, ["host-shim"]), None);
     }
 
     #[test]

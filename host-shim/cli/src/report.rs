@@ -186,6 +186,9 @@ pub struct Report {
     pub cpus: usize,
     /// Where the storage-target kept its data.
     pub data_dir: String,
+    /// Whether the services' CPU was measured (not for an attached stack
+    /// whose processes could not be told apart).
+    pub services_cpu: bool,
     /// The medium and large objects (`64m`, `1g`).
     pub sizes: Vec<Size>,
     /// Raw loopback TCP, GB/s.
@@ -266,24 +269,27 @@ impl Report {
             ("target", |c| c.target),
             ("client", |c| c.client),
         ];
+        let known = |name: &str| self.services_cpu || name == "client";
         for (name, pick) in procs {
+            let k = known(name);
             put(
                 format!("{name}_cpu_s_per_gb"),
-                self.cpu_s3dma.s_per_gb(pick),
+                self.cpu_s3dma.s_per_gb(pick).filter(|_| k),
             );
             put(
                 format!("{name}_cpu_us_per_req"),
-                self.cpu_s3dma.us_per_req(pick),
+                self.cpu_s3dma.us_per_req(pick).filter(|_| k),
             );
         }
         for (name, pick) in &procs[2..] {
+            let k = known(name);
             put(
                 format!("http_{name}_cpu_s_per_gb"),
-                self.cpu_http.s_per_gb(*pick),
+                self.cpu_http.s_per_gb(*pick).filter(|_| k),
             );
             put(
                 format!("http_{name}_cpu_us_per_req"),
-                self.cpu_http.us_per_req(*pick),
+                self.cpu_http.us_per_req(*pick).filter(|_| k),
             );
         }
         m
@@ -420,6 +426,13 @@ impl Report {
             ("total", |c| c.agent + c.shim + c.target + c.client, true),
         ];
         for (name, pick, http) in rows {
+            if !self.services_cpu && name != "client (this bench)" {
+                let _ = writeln!(
+                    o,
+                    "  {name:<20} (not measured: the services' pids are unknown)"
+                );
+                continue;
+            }
             let h = |v: Option<f64>| if http { fmt_num(v) } else { "-".into() };
             let _ = writeln!(
                 o,
@@ -494,6 +507,7 @@ mod tests {
             cell_secs: 5.0,
             cpus: 2,
             data_dir: "/dev/shm/x".into(),
+            services_cpu: true,
             sizes: vec![M64, G1],
             raw_tcp_gbps: Some(4.0),
             throughput: vec![
@@ -585,6 +599,20 @@ mod tests {
         // And it serialises.
         let text = serde_json::to_string(&j).unwrap();
         assert!(text.starts_with('{'));
+    }
+
+    #[test]
+    fn unknown_service_cpu_is_null() {
+        let mut r = report();
+        r.services_cpu = false;
+        let j = r.json();
+        assert_eq!(j.get("agent_cpu_us_per_req"), Some(&Value::Null));
+        assert_eq!(j.get("http_target_cpu_us_per_req"), Some(&Value::Null));
+        assert_eq!(
+            j.get("client_cpu_us_per_req").and_then(Value::as_f64),
+            Some(25.0)
+        );
+        assert!(r.table().contains("dpu-agent            (not measured"));
     }
 
     #[test]
