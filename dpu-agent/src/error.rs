@@ -177,7 +177,9 @@ fn s3_grpc_code(code: &str, http_status: u16) -> Code {
         "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" => Code::PermissionDenied,
         "PreconditionFailed" => Code::FailedPrecondition,
         "InvalidRange" => Code::OutOfRange,
-        "SlowDown" => Code::ResourceExhausted,
+        // A target out of space: "the entire file system is out of space"
+        // is what gRPC's RESOURCE_EXHAUSTED says.
+        "SlowDown" | "InsufficientStorage" => Code::ResourceExhausted,
         "NotImplemented" => Code::Unimplemented,
         _ => match http_status {
             400 | 411 | 413 => Code::InvalidArgument,
@@ -185,7 +187,7 @@ fn s3_grpc_code(code: &str, http_status: u16) -> Code {
             404 => Code::NotFound,
             409 | 412 => Code::FailedPrecondition,
             416 => Code::OutOfRange,
-            429 => Code::ResourceExhausted,
+            429 | 507 => Code::ResourceExhausted,
             501 => Code::Unimplemented,
             500..=599 => Code::Unavailable,
             _ => Code::Internal,
@@ -206,6 +208,8 @@ mod tests {
             ("InvalidRange", 416, Code::OutOfRange),
             ("SlowDown", 503, Code::ResourceExhausted),
             ("InternalError", 500, Code::Unavailable),
+            ("InsufficientStorage", 507, Code::ResourceExhausted),
+            ("XMinioStorageFull", 507, Code::ResourceExhausted),
             ("Whatever", 400, Code::InvalidArgument),
             ("Whatever", 302, Code::Internal),
         ];

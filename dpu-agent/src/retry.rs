@@ -36,8 +36,11 @@ impl RetryPolicy {
 #[must_use]
 pub fn retryable_status(status: u16) -> bool {
     matches!(status, 500..=599 | 429 | 408)
-        // 501 Not Implemented is a definitive answer.
+        // 501 Not Implemented is a definitive answer, and 507 Insufficient
+        // Storage (a full disk) does not clear within a retry's backoff:
+        // retrying would only send the bytes again.
         && status != 501
+        && status != 507
 }
 
 #[cfg(test)]
@@ -78,7 +81,7 @@ mod tests {
         for s in [500, 502, 503, 504, 429, 408] {
             assert!(retryable_status(s), "{s}");
         }
-        for s in [200, 400, 403, 404, 409, 412, 416, 501] {
+        for s in [200, 400, 403, 404, 409, 412, 416, 501, 507] {
             assert!(!retryable_status(s), "{s}");
         }
     }
