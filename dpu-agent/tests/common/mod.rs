@@ -81,19 +81,61 @@ pub struct Target {
     pub dir: tempfile::TempDir,
     config: PathBuf,
     log: PathBuf,
+    /// Command prefix the binary runs under (e.g. `ip netns exec NAME`).
+    wrap: Vec<String>,
+    /// The IP of `listen:`.
+    listen_ip: String,
+}
+
+/// How [`Target::start_opts`] starts a target; [`TargetOpts::new`] gives
+/// what [`Target::start`] does.
+pub struct TargetOpts {
+    /// RDMA enabled (`true`) or disabled.
+    pub rdma: bool,
+    /// The IP to listen on (S3 and metrics).
+    pub listen_ip: String,
+    /// A command prefix to run the binary under, e.g.
+    /// `["ip", "netns", "exec", "NAME"]` (it must exec the binary, so the
+    /// child's pid is the target's).
+    pub wrap: Vec<String>,
+    /// The data directory (default: `data` in the target's temporary
+    /// directory), e.g. a small tmpfs mounted by the test.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl TargetOpts {
+    pub fn new(rdma: bool) -> TargetOpts {
+        TargetOpts {
+            rdma,
+            listen_ip: "127.0.0.1".into(),
+            wrap: Vec::new(),
+            data_dir: None,
+        }
+    }
 }
 
 impl Target {
     /// A target with RDMA enabled (`true`) or disabled, on a fresh directory.
     pub fn start(rdma: bool) -> Target {
+        Target::start_opts(TargetOpts::new(rdma))
+    }
+
+    /// A target as `opts` says.
+    pub fn start_opts(opts: TargetOpts) -> Target {
+        let TargetOpts {
+            rdma,
+            listen_ip,
+            wrap,
+            data_dir,
+        } = opts;
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("fabric.key");
         std::fs::write(&key, FABRIC_KEY_HEX).unwrap();
         let cfg = format!(
-            r#"listen: 127.0.0.1:0
+            r#"listen: {ip}:0
 region: us-east-1
 data_dir: {data}
-metrics_listen: 127.0.0.1:0
+metrics_listen: {ip}:0
 users:
   - access_key_id: {aak}
     secret: {ask}
@@ -115,7 +157,10 @@ rdma:
   fabric_key_file: {key}
   connect_timeout_ms: 2000
 "#,
-            data = dir.path().join("data").display(),
+            ip = listen_ip,
+            data = data_dir
+                .unwrap_or_else(|| dir.path().join("data"))
+                .display(),
             aak = ALICE.0,
             ask = ALICE.1,
             bak = BOB.0,
@@ -134,6 +179,8 @@ rdma:
             dir,
             config,
             log,
+            wrap,
+            listen_ip,
         };
         t.spawn(None);
         t
@@ -148,8 +195,20 @@ rdma:
         );
         if let Some(p) = port {
             // Restart on the same port so the agent's config stays valid.
+            // Only the `listen:` line (not `metrics_listen:`, which keeps
+            // port 0), also on a second restart.
             let text = std::fs::read_to_string(&self.config).unwrap();
-            let text = text.replacen("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{p}"), 1);
+            let ip = &self.listen_ip;
+            let text: String = text
+                .lines()
+                .map(|l| {
+                    if l.starts_with("listen: ") {
+                        format!("listen: {ip}:{p}\n")
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect();
             std::fs::write(&self.config, text).unwrap();
         }
         let log = std::fs::OpenOptions::new()
@@ -157,7 +216,7 @@ rdma:
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut child = Command::new(bin)
+        let mut child = wrapped(&self.wrap, &bin)
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "info,s3s=warn")
@@ -179,6 +238,11 @@ rdma:
 
     pub fn port(&self) -> u16 {
         self.endpoint.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// The process id (None while killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn kill9(&mut self) {
@@ -219,6 +283,18 @@ rdma:
 impl Drop for Target {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// `bin` as a command, run under the prefix `wrap` when it is not empty.
+fn wrapped(wrap: &[String], bin: &Path) -> Command {
+    match wrap.split_first() {
+        None => Command::new(bin),
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
     }
 }
 
@@ -299,6 +375,9 @@ pub struct AgentSpec {
     pub rust_log: &'static str,
     /// `listen.address` (a fixed port survives restarts).
     pub listen: String,
+    /// Command prefix the binary runs under (e.g. `ip netns exec NAME`;
+    /// it must exec the binary). Default: none.
+    pub wrap: Vec<String>,
 }
 
 impl AgentSpec {
@@ -309,6 +388,7 @@ impl AgentSpec {
             alice_quotas: String::new(),
             rust_log: "info",
             listen: "127.0.0.1:0".into(),
+            wrap: Vec::new(),
         }
     }
 
@@ -332,6 +412,7 @@ pub struct Agent {
     log: PathBuf,
     stdout_log: PathBuf,
     rust_log: &'static str,
+    wrap: Vec<String>,
 }
 
 impl Agent {
@@ -438,6 +519,7 @@ transfer:
             dir,
             config,
             rust_log: spec.rust_log,
+            wrap: spec.wrap,
         };
         a.spawn();
         a
@@ -451,7 +533,7 @@ transfer:
             .unwrap();
         // By path rather than CARGO_BIN_EXE_*, so host-shim's tests can
         // start agents with this same harness.
-        let mut child = Command::new(bin_dir().join("dpu-agent"))
+        let mut child = wrapped(&self.wrap, &bin_dir().join("dpu-agent"))
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", self.rust_log)
@@ -686,6 +768,36 @@ pub fn data(len: usize, seed: u64) -> Vec<u8> {
 
 pub fn sha256(b: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(b))
+}
+
+/// The value of metric `name` (summed over its label sets; `name` may
+/// carry labels, e.g. `m{tenant="alice"}`) in Prometheus text.
+pub fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Open file descriptors of process `pid`.
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(Iterator::count)
+        .unwrap_or(0)
+}
+
+/// Anonymous resident memory of process `pid` in KiB (`RssAnon`: what the
+/// process allocated itself; shared tenant memory it maps is not counted).
+pub fn rss_anon_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// The S3 error code in an agent status.

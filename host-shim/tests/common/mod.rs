@@ -30,12 +30,34 @@ pub struct Shim {
     pub metrics: String,
     pub config: PathBuf,
     log: PathBuf,
+    /// Command prefix the binary runs under.
+    wrap: Vec<String>,
+    /// The network namespace it runs in (its metrics are read from there).
+    netns: Option<String>,
+}
+
+/// How [`Shim::start_opts`] starts a shim; the default is what
+/// [`Shim::start`] does.
+#[derive(Default)]
+pub struct ShimOpts {
+    /// The IP its fabric endpoint listens on (targets connect to it);
+    /// default 127.0.0.1.
+    pub fabric_ip: Option<String>,
+    /// A network namespace to run in (`ip netns exec NAME`).
+    pub netns: Option<String>,
+    /// Extra YAML under `agent:` (keys given here replace the defaults).
+    pub agent_yaml: String,
 }
 
 impl Shim {
     /// A shim in `dir` (made world-traversable so other uids reach the
     /// socket) for `agent`: alice = this process's uid, bob = [`BOB_UID`].
     pub fn start(dir: &Path, agent: &Agent) -> Shim {
+        Shim::start_opts(dir, agent, ShimOpts::default())
+    }
+
+    /// A shim as [`Shim::start`] with `opts`.
+    pub fn start_opts(dir: &Path, agent: &Agent, opts: ShimOpts) -> Shim {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(dir.join("fabric.key"), agent::FABRIC_KEY_HEX).unwrap();
         std::fs::write(dir.join("shim.token"), agent::SHIM_TOKEN).unwrap();
@@ -47,13 +69,9 @@ impl Shim {
 agent:
   endpoint: http://{agent}
   token_file: {d}/shim.token
-  connect_timeout_ms: 1000
-  request_timeout_secs: 120
-  backoff_initial_ms: 50
-  backoff_max_ms: 500
-fabric:
+{agent_yaml}fabric:
   backend: tcp
-  listen: 127.0.0.1:0
+  listen: {fabric_ip}:0
   fabric_key_file: {d}/fabric.key
 tenants:
   - name: alice
@@ -70,6 +88,23 @@ metrics:
             d = dir.display(),
             agent = agent.addr,
             bob = BOB_UID,
+            fabric_ip = opts.fabric_ip.as_deref().unwrap_or("127.0.0.1"),
+            agent_yaml = {
+                // Defaults, unless `agent_yaml` sets the same key.
+                let mut lines: Vec<String> = opts.agent_yaml.lines().map(str::to_owned).collect();
+                for d in [
+                    "connect_timeout_ms: 1000",
+                    "request_timeout_secs: 120",
+                    "backoff_initial_ms: 50",
+                    "backoff_max_ms: 500",
+                ] {
+                    let key = d.split(':').next().unwrap();
+                    if !lines.iter().any(|l| l.split(':').next() == Some(key)) {
+                        lines.push(d.to_owned());
+                    }
+                }
+                lines.iter().map(|l| format!("  {l}\n")).collect::<String>()
+            },
         );
         let config = dir.join("shim.yaml");
         std::fs::write(&config, cfg).unwrap();
@@ -79,6 +114,12 @@ metrics:
             metrics: String::new(),
             config,
             log: dir.join("shim.log"),
+            wrap: opts
+                .netns
+                .iter()
+                .flat_map(|n| ["ip".into(), "netns".into(), "exec".into(), n.clone()])
+                .collect(),
+            netns: opts.netns,
         };
         s.spawn();
         s
@@ -90,7 +131,16 @@ metrics:
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut child = Command::new(agent::bin_dir().join("host-shim"))
+        let bin = agent::bin_dir().join("host-shim");
+        let mut cmd = match self.wrap.split_first() {
+            None => Command::new(&bin),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&bin);
+                c
+            }
+        };
+        let mut child = cmd
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "info")
@@ -123,6 +173,11 @@ metrics:
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process id (None once killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -136,7 +191,10 @@ metrics:
             .metrics
             .trim_start_matches("http://")
             .trim_end_matches("/metrics");
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let mut s = match &self.netns {
+            None => std::net::TcpStream::connect(addr).unwrap(),
+            Some(ns) => netns::connect_in(ns, addr),
+        };
         use std::io::{Read as _, Write as _};
         write!(
             s,
@@ -145,13 +203,7 @@ metrics:
         .unwrap();
         let mut text = String::new();
         s.read_to_string(&mut text).unwrap();
-        text.lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        agent::metric_value(&text, name)
     }
 }
 
@@ -269,4 +321,241 @@ pub fn reason(st: &tonic::Status) -> (tonic::Code, String) {
             .map(|i| i.reason)
             .unwrap_or_default(),
     )
+}
+
+/// Network namespaces for fault tests (root only): a "host" namespace
+/// (dpu-agent, host-shim) and a "storage" namespace (storage-target) joined
+/// by a veth pair that a test can take down, delete and bring back.
+pub mod netns {
+    use std::os::fd::AsFd as _;
+    use std::process::Command;
+
+    /// Runs `ip ARGS`, panicking with its output when it fails.
+    pub fn ip(args: &[&str]) {
+        let out = Command::new("ip")
+            .args(args)
+            .output()
+            .expect("the `ip` command (iproute2)");
+        assert!(
+            out.status.success(),
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Two namespaces and the veth between them; both are deleted on drop
+    /// (also when the test panics). Names carry this process's id, so
+    /// concurrent runs never collide, and namespaces left behind by a
+    /// killed run are swept by the next one.
+    pub struct NetnsPair {
+        /// The host side (agent, shim, and the tenant through the socket).
+        pub host: String,
+        /// The storage side (storage-target).
+        pub storage: String,
+        /// The host side's veth (`host_ip`).
+        pub host_if: String,
+        storage_if: String,
+        /// Addresses on the veth.
+        pub host_ip: String,
+        pub storage_ip: String,
+    }
+
+    const PREFIX: &str = "s3dma-fault-";
+
+    impl NetnsPair {
+        pub fn create() -> NetnsPair {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            sweep_stale();
+            let pid = std::process::id();
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let pair = NetnsPair {
+                host: format!("{PREFIX}{pid}-{n}-host"),
+                storage: format!("{PREFIX}{pid}-{n}-storage"),
+                // Interface names are at most 15 bytes.
+                host_if: format!("s3f{}{n}h", pid % 10_000_000),
+                storage_if: format!("s3f{}{n}s", pid % 10_000_000),
+                host_ip: "10.203.0.1".into(),
+                storage_ip: "10.203.0.2".into(),
+            };
+            // From here on, drop cleans up whatever was made.
+            ip(&["netns", "add", &pair.host]);
+            ip(&["netns", "add", &pair.storage]);
+            for ns in [&pair.host, &pair.storage] {
+                ip(&["-n", ns, "link", "set", "lo", "up"]);
+            }
+            pair.link_create();
+            pair
+        }
+
+        /// Creates the veth pair (again, after [`NetnsPair::link_delete`]).
+        pub fn link_create(&self) {
+            ip(&[
+                "-n",
+                &self.host,
+                "link",
+                "add",
+                &self.host_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &self.storage_if,
+                "netns",
+                &self.storage,
+            ]);
+            for (ns, dev, addr) in [
+                (&self.host, &self.host_if, &self.host_ip),
+                (&self.storage, &self.storage_if, &self.storage_ip),
+            ] {
+                ip(&["-n", ns, "addr", "add", &format!("{addr}/30"), "dev", dev]);
+                ip(&["-n", ns, "link", "set", dev, "up"]);
+            }
+        }
+
+        /// Takes the host side's end down: packets stop, connections stall.
+        pub fn link_down(&self) {
+            ip(&["-n", &self.host, "link", "set", &self.host_if, "down"]);
+        }
+
+        /// Brings it back up (the kernel restores the subnet route).
+        pub fn link_up(&self) {
+            ip(&["-n", &self.host, "link", "set", &self.host_if, "up"]);
+        }
+
+        /// Deletes the veth pair (both ends, their addresses and routes).
+        pub fn link_delete(&self) {
+            ip(&["-n", &self.host, "link", "del", &self.host_if]);
+        }
+
+        /// `ip netns exec NAME` as a command prefix.
+        pub fn wrap(ns: &str) -> Vec<String> {
+            ["ip", "netns", "exec", ns]
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    impl Drop for NetnsPair {
+        fn drop(&mut self) {
+            // Deleting a namespace deletes the veth end inside it (and so
+            // the pair). Processes still inside keep it alive until they exit.
+            for ns in [&self.host, &self.storage] {
+                let _ = Command::new("ip").args(["netns", "del", ns]).output();
+            }
+        }
+    }
+
+    /// Deletes this suite's namespaces whose process is gone.
+    fn sweep_stale() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+            return;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            let Some(pid) = name
+                .strip_prefix(PREFIX)
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = Command::new("ip").args(["netns", "del", name]).output();
+            }
+        }
+    }
+
+    /// Moves the calling thread into namespace `ns`.
+    fn enter(ns: &str) {
+        let f = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
+        nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+    }
+
+    /// A TCP connection made from inside `ns` (a socket stays in the
+    /// namespace it was created in, whichever thread uses it).
+    pub fn connect_in(ns: &str, addr: &str) -> std::net::TcpStream {
+        let (ns, addr) = (ns.to_owned(), addr.to_owned());
+        std::thread::spawn(move || {
+            enter(&ns);
+            std::net::TcpStream::connect(addr).unwrap()
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Runs `f()`'s future on a thread inside `ns` (its own current-thread
+    /// runtime, so every socket it opens lives in `ns`).
+    pub async fn run_in<F, Fut, T>(ns: &str, f: F) -> T
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+        T: Send + 'static,
+    {
+        let ns = ns.to_owned();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            enter(&ns);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _ = tx.send(rt.block_on(f()));
+        });
+        rx.await.expect("the namespaced task panicked")
+    }
+}
+
+/// Whether this process may create namespaces and mounts. When it may not,
+/// a root-only test skips (returns `false`) unless `CI` is set, where it
+/// fails: CI runs as root and must run every test.
+pub fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root (network namespaces, tmpfs mounts), and CI is set"
+    );
+    eprintln!("skipping {test}: it needs root (network namespaces, tmpfs mounts)");
+    false
+}
+
+/// A tmpfs of `size` bytes mounted on a fresh directory; unmounted on drop.
+pub struct Tmpfs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(size: u64) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("the `mount` command (util-linux)");
+        assert!(
+            out.status.success(),
+            "mount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { path, _dir: dir }
+    }
+
+    /// Free bytes (statvfs).
+    pub fn free(&self) -> u64 {
+        let st = nix::sys::statvfs::statvfs(&self.path).unwrap();
+        st.blocks_available() * st.fragment_size()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: a process still holding a file there cannot keep it mounted.
+        let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+    }
 }
