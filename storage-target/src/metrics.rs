@@ -252,7 +252,10 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: Cance
                 let metrics = Arc::clone(&metrics);
                 async move { Ok::<_, Infallible>(handle(&req, &metrics)) }
             });
+            // The timer makes hyper enforce its request-head timeout (30 s),
+            // so a stalled peer does not hold its connection for ever.
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
                 .serve_connection(TokioIo::new(stream), svc)
                 .await
             {

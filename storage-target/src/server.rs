@@ -385,6 +385,13 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
     }
 }
 
+/// Time a connection has to send a whole request head, counted from the
+/// connection's start or the end of its previous request (so idle
+/// keep-alive connections close too). hyper enforces it only with a timer;
+/// without one, a peer that sends half a head, or nothing, holds its
+/// connection for ever.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves HTTP/1.1 (keep-alive) on `listener` until `shutdown` is cancelled,
 /// then lets in-flight requests finish (up to `grace`).
 pub async fn serve(
@@ -412,6 +419,8 @@ pub async fn serve(
         tracker.spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), handler);
             tokio::pin!(conn);
             let res = tokio::select! {
