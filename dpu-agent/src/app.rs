@@ -11,7 +11,7 @@ use fabric::Domain;
 use fabric::pool::{SessionPool, StagingPool};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::auth::ShimAuth;
 use crate::config::LoadedConfig;
@@ -203,7 +203,8 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
             .identity(identity)
             .client_ca_root(ca)
             // Shims without a certificate may still use bearer tokens.
-            .client_auth_optional(true);
+            .client_auth_optional(true)
+            .timeout(OPENING_TIMEOUT);
         builder = builder
             .tls_config(tls_cfg)
             .map_err(|e| StartError::Tls(e.to_string()))?;
@@ -211,7 +212,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let service = AgentService::new(Arc::clone(&core), Arc::new(ShimAuth::new(&cfg.shims)));
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
-    let incoming = tokio_stream_from(listener);
+    let incoming = tokio_stream_from(listener, c.listen.tls.is_some());
     let router = builder.add_service(
         s3dma_proto::agent::v1::agent_server::AgentServer::new(service)
             .max_decoding_message_size(16 << 20),
@@ -231,15 +232,70 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     })
 }
 
-/// Accepted connections as the stream tonic serves.
+/// Time a new connection has to open: send the whole HTTP/2 client preface
+/// (plaintext) or finish the TLS handshake. tonic's HTTP/2 handshake has no
+/// timeout of its own (its keep-alive pings start after it), so a peer that
+/// connects and stalls would otherwise hold its connection for ever.
+const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP/2 client preface, the first bytes of every gRPC connection.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Accepted connections as the stream tonic serves. A plaintext connection
+/// is handed over once it has sent the HTTP/2 preface (or anything else,
+/// which tonic refuses at once) and dropped if it stalls before that for
+/// [`OPENING_TIMEOUT`]; with TLS, tonic's handshake timeout does the same.
+/// Accepting stops (the listener closes) when tonic drops the stream.
 fn tokio_stream_from(
     listener: TcpListener,
+    tls: bool,
 ) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    futures::stream::unfold(listener, |l| async move {
-        let r = l.accept().await.map(|(s, _)| {
-            let _ = s.set_nodelay(true);
-            s
-        });
-        Some((r, l))
-    })
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                () = tx.closed() => break,
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // E.g. EMFILE: back off instead of spinning.
+                        warn!(error = %e, "accepting a gRPC connection failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = stream.set_nodelay(true);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let opened = tls
+                    || matches!(
+                        tokio::time::timeout(OPENING_TIMEOUT, h2_opening(&stream)).await,
+                        Ok(Ok(()))
+                    );
+                if opened {
+                    let _ = tx.send(Ok(stream)).await;
+                }
+            });
+        }
+    });
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Waits until the peer has sent the whole HTTP/2 preface, or bytes that
+/// cannot begin one.
+async fn h2_opening(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if n == buf.len() || buf[..n] != H2_PREFACE[..n] {
+            return Ok(());
+        }
+        // Part of the preface so far (peek returns at once while bytes
+        // wait): look again shortly.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }

@@ -252,7 +252,10 @@ impl Metrics {
                         Ok::<_, Infallible>(resp.unwrap_or_default())
                     }
                 });
+                // The timer makes hyper enforce its request-head timeout
+                // (30 s), so a stalled peer does not hold its connection.
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
             });
