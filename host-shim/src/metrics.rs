@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{
     Encoder as _, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry as PromRegistry, TextEncoder,
@@ -179,7 +179,12 @@ impl Metrics {
                         Ok::<_, Infallible>(resp.unwrap_or_default())
                     }
                 });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                // HTTP/1 with a timer, so hyper enforces its request-head
+                // timeout (30 s): a peer that stalls does not hold its
+                // connection for ever (the auto builder waits for the first
+                // bytes without a limit).
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
             });

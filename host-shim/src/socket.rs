@@ -169,10 +169,18 @@ pub async fn accept_loop(
     }
 }
 
-/// Peeks until the first bytes either match the lease magic (true) or
-/// cannot (false: HTTP/2 or garbage, which tonic then rejects).
+/// The HTTP/2 client preface, the first bytes of every gRPC connection.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Peeks until the first bytes are the lease magic (true), the whole
+/// HTTP/2 client preface or anything else (false: tonic serves it, or
+/// rejects it at once). A peer that stops inside the magic or the preface
+/// is cut off by the caller's [`FIRST_BYTES_TIMEOUT`]: tonic's HTTP/2
+/// handshake has no timeout of its own (its keep-alive pings start after
+/// it), so a connection that never finishes the preface would be held for
+/// ever.
 async fn is_lease(stream: &UnixStream) -> io::Result<bool> {
-    let mut buf = [0u8; lease::MAGIC.len()];
+    let mut buf = [0u8; H2_PREFACE.len()];
     loop {
         stream.readable().await?;
         let n = match stream.try_io(Interest::READABLE, || {
@@ -190,13 +198,15 @@ async fn is_lease(stream: &UnixStream) -> io::Result<bool> {
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        if buf[..n] != lease::MAGIC[..n] {
+        let m = n.min(lease::MAGIC.len());
+        if buf[..m] == lease::MAGIC[..m] {
+            if m == lease::MAGIC.len() {
+                return Ok(true);
+            }
+        } else if buf[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
             return Ok(false);
         }
-        if n == buf.len() {
-            return Ok(true);
-        }
-        // A prefix of the magic so far: wait for more bytes.
+        // A prefix of the magic or of the preface so far: wait for more.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
