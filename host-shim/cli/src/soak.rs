@@ -37,8 +37,9 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::local::{Stack, StackOptions};
 use crate::procfs;
 use crate::soak_check::{
-    END_GAUGES, MAX_SIZE, MULTIPART_SIZE, ProcSample, Sample, SoakOp, Totals, growth_problems,
-    metric_sum, pick_op, pick_range, pick_size, sample_interval, sample_line, verdict,
+    END_GAUGES, MAX_SIZE, MULTIPART_SIZE, ProcSample, Sample, SoakOp, Totals, growth,
+    growth_problems, growth_summary, metric_sum, pick_op, pick_range, pick_size, sample_interval,
+    sample_line, verdict,
 };
 
 /// The bucket the soak creates and uses.
@@ -285,7 +286,10 @@ async fn soak(
             Err(e) => problems.push(format!("{e:#}")),
         }
     }
-    Ok(verdict(&shared.totals(), elapsed, &problems))
+    let summary = growth(&samples, NAMES.len(), opts.duration)
+        .map(|g| growth_summary(&g, &NAMES))
+        .unwrap_or_default();
+    Ok(verdict(&shared.totals(), elapsed, &problems, &summary))
 }
 
 /// Waits for every [`END_GAUGES`] metric to read 0; the ones that do not.

@@ -263,9 +263,78 @@ fn median_u64(v: &mut [u64]) -> Option<u64> {
     Some(v[v.len() / 2])
 }
 
-/// Growth problems between the first and the last quarter of `duration`.
-/// With too few samples for quarters, the first and the last sample stand
-/// in.
+/// One service's figures compared by the verdict: private RSS (KiB) and
+/// fds, the first quarter's largest and the last quarter's median.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Growth {
+    /// Private RSS, first quarter, largest.
+    pub rss_first_kib: u64,
+    /// Private RSS, last quarter, median.
+    pub rss_last_kib: u64,
+    /// Open fds, first quarter, largest.
+    pub fds_first: u64,
+    /// Open fds, last quarter, median.
+    pub fds_last: u64,
+}
+
+/// [`Growth`] of each service (in the order of the samples' processes)
+/// between the first and the last quarter of `duration`. With too few
+/// samples for quarters, the first and the last sample stand in; `None`
+/// without samples.
+#[must_use]
+pub fn growth(samples: &[Sample], services: usize, duration: Duration) -> Option<Vec<Growth>> {
+    let (first_s, last_s) = (samples.first()?, samples.last()?);
+    let q1: Vec<&Sample> = samples.iter().filter(|s| s.at <= duration / 4).collect();
+    let q4: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.at >= duration * 3 / 4)
+        .collect();
+    let q1 = if q1.is_empty() { vec![first_s] } else { q1 };
+    let q4 = if q4.is_empty() { vec![last_s] } else { q4 };
+    let out = (0..services)
+        .map(|i| {
+            let first = |f: fn(&ProcSample) -> u64| {
+                q1.iter()
+                    .filter_map(|s| s.procs.get(i).map(f))
+                    .max()
+                    .unwrap_or(0)
+            };
+            let last = |f: fn(&ProcSample) -> u64| {
+                let mut v: Vec<u64> = q4.iter().filter_map(|s| s.procs.get(i).map(f)).collect();
+                median_u64(&mut v).unwrap_or(0)
+            };
+            Growth {
+                rss_first_kib: first(ProcSample::private_kib),
+                rss_last_kib: last(ProcSample::private_kib),
+                fds_first: first(|p| p.fds),
+                fds_last: last(|p| p.fds),
+            }
+        })
+        .collect();
+    Some(out)
+}
+
+/// `name rss A→B MiB fds C→D` for each service, for the closing line.
+#[must_use]
+pub fn growth_summary(growth: &[Growth], names: &[&str]) -> String {
+    names
+        .iter()
+        .zip(growth)
+        .map(|(name, g)| {
+            format!(
+                "{name} rss {:.1}->{:.1} MiB fds {}->{}",
+                g.rss_first_kib as f64 / 1024.0,
+                g.rss_last_kib as f64 / 1024.0,
+                g.fds_first,
+                g.fds_last
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Growth problems between the first and the last quarter of `duration`
+/// (see [`growth`]).
 #[must_use]
 pub fn growth_problems(
     samples: &[Sample],
@@ -274,31 +343,11 @@ pub fn growth_problems(
     clients: usize,
 ) -> Vec<String> {
     let mut problems = Vec::new();
-    let (Some(first_s), Some(last_s)) = (samples.first(), samples.last()) else {
+    let Some(growth) = growth(samples, names.len(), duration) else {
         return problems;
     };
-    let q1: Vec<&Sample> = samples.iter().filter(|s| s.at <= duration / 4).collect();
-    let q4: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| s.at >= duration * 3 / 4)
-        .collect();
-    let q1 = if q1.is_empty() { vec![first_s] } else { q1 };
-    let q4 = if q4.is_empty() { vec![last_s] } else { q4 };
-    for (i, name) in names.iter().enumerate() {
-        let first = |f: fn(&ProcSample) -> u64| {
-            q1.iter()
-                .filter_map(|s| s.procs.get(i).map(f))
-                .max()
-                .unwrap_or(0)
-        };
-        let last = |f: fn(&ProcSample) -> u64| {
-            let mut v: Vec<u64> = q4.iter().filter_map(|s| s.procs.get(i).map(f)).collect();
-            median_u64(&mut v).unwrap_or(0)
-        };
-        let (r1, r4) = (
-            first(ProcSample::private_kib),
-            last(ProcSample::private_kib),
-        );
+    for (name, g) in names.iter().zip(growth) {
+        let (r1, r4) = (g.rss_first_kib, g.rss_last_kib);
         let rss_bound = r1 as f64 * RSS_GROWTH_FACTOR + RSS_GROWTH_SLACK_KIB as f64;
         if r4 as f64 > rss_bound {
             problems.push(format!(
@@ -309,7 +358,7 @@ pub fn growth_problems(
                 mib(RSS_GROWTH_SLACK_KIB)
             ));
         }
-        let (f1, f4) = (first(|p| p.fds), last(|p| p.fds));
+        let (f1, f4) = (g.fds_first, g.fds_last);
         let slack = fd_slack(clients);
         if f4 > f1 + slack {
             problems.push(format!(
@@ -335,18 +384,26 @@ pub struct Totals {
 /// The one closing line: `soak: PASS ...` or `soak: FAIL <reasons>`, and
 /// whether it passed.
 #[must_use]
-pub fn verdict(totals: &Totals, elapsed: Duration, problems: &[String]) -> (bool, String) {
+pub fn verdict(
+    totals: &Totals,
+    elapsed: Duration,
+    problems: &[String],
+    summary: &str,
+) -> (bool, String) {
     let total: u64 = totals.ops.iter().sum();
     let ops: Vec<String> = SoakOp::ALL
         .iter()
         .map(|op| format!("{}={}", op.name(), totals.ops[op.index()]))
         .collect();
-    let stats = format!(
+    let mut stats = format!(
         "{total} ops in {}s ({}), {:.1} GiB moved",
         elapsed.as_secs(),
         ops.join(" "),
         totals.bytes as f64 / (1u64 << 30) as f64,
     );
+    if !summary.is_empty() {
+        let _ = write!(stats, "; {summary}");
+    }
     let mut reasons: Vec<String> = Vec::new();
     if totals.failures > 0 {
         reasons.push(format!(
@@ -530,17 +587,36 @@ mod tests {
             bytes: 3 << 30,
             failures: 0,
         };
-        let (ok, line) = verdict(&t, Duration::from_secs(20), &[]);
+        let (ok, line) = verdict(&t, Duration::from_secs(20), &[], "");
         assert!(ok);
         assert_eq!(
             line,
             "soak: PASS 21 ops in 20s (get=1 range=2 put=3 head=4 list=5 delete=6), 3.0 GiB moved"
+        );
+        let g = Growth {
+            rss_first_kib: 2048,
+            rss_last_kib: 3072,
+            fds_first: 10,
+            fds_last: 12,
+        };
+        let summary = growth_summary(&[g, g], &["a", "b"]);
+        assert_eq!(
+            summary,
+            "a rss 2.0->3.0 MiB fds 10->12, b rss 2.0->3.0 MiB fds 10->12"
+        );
+        let (_, line) = verdict(&t, Duration::from_secs(20), &[], &summary);
+        assert!(
+            line.ends_with(
+                "3.0 GiB moved; a rss 2.0->3.0 MiB fds 10->12, b rss 2.0->3.0 MiB fds 10->12"
+            ),
+            "{line}"
         );
         t.failures = 2;
         let (ok, line) = verdict(
             &t,
             Duration::from_secs(20),
             &["host-shim died;\nlast lines:\n  x".into()],
+            "",
         );
         assert!(!ok);
         assert!(
@@ -550,7 +626,7 @@ mod tests {
             "{line}"
         );
         assert!(!line.contains('\n'));
-        let (ok, line) = verdict(&Totals::default(), Duration::from_secs(1), &[]);
+        let (ok, line) = verdict(&Totals::default(), Duration::from_secs(1), &[], "");
         assert!(!ok && line.contains("no operation completed"), "{line}");
     }
 }
