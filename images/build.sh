@@ -113,13 +113,13 @@ else
 fi
 CHECK="$OUT/check"
 rm -rf "$CHECK"; mkdir -p "$CHECK"
-for f in $(grep -oE '/etc/s3dma/secrets/[^ "]+' "$OUT/agent.yaml" | sort -u); do
+while read -r f; do
     mkdir -p "$CHECK$(dirname "$f")"
     case "$f" in
         *.key) printf '%064x\n' 7 > "$CHECK$f" ;;
         *) echo "check-only-secret-0123456789abcdef" > "$CHECK$f" ;;
     esac
-done
+done < <(grep -oE '/etc/s3dma/secrets/[^ "]+' "$OUT/agent.yaml" | sort -u)
 sed "s|/etc/s3dma/secrets/|$CHECK/etc/s3dma/secrets/|g" "$OUT/agent.yaml" > "$CHECK/agent.yaml"
 # (timeout: bookworm's qemu 7.2 can hang in thread spawn, see cross-test.sh)
 timeout 120 qemu-aarch64-static -L "$ROOTFS" "$ROOTFS/usr/bin/dpu-agent" --config "$CHECK/agent.yaml" --check

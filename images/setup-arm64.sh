@@ -43,7 +43,7 @@ for p in "${PKGS[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "${NEED_UPDATE:-0}" = 1 ] || [ ! -e /var/lib/apt/lists/partial ] \
-        || ! ls /var/lib/apt/lists/ | grep -q '_binary-arm64_Packages'; then
+        || ! compgen -G '/var/lib/apt/lists/*_binary-arm64_Packages*' >/dev/null; then
         $SUDO apt-get update -qq
     fi
     echo "setup-arm64: installing ${missing[*]}"
