@@ -11,6 +11,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-pip          # boto3 / aws CLI test clients
   curl ca-certificates
   iproute2 util-linux procps                # fault tests: netns/veth, tmpfs mounts, ps
+  shellcheck                                # the project's shell scripts
 )
 
 missing=()

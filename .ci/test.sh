@@ -39,6 +39,9 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q tests/python
 step "helm charts: lint, render, validate; rendered configs checked by the binaries"
 S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh
 
+step "shellcheck"
+shellcheck .ci/run .ci/*.sh images/*.sh helm/check.sh storage-target/*.sh tests/bench/*.sh && echo "shellcheck: ok"
+
 step "hadolint"
 .venv/bin/hadolint images/Containerfile.dpu-agent && echo "hadolint: ok"
 
