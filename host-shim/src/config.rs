@@ -132,7 +132,8 @@ pub struct TenantConfig {
     /// match wins over a gid match).
     #[serde(default)]
     pub gids: Vec<u32>,
-    /// Buffers the tenant may hold at once (default 256).
+    /// Buffers the tenant may hold at once (default 256); also how many
+    /// passed fds it may have waiting for RegisterBuffer over all its leases.
     #[serde(default = "default_max_buffers")]
     pub max_buffers: u32,
     /// Total bytes of registered buffers (default 64GiB).

@@ -241,19 +241,40 @@ impl Registry {
         }
     }
 
-    /// Takes a passed fd into the lease and returns its handle.
+    /// Takes a passed fd into `tenant`'s `lease` and returns its handle.
+    ///
+    /// A waiting fd is a descriptor of this process, whose table all tenants
+    /// share: a lease may hold `leases.max_pending_fds` of them, and a tenant,
+    /// over all its leases, no more than its `max_buffers` (more could never
+    /// all be registered), so one tenant's many leases cannot exhaust it.
     ///
     /// # Errors
-    /// The fd is not sealed shared memory, or the lease holds too many.
-    pub fn add_fd(&self, lease: &Lease, fd: OwnedFd) -> Result<Id, ShimError> {
+    /// The fd is not sealed shared memory, or the lease or the tenant holds
+    /// too many.
+    pub fn add_fd(&self, tenant: &Tenant, lease: &Lease, fd: OwnedFd) -> Result<Id, ShimError> {
         let size = check_shared_memory_fd(&fd)?;
         let now = Instant::now();
+        // Lock order: the tenant's state, then pending maps.
+        let st = lock(&tenant.state);
+        let mut elsewhere = 0;
+        for other in st.leases.values().filter(|l| l.id != lease.id) {
+            let mut p = lock(&other.pending);
+            p.retain(|_, p| p.expires > now);
+            elsewhere += p.len();
+        }
         let mut pending = lock(&lease.pending);
         pending.retain(|_, p| p.expires > now);
         if pending.len() >= self.leases.max_pending_fds {
             return Err(ShimError::BufferLimit(format!(
                 "{} passed fds are waiting for RegisterBuffer on this lease (leases.max_pending_fds)",
                 pending.len()
+            )));
+        }
+        let waiting = elsewhere + pending.len();
+        if waiting >= tenant.max_buffers as usize {
+            return Err(ShimError::BufferLimit(format!(
+                "tenant {} has {waiting} passed fds waiting for RegisterBuffer on its leases (at most max_buffers, {})",
+                tenant.name, tenant.max_buffers
             )));
         }
         let handle = Id(rand::random());
@@ -630,7 +651,7 @@ tenants:
     fn buffers_are_scoped_limited_and_released_with_their_lease() {
         let r = registry("");
         let (alice, lease) = r.open_lease(ALICE).unwrap();
-        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        let h = r.add_fd(&alice, &lease, memfd(4096)).unwrap();
         let b = r
             .register_host(&alice, &lease.id.0, &h.0, 4096, "first")
             .unwrap();
@@ -652,7 +673,7 @@ tenants:
             r.release(&bob, b.id).unwrap_err(),
             ShimError::NoSuchBuffer(b.id)
         );
-        let h_bob = r.add_fd(&bob_lease, memfd(4096)).unwrap();
+        let h_bob = r.add_fd(&bob, &bob_lease, memfd(4096)).unwrap();
         assert_eq!(
             r.register_host(&bob, &lease.id.0, &h_bob.0, 4096, "")
                 .unwrap_err()
@@ -660,24 +681,24 @@ tenants:
             "NoSuchLease"
         );
         // Limits: size beyond the file, total bytes, count.
-        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        let h = r.add_fd(&alice, &lease, memfd(4096)).unwrap();
         assert_eq!(
             r.register_host(&alice, &lease.id.0, &h.0, 8192, "")
                 .unwrap_err()
                 .reason(),
             "OutOfBounds"
         );
-        let h = r.add_fd(&lease, memfd(2 << 20)).unwrap();
+        let h = r.add_fd(&alice, &lease, memfd(2 << 20)).unwrap();
         assert_eq!(
             r.register_host(&alice, &lease.id.0, &h.0, 2 << 20, "")
                 .unwrap_err()
                 .reason(),
             "BufferLimit"
         );
-        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        let h = r.add_fd(&alice, &lease, memfd(4096)).unwrap();
         r.register_host(&alice, &lease.id.0, &h.0, 4096, "second")
             .unwrap();
-        let h = r.add_fd(&lease, memfd(4096)).unwrap();
+        let h = r.add_fd(&alice, &lease, memfd(4096)).unwrap();
         let e = r
             .register_host(&alice, &lease.id.0, &h.0, 4096, "")
             .unwrap_err();
@@ -730,10 +751,39 @@ tenants:
     #[test]
     fn pending_fds_are_bounded_per_lease() {
         let r = registry("leases:\n  max_pending_fds: 2\n");
-        let (_alice, lease) = r.open_lease(ALICE).unwrap();
-        r.add_fd(&lease, memfd(4096)).unwrap();
-        r.add_fd(&lease, memfd(4096)).unwrap();
-        let e = r.add_fd(&lease, memfd(4096)).unwrap_err();
+        let (alice, lease) = r.open_lease(ALICE).unwrap();
+        r.add_fd(&alice, &lease, memfd(4096)).unwrap();
+        r.add_fd(&alice, &lease, memfd(4096)).unwrap();
+        let e = r.add_fd(&alice, &lease, memfd(4096)).unwrap_err();
         assert_eq!(e.reason(), "BufferLimit");
+    }
+
+    #[test]
+    fn pending_fds_are_bounded_per_tenant_over_its_leases() {
+        // alice may have 2 buffers: two fds waiting on two leases are all
+        // she may make the shim hold; bob is not affected.
+        let r = registry("");
+        let (alice, a) = r.open_lease(ALICE).unwrap();
+        let (_, b) = r.open_lease(ALICE).unwrap();
+        r.add_fd(&alice, &a, memfd(4096)).unwrap();
+        let h = r.add_fd(&alice, &b, memfd(4096)).unwrap();
+        for lease in [&a, &b] {
+            let e = r.add_fd(&alice, lease, memfd(4096)).unwrap_err();
+            assert_eq!(e.reason(), "BufferLimit");
+            assert!(e.to_string().contains("max_buffers"), "{e}");
+        }
+        let (bob, bob_lease) = r.open_lease(BOB).unwrap();
+        r.add_fd(&bob, &bob_lease, memfd(4096)).unwrap();
+        // Registering one makes room; so does closing a lease.
+        r.register_host(&alice, &b.id.0, &h.0, 4096, "").unwrap();
+        r.add_fd(&alice, &b, memfd(4096)).unwrap();
+        r.add_fd(&alice, &b, memfd(4096)).unwrap_err();
+        r.close_lease(&alice, &a);
+        r.add_fd(&alice, &b, memfd(4096)).unwrap();
+        let (_, c) = r.open_lease(ALICE).unwrap();
+        assert_eq!(
+            r.add_fd(&alice, &c, memfd(4096)).unwrap_err().reason(),
+            "BufferLimit"
+        );
     }
 }

@@ -270,7 +270,7 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
                     .await;
                     break;
                 }
-                Ok(req) => (req.seq, accept_fds(registry, &lease, fds)),
+                Ok(req) => (req.seq, accept_fds(registry, &tenant, &lease, fds)),
             };
             let reply = match result {
                 Ok(id) => Reply::Ok { seq, id },
@@ -287,6 +287,7 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
 
 fn accept_fds(
     registry: &Registry,
+    tenant: &crate::registry::Tenant,
     lease: &crate::registry::Lease,
     mut fds: Vec<OwnedFd>,
 ) -> Result<lease::Id, String> {
@@ -298,7 +299,9 @@ fn accept_fds(
         ));
     }
     let fd = fds.pop().ok_or("no fd")?;
-    registry.add_fd(lease, fd).map_err(|e| e.to_string())
+    registry
+        .add_fd(tenant, lease, fd)
+        .map_err(|e| e.to_string())
 }
 
 /// Reads one 8-byte request frame and the fds that came with it. `None` at
