@@ -166,7 +166,12 @@ pub fn store_error(e: StoreError) -> S3Error {
 fn body_error(e: &(dyn std::error::Error + 'static)) -> S3Error {
     let text = e.to_string();
     debug!(error = %text, "request body error");
-    if text.contains("Sha256Mismatch") {
+    if text.contains(crate::server::BODY_IDLE_MESSAGE) {
+        s3_error!(
+            RequestTimeout,
+            "Your socket connection to the server was not read from or written to within the timeout period."
+        )
+    } else if text.contains("Sha256Mismatch") {
         S3Error::with_message(
             S3ErrorCode::Custom("XAmzContentSHA256Mismatch".into()),
             "The provided 'x-amz-content-sha256' header does not match what was computed.",

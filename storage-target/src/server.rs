@@ -139,27 +139,52 @@ fn default_message(code: &str) -> &'static str {
     }
 }
 
-/// Counts the bytes of a request body.
+/// How long a client may keep the server waiting for request body bytes it
+/// owes, or leave response bytes untaken, before the connection is failed
+/// (S3's `RequestTimeout`): a client that stalls mid-body or stops reading
+/// would otherwise hold its connection, and the object it writes or reads,
+/// for ever.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The display text of a request body that timed out (see [`IDLE_TIMEOUT`]).
+pub(crate) const BODY_IDLE_MESSAGE: &str = "the client sent no request body bytes";
+
+/// Counts the bytes of a request body, and fails it once the client has
+/// sent none for [`IDLE_TIMEOUT`] while the server waits for them.
 struct CountingBody {
     inner: Incoming,
     metrics: Arc<Metrics>,
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl http_body::Body for CountingBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if r.is_pending() {
+            let idle = self
+                .idle
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)));
+            if idle.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{BODY_IDLE_MESSAGE} for {} s", IDLE_TIMEOUT.as_secs()),
+                ))));
+            }
+            return Poll::Pending;
+        }
+        self.idle = None;
         if let Poll::Ready(Some(Ok(f))) = &r
             && let Some(d) = f.data_ref()
         {
             self.metrics.add_bytes_in(d.len() as u64);
         }
-        r
+        r.map(|o| o.map(|r| r.map_err(std::io::Error::other)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -295,6 +320,7 @@ impl Handler {
             let body = s3s::Body::http_body_unsync(CountingBody {
                 inner: body,
                 metrics: Arc::clone(&self.metrics),
+                idle: None,
             });
             let outcome = match crate::precheck::precheck(&mut parts, &self.region) {
                 Ok(()) => self.s3.call(Request::from_parts(parts, body)).await,
@@ -392,6 +418,89 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
 /// connection for ever.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A connection whose writes fail once the client has taken no bytes for
+/// [`IDLE_TIMEOUT`] (the time counts only while a write waits on it).
+struct WriteDeadline {
+    io: tokio::net::TcpStream,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteDeadline {
+    fn new(io: tokio::net::TcpStream) -> Self {
+        WriteDeadline { io, stalled: None }
+    }
+
+    /// Passes a ready result through (and stops the clock); on pending,
+    /// starts the clock or fails once it has run out.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(IDLE_TIMEOUT)));
+        if stalled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the client took no response bytes for {} s",
+                    IDLE_TIMEOUT.as_secs()
+                ),
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl tokio::io::AsyncRead for WriteDeadline {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for WriteDeadline {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.check(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.check(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.check(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.check(cx, r)
+    }
+}
+
 /// Serves HTTP/1.1 (keep-alive) on `listener` until `shutdown` is cancelled,
 /// then lets in-flight requests finish (up to `grace`).
 pub async fn serve(
@@ -421,7 +530,7 @@ pub async fn serve(
                 .keep_alive(true)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), handler);
+                .serve_connection(TokioIo::new(WriteDeadline::new(stream)), handler);
             tokio::pin!(conn);
             let res = tokio::select! {
                 r = conn.as_mut() => r,
