@@ -1,8 +1,9 @@
 //! Fault injection through the whole stack (storage-target + dpu-agent +
 //! host-shim as real processes, the Rust client as the tenant):
 //!
-//! - the storage-target SIGKILLed and restarted during a 1 GiB GET and
-//!   during a 1 GiB multipart PUT;
+//! - the storage-target SIGKILLed during a multipart PUT and kept down
+//!   until the PUT fails (its abort must outlast the outage), and SIGKILLed
+//!   and restarted during a 1 GiB multipart PUT and a 1 GiB GET;
 //! - the link between the host side (agent, shim) and the storage side
 //!   (target), two network namespaces joined by a veth pair, taken down
 //!   during a GET and deleted during a multipart PUT, then restored (root);
@@ -108,6 +109,39 @@ fn clear_error(e: &s3dma_client::Error, kinds: &[ErrorKind]) -> String {
     format!("{:?}/{}: {}", e.kind(), e.code(), e.message())
 }
 
+/// `GET /metrics` at `url` (from namespace `ns` when given).
+fn scrape(ns: Option<&str>, url: &str) -> String {
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let mut s = match ns {
+        None => std::net::TcpStream::connect(addr).unwrap(),
+        Some(ns) => netns::connect_in(ns, addr),
+    };
+    use std::io::{Read as _, Write as _};
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// Files process `pid` holds open that were deleted.
+fn deleted_open_files(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|p| p.display().to_string())
+                .filter(|p| p.ends_with(" (deleted)"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// What a fault test's stack looks like.
 #[derive(Default)]
 struct Opts {
@@ -207,25 +241,13 @@ impl Faults {
     }
 
     fn agent_metrics(&self) -> String {
-        let addr = self
-            .agent
-            .metrics
-            .trim_start_matches("http://")
-            .trim_end_matches("/metrics")
-            .to_owned();
-        let mut s = match &self.net {
-            None => std::net::TcpStream::connect(&addr).unwrap(),
-            Some(n) => netns::connect_in(&n.host, &addr),
-        };
-        use std::io::{Read as _, Write as _};
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
+        let ns = self.net.as_ref().map(|n| n.host.as_str());
+        scrape(ns, &self.agent.metrics)
+    }
+
+    fn target_metrics(&self) -> String {
+        let ns = self.net.as_ref().map(|n| n.storage.as_str());
+        scrape(ns, &self.target.metrics)
     }
 
     fn agent_metric(&self, name: &str, labels: &[&str]) -> f64 {
@@ -255,7 +277,8 @@ impl Faults {
 
     /// Waits until nothing is in flight anywhere and the processes are back
     /// near `base`: no shim window open, no agent request running or
-    /// queued, no staging buffer held; fds within `fd_slack` of the
+    /// queued, no staging buffer held by the agent or the target (a
+    /// transfer stalled by the fault has completed or failed); fds within `fd_slack` of the
     /// baseline (pooled keep-alive connections and fabric sessions may
     /// stay); anonymous memory within a generous bound.
     async fn assert_settled(&self, base: &Baseline, fd_slack: usize) {
@@ -281,6 +304,14 @@ impl Faults {
                     stuck(
                         "agent staging buffers in use",
                         metric_where(&text, "s3dma_agent_staging_buffers_in_use", &[]),
+                    ),
+                    stuck(
+                        "target staging buffers in use",
+                        metric_where(
+                            &self.target_metrics(),
+                            "s3dma_storage_target_rdma_staging_buffers_in_use",
+                            &[],
+                        ),
                     ),
                     (agent::fd_count(a) > base.agent_fds + fd_slack).then(|| {
                         format!(
@@ -437,7 +468,7 @@ async fn assert_no_partial_object(f: &Faults, key: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn target_killed_during_a_1gib_multipart_put_and_get() {
+async fn target_killed_during_multipart_puts_and_a_1gib_get() {
     // 384 MiB/s for alice: 1 GiB takes more than 2.5 s, so a kill after a
     // quarter of it lands mid-transfer.
     // Retries spread over a few seconds, so a chunk or part may outlast
@@ -456,7 +487,49 @@ async fn target_killed_during_a_1gib_multipart_put_and_get() {
     fill(&mut buf, 1);
     let want = sha256(buf.as_slice());
 
-    // PUT: 64 parts of 16 MiB; the kill comes after 16 are stored.
+    // A multipart PUT (16 parts of 16 MiB) whose target dies after 4 parts
+    // and stays down: the PUT fails clearly, and its abort outlasts the
+    // outage. The target comes back only once a whole round of the abort's
+    // retries has failed (11 DELETEs without an answer).
+    let parts_before = f.target_replies("PUT", "200");
+    let deletes_before = f.target_replies("DELETE", "error");
+    let put = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let r = c
+                .put_object_from(
+                    "alice-data",
+                    "doomed",
+                    &buf,
+                    0..256 * MIB,
+                    PutOptions::default(),
+                )
+                .await;
+            (r, buf)
+        }
+    });
+    wait_until("4 parts stored", || {
+        f.target_replies("PUT", "200") >= parts_before + 4.0
+    })
+    .await;
+    assert!(!put.is_finished(), "the PUT should still be running");
+    blocking(|| f.target.kill9());
+    let (put, buf_back) = guard("PUT with the target down", put).await.unwrap();
+    buf = buf_back;
+    let e = put.expect_err("a PUT whose target is down");
+    eprintln!(
+        "PUT with the target down: {}",
+        clear_error(&e, &[ErrorKind::Unavailable])
+    );
+    wait_until("a round of failed aborts", || {
+        f.target_replies("DELETE", "error") >= deletes_before + 11.0
+    })
+    .await;
+    blocking(|| f.target.restart());
+    assert_no_partial_object(&f, "doomed").await;
+
+    // PUT: 64 parts of 16 MiB; the kill comes after 16 are stored, the
+    // target is back 300 ms later.
     let parts_before = f.target_replies("PUT", "200");
     let put = tokio::spawn({
         let c = c.clone();
@@ -835,7 +908,9 @@ async fn agent_killed_and_restarted_under_load() {
         f.uploads("alice-data").await.len()
     );
     f.round_trip(&c, "after", 12 * MIB).await;
-    f.assert_settled(&base, 24).await;
+    // Each loop may leave up to max_chunks_in_flight (8) pooled keep-alive
+    // connections to the target.
+    f.assert_settled(&base, LOOPS * 8 + 8).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -887,7 +962,9 @@ async fn target_disk_full() {
     };
 
     // Through the shim: a single PUT (RDMA READ into the store) and a
-    // multipart one, each larger than the free space.
+    // multipart one, each larger than the free space. A full disk is not
+    // retried (it would only send the bytes again).
+    let retries = f.agent_metric("s3dma_agent_retries_total", &[]);
     for (key, len) in [("single", 32 * MIB), ("multi", 64 * MIB)] {
         let e = guard(
             "PUT on a full disk",
@@ -898,12 +975,23 @@ async fn target_disk_full() {
         eprintln!("{key}: {}", clear_error(&e, &[ErrorKind::SlowDown]));
         assert_eq!(e.code(), "InsufficientStorage", "{e}");
         assert_no_partial_object(&f, key).await;
-        wait_until("the failed write's files removed", || {
-            leftovers(&f).is_empty()
+        // No file left, and all space back (a file deleted while still
+        // open would hold its space without showing in a directory).
+        let settled = tokio::time::timeout(GUARD, async {
+            while !leftovers(&f).is_empty() || fs.free() < free {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         })
         .await;
-        assert!(fs.free() >= free, "{} bytes free, {free} before", fs.free());
+        assert!(
+            settled.is_ok(),
+            "after {key}: files {:?}, {} bytes free ({free} before), target's open deleted files: {:?}",
+            leftovers(&f),
+            fs.free(),
+            deleted_open_files(f.target.pid().unwrap())
+        );
     }
+    assert_eq!(f.agent_metric("s3dma_agent_retries_total", &[]), retries);
 
     // Straight from aws-sdk-s3: an S3 error with a code and status.
     let body = buf.as_slice()[..32 * MIB].to_vec();

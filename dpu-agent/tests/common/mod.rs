@@ -78,6 +78,8 @@ pub struct Target {
     child: Option<Child>,
     /// `http://IP:PORT`.
     pub endpoint: String,
+    /// `http://IP:PORT/metrics` (a new port after each restart).
+    pub metrics: String,
     pub dir: tempfile::TempDir,
     config: PathBuf,
     log: PathBuf,
@@ -176,6 +178,7 @@ rdma:
         let mut t = Target {
             child: None,
             endpoint: String::new(),
+            metrics: String::new(),
             dir,
             config,
             log,
@@ -231,8 +234,10 @@ rdma:
             "storage-target",
             &self.log,
         );
+        let metrics = wait_line(&mut out, "metrics on ", "storage-target", &self.log);
         std::thread::spawn(move || for _ in out.lines() {});
         self.endpoint = ep;
+        self.metrics = metrics;
         self.child = Some(child);
     }
 
