@@ -181,7 +181,8 @@ impl AgentLink {
     }
 
     /// Calls the agent with `message`, the request id and a deadline. A
-    /// broken connection is retried once on a fresh one.
+    /// broken connection is retried once on a fresh one, within what is left
+    /// of the same deadline.
     ///
     /// # Errors
     /// The agent's status, or UNAVAILABLE (with a `s3dma.shim` reason) when
@@ -198,12 +199,16 @@ impl AgentLink {
         F: Fn(AgentClient<Channel>, Request<M>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
     {
+        // (None: a timeout too large to add to now, i.e. no deadline.)
+        let deadline = Instant::now().checked_add(timeout);
         let mut retried = false;
         loop {
             let (channel, generation) = self.channel().map_err(|e| e.into_status(request_id))?;
             let client = AgentClient::new(channel).max_decoding_message_size(16 << 20);
             let mut req = Request::new(message.clone());
-            req.set_timeout(timeout);
+            req.set_timeout(
+                deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now())),
+            );
             if let Some(auth) = &self.inner.settings.authorization {
                 req.metadata_mut().insert("authorization", auth.clone());
             }
@@ -214,7 +219,10 @@ impl AgentLink {
                 Ok(resp) => return Ok(resp.into_inner()),
                 Err(status) if is_link_failure(&status) => {
                     tracing::warn!(request_id, error = %status.message(), "dpu-agent link failed");
-                    if !retried && self.reconnect_now(generation).await {
+                    if !retried
+                        && self.reconnect_now(generation).await
+                        && deadline.is_none_or(|d| Instant::now() < d)
+                    {
                         retried = true;
                         continue;
                     }

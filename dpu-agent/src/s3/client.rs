@@ -172,7 +172,10 @@ impl TargetClient {
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(cfg.max_idle_connections)
-            .pool_idle_timeout(Duration::from_secs(60))
+            // Below the idle limits of S3 servers (our storage-target drops
+            // a connection that sends no request head for 30 s), so a pooled
+            // connection is rarely picked just as the server closes it.
+            .pool_idle_timeout(Duration::from_secs(20))
             .pool_timer(TokioTimer::new())
             .build(connector);
         Ok(Arc::new(TargetClient {
