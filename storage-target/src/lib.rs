@@ -73,37 +73,14 @@ pub fn build_service(
     b.build()
 }
 
-/// Loads the configuration, opens the store, binds the listeners, prints the
-/// bound addresses on stdout and serves until `shutdown` is cancelled.
-///
-/// # Errors
-/// [`StartError`] if anything fails before serving starts.
-/// Validates a configuration file the way [`run`] would (YAML, every field,
-/// the users' secrets and the fabric key file) without opening the store or
-/// binding any socket: `storage-target --check`.
-///
-/// # Errors
-/// The [`StartError`] `run` would fail with for this file.
-pub fn check(config_path: &Path) -> Result<(), StartError> {
-    let (cfg, _users) = config::Config::load(config_path)?;
-    cfg.rdma
-        .validate()
-        .map_err(|(field, message)| config::ConfigError::Invalid {
-            file: config_path.display().to_string(),
-            field,
-            message,
-        })?;
-    Ok(())
-}
+/// A loaded configuration: the file, its users with their secrets, and the
+/// fabric key when RDMA is enabled.
+type Loaded = (config::Config, Vec<config::User>, Option<fabric::FabricKey>);
 
-pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), StartError> {
+/// Reads and validates everything `run` needs from the configuration file
+/// (YAML, every field, the users' secrets, the fabric key file).
+fn load_config(config_path: &Path) -> Result<Loaded, StartError> {
     let (cfg, users) = config::Config::load(config_path)?;
-    let data_dir = cfg.data_dir.clone();
-    let store = tokio::task::spawn_blocking(move || store::Store::open(&data_dir))
-        .await
-        .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
-    let store = Arc::new(store);
-    let metrics = Arc::new(metrics::Metrics::new());
     let key = cfg
         .rdma
         .validate()
@@ -112,6 +89,31 @@ pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), 
             field,
             message,
         })?;
+    Ok((cfg, users, key))
+}
+
+/// Validates a configuration file the way [`run`] would, without opening
+/// the store or binding any socket: `storage-target --check`.
+///
+/// # Errors
+/// The [`StartError`] `run` would fail with for this file.
+pub fn check(config_path: &Path) -> Result<(), StartError> {
+    load_config(config_path).map(|_| ())
+}
+
+/// Loads the configuration, opens the store, binds the listeners, prints the
+/// bound addresses on stdout and serves until `shutdown` is cancelled.
+///
+/// # Errors
+/// [`StartError`] if anything fails before serving starts.
+pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), StartError> {
+    let (cfg, users, key) = load_config(config_path)?;
+    let data_dir = cfg.data_dir.clone();
+    let store = tokio::task::spawn_blocking(move || store::Store::open(&data_dir))
+        .await
+        .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
+    let store = Arc::new(store);
+    let metrics = Arc::new(metrics::Metrics::new());
     let rdma = Arc::new(rdma::RdmaService::start(
         &cfg.rdma,
         key,
