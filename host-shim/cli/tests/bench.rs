@@ -7,22 +7,10 @@
 //! directory: `cargo test --workspace` (or `cargo build --bins` first)
 //! builds them.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 
-const S3DMA: &str = env!("CARGO_BIN_EXE_s3dma");
-
-fn check_binaries() {
-    let dir = Path::new(S3DMA).parent().unwrap();
-    for b in ["storage-target", "dpu-agent", "host-shim"] {
-        assert!(
-            dir.join(b).is_file(),
-            "{b} is not in {}: build the workspace binaries first \
-             (`cargo build --bins`; `cargo test --workspace` does it)",
-            dir.display()
-        );
-    }
-}
+mod common;
+use common::{S3DMA, check_binaries};
 
 /// The keys every bench run must report.
 const REQUIRED: [&str; 7] = [

@@ -15,7 +15,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sha2::{Digest as _, Sha256};
 
-const S3DMA: &str = env!("CARGO_BIN_EXE_s3dma");
+mod common;
+use common::{S3DMA, check_binaries};
 
 /// A running `s3dma local`; stopped (and its children killed) on drop.
 struct Local {
@@ -28,18 +29,6 @@ struct Local {
     /// Holds the state directory, the socket and local mode's stderr.
     root: PathBuf,
     _dir: Option<tempfile::TempDir>,
-}
-
-fn check_binaries() {
-    let dir = Path::new(S3DMA).parent().unwrap();
-    for b in ["storage-target", "dpu-agent", "host-shim"] {
-        assert!(
-            dir.join(b).is_file(),
-            "{b} is not in {}: build the workspace binaries first \
-             (`cargo build --bins`; `cargo test --workspace` does it)",
-            dir.display()
-        );
-    }
 }
 
 impl Local {
