@@ -109,26 +109,6 @@ fn clear_error(e: &s3dma_client::Error, kinds: &[ErrorKind]) -> String {
     format!("{:?}/{}: {}", e.kind(), e.code(), e.message())
 }
 
-/// `GET /metrics` at `url` (from namespace `ns` when given).
-fn scrape(ns: Option<&str>, url: &str) -> String {
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics");
-    let mut s = match ns {
-        None => std::net::TcpStream::connect(addr).unwrap(),
-        Some(ns) => netns::connect_in(ns, addr),
-    };
-    use std::io::{Read as _, Write as _};
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
-}
-
 /// Files process `pid` holds open that were deleted.
 fn deleted_open_files(pid: u32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

@@ -187,24 +187,28 @@ metrics:
 
     /// One metric's value (summed over its label sets), from `/metrics`.
     pub fn metric(&self, name: &str) -> f64 {
-        let addr = self
-            .metrics
-            .trim_start_matches("http://")
-            .trim_end_matches("/metrics");
-        let mut s = match &self.netns {
-            None => std::net::TcpStream::connect(addr).unwrap(),
-            Some(ns) => netns::connect_in(ns, addr),
-        };
-        use std::io::{Read as _, Write as _};
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        agent::metric_value(&text, name)
+        agent::metric_value(&scrape(self.netns.as_deref(), &self.metrics), name)
     }
+}
+
+/// `GET /metrics` at `url` (from network namespace `ns` when given).
+pub fn scrape(ns: Option<&str>, url: &str) -> String {
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let mut s = match ns {
+        None => std::net::TcpStream::connect(addr).unwrap(),
+        Some(ns) => netns::connect_in(ns, addr),
+    };
+    use std::io::{Read as _, Write as _};
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
 }
 
 impl Drop for Shim {
