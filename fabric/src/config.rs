@@ -218,6 +218,7 @@ pub fn parse_fabric_key(text: &str) -> Result<FabricKey, String> {
 /// `<path>: <what is wrong>` (never the key itself).
 pub fn read_fabric_key_file(path: impl AsRef<Path>) -> Result<FabricKey, String> {
     let path = path.as_ref();
+    check_private_file(path)?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let key = parse_fabric_key(&text).map_err(|m| format!("{}: {m}", path.display()));
@@ -300,6 +301,7 @@ impl Drop for Secret {
 /// # Errors
 /// The file cannot be read or holds only whitespace.
 pub fn read_secret_file(path: &Path) -> Result<Secret, String> {
+    check_private_file(path)?;
     let raw = Secret::new(
         std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
@@ -309,6 +311,30 @@ pub fn read_secret_file(path: &Path) -> Result<Secret, String> {
         return Err(format!("{} is empty", path.display()));
     }
     Ok(Secret::new(value.to_owned()))
+}
+
+/// Checks that a secret file is private: group and others have no access
+/// (mode 0600, 0400 or stricter). A key that others can read is no longer a
+/// secret, so every service refuses to start with one rather than warn. The
+/// file's own mode counts (a symlink, as Kubernetes mounts secrets, is
+/// followed to it).
+///
+/// # Errors
+/// `PATH has mode 0644: ...` with the `chmod` that fixes it, or
+/// `cannot read PATH: ...`.
+pub fn check_private_file(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} has mode {mode:04o}: a secret file must not be accessible to group or others (chmod 600 {})",
+            path.display(),
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that a file a configuration names can be opened for reading and
@@ -521,7 +547,17 @@ mod tests {
             "{e}"
         );
         std::fs::write(&p, format!("{}\n", "ab".repeat(32))).unwrap();
+        // Readable by others: refused, naming the file and its mode.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_fabric_key_file(&p).unwrap_err();
+        assert!(e.contains("fabric.key has mode 0644") && e.contains("chmod 600"), "{e}");
+        assert!(!e.contains("abab"), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(read_fabric_key_file(&p).is_ok());
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(read_fabric_key_file(&p).is_ok());
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&p, "abcd").unwrap();
         let e = read_fabric_key_file(&p).unwrap_err();
         let name = p.display().to_string();

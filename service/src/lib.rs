@@ -1,0 +1,17 @@
+//! What the three s3dma services (storage-target, dpu-agent, host-shim)
+//! share beyond the fabric:
+//!
+//! - [`escape`]: names that reach a log (keys, buckets, metadata names,
+//!   request ids) are written with control characters escaped, so a key
+//!   with a newline cannot forge a log line and ANSI escapes never reach a
+//!   terminal.
+//! - [`metrics`]: the one `/metrics` server, on loopback TCP (the default),
+//!   a Unix socket only its owner can open, and/or behind a bearer token.
+//! - [`private`]: state and socket directories that belong to the user who
+//!   runs the service, and files created only its owner can read.
+
+pub mod escape;
+pub mod metrics;
+pub mod private;
+
+pub use escape::Escaped;

@@ -1,0 +1,257 @@
+//! The one `/metrics` server every service runs.
+//!
+//! Prometheus text is served at `GET /metrics` on any of:
+//! - a TCP address (`metrics.address`; the services default to loopback),
+//! - a Unix socket (`metrics.unix_socket`) created mode 0600, on which only
+//!   a peer running as the service's own user or as root is served (checked
+//!   with `SO_PEERCRED` at accept, so the moment between bind and chmod
+//!   lets nobody in),
+//!
+//! and, with `metrics.bearer_token_file`, only to requests carrying
+//! `Authorization: Bearer <token>` (compared in constant time; anything else
+//! gets 401 and no metric). Metric labels name tenants and their traffic,
+//! which other local users should not read: the Unix socket or the token
+//! keep them to the operator.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::os::fd::AsFd as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fabric::config::Secret;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinHandle;
+
+/// Renders the service's metrics in Prometheus text format.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Where and how to serve `/metrics`.
+#[derive(Debug, Default)]
+pub struct MetricsOptions {
+    /// TCP listen address (port 0 picks a free port).
+    pub address: Option<SocketAddr>,
+    /// Unix socket path (mode 0600; a stale socket file is replaced).
+    pub unix_socket: Option<PathBuf>,
+    /// When set, every scrape must carry `Authorization: Bearer <token>`.
+    pub bearer_token: Option<Secret>,
+}
+
+/// Why the metrics server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The TCP address could not be bound.
+    #[error("metrics.address {addr}: cannot listen: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Unix socket could not be made.
+    #[error("metrics.unix_socket {}: {what}: {source}", path.display())]
+    UnixSocket {
+        /// The path.
+        path: PathBuf,
+        /// Which step failed.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something other than a socket is at the Unix socket's path.
+    #[error("metrics.unix_socket {}: exists and is not a socket; refusing to replace it", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+}
+
+/// A running metrics server; dropping it stops serving (and removes the Unix
+/// socket file).
+#[derive(Debug)]
+pub struct MetricsServer {
+    /// The bound TCP address, if any.
+    pub address: Option<SocketAddr>,
+    /// The Unix socket, if any.
+    pub unix_socket: Option<PathBuf>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Binds what `opts` names and serves `render` there. With neither an
+    /// address nor a socket, nothing is served (and nothing fails).
+    ///
+    /// # Errors
+    /// [`MetricsError`]: a bind failed or the socket path is taken.
+    pub async fn start(opts: MetricsOptions, render: Render) -> Result<MetricsServer, MetricsError> {
+        let token = opts.bearer_token.map(Arc::new);
+        let mut tasks = Vec::new();
+        let mut address = None;
+        if let Some(addr) = opts.address {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| MetricsError::Bind { addr, source })?;
+            address = Some(l.local_addr().map_err(|source| MetricsError::Bind { addr, source })?);
+            let (render, token) = (Arc::clone(&render), token.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((s, _)) => {
+                            let _ = s.set_nodelay(true);
+                            spawn_conn(s, Arc::clone(&render), token.clone());
+                        }
+                        Err(e) => backoff(&e).await,
+                    }
+                }
+            }));
+        }
+        let mut unix_socket = None;
+        if let Some(path) = opts.unix_socket {
+            let l = bind_unix(&path)?;
+            let me = nix::unistd::geteuid().as_raw();
+            let (render, token) = (Arc::clone(&render), token.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((s, _)) => {
+                            let uid = nix::sys::socket::getsockopt(
+                                &s.as_fd(),
+                                nix::sys::socket::sockopt::PeerCredentials,
+                            )
+                            .map(|c| c.uid());
+                            match uid {
+                                Ok(uid) if uid == me || uid == 0 => {
+                                    spawn_conn(s, Arc::clone(&render), token.clone());
+                                }
+                                Ok(uid) => tracing::debug!(uid, "metrics socket: peer refused"),
+                                Err(e) => tracing::debug!(error = %e, "metrics socket: no peer credentials"),
+                            }
+                        }
+                        Err(e) => backoff(&e).await,
+                    }
+                }
+            }));
+            unix_socket = Some(path);
+        }
+        Ok(MetricsServer { address, unix_socket, tasks })
+    }
+
+    /// Where it serves, for the "listening on" line.
+    #[must_use]
+    pub fn describe(&self) -> Option<String> {
+        match (&self.address, &self.unix_socket) {
+            (Some(a), Some(p)) => Some(format!("http://{a}/metrics and unix:{}", p.display())),
+            (Some(a), None) => Some(format!("http://{a}/metrics")),
+            (None, Some(p)) => Some(format!("unix:{}", p.display())),
+            (None, None) => None,
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Some(p) = &self.unix_socket {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+async fn backoff(e: &std::io::Error) {
+    // EMFILE and friends: back off instead of spinning.
+    tracing::warn!(error = %e, "metrics accept failed");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+fn bind_unix(path: &Path) -> Result<UnixListener, MetricsError> {
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+    let err = |what, source| MetricsError::UnixSocket { path: path.to_owned(), what, source };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(MetricsError::NotASocket { path: path.to_owned() });
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(err(
+                "in use",
+                std::io::Error::new(std::io::ErrorKind::AddrInUse, "another process answers there"),
+            ));
+        }
+        std::fs::remove_file(path).map_err(|e| err("cannot remove the stale socket", e))?;
+    }
+    let l = UnixListener::bind(path).map_err(|e| err("cannot bind", e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| err("cannot chmod 600", e))?;
+    Ok(l)
+}
+
+fn spawn_conn<S>(stream: S, render: Render, token: Option<Arc<Secret>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let resp = respond(&req, &render, token.as_deref());
+            async move { Ok::<_, Infallible>(resp) }
+        });
+        // The timer makes hyper enforce its request-head timeout (30 s), so
+        // a stalled peer does not hold its connection for ever.
+        let _ = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .serve_connection(TokioIo::new(stream), svc)
+            .await;
+    });
+}
+
+/// Whether `req` carries the bearer token (constant-time comparison).
+fn authorized(req: &Request<Incoming>, token: &Secret) -> bool {
+    use subtle::ConstantTimeEq as _;
+    let Some(given) = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    given.ct_eq(token.expose().as_bytes()).into()
+}
+
+fn respond(req: &Request<Incoming>, render: &Render, token: Option<&Secret>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, body: &'static [u8]| {
+        let mut r = Response::new(Full::new(Bytes::from_static(body)));
+        *r.status_mut() = status;
+        r
+    };
+    if req.uri().path() != "/metrics" {
+        return reply(StatusCode::NOT_FOUND, b"see /metrics\n");
+    }
+    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, b"GET /metrics\n");
+    }
+    if let Some(token) = token
+        && !authorized(req, token)
+    {
+        let mut r = reply(StatusCode::UNAUTHORIZED, b"a bearer token is required\n");
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    }
+    let mut r = Response::new(Full::new(Bytes::from(render())));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
+}
