@@ -208,7 +208,9 @@ def check_one(binary, name, text, rendered_secret):
                 return False, f"the config names secret files the chart's Secret lacks: {', '.join(missing)}", notes
             files = rendered_secret
         for k, v in files.items():
-            with open(os.path.join(sdir, k), "wb") as f:
+            # Secret files must be private (the charts mount them 0400/0440).
+            fd = os.open(os.path.join(sdir, k), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 f.write(v)
         # host-shim resolves a socket.group name on the node it runs on; a
         # name this machine lacks is checked as the current gid instead.

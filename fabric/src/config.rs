@@ -313,8 +313,11 @@ pub fn read_secret_file(path: &Path) -> Result<Secret, String> {
     Ok(Secret::new(value.to_owned()))
 }
 
-/// Checks that a secret file is private: group and others have no access
-/// (mode 0600, 0400 or stricter). A key that others can read is no longer a
+/// Checks that a secret file is private: others have no access at all, and
+/// the group none either unless the file's group is one of this process's
+/// own groups (Kubernetes mounts secrets `root:<fsGroup>` mode 0440 for a
+/// non-root container; on a host, give the service a group of its own) and
+/// the group cannot write it. A key that others can read is no longer a
 /// secret, so every service refuses to start with one rather than warn. The
 /// file's own mode counts (a symlink, as Kubernetes mounts secrets, is
 /// followed to it).
@@ -327,9 +330,16 @@ pub fn check_private_file(path: &Path) -> Result<(), String> {
     let meta =
         std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
+    let own_group = || {
+        let gid = nix::unistd::Gid::from_raw(meta.gid());
+        gid == nix::unistd::getegid()
+            || nix::unistd::getgroups().is_ok_and(|groups| groups.contains(&gid))
+    };
+    let others = mode & 0o007 != 0;
+    let group = mode & 0o070 != 0 && (mode & 0o020 != 0 || !own_group());
+    if others || group {
         return Err(format!(
-            "{} has mode {mode:04o}: a secret file must not be accessible to group or others (chmod 600 {})",
+            "{} has mode {mode:04o}: a secret file must not be accessible to others, nor to a group this service is not in (chmod 600 {})",
             path.display(),
             path.display()
         ));
@@ -552,6 +562,13 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = read_fabric_key_file(&p).unwrap_err();
         assert!(e.contains("fabric.key has mode 0644") && e.contains("chmod 600"), "{e}");
+        for refused in [0o604, 0o660, 0o606] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(refused)).unwrap();
+            assert!(read_fabric_key_file(&p).is_err(), "{refused:o}");
+        }
+        // Group-readable is fine when the group is ours (Kubernetes' fsGroup).
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o440)).unwrap();
+        assert!(read_fabric_key_file(&p).is_ok());
         assert!(!e.contains("abab"), "{e}");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(read_fabric_key_file(&p).is_ok());

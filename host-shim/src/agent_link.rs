@@ -218,7 +218,7 @@ impl AgentLink {
             match f(client, req).await {
                 Ok(resp) => return Ok(resp.into_inner()),
                 Err(status) if is_link_failure(&status) => {
-                    tracing::warn!(request_id, error = %status.message(), "dpu-agent link failed");
+                    tracing::warn!(request_id, error = %s3dma_service::Escaped(status.message()), "dpu-agent link failed");
                     if !retried
                         && self.reconnect_now(generation).await
                         && deadline.is_none_or(|d| Instant::now() < d)

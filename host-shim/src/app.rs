@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fabric::{Domain, Endpoint, EndpointConfig};
-use tokio::net::TcpListener;
+use s3dma_service::metrics::{MetricsOptions, MetricsServer};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::{AdmissionLayer, MethodLimits};
 use crate::agent_link::{AgentLink, LinkSettings};
 use crate::config::LoadedConfig;
 use crate::metrics::Metrics;
@@ -30,13 +31,11 @@ pub enum StartError {
     #[error("{0}")]
     Agent(String),
     /// The metrics listener.
-    #[error("metrics.address {addr}: {source}")]
-    Metrics {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Metrics(#[from] s3dma_service::metrics::MetricsError),
+    /// The tenants' limits do not fit the shim's file-descriptor limit.
+    #[error("{0}")]
+    FdLimit(String),
 }
 
 /// A running shim.
@@ -46,8 +45,10 @@ pub struct Running {
     pub socket: PathBuf,
     /// Where the fabric endpoint serving tenant memory listens.
     pub fabric_addr: String,
-    /// Where `/metrics` is served.
+    /// Where `/metrics` is served over TCP.
     pub metrics_addr: Option<SocketAddr>,
+    /// The metrics server (TCP and/or Unix socket).
+    pub metrics_server: MetricsServer,
     /// Shared metrics.
     pub metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -82,6 +83,39 @@ impl Running {
     }
 }
 
+/// Bytes of request headers one call may send (gRPC needs a few hundred).
+const MAX_HEADER_LIST: u32 = 16 << 10;
+
+/// File descriptors the shim needs besides the tenants' (the agent link,
+/// the fabric endpoint and its connections, metrics, logs).
+const FD_RESERVE: u64 = 512;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, then checks that every
+/// tenant at its caps fits: a tenant holds at most `max_connections`
+/// connections (each may carry one fd in an unfinished lease frame) and
+/// `2 × max_buffers` fds (registered buffers and passed fds waiting for
+/// RegisterBuffer), so no tenant can starve another of descriptors.
+fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
+        .map_err(|e| StartError::FdLimit(format!("cannot read RLIMIT_NOFILE: {e}")))?;
+    let mut limit = soft;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        limit = hard;
+    }
+    let need: u64 = FD_RESERVE
+        + c.tenants
+            .iter()
+            .map(|t| 2 * u64::from(t.max_connections) + 2 * u64::from(t.max_buffers))
+            .sum::<u64>();
+    if need > limit {
+        return Err(StartError::FdLimit(format!(
+            "the tenants' limits need up to {need} file descriptors (2 × max_connections + 2 × max_buffers each, plus {FD_RESERVE}) but RLIMIT_NOFILE is {limit}; raise it (LimitNOFILE= in the systemd unit, ulimit -n) or lower the tenants' max_connections / max_buffers"
+        )));
+    }
+    Ok(())
+}
+
 /// Starts the shim.
 ///
 /// # Errors
@@ -104,19 +138,18 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     .map_err(StartError::Agent)?;
     let agent = AgentLink::connect(settings, Arc::clone(&metrics)).await;
 
-    let metrics_addr = match c.metrics.address {
-        None => None,
-        Some(addr) => {
-            let l = TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Metrics { addr, source })?;
-            let bound = l
-                .local_addr()
-                .map_err(|source| StartError::Metrics { addr, source })?;
-            tokio::spawn(Arc::clone(&metrics).serve(l));
-            Some(bound)
-        }
-    };
+    check_fd_limit(c)?;
+    let render_from = Arc::clone(&metrics);
+    let metrics_server = MetricsServer::start(
+        MetricsOptions {
+            address: c.metrics.address,
+            unix_socket: c.metrics.unix_socket.clone(),
+            bearer_token: cfg.metrics_token.clone(),
+        },
+        Arc::new(move || render_from.render()),
+    )
+    .await?;
+    let metrics_addr = metrics_server.address;
 
     let registry = Arc::new(Registry::new(c, domain, Arc::clone(&metrics)));
     let service = TenantService::new(
@@ -135,18 +168,30 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         registry,
         Arc::clone(&metrics),
         tx,
+        Duration::from_secs(c.socket.idle_timeout_secs),
     ));
     let incoming = futures::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|c| c.map(Ok::<_, std::io::Error>))
     });
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
+    let limits = MethodLimits::new(
+        c.tenants
+            .iter()
+            .map(|t| t.max_batch_items)
+            .max()
+            .unwrap_or(1),
+    );
+    let max_message = limits.max();
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(c.socket.max_streams_per_connection)
+        .http2_max_header_list_size(MAX_HEADER_LIST)
+        .layer(AdmissionLayer::new(Arc::clone(&metrics), limits))
         .add_service(
             s3dma_proto::tenant::v1::tenant_server::TenantServer::new(service)
-                .max_decoding_message_size(16 << 20),
+                .max_decoding_message_size(max_message),
         );
     let server = tokio::spawn(async move {
         router
@@ -158,6 +203,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         socket: c.socket.path.clone(),
         fabric_addr,
         metrics_addr,
+        metrics_server,
         metrics,
         shutdown,
         server,

@@ -52,6 +52,14 @@ pub struct SocketConfig {
     /// Group owning the socket (name or numeric gid); absent = the shim's.
     #[serde(default)]
     pub group: Option<String>,
+    /// Seconds a tenant's gRPC connection may stay open with no call in
+    /// progress before the shim closes it (default 300; clients reconnect
+    /// on their next call). Lease connections live as long as their process.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+    /// Concurrent calls (HTTP/2 streams) on one gRPC connection (default 64).
+    #[serde(default = "default_max_streams_per_connection")]
+    pub max_streams_per_connection: u32,
 }
 
 /// `agent:`
@@ -140,9 +148,27 @@ pub struct TenantConfig {
     #[serde(default = "default_max_buffer_bytes")]
     pub max_buffer_bytes: ByteSize,
     /// Requests the tenant may have in the shim at once (default 256);
-    /// more get RESOURCE_EXHAUSTED at once. The agent's quotas apply too.
+    /// more get RESOURCE_EXHAUSTED at once, before their message is read.
+    /// Each running item of a GetObjects batch counts as one request. The
+    /// agent's quotas apply too.
     #[serde(default = "default_max_concurrent_requests")]
     pub max_concurrent_requests: u32,
+    /// Connections (gRPC and lease) the tenant's processes may hold open at
+    /// once (default 256); more are closed at accept, before a byte is read.
+    /// Every connection is a file descriptor of the shim: together with
+    /// `max_buffers` this bounds what one tenant can take of the shim's fd
+    /// limit, checked at start-up against `RLIMIT_NOFILE`.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Windows (remote-accessible slices of the tenant's buffers) live at
+    /// once (default 1024); a request that would exceed it gets
+    /// RESOURCE_EXHAUSTED.
+    #[serde(default = "default_max_windows")]
+    pub max_windows: u32,
+    /// Items in one GetObjects batch (default 1024); a larger batch is
+    /// INVALID_ARGUMENT. Windows are minted as items start, not up front.
+    #[serde(default = "default_max_batch_items")]
+    pub max_batch_items: u32,
 }
 
 /// `leases:`
@@ -171,16 +197,44 @@ impl Default for LeaseConfig {
 }
 
 /// `metrics:`
+///
+/// Metric labels carry tenant names and their traffic: anyone who can reach
+/// the TCP address can read them. Keep it on loopback, or use `unix_socket`
+/// (only the shim's user and root can connect) and/or `bearer_token_file`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// Serve Prometheus metrics at `GET /metrics` here; absent = off.
+    /// Serve Prometheus metrics at `GET /metrics` on this TCP address, e.g.
+    /// `127.0.0.1:9103`; absent = no TCP listener.
     #[serde(default)]
     pub address: Option<SocketAddr>,
+    /// Also (or only) serve them on this Unix socket, created mode 0600;
+    /// only peers running as the shim's user or root are answered.
+    #[serde(default)]
+    pub unix_socket: Option<PathBuf>,
+    /// A file (mode 0600) holding a token every scrape must send as
+    /// `Authorization: Bearer <token>`; absent = no token asked.
+    #[serde(default)]
+    pub bearer_token_file: Option<PathBuf>,
 }
 
 fn default_socket_mode() -> String {
     "0660".into()
+}
+fn default_idle_timeout_secs() -> u64 {
+    300
+}
+fn default_max_streams_per_connection() -> u32 {
+    64
+}
+fn default_max_connections() -> u32 {
+    256
+}
+fn default_max_windows() -> u32 {
+    1024
+}
+fn default_max_batch_items() -> u32 {
+    1024
 }
 fn default_connect_timeout_ms() -> u64 {
     2000
@@ -229,6 +283,8 @@ pub struct LoadedConfig {
     pub agent_token: Option<Secret>,
     /// The fabric key.
     pub fabric_key: FabricKey,
+    /// The metrics bearer token.
+    pub metrics_token: Option<Secret>,
 }
 
 /// Reads, parses and validates `path`, and reads the files it names.
@@ -265,12 +321,21 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     }
     let fabric_key = fabric::config::read_fabric_key_file(&config.fabric.fabric_key_file)
         .map_err(|m| v.err("fabric.fabric_key_file", m))?;
+    let metrics_token = match &config.metrics.bearer_token_file {
+        None => None,
+        Some(p) => Some(
+            fabric::config::read_secret_file(p)
+                .map_err(|m| v.err("metrics.bearer_token_file", m))?,
+        ),
+    };
+    check_socket_dir(&config.socket.path).map_err(|m| v.err("socket.path", m))?;
     Ok(LoadedConfig {
         config,
         socket_mode,
         socket_gid,
         agent_token,
         fabric_key,
+        metrics_token,
     })
 }
 
@@ -380,7 +445,17 @@ impl Config {
                 1,
                 1 << 20,
             )?;
+            v.range(&f("max_connections"), u64::from(t.max_connections), 1, 1 << 20)?;
+            v.range(&f("max_windows"), u64::from(t.max_windows), 1, 1 << 24)?;
+            v.range(&f("max_batch_items"), u64::from(t.max_batch_items), 1, 100_000)?;
         }
+        v.range("socket.idle_timeout_secs", self.socket.idle_timeout_secs, 1, 86_400)?;
+        v.range(
+            "socket.max_streams_per_connection",
+            u64::from(self.socket.max_streams_per_connection),
+            1,
+            1024,
+        )?;
         let l = &self.leases;
         v.range("leases.fd_handle_ttl_secs", l.fd_handle_ttl_secs, 1, 3600)?;
         v.range("leases.max_pending_fds", l.max_pending_fds as u64, 1, 4096)?;
@@ -441,6 +516,19 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         ));
     }
     Ok(mode)
+}
+
+/// The socket's directory must exist, be a real directory (no symlink)
+/// owned by the shim's user or root, and be writable by nobody else:
+/// otherwise another local user could replace the socket with their own and
+/// receive tenants' memory.
+fn check_socket_dir(socket: &Path) -> Result<(), String> {
+    let dir = match socket.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let me = s3dma_service::private::current_uid();
+    s3dma_service::private::check_socket_dir(dir, &[me, 0]).map_err(|e| e.to_string())
 }
 
 fn resolve_group(g: &str) -> Result<u32, String> {

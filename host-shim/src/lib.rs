@@ -9,6 +9,7 @@
 //! * [`config`], [`metrics`], [`error`], [`app`] (wiring).
 //!
 //! See `docs/ARCHITECTURE.md` ("host-shim").
+pub mod admission;
 pub mod agent_link;
 pub mod app;
 pub mod config;

@@ -26,6 +26,8 @@ fn main() -> anyhow::Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: log files stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cfg = host_shim::config::load(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?;
     if args.check {
@@ -46,6 +48,9 @@ fn main() -> anyhow::Result<()> {
         println!("host-shim listening on {}", running.socket.display());
         if let Some(m) = running.metrics_addr {
             println!("metrics on http://{m}/metrics");
+        }
+        if let Some(p) = &running.metrics_server.unix_socket {
+            println!("metrics socket {}", p.display());
         }
         use std::io::Write as _;
         let _ = std::io::stdout().flush();

@@ -155,39 +155,4 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
-
-    /// Serves `GET /metrics` on `listener` until the task is dropped.
-    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            };
-            let metrics = Arc::clone(&self);
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let body = (req.uri().path() == "/metrics").then(|| metrics.render());
-                    async move {
-                        let resp = match body {
-                            Some(text) => Response::builder()
-                                .header("content-type", "text/plain; version=0.0.4")
-                                .body(Full::new(Bytes::from(text))),
-                            None => Response::builder()
-                                .status(404)
-                                .body(Full::new(Bytes::from_static(b"see /metrics\n"))),
-                        };
-                        Ok::<_, Infallible>(resp.unwrap_or_default())
-                    }
-                });
-                // HTTP/1 with a timer, so hyper enforces its request-head
-                // timeout (30 s): a peer that stalls does not hold its
-                // connection for ever (the auto builder waits for the first
-                // bytes without a limit).
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    }
 }

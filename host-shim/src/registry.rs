@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,63 @@ pub struct Tenant {
     pub requests: Arc<Semaphore>,
     /// The configured request limit.
     pub max_concurrent_requests: u32,
+    /// Connections (gRPC and lease) open at once.
+    pub connections: Arc<Semaphore>,
+    /// The configured connection limit.
+    pub max_connections: u32,
+    /// Items in one GetObjects batch.
+    pub max_batch_items: u32,
+    /// The configured live-window limit.
+    pub max_windows: u32,
+    windows: AtomicUsize,
+    /// Fds received in lease frames that have not completed yet.
+    in_frame_fds: AtomicUsize,
     state: Mutex<TenantState>,
+}
+
+/// One live window of a tenant, counted until dropped.
+#[derive(Debug)]
+pub struct WindowSlot(Arc<Tenant>);
+
+impl Drop for WindowSlot {
+    fn drop(&mut self) {
+        self.0.windows.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An fd received in a lease frame that has not completed, counted against
+/// the tenant's fd budget until the frame is handled or dropped.
+#[derive(Debug)]
+pub struct InFrameFd(Arc<Tenant>);
+
+impl Drop for InFrameFd {
+    fn drop(&mut self) {
+        self.0.in_frame_fds.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Tenant {
+    /// Counts one more live window, unless the tenant is at `max_windows`.
+    ///
+    /// # Errors
+    /// [`ShimError::TooManyRequests`].
+    pub fn window_slot(self: &Arc<Self>) -> Result<WindowSlot, ShimError> {
+        let max = self.max_windows as usize;
+        self.windows
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .map_err(|n| {
+                ShimError::TooManyRequests(format!(
+                    "tenant {} has {n} windows open (max_windows {max}); retry when requests end",
+                    self.name
+                ))
+            })?;
+        Ok(WindowSlot(Arc::clone(self)))
+    }
+
+    /// Windows open now.
+    pub fn windows_open(&self) -> usize {
+        self.windows.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -142,6 +198,12 @@ impl Registry {
                     max_buffer_bytes: t.max_buffer_bytes.0,
                     requests: Arc::new(Semaphore::new(t.max_concurrent_requests as usize)),
                     max_concurrent_requests: t.max_concurrent_requests,
+                    connections: Arc::new(Semaphore::new(t.max_connections as usize)),
+                    max_connections: t.max_connections,
+                    max_batch_items: t.max_batch_items,
+                    max_windows: t.max_windows,
+                    windows: AtomicUsize::new(0),
+                    in_frame_fds: AtomicUsize::new(0),
                     state: Mutex::default(),
                 })
             })
@@ -270,7 +332,10 @@ impl Registry {
                 pending.len()
             )));
         }
-        let waiting = elsewhere + pending.len();
+        // Fds in other leases' unfinished frames (the caller has released
+        // this one's count before adding it).
+        let in_frames = tenant.in_frame_fds.load(Ordering::Acquire);
+        let waiting = elsewhere + pending.len() + in_frames;
         if waiting >= tenant.max_buffers as usize {
             return Err(ShimError::BufferLimit(format!(
                 "tenant {} has {waiting} passed fds waiting for RegisterBuffer on its leases (at most max_buffers, {})",
@@ -287,6 +352,42 @@ impl Registry {
             },
         );
         Ok(handle)
+    }
+
+    /// Counts an fd that arrived in a lease frame not yet complete against
+    /// the tenant's fd budget (`max_buffers` over fds waiting for
+    /// RegisterBuffer and fds in frames), so fds sent without finishing
+    /// their frame cannot pile up in the shim.
+    ///
+    /// # Errors
+    /// [`ShimError::BufferLimit`] when the budget is used up.
+    pub fn hold_in_frame_fd(&self, tenant: &Arc<Tenant>) -> Result<InFrameFd, ShimError> {
+        let now = Instant::now();
+        let waiting: usize = {
+            let st = lock(&tenant.state);
+            st.leases
+                .values()
+                .map(|l| {
+                    let mut p = lock(&l.pending);
+                    p.retain(|_, p| p.expires > now);
+                    p.len()
+                })
+                .sum()
+        };
+        let max = tenant.max_buffers as usize;
+        tenant
+            .in_frame_fds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (waiting + n < max).then_some(n + 1)
+            })
+            .map_err(|n| {
+                ShimError::BufferLimit(format!(
+                    "tenant {} has {} passed fds waiting (in lease frames or for RegisterBuffer; at most max_buffers, {max})",
+                    tenant.name,
+                    waiting + n
+                ))
+            })?;
+        Ok(InFrameFd(Arc::clone(tenant)))
     }
 
     fn lease(&self, tenant: &Tenant, lease: &[u8]) -> Result<Arc<Lease>, ShimError> {

@@ -6,14 +6,26 @@
 //! GET, remote-read for PUT), lives no longer than the request's deadline,
 //! and is revoked when the request ends: it is dropped before the reply is
 //! sent, and when the tenant cancels (tonic drops the handler) it drops
-//! with it.
+//! with it. A tenant has at most `max_windows` live windows.
+//!
+//! Each call arrives admitted by [`crate::admission`] (it holds one of the
+//! tenant's request permits). A GetObjects batch runs its items as single
+//! agent GetObject calls, each holding a request permit and minting its
+//! window only when it starts: the batch's own permit runs items one at a
+//! time, and as many more as the tenant has free permits (up to the
+//! requested concurrency) run beside it.
+//!
+//! Request ids: the shim always makes its own (`shim-<hex>`), sends it to
+//! the agent and returns it in errors; a tenant's `x-request-id` is only
+//! logged, escaped, as `client_request_id`.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric::{Access, Endpoint, Window};
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
+use s3dma_service::Escaped;
 use s3dma_proto::agent::v1 as agent;
 use s3dma_proto::agent::v1::agent_client::AgentClient;
 use s3dma_proto::tenant::v1 as api;
@@ -21,18 +33,20 @@ use tokio::sync::OwnedSemaphorePermit;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::admission::Admitted;
 use crate::agent_link::AgentLink;
 use crate::error::ShimError;
 use crate::metrics::Metrics;
-use crate::registry::{Buffer, InUse, Peer, Registry, Tenant};
+use crate::registry::{Buffer, InUse, Peer, Registry, Tenant, WindowSlot};
+use crate::socket::ConnInfo;
 
 /// Extra life of a window past the request's deadline (a guard only: the
 /// window is revoked when the request ends).
 const WINDOW_GRACE: Duration = Duration::from_secs(5);
 
-/// Items in one GetObjects batch (each holds a window while it runs); the
-/// agent's own limit.
-const MAX_BATCH_ITEMS: usize = 100_000;
+/// Items of one batch running at once when the tenant asks for no
+/// concurrency.
+const DEFAULT_BATCH_CONCURRENCY: u32 = 8;
 
 /// The tenant service.
 #[derive(Debug, Clone)]
@@ -61,6 +75,7 @@ struct MintedWindow {
     token: String,
     metrics: Arc<Metrics>,
     _in_use: InUse,
+    _slot: WindowSlot,
 }
 
 impl Drop for MintedWindow {
@@ -88,35 +103,22 @@ impl TenantService {
         }
     }
 
-    /// Identifies the caller, admits the call and fixes its deadline.
+    /// Identifies the caller, takes the permit admission gave the call and
+    /// fixes its deadline.
     fn begin<T>(&self, req: &Request<T>, op: &'static str) -> Result<Call, Status> {
-        let request_id = request_id(req);
-        let Some(peer) = req.extensions().get::<Peer>().copied() else {
-            return Err(
-                ShimError::Internal("no peer credentials on this connection".into())
-                    .into_status(&request_id),
-            );
+        let request_id = format!("shim-{:016x}", rand::random::<u64>());
+        if let Some(client_id) = client_request_id(req) {
+            tracing::debug!(request_id = %request_id, client_request_id = %Escaped(client_id), op, "call");
+        }
+        let conn = req.extensions().get::<ConnInfo>();
+        let permit = req.extensions().get::<Admitted>().and_then(Admitted::take);
+        let (Some(conn), Some(permit)) = (conn, permit) else {
+            return Err(ShimError::Internal(
+                "the call was not admitted on a tenant connection".into(),
+            )
+            .into_status(&request_id));
         };
-        let tenant = self.registry.tenant_of(peer).map_err(|e| {
-            self.metrics
-                .requests
-                .with_label_values(&["", op, code_name(e.code())])
-                .inc();
-            e.into_status(&request_id)
-        })?;
-        let permit = Arc::clone(&tenant.requests)
-            .try_acquire_owned()
-            .map_err(|_| {
-                let e = ShimError::TooManyRequests(format!(
-                    "tenant {} has {} requests in the shim already (max_concurrent_requests); retry later",
-                    tenant.name, tenant.max_concurrent_requests
-                ));
-                self.metrics
-                    .requests
-                    .with_label_values(&[&tenant.name, op, code_name(e.code())])
-                    .inc();
-                e.into_status(&request_id)
-            })?;
+        let (peer, tenant) = (conn.peer, Arc::clone(&conn.tenant));
         let timeout =
             grpc_timeout(req.metadata()).map_or(self.max_timeout, |t| t.min(self.max_timeout));
         Ok(Call {
@@ -151,7 +153,7 @@ impl TenantService {
             ),
             Err(s) => tracing::info!(
                 request_id = %call.request_id, tenant = %call.tenant.name, op = call.op,
-                pid = call.peer.pid, code = ?s.code(), message = %s.message(), "failed"
+                pid = call.peer.pid, code = ?s.code(), message = %Escaped(s.message()), "failed"
             ),
         }
         result.map(Response::new)
@@ -175,10 +177,12 @@ impl TenantService {
         e.into_status(&call.request_id)
     }
 
-    /// Mints a window over `[offset, offset+len)` of `buffer`.
+    /// Mints a window over `[offset, offset+len)` of `buffer`, living at
+    /// most `timeout` (plus a grace), counted against the tenant's windows.
     fn mint(
         &self,
-        call: &Call,
+        tenant: &Arc<Tenant>,
+        timeout: Duration,
         buffer: Arc<Buffer>,
         offset: u64,
         len: u64,
@@ -187,9 +191,10 @@ impl TenantService {
         let (Ok(off), Ok(n)) = (usize::try_from(offset), usize::try_from(len)) else {
             return Err(ShimError::OutOfBounds("offset or length too large".into()));
         };
+        let slot = tenant.window_slot()?;
         let window = buffer
             .region
-            .window(off, n, access, Some(call.timeout + WINDOW_GRACE))
+            .window(off, n, access, Some(timeout + WINDOW_GRACE))
             .map_err(|e| ShimError::Internal(format!("cannot mint a window: {e}")))?;
         let token = self.endpoint.token(&window).map_err(|e| {
             ShimError::OutOfBounds(format!(
@@ -202,6 +207,7 @@ impl TenantService {
             token: token.to_string(),
             metrics: Arc::clone(&self.metrics),
             _in_use: InUse::new(buffer),
+            _slot: slot,
         })
     }
 
@@ -252,6 +258,74 @@ impl TenantService {
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<agent::GetObjectsReply, Status>> + Send>>;
+
+impl TenantService {
+    /// Runs one batch item as a single agent GetObject: its window is
+    /// minted now and revoked when the item ends.
+    #[allow(clippy::too_many_arguments)]
+    async fn batch_item(
+        &self,
+        tenant: &Arc<Tenant>,
+        batch_id: &str,
+        batch_timeout: Duration,
+        deadline: tokio::time::Instant,
+        index: usize,
+        item: api::GetObjectsItem,
+        (buffer, offset, len): (Arc<Buffer>, u64, u64),
+    ) -> agent::GetObjectsReply {
+        let request_id = format!("{batch_id}-{index}");
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let result = async {
+            let window = self
+                .mint(tenant, batch_timeout, buffer, offset, len, Access::REMOTE_WRITE)
+                .map_err(|e| e.into_status(&request_id))?;
+            let msg = agent::GetObjectRequest {
+                tenant: tenant.name.clone(),
+                bucket: item.bucket,
+                key: item.key,
+                range: item.range,
+                destination: window.token.clone(),
+                if_match: String::new(),
+            };
+            let resp = self
+                .agent
+                .call(msg, &request_id, left, |mut c, m| async move {
+                    c.get_object(m).await
+                })
+                .await;
+            drop(window);
+            resp
+        }
+        .await;
+        let result = match result {
+            Ok(ok) => {
+                self.metrics
+                    .bytes
+                    .with_label_values(&[&tenant.name, "get"])
+                    .inc_by(ok.bytes_placed);
+                agent::get_objects_reply::Result::Ok(ok)
+            }
+            Err(status) => {
+                use tonic_types::StatusExt as _;
+                let info = status.get_details_error_info();
+                let item_id = info
+                    .as_ref()
+                    .and_then(|i| i.metadata.get("request_id").cloned())
+                    .unwrap_or(request_id);
+                agent::get_objects_reply::Result::Error(agent::ItemError {
+                    grpc_code: status.code() as i32,
+                    s3_code: info.map(|i| i.reason).unwrap_or_default(),
+                    message: status.message().to_owned(),
+                    request_id: item_id,
+                })
+            }
+        };
+        agent::GetObjectsReply {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            result: Some(result),
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl api::tenant_server::Tenant for TenantService {
@@ -362,7 +436,7 @@ impl api::tenant_server::Tenant for TenantService {
                 )
                 .map_err(|e| self.err(&call, e))?;
             let window = self
-                .mint(&call, buffer, offset, len, Access::REMOTE_WRITE)
+                .mint(&call.tenant, call.timeout, buffer, offset, len, Access::REMOTE_WRITE)
                 .map_err(|e| self.err(&call, e))?;
             let msg = agent::GetObjectRequest {
                 tenant: call.tenant.name.clone(),
@@ -399,102 +473,94 @@ impl api::tenant_server::Tenant for TenantService {
     ) -> Result<Response<Self::GetObjectsStream>, Status> {
         let call = self.begin(&req, "GetObjects")?;
         let r = req.into_inner();
-        if r.items.len() > MAX_BATCH_ITEMS {
+        let max = call.tenant.max_batch_items as usize;
+        if r.items.len() > max {
             let e = ShimError::InvalidArgument(format!(
-                "a batch has at most {MAX_BATCH_ITEMS} items, not {}",
+                "a batch has at most {max} items (this tenant's max_batch_items), not {}; split it",
                 r.items.len()
             ));
             return self.finish(&call, Err(self.err(&call, e)));
         }
-        let mut windows = Vec::with_capacity(r.items.len());
+        // Every slice is checked before anything runs; windows come later.
         let mut items = Vec::with_capacity(r.items.len());
         for (i, item) in r.items.into_iter().enumerate() {
-            let minted = self
-                .resolve(
-                    &call,
-                    item.destination.as_ref(),
-                    &format!("items[{i}].destination"),
-                    item.range.as_ref(),
-                    false,
-                )
-                .and_then(|(buffer, offset, len)| {
-                    self.mint(&call, buffer, offset, len, Access::REMOTE_WRITE)
-                });
-            let window = match minted {
-                Ok(w) => w,
-                Err(e) => {
-                    let status = self.err(&call, e);
-                    return self.finish(&call, Err(status));
-                }
-            };
-            items.push(agent::GetObjectsItem {
-                bucket: item.bucket,
-                key: item.key,
-                range: item.range,
-                destination: window.token.clone(),
-            });
-            windows.push(Some(window));
+            match self.resolve(
+                &call,
+                item.destination.as_ref(),
+                &format!("items[{i}].destination"),
+                item.range.as_ref(),
+                false,
+            ) {
+                Ok(slice) => items.push((i, item, slice)),
+                Err(e) => return self.finish(&call, Err(self.err(&call, e))),
+            }
         }
-        let msg = agent::GetObjectsRequest {
-            tenant: call.tenant.name.clone(),
-            items,
-            concurrency: r.concurrency,
-        };
-        let stream = match self
-            .agent
-            .call(msg, &call.request_id, call.timeout, |mut c, m| async move {
-                c.get_objects(m).await
-            })
-            .await
-        {
-            Ok(s) => s,
-            Err(status) => return self.finish(&call, Err(status)),
-        };
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<agent::GetObjectsReply, Status>>(16);
-        let metrics = Arc::clone(&self.metrics);
-        let tenant = call.tenant.name.clone();
+        let wanted = match r.concurrency {
+            0 => DEFAULT_BATCH_CONCURRENCY,
+            n => n,
+        } as usize;
+        let workers = wanted.clamp(1, items.len().max(1));
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<agent::GetObjectsReply, Status>>(16);
+        let me = self.clone();
         let deadline = tokio::time::Instant::now() + call.timeout;
+        let tenant = Arc::clone(&call.tenant);
+        let request_id = call.request_id.clone();
+        let timeout = call.timeout;
+        let queue = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(items)));
+        // The batch's own permit runs the first worker; more run only on
+        // permits the tenant has free, so a batch never waits on itself.
+        let mut permits = Vec::with_capacity(workers);
+        for _ in 1..workers {
+            match Arc::clone(&tenant.requests).try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let result = self.finish(&call, Ok(()));
+        let batch_permit = call._permit;
         tokio::spawn(async move {
-            let mut stream = stream;
-            loop {
-                let next = tokio::select! {
-                    // The tenant went away: stop the agent and revoke.
-                    () = tx.closed() => break,
-                    () = tokio::time::sleep_until(deadline) => {
-                        let _ = tx.send(Err(Status::deadline_exceeded("the batch ran past its deadline"))).await;
-                        break;
-                    }
-                    n = stream.message() => n,
-                };
-                match next {
-                    Ok(Some(reply)) => {
-                        if let Some(w) = usize::try_from(reply.index)
-                            .ok()
-                            .and_then(|i| windows.get_mut(i))
-                        {
-                            w.take();
-                        }
-                        if let Some(agent::get_objects_reply::Result::Ok(ok)) = &reply.result {
-                            metrics
-                                .bytes
-                                .with_label_values(&[&tenant, "get"])
-                                .inc_by(ok.bytes_placed);
-                        }
+            let mut runners = futures::stream::FuturesUnordered::new();
+            for permit in std::iter::once(batch_permit).chain(permits) {
+                let (me, tx, queue, tenant, request_id) = (
+                    me.clone(),
+                    tx.clone(),
+                    Arc::clone(&queue),
+                    Arc::clone(&tenant),
+                    request_id.clone(),
+                );
+                runners.push(async move {
+                    let _permit = permit;
+                    loop {
+                        let next = queue
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .pop_front();
+                        let Some((index, item, slice)) = next else {
+                            return;
+                        };
+                        let reply = me
+                            .batch_item(&tenant, &request_id, timeout, deadline, index, item, slice)
+                            .await;
                         if tx.send(Ok(reply)).await.is_err() {
-                            break;
+                            return;
                         }
                     }
-                    Ok(None) => break,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
+                });
+            }
+            let all = async { while runners.next().await.is_some() {} };
+            tokio::select! {
+                () = all => {}
+                // The tenant went away: dropping the runners revokes their
+                // windows and cancels their agent calls.
+                () = tx.closed() => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    let _ = tx.send(Err(Status::deadline_exceeded("the batch ran past its deadline"))).await;
                 }
             }
-            drop(windows);
         });
+        let mut rx = rx;
         let out = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        self.finish(&call, Ok(Box::pin(out) as ReplyStream))
+        result.map(|r| r.map(|()| Box::pin(out) as ReplyStream))
     }
 
     async fn put_object(
@@ -508,7 +574,7 @@ impl api::tenant_server::Tenant for TenantService {
                 .resolve(&call, r.source.as_ref(), "source", None, true)
                 .map_err(|e| self.err(&call, e))?;
             let window = self
-                .mint(&call, buffer, offset, len, Access::REMOTE_READ)
+                .mint(&call.tenant, call.timeout, buffer, offset, len, Access::REMOTE_READ)
                 .map_err(|e| self.err(&call, e))?;
             let msg = agent::PutObjectRequest {
                 tenant: call.tenant.name.clone(),
@@ -594,19 +660,15 @@ impl api::tenant_server::Tenant for TenantService {
     }
 }
 
-/// The caller's `x-request-id` when it is sane, else a fresh one.
-fn request_id<T>(req: &Request<T>) -> String {
-    if let Some(v) = req
-        .metadata()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        && (1..=64).contains(&v.len())
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return v.to_owned();
+/// The caller's own `x-request-id`, if any (at most 128 bytes of it): only
+/// ever logged, escaped, next to the shim's id.
+fn client_request_id<T>(req: &Request<T>) -> Option<&str> {
+    let v = req.metadata().get("x-request-id")?.to_str().ok()?;
+    let mut end = v.len().min(128);
+    while !v.is_char_boundary(end) {
+        end -= 1;
     }
-    format!("shim-{:016x}", rand::random::<u64>())
+    Some(&v[..end])
 }
 
 /// The tenant's deadline from `grpc-timeout` (e.g. `100m`, `5S`).

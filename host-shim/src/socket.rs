@@ -1,29 +1,40 @@
 //! The tenant socket: accepting, telling leases from gRPC, serving leases.
 //!
 //! Every connection's peer credentials come from the kernel (`SO_PEERCRED`
-//! through nix) at accept time. A connection that starts with the lease
-//! magic is served here (fds arrive as `SCM_RIGHTS`, received with rustix so
-//! they are owned from the first instant); anything else goes to tonic as an
-//! HTTP/2 connection that carries its [`Peer`] as connect info.
+//! through nix) at accept time, and identify it before anything is read:
+//! a process that is no tenant, or a tenant already at its
+//! `max_connections`, is closed at once, holding nothing. A connection
+//! that starts with the lease magic is served here (fds arrive as
+//! `SCM_RIGHTS`, received with rustix so they are owned from the first
+//! instant; a frame must complete within [`LEASE_FRAME_TIMEOUT`] and its fds
+//! count against the tenant's fd budget meanwhile); anything else goes to
+//! tonic as an HTTP/2 connection that carries its [`ConnInfo`] as connect
+//! info and is closed after `socket.idle_timeout_secs` without a call.
 
 use std::io;
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use s3dma_proto::lease::{self, FdRequest, Reply};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, Interest, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::time::{Instant, Sleep};
 
 use crate::metrics::Metrics;
-use crate::registry::{Peer, Registry};
+use crate::registry::{Peer, Registry, Tenant};
 
 /// Time a new connection has to send its first bytes.
 const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time the rest of a lease frame (and its fd) may take once its first
+/// byte arrived.
+pub const LEASE_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Binds the socket: replaces a stale socket file, refuses to steal a live
 /// one, sets mode and group.
@@ -60,17 +71,81 @@ pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, St
     Ok(listener)
 }
 
-/// A gRPC connection with the kernel's word on who is at the other end.
+/// Who is at the other end of a gRPC connection (the kernel's word), and
+/// its calls in progress: what every call on it sees as connect info.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The peer's credentials.
+    pub peer: Peer,
+    /// Its tenant (connections of non-tenants never get this far).
+    pub tenant: Arc<Tenant>,
+    /// Calls in progress and the time of the last one's end.
+    pub activity: Arc<Activity>,
+}
+
+/// Calls in progress on one connection, for its idle timeout.
+#[derive(Debug)]
+pub struct Activity {
+    start: Instant,
+    active: AtomicUsize,
+    /// Milliseconds from `start` to the last call's start or end.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            active: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// Marks a call started; dropping the guard marks it ended.
+    pub fn begin(self: &Arc<Self>) -> ActiveCall {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        ActiveCall(Arc::clone(self))
+    }
+
+    /// When the connection becomes idle-expired, if no call is active.
+    fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+        (self.active.load(Ordering::Acquire) == 0)
+            .then(|| self.start + Duration::from_millis(self.last_ms.load(Ordering::Acquire)) + idle)
+    }
+}
+
+/// A call in progress on a connection.
+#[derive(Debug)]
+pub struct ActiveCall(Arc<Activity>);
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A gRPC connection with the kernel's word on who is at the other end,
+/// holding one of its tenant's connection slots while open.
 #[derive(Debug)]
 pub struct ShimConn {
     stream: UnixStream,
-    peer: Peer,
+    info: ConnInfo,
+    idle: Duration,
+    timer: Pin<Box<Sleep>>,
+    _slot: OwnedSemaphorePermit,
 }
 
 impl tonic::transport::server::Connected for ShimConn {
-    type ConnectInfo = Peer;
-    fn connect_info(&self) -> Peer {
-        self.peer
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
     }
 }
 
@@ -80,7 +155,29 @@ impl AsyncRead for ShimConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let me = &mut *self;
+        if let Poll::Ready(r) = Pin::new(&mut me.stream).poll_read(cx, buf) {
+            return Poll::Ready(r);
+        }
+        // Nothing to read: is the connection idle past its timeout? Pings
+        // and other frames do not count as use, only calls do.
+        loop {
+            let deadline = match me.info.activity.idle_deadline(me.idle) {
+                Some(d) if d <= Instant::now() => {
+                    tracing::debug!(tenant = %me.info.tenant.name, pid = me.info.peer.pid, "idle gRPC connection closed");
+                    return Poll::Ready(Ok(())); // end of stream: hyper closes
+                }
+                Some(d) => d,
+                // A call is active: look again later.
+                None => Instant::now() + me.idle,
+            };
+            if me.timer.deadline() != deadline {
+                me.timer.as_mut().reset(deadline);
+            }
+            if me.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
     }
 }
 
@@ -132,6 +229,7 @@ pub async fn accept_loop(
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     grpc: mpsc::Sender<ShimConn>,
+    idle: Duration,
 ) {
     loop {
         let stream = match listener.accept().await {
@@ -155,10 +253,39 @@ pub async fn accept_loop(
                     return;
                 }
             };
+            // Identify before reading a byte: a stranger's connection is
+            // closed holding nothing, a tenant's counts against its cap.
+            let tenant = match registry.tenant_of(peer) {
+                Ok(t) => t,
+                Err(e) => {
+                    metrics.refused.with_label_values(&[e.reason()]).inc();
+                    tracing::info!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "connection of a process that is no tenant closed");
+                    return;
+                }
+            };
+            let Ok(slot) = Arc::clone(&tenant.connections).try_acquire_owned() else {
+                metrics.refused.with_label_values(&["too_many_connections"]).inc();
+                tracing::info!(tenant = %tenant.name, pid = peer.pid, max = tenant.max_connections,
+                    "connection closed: the tenant holds max_connections already");
+                return;
+            };
             match tokio::time::timeout(FIRST_BYTES_TIMEOUT, is_lease(&stream)).await {
                 Ok(Ok(true)) => serve_lease(stream, peer, &registry, &metrics).await,
                 Ok(Ok(false)) => {
-                    let _ = grpc.send(ShimConn { stream, peer }).await;
+                    let info = ConnInfo {
+                        peer,
+                        tenant,
+                        activity: Arc::new(Activity::new()),
+                    };
+                    let conn = ShimConn {
+                        stream,
+                        info,
+                        idle,
+                        timer: Box::pin(tokio::time::sleep(idle)),
+                        _slot: slot,
+                    };
+                    let _ = grpc.send(conn).await;
+                    return;
                 }
                 Ok(Err(_)) => {}
                 Err(_) => {
@@ -249,7 +376,7 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
     .is_ok()
     {
         loop {
-            let (frame, fds) = match recv_request(&stream).await {
+            let (frame, fds) = match recv_request(&stream, registry, &tenant).await {
                 Ok(Some(x)) => x,
                 Ok(None) => break, // the client closed its lease
                 Err(e) => {
@@ -305,16 +432,33 @@ fn accept_fds(
 }
 
 /// Reads one 8-byte request frame and the fds that came with it. `None` at
-/// a clean end of stream.
+/// a clean end of stream. Once a frame has begun it must complete within
+/// [`LEASE_FRAME_TIMEOUT`]; every fd received meanwhile counts against the
+/// tenant's fd budget, and a frame may carry one fd (more end the lease).
 async fn recv_request(
     stream: &UnixStream,
+    registry: &Registry,
+    tenant: &Arc<Tenant>,
 ) -> io::Result<Option<([u8; lease::REQUEST_LEN], Vec<OwnedFd>)>> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut frame = [0u8; lease::REQUEST_LEN];
     let mut got = 0;
     let mut fds = Vec::new();
+    let mut counted = Vec::new();
+    let mut frame_deadline = None;
     while got < frame.len() {
-        stream.readable().await?;
+        match frame_deadline {
+            // Between frames a lease may wait as long as its process lives.
+            None => stream.readable().await?,
+            Some(d) => tokio::time::timeout_at(d, stream.readable())
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "a lease frame did not complete in time",
+                    )
+                })??,
+        }
         let res = stream.try_io(Interest::READABLE, || {
             // Room for a few fds, so a frame with too many is told apart
             // (and its fds closed) rather than truncated silently.
@@ -343,11 +487,27 @@ async fn recv_request(
             Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok((n, received)) => {
                 got += n;
-                fds.extend(received);
+                frame_deadline.get_or_insert_with(|| Instant::now() + LEASE_FRAME_TIMEOUT);
+                for fd in received {
+                    // Closed at once (dropped) when over budget.
+                    let hold = registry.hold_in_frame_fd(tenant).map_err(|e| {
+                        io::Error::other(e.to_string())
+                    })?;
+                    counted.push(hold);
+                    fds.push(fd);
+                }
+                if fds.len() > 1 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a lease frame carries one file descriptor, not more",
+                    ));
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
     }
+    // The caller adds the fd to the lease, which counts it from there on.
+    drop(counted);
     Ok(Some((frame, fds)))
 }

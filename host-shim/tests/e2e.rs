@@ -332,16 +332,44 @@ async fn child_as_bob() {
 #[ignore = "run as another uid by two_tenants_are_isolated"]
 async fn child_as_stranger() {
     let socket = std::env::var("E2E_SOCKET").unwrap();
-    let mut raw = raw_tenant_client(socket.as_ref()).await;
-    let st = raw.info(api::InfoRequest {}).await.unwrap_err();
-    assert_eq!(
-        reason(&st),
-        (tonic::Code::PermissionDenied, "UnknownTenant".into())
+    // The shim closes a stranger's connection at accept: it reads nothing
+    // (a 16 MiB message finds the socket closed) and sends nothing.
+    let mut s = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let mut first = [0u8; 1];
+    let n = tokio::time::timeout(HANG_GUARD, s.read(&mut first))
+        .await
+        .expect("the shim kept a stranger's connection open")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the shim sent bytes to a stranger");
+    let big = vec![0u8; 16 << 20];
+    assert!(
+        s.write_all(&big).await.is_err(),
+        "the shim took 16 MiB from a stranger"
     );
-    assert!(st.message().contains("uid 4242"), "{st:?}");
-    // The lease is refused with the same reason.
+    // gRPC fails without a tenant reply.
+    let mut raw = tokio::time::timeout(HANG_GUARD, async {
+        let path = std::path::PathBuf::from(&socket);
+        tonic::transport::Endpoint::from_static("http://[::]:50051")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .map(s3dma_proto::tenant::v1::tenant_client::TenantClient::new)
+    })
+    .await
+    .unwrap();
+    if let Ok(c) = raw.as_mut() {
+        let st = c.info(api::InfoRequest {}).await.unwrap_err();
+        assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+    }
+    // The client says why, naming the uid.
     let e = Client::connect(&socket).await.unwrap_err();
-    assert!(e.to_string().contains("not a tenant"), "{e}");
+    assert!(e.to_string().contains("uid 4242"), "{e}");
 }
 
 fn hex_decode(s: &str) -> Vec<u8> {
@@ -385,9 +413,16 @@ async fn two_tenants_are_isolated() {
     tokio::task::spawn_blocking(move || run_test_as(&d, BOB_UID, "child_as_bob", &e))
         .await
         .unwrap();
+    let refused_before = stack.shim.metric("s3dma_shim_connections_refused_total");
     tokio::task::spawn_blocking(move || run_test_as(&dir, STRANGER_UID, "child_as_stranger", &env))
         .await
         .unwrap();
+    // Every connection the stranger made was refused at accept.
+    assert!(
+        stack.shim.metric("s3dma_shim_connections_refused_total") >= refused_before + 3.0,
+        "{}",
+        stack.shim.log()
+    );
 
     // Alice's buffer and object are untouched; bob's object exists.
     assert!(buf.as_slice().iter().all(|&x| x == 0xAA));

@@ -40,6 +40,7 @@
 //! (`host-shim/tests/e2e.rs`).
 
 mod common;
+mod isolation;
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -47,6 +47,12 @@ pub struct ShimOpts {
     pub netns: Option<String>,
     /// Extra YAML under `agent:` (keys given here replace the defaults).
     pub agent_yaml: String,
+    /// Extra YAML lines under `socket:`.
+    pub socket_yaml: String,
+    /// Extra YAML lines under alice's tenant entry.
+    pub alice_yaml: String,
+    /// Extra YAML lines under `metrics:`.
+    pub metrics_yaml: String,
 }
 
 impl Shim {
@@ -59,14 +65,14 @@ impl Shim {
     /// A shim as [`Shim::start`] with `opts`.
     pub fn start_opts(dir: &Path, agent: &Agent, opts: ShimOpts) -> Shim {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::write(dir.join("fabric.key"), agent::FABRIC_KEY_HEX).unwrap();
-        std::fs::write(dir.join("shim.token"), agent::SHIM_TOKEN).unwrap();
+        write_secret(&dir.join("fabric.key"), agent::FABRIC_KEY_HEX);
+        write_secret(&dir.join("shim.token"), agent::SHIM_TOKEN);
         let me = nix::unistd::getuid().as_raw();
         let cfg = format!(
             r#"socket:
   path: {d}/shim.sock
   mode: "0666"
-agent:
+{socket_yaml}agent:
   endpoint: http://{agent}
   token_file: {d}/shim.token
 {agent_yaml}fabric:
@@ -78,13 +84,16 @@ tenants:
     uids: [{me}]
     max_buffers: 64
     max_buffer_bytes: 4GiB
-  - name: bob
+{alice_yaml}  - name: bob
     uids: [{bob}]
     max_buffers: 4
     max_buffer_bytes: 64MiB
 metrics:
   address: 127.0.0.1:0
-"#,
+{metrics_yaml}"#,
+            socket_yaml = indent(&opts.socket_yaml, 2),
+            alice_yaml = indent(&opts.alice_yaml, 4),
+            metrics_yaml = indent(&opts.metrics_yaml, 2),
             d = dir.display(),
             agent = agent.addr,
             bob = BOB_UID,
@@ -231,6 +240,11 @@ impl Stack {
     }
 
     pub async fn start_with(tweak: impl FnOnce(&mut AgentSpec)) -> Stack {
+        Stack::start_opts(tweak, ShimOpts::default()).await
+    }
+
+    /// A stack whose shim starts with `opts`.
+    pub async fn start_opts(tweak: impl FnOnce(&mut AgentSpec), opts: ShimOpts) -> Stack {
         let target = Target::start(true);
         for b in ["alice-data", "bob-data", "shared"] {
             target.create_bucket(b).await;
@@ -240,7 +254,7 @@ impl Stack {
         tweak(&mut spec);
         let agent = Agent::start(spec);
         let dir = tempfile::tempdir().unwrap();
-        let shim = Shim::start(dir.path(), &agent);
+        let shim = Shim::start_opts(dir.path(), &agent, opts);
         Stack {
             target,
             agent,
@@ -254,6 +268,19 @@ impl Stack {
             .await
             .unwrap()
     }
+}
+
+/// `text`'s lines indented by `n` spaces, each ending in a newline.
+fn indent(text: &str, n: usize) -> String {
+    text.lines()
+        .map(|l| format!("{:n$}{l}\n", ""))
+        .collect()
+}
+
+/// Writes a secret file as the services require it: mode 0600.
+pub fn write_secret(path: &Path, contents: &str) {
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// Runs this test binary's `#[ignore]`d test `name` as `uid`, with `env`;
