@@ -1,6 +1,6 @@
 //! Assembling and running the agent from a loaded configuration: metrics,
 //! fabric domain and pools, target clients, tenants, and the gRPC server
-//! (plain TCP or mTLS).
+//! (plain TCP or mTLS) behind its gate ([`crate::gate`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,14 +11,15 @@ use fabric::Domain;
 use fabric::pool::{SessionPool, StagingPool};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::auth::ShimAuth;
 use crate::config::LoadedConfig;
+use crate::gate::{ConnTimeouts, Gate, GatedStream, MethodLimits};
 use crate::metrics::Metrics;
 use crate::plan::PutPolicy;
 use crate::policy::TenantPolicy;
-use crate::quota::TenantQuota;
+use crate::quota::{TenantQuota, staging_share};
 use crate::retry::RetryPolicy;
 use crate::s3::{Signer, TargetClient};
 use crate::service::AgentService;
@@ -36,6 +37,9 @@ pub enum StartError {
     /// TLS material could not be read.
     #[error("listen.tls: {0}")]
     Tls(String),
+    /// The metrics endpoint could not be started.
+    #[error("{0}")]
+    Metrics(#[from] s3dma_service::metrics::MetricsError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -51,8 +55,11 @@ pub enum StartError {
 pub struct Running {
     /// Where shims connect.
     pub grpc_addr: SocketAddr,
-    /// Where `/metrics` is served, if enabled.
+    /// Where `/metrics` is served over TCP, if it is.
     pub metrics_addr: Option<SocketAddr>,
+    /// The metrics server (stops when dropped); `describe()` says where it
+    /// serves.
+    pub metrics_server: s3dma_service::metrics::MetricsServer,
     /// The shared state (tests and the bench read metrics from it).
     pub core: Arc<Core>,
     shutdown: CancellationToken,
@@ -117,13 +124,28 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
         .tenants
         .iter()
         .map(|t| {
+            // A byte quota larger than the tenant's share of the pool is
+            // clamped to it on the fallback path (documented at
+            // `fabric.tenant_staging_share_percent`).
+            let share = staging_share(
+                c.fabric.staging_buffers,
+                c.fabric.staging_buffer_size.0,
+                c.fabric.tenant_staging_share_percent,
+                t.quotas.max_bytes_in_flight.0,
+            );
+            info!(
+                tenant = %t.name,
+                staging_buffers = share,
+                of = c.fabric.staging_buffers,
+                "tenant's share of the staging pool (fallback path)"
+            );
             (
                 t.name.clone(),
                 Arc::new(Tenant {
                     name: t.name.clone(),
                     signer: Signer::new(&t.access_key_id, t.secret_access_key.expose()),
                     policy: TenantPolicy::new(&t.allow),
-                    quota: TenantQuota::new(&t.quotas),
+                    quota: TenantQuota::new(&t.quotas, share),
                 }),
             )
         })
@@ -144,6 +166,7 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
         request_timeout: Duration::from_secs(tr.request_timeout_secs),
         attempt_timeout: Duration::from_secs(tr.attempt_timeout_secs),
         batch_concurrency: tr.batch_concurrency,
+        max_batch_items: tr.max_batch_items,
     };
     Ok(Arc::new(Core {
         targets,
@@ -168,19 +191,20 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let metrics = Arc::new(Metrics::new());
     let core = build_core(&cfg, Arc::clone(&metrics))?;
     let c = &cfg.config;
-    let metrics_addr = match c.metrics.address {
-        Some(addr) => {
-            let l = TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Bind { addr, source })?;
-            let bound = l
-                .local_addr()
-                .map_err(|source| StartError::Bind { addr, source })?;
-            tokio::spawn(Arc::clone(&metrics).serve(l));
-            Some(bound)
-        }
-        None => None,
+    let render = {
+        let m = Arc::clone(&metrics);
+        Arc::new(move || m.render()) as s3dma_service::metrics::Render
     };
+    let metrics_server = s3dma_service::metrics::MetricsServer::start(
+        s3dma_service::metrics::MetricsOptions {
+            address: c.metrics.address,
+            unix_socket: c.metrics.unix_socket.clone(),
+            bearer_token: cfg.metrics_token.clone(),
+        },
+        render,
+    )
+    .await?;
+    let metrics_addr = metrics_server.address;
     let addr = c.listen.address;
     let listener = TcpListener::bind(addr)
         .await
@@ -188,10 +212,18 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let grpc_addr = listener
         .local_addr()
         .map_err(|source| StartError::Bind { addr, source })?;
+    let l = &c.listen;
     let mut builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(l.max_concurrent_streams)
+        .http2_max_header_list_size(u32::try_from(l.max_header_list_size.0).unwrap_or(u32::MAX))
+        // What a connection may send before the agent reads it: request
+        // bodies of refused calls are never read, so this bounds what an
+        // unauthenticated connection holds.
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
     if let Some(tls) = &c.listen.tls {
         let read = |p: &std::path::Path| {
             std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())))
@@ -209,14 +241,30 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
             .tls_config(tls_cfg)
             .map_err(|e| StartError::Tls(e.to_string()))?;
     }
-    let service = AgentService::new(Arc::clone(&core), Arc::new(ShimAuth::new(&cfg.shims)));
+    let service = AgentService::new(Arc::clone(&core));
+    let limits = MethodLimits::new(c.transfer.max_batch_items);
+    let gate = Gate::new(
+        s3dma_proto::agent::v1::agent_server::AgentServer::new(service)
+            .max_decoding_message_size(limits.largest()),
+        Arc::new(ShimAuth::new(&cfg.shims)),
+        Arc::clone(&metrics),
+        limits,
+    );
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
-    let incoming = tokio_stream_from(listener, c.listen.tls.is_some());
-    let router = builder.add_service(
-        s3dma_proto::agent::v1::agent_server::AgentServer::new(service)
-            .max_decoding_message_size(16 << 20),
+    let incoming = tokio_stream_from(
+        listener,
+        c.listen.tls.is_some(),
+        Accept {
+            max_connections: l.max_connections,
+            timeouts: ConnTimeouts {
+                unauthenticated: Duration::from_secs(l.unauthenticated_timeout_secs),
+                idle: Duration::from_secs(l.idle_timeout_secs),
+            },
+            metrics: Arc::clone(&metrics),
+        },
     );
+    let router = builder.add_service(gate);
     let server = tokio::spawn(async move {
         router
             .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
@@ -226,6 +274,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     Ok(Running {
         grpc_addr,
         metrics_addr,
+        metrics_server,
         core,
         shutdown,
         server,
@@ -238,18 +287,37 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
 /// connects and stalls would otherwise hold its connection for ever.
 const OPENING_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// HTTP/2 flow-control window of one stream (bytes a peer may send on it
+/// before the agent reads).
+const STREAM_WINDOW: u32 = 256 << 10;
+
+/// HTTP/2 flow-control window of one connection (all its streams).
+const CONNECTION_WINDOW: u32 = 1 << 20;
+
+/// How accepted connections are admitted.
+struct Accept {
+    max_connections: usize,
+    timeouts: ConnTimeouts,
+    metrics: Arc<Metrics>,
+}
+
 /// The HTTP/2 client preface, the first bytes of every gRPC connection.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Accepted connections as the stream tonic serves. A plaintext connection
-/// is handed over once it has sent the HTTP/2 preface (or anything else,
-/// which tonic refuses at once) and dropped if it stalls before that for
-/// [`OPENING_TIMEOUT`]; with TLS, tonic's handshake timeout does the same.
-/// Accepting stops (the listener closes) when tonic drops the stream.
+/// Accepted connections as the stream tonic serves. Beyond
+/// `listen.max_connections` open ones, a new connection is closed at once.
+/// A plaintext connection is handed over once it has sent the HTTP/2
+/// preface (or anything else, which tonic refuses at once) and dropped if
+/// it stalls before that for [`OPENING_TIMEOUT`]; with TLS, tonic's
+/// handshake timeout does the same. Every connection handed over is a
+/// [`GatedStream`] (timeouts of [`crate::gate`]). Accepting stops (the
+/// listener closes) when tonic drops the stream.
 fn tokio_stream_from(
     listener: TcpListener,
     tls: bool,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    accept: Accept,
+) -> impl futures::Stream<Item = std::io::Result<GatedStream>> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(accept.max_connections.max(1)));
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -265,12 +333,22 @@ fn tokio_stream_from(
                     }
                 },
             };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                accept.metrics.connection_closed("refused");
+                debug!(
+                    max = accept.max_connections,
+                    "refusing a gRPC connection: listen.max_connections are open"
+                );
+                continue;
+            };
             let _ = stream.set_nodelay(true);
+            let stream =
+                GatedStream::new(stream, slot, accept.timeouts, Arc::clone(&accept.metrics));
             let tx = tx.clone();
             tokio::spawn(async move {
                 let opened = tls
                     || matches!(
-                        tokio::time::timeout(OPENING_TIMEOUT, h2_opening(&stream)).await,
+                        tokio::time::timeout(OPENING_TIMEOUT, h2_opening(stream.tcp())).await,
                         Ok(Ok(()))
                     );
                 if opened {

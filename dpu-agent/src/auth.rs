@@ -9,10 +9,10 @@
 //! never appear in errors or logs.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
-use tonic::metadata::MetadataMap;
 use tonic::transport::CertificateDer;
 
 use crate::config::LoadedShim;
@@ -62,7 +62,7 @@ impl AuthError {
 /// The configured shims.
 #[derive(Debug)]
 pub struct ShimAuth {
-    shims: Vec<Shim>,
+    shims: Vec<Arc<Shim>>,
 }
 
 fn digest(token: &str) -> [u8; 32] {
@@ -76,26 +76,29 @@ impl ShimAuth {
         ShimAuth {
             shims: shims
                 .iter()
-                .map(|s| Shim {
-                    name: s.name.clone(),
-                    token_digest: s.token.as_ref().map(|t| digest(t.expose())),
-                    tls_name: s.tls_name.clone(),
-                    tenants: s.tenants.iter().cloned().collect(),
+                .map(|s| {
+                    Arc::new(Shim {
+                        name: s.name.clone(),
+                        token_digest: s.token.as_ref().map(|t| digest(t.expose())),
+                        tls_name: s.tls_name.clone(),
+                        tenants: s.tenants.iter().cloned().collect(),
+                    })
                 })
                 .collect(),
         }
     }
 
-    /// Identifies the caller from its metadata and TLS client certificate.
+    /// Identifies the caller from its request headers and TLS client
+    /// certificate (nothing else: the request body is not needed).
     ///
     /// # Errors
     /// [`AuthError`] when nothing or nothing valid was presented.
     pub fn authenticate(
         &self,
-        metadata: &MetadataMap,
+        headers: &http::HeaderMap,
         peer_certs: Option<&[CertificateDer<'static>]>,
-    ) -> Result<&Shim, AuthError> {
-        let bearer = metadata
+    ) -> Result<Arc<Shim>, AuthError> {
+        let bearer = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| {
@@ -128,7 +131,7 @@ impl ShimAuth {
                 found = Some(s);
             }
         }
-        found.ok_or(AuthError::Invalid)
+        found.map(Arc::clone).ok_or(AuthError::Invalid)
     }
 }
 

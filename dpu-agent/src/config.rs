@@ -92,6 +92,30 @@ pub struct ListenConfig {
     /// token over the encrypted connection without a certificate.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Most gRPC connections open at once (all shims together); a
+    /// connection beyond it is closed as soon as it is accepted. Default
+    /// 256; 1..=65536.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most HTTP/2 streams (calls) open at once on one connection; a shim
+    /// waits for a free stream beyond it. Default 1024; 1..=65536.
+    #[serde(default = "default_max_concurrent_streams")]
+    pub max_concurrent_streams: u32,
+    /// Largest HTTP/2 header list (all request headers of one call,
+    /// decoded) the agent accepts. Default `16KiB`; 1KiB..=1MiB.
+    #[serde(default = "default_max_header_list_size")]
+    pub max_header_list_size: ByteSize,
+    /// A connection that has not carried one authenticated call this many
+    /// seconds after it opened is closed, whatever it sends (calls without
+    /// valid credentials are answered `UNAUTHENTICATED` at once, their
+    /// request bodies unread). Default 10; at least 1.
+    #[serde(default = "default_unauthenticated_timeout_secs")]
+    pub unauthenticated_timeout_secs: u64,
+    /// An authenticated connection with no call running for this many
+    /// seconds is closed (the shim reconnects when it next calls). Default
+    /// 300; at least 1.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
 }
 
 /// `listen.tls:` — server certificate and the CA for shim client certificates.
@@ -260,6 +284,15 @@ pub struct FabricConfig {
     /// Default 60; at least 1.
     #[serde(default = "default_idle_session_secs")]
     pub idle_session_secs: u64,
+    /// Most of the staging pool one tenant may hold at once, in percent of
+    /// `staging_buffers` (rounded down, at least one buffer): a tenant whose
+    /// transfers all take the fallback path waits for its own buffers
+    /// instead of holding the whole pool. A tenant's share is further
+    /// limited to its `quotas.max_bytes_in_flight` (in buffers, rounded
+    /// up); the agent logs each tenant's effective share at start-up.
+    /// Default 50; 1..=100 (100 = no per-tenant limit).
+    #[serde(default = "default_tenant_staging_share_percent")]
+    pub tenant_staging_share_percent: u32,
 }
 
 /// `transfer:` — how requests are split, pipelined, retried and timed out.
@@ -305,19 +338,43 @@ pub struct TransferConfig {
     #[serde(default = "default_target_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
     /// Items of one GetObjects batch fetched at once. Default 16; at least 1.
+    /// Each item is one request of the tenant's: it takes one of the
+    /// tenant's `quotas.max_concurrent_requests` slots (or waits in its
+    /// queue, or is refused with `SlowDown`) while it runs, and its chunks
+    /// count against `quotas.max_bytes_in_flight`.
     #[serde(default = "default_batch_concurrency")]
     pub batch_concurrency: usize,
+    /// Most items in one GetObjects batch; a larger batch is refused with
+    /// `INVALID_ARGUMENT`. It also bounds the batch's request message
+    /// (4KiB per item). Default 1024; 1..=65536.
+    #[serde(default = "default_max_batch_items")]
+    pub max_batch_items: usize,
 }
 
-/// `metrics:` — the Prometheus endpoint.
+/// `metrics:` — the Prometheus endpoint (`GET /metrics`). Its labels name
+/// tenants, shims and targets and show their traffic: keep it to the
+/// operator with a loopback address, `unix_socket` or `bearer_token_file`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// Listen address of the Prometheus text endpoint (`GET /metrics`), e.g.
-    /// `127.0.0.1:9102`. Omit (default) to turn metrics off. Must differ from
-    /// `listen.address`.
+    /// TCP listen address of the endpoint, e.g. `127.0.0.1:9102` (port 0
+    /// picks a free port). Omit (default) for no TCP endpoint. Must differ
+    /// from `listen.address`.
     #[serde(default)]
     pub address: Option<SocketAddr>,
+    /// Unix socket to serve the endpoint on as well (or instead), created
+    /// mode 0600; only a client running as the agent's user or as root is
+    /// served (checked with `SO_PEERCRED`). A stale socket file there is
+    /// replaced; any other file is an error. Omit (default) for none.
+    #[serde(default)]
+    pub unix_socket: Option<PathBuf>,
+    /// File holding a bearer token (mode 0600 or stricter; surrounding
+    /// whitespace trimmed; at least 16 printable ASCII characters): every
+    /// scrape, on TCP and on the socket, must then send
+    /// `Authorization: Bearer <token>`, anything else gets 401. Omit
+    /// (default) for no token. Requires `address` or `unix_socket`.
+    #[serde(default)]
+    pub bearer_token_file: Option<PathBuf>,
 }
 
 fn default_true() -> bool {
@@ -389,6 +446,27 @@ fn default_target_connect_timeout_ms() -> u64 {
 fn default_batch_concurrency() -> usize {
     16
 }
+fn default_max_batch_items() -> usize {
+    1024
+}
+fn default_max_connections() -> usize {
+    256
+}
+fn default_max_concurrent_streams() -> u32 {
+    1024
+}
+fn default_max_header_list_size() -> ByteSize {
+    ByteSize(16 * KIB)
+}
+fn default_unauthenticated_timeout_secs() -> u64 {
+    10
+}
+fn default_idle_timeout_secs() -> u64 {
+    300
+}
+fn default_tenant_staging_share_percent() -> u32 {
+    50
+}
 
 impl Default for Quotas {
     fn default() -> Quotas {
@@ -415,6 +493,7 @@ impl Default for TransferConfig {
             attempt_timeout_secs: default_attempt_timeout_secs(),
             connect_timeout_ms: default_target_connect_timeout_ms(),
             batch_concurrency: default_batch_concurrency(),
+            max_batch_items: default_max_batch_items(),
         }
     }
 }
@@ -473,6 +552,8 @@ pub struct LoadedConfig {
     /// The decoded fabric key (at least 16 bytes; `Debug` shows only its
     /// length).
     pub fabric_key: FabricKey,
+    /// The metrics bearer token (`metrics.bearer_token_file`), if any.
+    pub metrics_token: Option<Secret>,
 }
 
 impl LoadedConfig {
@@ -614,12 +695,33 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let fabric_key = fabric::config::read_fabric_key_file(&config.fabric.fabric_key_file)
         .map_err(|m| v.err("fabric.fabric_key_file", m))?;
 
+    let metrics_token = match &config.metrics.bearer_token_file {
+        None => None,
+        Some(p) => {
+            let field = "metrics.bearer_token_file";
+            let token = v.read_secret(field, p)?;
+            let t = token.expose();
+            if t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(v.err(
+                    field,
+                    format!(
+                        "the token in {} must be at least 16 printable ASCII characters \
+                         without spaces (e.g. `openssl rand -hex 32`)",
+                        p.display()
+                    ),
+                ));
+            }
+            Some(token)
+        }
+    };
+
     Ok(LoadedConfig {
         path: path.to_path_buf(),
         config,
         tenants,
         shims,
         fabric_key,
+        metrics_token,
     })
 }
 
@@ -730,10 +832,40 @@ impl Validator {
     }
 
     fn listen(&self, c: &Config) -> Check {
-        if let Some(tls) = &c.listen.tls {
+        let l = &c.listen;
+        if let Some(tls) = &l.tls {
             self.non_empty_path("listen.tls.cert_file", &tls.cert_file)?;
             self.non_empty_path("listen.tls.key_file", &tls.key_file)?;
             self.non_empty_path("listen.tls.client_ca_file", &tls.client_ca_file)?;
+        }
+        self.between("listen.max_connections", l.max_connections as u64, 1, 65536)?;
+        self.between(
+            "listen.max_concurrent_streams",
+            u64::from(l.max_concurrent_streams),
+            1,
+            65536,
+        )?;
+        self.size_between(
+            "listen.max_header_list_size",
+            l.max_header_list_size,
+            KIB,
+            MIB,
+        )?;
+        self.at_least(
+            "listen.unauthenticated_timeout_secs",
+            l.unauthenticated_timeout_secs,
+            1,
+        )?;
+        self.at_least("listen.idle_timeout_secs", l.idle_timeout_secs, 1)?;
+        Ok(())
+    }
+
+    fn between(&self, field: &str, value: u64, min: u64, max: u64) -> Check {
+        if !(min..=max).contains(&value) {
+            return Err(self.err(
+                field,
+                format!("must be between {min} and {max}, got {value}"),
+            ));
         }
         Ok(())
     }
@@ -773,6 +905,12 @@ impl Validator {
         self.at_least("transfer.attempt_timeout_secs", t.attempt_timeout_secs, 1)?;
         self.at_least("transfer.connect_timeout_ms", t.connect_timeout_ms, 1)?;
         self.at_least("transfer.batch_concurrency", t.batch_concurrency as u64, 1)?;
+        self.between(
+            "transfer.max_batch_items",
+            t.max_batch_items as u64,
+            1,
+            65536,
+        )?;
         Ok(())
     }
 
@@ -808,6 +946,12 @@ impl Validator {
             1,
         )?;
         self.at_least("fabric.idle_session_secs", f.idle_session_secs, 1)?;
+        self.between(
+            "fabric.tenant_staging_share_percent",
+            u64::from(f.tenant_staging_share_percent),
+            1,
+            100,
+        )?;
         Ok(())
     }
 
@@ -998,6 +1142,18 @@ impl Validator {
             && a == c.listen.address
         {
             return Err(self.err("metrics.address", "must differ from listen.address"));
+        }
+        if let Some(p) = &c.metrics.unix_socket {
+            self.non_empty_path("metrics.unix_socket", p)?;
+        }
+        if let Some(p) = &c.metrics.bearer_token_file {
+            self.non_empty_path("metrics.bearer_token_file", p)?;
+            if c.metrics.address.is_none() && c.metrics.unix_socket.is_none() {
+                return Err(self.err(
+                    "metrics.bearer_token_file",
+                    "protects nothing: set metrics.address and/or metrics.unix_socket",
+                ));
+            }
         }
         Ok(())
     }
@@ -1813,8 +1969,12 @@ fabric:
             self.dir.path().join(name)
         }
 
+        /// Writes `name` mode 0600, as secret files must be.
         fn write(&self, name: &str, content: &str) {
-            std::fs::write(self.path(name), content).unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            let p = self.path(name);
+            std::fs::write(&p, content).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
 
         /// Writes the agent config and returns its path.

@@ -1,8 +1,9 @@
 #![warn(missing_docs)]
 //! The dpu-agent: s3dma's offload service on the DPU's Arm cores.
 //!
-//! Host-shims call its gRPC API ([`service`]); it authenticates the shim
-//! ([`auth`]), checks the tenant's policy ([`policy`]) and quotas
+//! Host-shims call its gRPC API ([`service`]) through its gate ([`gate`]:
+//! connection limits, and the shim authenticated ([`auth`]) before a
+//! request body is read), checks the tenant's policy ([`policy`]) and quotas
 //! ([`quota`]), plans the transfer without I/O ([`plan`]), and runs it
 //! ([`transfer`]) as SigV4-signed S3 requests ([`s3`]) that carry
 //! `x-amz-rdma-token`s for slices of the tenant's window, falling back to
@@ -13,6 +14,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod gate;
 pub mod metrics;
 pub mod plan;
 pub mod policy;

@@ -44,8 +44,8 @@ fn main() -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
         // The first lines are machine-read by tests and local mode.
         println!("dpu-agent listening on {}", running.grpc_addr);
-        if let Some(m) = running.metrics_addr {
-            println!("metrics on http://{m}/metrics");
+        if let Some(m) = running.metrics_server.describe() {
+            println!("metrics on {m}");
         }
         use std::io::Write as _;
         let _ = std::io::stdout().flush();

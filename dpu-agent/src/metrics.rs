@@ -1,17 +1,11 @@
-//! Prometheus metrics of the agent, served on `metrics.address` at
-//! `/metrics`. Labels carry tenant, operation, path and target names, never
-//! keys, tokens or credentials.
+//! Prometheus metrics of the agent, served at `/metrics` by
+//! [`s3dma_service::metrics::MetricsServer`] (`metrics.address`,
+//! `metrics.unix_socket`, `metrics.bearer_token_file`). Labels carry
+//! tenant, operation, path and target names, never keys, tokens or
+//! credentials.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use prometheus::{
     Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -34,6 +28,8 @@ pub struct Metrics {
     staging_in_use: IntGauge,
     sessions: IntGauge,
     connects: IntCounterVec,
+    connections: IntGauge,
+    connections_closed: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -136,6 +132,20 @@ impl Metrics {
             &["outcome"],
         )
         .expect("metric");
+        let connections = IntGauge::new(
+            "s3dma_agent_grpc_connections",
+            "Open gRPC connections (authenticated or not)",
+        )
+        .expect("metric");
+        let connections_closed = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_grpc_connections_closed_total",
+                "gRPC connections the agent closed: over listen.max_connections (refused), \
+                 never authenticated (unauthenticated) or idle",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
@@ -149,6 +159,8 @@ impl Metrics {
             Box::new(staging_in_use.clone()),
             Box::new(sessions.clone()),
             Box::new(connects.clone()),
+            Box::new(connections.clone()),
+            Box::new(connections_closed.clone()),
         ] {
             registry.register(c).expect("unique metric");
         }
@@ -166,7 +178,20 @@ impl Metrics {
             staging_in_use,
             sessions,
             connects,
+            connections,
+            connections_closed,
         }
+    }
+
+    /// Open gRPC connections changed by `delta`.
+    pub fn connections(&self, delta: i64) {
+        self.connections.add(delta);
+    }
+
+    /// The agent closed a gRPC connection (`refused`, `unauthenticated`,
+    /// `idle`).
+    pub fn connection_closed(&self, reason: &str) {
+        self.connections_closed.with_label_values(&[reason]).inc();
     }
 
     /// A finished tenant request.
@@ -223,44 +248,6 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
-
-    /// Serves `/metrics` on `listener` until the task is dropped.
-    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
-        loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let me = Arc::clone(&self);
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let me = Arc::clone(&me);
-                    async move {
-                        let resp = if req.uri().path() == "/metrics" {
-                            Response::builder()
-                                .header("content-type", "text/plain; version=0.0.4")
-                                .body(Full::new(Bytes::from(me.render())))
-                        } else {
-                            Response::builder()
-                                .status(404)
-                                .body(Full::new(Bytes::from_static(b"try /metrics\n")))
-                        };
-                        Ok::<_, Infallible>(resp.unwrap_or_default())
-                    }
-                });
-                // The timer makes hyper enforce its request-head timeout
-                // (30 s), so a stalled peer does not hold its connection.
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    }
 }
 
 impl fabric::pool::PoolObserver for Metrics {
@@ -277,12 +264,4 @@ impl fabric::pool::PoolObserver for Metrics {
     fn connect(&self, outcome: &'static str) {
         self.connects.with_label_values(&[outcome]).inc();
     }
-}
-
-/// Binds the metrics listener (so the address is known before serving).
-///
-/// # Errors
-/// The bind failed.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
 }

@@ -1,5 +1,6 @@
 //! Per-tenant quotas: concurrent requests (with a bounded queue, then
-//! SlowDown), bytes in flight, and bytes per second.
+//! SlowDown), bytes in flight, bytes per second, and the tenant's share of
+//! the agent's staging pool (fallback path; [`staging_share`]).
 //!
 //! The token bucket is pure ([`TokenBucket::take`] answers how long to wait
 //! at a given instant) so it is tested without sleeping.
@@ -27,6 +28,32 @@ pub struct TenantQuota {
     bytes: Arc<Semaphore>,
     bytes_units: u32,
     rate: Option<Mutex<TokenBucket>>,
+    staging: Arc<Semaphore>,
+    staging_cap: usize,
+}
+
+/// How many staging buffers one tenant may hold at once: `percent` of the
+/// pool's `pool_buffers` (rounded down, at least 1), and no more than its
+/// `max_bytes_in_flight` in buffers of `buffer_size` (rounded up) — so a
+/// byte quota larger than the pool never lets one tenant hold all of it.
+#[must_use]
+pub fn staging_share(
+    pool_buffers: usize,
+    buffer_size: u64,
+    percent: u32,
+    max_bytes_in_flight: u64,
+) -> usize {
+    let by_share = (pool_buffers as u128 * u128::from(percent.min(100)) / 100) as usize;
+    let by_bytes =
+        usize::try_from(max_bytes_in_flight.div_ceil(buffer_size.max(1))).unwrap_or(usize::MAX);
+    by_share.min(by_bytes).clamp(1, pool_buffers.max(1))
+}
+
+/// A staging buffer's place in the tenant's share of the pool (released on
+/// drop).
+#[derive(Debug)]
+pub struct StagingPermit {
+    _permit: OwnedSemaphorePermit,
 }
 
 /// A request counted against the tenant's concurrency (released on drop).
@@ -62,9 +89,11 @@ impl Drop for QueueSlot<'_> {
 }
 
 impl TenantQuota {
-    /// Live state for `q`.
+    /// Live state for `q`, holding at most `staging_cap` staging buffers at
+    /// once (see [`staging_share`]).
     #[must_use]
-    pub fn new(q: &Quotas) -> TenantQuota {
+    pub fn new(q: &Quotas, staging_cap: usize) -> TenantQuota {
+        let staging_cap = staging_cap.clamp(1, Semaphore::MAX_PERMITS);
         let units = u32::try_from(q.max_bytes_in_flight.0.div_ceil(UNIT))
             .unwrap_or(u32::MAX)
             .clamp(1, Semaphore::MAX_PERMITS as u32);
@@ -78,6 +107,24 @@ impl TenantQuota {
             rate: q
                 .max_bytes_per_second
                 .map(|r| Mutex::new(TokenBucket::new(r.0.max(1), Instant::now()))),
+            staging: Arc::new(Semaphore::new(staging_cap)),
+            staging_cap,
+        }
+    }
+
+    /// Staging buffers the tenant may hold at once.
+    #[must_use]
+    pub fn staging_cap(&self) -> usize {
+        self.staging_cap
+    }
+
+    /// Waits for a place in the tenant's share of the staging pool (taken
+    /// before a buffer of the pool itself).
+    pub async fn reserve_staging(&self) -> StagingPermit {
+        // The semaphore is never closed.
+        match Arc::clone(&self.staging).acquire_owned().await {
+            Ok(p) => StagingPermit { _permit: p },
+            Err(_) => unreachable_closed(),
         }
     }
 
@@ -152,7 +199,7 @@ impl TenantQuota {
 
 #[allow(clippy::panic)]
 fn unreachable_closed() -> ! {
-    panic!("the tenant byte semaphore is never closed")
+    panic!("the tenant semaphores are never closed")
 }
 
 /// A token bucket that may go into debt: a request for more bytes than are
@@ -209,7 +256,7 @@ mod tests {
 
     #[tokio::test]
     async fn queue_then_slow_down() {
-        let q = TenantQuota::new(&quotas(1, 1));
+        let q = TenantQuota::new(&quotas(1, 1), 4);
         let first = q.admit().await.unwrap();
         let q = Arc::new(q);
         let waiter = tokio::spawn({
@@ -229,7 +276,7 @@ mod tests {
 
     #[tokio::test]
     async fn cancelled_waiter_leaves_the_queue() {
-        let q = TenantQuota::new(&quotas(1, 4));
+        let q = TenantQuota::new(&quotas(1, 4), 4);
         let _p = q.admit().await.unwrap();
         let fut = q.admit();
         let r = tokio::time::timeout(Duration::from_millis(20), fut).await;
@@ -239,7 +286,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_budget_blocks_and_clamps() {
-        let q = TenantQuota::new(&quotas(4, 4));
+        let q = TenantQuota::new(&quotas(4, 4), 4);
         let a = q.reserve_bytes(768 << 10).await;
         assert!(
             tokio::time::timeout(Duration::from_millis(20), q.reserve_bytes(512 << 10))
@@ -249,6 +296,35 @@ mod tests {
         drop(a);
         // Larger than the budget: takes all of it instead of waiting forever.
         let _all = q.reserve_bytes(10 << 20).await;
+    }
+
+    #[test]
+    fn staging_share_table() {
+        const M: u64 = 1 << 20;
+        // 50% of 16 buffers.
+        assert_eq!(staging_share(16, M, 50, 1 << 30), 8);
+        // A byte quota smaller than the share: 3 MiB in 1 MiB buffers.
+        assert_eq!(staging_share(16, M, 50, 3 * M), 3);
+        assert_eq!(staging_share(16, M, 50, 3 * M + 1), 4);
+        // Never nothing, never more than the pool.
+        assert_eq!(staging_share(1, M, 50, 1 << 30), 1);
+        assert_eq!(staging_share(16, M, 1, 1 << 30), 1);
+        assert_eq!(staging_share(16, M, 100, 1 << 40), 16);
+        assert_eq!(staging_share(16, M, 500, 1 << 40), 16);
+    }
+
+    #[tokio::test]
+    async fn staging_share_blocks_beyond_the_cap() {
+        let q = TenantQuota::new(&quotas(4, 4), 2);
+        let a = q.reserve_staging().await;
+        let _b = q.reserve_staging().await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), q.reserve_staging())
+                .await
+                .is_err()
+        );
+        drop(a);
+        let _c = q.reserve_staging().await;
     }
 
     #[test]

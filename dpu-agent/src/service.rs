@@ -1,7 +1,8 @@
 //! The `s3dma.agent.v1.Agent` gRPC service host-shims call.
 //!
-//! Every call: authenticate the shim ([`crate::auth`]), check that it may
-//! act for the named tenant, validate the request, check the tenant's
+//! Every call has been authenticated by the gate in front of the service
+//! ([`crate::gate`]); here: check that the shim may act for the named
+//! tenant, validate the request, check the tenant's
 //! policy, admit it under the tenant's quota, run it under the request
 //! deadline in a `tracing` span carrying the request id, and record
 //! metrics. Errors become statuses with S3 codes ([`AgentError::to_status`]).
@@ -16,8 +17,11 @@ use s3dma_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument as _, debug, info_span, warn};
 
-use crate::auth::ShimAuth;
+use s3dma_service::Escaped;
+
+use crate::auth::AuthError;
 use crate::error::AgentError;
+use crate::gate::AuthenticatedShim;
 use crate::plan::RangeSpec;
 use crate::policy::Access;
 use crate::transfer::get::GetRequest;
@@ -29,7 +33,6 @@ use crate::transfer::{Core, Ctx, Tenant};
 #[derive(Debug, Clone)]
 pub struct AgentService {
     core: Arc<Core>,
-    auth: Arc<ShimAuth>,
 }
 
 /// Counts a request as in flight for its tenant until dropped.
@@ -44,18 +47,39 @@ impl Drop for InFlight {
     }
 }
 
-/// A request id: the caller's `x-request-id` when it is sane, else a new one.
-fn request_id<T>(req: &Request<T>) -> String {
-    req.metadata()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| {
-            !v.is_empty()
-                && v.len() <= 64
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-        })
-        .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_owned)
+/// The agent's own id for a new request (what targets see in
+/// `x-s3dma-request-id` and what replies and errors carry).
+fn new_request_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Longest client-supplied request id kept for the logs (bytes; longer ones
+/// are cut).
+const SHIM_REQUEST_ID_MAX: usize = 128;
+
+/// The `x-request-id` the shim sent, kept only for the logs
+/// (`shim_request_id`, escaped when logged): client-supplied, so never the
+/// agent's own id. Empty when absent.
+fn shim_request_id<T>(req: &Request<T>) -> String {
+    let Some(v) = req.metadata().get("x-request-id") else {
+        return String::new();
+    };
+    let b = v.as_bytes();
+    let b = &b[..b.len().min(SHIM_REQUEST_ID_MAX)];
+    s3dma_service::escape::EscapedBytes(b).to_string()
+}
+
+/// Ids of one call: the agent's own and the one the shim sent.
+struct Ids {
+    rid: String,
+    shim: String,
+}
+
+fn ids<T>(req: &Request<T>) -> Ids {
+    Ids {
+        rid: new_request_id(),
+        shim: shim_request_id(req),
+    }
 }
 
 fn check_bucket(bucket: &str) -> Result<(), AgentError> {
@@ -135,24 +159,19 @@ fn path_label(p: pb::TransferPath) -> &'static str {
 }
 
 impl AgentService {
-    /// The service over `core`, authenticating shims with `auth`.
+    /// The service over `core`. Shims are authenticated in front of it by
+    /// [`crate::gate::Gate`], which every call must pass.
     #[must_use]
-    pub fn new(core: Arc<Core>, auth: Arc<ShimAuth>) -> AgentService {
-        AgentService { core, auth }
+    pub fn new(core: Arc<Core>) -> AgentService {
+        AgentService { core }
     }
 
-    /// Authenticates the shim and resolves the tenant it names.
+    /// The shim the gate authenticated, and the tenant it names.
     fn tenant<T>(&self, req: &Request<T>, tenant: &str, rid: &str) -> Result<Arc<Tenant>, Status> {
-        let certs = req.peer_certs();
-        let shim = match self
-            .auth
-            .authenticate(req.metadata(), certs.as_deref().map(Vec::as_slice))
-        {
-            Ok(s) => s,
-            Err(e) => {
-                self.core.metrics.auth_failure(e.label());
-                return Err(Status::unauthenticated(e.to_string()));
-            }
+        let Some(AuthenticatedShim(shim)) = req.extensions().get::<AuthenticatedShim>() else {
+            // Every call passes the gate; a service used without it refuses.
+            self.core.metrics.auth_failure("missing");
+            return Err(Status::unauthenticated(AuthError::Missing.to_string()));
         };
         let known = self.core.tenants.get(tenant);
         match known {
@@ -168,21 +187,29 @@ impl AgentService {
         }
     }
 
-    /// Runs `work` for `tenant` as operation `op`: quota admission,
-    /// deadline, span, metrics.
+    /// Runs `work` for `tenant` as operation `op`: quota admission (one
+    /// concurrency slot, held until `work` ends), deadline, span, metrics.
     async fn run<T, F>(
         &self,
         tenant: &Arc<Tenant>,
         op: &'static str,
-        rid: &str,
+        ids: &Ids,
         bucket: &str,
         work: F,
     ) -> Result<T, Status>
     where
         F: Future<Output = Result<T, AgentError>>,
     {
+        let rid = ids.rid.as_str();
         let started = Instant::now();
-        let span = info_span!("request", id = %rid, tenant = %tenant.name, op, bucket);
+        let span = info_span!(
+            "request",
+            id = %rid,
+            shim_request_id = %ids.shim,
+            tenant = %tenant.name,
+            op,
+            bucket = %Escaped(bucket),
+        );
         let core = &self.core;
         let res = async {
             core.metrics.queued(&tenant.name, tenant.quota.queued() + 1);
@@ -214,14 +241,16 @@ impl AgentService {
             Err(e) => {
                 core.metrics
                     .request(&tenant.name, op, e.metric_label(), elapsed);
+                // Messages may quote keys and prefixes: escaped.
+                let msg = e.to_string();
                 span.in_scope(|| {
                     if matches!(
                         e.grpc_code(),
                         tonic::Code::Internal | tonic::Code::Unavailable
                     ) {
-                        warn!(error = %e, "request failed");
+                        warn!(error = %Escaped(&msg), "request failed");
                     } else {
-                        debug!(error = %e, "request failed");
+                        debug!(error = %Escaped(&msg), "request failed");
                     }
                 });
                 Err(e.to_status(rid))
@@ -260,6 +289,7 @@ async fn get_one(
     let range = range_spec(range)?;
     let dest = parse_token("destination", destination)?;
     authorize(tenant, &bucket, &key, Access::Read, "read")?;
+    debug!(key = %Escaped(&key), "get");
     let ctx = svc.ctx(tenant, &bucket, rid)?;
     let req = GetRequest {
         bucket,
@@ -283,21 +313,47 @@ async fn get_one(
 
 type GetObjectsStream = Pin<Box<dyn Stream<Item = Result<pb::GetObjectsReply, Status>> + Send>>;
 
+/// An item's failure as a GetObjects reply (a refusal of the quota, the
+/// deadline or the policy is one item's error, not the batch's).
+fn item_error(index: usize, status: &Status, rid: String) -> pb::GetObjectsReply {
+    use tonic_types::StatusExt as _;
+    let info = status.get_details_error_info();
+    let (s3_code, message) = match info {
+        Some(i) => (
+            i.reason.clone(),
+            i.metadata
+                .get("message")
+                .cloned()
+                .unwrap_or_else(|| status.message().to_owned()),
+        ),
+        None => (String::new(), status.message().to_owned()),
+    };
+    pb::GetObjectsReply {
+        index: u32::try_from(index).unwrap_or(u32::MAX),
+        result: Some(pb::get_objects_reply::Result::Error(pb::ItemError {
+            grpc_code: status.code() as i32,
+            s3_code,
+            message,
+            request_id: rid,
+        })),
+    }
+}
+
 #[tonic::async_trait]
 impl pb::agent_server::Agent for AgentService {
     async fn get_object(
         &self,
         request: Request<pb::GetObjectRequest>,
     ) -> Result<Response<pb::GetObjectResponse>, Status> {
-        let rid = request_id(&request);
-        let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let ids = ids(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, &ids.rid)?;
         let r = request.into_inner();
         let bucket = r.bucket.clone();
-        self.run(&tenant, "GetObject", &rid, &bucket, async {
+        self.run(&tenant, "GetObject", &ids, &bucket, async {
             get_one(
                 self,
                 &tenant,
-                &rid,
+                &ids.rid,
                 pb::GetObjectsItem {
                     bucket: r.bucket,
                     key: r.key,
@@ -318,7 +374,8 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::GetObjectsRequest>,
     ) -> Result<Response<Self::GetObjectsStream>, Status> {
-        let rid = request_id(&request);
+        let ids = ids(&request);
+        let rid = ids.rid.clone();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
         if r.items.is_empty() {
@@ -327,9 +384,11 @@ impl pb::agent_server::Agent for AgentService {
                     .to_status(&rid),
             );
         }
-        if r.items.len() > 100_000 {
+        let max = self.core.settings.max_batch_items;
+        if r.items.len() > max {
             return Err(AgentError::InvalidArgument(format!(
-                "GetObjects takes at most 100000 items (got {})",
+                "a GetObjects batch takes at most {max} items (transfer.max_batch_items); this \
+                 one has {}: split it into several batches",
                 r.items.len()
             ))
             .to_status(&rid));
@@ -339,49 +398,45 @@ impl pb::agent_server::Agent for AgentService {
             n => (n as usize).min(self.core.settings.batch_concurrency.max(1) * 4),
         }
         .max(1);
-        // The batch is one request for the concurrency quota; its items
-        // share the tenant's byte and bandwidth budgets.
+        // Every item is one request of the tenant's: it takes a concurrency
+        // slot (or waits in the tenant's queue, or is refused with SlowDown)
+        // when it starts and gives it back when it ends, runs under the
+        // request deadline, and its chunks count against the tenant's bytes
+        // in flight. At most `concurrency` items of a batch run or wait at
+        // once.
         let svc = self.clone();
         let (tx, rx) =
             tokio::sync::mpsc::channel::<Result<pb::GetObjectsReply, Status>>(concurrency.max(16));
         let handle = tokio::spawn(async move {
-            let items_tx = tx.clone();
-            let res = svc
-                .run(&tenant, "GetObjects", &rid, "", async {
-                    let mut items = futures::stream::iter(r.items.into_iter().enumerate())
-                        .map(|(i, it)| {
-                            let (svc, tenant) = (&svc, &tenant);
-                            let rid = format!("{rid}-{i}");
-                            async move {
-                                let res = get_one(svc, tenant, &rid, it, "").await;
-                                let result = match res {
-                                    Ok(ok) => pb::get_objects_reply::Result::Ok(ok),
-                                    Err(e) => pb::get_objects_reply::Result::Error(pb::ItemError {
-                                        grpc_code: e.grpc_code() as i32,
-                                        s3_code: e.s3_code().to_owned(),
-                                        message: e.to_string(),
-                                        request_id: rid,
-                                    }),
-                                };
-                                pb::GetObjectsReply {
-                                    index: u32::try_from(i).unwrap_or(u32::MAX),
-                                    result: Some(result),
-                                }
-                            }
-                        })
-                        .buffer_unordered(concurrency);
-                    while let Some(reply) = items.next().await {
-                        if items_tx.send(Ok(reply)).await.is_err() {
-                            // The shim went away: stop fetching.
-                            break;
+            let mut items = futures::stream::iter(r.items.into_iter().enumerate())
+                .map(|(i, it)| {
+                    let (svc, tenant) = (&svc, &tenant);
+                    let item_ids = Ids {
+                        rid: format!("{}-{i}", ids.rid),
+                        shim: ids.shim.clone(),
+                    };
+                    async move {
+                        let bucket = it.bucket.clone();
+                        let res = svc
+                            .run(tenant, "GetObjects", &item_ids, &bucket, async {
+                                get_one(svc, tenant, &item_ids.rid, it, "").await
+                            })
+                            .await;
+                        match res {
+                            Ok(ok) => pb::GetObjectsReply {
+                                index: u32::try_from(i).unwrap_or(u32::MAX),
+                                result: Some(pb::get_objects_reply::Result::Ok(ok)),
+                            },
+                            Err(status) => item_error(i, &status, item_ids.rid),
                         }
                     }
-                    Ok(())
                 })
-                .await;
-            // A quota refusal or the deadline ends the stream with a status.
-            if let Err(status) = res {
-                let _ = tx.send(Err(status)).await;
+                .buffer_unordered(concurrency);
+            while let Some(reply) = items.next().await {
+                if tx.send(Ok(reply)).await.is_err() {
+                    // The shim went away: stop fetching.
+                    break;
+                }
             }
         });
         let guard = AbortOnDrop(handle);
@@ -395,15 +450,21 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::PutObjectRequest>,
     ) -> Result<Response<pb::PutObjectResponse>, Status> {
-        let rid = request_id(&request);
+        let ids = ids(&request);
+        let rid = ids.rid.clone();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
         let bucket = r.bucket.clone();
-        self.run(&tenant, "PutObject", &rid, &bucket, async {
+        self.run(&tenant, "PutObject", &ids, &bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             let src = parse_token("source", &r.source)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Write, "write")?;
+            debug!(
+                key = %Escaped(&r.key),
+                metadata = %EscapedNames(&r.metadata),
+                "put"
+            );
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
             let req = PutRequest {
                 bucket: r.bucket,
@@ -432,13 +493,15 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::HeadObjectRequest>,
     ) -> Result<Response<pb::HeadObjectResponse>, Status> {
-        let rid = request_id(&request);
+        let ids = ids(&request);
+        let rid = ids.rid.clone();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
-        self.run(&tenant, "HeadObject", &rid, &r.bucket, async {
+        self.run(&tenant, "HeadObject", &ids, &r.bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Read, "read")?;
+            debug!(key = %Escaped(&r.key), "head");
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
             let info = ctx.head_object(&r.bucket, &r.key, None).await?;
             Ok(pb::HeadObjectResponse {
@@ -454,10 +517,11 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::ListObjectsRequest>,
     ) -> Result<Response<pb::ListObjectsResponse>, Status> {
-        let rid = request_id(&request);
+        let ids = ids(&request);
+        let rid = ids.rid.clone();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
-        self.run(&tenant, "ListObjects", &rid, &r.bucket, async {
+        self.run(&tenant, "ListObjects", &ids, &r.bucket, async {
             check_bucket(&r.bucket)?;
             if !tenant.policy.allows_list(&r.bucket, &r.prefix) {
                 return Err(AgentError::AccessDenied(format!(
@@ -465,6 +529,7 @@ impl pb::agent_server::Agent for AgentService {
                     tenant.name, r.bucket, r.prefix
                 )));
             }
+            debug!(prefix = %Escaped(&r.prefix), "list");
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
             let req = ListRequest {
                 bucket: r.bucket.clone(),
@@ -490,13 +555,15 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::DeleteObjectRequest>,
     ) -> Result<Response<pb::DeleteObjectResponse>, Status> {
-        let rid = request_id(&request);
+        let ids = ids(&request);
+        let rid = ids.rid.clone();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
-        self.run(&tenant, "DeleteObject", &rid, &r.bucket, async {
+        self.run(&tenant, "DeleteObject", &ids, &r.bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Write, "delete")?;
+            debug!(key = %Escaped(&r.key), "delete");
             let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
             ctx.delete_object(&r.bucket, &r.key).await?;
             Ok(pb::DeleteObjectResponse {
@@ -505,6 +572,24 @@ impl pb::agent_server::Agent for AgentService {
         })
         .await
         .map(Response::new)
+    }
+}
+
+/// Metadata names of a PUT, escaped, for the logs (values are not logged).
+struct EscapedNames<'a>(&'a std::collections::HashMap<String, String>);
+
+impl std::fmt::Display for EscapedNames<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&String> = self.0.keys().collect();
+        names.sort();
+        f.write_str("[")?;
+        for (i, n) in names.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}", Escaped(n))?;
+        }
+        f.write_str("]")
     }
 }
 

@@ -173,11 +173,11 @@ async fn sdk_keys(c: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
 
 /// Writes the secret files of an agent configuration into `d`.
 fn write_secrets(d: &Path) {
-    std::fs::write(d.join("fabric.key"), FABRIC_KEY_HEX).unwrap();
-    std::fs::write(d.join("alice.secret"), format!("{}\n", ALICE.1)).unwrap();
-    std::fs::write(d.join("bob.secret"), BOB.1).unwrap();
-    std::fs::write(d.join("shim.token"), SHIM_TOKEN).unwrap();
-    std::fs::write(d.join("other-shim.token"), OTHER_SHIM_TOKEN).unwrap();
+    write_private(&d.join("fabric.key"), FABRIC_KEY_HEX);
+    write_private(&d.join("alice.secret"), format!("{}\n", ALICE.1));
+    write_private(&d.join("bob.secret"), BOB.1);
+    write_private(&d.join("shim.token"), SHIM_TOKEN);
+    write_private(&d.join("other-shim.token"), OTHER_SHIM_TOKEN);
 }
 
 /// A valid agent configuration over the files of [`write_secrets`]: `tls`
@@ -1175,7 +1175,7 @@ fn configuration_errors_name_file_and_field_never_secrets() {
     };
     let write = |name: &str, text: &str| {
         let p = d.join(name);
-        std::fs::write(&p, text).unwrap();
+        write_private(&p, text);
         p
     };
     let run = |config: &Path, check: bool| {

@@ -56,7 +56,7 @@ pub enum PrivateError {
     },
 }
 
-fn io_err(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> PrivateError + '_ {
+fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> PrivateError + 'a {
     move |source| PrivateError::Io { path: path.to_owned(), what, source }
 }
 

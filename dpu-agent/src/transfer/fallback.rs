@@ -6,6 +6,10 @@
 //! the window is RDMA READ into staging buffers and sent as the HTTP body.
 //! Nothing is ever written outside the token slice the planner gave: the
 //! agent counts bytes itself and refuses a body longer than the slice.
+//!
+//! Every staging buffer a tenant's transfer holds first takes a place in
+//! the tenant's share of the pool ([`crate::quota::staging_share`]), so no
+//! tenant can hold the whole pool.
 
 use std::sync::Arc;
 
@@ -18,8 +22,9 @@ use http_body::Frame;
 use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::Incoming;
 
-use super::{Attempt, Core};
+use super::{Attempt, Core, Tenant};
 use crate::error::AgentError;
+use crate::quota::StagingPermit;
 use crate::s3::client::{BodyError, RequestBody};
 
 /// Staging buffers one transfer may have in flight at once.
@@ -33,6 +38,22 @@ async fn session_for(core: &Core, token: &RdmaToken) -> Result<Arc<SessionEntry>
         .get(peer)
         .await
         .map_err(|e| AgentError::Fabric(format!("cannot reach the tenant's memory: {e}")))
+}
+
+/// A staging buffer held for a tenant: its place in the tenant's share,
+/// then the buffer (the buffer goes back to the pool first).
+struct Staged {
+    buf: StagingBuf,
+    _share: StagingPermit,
+}
+
+/// Waits for a place in the tenant's share, then for a buffer of the pool.
+async fn acquire(core: &Core, tenant: &Tenant) -> Staged {
+    let share = tenant.quota.reserve_staging().await;
+    Staged {
+        buf: core.staging.acquire().await,
+        _share: share,
+    }
 }
 
 /// Which way an operation moves bytes between a staging buffer and the window.
@@ -80,6 +101,7 @@ async fn rdma_op(
 /// the slice is a protocol error; fabric failures are final.
 pub async fn body_into_window(
     core: &Core,
+    tenant: &Tenant,
     mut body: Incoming,
     dest: RdmaToken,
     expected: u64,
@@ -97,17 +119,17 @@ pub async fn body_into_window(
     };
     let buf_size = core.staging.buf_size();
     let mut placed = 0u64; // bytes posted to the window
-    let mut cur: Option<(StagingBuf, usize)> = None;
+    let mut cur: Option<(Staged, usize)> = None;
     let mut inflight = FuturesUnordered::new();
 
-    let post = |buf: StagingBuf, n: usize, at: u64| {
+    let post = |staged: Staged, n: usize, at: u64| {
         let entry = entry.clone();
         async move {
             let Some(entry) = entry else {
                 return Ok(());
             };
-            // `buf` returns to the pool only after the write completed.
-            rdma_op(&entry, &buf, n, Op::Write, dest.addr + at, dest.rkey).await
+            // `staged` returns to the pool only after the write completed.
+            rdma_op(&entry, &staged.buf, n, Op::Write, dest.addr + at, dest.rkey).await
         }
     };
 
@@ -130,11 +152,23 @@ pub async fn body_into_window(
                 ))));
             }
             if cur.is_none() {
-                cur = Some((core.staging.acquire().await, 0));
+                // Writes already posted complete (and give their buffers
+                // back) while this waits: a transfer never waits on
+                // buffers that only it could free.
+                let next = acquire(core, tenant);
+                tokio::pin!(next);
+                let staged = loop {
+                    tokio::select! {
+                        s = &mut next => break s,
+                        Some(r) = inflight.next(), if !inflight.is_empty() => r?,
+                    }
+                };
+                cur = Some((staged, 0));
             }
-            let Some((buf, filled)) = cur.as_mut() else {
+            let Some((staged, filled)) = cur.as_mut() else {
                 continue;
             };
+            let buf = &staged.buf;
             let n = (buf_size - *filled).min(data.len());
             buf.copy_in(*filled, &data[..n])
                 .map_err(|e| AgentError::Internal(e.to_string()))?;
@@ -181,6 +215,7 @@ pub type BodyFailure = Arc<std::sync::Mutex<Option<AgentError>>>;
 /// staging buffers (one read ahead of the sender).
 pub fn window_body(
     core: &Arc<Core>,
+    tenant: &Arc<Tenant>,
     src: RdmaToken,
     len: u64,
 ) -> ((RequestBody, u64), BodyFailure) {
@@ -188,6 +223,7 @@ pub fn window_body(
     let report = Arc::clone(&failure);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BodyError>>(2);
     let core = Arc::clone(core);
+    let tenant = Arc::clone(tenant);
     tokio::spawn(async move {
         let res = async {
             if len == 0 {
@@ -198,12 +234,13 @@ pub fn window_body(
             let mut off = 0u64;
             while off < len {
                 let n = buf_size.min(len - off) as usize;
-                let buf = core.staging.acquire().await;
-                rdma_op(&entry, &buf, n, Op::Read, src.addr + off, src.rkey).await?;
-                let bytes = buf
+                let staged = acquire(&core, &tenant).await;
+                rdma_op(&entry, &staged.buf, n, Op::Read, src.addr + off, src.rkey).await?;
+                let bytes = staged
+                    .buf
                     .to_vec(n)
                     .map_err(|e| AgentError::Internal(e.to_string()))?;
-                drop(buf);
+                drop(staged);
                 if tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_err() {
                     return Ok(()); // the request was dropped
                 }

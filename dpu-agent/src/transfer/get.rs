@@ -145,7 +145,8 @@ impl Ctx {
             let slice = slot
                 .slice(0, len)
                 .map_err(|e| AgentError::Internal(e.to_string()))?;
-            fallback::body_into_window(&self.core, reply.into_body(), slice, len).await?;
+            fallback::body_into_window(&self.core, &self.tenant, reply.into_body(), slice, len)
+                .await?;
         }
         Ok(RangeReply {
             info,

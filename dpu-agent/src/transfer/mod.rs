@@ -60,6 +60,8 @@ pub struct Settings {
     pub attempt_timeout: Duration,
     /// Default GetObjects concurrency.
     pub batch_concurrency: usize,
+    /// Most items in one GetObjects batch.
+    pub max_batch_items: usize,
 }
 
 /// A tenant as the executor sees it.

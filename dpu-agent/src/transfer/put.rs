@@ -100,8 +100,8 @@ impl Drop for AbortGuard {
                     tokio::time::sleep(s.retry.max).await;
                 };
                 match r {
-                    Ok(()) => debug!(%bucket, "aborted multipart upload"),
-                    Err(e) => warn!(%bucket, error = %e, "aborting a multipart upload failed; its parts stay on the target until it is aborted there"),
+                    Ok(()) => debug!(bucket = %s3dma_service::Escaped(&bucket), "aborted multipart upload"),
+                    Err(e) => warn!(bucket = %s3dma_service::Escaped(&bucket), error = %s3dma_service::Escaped(&e.to_string()), "aborting a multipart upload failed; its parts stay on the target until it is aborted there"),
                 }
             });
         }
@@ -183,7 +183,7 @@ impl Ctx {
         let etag = self
             .retrying("PUT (HTTP body)", || async {
                 let mut call = build(false)?;
-                let (body, failure) = fallback::window_body(&self.core, slot, len);
+                let (body, failure) = fallback::window_body(&self.core, &self.tenant, slot, len);
                 call.body = Some(body);
                 let sent = self.send(call).await;
                 let taken = failure

@@ -29,6 +29,23 @@ pub const ADMIN: (&str, &str) = ("admin", "admin-secret-Lm2");
 /// The shim's bearer token.
 pub const SHIM_TOKEN: &str = "shim-token-0123456789abcdef";
 
+/// Writes a secret file (token, key) as the services require: mode 0600
+/// (also when it existed with another mode).
+pub fn write_private(path: &Path, content: impl AsRef<[u8]>) {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .unwrap();
+    f.write_all(content.as_ref()).unwrap();
+}
+
 pub fn fabric_key() -> FabricKey {
     fabric::config::parse_fabric_key(FABRIC_KEY_HEX).unwrap()
 }
@@ -132,7 +149,7 @@ impl Target {
         } = opts;
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("fabric.key");
-        std::fs::write(&key, FABRIC_KEY_HEX).unwrap();
+        write_private(&key, FABRIC_KEY_HEX);
         let cfg = format!(
             r#"listen: {ip}:0
 region: us-east-1
@@ -424,11 +441,11 @@ impl Agent {
     pub fn start(spec: AgentSpec) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        std::fs::write(p.join("fabric.key"), FABRIC_KEY_HEX).unwrap();
-        std::fs::write(p.join("alice.secret"), ALICE.1).unwrap();
-        std::fs::write(p.join("bob.secret"), BOB.1).unwrap();
-        std::fs::write(p.join("shim.token"), SHIM_TOKEN).unwrap();
-        std::fs::write(p.join("other-shim.token"), "other-shim-token-abcdef0123").unwrap();
+        write_private(&p.join("fabric.key"), FABRIC_KEY_HEX);
+        write_private(&p.join("alice.secret"), ALICE.1);
+        write_private(&p.join("bob.secret"), BOB.1);
+        write_private(&p.join("shim.token"), SHIM_TOKEN);
+        write_private(&p.join("other-shim.token"), "other-shim-token-abcdef0123");
         let mut targets = String::new();
         for t in &spec.targets {
             targets.push_str(&format!(
