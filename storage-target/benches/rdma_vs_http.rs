@@ -88,7 +88,7 @@ async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let server = Server::start_with(|dir: &Path| {
         let kf = dir.join("fabric.key");
-        std::fs::write(&kf, KEY_HEX).expect("key file");
+        common::write_private(&kf, KEY_HEX);
         format!(
             "rdma:\n  mode: enabled\n  backend: tcp\n  fabric_key_file: {}\n",
             kf.display()

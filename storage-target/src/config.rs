@@ -26,9 +26,16 @@ pub struct Config {
     pub region: String,
     /// Directory that holds all buckets, objects and multipart uploads.
     pub data_dir: PathBuf,
-    /// Listen address of the Prometheus endpoint (`GET /metrics`); omit to disable.
+    /// Listen address of the Prometheus endpoint (`GET /metrics`); omit to
+    /// disable. The older spelling of `metrics.address` (set one or the
+    /// other, not both); kept working.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Where and how `/metrics` is served: a TCP address, a Unix socket only
+    /// this user (or root) can open, and/or a bearer token. Omitted (and no
+    /// `metrics_listen`): no metrics are served.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
     /// Largest accepted difference between a request's signing time and the
     /// server clock, in seconds.
     #[serde(default = "default_max_clock_skew_secs")]
@@ -42,6 +49,32 @@ pub struct Config {
     pub rdma: crate::rdma::RdmaConfig,
 }
 
+/// The `metrics:` section: where `GET /metrics` is served. Metric labels
+/// name operations and traffic, which other local users need not read:
+/// keep the TCP address on loopback, or use the Unix socket (mode 0600,
+/// peers of another uid refused), or require a bearer token.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// TCP listen address (e.g. `127.0.0.1:9100`; port 0 picks a free port,
+    /// printed on stdout as `metrics on http://IP:PORT/metrics`). Default:
+    /// none. Keep it on loopback unless a bearer token is required.
+    #[serde(default)]
+    pub address: Option<SocketAddr>,
+    /// Unix socket to serve on as well (or instead): created mode 0600 in a
+    /// directory this user owns (a stale socket there is replaced); only
+    /// peers running as this user or as root are served (`SO_PEERCRED`).
+    /// Default: none.
+    #[serde(default)]
+    pub unix_socket: Option<PathBuf>,
+    /// File holding a bearer token (mode 0600 or stricter; surrounding
+    /// whitespace trimmed): every scrape must then send
+    /// `Authorization: Bearer <token>`, anything else gets 401 and no metric.
+    /// Default: none (no token required).
+    #[serde(default)]
+    pub bearer_token_file: Option<PathBuf>,
+}
+
 /// One user: credentials and bucket grants.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,7 +84,10 @@ pub struct UserConfig {
     /// The secret access key, inline. Exactly one of `secret` and `secret_file`.
     #[serde(default)]
     pub secret: Option<String>,
-    /// A file holding the secret access key (a trailing newline is trimmed).
+    /// A file holding the secret access key (surrounding whitespace, e.g. a
+    /// trailing newline, is trimmed). It must be private: a file group or
+    /// others may access (mode beyond 0600) is refused, naming the file and
+    /// its mode.
     #[serde(default)]
     pub secret_file: Option<PathBuf>,
     /// Buckets this user may access and how.
@@ -207,6 +243,7 @@ impl Config {
         self.rdma
             .validate()
             .map_err(|(field, message)| invalid(field, message))?;
+        self.metrics_options(file)?;
         if self.users.is_empty() {
             return Err(invalid(
                 "users".into(),
@@ -246,18 +283,10 @@ impl Config {
                     ));
                 }
                 (Some(s), None) => s.clone(),
-                (None, Some(p)) => {
-                    let mut s = std::fs::read_to_string(p).map_err(|e| {
-                        invalid(
-                            at("secret_file"),
-                            format!("cannot read {}: {e}", p.display()),
-                        )
-                    })?;
-                    while s.ends_with('\n') || s.ends_with('\r') {
-                        s.pop();
-                    }
-                    s
-                }
+                (None, Some(p)) => fabric::config::read_secret_file(p)
+                    .map_err(|m| invalid(at("secret_file"), m))?
+                    .expose()
+                    .to_owned(),
             };
             if secret.is_empty() {
                 return Err(invalid(at("secret"), "the secret is empty".into()));
@@ -280,6 +309,52 @@ impl Config {
             });
         }
         Ok(users)
+    }
+}
+
+impl Config {
+    /// Where to serve `/metrics` (`metrics:` and the older `metrics_listen`),
+    /// with the bearer token read from its file.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`]: both `metrics_listen` and `metrics.address`,
+    /// a socket path that is not absolute, an unreadable, empty or
+    /// non-private token file.
+    pub fn metrics_options(
+        &self,
+        file: &str,
+    ) -> Result<s3dma_service::metrics::MetricsOptions, ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            field: field.to_owned(),
+            message,
+        };
+        if self.metrics_listen.is_some() && self.metrics.address.is_some() {
+            return Err(invalid(
+                "metrics_listen",
+                "set either metrics_listen or metrics.address (the same thing), not both".into(),
+            ));
+        }
+        if let Some(p) = &self.metrics.unix_socket
+            && !p.is_absolute()
+        {
+            return Err(invalid(
+                "metrics.unix_socket",
+                format!("must be an absolute path, got {}", p.display()),
+            ));
+        }
+        let bearer_token = match &self.metrics.bearer_token_file {
+            Some(p) => Some(
+                fabric::config::read_secret_file(p)
+                    .map_err(|m| invalid("metrics.bearer_token_file", m))?,
+            ),
+            None => None,
+        };
+        Ok(s3dma_service::metrics::MetricsOptions {
+            address: self.metrics.address.or(self.metrics_listen),
+            unix_socket: self.metrics.unix_socket.clone(),
+            bearer_token,
+        })
     }
 }
 
@@ -360,6 +435,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("key");
         std::fs::write(&p, "abc\n").unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let c = Config::parse(
             "t.yaml",
             &format!(
@@ -369,6 +445,75 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.validate("t.yaml").unwrap()[0].secret, "abc");
+    }
+
+    #[test]
+    fn secret_files_others_can_read_are_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("key");
+        std::fs::write(&p, "abc\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let c = Config::parse(
+            "t.yaml",
+            &format!(
+                "data_dir: /x\nusers: [{{access_key_id: a, secret_file: {}}}]\n",
+                p.display()
+            ),
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(msg.starts_with("t.yaml: users[0].secret_file: "), "{msg}");
+        assert!(
+            msg.contains(&format!("{} has mode 0644", p.display())),
+            "{msg}"
+        );
+        assert!(!msg.contains("abc"), "{msg}");
+    }
+
+    #[test]
+    fn metrics_section_and_old_field() {
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nmetrics_listen: 127.0.0.1:0\nusers: [{access_key_id: a, secret: b}]\n",
+        )
+        .unwrap();
+        let o = c.metrics_options("t.yaml").unwrap();
+        assert_eq!(o.address, Some("127.0.0.1:0".parse().unwrap()));
+        assert!(o.unix_socket.is_none() && o.bearer_token.is_none());
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nmetrics: {address: 127.0.0.1:1, unix_socket: /run/m.sock}\nusers: [{access_key_id: a, secret: b}]\n",
+        )
+        .unwrap();
+        let o = c.metrics_options("t.yaml").unwrap();
+        assert_eq!(o.address, Some("127.0.0.1:1".parse().unwrap()));
+        assert_eq!(o.unix_socket.as_deref(), Some(Path::new("/run/m.sock")));
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nmetrics_listen: 127.0.0.1:0\nmetrics: {address: 127.0.0.1:1}\nusers: [{access_key_id: a, secret: b}]\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(msg.starts_with("t.yaml: metrics_listen: "), "{msg}");
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nmetrics: {unix_socket: rel.sock}\nusers: [{access_key_id: a, secret: b}]\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(msg.contains("metrics.unix_socket"), "{msg}");
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nmetrics: {bearer_token_file: /nonexistent/t}\nusers: [{access_key_id: a, secret: b}]\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(
+            msg.contains("metrics.bearer_token_file: cannot read /nonexistent/t"),
+            "{msg}"
+        );
+        assert!(Config::parse("t.yaml", "data_dir: /x\nmetrics: {bogus: 1}\n").is_err());
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!   listing, ETags, bucket names, on-disk format).
 //! - [`rdma`]: GetObject/PutObject/UploadPart over RDMA (`x-amz-rdma-token`):
 //!   staging pool, session pool, pipelined transfers.
-//! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
+//! - [`metrics`]: Prometheus metrics (served at `/metrics` by
+//!   [`s3dma_service::metrics::MetricsServer`]).
 //!
 //! s3s does the S3 protocol work: routing, XML, SigV4 (header and presigned)
 //! verification, aws-chunked decoding and clock-skew checks.
@@ -41,6 +42,12 @@ pub enum StartError {
     /// The store could not be opened.
     #[error("opening the data directory failed: {0}")]
     Store(#[from] store::StoreError),
+    /// The metrics server could not start.
+    #[error(transparent)]
+    Metrics(#[from] s3dma_service::metrics::MetricsError),
+    /// The metrics socket's directory is not safe (others could replace it).
+    #[error("metrics.unix_socket: {0}")]
+    MetricsDir(s3dma_service::private::PrivateError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -132,33 +139,31 @@ pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), 
         addr: cfg.listen,
         source,
     })?;
-    let mut metrics_task = None;
-    if let Some(maddr) = cfg.metrics_listen {
-        let ml = metrics::bind(maddr)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: maddr,
-                source,
-            })?;
-        let bound = ml.local_addr().map_err(|source| StartError::Bind {
-            addr: maddr,
-            source,
-        })?;
-        metrics_task = Some((bound, ml));
+    let opts = cfg.metrics_options(&config_path.display().to_string())?;
+    if let Some(dir) = opts
+        .unix_socket
+        .as_deref()
+        .and_then(Path::parent)
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        s3dma_service::private::check_socket_dir(dir, &[s3dma_service::private::current_uid(), 0])
+            .map_err(StartError::MetricsDir)?;
     }
+    let render_from = Arc::clone(&metrics);
+    let metrics_server =
+        s3dma_service::metrics::MetricsServer::start(opts, Arc::new(move || render_from.render()))
+            .await?;
     info!(%addr, region = %cfg.region, data_dir = %cfg.data_dir.display(), "storage-target ready");
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "storage-target listening on http://{addr}");
-        if let Some((bound, _)) = &metrics_task {
-            let _ = writeln!(out, "metrics on http://{bound}/metrics");
+        if let Some(m) = metrics_server.describe() {
+            let _ = writeln!(out, "metrics on {m}");
         }
         let _ = out.flush();
     }
-    if let Some((_, ml)) = metrics_task {
-        tokio::spawn(metrics::serve(ml, metrics, shutdown.clone()));
-    }
     server::serve(listener, handler, shutdown, Duration::from_secs(30)).await;
+    drop(metrics_server);
     info!("storage-target stopped");
     Ok(())
 }

@@ -1,20 +1,12 @@
-//! Prometheus metrics and the `/metrics` HTTP endpoint.
+//! Prometheus metrics; [`Metrics::render`] is what the shared
+//! [`s3dma_service::metrics::MetricsServer`] serves at `/metrics`.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus::{
     Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
 };
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
 /// The storage-target's metrics.
 #[derive(Debug, Clone)]
@@ -30,6 +22,8 @@ pub struct Metrics {
     rdma_staging_in_use: IntGauge,
     rdma_sessions: IntGauge,
     rdma_connects: IntCounterVec,
+    rdma_share_cap: IntGauge,
+    rdma_share_waits: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -126,6 +120,19 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let rdma_share_cap = IntGauge::new(
+            "s3dma_storage_target_rdma_staging_share_buffers",
+            "Most staging buffers one client session, and one S3 user, may hold (rdma.max_staging_share of the pool)",
+        )
+        .expect("valid metric");
+        let rdma_share_waits = IntCounterVec::new(
+            Opts::new(
+                "s3dma_storage_target_rdma_staging_share_waits_total",
+                "Staging buffer requests that waited because their client session or S3 user held its whole share (limit = session | user)",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -137,6 +144,8 @@ impl Metrics {
             Box::new(rdma_staging_in_use.clone()),
             Box::new(rdma_sessions.clone()),
             Box::new(rdma_connects.clone()),
+            Box::new(rdma_share_cap.clone()),
+            Box::new(rdma_share_waits.clone()),
         ] {
             registry.register(m).expect("unique metric");
         }
@@ -152,7 +161,21 @@ impl Metrics {
             rdma_staging_in_use,
             rdma_sessions,
             rdma_connects,
+            rdma_share_cap,
+            rdma_share_waits,
         }
+    }
+
+    /// Sets how many staging buffers one session or one user may hold.
+    pub fn staging_share_cap(&self, n: usize) {
+        self.rdma_share_cap
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a staging buffer request that waited for its `limit`'s share
+    /// (`session` | `user`).
+    pub fn staging_share_wait(&self, limit: &str) {
+        self.rdma_share_waits.with_label_values(&[limit]).inc();
     }
 
     /// Counts a successful data request on `path` (`rdma` | `http`).
@@ -230,64 +253,6 @@ impl fabric::pool::PoolObserver for Metrics {
     fn connect(&self, outcome: &'static str) {
         self.rdma_connects.with_label_values(&[outcome]).inc();
     }
-}
-
-/// Serves `GET /metrics` on `listener` until `shutdown` is cancelled.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let metrics = Arc::clone(&metrics);
-                async move { Ok::<_, Infallible>(handle(&req, &metrics)) }
-            });
-            // The timer makes hyper enforce its request-head timeout (30 s),
-            // so a stalled peer does not hold its connection for ever.
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
-                debug!(%peer, error = %e, "metrics connection ended");
-            }
-        });
-    }
-}
-
-fn handle(req: &Request<hyper::body::Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
-    let mut resp = if req.uri().path() == "/metrics" && req.method() == hyper::Method::GET {
-        let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
-        r.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
-        );
-        r
-    } else {
-        Response::new(Full::new(Bytes::from_static(b"not found\n")))
-    };
-    if req.uri().path() != "/metrics" {
-        *resp.status_mut() = StatusCode::NOT_FOUND;
-    }
-    resp
-}
-
-/// Binds the metrics listener.
-///
-/// # Errors
-/// The bind error.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
 
 #[cfg(test)]

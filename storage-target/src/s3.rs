@@ -75,13 +75,14 @@ impl S3Store {
         decision: &Decision,
         headers: &HeaderMap,
         body: Option<StreamingBlob>,
+        user: &str,
     ) -> S3Result<Pin<Box<dyn Stream<Item = Result<Bytes, StdError>> + Send + Sync>>> {
         match decision {
             Decision::Http => Ok(body_stream(body)),
             Decision::Decline => Err(self.rdma.declined_put()),
             Decision::Rdma(token) => Ok(Box::pin(
                 self.rdma
-                    .put_body(token, headers)
+                    .put_body(token, headers, user)
                     .await
                     .map_err(|e| e.to_s3())?,
             )),
@@ -104,6 +105,16 @@ impl S3Store {
             }
         }
     }
+}
+
+/// The access key id that signed a request (its share of the RDMA staging
+/// pool is counted by it); empty for an anonymous one, which the access
+/// check has refused before any data moves.
+fn request_user<T>(req: &S3Request<T>) -> String {
+    req.credentials
+        .as_ref()
+        .map(|c| c.access_key.clone())
+        .unwrap_or_default()
 }
 
 /// Maps a [`StoreError`] to the S3 error returned to clients.
@@ -150,7 +161,7 @@ pub fn store_error(e: StoreError) -> S3Error {
             )
             .with_status(http::StatusCode::INSUFFICIENT_STORAGE);
         }
-        StoreError::Io(_) | StoreError::Corrupt { .. } => {
+        StoreError::Io(_) | StoreError::Corrupt { .. } | StoreError::NotPrivate(_) => {
             error!(error = %e, "store failure");
             return S3Error::with_message(
                 C::InternalError,
@@ -165,7 +176,7 @@ pub fn store_error(e: StoreError) -> S3Error {
 /// private, so they are recognised by their (stable) display text.
 fn body_error(e: &(dyn std::error::Error + 'static)) -> S3Error {
     let text = e.to_string();
-    debug!(error = %text, "request body error");
+    debug!(error = %s3dma_service::Escaped(&text), "request body error");
     if text.contains(crate::server::BODY_IDLE_MESSAGE) {
         s3_error!(
             RequestTimeout,
@@ -702,6 +713,7 @@ impl S3 for S3Store {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let rdma = self.rdma_decision(&req)?;
+        let user = request_user(&req);
         let mut check = ChecksumCheck::new(&req.headers, req.trailing_headers.clone());
         let headers = req.headers;
         let mut input = req.input;
@@ -727,7 +739,9 @@ impl S3 for S3Store {
                 "At least one of the pre-conditions you specified did not hold"
             ));
         }
-        let body = self.put_body(&rdma, &headers, input.body.take()).await?;
+        let body = self
+            .put_body(&rdma, &headers, input.body.take(), &user)
+            .await?;
         let meta = self
             .store
             .put_object(
@@ -755,6 +769,7 @@ impl S3 for S3Store {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let rdma = self.rdma_decision(&req)?;
+        let user = request_user(&req);
         let input = req.input;
         let reader = self
             .store
@@ -776,7 +791,7 @@ impl S3 for S3Store {
             Decision::Rdma(token) => {
                 let n = self
                     .rdma
-                    .get(token, &reader, range)
+                    .get(token, &reader, range, &user)
                     .await
                     .map_err(|e| e.to_s3())?;
                 m.path_request("GetObject", "rdma");
@@ -1088,12 +1103,13 @@ impl S3 for S3Store {
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let rdma = self.rdma_decision(&req)?;
+        let user = request_user(&req);
         let mut check = ChecksumCheck::new(&req.headers, req.trailing_headers.clone());
         let headers = req.headers;
         let input = req.input;
         let md5 = content_md5(input.content_md5.as_ref())?;
         let n = part_number(input.part_number)?;
-        let body = self.put_body(&rdma, &headers, input.body).await?;
+        let body = self.put_body(&rdma, &headers, input.body, &user).await?;
         let part = self
             .store
             .upload_part(

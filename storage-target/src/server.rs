@@ -22,6 +22,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::metrics::Metrics;
+use s3dma_service::Escaped;
+use s3dma_service::escape::EscapedBytes;
 
 /// The request id of the current request, in the request extensions.
 #[derive(Debug, Clone)]
@@ -51,6 +53,13 @@ impl OpSlot {
             .unwrap_or_else(|| "unknown".to_owned())
     }
 }
+
+/// Headers whose value a client may send as its own request id, logged as
+/// `client_request_id` (first one present wins).
+const CLIENT_REQUEST_ID_HEADERS: [&str; 2] = ["x-s3dma-request-id", "x-request-id"];
+
+/// Longest client-supplied request id logged (bytes; the rest is cut).
+const CLIENT_REQUEST_ID_MAX: usize = 128;
 
 /// Generates an AWS-style request id: 16 upper-case hex digits.
 #[must_use]
@@ -296,21 +305,34 @@ impl Handler {
         let request_id = new_request_id();
         let op = OpSlot::default();
         let method = req.method().clone();
-        let path = req.uri().path().to_owned();
-        let span = info_span!("request", id = %request_id, %method, %path, agent_request = tracing::field::Empty);
-        // A dpu-agent names its own request id so one tenant request can be
-        // followed from shim to agent to target in the logs.
-        if let Some(v) = req
-            .headers()
-            .get("x-s3dma-request-id")
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| {
-                v.len() <= 80
-                    && v.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-            })
+        // The path decoded, so that a key reads as the client wrote it, and
+        // escaped: a key with a newline or an ANSI escape cannot forge a
+        // log line or drive the reader's terminal.
+        let path = percent_encoding::percent_decode_str(req.uri().path())
+            .decode_utf8_lossy()
+            .into_owned();
+        let span = info_span!(
+            "request",
+            id = %request_id,
+            %method,
+            path = %Escaped(&path),
+            client_request_id = tracing::field::Empty,
+        );
+        // A request id the client chose (a dpu-agent names its own in
+        // `x-s3dma-request-id`, so one tenant request can be followed from
+        // shim to agent to target; other clients may send `x-request-id`)
+        // is kept, escaped and cut to a bounded length, in its own field
+        // marked client-supplied: it never replaces this server's `id`.
+        if let Some(v) = CLIENT_REQUEST_ID_HEADERS
+            .iter()
+            .find_map(|h| req.headers().get(*h))
         {
-            span.record("agent_request", v);
+            let b = v.as_bytes();
+            let b = &b[..b.len().min(CLIENT_REQUEST_ID_MAX)];
+            span.record(
+                "client_request_id",
+                tracing::field::display(EscapedBytes(b)),
+            );
         }
         async move {
             let (mut parts, body) = req.into_parts();

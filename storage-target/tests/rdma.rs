@@ -26,7 +26,7 @@ fn rdma_server(extra: &str) -> Server {
     let extra = extra.to_owned();
     Server::start_with(move |dir: &Path| {
         let kf = dir.join("fabric.key");
-        std::fs::write(&kf, format!("{KEY_HEX}\n")).unwrap();
+        common::write_private(&kf, format!("{KEY_HEX}\n"));
         format!(
             "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 1000\n{extra}",
             kf.display()

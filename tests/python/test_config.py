@@ -149,6 +149,7 @@ def test_max_clock_skew_setting(make_target, tmp_path):
 def test_secret_file_trailing_newline_trimmed(make_target, tmp_path):
     secret = tmp_path / "s.secret"
     secret.write_text("file-secret-123\n")
+    secret.chmod(0o600)  # the target refuses secret files others can read
     users = [
         {"access_key_id": "filer", "secret_file": str(secret), "buckets": [{"name": "*", "access": "read-write"}]},
     ]

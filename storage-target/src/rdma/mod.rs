@@ -52,6 +52,7 @@
 //! fabric key file are read with [`fabric::config`].
 
 pub mod plan;
+pub mod share;
 pub mod transfer;
 
 use std::path::PathBuf;
@@ -122,6 +123,14 @@ pub struct RdmaConfig {
     /// Sessions idle this many seconds (nothing in flight) are closed.
     #[serde(default = "default_idle_session_secs")]
     pub idle_session_secs: u64,
+    /// Largest share of the staging buffers that one client session (one
+    /// client fabric endpoint) and, separately, one S3 user may hold at a
+    /// time, as a fraction in (0, 1]: `staging_buffers x max_staging_share`
+    /// buffers, rounded down, which must be at least one. Default 0.5, so
+    /// one slow or stalled client always leaves half the pool to others;
+    /// 1 disables the caps.
+    #[serde(default = "default_max_staging_share")]
+    pub max_staging_share: f64,
 }
 
 fn default_backend() -> Backend {
@@ -145,6 +154,9 @@ fn default_connect_timeout_ms() -> u64 {
 fn default_idle_session_secs() -> u64 {
     60
 }
+fn default_max_staging_share() -> f64 {
+    0.5
+}
 
 impl Default for RdmaConfig {
     fn default() -> Self {
@@ -158,6 +170,7 @@ impl Default for RdmaConfig {
             max_ops_total: default_max_ops_total(),
             connect_timeout_ms: default_connect_timeout_ms(),
             idle_session_secs: default_idle_session_secs(),
+            max_staging_share: default_max_staging_share(),
         }
     }
 }
@@ -197,6 +210,22 @@ impl RdmaConfig {
         }
         if self.idle_session_secs == 0 {
             return bad("idle_session_secs", "must be at least 1".into());
+        }
+        let share = self.max_staging_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return bad(
+                "max_staging_share",
+                format!("must be a fraction greater than 0 and at most 1, got {share}"),
+            );
+        }
+        if share::cap(self.staging_buffers, share).is_none() {
+            return bad(
+                "max_staging_share",
+                format!(
+                    "{share} of {} staging buffers is less than one buffer: raise staging_buffers or max_staging_share",
+                    self.staging_buffers
+                ),
+            );
         }
         if self.mode == RdmaMode::Disabled {
             return Ok(None);
@@ -301,6 +330,7 @@ struct Fabric {
     total_ops: Arc<Semaphore>,
     put_budget: Arc<Semaphore>,
     depth: usize,
+    shares: share::Shares,
 }
 
 /// The RDMA side of the target, shared by all requests.
@@ -364,14 +394,18 @@ impl RdmaService {
             Arc::clone(&metrics) as _,
         );
         sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+        let cap = share::cap(cfg.staging_buffers, cfg.max_staging_share).unwrap_or(1);
+        metrics.staging_share_cap(cap);
         let depth = cfg
             .max_ops_per_session
             .min(cfg.staging_buffers.div_ceil(2))
+            .min(cap)
             .clamp(1, 16);
         info!(
             ?backend,
             staging_buffers = cfg.staging_buffers,
             staging_buffer_size = size,
+            staging_buffers_per_client = cap,
             "RDMA serving enabled"
         );
         RdmaService {
@@ -381,6 +415,7 @@ impl RdmaService {
                 total_ops: Arc::new(Semaphore::new(cfg.max_ops_total)),
                 put_budget: Arc::new(Semaphore::new(cfg.staging_buffers)),
                 depth,
+                shares: share::Shares::new(cap),
             }),
             declined: "",
             metrics,
@@ -425,21 +460,24 @@ impl RdmaService {
             .ok_or_else(|| RdmaError::Internal("RDMA fabric not available".into()))
     }
 
-    async fn ctx(&self, token: &RdmaToken) -> Result<transfer::Ctx, RdmaError> {
+    async fn ctx(&self, token: &RdmaToken, user: &str) -> Result<transfer::Ctx, RdmaError> {
         let f = self.fabric()?;
-        let session = f.sessions.get(token.endpoint()?).await?;
+        let endpoint = token.endpoint()?;
+        let session = f.sessions.get(endpoint).await?;
         Ok(transfer::Ctx {
             pool: Arc::clone(&f.pool),
             session,
             total_ops: Arc::clone(&f.total_ops),
             put_budget: Arc::clone(&f.put_budget),
             depth: f.depth,
+            shares: f.shares.for_request(endpoint, user),
             metrics: Arc::clone(&self.metrics),
         })
     }
 
-    /// Serves a GET: checks the size, RDMA WRITEs `range` of the object into
-    /// the token's memory (from its start) and returns the bytes written.
+    /// Serves a GET for S3 user `user`: checks the size, RDMA WRITEs `range`
+    /// of the object into the token's memory (from its start) and returns
+    /// the bytes written.
     ///
     /// # Errors
     /// Too small a token, unreachable endpoint, failed operations, disk errors.
@@ -448,19 +486,21 @@ impl RdmaService {
         token: &RdmaToken,
         reader: &ObjectReader,
         range: std::ops::Range<u64>,
+        user: &str,
     ) -> Result<u64, RdmaError> {
         let len = range.end - range.start;
         plan::check_fits(len, u64::from(token.size))?;
         if len == 0 {
             return Ok(0);
         }
-        let ctx = self.ctx(token).await?;
+        let ctx = self.ctx(token, user).await?;
         let n = transfer::write_range(&ctx, reader, range, token.remote()).await?;
         self.metrics.path_bytes("rdma", "out", n);
         Ok(n)
     }
 
-    /// Prepares a PUT/UploadPart body read from the token's memory: checks
+    /// Prepares a PUT/UploadPart body (for S3 user `user`, whose share of
+    /// the staging pool it counts against) read from the token's memory: checks
     /// the request shape and connects; the returned stream RDMA READs
     /// `token.size` bytes as the store consumes it.
     ///
@@ -470,10 +510,11 @@ impl RdmaService {
         &self,
         token: &RdmaToken,
         headers: &HeaderMap,
+        user: &str,
     ) -> Result<transfer::RdmaBody, RdmaError> {
         plan::check_put_request(headers)?;
         let size = u64::from(token.size);
-        let ctx = self.ctx(token).await?;
+        let ctx = self.ctx(token, user).await?;
         Ok(transfer::read_stream(ctx, token.remote(), size))
     }
 
@@ -525,6 +566,26 @@ mod tests {
         let e = serde_yaml::from_str::<RdmaConfig>("backend: rdma\n").unwrap_err();
         assert!(e.to_string().contains("unknown variant `rdma`"), "{e}");
         assert!(serde_yaml::from_str::<RdmaConfig>("bogus: 1\n").is_err());
+        assert_eq!(RdmaConfig::default().max_staging_share, 0.5);
+        for bad in [
+            "max_staging_share: 0",
+            "max_staging_share: 1.5",
+            "max_staging_share: -1",
+        ] {
+            let c: RdmaConfig = serde_yaml::from_str(bad).unwrap();
+            assert_eq!(
+                c.validate().unwrap_err().0,
+                "rdma.max_staging_share",
+                "{bad}"
+            );
+        }
+        let c: RdmaConfig = serde_yaml::from_str("staging_buffers: 1\n").unwrap();
+        let (f, m) = c.validate().unwrap_err();
+        assert_eq!(f, "rdma.max_staging_share");
+        assert!(m.contains("less than one buffer"), "{m}");
+        let c: RdmaConfig =
+            serde_yaml::from_str("staging_buffers: 1\nmax_staging_share: 1\n").unwrap();
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -15,7 +15,10 @@
 //! `put_budget` permit each (as many as staging buffers, for all requests).
 //! A PUT blocks on the budget only when it holds no undelivered chunk, and
 //! the store releases a chunk's permit when it asks for the next one, so
-//! the budget cannot deadlock either.
+//! the budget cannot deadlock either. A buffer is taken within the
+//! request's user and session shares of the pool ([`super::share`]), in
+//! the same order everywhere (user, session, pool, then operation permits),
+//! and all of them are given back with the buffer.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -25,13 +28,14 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use fabric::RemoteBuf;
-use fabric::pool::{SessionEntry, StagingBuf, StagingPool};
+use fabric::pool::{SessionEntry, StagingPool};
 use futures::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 use super::RdmaError;
 use super::plan::chunks;
+use super::share::{RequestShares, SharedBuf};
 use crate::metrics::Metrics;
 use crate::store::{BodyError, ObjectReader};
 
@@ -49,6 +53,8 @@ pub struct Ctx {
     pub put_budget: Arc<Semaphore>,
     /// Operations in flight per request.
     pub depth: usize,
+    /// The caps of this request's user and session on staging buffers.
+    pub shares: RequestShares,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -74,13 +80,14 @@ type OpTask = JoinHandle<Result<Option<Bytes>, RdmaError>>;
 fn post(
     ctx: &Ctx,
     write: bool,
-    buf: StagingBuf,
+    buf: SharedBuf,
     permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     len: usize,
     remote: RemoteBuf,
     off: u64,
 ) -> Result<OpTask, RdmaError> {
     let local = buf
+        .buf
         .slice(len)
         .map_err(|e| RdmaError::Internal(e.to_string()))?;
     // Cannot overflow: `RdmaToken::parse` refuses tokens whose memory range
@@ -138,26 +145,27 @@ pub async fn write_range(
                 drop(join(t).await?);
             }
         }
-        let mut buf = ctx.pool.acquire().await;
+        let mut buf = ctx.shares.acquire(&ctx.pool, &ctx.metrics).await;
         let reader = reader.clone();
         let start = range.start + off;
         let n = usize::try_from(len).unwrap_or(usize::MAX);
         let buf = tokio::task::spawn_blocking(move || {
-            buf.fill_with(n, |dst| {
-                let mut filled = 0;
-                while filled < dst.len() {
-                    let k = reader.read_at(start + filled as u64, &mut dst[filled..])?;
-                    if k == 0 {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            "object file shorter than its header says",
-                        ));
+            buf.buf
+                .fill_with(n, |dst| {
+                    let mut filled = 0;
+                    while filled < dst.len() {
+                        let k = reader.read_at(start + filled as u64, &mut dst[filled..])?;
+                        if k == 0 {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                "object file shorter than its header says",
+                            ));
+                        }
+                        filled += k;
                     }
-                    filled += k;
-                }
-                Ok(())
-            })
-            .map(|()| buf)
+                    Ok(())
+                })
+                .map(|()| buf)
         })
         .await
         .map_err(|e| RdmaError::Internal(format!("disk read task failed: {e}")))?
@@ -197,7 +205,7 @@ pub fn read_stream(ctx: Ctx, remote: RemoteBuf, len: u64) -> RdmaBody {
                 };
                 let Some((off, n)) = plan.next() else { break };
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
-                let buf = ctx.pool.acquire().await;
+                let buf = ctx.shares.acquire(&ctx.pool, &ctx.metrics).await;
                 let p = permits(&ctx).await;
                 match post(&ctx, false, buf, p, n, remote, off) {
                     Ok(t) => inflight.push_back((t, budget)),

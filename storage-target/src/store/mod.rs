@@ -128,6 +128,10 @@ pub enum StoreError {
     /// A filesystem error.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
+    /// The data directory is not ours alone (another user's, a symlink, or
+    /// it cannot be made private).
+    #[error(transparent)]
+    NotPrivate(#[from] s3dma_service::private::PrivateError),
     /// An object file is damaged.
     #[error("corrupt object file {path}: {source}")]
     Corrupt {
@@ -256,9 +260,34 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Creates `dir` if missing, making the creation durable.
+/// Creates a directory only this user may enter (mode 0700, whatever the
+/// umask). Every directory of the store is made with it.
+pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new().mode(0o700).create(dir)
+}
+
+/// Creates (or truncates) a file only this user may read and write: mode
+/// 0600 whatever the umask and the parent directory's mode, never following
+/// a symlink. Every file of the store (object data, temporary files,
+/// multipart parts, bucket and upload metadata) is made with it.
+pub(crate) fn create_private_file(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    // The umask can only remove bits, but make the mode exact anyway.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(f)
+}
+
+/// Creates `dir` (mode 0700) if missing, making the creation durable.
 fn ensure_dir(dir: &Path) -> io::Result<()> {
-    match std::fs::create_dir(dir) {
+    match create_private_dir(dir) {
         Ok(()) => {
             if let Some(parent) = dir.parent() {
                 fsync_dir(parent)?;
@@ -334,7 +363,10 @@ impl Store {
     /// # Errors
     /// I/O errors on the data directory.
     pub fn open(root: &Path) -> StoreResult<Store> {
-        std::fs::create_dir_all(root)?;
+        // Stored objects are nobody else's business: the data directory is
+        // made 0700 (created so, or tightened when it is ours), refused when
+        // another user owns it or it is a symlink.
+        s3dma_service::private::ensure_private_dir(root)?;
         let store = Store {
             root: root.to_owned(),
             tmp_dir: root.join(".tmp"),
@@ -471,12 +503,12 @@ impl Store {
                 });
             }
             let tmp = this.tmp_path();
-            std::fs::create_dir(tmp.path())?;
+            create_private_dir(tmp.path())?;
             let meta = tmp.path().join("bucket.json");
-            let mut f = File::create(&meta)?;
+            let mut f = create_private_file(&meta)?;
             std::io::Write::write_all(&mut f, &serde_json::to_vec(&info).unwrap_or_default())?;
             f.sync_all()?;
-            std::fs::create_dir(tmp.path().join("objects"))?;
+            create_private_dir(&tmp.path().join("objects"))?;
             fsync_dir(tmp.path())?;
             let dir = this.buckets_dir.join(&info.name);
             std::fs::rename(tmp.path(), &dir)?;
@@ -489,7 +521,7 @@ impl Store {
                 state: RwLock::default(),
             });
             write(&this.buckets).insert(info.name.clone(), bucket);
-            info!(bucket = %info.name, "bucket created");
+            info!(bucket = %s3dma_service::Escaped(&info.name), "bucket created");
             Ok(info)
         })
         .await
@@ -534,7 +566,7 @@ impl Store {
             std::fs::rename(&b.dir, tmp.path())?;
             fsync_dir(&this.buckets_dir)?;
             std::fs::remove_dir_all(tmp.path())?;
-            info!(bucket = %name, "bucket deleted");
+            info!(bucket = %s3dma_service::Escaped(&name), "bucket deleted");
             Ok(lock(&this.uploads)
                 .values()
                 .filter(|u| u.info.bucket == name)
@@ -563,7 +595,12 @@ impl Store {
     where
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     {
-        let file = tokio::fs::File::create(tmp.path()).await?;
+        let path = tmp.path().to_owned();
+        let file = tokio::fs::File::from_std(
+            tokio::task::spawn_blocking(move || create_private_file(&path))
+                .await
+                .map_err(io::Error::other)??,
+        );
         let mut w = tokio::io::BufWriter::with_capacity(IO_CHUNK, file);
         let mut md5 = Md5::new();
         let mut size = 0u64;
@@ -750,7 +787,7 @@ impl Store {
         let size = src.meta.size;
         let trailer = format::encode_trailer(&meta);
         blocking(move || {
-            let mut out = File::create(&to)?;
+            let mut out = create_private_file(&to)?;
             let mut input = from.try_clone()?;
             input.seek(SeekFrom::Start(0))?;
             let n = io::copy(&mut (&mut input).take(size), &mut out)?;

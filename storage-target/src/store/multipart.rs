@@ -142,8 +142,8 @@ impl Store {
         let this = Arc::clone(self);
         blocking(move || {
             let tmp = this.tmp_path();
-            std::fs::create_dir(tmp.path())?;
-            let mut f = File::create(tmp.path().join("upload.json"))?;
+            super::create_private_dir(tmp.path())?;
+            let mut f = super::create_private_file(&tmp.path().join("upload.json"))?;
             io::Write::write_all(&mut f, &serde_json::to_vec(&info).unwrap_or_default())?;
             f.sync_all()?;
             fsync_dir(tmp.path())?;
@@ -375,7 +375,7 @@ impl Store {
         let trailer = super::format::encode_trailer(&meta);
         let numbers: Vec<(u32, u64)> = chosen.iter().map(|p| (p.part_number, p.size)).collect();
         blocking(move || {
-            let mut out = File::create(&to)?;
+            let mut out = super::create_private_file(&to)?;
             for (n, size) in numbers {
                 let mut f = File::open(dir.join(part_file_name(n)))?;
                 // std::io::copy uses copy_file_range between files.

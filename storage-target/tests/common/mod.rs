@@ -20,6 +20,21 @@ pub const OTHER: (&str, &str) = ("other", "other-secret");
 /// A user with read-only access to bucket `shared` and nothing else.
 pub const READER: (&str, &str) = ("reader", "reader-secret");
 
+/// Writes a secret file (a user's secret, a fabric key, a token) mode 0600:
+/// the storage-target refuses secret files group or others can read.
+pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// How to launch the process beyond its config.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Launch {
+    /// Run the binary under this umask (through `sh -c 'umask ..; exec ..'`).
+    pub umask: Option<u32>,
+}
+
 /// A running storage-target process.
 pub struct Server {
     child: Option<Child>,
@@ -31,12 +46,13 @@ pub struct Server {
     pub data_dir: PathBuf,
     config: PathBuf,
     stderr_log: PathBuf,
+    launch: Launch,
     _tmp: Option<tempfile::TempDir>,
 }
 
 fn write_config(dir: &Path, data_dir: &Path) -> PathBuf {
     let secret_file = dir.join("other.key");
-    std::fs::write(&secret_file, format!("{}\n", OTHER.1)).unwrap();
+    write_private(&secret_file, format!("{}\n", OTHER.1));
     let cfg = format!(
         r#"listen: 127.0.0.1:0
 region: us-east-1
@@ -83,6 +99,11 @@ impl Server {
     /// `extra` returns (it may write files into the temporary directory it
     /// is given, e.g. a fabric key).
     pub fn start_with(extra: impl FnOnce(&Path) -> String) -> Server {
+        Server::launch(extra, Launch::default())
+    }
+
+    /// [`Server::start_with`], launched as `launch` says.
+    pub fn launch(extra: impl FnOnce(&Path) -> String, launch: Launch) -> Server {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let config = write_config(tmp.path(), &data);
@@ -92,18 +113,29 @@ impl Server {
             text.push_str(&more);
             std::fs::write(&config, text).unwrap();
         }
-        let mut s = Server::spawn(config, data, tmp.path().join("stderr.log"));
+        let mut s = Server::spawn(config, data, tmp.path().join("stderr.log"), launch);
         s._tmp = Some(tmp);
         s
     }
 
-    fn spawn(config: PathBuf, data_dir: PathBuf, stderr_log: PathBuf) -> Server {
+    fn spawn(config: PathBuf, data_dir: PathBuf, stderr_log: PathBuf, launch: Launch) -> Server {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&stderr_log)
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_storage-target"))
+        let bin = env!("CARGO_BIN_EXE_storage-target");
+        let mut cmd = match launch.umask {
+            None => Command::new(bin),
+            Some(m) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("umask {m:03o}; exec \"$0\" \"$@\""))
+                    .arg(bin);
+                c
+            }
+        };
+        let mut child = cmd
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info,s3s=warn")
@@ -126,10 +158,14 @@ impl Server {
             .to_owned();
         line.clear();
         out.read_line(&mut line).unwrap();
+        // "metrics on http://IP:PORT/metrics[ and unix:PATH]"
         let metrics = line
             .trim()
             .strip_prefix("metrics on ")
             .unwrap_or_else(|| panic!("unexpected second line {line:?}"))
+            .split(" and ")
+            .next()
+            .unwrap_or_default()
             .to_owned();
         Server {
             child: Some(child),
@@ -138,6 +174,7 @@ impl Server {
             data_dir,
             config,
             stderr_log,
+            launch,
             _tmp: None,
         }
     }
@@ -168,6 +205,7 @@ impl Server {
             self.config.clone(),
             self.data_dir.clone(),
             self.stderr_log.clone(),
+            self.launch,
         );
         self.child = s.child.take();
         self.endpoint = s.endpoint.clone();
@@ -312,8 +350,20 @@ pub fn sign_v4(
     body: aws_sigv4::http_request::SignableBody<'_>,
     time: SystemTime,
 ) -> Vec<(String, String)> {
+    sign_v4_as(ADMIN, method, url, extra, body, time)
+}
+
+/// [`sign_v4`] as another user.
+pub fn sign_v4_as(
+    (ak, sk): (&str, &str),
+    method: &str,
+    url: &str,
+    extra: &[(&str, &str)],
+    body: aws_sigv4::http_request::SignableBody<'_>,
+    time: SystemTime,
+) -> Vec<(String, String)> {
     use aws_sigv4::http_request::{PayloadChecksumKind, SignableRequest, SigningSettings, sign};
-    let identity = aws_credential_types::Credentials::new(ADMIN.0, ADMIN.1, None, None, "t").into();
+    let identity = aws_credential_types::Credentials::new(ak, sk, None, None, "t").into();
     let mut settings = SigningSettings::default();
     settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
     let params = aws_sigv4::sign::v4::SigningParams::builder()
