@@ -58,7 +58,7 @@ fn new_request_id() -> String {
 const SHIM_REQUEST_ID_MAX: usize = 128;
 
 /// The `x-request-id` the shim sent, kept only for the logs
-/// (`shim_request_id`, escaped when logged): client-supplied, so never the
+/// (`client_request_id`, escaped when logged): client-supplied, so never the
 /// agent's own id. Empty when absent.
 fn shim_request_id<T>(req: &Request<T>) -> String {
     let Some(v) = req.metadata().get("x-request-id") else {
@@ -205,7 +205,7 @@ impl AgentService {
         let span = info_span!(
             "request",
             id = %rid,
-            shim_request_id = %ids.shim,
+            client_request_id = %ids.shim,
             tenant = %tenant.name,
             op,
             bucket = %Escaped(bucket),
