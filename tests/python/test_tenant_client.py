@@ -291,6 +291,149 @@ def test_missing_or_refusing_socket_is_a_clear_error(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------
+# unit: who serves the socket (SO_PEERCRED)
+# ---------------------------------------------------------------------------
+
+OTHER_UID = 65534  # nobody: plays another local user
+
+
+def _root_or_skip():
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"this test needs root (it acts as uid {OTHER_UID}), and CI is set", pytrace=False)
+    pytest.skip(f"needs root (it acts as uid {OTHER_UID})")
+
+
+class _Impostor:
+    """A fake shim whose socket reports another uid: bound here, but
+    ``listen()`` is called by a child that first drops to ``uid`` (the
+    listener's credentials are what SO_PEERCRED reports). Serves leases like
+    :func:`_fake_shim`; ``firsts`` holds the bytes each connection sent
+    first (b"" for one closed without a byte)."""
+
+    def __init__(self, path: str, uid: int = OTHER_UID):
+        self.path = path
+        self.firsts: list = []
+        self.fds: list = []
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(path)
+        pid = os.fork()
+        if pid == 0:  # child: drop to uid, listen, leave
+            code = 1
+            try:
+                os.setgid(uid)
+                os.setuid(uid)
+                self._srv.listen(16)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child could not listen as another uid"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            first = conn.recv(8)
+            self.firsts.append(first)
+            if first == lease.MAGIC:
+                conn.sendall(lease.encode_reply(lease.Reply(True, 0, b"L" * 16, "")))
+                while True:
+                    msg, fds, _flags, _addr = socket.recv_fds(conn, 8, 4)
+                    if not msg:
+                        break
+                    self.fds.extend(fds)
+                    seq = lease.decode_fd_request(msg)
+                    conn.sendall(lease.encode_reply(lease.Reply(True, seq, seq.to_bytes(16, "little"), "")))
+            conn.close()
+
+    def received_anything(self) -> bool:
+        return any(self.firsts)
+
+    def close(self):
+        self._srv.close()
+        for f in self.fds:
+            os.close(f)
+
+
+def _sealed_memfd(data: bytes) -> int:
+    fd = os.memfd_create("t", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+def test_a_socket_served_by_another_uid_is_refused_unless_named(tmp_path, monkeypatch):
+    _root_or_skip()
+    monkeypatch.delenv("S3DMA_SHIM_UID", raising=False)
+    path = str(tmp_path / "shim.sock")
+    imp = _Impostor(path)
+    try:
+        with pytest.raises(s3dma.UntrustedShim) as ei:
+            s3dma.Client(path)
+        e = ei.value
+        assert e.code == "UntrustedShim"
+        assert f"the socket {path} is served by uid {OTHER_UID}" in str(e)
+        assert "expected uid 0 (set S3DMA_SHIM_UID if the shim runs as another user)" in str(e)
+        # The lease magic (and so any memfd) never went out.
+        assert not imp.received_anything(), imp.firsts
+
+        # Named by shim_uid (a uid or a user name) or $S3DMA_SHIM_UID, it is used.
+        for named in (OTHER_UID, "nobody"):
+            with s3dma.Client(path, shim_uid=named) as c:
+                assert c.lease_id == b"L" * 16
+        monkeypatch.setenv("S3DMA_SHIM_UID", "nobody")
+        with s3dma.Client(path) as c:
+            fd = _sealed_memfd(b"secret")
+            try:
+                assert c._lease.pass_fd(fd) == (1).to_bytes(16, "little")
+            finally:
+                os.close(fd)
+        assert [f for f in imp.firsts if f] == [lease.MAGIC] * 3
+        assert os.pread(imp.fds[0], 6, 0) == b"secret"
+
+        # Another uid named: this one is refused again, naming both.
+        monkeypatch.setenv("S3DMA_SHIM_UID", "4242")
+        with pytest.raises(s3dma.UntrustedShim, match=f"served by uid {OTHER_UID}.*expected uid 0 or 4242"):
+            s3dma.Client(path)
+        monkeypatch.setenv("S3DMA_SHIM_UID", "no-such-user-s3dma")
+        with pytest.raises(s3dma.InvalidArgument, match="S3DMA_SHIM_UID: no user called"):
+            s3dma.Client(path)
+        with pytest.raises(s3dma.InvalidArgument, match="shim_uid: no user called"):
+            s3dma.Client(path, shim_uid="no-such-user-s3dma")
+        assert len([f for f in imp.firsts if f]) == 3
+    finally:
+        imp.close()
+
+
+def test_a_shim_that_hangs_up_before_answering_is_access_denied(tmp_path):
+    path = str(tmp_path / "shim.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    def hang_up():  # what the shim does to a uid that is not its tenant
+        conn, _ = srv.accept()
+        conn.close()
+
+    t = threading.Thread(target=hang_up, daemon=True)
+    t.start()
+    with pytest.raises(s3dma.AccessDenied) as ei:
+        s3dma.Client(path)
+    t.join(5)
+    srv.close()
+    assert ei.value.code == "ConnectionDropped"
+    assert (
+        f"the shim closed the connection before answering: uid {os.geteuid()} is probably not one of its tenants"
+        in str(ei.value)
+    )
+
+
+# ---------------------------------------------------------------------------
 # end to end: fixtures
 # ---------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ See :class:`s3dma.Client` (module :mod:`s3dma.client`), the exceptions in
 
 from .client import (  # noqa: F401
     DEFAULT_SOCKET,
+    SHIM_UID_ENV,
     SOCKET_ENV,
     Buffer,
     BufferInfo,
@@ -35,6 +36,7 @@ from .errors import (  # noqa: F401
     SlowDown,
     Unavailable,
     Unsupported,
+    UntrustedShim,
 )
 from .ranges import ByteRange, parse_range  # noqa: F401
 

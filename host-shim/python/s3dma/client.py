@@ -28,7 +28,8 @@ import grpc
 from . import errors
 from ._pb import agent_pb2, tenant_pb2, tenant_pb2_grpc
 from .errors import S3dmaError
-from .lease import Lease, LeaseError
+from .lease import Lease, LeaseDropped, LeaseError
+from .peer import SHIM_UID_ENV, ShimPolicy
 from .ranges import RangeLike, parse_range
 
 DEFAULT_SOCKET = "/run/s3dma/shim.sock"
@@ -233,9 +234,24 @@ class Client:
 
     ``socket``: the shim's socket path (default ``$S3DMA_SOCKET``, else
     ``/run/s3dma/shim.sock``). ``timeout``: seconds per call (None = no
-    deadline; large GETs take a while)."""
+    deadline; large GETs take a while).
 
-    def __init__(self, socket: Optional[str] = None, *, timeout: Optional[float] = None, connect_timeout: float = 30.0):
+    ``shim_uid``: the uid (or user name) the shim runs as when it is
+    neither root nor you (default ``$S3DMA_SHIM_UID``). The lease
+    connection is checked with ``SO_PEERCRED`` before a byte is sent, and
+    right before the gRPC channel is created: a socket served by any other
+    uid raises :class:`s3dma.UntrustedShim` naming both uids. grpcio opens
+    the channel's connections itself, so those are not checked one by one
+    (see the README)."""
+
+    def __init__(
+        self,
+        socket: Optional[str] = None,
+        *,
+        timeout: Optional[float] = None,
+        connect_timeout: float = 30.0,
+        shim_uid: Optional[Union[int, str]] = None,
+    ):
         path = os.path.abspath(socket or default_socket())
         self.socket = path
         self.timeout = timeout
@@ -261,6 +277,33 @@ class Client:
                 code="ShimUnavailable",
                 domain=errors.CLIENT_DOMAIN,
             )
+        try:
+            policy = ShimPolicy.resolve(shim_uid)
+        except ValueError as e:
+            raise errors.InvalidArgument(
+                f"shim_uid: {e}", code="InvalidArgument", domain=errors.CLIENT_DOMAIN
+            ) from None
+        # The lease first: its connection checks who serves the socket, and
+        # nothing (not even the gRPC channel) is opened before that passed.
+        lease_error: Optional[LeaseError] = None
+        try:
+            self._lease = Lease(path, timeout=connect_timeout, policy=policy)
+        except (ConnectionRefusedError, FileNotFoundError) as e:
+            raise errors.ShimUnavailable(
+                f"the host-shim socket {path} refuses connections ({e.strerror}); is host-shim running?",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            ) from None
+        except LeaseDropped as e:
+            raise errors.AccessDenied(str(e), code="ConnectionDropped", domain=errors.CLIENT_DOMAIN) from None
+        except LeaseError as e:
+            lease_error = e
+        except OSError as e:
+            raise errors.ShimUnavailable(
+                f"cannot open a lease on the host-shim socket {path}: {e}",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            ) from None
         # A private subchannel pool: a Client created after fork must not
         # pick up the parent's inherited connection (gRPC shares subchannels
         # between channels to the same target by default; used from a forked
@@ -273,16 +316,7 @@ class Client:
             options=[("grpc.use_local_subchannel_pool", 1), ("grpc.default_authority", "localhost")],
         )
         self._stub = tenant_pb2_grpc.TenantStub(self._channel)
-        try:
-            self._lease = Lease(path, timeout=connect_timeout)
-        except (ConnectionRefusedError, FileNotFoundError) as e:
-            self._channel.close()
-            raise errors.ShimUnavailable(
-                f"the host-shim socket {path} refuses connections ({e.strerror}); is host-shim running?",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
-            ) from None
-        except LeaseError as e:
+        if lease_error is not None:
             # The shim said no (e.g. an unknown uid): Info gives the
             # structured reason (UnknownTenant) when the shim has one.
             try:
@@ -291,13 +325,8 @@ class Client:
                 self._channel.close()
                 raise errors.from_rpc_error(rpc, f"host-shim at {path}") from None
             self._channel.close()
-            raise errors.LeaseRefused(str(e), code="LeaseRefused", domain=errors.CLIENT_DOMAIN) from None
-        except OSError as e:
-            self._channel.close()
-            raise errors.ShimUnavailable(
-                f"cannot open a lease on the host-shim socket {path}: {e}",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
+            raise errors.LeaseRefused(
+                str(lease_error), code="LeaseRefused", domain=errors.CLIENT_DOMAIN
             ) from None
         self._lock = threading.Lock()
 

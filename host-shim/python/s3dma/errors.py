@@ -7,7 +7,10 @@ Every :class:`S3dmaError` has:
   ``AccessDenied``, ``PreconditionFailed``, ``InvalidRange``, ...) or the
   shim's own reason (``NoSuchBuffer``, ``OutOfBounds``, ``UnknownTenant``,
   ...): the ``reason`` of the status' ``google.rpc.ErrorInfo`` detail.
-  Client-side failures use ``ShimUnavailable`` and ``LeaseRefused``.
+  Client-side failures use ``ShimUnavailable``, ``LeaseRefused``,
+  ``UntrustedShim`` (the socket is served by an unexpected uid) and
+  ``ConnectionDropped`` (an :class:`AccessDenied`: the shim hung up before
+  answering, as it does to uids that are not its tenants).
 * ``domain``: ``s3dma.agent``, ``s3dma.shim`` or ``s3dma.client``.
 * ``message``, ``request_id`` (empty when none), ``grpc_code``
   (a ``grpc.StatusCode``, or None), ``metadata`` (the ErrorInfo metadata).
@@ -117,6 +120,12 @@ class LeaseRefused(S3dmaError):
     """The shim refused the lease or an fd passed over it."""
 
 
+class UntrustedShim(S3dmaError):
+    """The socket is served by a uid that is neither root nor the expected
+    one (yours, ``shim_uid`` or ``$S3DMA_SHIM_UID``): not the shim, maybe
+    another user's fake. Nothing was sent to it."""
+
+
 _BY_REASON = {
     "NoSuchKey": NotFound,
     "NoSuchBucket": NotFound,
@@ -126,6 +135,8 @@ _BY_REASON = {
     "NoSuchLease": NotFound,
     "AccessDenied": AccessDenied,
     "UnknownTenant": AccessDenied,
+    "ConnectionDropped": AccessDenied,
+    "UntrustedShim": UntrustedShim,
     "InvalidAccessKeyId": AccessDenied,
     "SignatureDoesNotMatch": AccessDenied,
     "InvalidRange": InvalidRange,

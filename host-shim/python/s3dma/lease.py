@@ -122,6 +122,17 @@ class LeaseError(OSError):
         self.shim_message = shim_message
 
 
+class LeaseDropped(LeaseError):
+    """The shim closed a new lease connection without answering: what it
+    does to uids that are not its tenants."""
+
+    def __init__(self, path: str):
+        super().__init__(
+            f"the host-shim at {path}: the shim closed the connection before answering: "
+            f"uid {os.geteuid()} is probably not one of its tenants (or has too many connections open)"
+        )
+
+
 def _recv_exact(sock: socket.socket, n: int, what: str) -> bytes:
     buf = bytearray()
     while len(buf) < n:
@@ -135,12 +146,14 @@ def _recv_exact(sock: socket.socket, n: int, what: str) -> bytes:
 class Lease:
     """One lease connection. Thread-safe: fd passes are serialized by a lock.
 
-    ``Lease(path)`` connects, sends the magic and reads the lease id
-    (:attr:`id`); :meth:`pass_fd` hands one fd to the shim and returns its fd
-    handle. Closing the lease (or the process ending) releases every buffer
-    registered under it."""
+    ``Lease(path)`` connects, checks who serves the socket (``policy``, a
+    :class:`s3dma.peer.ShimPolicy`; ``None`` checks nothing), sends the
+    magic and reads the lease id (:attr:`id`); :meth:`pass_fd` hands one fd
+    to the shim and returns its fd handle. Closing the lease (or the process
+    ending) releases every buffer registered under it. A shim that hangs up
+    before answering raises :class:`LeaseDropped`."""
 
-    def __init__(self, path: str, timeout: float | None = 30.0):
+    def __init__(self, path: str, timeout: float | None = 30.0, policy=None):
         self.path = path
         self._lock = threading.Lock()
         self._seq = 0
@@ -148,8 +161,19 @@ class Lease:
         try:
             self._sock.settimeout(timeout)
             self._sock.connect(path)
-            self._sock.sendall(MAGIC)
-            reply = self._read_reply("the lease id")
+            if policy is not None:
+                policy.check(self._sock, path)  # before a byte is sent
+            try:
+                self._sock.sendall(MAGIC)
+                first = self._sock.recv(REPLY_HEADER_LEN)
+            except (BrokenPipeError, ConnectionResetError):
+                first = b""
+            if not first:
+                raise LeaseDropped(path)
+            rest = _recv_exact(self._sock, REPLY_HEADER_LEN - len(first), "the lease id")
+            h = decode_reply_header(first + rest)
+            msg = _recv_exact(self._sock, h.message_len, "the lease id") if h.message_len else b""
+            reply = finish_reply(h, msg)
         except BaseException:
             self._sock.close()
             raise
