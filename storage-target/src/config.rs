@@ -370,6 +370,10 @@ mod tests {
         assert_eq!(c.region, "us-east-1");
         assert_eq!(c.max_clock_skew_secs, 900);
         assert!(c.metrics_listen.is_some());
+        let m = c.metrics_options("storage-target.example.yaml").unwrap();
+        assert_eq!(m.address, Some("127.0.0.1:9100".parse().unwrap()));
+        assert!(m.unix_socket.is_none() && m.bearer_token.is_none());
+        assert_eq!(c.rdma.max_staging_share, 0.5);
         let users = c.validate("storage-target.example.yaml").unwrap();
         assert_eq!(users[0].access_key_id, "s3dma-local");
         assert_eq!(users[0].buckets[0].access, Access::ReadWrite);

@@ -593,6 +593,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k");
         std::fs::write(&p, format!("{}\n", "ab".repeat(32))).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let c = RdmaConfig {
             mode: RdmaMode::Enabled,
             fabric_key_file: Some(p.clone()),
