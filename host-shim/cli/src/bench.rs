@@ -33,7 +33,7 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use rand::{RngCore as _, SeedableRng as _};
-use s3dma_client::{Buffer, Client, GetOptions, PutOptions};
+use s3dma_client::{Buffer, Client, ClientOptions, GetOptions, PutOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
@@ -78,6 +78,10 @@ pub struct Options {
     pub endpoint: Option<String>,
     /// The existing stack's shim socket (default: [`Client::default_socket`]).
     pub socket: Option<PathBuf>,
+    /// The uid the existing stack's shim runs as besides root (`--shim-uid`;
+    /// `None` = `$S3DMA_SHIM_UID`, else ours). A stack started here runs as
+    /// us and is always checked against our own uid.
+    pub shim_uid: Option<u32>,
 }
 
 /// Sizes and durations derived from the options.
@@ -198,6 +202,7 @@ async fn attached(opts: &Options, plan: &Plan, endpoint: &str) -> anyhow::Result
         &secret,
         pids,
         format!("the stack at {endpoint}"),
+        crate::commands::client_options(opts.shim_uid),
     )
     .await?;
     match ctx.s3.create_bucket().bucket(BUCKET).send().await {
@@ -278,6 +283,7 @@ async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
         dir: tmp.path().join("state"),
         data_dir: Some(data_dir.clone()),
         socket: tmp.path().join("shim.sock"),
+        own_socket_dir: true,
         bucket: BUCKET.into(),
         metrics: false,
         who: "s3dma bench",
@@ -376,6 +382,7 @@ impl Ctx {
             secret,
             Some(pids),
             data_dir,
+            crate::local::own_shim(),
         )
         .await
     }
@@ -387,8 +394,9 @@ impl Ctx {
         secret: &str,
         pids: Option<[u32; 3]>,
         data_dir: String,
+        client_options: ClientOptions,
     ) -> anyhow::Result<Ctx> {
-        let client = Client::connect(socket)
+        let client = Client::connect_with(socket, client_options)
             .await
             .context("connecting to the host-shim")?;
         let conf = aws_sdk_s3::Config::builder()

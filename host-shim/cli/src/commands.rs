@@ -9,7 +9,8 @@ use std::process::ExitCode;
 
 use indicatif::{BinaryBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use s3dma_client::{
-    Buffer, ByteRange, Client, ErrorKind, GetOptions, GetOutput, ListOptions, PutOptions,
+    Buffer, ByteRange, Client, ClientOptions, ErrorKind, GetOptions, GetOutput, ListOptions,
+    PutOptions,
 };
 use tokio::task::JoinHandle;
 
@@ -38,6 +39,9 @@ pub const EXIT_UNAVAILABLE: u8 = 5;
 pub const EXIT_PRECONDITION: u8 = 6;
 /// Exit status: the byte range cannot be satisfied.
 pub const EXIT_INVALID_RANGE: u8 = 7;
+/// Exit status: the socket is served by a uid that is neither root nor the
+/// expected one (not the shim; nothing was sent to it).
+pub const EXIT_UNTRUSTED_SHIM: u8 = 8;
 
 /// Why a command failed; [`Failure::exit_code`] picks its exit status.
 #[derive(Debug)]
@@ -68,6 +72,7 @@ impl Failure {
                 ErrorKind::Unavailable => EXIT_UNAVAILABLE,
                 ErrorKind::PreconditionFailed => EXIT_PRECONDITION,
                 ErrorKind::InvalidRange => EXIT_INVALID_RANGE,
+                ErrorKind::UntrustedShim => EXIT_UNTRUSTED_SHIM,
                 ErrorKind::InvalidArgument
                 | ErrorKind::SlowDown
                 | ErrorKind::DeadlineExceeded
@@ -127,12 +132,25 @@ pub struct Global {
     pub socket: Option<PathBuf>,
     /// No progress bars or summaries.
     pub quiet: bool,
+    /// The uid the shim runs as besides root (`--shim-uid`; `None` =
+    /// `$S3DMA_SHIM_UID`, else ours).
+    pub shim_uid: Option<u32>,
+}
+
+/// Client options trusting a shim running as `shim_uid` (`None`: the
+/// client's default, `$S3DMA_SHIM_UID` or our own uid).
+#[must_use]
+pub fn client_options(shim_uid: Option<u32>) -> ClientOptions {
+    match shim_uid {
+        Some(uid) => ClientOptions::new().with_shim_uid(uid),
+        None => ClientOptions::new(),
+    }
 }
 
 impl Global {
     async fn connect(&self) -> Result<Client> {
         let socket = self.socket.clone().unwrap_or_else(Client::default_socket);
-        Client::connect(&socket)
+        Client::connect_with(&socket, client_options(self.shim_uid))
             .await
             .map_err(client_err(format_args!(
                 "connecting to {}",
@@ -661,6 +679,7 @@ mod tests {
         assert_eq!(f(ErrorKind::Unavailable).exit_code(), 5);
         assert_eq!(f(ErrorKind::PreconditionFailed).exit_code(), 6);
         assert_eq!(f(ErrorKind::InvalidRange).exit_code(), 7);
+        assert_eq!(f(ErrorKind::UntrustedShim).exit_code(), 8);
         assert_eq!(f(ErrorKind::Other).exit_code(), 1);
         assert_eq!(Failure::Usage("u".into()).exit_code(), 2);
         assert_eq!(Failure::Other("o".into()).exit_code(), 1);

@@ -3,12 +3,15 @@
 //! Everything is loopback-only over the `tcp` fabric:
 //!
 //! 1. `DIR` (default `$XDG_DATA_HOME/s3dma/local`, else
-//!    `~/.local/share/s3dma/local`, mode 0700) holds `data/` (the
-//!    storage-target's store), `secrets/` (the tenant's access key id and
-//!    secret, the shim's bearer token and the fabric key; 0600 files created
-//!    on the first run and reused afterwards, so the data stays readable),
-//!    the three generated configuration files (rewritten on every run: the
-//!    ports change) and `logs/` (each child's stderr and stdout).
+//!    `~/.local/share/s3dma/local`) holds `data/` (the storage-target's
+//!    store), `secrets/` (the tenant's access key id and secret, the shim's
+//!    bearer token and the fabric key; created on the first run and reused
+//!    afterwards, so the data stays readable), the three generated
+//!    configuration files (rewritten on every run: the ports change) and
+//!    `logs/` (each child's stderr and stdout). Everything is private:
+//!    `DIR` and its directories are made 0700 (an existing `DIR` that is
+//!    more open, say 0755, is tightened; one owned by another user, or a
+//!    symlink, is refused) and every file written there is 0600.
 //! 2. storage-target starts on `127.0.0.1:0`; its stdout line
 //!    `storage-target listening on http://ADDR` gives the address. The bucket
 //!    (default `data`) is created with a SigV4-signed S3 CreateBucket (an
@@ -17,7 +20,13 @@
 //!    `local`, allowed to read and write every bucket; its stdout line
 //!    `dpu-agent listening on ADDR` gives the address.
 //! 4. host-shim starts on the socket (mode 0600), mapping the invoking uid to
-//!    tenant `local`; it is up once the socket accepts connections.
+//!    tenant `local`; it is up once the socket accepts connections. The
+//!    socket's directory (`$XDG_RUNTIME_DIR/s3dma/` or `/tmp/s3dma-<uid>/`
+//!    by default) is made 0700; when it already exists it must be ours and
+//!    not a symlink, else local mode refuses to start (another user who
+//!    created `/tmp/s3dma-<uid>/` first could replace the socket). A
+//!    `--socket` elsewhere needs a directory that is ours (or root's) and
+//!    that neither group nor others may write to (not `/tmp` itself).
 //! 5. The line `s3dma local ready: socket=<absolute path>` goes to stdout,
 //!    then help for humans.
 //!
@@ -38,12 +47,9 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{Read as _, Write as _};
-use std::os::unix::fs::{
-    DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _,
-    PermissionsExt as _,
-};
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, SystemTime};
@@ -52,6 +58,7 @@ use anyhow::{Context as _, anyhow, bail};
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use s3dma_service::private;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::signal::unix::{SignalKind, signal};
@@ -378,23 +385,18 @@ fn ensure_secret(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<S
     }
 }
 
-/// Creates `dir` (and parents) with mode 0700 if missing; refuses one owned
-/// by someone else.
-fn private_dir(dir: &Path, uid: u32) -> anyhow::Result<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating directory {}", dir.display()))?;
-    let meta = fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
-    if meta.uid() != uid {
-        bail!(
-            "{} belongs to uid {}, not to you (uid {uid}); pick another with --dir or --socket",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    Ok(())
+/// Makes `dir` private: created 0700 (parents as needed) when missing,
+/// tightened to 0700 when more open; refused when it is a symlink or belongs
+/// to someone else.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    private::ensure_private_dir(dir)
+        .map_err(|e| anyhow!("{e}; pick another directory with --dir or --socket"))
+}
+
+/// Client options for a stack started here: its shim runs as us.
+#[must_use]
+pub fn own_shim() -> s3dma_client::ClientOptions {
+    s3dma_client::ClientOptions::new().with_shim_uid(private::current_uid())
 }
 
 /// The tenant's S3 credentials, read from (or created in) the secrets dir.
@@ -412,8 +414,8 @@ impl std::fmt::Debug for Secrets {
     }
 }
 
-fn prepare_secrets(l: &Layout, uid: u32) -> anyhow::Result<Secrets> {
-    private_dir(&l.secrets_dir, uid)?;
+fn prepare_secrets(l: &Layout) -> anyhow::Result<Secrets> {
+    private_dir(&l.secrets_dir)?;
     let access_key_id = ensure_secret(&l.access_key_file, || {
         format!("S3DMALOCAL{}", random_hex(5).to_uppercase())
     })?;
@@ -426,16 +428,10 @@ fn prepare_secrets(l: &Layout, uid: u32) -> anyhow::Result<Secrets> {
     })
 }
 
+/// Writes a 0600 file (an existing one is tightened; a symlink is not
+/// followed).
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
+    private::write_private_file(path, text.as_bytes()).map_err(|e| anyhow!("{e}"))
 }
 
 /// Finds `name` next to the running `s3dma` (cargo puts every workspace
@@ -532,7 +528,7 @@ fn spawn(
     config: &Path,
     log: PathBuf,
 ) -> anyhow::Result<(Proc, Lines<BufReader<ChildStdout>>)> {
-    let stderr = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let stderr = private::create_private_file(&log).map_err(|e| anyhow!("{e}"))?;
     let mut child = Command::new(bin)
         .arg("--config")
         .arg(config)
@@ -748,7 +744,12 @@ fn absolute(p: PathBuf) -> anyhow::Result<PathBuf> {
 }
 
 /// Checks the socket path and its directory; removes a stale socket.
-fn prepare_socket(socket: &Path, uid: u32) -> anyhow::Result<()> {
+///
+/// With `own_dir` (the default socket, or a directory made for it) the
+/// directory is made private ([`private_dir`]); otherwise a missing one is
+/// created private and an existing one must belong to us or root and be
+/// writable by nobody else.
+fn prepare_socket(socket: &Path, own_dir: bool) -> anyhow::Result<()> {
     if socket.as_os_str().len() > 107 {
         bail!(
             "socket path {} is longer than the 107 bytes a Unix socket path may have; pick a shorter one with --socket",
@@ -761,8 +762,22 @@ fn prepare_socket(socket: &Path, uid: u32) -> anyhow::Result<()> {
     let parent = socket
         .parent()
         .ok_or_else(|| anyhow!("socket path {} has no directory", socket.display()))?;
-    if !parent.exists() {
-        private_dir(parent, uid)?;
+    let exists = match fs::symlink_metadata(parent) {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => {
+            return Err(e).with_context(|| format!("inspecting {}", parent.display()));
+        }
+    };
+    if own_dir || !exists {
+        private_dir(parent)?;
+    } else {
+        private::check_socket_dir(parent, &[private::current_uid(), 0]).map_err(|e| {
+            anyhow!(
+                "{e}; the socket's directory must be yours (or root's) and writable by nobody \
+                 else, so that nobody can replace the socket: pick another --socket"
+            )
+        })?;
     }
     match fs::symlink_metadata(socket) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -811,6 +826,10 @@ pub struct StackOptions {
     pub data_dir: Option<PathBuf>,
     /// The shim's socket (absolute).
     pub socket: PathBuf,
+    /// The socket's directory belongs to the launcher (the default socket
+    /// directory, or a temporary one): make it 0700. Otherwise (`--socket`)
+    /// an existing directory is only checked.
+    pub own_socket_dir: bool,
     /// Bucket created at start-up if missing.
     pub bucket: String,
     /// Serve Prometheus metrics from all three on free loopback ports.
@@ -851,23 +870,22 @@ impl Stack {
         if let Some(d) = opts.data_dir {
             l.data_dir = d;
         }
-        private_dir(&l.dir, uid)?;
+        private_dir(&l.dir)?;
         if l.dir.to_str().is_none() {
             bail!("{} is not valid UTF-8; pick another --dir", l.dir.display());
         }
         let lock_path = l.dir.join("lock");
-        let lock_file = File::create(&lock_path)
-            .with_context(|| format!("creating {}", lock_path.display()))?;
+        let lock_file = private::create_private_file(&lock_path).map_err(|e| anyhow!("{e}"))?;
         let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
             anyhow!(
                 "another s3dma local is using {}; stop it or pick another --dir",
                 l.dir.display()
             )
         })?;
-        fs::create_dir_all(&l.logs_dir)
-            .with_context(|| format!("creating {}", l.logs_dir.display()))?;
-        let secrets = prepare_secrets(&l, uid)?;
-        prepare_socket(&opts.socket, uid)?;
+        private_dir(&l.logs_dir)?;
+        private_dir(&l.data_dir)?;
+        let secrets = prepare_secrets(&l)?;
+        prepare_socket(&opts.socket, opts.own_socket_dir)?;
         Ok(Stack {
             who: opts.who,
             layout: l,
@@ -1095,6 +1113,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 anyhow!("neither XDG_DATA_HOME nor HOME is set; name a directory with --dir")
             })?,
     };
+    let own_socket_dir = opts.socket.is_none();
     let socket = absolute(
         opts.socket
             .unwrap_or_else(|| default_socket(std::env::var_os("XDG_RUNTIME_DIR"), uid)),
@@ -1103,6 +1122,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         dir,
         data_dir: None,
         socket,
+        own_socket_dir,
         bucket: opts.bucket,
         metrics: false,
         who: "s3dma local",
@@ -1287,10 +1307,9 @@ mod tests {
     #[test]
     fn secrets_are_private_and_reused() {
         let d = tempfile::tempdir().unwrap();
-        let uid = nix::unistd::getuid().as_raw();
         let l = Layout::new(d.path());
-        let a = prepare_secrets(&l, uid).unwrap();
-        let b = prepare_secrets(&l, uid).unwrap();
+        let a = prepare_secrets(&l).unwrap();
+        let b = prepare_secrets(&l).unwrap();
         assert_eq!(a.access_key_id, b.access_key_id);
         assert_eq!(a.secret_access_key, b.secret_access_key);
         let key = fs::read_to_string(&l.fabric_key_file).unwrap();

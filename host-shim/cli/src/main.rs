@@ -24,6 +24,11 @@
 //! | 5 | unavailable: the host-shim (its socket) or the dpu-agent is down |
 //! | 6 | precondition failed: the object changed during the transfer |
 //! | 7 | invalid range |
+//! | 8 | untrusted shim: the socket is served by a uid that is neither root nor the expected one |
+//!
+//! Every connection to the socket is checked (`SO_PEERCRED`) before a byte
+//! is sent: the shim must run as root or as the caller's own uid, or as the
+//! uid named by `--shim-uid` / `$S3DMA_SHIM_UID` (a number or a user name).
 //!
 //! Errors are one line on stderr: `s3dma: <what>: <code>: <message> (request id ...)`.
 
@@ -54,6 +59,11 @@ Exit status:
   5  unavailable: the host-shim (its socket) or the dpu-agent is down
   6  precondition failed: the object changed during the transfer
   7  invalid range
+  8  untrusted shim: the socket is served by a uid that is neither root nor
+     the expected one (another user's process?); nothing was sent to it
+
+Every connection to the socket is checked first: the shim must run as root,
+as you, or as the uid given by --shim-uid or $S3DMA_SHIM_UID.
 
 Errors are one line on stderr: s3dma: <what>: <code>: <message> (request id ...)";
 
@@ -71,6 +81,17 @@ struct Cli {
                 for `local`: $XDG_RUNTIME_DIR/s3dma/shim.sock, else /tmp/s3dma-<uid>/shim.sock]"
     )]
     socket: Option<PathBuf>,
+    /// The user the host-shim runs as, when it is neither root nor you: a
+    /// uid or a user name [default: $S3DMA_SHIM_UID, else root or you].
+    /// A socket served by anyone else is refused (exit 8) before a byte is
+    /// sent.
+    #[arg(
+        long,
+        global = true,
+        value_name = "UID|USER",
+        value_parser = parse_shim_uid
+    )]
+    shim_uid: Option<u32>,
     /// No progress bars or summaries (errors are still printed).
     #[arg(short, long, global = true)]
     quiet: bool,
@@ -230,6 +251,11 @@ JSON keys include get_1g_gbps, http_get_1g_gbps, get_1g_vs_http,
 get_1g_vs_raw_tcp, raw_tcp_gbps, get_4k_p50_us, http_get_4k_p50_us,
 get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see docs/ARCHITECTURE.md).";
 
+/// `--shim-uid`: a uid or a user name.
+fn parse_shim_uid(s: &str) -> Result<u32, String> {
+    s3dma_client::resolve_uid(s).map_err(|e| e.message().to_owned())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -246,6 +272,7 @@ fn main() -> ExitCode {
     let g = Global {
         socket: cli.socket.clone(),
         quiet: cli.quiet,
+        shim_uid: cli.shim_uid,
     };
     if let Cmd::Soak {
         duration,
@@ -304,6 +331,7 @@ fn main() -> ExitCode {
                 data_dir,
                 endpoint,
                 socket: cli.socket,
+                shim_uid: cli.shim_uid,
             })
             .await
             .map_err(|e| Failure::Other(format!("bench: {e:#}"))),

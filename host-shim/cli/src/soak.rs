@@ -141,6 +141,7 @@ async fn run(opts: Options) -> anyhow::Result<(bool, String)> {
         dir: tmp.path().join("state"),
         data_dir: None,
         socket: tmp.path().join("shim.sock"),
+        own_socket_dir: true,
         bucket: BUCKET.into(),
         metrics: true,
         who: "s3dma soak",
@@ -375,7 +376,7 @@ fn fill(buf: &mut [u8], seed: u64) {
 }
 
 async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Shared) {
-    let client = match Client::connect(socket).await {
+    let client = match Client::connect_with(socket, crate::local::own_shim()).await {
         Ok(c) => c,
         Err(e) => return shared.fail(i, &format!("connecting: {e}")),
     };

@@ -6,6 +6,7 @@
 //! builds them.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -307,6 +308,18 @@ fn usage_and_unavailable_errors_need_no_services() {
     let o = run(Command::new(S3DMA).arg("--help"), None);
     let help = ok(&o);
     assert!(help.contains("7  invalid range"), "{help}");
+    assert!(help.contains("8  untrusted shim"), "{help}");
+    assert!(help.contains("--shim-uid <UID|USER>"), "{help}");
+    let o = run(
+        Command::new(S3DMA).args(["--shim-uid", "no-such-user-s3dma", "info"]),
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no user called \"no-such-user-s3dma\""),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -495,12 +508,49 @@ fn one_gib_round_trip() {
 #[test]
 fn data_survives_a_restart_and_a_dying_service_stops_local_mode() {
     let root = tempfile::tempdir().unwrap();
+    // An existing state directory others may read: local mode tightens it.
+    let state = root.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut local = Local::start_in(root.path());
     ok(&local.s3dma_stdin(&["put", "-", "s3://data/kept"], b"still here"));
     let pid = local.child.as_ref().unwrap().id() as i32;
     kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
     assert!(local.wait_exit(15).success(), "{}", local.stderr());
     drop(local);
+
+    // Everything local mode wrote is private, though the state directory
+    // was created 0755 before the first start (see the top of this test).
+    let state = root.path().join("state");
+    let mode = |p: &Path| {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    };
+    for d in ["", "secrets", "logs", "data"] {
+        let p = state.join(d);
+        assert_eq!(mode(&p), 0o700, "{}", p.display());
+    }
+    let mut files = vec![state.join("lock")];
+    for d in ["", "secrets", "logs"] {
+        for e in std::fs::read_dir(state.join(d)).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_file() {
+                files.push(p);
+            }
+        }
+    }
+    for want in [
+        "secrets/tenant.secret",
+        "secrets/fabric.key",
+        "secrets/shim.token",
+        "host-shim.yaml",
+        "logs/host-shim.log",
+    ] {
+        assert!(files.contains(&state.join(want)), "{want} in {files:?}");
+    }
+    for p in &files {
+        assert_eq!(mode(p), 0o600, "{}", p.display());
+    }
 
     // Same directory: same secrets, same data.
     let mut local = Local::start_in(root.path());
@@ -520,4 +570,310 @@ fn data_survives_a_restart_and_a_dying_service_stops_local_mode() {
         assert!(!alive(*pid), "{name} (pid {pid}) still runs");
     }
     assert!(!local.socket.exists());
+}
+
+// ---------------------------------------------------------------------------
+// Another user's socket: refused by the CLI, and by local mode.
+// ---------------------------------------------------------------------------
+
+/// The uid that plays the other local user (`nobody`).
+const OTHER_UID: u32 = 65534;
+const FAKE_SOCKET_ENV: &str = "S3DMA_TEST_FAKE_SOCKET";
+const FAKE_EVENTS_ENV: &str = "S3DMA_TEST_FAKE_EVENTS";
+
+/// Whether this process may act as another uid; without root the test
+/// skips, unless `CI` is set (CI runs as root and must run it).
+fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root (it acts as uid {OTHER_UID}), and CI is set"
+    );
+    eprintln!("skipping {test}: it needs root (it acts as uid {OTHER_UID})");
+    false
+}
+
+fn append(path: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+/// A fake shim run as [`OTHER_UID`] (this test binary running
+/// [`recording_shim_as_another_user`]): it notes what each connection sends
+/// first and hangs up without answering.
+struct Impostor {
+    child: Child,
+    socket: PathBuf,
+    events: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Impostor {
+    fn start() -> Impostor {
+        use std::os::unix::process::CommandExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+        let exe = dir.path().join("impostor-bin");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = dir.path().join("shim.sock");
+        let events = dir.path().join("events");
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "recording_shim_as_another_user",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .uid(OTHER_UID)
+        .gid(OTHER_UID)
+        .current_dir(dir.path())
+        .env("HOME", dir.path())
+        .env(FAKE_SOCKET_ENV, &socket)
+        .env(FAKE_EVENTS_ENV, &events)
+        .stdin(Stdio::null());
+        let child = spawn_retrying(&mut cmd);
+        let mut me = Impostor {
+            child,
+            socket,
+            events,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !me.events().contains("ready") {
+            if let Some(status) = me.child.try_wait().unwrap() {
+                panic!("the fake shim as uid {OTHER_UID} exited: {status}");
+            }
+            assert!(Instant::now() < deadline, "the fake shim did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        me
+    }
+
+    fn events(&self) -> String {
+        std::fs::read_to_string(&self.events).unwrap_or_default()
+    }
+
+    /// Connections that sent the lease magic.
+    fn leases(&self) -> usize {
+        self.events().lines().filter(|l| *l == "lease").count()
+    }
+
+    /// Whether any connection sent it a byte.
+    fn received_anything(&self) -> bool {
+        self.events()
+            .lines()
+            .any(|l| l.starts_with("bytes ") && l != "bytes 0")
+    }
+}
+
+/// Spawns `cmd`, retrying while its freshly copied binary is "busy": a
+/// child forked meanwhile by another test thread may still hold the copy's
+/// write fd until it execs.
+fn spawn_retrying(cmd: &mut std::process::Command) -> std::process::Child {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Ok(c) => return c,
+            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && tries < 500 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("starting {cmd:?}: {e}"),
+        }
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run by [`Impostor::start`] as another uid; does nothing otherwise.
+#[test]
+#[ignore = "the fake shim the untrusted-shim test runs as uid 65534"]
+fn recording_shim_as_another_user() {
+    let (Some(socket), Some(events)) = (
+        std::env::var_os(FAKE_SOCKET_ENV),
+        std::env::var_os(FAKE_EVENTS_ENV),
+    ) else {
+        return;
+    };
+    let events = PathBuf::from(events);
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    append(&events, "ready");
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        // The first 8 bytes (the lease magic from a client that trusts us),
+        // or none; then hang up without a reply.
+        let mut got = Vec::new();
+        let _ = (&conn).take(8).read_to_end(&mut got);
+        append(&events, &format!("bytes {}", got.len()));
+        if got == s3dma_client::proto::lease::MAGIC {
+            append(&events, "lease");
+        }
+    }
+}
+
+#[test]
+fn a_socket_served_by_another_uid_is_refused() {
+    if !root_or_skip("a_socket_served_by_another_uid_is_refused") {
+        return;
+    }
+    let imp = Impostor::start();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("secret.txt");
+    std::fs::write(&src, b"the victim's bytes").unwrap();
+    let dst = work.path().join("out.bin");
+    let served_by = format!(
+        "the socket {} is served by uid {OTHER_UID}",
+        imp.socket.display()
+    );
+
+    // put: refused before the file's memfd (or anything) is sent.
+    let o = run(
+        Command::new(S3DMA)
+            .arg("--socket")
+            .arg(&imp.socket)
+            .arg("put")
+            .arg(&src)
+            .arg("s3://data/k"),
+        None,
+    );
+    let err = fails(&o, 8, &served_by);
+    assert!(err.contains("UntrustedShim"), "{err}");
+    assert!(
+        err.contains("expected uid 0 (set S3DMA_SHIM_UID if the shim runs as another user)"),
+        "{err}"
+    );
+    // get: refused, and the output file is never created.
+    let o = run(
+        Command::new(S3DMA)
+            .env("S3DMA_SOCKET", &imp.socket)
+            .arg("get")
+            .arg("s3://data/k")
+            .arg(&dst),
+        None,
+    );
+    fails(&o, 8, &served_by);
+    assert!(!dst.exists());
+    let o = run(
+        Command::new(S3DMA)
+            .env("S3DMA_SOCKET", &imp.socket)
+            .args(["get", "s3://data/k", "-"]),
+        None,
+    );
+    fails(&o, 8, &served_by);
+    assert!(o.stdout.is_empty());
+    assert!(!imp.received_anything(), "{}", imp.events());
+    assert_eq!(imp.leases(), 0);
+
+    // Named by $S3DMA_SHIM_UID (a uid) or --shim-uid (a user name), it is
+    // trusted: the lease magic goes out. This fake then hangs up, as a shim
+    // does on a uid that is not its tenant.
+    let dropped = "the shim closed the connection before answering: uid 0 is probably not one \
+                   of its tenants";
+    let o = run(
+        Command::new(S3DMA)
+            .env("S3DMA_SOCKET", &imp.socket)
+            .env("S3DMA_SHIM_UID", OTHER_UID.to_string())
+            .arg("put")
+            .arg(&src)
+            .arg("s3://data/k"),
+        None,
+    );
+    fails(&o, 4, dropped);
+    assert_eq!(imp.leases(), 1, "{}", imp.events());
+    let o = run(
+        Command::new(S3DMA)
+            .arg("--socket")
+            .arg(&imp.socket)
+            .args(["--shim-uid", "nobody", "get", "s3://data/k"])
+            .arg(&dst),
+        None,
+    );
+    fails(&o, 4, dropped);
+    assert_eq!(imp.leases(), 2, "{}", imp.events());
+    assert!(!dst.exists());
+    // A bad $S3DMA_SHIM_UID is an error, not a silent default.
+    let o = run(
+        Command::new(S3DMA)
+            .env("S3DMA_SOCKET", &imp.socket)
+            .env("S3DMA_SHIM_UID", "no-such-user-s3dma")
+            .args(["info"]),
+        None,
+    );
+    fails(&o, 1, "$S3DMA_SHIM_UID: no user called");
+    assert_eq!(imp.leases(), 2, "{}", imp.events());
+}
+
+#[test]
+fn local_mode_refuses_a_socket_directory_it_cannot_trust() {
+    if !root_or_skip("local_mode_refuses_a_socket_directory_it_cannot_trust") {
+        return;
+    }
+    check_binaries();
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    // The default socket directory, $XDG_RUNTIME_DIR/s3dma (like
+    // /tmp/s3dma-<uid>), created first by another user, mode 0777.
+    let runtime = root.path().join("run");
+    std::fs::create_dir(&runtime).unwrap();
+    let sockdir = runtime.join("s3dma");
+    std::fs::create_dir(&sockdir).unwrap();
+    std::fs::set_permissions(&sockdir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&sockdir, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+    let local = |extra: &[&str]| {
+        run(
+            Command::new(S3DMA)
+                .env("XDG_RUNTIME_DIR", &runtime)
+                .arg("local")
+                .arg("--dir")
+                .arg(&state)
+                .args(extra),
+            None,
+        )
+    };
+    let o = local(&[]);
+    let err = fails(
+        &o,
+        1,
+        &format!(
+            "{} is owned by uid {OTHER_UID}, not by uid 0",
+            sockdir.display()
+        ),
+    );
+    assert!(err.contains("pick another directory"), "{err}");
+    assert_eq!(std::fs::read_dir(&sockdir).unwrap().count(), 0);
+    // Left as it was: not tightened, not taken over.
+    let meta = std::fs::metadata(&sockdir).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o777);
+
+    // A symlink there is refused, not followed.
+    std::fs::remove_dir(&sockdir).unwrap();
+    let elsewhere = root.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &sockdir).unwrap();
+    let o = local(&[]);
+    fails(&o, 1, "is a symbolic link; refusing to follow it");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+
+    // --socket in a directory others may write to (ours, 0777).
+    let open = root.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sock = open.join("s.sock");
+    let o = local(&["--socket", sock.to_str().unwrap()]);
+    let err = fails(&o, 1, "has mode 0777: group or others may write there");
+    assert!(err.contains("pick another --socket"), "{err}");
+    assert!(!sock.exists());
 }

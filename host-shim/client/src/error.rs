@@ -35,6 +35,11 @@ pub enum ErrorKind {
     Unavailable,
     /// The call's deadline passed (see [`crate::Client::with_timeout`]).
     DeadlineExceeded,
+    /// The socket is served by a process of a uid that is neither root nor
+    /// the expected one (the caller's own, `$S3DMA_SHIM_UID` or
+    /// [`crate::ClientOptions::shim_uid`]): not the shim, maybe another
+    /// user's fake. Nothing was sent to it (code `UntrustedShim`).
+    UntrustedShim,
     /// Anything else (internal errors, protocol violations).
     Other,
 }
@@ -86,6 +91,7 @@ impl Error {
             ErrorKind::SlowDown => Code::ResourceExhausted,
             ErrorKind::Unavailable => Code::Unavailable,
             ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
+            ErrorKind::UntrustedShim => Code::PermissionDenied,
             ErrorKind::Other => Code::Internal,
         };
         Error {
@@ -148,6 +154,11 @@ impl Error {
     /// Classifies a status; a transport failure (no `ErrorInfo`, raised on
     /// this side) becomes [`ErrorKind::Unavailable`] naming `socket`.
     pub(crate) fn from_status_at(status: tonic::Status, socket: &Path) -> Error {
+        // The connector refused the server (see `peer`): say so, not
+        // "transport error".
+        if let Some(e) = Error::find_in_chain(&status) {
+            return e;
+        }
         let transport = status.get_details_error_info().is_none()
             && (status.code() == Code::Unavailable
                 || (status.code() == Code::Unknown
@@ -158,6 +169,26 @@ impl Error {
             return e;
         }
         Error::from(status)
+    }
+
+    /// A client [`Error`] somewhere in `err`'s source chain (the connector
+    /// returns its errors wrapped in an `io::Error`).
+    pub(crate) fn find_in_chain(err: &(dyn std::error::Error + 'static)) -> Option<Error> {
+        let mut current = Some(err);
+        while let Some(e) = current {
+            if let Some(ours) = e.downcast_ref::<Error>() {
+                return Some(ours.clone());
+            }
+            if let Some(ours) = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<Error>())
+            {
+                return Some(ours.clone());
+            }
+            current = e.source();
+        }
+        None
     }
 
     /// A failed batch item as the agent reports it.

@@ -32,14 +32,30 @@ struct Conn {
 }
 
 impl Lease {
-    /// Sends the magic on a fresh connection and reads the lease id.
-    /// `socket` only names the shim in errors.
+    /// Sends the magic on a fresh connection (whose server the caller has
+    /// checked) and reads the lease id. `socket` only names the shim in
+    /// errors.
+    ///
+    /// A shim drops the connections of uids that are not its tenants before
+    /// reading a byte: a connection closed before any reply byte is
+    /// [`ErrorKind::AccessDenied`] (`ConnectionDropped`).
     pub(crate) async fn open(mut stream: UnixStream, socket: &Path) -> Result<Lease, Error> {
-        stream
-            .write_all(&MAGIC)
-            .await
-            .map_err(|e| lease_io(socket, "opening a lease", &e))?;
-        match read_reply(&mut stream, socket).await? {
+        if let Err(e) = stream.write_all(&MAGIC).await {
+            return Err(if is_drop(&e) {
+                dropped_before_answer(socket)
+            } else {
+                lease_io(socket, "opening a lease", &e)
+            });
+        }
+        let mut h = [0u8; REPLY_HEADER_LEN];
+        let first = match stream.read(&mut h).await {
+            Ok(0) => return Err(dropped_before_answer(socket)),
+            Ok(n) => n,
+            Err(e) if is_drop(&e) => return Err(dropped_before_answer(socket)),
+            Err(e) => return Err(lease_io(socket, "reading the lease id", &e)),
+        };
+        let reply = finish_reply(&mut stream, socket, h, first).await?;
+        match reply {
             Reply::Ok { seq: 0, id } => Ok(Lease {
                 id,
                 socket: socket.to_owned(),
@@ -148,9 +164,18 @@ async fn send_fd(stream: &mut UnixStream, frame: &[u8], fd: &OwnedFd) -> io::Res
 }
 
 async fn read_reply(stream: &mut UnixStream, socket: &Path) -> Result<Reply, Error> {
-    let mut h = [0u8; REPLY_HEADER_LEN];
+    finish_reply(stream, socket, [0u8; REPLY_HEADER_LEN], 0).await
+}
+
+/// Reads the rest of a reply whose first `have` header bytes are in `h`.
+async fn finish_reply(
+    stream: &mut UnixStream,
+    socket: &Path,
+    mut h: [u8; REPLY_HEADER_LEN],
+    have: usize,
+) -> Result<Reply, Error> {
     stream
-        .read_exact(&mut h)
+        .read_exact(&mut h[have..])
         .await
         .map_err(|e| lease_io(socket, "reading a lease reply", &e))?;
     let header = Reply::decode_header(&h).map_err(|e| protocol(socket, e.to_string()))?;
@@ -160,6 +185,29 @@ async fn read_reply(stream: &mut UnixStream, socket: &Path) -> Result<Reply, Err
         .await
         .map_err(|e| lease_io(socket, "reading a lease reply", &e))?;
     Ok(Reply::finish(header, &message))
+}
+
+/// The peer closed the connection (or reset it, having unread bytes).
+fn is_drop(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// The shim hung up on a fresh lease without a word: what it does to uids
+/// that are not its tenants.
+fn dropped_before_answer(socket: &Path) -> Error {
+    Error::new(
+        ErrorKind::AccessDenied,
+        "ConnectionDropped",
+        format!(
+            "host-shim at {}: the shim closed the connection before answering: uid {} is \
+             probably not one of its tenants (or has too many connections open)",
+            socket.display(),
+            crate::peer::caller_uid()
+        ),
+    )
 }
 
 fn lease_io(socket: &Path, what: &str, e: &io::Error) -> Error {
@@ -329,6 +377,34 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::AccessDenied);
         assert!(e.to_string().contains("uid 1234 is not a tenant"), "{e}");
         assert!(e.to_string().contains(SOCKET), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_shim_hanging_up_before_any_reply_is_access_denied() {
+        // Before reading the magic (how the shim drops non-tenants), and
+        // after reading it.
+        for read_first in [false, true] {
+            let (client, mut peer) = pair();
+            let shim = thread::spawn(move || {
+                if read_first {
+                    read_magic(&mut peer);
+                }
+                drop(peer);
+            });
+            let e = Lease::open(client, Path::new(SOCKET)).await.unwrap_err();
+            shim.join().unwrap();
+            assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+            assert_eq!(e.code(), "ConnectionDropped");
+            let uid = nix::unistd::geteuid().as_raw();
+            assert!(
+                e.to_string().contains(&format!(
+                    "the shim closed the connection before answering: uid {uid} is probably \
+                     not one of its tenants"
+                )),
+                "{e}"
+            );
+            assert!(e.to_string().contains(SOCKET), "{e}");
+        }
     }
 
     #[tokio::test]

@@ -44,9 +44,35 @@
 //!
 //! Errors are one type, [`Error`], with an [`ErrorKind`] to branch on, the
 //! S3 error code or shim reason, and the agent's request id.
+//!
+//! # Who serves the socket
+//!
+//! The memfds a client passes hold its data, and a GET writes into them: a
+//! process that serves the socket in the shim's place (another local user
+//! who created `/tmp/s3dma-<uid>/` first, or bound a stale path) would read
+//! every `put` and forge every `get`. So the client checks the server's uid
+//! (`SO_PEERCRED`) on every connection it opens to the socket, the lease
+//! and each gRPC connection (reconnections too), before it sends a byte:
+//!
+//! - the shim must run as **root** or as the **expected uid**: by default
+//!   the caller's own effective uid (local mode, `s3dma local`);
+//! - a shim running as another user (say a dedicated `s3dma` account) is
+//!   named with [`ClientOptions::shim_uid`] or the environment variable
+//!   `S3DMA_SHIM_UID` ([`SHIM_UID_ENV`]: a uid number or a user name);
+//! - anything else fails with [`ErrorKind::UntrustedShim`], whose message
+//!   names the socket, the server's uid and the expected ones, e.g. `the
+//!   socket /tmp/s3dma-1000/shim.sock is served by uid 1001 (pid 4242),
+//!   expected uid 0 or 1000 (set S3DMA_SHIM_UID if the shim runs as another
+//!   user)`.
+//!
+//! The shim, for its part, hangs up on uids that are not its tenants before
+//! reading a byte; the lease reports that as [`ErrorKind::AccessDenied`]
+//! (code `ConnectionDropped`): `the shim closed the connection before
+//! answering: uid N is probably not one of its tenants`.
 
 mod error;
 mod lease;
+mod peer;
 mod range;
 
 use std::collections::HashMap;
@@ -66,6 +92,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use error::{Error, ErrorKind};
+pub use peer::{SHIM_UID_ENV, resolve_uid};
 pub use range::{ByteRange, ParseRangeError};
 /// The generated protobuf types and gRPC stubs (`s3dma-proto`).
 pub use s3dma_proto as proto;
@@ -257,13 +284,68 @@ pub struct GetItem {
     pub length: Option<u64>,
 }
 
+/// How [`Client::connect_with`] connects.
+///
+/// ```
+/// let opts = s3dma_client::ClientOptions::new().with_shim_uid(1001);
+/// assert_eq!(opts.shim_uid, Some(1001));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// The uid the shim must run as, besides root (see the crate docs,
+    /// "Who serves the socket"). `None`: `$S3DMA_SHIM_UID` (a uid or a user
+    /// name) when set, else the caller's own effective uid. Resolve a user
+    /// name with [`resolve_uid`].
+    pub shim_uid: Option<u32>,
+}
+
+impl ClientOptions {
+    /// The defaults: see [`ClientOptions::shim_uid`].
+    #[must_use]
+    pub fn new() -> ClientOptions {
+        ClientOptions::default()
+    }
+
+    /// Trusts a shim running as `uid` (and root).
+    #[must_use]
+    pub fn with_shim_uid(mut self, uid: u32) -> ClientOptions {
+        self.shim_uid = Some(uid);
+        self
+    }
+}
+
 impl Client {
     /// Connects to the shim at `socket`: opens the lease and the gRPC
-    /// channel. Fails fast, with [`ErrorKind::Unavailable`] naming the path,
-    /// when nothing listens there.
+    /// channel, with [`ClientOptions::default`]. Fails fast, with
+    /// [`ErrorKind::Unavailable`] naming the path, when nothing listens
+    /// there, and with [`ErrorKind::UntrustedShim`] when the socket is
+    /// served by an unexpected uid.
     pub async fn connect(socket: impl AsRef<Path>) -> Result<Client, Error> {
+        Client::connect_with(socket, ClientOptions::default()).await
+    }
+
+    /// [`Client::connect`] with options.
+    ///
+    /// Every connection to the socket (the lease, and each one the gRPC
+    /// channel opens, reconnections included) is checked with
+    /// `SO_PEERCRED` before a byte is sent: the server must run as root or
+    /// as the expected uid ([`ClientOptions::shim_uid`]), else
+    /// [`ErrorKind::UntrustedShim`]. A shim that hangs up on the lease
+    /// without answering (what it does to uids that are not its tenants) is
+    /// [`ErrorKind::AccessDenied`] (`ConnectionDropped`).
+    pub async fn connect_with(
+        socket: impl AsRef<Path>,
+        opts: ClientOptions,
+    ) -> Result<Client, Error> {
         let socket = socket.as_ref().to_owned();
-        match tokio::time::timeout(CONNECT_TIMEOUT, Client::connect_inner(socket.clone())).await {
+        let policy = peer::Policy::resolve(opts.shim_uid)?;
+        match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Client::connect_inner(socket.clone(), policy),
+        )
+        .await
+        {
             Ok(r) => r,
             Err(_) => Err(Error::shim_unavailable(
                 &socket,
@@ -272,7 +354,7 @@ impl Client {
         }
     }
 
-    async fn connect_inner(socket: PathBuf) -> Result<Client, Error> {
+    async fn connect_inner(socket: PathBuf, policy: peer::Policy) -> Result<Client, Error> {
         let stream = UnixStream::connect(&socket).await.map_err(|e| {
             let hint = match e.kind() {
                 io::ErrorKind::NotFound => {
@@ -283,15 +365,30 @@ impl Client {
             };
             Error::shim_unavailable(&socket, format!("cannot connect: {e}{hint}"))
         })?;
+        policy.check(&stream, &socket)?;
         let lease = Arc::new(lease::Lease::open(stream, &socket).await?);
         let path = socket.clone();
+        let policy = Arc::new(policy);
         let channel = Endpoint::from_static("http://[::]:50051")
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let path = path.clone();
-                async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+                let policy = Arc::clone(&policy);
+                async move {
+                    let stream = UnixStream::connect(&path).await?;
+                    // The socket may have been replaced since the lease
+                    // connected: check every connection.
+                    policy
+                        .check(&stream, &path)
+                        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+                    Ok::<_, io::Error>(TokioIo::new(stream))
+                }
             }))
             .await
-            .map_err(|e| Error::shim_unavailable(&socket, format!("cannot open gRPC: {e}")))?;
+            .map_err(|e| {
+                Error::find_in_chain(&e).unwrap_or_else(|| {
+                    Error::shim_unavailable(&socket, format!("cannot open gRPC: {e}"))
+                })
+            })?;
         Ok(Client {
             inner: Arc::new(Inner {
                 socket,
@@ -781,7 +878,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_listener_that_closes_the_lease_is_unavailable() {
+    async fn a_listener_that_closes_the_lease_is_a_dropped_connection() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("closer.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
@@ -791,8 +888,12 @@ mod tests {
         });
         let e = Client::connect(&path).await.unwrap_err();
         server.await.unwrap();
-        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
-        assert!(e.to_string().contains("closed the lease"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+        assert!(
+            e.to_string()
+                .contains("the shim closed the connection before answering"),
+            "{e}"
+        );
     }
 
     #[test]

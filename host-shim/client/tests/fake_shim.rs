@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{self, IoSliceMut};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +19,8 @@ use s3dma_client::proto::lease::{FdRequest, Id, MAGIC, Reply};
 use s3dma_client::proto::tenant::v1 as tenant;
 use s3dma_client::proto::{AGENT_ERROR_DOMAIN, SHIM_ERROR_DOMAIN};
 use s3dma_client::{
-    ByteRange, Client, ErrorKind, GetItem, GetOptions, ListOptions, PutOptions, TransferPath,
+    ByteRange, Client, ClientOptions, ErrorKind, GetItem, GetOptions, ListOptions, PutOptions,
+    TransferPath,
 };
 use tenant::tenant_server::{Tenant, TenantServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -426,6 +427,26 @@ async fn serve_lease(mut s: UnixStream, fake: Fake) {
 
 /// Starts the fake on `path`.
 fn start(path: &Path) -> Fake {
+    start_recording(path, None)
+}
+
+/// Appends `line` to `events` (how a fake in another process tells what it
+/// received).
+fn record(events: Option<&Path>, line: &str) {
+    use std::io::Write as _;
+    if let Some(p) = events {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .unwrap();
+        writeln!(f, "{line}").unwrap();
+    }
+}
+
+/// [`start`], appending to `events` one line per connection: `lease`,
+/// `grpc`, or `empty` (closed before sending a byte).
+fn start_recording(path: &Path, events: Option<PathBuf>) -> Fake {
     let fake = Fake::default();
     let listener = UnixListener::bind(path).unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<io::Result<UnixStream>>();
@@ -435,14 +456,20 @@ fn start(path: &Path) -> Fake {
             let (s, _) = listener.accept().await.unwrap();
             let raw = s.as_raw_fd();
             let mut first = [0u8; 1];
-            s.async_io(Interest::READABLE, || {
-                nix::sys::socket::recv(raw, &mut first, MsgFlags::MSG_PEEK).map_err(io::Error::from)
-            })
-            .await
-            .unwrap();
-            if first[0] == MAGIC[0] {
+            let n = s
+                .async_io(Interest::READABLE, || {
+                    nix::sys::socket::recv(raw, &mut first, MsgFlags::MSG_PEEK)
+                        .map_err(io::Error::from)
+                })
+                .await
+                .unwrap_or(0);
+            if n == 0 {
+                record(events.as_deref(), "empty");
+            } else if first[0] == MAGIC[0] {
+                record(events.as_deref(), "lease");
                 tokio::spawn(serve_lease(s, f.clone()));
             } else {
+                record(events.as_deref(), "grpc");
                 tx.send(Ok(s)).unwrap();
             }
         }
@@ -640,4 +667,218 @@ async fn the_whole_api_against_a_fake_shim() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(fake.0.lock().unwrap().leases_closed, 1);
+}
+
+// ---------------------------------------------------------------------------
+// A fake shim served by another uid: refused unless named.
+// ---------------------------------------------------------------------------
+
+/// The uid the impostor runs as (`nobody`).
+const OTHER_UID: u32 = 65534;
+const SOCKET_ENV: &str = "S3DMA_TEST_FAKE_SOCKET";
+const EVENTS_ENV: &str = "S3DMA_TEST_FAKE_EVENTS";
+
+/// Whether this process may run a child as another uid; without root the
+/// test skips, unless `CI` is set (CI runs as root and must run it).
+fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root (it runs a fake shim as uid {OTHER_UID}), and CI is set"
+    );
+    eprintln!("skipping {test}: it needs root (it runs a fake shim as uid {OTHER_UID})");
+    false
+}
+
+/// The whole fake, as `OTHER_UID`, in a child process: this test binary
+/// running [`fake_shim_as_another_user`].
+struct Impostor {
+    child: std::process::Child,
+    socket: PathBuf,
+    events: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Impostor {
+    fn start() -> Impostor {
+        use std::os::unix::fs::PermissionsExt as _;
+        use std::os::unix::process::CommandExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+        // A copy any uid can execute.
+        let exe = dir.path().join("fake-shim-bin");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = dir.path().join("shim.sock");
+        let events = dir.path().join("events");
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args([
+            "fake_shim_as_another_user",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .uid(OTHER_UID)
+        .gid(OTHER_UID)
+        .current_dir(dir.path())
+        .env("HOME", dir.path())
+        .env(SOCKET_ENV, &socket)
+        .env(EVENTS_ENV, &events)
+        .stdin(std::process::Stdio::null());
+        let child = spawn_retrying(&mut cmd);
+        let mut me = Impostor {
+            child,
+            socket,
+            events,
+            _dir: dir,
+        };
+        // Wait for its "ready" line (the child's own failure ends the wait).
+        for _ in 0..6000 {
+            if me.events().contains("ready") {
+                return me;
+            }
+            if let Some(status) = me.child.try_wait().unwrap() {
+                panic!("the fake shim as uid {OTHER_UID} exited: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the fake shim as uid {OTHER_UID} did not start");
+    }
+
+    fn events(&self) -> String {
+        std::fs::read_to_string(&self.events).unwrap_or_default()
+    }
+
+    /// Whether any connection sent it a byte.
+    fn received_anything(&self) -> bool {
+        self.events().lines().any(|l| l == "lease" || l == "grpc")
+    }
+}
+
+/// Spawns `cmd`, retrying while its freshly copied binary is "busy": a
+/// child forked meanwhile by another test thread may still hold the copy's
+/// write fd until it execs.
+fn spawn_retrying(cmd: &mut std::process::Command) -> std::process::Child {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Ok(c) => return c,
+            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && tries < 500 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("starting {cmd:?}: {e}"),
+        }
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run by [`Impostor::start`] as another uid; does nothing otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the fake shim the other-uid tests run as uid 65534"]
+async fn fake_shim_as_another_user() {
+    let (Some(socket), Some(events)) = (std::env::var_os(SOCKET_ENV), std::env::var_os(EVENTS_ENV))
+    else {
+        return;
+    };
+    let events = PathBuf::from(events);
+    let _fake = start_recording(Path::new(&socket), Some(events.clone()));
+    record(Some(&events), "ready");
+    // Until the parent kills it.
+    loop {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shim_served_by_another_uid_is_refused_unless_named() {
+    if !root_or_skip("a_shim_served_by_another_uid_is_refused_unless_named") {
+        return;
+    }
+    let imp = Impostor::start();
+    let e = Client::connect(&imp.socket).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UntrustedShim, "{e}");
+    assert_eq!(e.code(), "UntrustedShim");
+    let text = e.to_string();
+    for want in [
+        format!(
+            "the socket {} is served by uid {OTHER_UID}",
+            imp.socket.display()
+        ),
+        "expected uid 0 (set S3DMA_SHIM_UID".to_owned(),
+    ] {
+        assert!(text.contains(&want), "{text:?} should contain {want:?}");
+    }
+    assert!(!imp.received_anything(), "{}", imp.events());
+
+    // Named, it is used: buffers (memfds) go to it and come back filled.
+    let opts = ClientOptions::new().with_shim_uid(OTHER_UID);
+    let client = Client::connect_with(&imp.socket, opts).await.unwrap();
+    let mut buf = client.alloc(4096).await.unwrap();
+    buf.as_mut_slice()[..5].copy_from_slice(b"hello");
+    let put = PutOptions {
+        metadata: HashMap::from([("origin".to_owned(), "test".to_owned())]),
+        ..Default::default()
+    };
+    client
+        .put_object_from("b", "k", &buf, 0..5, put)
+        .await
+        .unwrap();
+    client
+        .get_object_into("b", "k", &mut buf, 100, GetOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(&buf.as_slice()[100..105], b"hello");
+    let events = imp.events();
+    assert!(events.lines().any(|l| l == "lease"), "{events}");
+    assert!(events.lines().any(|l| l == "grpc"), "{events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_connections_are_checked_too() {
+    if !root_or_skip("grpc_connections_are_checked_too") {
+        return;
+    }
+    // A lease server of our own uid that, before it answers, puts the
+    // impostor's socket in its place: the gRPC connection that follows
+    // reaches the impostor and must be refused.
+    let imp = Impostor::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shim.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let (from, to) = (imp.socket.clone(), path.clone());
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut magic = [0u8; 8];
+        s.read_exact(&mut magic).await.unwrap();
+        std::fs::rename(&from, &to).unwrap();
+        s.write_all(
+            &Reply::Ok {
+                seq: 0,
+                id: Id(LEASE),
+            }
+            .encode(),
+        )
+        .await
+        .unwrap();
+        s
+    });
+    let e = Client::connect(&path).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UntrustedShim, "{e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("is served by uid {OTHER_UID}")),
+        "{e}"
+    );
+    drop(server.await.unwrap());
+    assert!(!imp.received_anything(), "{}", imp.events());
 }
