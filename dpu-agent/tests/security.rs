@@ -268,15 +268,21 @@ fn run_agent_bin(args: &[&std::ffi::OsStr]) -> (ExitStatus, String, String) {
 struct OwnAgent {
     child: Option<Child>,
     addr: String,
+    /// The "metrics on" line's rest.
+    metrics: String,
     log: PathBuf,
 }
 
 impl OwnAgent {
     fn start(config: &Path, log: PathBuf) -> OwnAgent {
+        OwnAgent::start_with(config, log, "info")
+    }
+
+    fn start_with(config: &Path, log: PathBuf, rust_log: &str) -> OwnAgent {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dpu-agent"))
             .arg("--config")
             .arg(config)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -304,8 +310,13 @@ impl OwnAgent {
         OwnAgent {
             child: Some(child),
             addr,
+            metrics,
             log,
         }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     fn log(&self) -> String {
@@ -1323,4 +1334,584 @@ fn configuration_errors_name_file_and_field_never_secrets() {
     assert!(err.contains("fabric.fabric_key_file"), "{err}");
     assert!(!err.contains("zz-not-hex-but-secret"), "{err}");
     no_secret(&err);
+}
+
+// ---------------------------------------------------------------------------
+// 6. Callers are identified before they cost anything
+// ---------------------------------------------------------------------------
+
+/// `VmHWM` (peak resident set) of `pid`, KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Opens a raw TCP connection to `addr` and sends the HTTP/2 client preface
+/// and an empty SETTINGS frame: an HTTP/2 connection that then says nothing.
+fn silent_h2(addr: &str) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    s
+}
+
+/// Reads until the peer closes (`true`) or `HANG_GUARD` passes (`false`).
+fn closed_by_peer(mut s: std::net::TcpStream) -> bool {
+    use std::io::Read as _;
+    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Turns a hang into a failure; not a performance threshold.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
+    let target = Target::start(true);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_secrets(d);
+    let dd = d.display().to_string();
+    let shims =
+        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
+    // (a) A long unauthenticated timeout: only the gate is at work.
+    let yaml = agent_yaml(
+        d,
+        "  unauthenticated_timeout_secs: 3600\n",
+        &shims,
+        &target.endpoint,
+    );
+    write_private(&d.join("a.yaml"), &yaml);
+    let agent = OwnAgent::start(&d.join("a.yaml"), d.join("a.log"));
+    let pid = agent.pid();
+    // One authenticated call first, so the agent's steady state is reached.
+    let ok = Agent::shim_for(&agent.addr, SHIM_TOKEN).await;
+    let r = head(&ok, "alice", "alice-data", "nothing").await;
+    assert!(r.is_err(), "nothing was stored");
+    let before = peak_rss_kib(pid);
+    assert!(before > 0);
+
+    // Without a token: 4 connections x 8 streams x 2 rounds of PutObject
+    // requests just under 4 MiB each (the largest message any method
+    // takes); before the gate, each was decoded whole before the token was
+    // looked at.
+    let big = "k".repeat((4 << 20) - (8 << 10));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let anon = Agent::shim_for(&agent.addr, "").await;
+        for _ in 0..8 {
+            let (anon, big) = (anon.clone(), big.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut codes = Vec::new();
+                for _ in 0..2 {
+                    let r = anon.put("alice", "alice-data", &big, "not-a-token").await;
+                    codes.push(r.map(|_| ()).map_err(|s| s.code()));
+                }
+                codes
+            }));
+        }
+    }
+    let mut n = 0;
+    for t in tasks {
+        for c in t.await.unwrap() {
+            assert_eq!(
+                c,
+                Err(Code::Unauthenticated),
+                "every call is refused as such"
+            );
+            n += 1;
+        }
+    }
+    assert_eq!(n, 4 * 8 * 2);
+    let after = peak_rss_kib(pid);
+    // 64 x 4 MiB were sent; the agent may hold at most its HTTP/2 windows
+    // (1 MiB per connection) at once. Memory, not time: no timing involved.
+    assert!(
+        after.saturating_sub(before) < 48 << 10,
+        "peak RSS grew from {before} KiB to {after} KiB"
+    );
+    // The authenticated shim is still served.
+    let r = head(&ok, "alice", "alice-data", "nothing").await;
+    assert_eq!(s3_code(&r.unwrap_err()), "NoSuchKey");
+    drop(agent);
+
+    // (b) A 1-second unauthenticated timeout and room for 3 connections.
+    let yaml = agent_yaml(
+        d,
+        "  unauthenticated_timeout_secs: 1\n  max_connections: 3\n",
+        &shims,
+        &target.endpoint,
+    );
+    write_private(&d.join("b.yaml"), &yaml);
+    let agent = OwnAgent::start(&d.join("b.yaml"), d.join("b.log"));
+    let addr = agent.addr.clone();
+    // An HTTP/2 connection that never authenticates is closed by the agent
+    // (this one sends nothing after its SETTINGS).
+    let idle = silent_h2(&addr);
+    let (a, b) = (silent_h2(&addr), silent_h2(&addr));
+    // The fourth is over the cap: closed at once.
+    let over = silent_h2(&addr);
+    let results = tokio::task::spawn_blocking(move || [idle, a, b, over].map(closed_by_peer))
+        .await
+        .unwrap();
+    assert_eq!(
+        results, [true; 4],
+        "every silent connection is closed by the agent"
+    );
+    // Connections that keep calling without credentials are closed too.
+    let anon = Agent::shim_for(&addr, "").await;
+    loop {
+        match head(&anon, "alice", "alice-data", "k").await {
+            Err(s) if s.code() == Code::Unauthenticated => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // The connection went away under the call: the agent closed it.
+            Err(_) => break,
+            Ok(r) => panic!("served without credentials: {r:?}"),
+        }
+    }
+    // And a shim with its token is served once the strangers are gone.
+    let ok = Agent::shim_for(&addr, SHIM_TOKEN).await;
+    let r = head(&ok, "alice", "alice-data", "nothing").await;
+    assert_eq!(s3_code(&r.unwrap_err()), "NoSuchKey");
+    let metrics = scrape(&agent.metrics, None).1;
+    let closed = |reason: &str| {
+        metric_value(
+            &metrics,
+            "s3dma_agent_grpc_connections_closed_total",
+            &format!("reason=\"{reason}\""),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(closed("refused") >= 1.0, "{metrics}");
+    assert!(closed("unauthenticated") >= 4.0, "{metrics}");
+}
+
+/// `GET /metrics` on `metrics` (`http://A/metrics`, or `unix:PATH`) with an
+/// optional bearer token: (status code, body).
+fn scrape(metrics: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+    let mut out = String::new();
+    if let Some(path) = metrics.strip_prefix("unix:") {
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        s.read_to_string(&mut out).unwrap();
+    } else {
+        let addr = metrics
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        s.read_to_string(&mut out).unwrap();
+    }
+    let code = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (code, body)
+}
+
+// ---------------------------------------------------------------------------
+// 7. Batches obey the tenant's quotas
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_objects_items_each_take_a_quota_slot_and_batches_are_bounded() {
+    let target = Target::start(true);
+    target.create_bucket("alice-data").await;
+    let s3 = target.s3(ALICE);
+    for i in 0..8 {
+        s3.put_object()
+            .bucket("alice-data")
+            .key(format!("b/{i}"))
+            .body(data(64 << 10, i).into())
+            .send()
+            .await
+            .unwrap();
+    }
+    let mut spec = AgentSpec::one(&target);
+    // One request at a time and no queue: a second request at once is
+    // SlowDown.
+    spec.alice_quotas = "max_concurrent_requests: 1\nmax_queued_requests: 0".into();
+    spec.transfer = "max_batch_items: 8".into();
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    let mem = Memory::new(8 << 20).await;
+    let windows: Vec<_> = (0..8)
+        .map(|i| mem.window(i * (1 << 20), 1 << 20, Access::ALL))
+        .collect();
+    let items: Vec<pb::GetObjectsItem> = windows
+        .iter()
+        .enumerate()
+        .map(|(i, (_, token))| pb::GetObjectsItem {
+            bucket: "alice-data".into(),
+            key: format!("b/{i}"),
+            range: None,
+            destination: token.clone(),
+        })
+        .collect();
+    let run = |items: Vec<pb::GetObjectsItem>, concurrency: u32| {
+        let shim = shim.clone();
+        async move {
+            let mut stream = shim
+                .inner
+                .clone()
+                .get_objects(shim.req(pb::GetObjectsRequest {
+                    tenant: "alice".into(),
+                    items,
+                    concurrency,
+                }))
+                .await?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(r) = stream.next().await {
+                out.push(match r?.result.unwrap() {
+                    pb::get_objects_reply::Result::Ok(_) => "ok".to_owned(),
+                    pb::get_objects_reply::Result::Error(e) => e.s3_code,
+                });
+            }
+            Ok::<_, Status>(out)
+        }
+    };
+    // One item at a time: each takes the tenant's only slot and gives it
+    // back when it ends, so all succeed.
+    let seq = run(items.clone(), 1).await.unwrap();
+    assert_eq!(seq, vec!["ok"; 8]);
+    // Eight at once: the batch is not one request; its items beyond the
+    // tenant's one slot are refused like any other request would be.
+    let par = run(items.clone(), 8).await.unwrap();
+    assert_eq!(par.len(), 8);
+    assert!(par.iter().any(|c| c == "ok"), "{par:?}");
+    assert!(par.iter().any(|c| c == "SlowDown"), "{par:?}");
+    assert!(par.iter().all(|c| c == "ok" || c == "SlowDown"), "{par:?}");
+    // Every item was counted as a request of the tenant's.
+    let m = agent.metrics_text().await;
+    let counted: f64 = m
+        .lines()
+        .filter(|l| {
+            l.starts_with("s3dma_agent_requests_total{")
+                && l.contains("tenant=\"alice\"")
+                && l.contains("op=\"GetObjects\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 16.0, "{m}");
+    // A batch over transfer.max_batch_items is refused, saying so.
+    let mut nine = items.clone();
+    nine.push(items[0].clone());
+    let e = run(nine, 1).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("at most 8 items"), "{e:?}");
+    assert!(e.message().contains("transfer.max_batch_items"), "{e:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 8. No tenant holds the whole staging pool
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holds_at_most_its_share_of_the_staging_pool() {
+    // A target without RDMA: every byte goes through the staging pool.
+    let target = Target::start(false);
+    target.create_bucket("alice-data").await;
+    target.create_bucket("bob-data").await;
+    let object = data(6 << 20, 7);
+    for (bucket, who) in [("alice-data", ALICE), ("bob-data", BOB)] {
+        target
+            .s3(who)
+            .put_object()
+            .bucket(bucket)
+            .key("big")
+            .body(object.clone().into())
+            .send()
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_secrets(d);
+    let dd = d.display().to_string();
+    let shims =
+        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
+    // A pool of 4 x 1 MiB; alice's byte quota (the default 1 GiB) is far
+    // larger than the pool, bob's is 1 MiB; the share is 50%.
+    let yaml = agent_yaml(d, "", &shims, &target.endpoint)
+        .replace("    rdma: true\n", "    rdma: false\n")
+        .replace(
+            "  - name: bob\n    access_key_id",
+            "  - name: bob\n    quotas:\n      max_bytes_in_flight: 1MiB\n    access_key_id",
+        )
+        .replace("transfer:\n", "transfer:\n  chunk_size: 1MiB\n");
+    write_private(&d.join("agent.yaml"), &yaml);
+    let agent = OwnAgent::start(&d.join("agent.yaml"), d.join("agent.log"));
+    // The start-up log states each tenant's effective share: alice's quota
+    // is clamped to half the pool, bob's to his byte quota.
+    let log = strip_ansi(&agent.log());
+    let share = |tenant: &str| {
+        log.lines()
+            .find(|l| {
+                l.contains("share of the staging pool") && l.contains(&format!("tenant={tenant}"))
+            })
+            .unwrap_or_else(|| panic!("no share line for {tenant}:\n{log}"))
+            .to_owned()
+    };
+    assert!(
+        share("alice").contains("staging_buffers=2 of=4"),
+        "{}",
+        share("alice")
+    );
+    assert!(
+        share("bob").contains("staging_buffers=1 of=4"),
+        "{}",
+        share("bob")
+    );
+
+    // Both tenants' fallback GETs, several at once, complete and place the
+    // right bytes: a tenant waits for its own share instead of taking the
+    // pool, and a transfer never waits on buffers only it could free.
+    let shim = Agent::shim_for(&agent.addr, SHIM_TOKEN).await;
+    let mem = Memory::new(4 * (6 << 20)).await;
+    let mut tasks = Vec::new();
+    for (i, (tenant, bucket)) in [
+        ("alice", "alice-data"),
+        ("alice", "alice-data"),
+        ("bob", "bob-data"),
+        ("bob", "bob-data"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (w, tok) = mem.window(i * (6 << 20), 6 << 20, Access::ALL);
+        let shim = shim.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = shim.get(tenant, bucket, "big", None, &tok).await;
+            drop(w);
+            r
+        }));
+    }
+    for t in tasks {
+        let r = tokio::time::timeout(HANG_GUARD, t)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.bytes_placed, 6 << 20);
+        assert_eq!(r.path, pb::TransferPath::Fallback as i32);
+    }
+    for i in 0..4 {
+        assert_eq!(
+            mem.sha256(i * (6 << 20), 6 << 20),
+            sha256(&object),
+            "window {i}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 9. Logs cannot be forged; the agent's request ids are its own
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_client_request_ids_are_logged_escaped_and_never_reused() {
+    let target = Target::start(true);
+    target.create_bucket("alice-data").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_secrets(d);
+    let dd = d.display().to_string();
+    let shims =
+        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
+    write_private(
+        &d.join("agent.yaml"),
+        agent_yaml(d, "", &shims, &target.endpoint),
+    );
+    let agent = OwnAgent::start_with(
+        &d.join("agent.yaml"),
+        d.join("agent.log"),
+        "debug,h2=info,hyper=info,tower=info",
+    );
+    let shim = Agent::shim_for(&agent.addr, SHIM_TOKEN).await;
+    let mem = Memory::new(1 << 20).await;
+    mem.fill(0, b"hello");
+    let (_w, src) = mem.window(0, 5, Access::ALL);
+
+    let evil =
+        "k\n2030-01-01T00:00:00Z  INFO request{id=FORGED tenant=bob}: done\x1b[31mred\u{202e}";
+    // A request id with a tab and a byte that is not UTF-8 (C1 CSI): what
+    // an HTTP/2 header value can carry.
+    let evil_rid: &[u8] = b"rid\tFORGED\x9b31m";
+    let with_rid = |msg: pb::PutObjectRequest, rid: &[u8]| {
+        let mut r = shim.req(msg);
+        let mut h = std::mem::take(r.metadata_mut()).into_headers();
+        h.insert("x-request-id", http::HeaderValue::from_bytes(rid).unwrap());
+        *r.metadata_mut() = tonic::metadata::MetadataMap::from_headers(h);
+        r
+    };
+    let put = |key: &str| pb::PutObjectRequest {
+        tenant: "alice".into(),
+        bucket: "alice-data".into(),
+        key: key.into(),
+        source: src.clone(),
+        content_type: String::new(),
+        metadata: [("origin".to_owned(), "v".to_owned())].into(),
+    };
+    let ok = shim
+        .inner
+        .clone()
+        .put_object(with_rid(put(evil), evil_rid))
+        .await
+        .unwrap()
+        .into_inner();
+    // A sane client id is not reused either.
+    let ok2 = shim
+        .inner
+        .clone()
+        .put_object(with_rid(put("plain"), b"shim-chosen-id-42"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(ok2.request_id, "shim-chosen-id-42");
+    assert_eq!(ok2.request_id.len(), 32, "{}", ok2.request_id);
+    // A denied request quotes the key in its error (logged at debug).
+    let denied = shim
+        .inner
+        .clone()
+        .put_object(with_rid(
+            pb::PutObjectRequest {
+                bucket: "bob-data".into(),
+                ..put(evil)
+            },
+            evil_rid,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    // So is a metadata name that is no header name.
+    let bad_name = shim
+        .inner
+        .clone()
+        .put_object(with_rid(
+            pb::PutObjectRequest {
+                metadata: [("n\x1b[2Jame\nX".to_owned(), "v".to_owned())].into(),
+                ..put("plain")
+            },
+            evil_rid,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(bad_name.code(), Code::InvalidArgument, "{bad_name:?}");
+    let info = denied.get_details_error_info().unwrap();
+    let denied_rid = info.metadata["request_id"].clone();
+    assert_eq!(denied_rid.len(), 32, "{denied_rid}");
+
+    let raw = agent.log();
+    let log = strip_ansi(&raw);
+    // Logged, escaped: no control character but the line ends.
+    assert!(log.contains("k\\n2030-01-01T00:00:00Z"), "{log}");
+    assert!(log.contains("\\u{1b}[31mred\\u{202e}"), "{log}");
+    for (i, c) in log.chars().enumerate() {
+        assert!(
+            c == '\n' || !(c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+            "raw {c:?} at {i} in the agent log:\n{log}"
+        );
+    }
+    assert!(
+        !log.lines().any(|l| l.starts_with("2030-01-01")),
+        "a forged line:\n{log}"
+    );
+    // The client's id is a separate, escaped field; the agent's own id is
+    // the span's id and what the reply carries.
+    assert!(
+        log.contains("client_request_id=rid\\x09FORGED\\x9b31m"),
+        "{log}"
+    );
+    assert!(log.contains("client_request_id=shim-chosen-id-42"), "{log}");
+    for rid in [&ok.request_id, &ok2.request_id, &denied_rid] {
+        assert!(
+            log.contains(&format!("request{{id={rid} ")),
+            "{rid}:\n{log}"
+        );
+    }
+    assert!(!log.contains("request{id=shim-chosen-id-42"), "{log}");
+    // The target saw the agent's id, never the client's.
+    let tlog = strip_ansi(&target.log());
+    assert!(!tlog.contains("shim-chosen-id-42"), "{tlog}");
+}
+
+// ---------------------------------------------------------------------------
+// 10. Metrics behind a token and on a Unix socket
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_the_token_and_are_served_on_the_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_secrets(d);
+    let token = "metrics-token-0123456789abcdef";
+    write_private(&d.join("metrics.token"), format!("{token}\n"));
+    let dd = d.display().to_string();
+    let shims =
+        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
+    let sock = d.join("metrics.sock");
+    let yaml = agent_yaml(d, "", &shims, "http://127.0.0.1:9")
+        + &format!(
+            "  unix_socket: {}\n  bearer_token_file: {dd}/metrics.token\n",
+            sock.display()
+        );
+    write_private(&d.join("agent.yaml"), &yaml);
+    let agent = OwnAgent::start(&d.join("agent.yaml"), d.join("agent.log"));
+    assert!(
+        agent.metrics.contains(&format!("unix:{}", sock.display())),
+        "{}",
+        agent.metrics
+    );
+    let tcp = agent.metrics.split(' ').next().unwrap().to_owned();
+    let unix = format!("unix:{}", sock.display());
+    // A failed call, so there is a tenant-free metric to see.
+    let anon = Agent::shim_for(&agent.addr, "").await;
+    let _ = head(&anon, "alice", "alice-data", "k").await;
+    for at in [&tcp, &unix] {
+        let (code, body) = scrape(at, None);
+        assert_eq!(code, 401, "{at}: {body}");
+        assert!(!body.contains("s3dma_agent"), "{body}");
+        let (code, _) = scrape(at, Some("wrong-token-0123456789abcdef"));
+        assert_eq!(code, 401, "{at}");
+        let (code, body) = scrape(at, Some(token));
+        assert_eq!(code, 200, "{at}: {body}");
+        assert!(
+            body.contains("s3dma_agent_auth_failures_total"),
+            "{at}: {body}"
+        );
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(!agent.log().contains(token));
 }

@@ -616,7 +616,13 @@ transfer:
     }
 
     pub async fn client_with(&self, token: &str) -> Shim {
-        let ch = Channel::from_shared(format!("http://{}", self.addr))
+        Agent::shim_for(&self.addr, token).await
+    }
+
+    /// A shim on its own connection to the agent at `addr` (`IP:PORT`)
+    /// with bearer `token` (none when empty).
+    pub async fn shim_for(addr: &str, token: &str) -> Shim {
+        let ch = Channel::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
             .await
