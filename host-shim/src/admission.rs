@@ -209,7 +209,7 @@ struct LimitedBody {
 
 impl HttpBody for LimitedBody {
     type Data = Bytes;
-    type Error = tonic::codegen::BoxError;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,

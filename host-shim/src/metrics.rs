@@ -1,12 +1,6 @@
 //! The shim's Prometheus metrics and the `/metrics` endpoint.
 
-use std::convert::Infallible;
-use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{
     Encoder as _, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry as PromRegistry, TextEncoder,

@@ -66,7 +66,18 @@ struct Call {
     timeout: Duration,
     op: &'static str,
     started: Instant,
+    /// The tenant's own request id, escaped (logged only).
+    client_request_id: String,
+    /// `bucket/key` the call names, escaped (logged only).
+    object: String,
     _permit: OwnedSemaphorePermit,
+}
+
+impl Call {
+    /// Notes the object a call names, for its log line.
+    fn on(&mut self, bucket: &str, key: &str) {
+        self.object = format!("{}/{}", Escaped(bucket), Escaped(key));
+    }
 }
 
 /// A minted window, counted in the open-windows gauge.
@@ -107,9 +118,9 @@ impl TenantService {
     /// fixes its deadline.
     fn begin<T>(&self, req: &Request<T>, op: &'static str) -> Result<Call, Status> {
         let request_id = format!("shim-{:016x}", rand::random::<u64>());
-        if let Some(client_id) = client_request_id(req) {
-            tracing::debug!(request_id = %request_id, client_request_id = %Escaped(client_id), op, "call");
-        }
+        let client_request_id = client_request_id(req)
+            .map(|c| Escaped(c).to_string())
+            .unwrap_or_default();
         let conn = req.extensions().get::<ConnInfo>();
         let permit = req.extensions().get::<Admitted>().and_then(Admitted::take);
         let (Some(conn), Some(permit)) = (conn, permit) else {
@@ -128,6 +139,8 @@ impl TenantService {
             timeout,
             op,
             started: Instant::now(),
+            client_request_id,
+            object: String::new(),
             _permit: permit,
         })
     }
@@ -148,11 +161,13 @@ impl TenantService {
             .observe(call.started.elapsed().as_secs_f64());
         match &result {
             Ok(_) => tracing::debug!(
-                request_id = %call.request_id, tenant = %call.tenant.name, op = call.op,
+                request_id = %call.request_id, client_request_id = %call.client_request_id,
+                tenant = %call.tenant.name, op = call.op, object = %call.object,
                 pid = call.peer.pid, "ok"
             ),
             Err(s) => tracing::info!(
-                request_id = %call.request_id, tenant = %call.tenant.name, op = call.op,
+                request_id = %call.request_id, client_request_id = %call.client_request_id,
+                tenant = %call.tenant.name, op = call.op, object = %call.object,
                 pid = call.peer.pid, code = ?s.code(), message = %Escaped(s.message()), "failed"
             ),
         }
@@ -423,8 +438,9 @@ impl api::tenant_server::Tenant for TenantService {
         &self,
         req: Request<api::GetObjectRequest>,
     ) -> Result<Response<agent::GetObjectResponse>, Status> {
-        let call = self.begin(&req, "GetObject")?;
+        let mut call = self.begin(&req, "GetObject")?;
         let r = req.into_inner();
+        call.on(&r.bucket, &r.key);
         let result = async {
             let (buffer, offset, len) = self
                 .resolve(
@@ -567,8 +583,9 @@ impl api::tenant_server::Tenant for TenantService {
         &self,
         req: Request<api::PutObjectRequest>,
     ) -> Result<Response<agent::PutObjectResponse>, Status> {
-        let call = self.begin(&req, "PutObject")?;
+        let mut call = self.begin(&req, "PutObject")?;
         let r = req.into_inner();
+        call.on(&r.bucket, &r.key);
         let result = async {
             let (buffer, offset, len) = self
                 .resolve(&call, r.source.as_ref(), "source", None, true)
@@ -606,8 +623,9 @@ impl api::tenant_server::Tenant for TenantService {
         &self,
         req: Request<api::HeadObjectRequest>,
     ) -> Result<Response<agent::HeadObjectResponse>, Status> {
-        let call = self.begin(&req, "HeadObject")?;
+        let mut call = self.begin(&req, "HeadObject")?;
         let r = req.into_inner();
+        call.on(&r.bucket, &r.key);
         let msg = agent::HeadObjectRequest {
             tenant: call.tenant.name.clone(),
             bucket: r.bucket,
@@ -621,8 +639,9 @@ impl api::tenant_server::Tenant for TenantService {
         &self,
         req: Request<api::ListObjectsRequest>,
     ) -> Result<Response<agent::ListObjectsResponse>, Status> {
-        let call = self.begin(&req, "ListObjects")?;
+        let mut call = self.begin(&req, "ListObjects")?;
         let r = req.into_inner();
+        call.on(&r.bucket, &r.prefix);
         let msg = agent::ListObjectsRequest {
             tenant: call.tenant.name.clone(),
             bucket: r.bucket,
@@ -644,8 +663,9 @@ impl api::tenant_server::Tenant for TenantService {
         &self,
         req: Request<api::DeleteObjectRequest>,
     ) -> Result<Response<agent::DeleteObjectResponse>, Status> {
-        let call = self.begin(&req, "DeleteObject")?;
+        let mut call = self.begin(&req, "DeleteObject")?;
         let r = req.into_inner();
+        call.on(&r.bucket, &r.key);
         let msg = agent::DeleteObjectRequest {
             tenant: call.tenant.name.clone(),
             bucket: r.bucket,

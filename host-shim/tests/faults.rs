@@ -182,6 +182,7 @@ impl Faults {
             fabric_ip: net.as_ref().map(|n| n.host_ip.clone()),
             netns: net.as_ref().map(|n| n.host.clone()),
             agent_yaml: format!("request_timeout_secs: {SHIM_DEADLINE_SECS}"),
+            ..Default::default()
         };
         let shim = blocking(|| Shim::start_opts(dir.path(), &agent, shim_opts));
         let f = Faults {

@@ -40,6 +40,7 @@
 //! (`host-shim/tests/e2e.rs`).
 
 mod common;
+#[path = "hostile/isolation.rs"]
 mod isolation;
 
 use std::collections::HashSet;

@@ -157,13 +157,20 @@ enum Cmd {
     /// Run storage-target, dpu-agent and host-shim on this machine (tcp
     /// fabric, loopback only) until Ctrl-C. Prints
     /// `s3dma local ready: socket=PATH` when they are up.
+    ///
+    /// The socket's default directory ($XDG_RUNTIME_DIR/s3dma, else
+    /// /tmp/s3dma-<uid>) is made 0700 and refused when another user owns it
+    /// or it is a symlink; a --socket elsewhere needs a directory of yours
+    /// (or root's) that neither group nor others may write to.
     Local {
         /// State directory: data, generated configs, secrets, logs.
         #[arg(
             long,
             value_name = "DIR",
-            help = "State directory: data, generated configs, secrets, logs \
-                    [default: $XDG_DATA_HOME/s3dma/local, else ~/.local/share/s3dma/local]"
+            help = "State directory: data, generated configs, secrets, logs; made 0700 \
+                    (an existing one owned by another user, or a symlink, is refused), \
+                    files 0600 [default: $XDG_DATA_HOME/s3dma/local, else \
+                    ~/.local/share/s3dma/local]"
         )]
         dir: Option<PathBuf>,
         /// Bucket created at start-up if missing.
