@@ -175,7 +175,12 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
-            Ok(resp.map(|b| Body::new(ActiveBody { inner: b, _active: active })))
+            Ok(resp.map(|b| {
+                Body::new(ActiveBody {
+                    inner: b,
+                    _active: active,
+                })
+            }))
         })
     }
 }
@@ -195,7 +200,10 @@ fn known_op(method: &str) -> &'static str {
         "ListObjects",
         "DeleteObject",
     ];
-    OPS.iter().find(|o| **o == method).copied().unwrap_or("other")
+    OPS.iter()
+        .find(|o| **o == method)
+        .copied()
+        .unwrap_or("other")
 }
 
 /// A request body that fails once more than `limit` bytes arrive, with a

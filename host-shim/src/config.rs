@@ -445,11 +445,26 @@ impl Config {
                 1,
                 1 << 20,
             )?;
-            v.range(&f("max_connections"), u64::from(t.max_connections), 1, 1 << 20)?;
+            v.range(
+                &f("max_connections"),
+                u64::from(t.max_connections),
+                1,
+                1 << 20,
+            )?;
             v.range(&f("max_windows"), u64::from(t.max_windows), 1, 1 << 24)?;
-            v.range(&f("max_batch_items"), u64::from(t.max_batch_items), 1, 100_000)?;
+            v.range(
+                &f("max_batch_items"),
+                u64::from(t.max_batch_items),
+                1,
+                100_000,
+            )?;
         }
-        v.range("socket.idle_timeout_secs", self.socket.idle_timeout_secs, 1, 86_400)?;
+        v.range(
+            "socket.idle_timeout_secs",
+            self.socket.idle_timeout_secs,
+            1,
+            86_400,
+        )?;
         v.range(
             "socket.max_streams_per_connection",
             u64::from(self.socket.max_streams_per_connection),

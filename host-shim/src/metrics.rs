@@ -1,6 +1,5 @@
 //! The shim's Prometheus metrics and the `/metrics` endpoint.
 
-
 use prometheus::{
     Encoder as _, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry as PromRegistry, TextEncoder,

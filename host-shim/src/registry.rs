@@ -93,7 +93,9 @@ impl Tenant {
     pub fn window_slot(self: &Arc<Self>) -> Result<WindowSlot, ShimError> {
         let max = self.max_windows as usize;
         self.windows
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
             .map_err(|n| {
                 ShimError::TooManyRequests(format!(
                     "tenant {} has {n} windows open (max_windows {max}); retry when requests end",

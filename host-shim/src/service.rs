@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 
 use fabric::{Access, Endpoint, Window};
 use futures::{Stream, StreamExt as _};
-use s3dma_service::Escaped;
 use s3dma_proto::agent::v1 as agent;
 use s3dma_proto::agent::v1::agent_client::AgentClient;
 use s3dma_proto::tenant::v1 as api;
+use s3dma_service::Escaped;
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -292,7 +292,14 @@ impl TenantService {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let result = async {
             let window = self
-                .mint(tenant, batch_timeout, buffer, offset, len, Access::REMOTE_WRITE)
+                .mint(
+                    tenant,
+                    batch_timeout,
+                    buffer,
+                    offset,
+                    len,
+                    Access::REMOTE_WRITE,
+                )
                 .map_err(|e| e.into_status(&request_id))?;
             let msg = agent::GetObjectRequest {
                 tenant: tenant.name.clone(),
@@ -452,7 +459,14 @@ impl api::tenant_server::Tenant for TenantService {
                 )
                 .map_err(|e| self.err(&call, e))?;
             let window = self
-                .mint(&call.tenant, call.timeout, buffer, offset, len, Access::REMOTE_WRITE)
+                .mint(
+                    &call.tenant,
+                    call.timeout,
+                    buffer,
+                    offset,
+                    len,
+                    Access::REMOTE_WRITE,
+                )
                 .map_err(|e| self.err(&call, e))?;
             let msg = agent::GetObjectRequest {
                 tenant: call.tenant.name.clone(),
@@ -522,7 +536,9 @@ impl api::tenant_server::Tenant for TenantService {
         let tenant = Arc::clone(&call.tenant);
         let request_id = call.request_id.clone();
         let timeout = call.timeout;
-        let queue = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(items)));
+        let queue = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
+            items,
+        )));
         // The batch's own permit runs the first worker; more run only on
         // permits the tenant has free, so a batch never waits on itself.
         let mut permits = Vec::with_capacity(workers);
@@ -591,7 +607,14 @@ impl api::tenant_server::Tenant for TenantService {
                 .resolve(&call, r.source.as_ref(), "source", None, true)
                 .map_err(|e| self.err(&call, e))?;
             let window = self
-                .mint(&call.tenant, call.timeout, buffer, offset, len, Access::REMOTE_READ)
+                .mint(
+                    &call.tenant,
+                    call.timeout,
+                    buffer,
+                    offset,
+                    len,
+                    Access::REMOTE_READ,
+                )
                 .map_err(|e| self.err(&call, e))?;
             let msg = agent::PutObjectRequest {
                 tenant: call.tenant.name.clone(),

@@ -115,8 +115,9 @@ impl Activity {
 
     /// When the connection becomes idle-expired, if no call is active.
     fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
-        (self.active.load(Ordering::Acquire) == 0)
-            .then(|| self.start + Duration::from_millis(self.last_ms.load(Ordering::Acquire)) + idle)
+        (self.active.load(Ordering::Acquire) == 0).then(|| {
+            self.start + Duration::from_millis(self.last_ms.load(Ordering::Acquire)) + idle
+        })
     }
 }
 
@@ -259,12 +260,20 @@ pub async fn accept_loop(
                 Ok(t) => t,
                 Err(e) => {
                     metrics.refused.with_label_values(&[e.reason()]).inc();
-                    tracing::info!(uid = peer.uid, gid = peer.gid, pid = peer.pid, "connection of a process that is no tenant closed");
+                    tracing::info!(
+                        uid = peer.uid,
+                        gid = peer.gid,
+                        pid = peer.pid,
+                        "connection of a process that is no tenant closed"
+                    );
                     return;
                 }
             };
             let Ok(slot) = Arc::clone(&tenant.connections).try_acquire_owned() else {
-                metrics.refused.with_label_values(&["too_many_connections"]).inc();
+                metrics
+                    .refused
+                    .with_label_values(&["too_many_connections"])
+                    .inc();
                 tracing::info!(tenant = %tenant.name, pid = peer.pid, max = tenant.max_connections,
                     "connection closed: the tenant holds max_connections already");
                 return;
@@ -285,7 +294,6 @@ pub async fn accept_loop(
                         _slot: slot,
                     };
                     let _ = grpc.send(conn).await;
-                    return;
                 }
                 Ok(Err(_)) => {}
                 Err(_) => {
@@ -376,7 +384,11 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
     .is_ok()
     {
         loop {
-            let (frame, fds) = match recv_request(&stream, registry, &tenant).await {
+            let Received {
+                frame,
+                fds,
+                refused,
+            } = match recv_request(&stream, registry, &tenant).await {
                 Ok(Some(x)) => x,
                 Ok(None) => break, // the client closed its lease
                 Err(e) => {
@@ -397,7 +409,10 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
                     .await;
                     break;
                 }
-                Ok(req) => (req.seq, accept_fds(registry, &tenant, &lease, fds)),
+                Ok(req) => match refused {
+                    Some(message) => (req.seq, Err(message)),
+                    None => (req.seq, accept_fds(registry, &tenant, &lease, fds)),
+                },
             };
             let reply = match result {
                 Ok(id) => Reply::Ok { seq, id },
@@ -439,12 +454,13 @@ async fn recv_request(
     stream: &UnixStream,
     registry: &Registry,
     tenant: &Arc<Tenant>,
-) -> io::Result<Option<([u8; lease::REQUEST_LEN], Vec<OwnedFd>)>> {
+) -> io::Result<Option<Received>> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut frame = [0u8; lease::REQUEST_LEN];
     let mut got = 0;
     let mut fds = Vec::new();
     let mut counted = Vec::new();
+    let mut refused = None;
     let mut frame_deadline = None;
     while got < frame.len() {
         match frame_deadline {
@@ -489,12 +505,15 @@ async fn recv_request(
                 got += n;
                 frame_deadline.get_or_insert_with(|| Instant::now() + LEASE_FRAME_TIMEOUT);
                 for fd in received {
-                    // Closed at once (dropped) when over budget.
-                    let hold = registry.hold_in_frame_fd(tenant).map_err(|e| {
-                        io::Error::other(e.to_string())
-                    })?;
-                    counted.push(hold);
-                    fds.push(fd);
+                    match registry.hold_in_frame_fd(tenant) {
+                        Ok(hold) => {
+                            counted.push(hold);
+                            fds.push(fd);
+                        }
+                        // Over budget: closed at once (dropped); the frame
+                        // is answered with the refusal.
+                        Err(e) => refused = Some(e.to_string()),
+                    }
                 }
                 if fds.len() > 1 {
                     return Err(io::Error::new(
@@ -509,5 +528,17 @@ async fn recv_request(
     }
     // The caller adds the fd to the lease, which counts it from there on.
     drop(counted);
-    Ok(Some((frame, fds)))
+    Ok(Some(Received {
+        frame,
+        fds,
+        refused,
+    }))
+}
+
+/// One lease frame as received.
+struct Received {
+    frame: [u8; lease::REQUEST_LEN],
+    fds: Vec<OwnedFd>,
+    /// Why an fd that came with it was closed unread (the tenant's budget).
+    refused: Option<String>,
 }
