@@ -272,9 +272,7 @@ impl Stack {
 
 /// `text`'s lines indented by `n` spaces, each ending in a newline.
 fn indent(text: &str, n: usize) -> String {
-    text.lines()
-        .map(|l| format!("{:n$}{l}\n", ""))
-        .collect()
+    text.lines().map(|l| format!("{:n$}{l}\n", "")).collect()
 }
 
 /// Writes a secret file as the services require it: mode 0600.

@@ -26,7 +26,9 @@ use super::*;
 
 /// The shim's open descriptors.
 fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// The shim's resident memory, KiB.
@@ -108,13 +110,19 @@ async fn socket_directory_others_can_write_is_refused() {
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
     let (ok, err) = check(&open);
-    assert!(!ok && err.contains("socket.path") && err.contains("mode 0777"), "{err}");
+    assert!(
+        !ok && err.contains("socket.path") && err.contains("mode 0777"),
+        "{err}"
+    );
     // Owned by another user.
     let theirs = base.path().join("theirs");
     std::fs::create_dir(&theirs).unwrap();
     std::os::unix::fs::chown(&theirs, Some(BOB_UID), Some(BOB_UID)).unwrap();
     let (ok, err) = check(&theirs);
-    assert!(!ok && err.contains(&format!("owned by uid {BOB_UID}")), "{err}");
+    assert!(
+        !ok && err.contains(&format!("owned by uid {BOB_UID}")),
+        "{err}"
+    );
     // A symlink to a good directory.
     let good = base.path().join("good");
     std::fs::create_dir(&good).unwrap();
@@ -191,12 +199,7 @@ async fn connections_are_capped_per_tenant_and_the_other_tenant_gets_in() {
     // The ninth is closed at once, unread.
     let mut ninth = UnixStream::connect(&stack.shim.socket).await.unwrap();
     closed_by_peer("alice's ninth connection", &mut ninth).await;
-    assert!(
-        stack
-            .shim
-            .metric("s3dma_shim_connections_refused_total")
-            >= 1.0
-    );
+    assert!(stack.shim.metric("s3dma_shim_connections_refused_total") >= 1.0);
     // Many more cost the shim nothing.
     for _ in 0..200 {
         let mut s = UnixStream::connect(&stack.shim.socket).await.unwrap();
@@ -266,16 +269,20 @@ async fn idle_grpc_connections_are_closed() {
     )
     .await;
     let s = UnixStream::connect(&stack.shim.socket).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(s))
-            .await
-            .unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(s),
+    )
+    .await
+    .unwrap();
     let ended = tokio::spawn(conn);
     // One call, then nothing: the shim closes the connection.
     let req = http::Request::post("http://localhost/s3dma.tenant.v1.Tenant/Info")
         .header("content-type", "application/grpc")
         .header("te", "trailers")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(&[
+            0, 0, 0, 0, 0,
+        ])))
         .unwrap();
     let resp = send.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
@@ -399,20 +406,31 @@ async fn client_chosen_names_and_ids_cannot_forge_log_lines() {
         .unwrap_or_default();
     assert_ne!(rid, "CLIENT-CHOSEN-ID", "{st:?}");
     for (who, log) in [("shim", stack.shim.log()), ("agent", stack.agent.output())] {
-        assert!(!log.contains('\u{1b}'), "{who} log has an escape character:\n{log}");
         assert!(
-            !log.lines().any(|l| l.contains("INFO forged") && !l.contains("evil")),
+            !log.contains('\u{1b}'),
+            "{who} log has an escape character:\n{log}"
+        );
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("INFO forged") && !l.contains("evil")),
             "{who} log has a forged line:\n{log}"
         );
     }
-    assert!(e.to_string().contains("NoSuchKey") || e.kind() == s3dma_client::ErrorKind::NotFound, "{e}");
+    assert!(
+        e.to_string().contains("NoSuchKey") || e.kind() == s3dma_client::ErrorKind::NotFound,
+        "{e}"
+    );
     // The key did reach a log, escaped on one line.
     let logs = stack.shim.log() + &stack.agent.output();
-    assert!(logs.contains("evil\\n2026"), "the key is in no log:\n{logs}");
+    assert!(
+        logs.contains("evil\\n2026"),
+        "the key is in no log:\n{logs}"
+    );
     // The client's id is kept, marked as the client's, beside the shim's.
     assert!(
-        logs.lines().any(|l| l.contains("client_request_id=CLIENT-CHOSEN-ID")
-            && l.contains(" request_id=shim-")),
+        logs.lines()
+            .any(|l| l.contains("client_request_id=CLIENT-CHOSEN-ID")
+                && l.contains(" request_id=shim-")),
         "{logs}"
     );
 }
@@ -444,8 +462,14 @@ async fn metrics_can_require_a_token_and_live_on_an_owner_only_socket() {
     let get = |auth: Option<&str>| {
         use std::io::{Read as _, Write as _};
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        let auth = auth.map(|a| format!("Authorization: Bearer {a}\r\n")).unwrap_or_default();
-        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
+        let auth = auth
+            .map(|a| format!("Authorization: Bearer {a}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut text = String::new();
         s.read_to_string(&mut text).unwrap();
         text
@@ -456,7 +480,10 @@ async fn metrics_can_require_a_token_and_live_on_an_owner_only_socket() {
     let wrong = get(Some("scrape-secret-124"));
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
     let ok = get(Some("scrape-secret-123"));
-    assert!(ok.starts_with("HTTP/1.1 200") && ok.contains("s3dma_shim_"), "{ok}");
+    assert!(
+        ok.starts_with("HTTP/1.1 200") && ok.contains("s3dma_shim_"),
+        "{ok}"
+    );
     // The Unix socket: owner-only, and served (with the token too).
     let meta = std::fs::symlink_metadata(&sock).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o600);
@@ -469,7 +496,10 @@ async fn metrics_can_require_a_token_and_live_on_an_owner_only_socket() {
     .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200") && text.contains("s3dma_shim_"), "{text}");
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.contains("s3dma_shim_"),
+        "{text}"
+    );
     // The token never shows in the shim's log.
     assert!(!stack.shim.log().contains("scrape-secret-123"));
 }
