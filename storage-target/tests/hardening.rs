@@ -395,6 +395,15 @@ async fn wait_metrics(s: &Server, what: &str, ok: impl Fn(&str) -> bool) -> Stri
     }
 }
 
+/// Awaits a request that must not be stuck behind the stalled client: a
+/// liveness deadline (a regression fails here instead of hanging), not a
+/// timing assertion.
+async fn unblocked(f: impl std::future::Future<Output = Raw>) -> Raw {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("the other client's GET waited behind the stalled client")
+}
+
 const IN_USE: &str = "s3dma_storage_target_rdma_staging_buffers_in_use";
 
 #[tokio::test]
@@ -464,12 +473,12 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
     })
     .await;
     // Another client, another user: served while the stalled one waits.
-    let r = rdma_get_as(
+    let r = unblocked(rdma_get_as(
         READER,
         &s.endpoint,
         "/shared/big",
         &other.token(0, LEN, None),
-    )
+    ))
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(other.bytes(0, LEN) == obj, "the other client's GET differs");
@@ -505,12 +514,12 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
             ) >= 1
     })
     .await;
-    let r = rdma_get_as(
+    let r = unblocked(rdma_get_as(
         OTHER,
         &s.endpoint,
         "/shared/big",
         &other.token(LEN, LEN, None),
-    )
+    ))
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(other.bytes(LEN, LEN) == obj, "the other user's GET differs");
