@@ -4,9 +4,12 @@
 //! Anyone who can create the socket's path (a directory in `/tmp` made
 //! first by another user, a stale path after the shim stopped) could serve
 //! a fake shim there: it would receive the memfds of `put` (the file's
-//! bytes) and write what it likes into `get` buffers. A shim runs as root or,
-//! in local mode, as the tenant itself; any other uid is refused unless the
-//! caller names it ([`crate::ClientOptions::shim_uid`] or `$S3DMA_SHIM_UID`).
+//! bytes) and write what it likes into `get` buffers. A shim runs as root,
+//! as the system user [`SYSTEM_SHIM_USER`] (the packaged systemd unit's; only
+//! root can create that account) or, in local mode, as the tenant itself;
+//! any other uid is refused unless the caller names it
+//! ([`crate::ClientOptions::shim_uid`] or `$S3DMA_SHIM_UID`, which then
+//! replace the default).
 
 use std::path::Path;
 
@@ -17,6 +20,10 @@ use crate::error::{Error, ErrorKind};
 /// Environment variable naming the uid (a number or a user name) the shim
 /// runs as, when it is neither root nor the connecting user.
 pub const SHIM_UID_ENV: &str = "S3DMA_SHIM_UID";
+
+/// The system user the packaged host-shim runs as; trusted by default when
+/// it exists.
+pub const SYSTEM_SHIM_USER: &str = "s3dma-shim";
 
 /// Where the accepted uid besides root came from (for error messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +41,8 @@ enum Source {
 pub(crate) struct Policy {
     uid: u32,
     source: Source,
+    /// The uid of [`SYSTEM_SHIM_USER`], when no uid was named.
+    system: Option<u32>,
 }
 
 impl Policy {
@@ -44,6 +53,7 @@ impl Policy {
             return Ok(Policy {
                 uid,
                 source: Source::Option,
+                system: None,
             });
         }
         match std::env::var_os(SHIM_UID_ENV) {
@@ -59,26 +69,34 @@ impl Policy {
                 Ok(Policy {
                     uid,
                     source: Source::Env(text),
+                    system: None,
                 })
             }
             _ => Ok(Policy {
                 uid: caller_uid(),
                 source: Source::Caller,
+                system: nix::unistd::User::from_name(SYSTEM_SHIM_USER)
+                    .ok()
+                    .flatten()
+                    .map(|u| u.uid.as_raw()),
             }),
         }
     }
 
     /// Whether a server running as `uid` is trusted.
     pub(crate) fn allows(&self, uid: u32) -> bool {
-        uid == 0 || uid == self.uid
+        uid == 0 || uid == self.uid || self.system == Some(uid)
     }
 
     fn expected(&self) -> String {
-        let uids = if self.uid == 0 {
+        let mut uids = if self.uid == 0 {
             "uid 0".to_owned()
         } else {
             format!("uid 0 or {}", self.uid)
         };
+        if let Some(s) = self.system {
+            uids.push_str(&format!(" or {s} ({SYSTEM_SHIM_USER})"));
+        }
         match &self.source {
             Source::Caller => {
                 format!("{uids} (set {SHIM_UID_ENV} if the shim runs as another user)")
@@ -181,10 +199,25 @@ mod tests {
         let p = Policy {
             uid: 0,
             source: Source::Caller,
+            system: None,
         };
         assert!(p.allows(0));
         assert!(!p.allows(65534));
         assert!(p.expected().starts_with("uid 0 (set S3DMA_SHIM_UID"));
+        // The packaged shim's system user, when it exists.
+        let p = Policy {
+            uid: 1000,
+            source: Source::Caller,
+            system: Some(998),
+        };
+        assert!(p.allows(998) && p.allows(1000) && p.allows(0));
+        assert!(!p.allows(65534));
+        assert!(
+            p.expected()
+                .starts_with("uid 0 or 1000 or 998 (s3dma-shim)"),
+            "{}",
+            p.expected()
+        );
     }
 
     #[tokio::test]

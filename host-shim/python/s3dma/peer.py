@@ -22,6 +22,10 @@ from . import errors
 
 SHIM_UID_ENV = "S3DMA_SHIM_UID"
 
+# The system user the packaged host-shim runs as (its systemd unit's User=);
+# only root can create that account, so it is trusted by default when it exists.
+SYSTEM_SHIM_USER = "s3dma-shim"
+
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -51,6 +55,7 @@ class ShimPolicy:
     uid: int
     source: str  # "caller", "option" or "env"
     text: str = ""  # $S3DMA_SHIM_UID as given
+    system: Optional[int] = None  # uid of SYSTEM_SHIM_USER, when no uid was named
 
     @classmethod
     def resolve(cls, shim_uid: Optional[Union[int, str]] = None) -> "ShimPolicy":
@@ -66,13 +71,19 @@ class ShimPolicy:
                 raise errors.InvalidArgument(
                     f"${SHIM_UID_ENV}: {e}", code="InvalidArgument", domain=errors.CLIENT_DOMAIN
                 ) from None
-        return cls(os.geteuid(), "caller")
+        try:
+            system: Optional[int] = pwd.getpwnam(SYSTEM_SHIM_USER).pw_uid
+        except KeyError:
+            system = None
+        return cls(os.geteuid(), "caller", "", system)
 
     def allows(self, uid: int) -> bool:
-        return uid == 0 or uid == self.uid
+        return uid == 0 or uid == self.uid or uid == self.system
 
     def expected(self) -> str:
         uids = "uid 0" if self.uid == 0 else f"uid 0 or {self.uid}"
+        if self.system is not None:
+            uids += f" or {self.system} ({SYSTEM_SHIM_USER})"
         if self.source == "env":
             return f"{uids} (from {SHIM_UID_ENV}={self.text})"
         if self.source == "option":
