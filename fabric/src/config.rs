@@ -561,7 +561,10 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = read_fabric_key_file(&p).unwrap_err();
-        assert!(e.contains("fabric.key has mode 0644") && e.contains("chmod 600"), "{e}");
+        assert!(
+            e.contains("fabric.key has mode 0644") && e.contains("chmod 600"),
+            "{e}"
+        );
         for refused in [0o604, 0o660, 0o606] {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(refused)).unwrap();
             assert!(read_fabric_key_file(&p).is_err(), "{refused:o}");

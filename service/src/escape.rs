@@ -29,7 +29,10 @@ fn is_bidi_control(c: char) -> bool {
 impl fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.0;
-        if !s.chars().any(|c| c == '\\' || c.is_control() || is_bidi_control(c)) {
+        if !s
+            .chars()
+            .any(|c| c == '\\' || c.is_control() || is_bidi_control(c))
+        {
             return f.write_str(s);
         }
         for c in s.chars() {

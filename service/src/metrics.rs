@@ -92,7 +92,10 @@ impl MetricsServer {
     ///
     /// # Errors
     /// [`MetricsError`]: a bind failed or the socket path is taken.
-    pub async fn start(opts: MetricsOptions, render: Render) -> Result<MetricsServer, MetricsError> {
+    pub async fn start(
+        opts: MetricsOptions,
+        render: Render,
+    ) -> Result<MetricsServer, MetricsError> {
         let token = opts.bearer_token.map(Arc::new);
         let mut tasks = Vec::new();
         let mut address = None;
@@ -100,7 +103,10 @@ impl MetricsServer {
             let l = TcpListener::bind(addr)
                 .await
                 .map_err(|source| MetricsError::Bind { addr, source })?;
-            address = Some(l.local_addr().map_err(|source| MetricsError::Bind { addr, source })?);
+            address = Some(
+                l.local_addr()
+                    .map_err(|source| MetricsError::Bind { addr, source })?,
+            );
             let (render, token) = (Arc::clone(&render), token.clone());
             tasks.push(tokio::spawn(async move {
                 loop {
@@ -142,7 +148,11 @@ impl MetricsServer {
             }));
             unix_socket = Some(path);
         }
-        Ok(MetricsServer { address, unix_socket, tasks })
+        Ok(MetricsServer {
+            address,
+            unix_socket,
+            tasks,
+        })
     }
 
     /// Where it serves, for the "listening on" line.
@@ -176,15 +186,24 @@ async fn backoff(e: &std::io::Error) {
 
 fn bind_unix(path: &Path) -> Result<UnixListener, MetricsError> {
     use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
-    let err = |what, source| MetricsError::UnixSocket { path: path.to_owned(), what, source };
+    let err = |what, source| MetricsError::UnixSocket {
+        path: path.to_owned(),
+        what,
+        source,
+    };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(MetricsError::NotASocket { path: path.to_owned() });
+            return Err(MetricsError::NotASocket {
+                path: path.to_owned(),
+            });
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(err(
                 "in use",
-                std::io::Error::new(std::io::ErrorKind::AddrInUse, "another process answers there"),
+                std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another process answers there",
+                ),
             ));
         }
         std::fs::remove_file(path).map_err(|e| err("cannot remove the stale socket", e))?;
@@ -226,7 +245,11 @@ fn authorized(req: &Request<Incoming>, token: &Secret) -> bool {
     given.ct_eq(token.expose().as_bytes()).into()
 }
 
-fn respond(req: &Request<Incoming>, render: &Render, token: Option<&Secret>) -> Response<Full<Bytes>> {
+fn respond(
+    req: &Request<Incoming>,
+    render: &Render,
+    token: Option<&Secret>,
+) -> Response<Full<Bytes>> {
     let reply = |status: StatusCode, body: &'static [u8]| {
         let mut r = Response::new(Full::new(Bytes::from_static(body)));
         *r.status_mut() = status;

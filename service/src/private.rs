@@ -7,7 +7,9 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{
+    DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+};
 use std::path::{Path, PathBuf};
 
 /// Why a directory or file is not private.
@@ -57,7 +59,11 @@ pub enum PrivateError {
 }
 
 fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> PrivateError + 'a {
-    move |source| PrivateError::Io { path: path.to_owned(), what, source }
+    move |source| PrivateError::Io {
+        path: path.to_owned(),
+        what,
+        source,
+    }
 }
 
 /// Makes `path` a directory only the current user can enter: created mode
@@ -94,7 +100,10 @@ pub fn check_socket_dir(path: &Path, owners: &[u32]) -> Result<(), PrivateError>
     let meta = owned_dir(path, owners)?;
     let mode = meta.mode() & 0o7777;
     if mode & 0o022 != 0 {
-        return Err(PrivateError::Writable { path: path.to_owned(), mode });
+        return Err(PrivateError::Writable {
+            path: path.to_owned(),
+            mode,
+        });
     }
     Ok(())
 }
@@ -102,10 +111,14 @@ pub fn check_socket_dir(path: &Path, owners: &[u32]) -> Result<(), PrivateError>
 fn owned_dir(path: &Path, owners: &[u32]) -> Result<std::fs::Metadata, PrivateError> {
     let meta = std::fs::symlink_metadata(path).map_err(io_err(path, "cannot inspect"))?;
     if meta.file_type().is_symlink() {
-        return Err(PrivateError::Symlink { path: path.to_owned() });
+        return Err(PrivateError::Symlink {
+            path: path.to_owned(),
+        });
     }
     if !meta.is_dir() {
-        return Err(PrivateError::NotADirectory { path: path.to_owned() });
+        return Err(PrivateError::NotADirectory {
+            path: path.to_owned(),
+        });
     }
     if !owners.contains(&meta.uid()) {
         return Err(PrivateError::WrongOwner {
@@ -180,11 +193,20 @@ mod tests {
         std::fs::create_dir(&real).unwrap();
         let link = t.path().join("link");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        assert!(matches!(ensure_private_dir(&link), Err(PrivateError::Symlink { .. })));
-        assert!(matches!(check_socket_dir(&link, &[current_uid()]), Err(PrivateError::Symlink { .. })));
+        assert!(matches!(
+            ensure_private_dir(&link),
+            Err(PrivateError::Symlink { .. })
+        ));
+        assert!(matches!(
+            check_socket_dir(&link, &[current_uid()]),
+            Err(PrivateError::Symlink { .. })
+        ));
         let file = t.path().join("file");
         std::fs::write(&file, b"").unwrap();
-        assert!(matches!(ensure_private_dir(&file), Err(PrivateError::NotADirectory { .. })));
+        assert!(matches!(
+            ensure_private_dir(&file),
+            Err(PrivateError::NotADirectory { .. })
+        ));
     }
 
     #[test]
