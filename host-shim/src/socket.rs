@@ -36,12 +36,19 @@ const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// byte arrived.
 pub const LEASE_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Binds the socket: replaces a stale socket file, refuses to steal a live
-/// one, sets mode and group.
+/// Binds the socket: checks its directory (owned by the shim's user or
+/// root, writable by nobody else, no symlink), replaces a stale socket file,
+/// refuses to steal a live one, sets mode and group.
 ///
 /// # Errors
 /// Another shim answers on the path, or binding / chmod / chown fails.
 pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, String> {
+    crate::config::check_socket_dir(path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        return Err(format!("the directory {} does not exist", dir.display()));
+    }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt as _;
         if !meta.file_type().is_socket() {
