@@ -1416,6 +1416,66 @@ fabric:
         assert_eq!(f.connect_timeout_ms, 2000);
         assert_eq!(f.max_ops_per_session, 64);
         assert_eq!(f.idle_session_secs, 60);
+        assert_eq!(f.tenant_staging_share_percent, 50);
+        assert_eq!(c.transfer.max_batch_items, 1024);
+        let l = &c.listen;
+        assert_eq!(l.max_connections, 256);
+        assert_eq!(l.max_concurrent_streams, 1024);
+        assert_eq!(l.max_header_list_size, ByteSize(16 << 10));
+        assert_eq!(l.unauthenticated_timeout_secs, 10);
+        assert_eq!(l.idle_timeout_secs, 300);
+        assert_eq!(c.metrics.unix_socket, None);
+        assert_eq!(c.metrics.bearer_token_file, None);
+    }
+
+    #[test]
+    fn gate_batch_share_and_metrics_fields_are_validated() {
+        for (from, to, want) in [
+            (
+                "  address: 127.0.0.1:7000\n",
+                "  address: 127.0.0.1:7000\n  max_connections: 0\n",
+                "listen.max_connections: must be between 1 and 65536",
+            ),
+            (
+                "  address: 127.0.0.1:7000\n",
+                "  address: 127.0.0.1:7000\n  max_concurrent_streams: 0\n",
+                "listen.max_concurrent_streams",
+            ),
+            (
+                "  address: 127.0.0.1:7000\n",
+                "  address: 127.0.0.1:7000\n  max_header_list_size: 100\n",
+                "listen.max_header_list_size",
+            ),
+            (
+                "  address: 127.0.0.1:7000\n",
+                "  address: 127.0.0.1:7000\n  unauthenticated_timeout_secs: 0\n",
+                "listen.unauthenticated_timeout_secs",
+            ),
+            (
+                "  address: 127.0.0.1:7000\n",
+                "  address: 127.0.0.1:7000\n  idle_timeout_secs: 0\n",
+                "listen.idle_timeout_secs",
+            ),
+            (
+                "fabric:\n",
+                "transfer:\n  max_batch_items: 0\nfabric:\n",
+                "transfer.max_batch_items",
+            ),
+            (
+                "fabric:\n",
+                "fabric:\n  tenant_staging_share_percent: 101\n",
+                "fabric.tenant_staging_share_percent",
+            ),
+            (
+                "fabric:\n",
+                "metrics:\n  bearer_token_file: /etc/t\nfabric:\n",
+                "metrics.bearer_token_file: protects nothing",
+            ),
+        ] {
+            assert!(BASE.contains(from), "{from}");
+            let e = parse_err(&BASE.replacen(from, to, 1));
+            assert!(e.contains(want), "{to}: {e}");
+        }
     }
 
     #[test]

@@ -1360,6 +1360,33 @@ fn silent_h2(addr: &str) -> std::net::TcpStream {
     s
 }
 
+/// An HTTP/2 HEADERS frame (END_STREAM | END_HEADERS) on `stream_id`:
+/// a gRPC HeadObject call without credentials (literal HPACK fields).
+fn headers_frame(stream_id: u32) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/s3dma.agent.v1.Agent/HeadObject"),
+        (":authority", "agent"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.push(0x00); // literal without indexing, new name
+        block.push(u8::try_from(name.len()).unwrap());
+        block.extend_from_slice(name.as_bytes());
+        block.push(u8::try_from(value.len()).unwrap());
+        block.extend_from_slice(value.as_bytes());
+    }
+    let len = u32::try_from(block.len()).unwrap();
+    let mut f = len.to_be_bytes()[1..].to_vec();
+    f.push(0x01); // HEADERS
+    f.push(0x05); // END_STREAM | END_HEADERS
+    f.extend_from_slice(&stream_id.to_be_bytes());
+    f.extend_from_slice(&block);
+    f
+}
+
 /// Reads until the peer closes (`true`) or `HANG_GUARD` passes (`false`).
 fn closed_by_peer(mut s: std::net::TcpStream) -> bool {
     use std::io::Read as _;
@@ -1478,18 +1505,38 @@ async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
         results, [true; 4],
         "every silent connection is closed by the agent"
     );
-    // Connections that keep calling without credentials are closed too.
-    let anon = Agent::shim_for(&addr, "").await;
-    loop {
-        match head(&anon, "alice", "alice-data", "k").await {
-            Err(s) if s.code() == Code::Unauthenticated => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+    // A connection that keeps calling without credentials is closed too:
+    // a raw HTTP/2 client sends a HeadObject without a token every 100 ms
+    // until the agent closes the connection.
+    let chatty = silent_h2(&addr);
+    let reader = chatty.try_clone().unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            use std::io::Write as _;
+            let mut s = chatty;
+            let mut stream_id = 1u32;
+            while !done.load(std::sync::atomic::Ordering::Acquire) && stream_id < 20_000 {
+                if s.write_all(&headers_frame(stream_id)).is_err() {
+                    break;
+                }
+                stream_id += 2;
+                std::thread::sleep(Duration::from_millis(100));
             }
-            // The connection went away under the call: the agent closed it.
-            Err(_) => break,
-            Ok(r) => panic!("served without credentials: {r:?}"),
-        }
-    }
+            stream_id / 2
+        })
+    };
+    let closed = tokio::task::spawn_blocking(move || closed_by_peer(reader))
+        .await
+        .unwrap();
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let calls = writer.join().unwrap();
+    assert!(
+        closed,
+        "a connection calling without credentials stays open"
+    );
+    assert!(calls >= 1);
     // And a shim with its token is served once the strangers are gone.
     let ok = Agent::shim_for(&addr, SHIM_TOKEN).await;
     let r = head(&ok, "alice", "alice-data", "nothing").await;
@@ -1505,6 +1552,13 @@ async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
     };
     assert!(closed("refused") >= 1.0, "{metrics}");
     assert!(closed("unauthenticated") >= 4.0, "{metrics}");
+    let refused = metric_value(
+        &metrics,
+        "s3dma_agent_auth_failures_total",
+        "reason=\"missing\"",
+    )
+    .unwrap_or(0.0);
+    assert!(refused >= 1.0, "{metrics}");
 }
 
 /// `GET /metrics` on `metrics` (`http://A/metrics`, or `unix:PATH`) with an
