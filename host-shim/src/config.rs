@@ -726,6 +726,16 @@ tenants:
             .replace("/etc/s3dma/fabric.key", key.to_str().unwrap());
         let cfg_path = dir.path().join("shim.yaml");
         std::fs::write(&cfg_path, &text).unwrap();
+        // Secret files others can read are refused, naming file and mode.
+        let e = load(&cfg_path).unwrap_err().to_string();
+        assert!(
+            e.contains("agent.token_file") && e.contains("shim.token has mode 0644"),
+            "{e}"
+        );
+        use std::os::unix::fs::PermissionsExt as _;
+        for f in [&token, &key] {
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         let loaded = load(&cfg_path).unwrap();
         assert_eq!(
             loaded.agent_token.as_ref().unwrap().expose(),
