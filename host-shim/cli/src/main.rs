@@ -158,8 +158,8 @@ enum Cmd {
     /// fabric, loopback only) until Ctrl-C. Prints
     /// `s3dma local ready: socket=PATH` when they are up.
     ///
-    /// The socket's default directory ($XDG_RUNTIME_DIR/s3dma, else
-    /// /tmp/s3dma-<uid>) is made 0700 and refused when another user owns it
+    /// The socket's default directory (`$XDG_RUNTIME_DIR/s3dma`, else
+    /// `/tmp/s3dma-<uid>`) is made 0700 and refused when another user owns it
     /// or it is a symlink; a --socket elsewhere needs a directory of yours
     /// (or root's) that neither group nor others may write to.
     Local {

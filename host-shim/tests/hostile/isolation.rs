@@ -174,6 +174,9 @@ async fn messages_are_bounded_per_method_before_decoding() {
         );
     }
     let grown = rss_kib(pid).saturating_sub(before);
+    println!(
+        "isolation: 64 oversized GetObject messages (8 MiB each) grew the shim by {grown} KiB"
+    );
     // 64 × 8 MiB were sent; tonic buffering them would be 512 MiB.
     assert!(grown < 64 << 10, "the shim grew by {grown} KiB");
     // The tenant is served as before.
