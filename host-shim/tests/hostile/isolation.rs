@@ -219,6 +219,12 @@ async fn connections_are_capped_per_tenant_and_the_other_tenant_gets_in() {
     .unwrap();
     // Alice gets in again once she closes some.
     held.truncate(4);
+    guard("the shim to see four leases close", async {
+        while stack.shim.metric("s3dma_shim_leases") > 4.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let c = stack.client().await;
     c.alloc(4096).await.unwrap();
 }
