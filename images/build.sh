@@ -119,6 +119,7 @@ while read -r f; do
         *.key) printf '%064x\n' 7 > "$CHECK$f" ;;
         *) echo "check-only-secret-0123456789abcdef" > "$CHECK$f" ;;
     esac
+    chmod 600 "$CHECK$f"  # the agent refuses secret files others can read
 done < <(grep -oE '/etc/s3dma/secrets/[^ "]+' "$OUT/agent.yaml" | sort -u)
 sed "s|/etc/s3dma/secrets/|$CHECK/etc/s3dma/secrets/|g" "$OUT/agent.yaml" > "$CHECK/agent.yaml"
 # (timeout: bookworm's qemu 7.2 can hang in thread spawn, see cross-test.sh)
