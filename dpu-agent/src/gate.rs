@@ -27,8 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
@@ -375,25 +373,27 @@ where
             ActiveCall(c.state)
         });
         let limit = self.limits.for_path(req.uri().path());
+        let req_method = req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
         req.extensions_mut().insert(AuthenticatedShim(shim));
         let req = req.map(|b| {
-            Body::new(Limited {
-                inner: b,
-                left: limit,
+            Body::new(s3dma_service::grpc::LimitedBody::new(
+                b,
                 limit,
-            })
+                req_method.clone(),
+            ))
         });
         // The clone that was made ready serves this call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let resp = inner.call(req).await?;
-            Ok(resp.map(|b| {
-                Body::new(Guarded {
-                    inner: b,
-                    _guard: guard,
-                })
-            }))
+            Ok(resp.map(|b| Body::new(s3dma_service::grpc::HoldingBody::new(b, guard))))
         })
     }
 }
@@ -408,73 +408,5 @@ impl Drop for ActiveCall {
             .last_done_ms
             .fetch_max(self.0.since_opened(), Ordering::AcqRel);
         self.0.active.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A request body cut off (with `RESOURCE_EXHAUSTED`) past `limit` bytes.
-struct Limited {
-    inner: Body,
-    left: usize,
-    limit: usize,
-}
-
-impl http_body::Body for Limited {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &r
-            && let Some(d) = f.data_ref()
-        {
-            match self.left.checked_sub(d.len()) {
-                Some(left) => self.left = left,
-                None => {
-                    let limit = self.limit;
-                    return Poll::Ready(Some(Err(Status::resource_exhausted(format!(
-                        "the request message is larger than this method accepts ({limit} bytes \
-                         with its 5-byte gRPC prefix)"
-                    )))));
-                }
-            }
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A response body that keeps its call counted as running until it ends.
-struct Guarded {
-    inner: Body,
-    _guard: Option<ActiveCall>,
-}
-
-impl http_body::Body for Guarded {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

@@ -14,15 +14,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::sync::OwnedSemaphorePermit;
-use tonic::Status;
 use tonic::body::Body;
 
 use crate::error::ShimError;
 use crate::metrics::Metrics;
-use crate::socket::{ActiveCall, ConnInfo};
+use crate::socket::ConnInfo;
 
 /// The gRPC service path prefix of the tenant API.
 const SERVICE_PREFIX: &str = "/s3dma.tenant.v1.Tenant/";
@@ -165,22 +162,16 @@ where
             .insert(Admitted(Arc::new(Mutex::new(Some(permit)))));
         let limit = self.limits.of(&method);
         let req = req.map(|b| {
-            Body::new(LimitedBody {
-                inner: b,
-                left: limit,
+            Body::new(s3dma_service::grpc::LimitedBody::new(
+                b,
                 limit,
-                method,
-            })
+                known_op(&method),
+            ))
         });
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
-            Ok(resp.map(|b| {
-                Body::new(ActiveBody {
-                    inner: b,
-                    _active: active,
-                })
-            }))
+            Ok(resp.map(|b| Body::new(s3dma_service::grpc::HoldingBody::new(b, active))))
         })
     }
 }
@@ -204,79 +195,6 @@ fn known_op(method: &str) -> &'static str {
         .find(|o| **o == method)
         .copied()
         .unwrap_or("other")
-}
-
-/// A request body that fails once more than `limit` bytes arrive, with a
-/// status tonic passes to the client as it is.
-struct LimitedBody {
-    inner: Body,
-    left: usize,
-    limit: usize,
-    method: String,
-}
-
-impl HttpBody for LimitedBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let me = &mut *self;
-        match Pin::new(&mut me.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    if data.len() > me.left {
-                        let st = Status::resource_exhausted(format!(
-                            "a {} request may be at most {} bytes; this one is larger",
-                            known_op(&me.method),
-                            me.limit
-                        ));
-                        return Poll::Ready(Some(Err(Box::new(st))));
-                    }
-                    me.left -= data.len();
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
-            other => other.map(|o| o.map(|r| r.map_err(|e| Box::new(e) as _))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A response body that keeps its call counted as active until it ends.
-struct ActiveBody {
-    inner: Body,
-    _active: ActiveCall,
-}
-
-impl HttpBody for ActiveBody {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]

@@ -7,10 +7,13 @@
 //!   terminal.
 //! - [`metrics`]: the one `/metrics` server, on loopback TCP (the default),
 //!   a Unix socket only its owner can open, and/or behind a bearer token.
+//! - [`grpc`]: the request and response bodies both gRPC services wrap
+//!   calls in ahead of tonic's codec (a per-method size limit, a held mark).
 //! - [`private`]: state and socket directories that belong to the user who
 //!   runs the service, and files created only its owner can read.
 
 pub mod escape;
+pub mod grpc;
 pub mod metrics;
 pub mod private;
 
