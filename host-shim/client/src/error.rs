@@ -161,7 +161,10 @@ impl Error {
         }
         let transport = status.get_details_error_info().is_none()
             && (status.code() == Code::Unavailable
-                || (status.code() == Code::Unknown
+                // Raised on this side from a hyper/h2 error (a server's
+                // status has no source): "transport error", or "operation
+                // was canceled" when the shim died with the call in flight.
+                || (matches!(status.code(), Code::Unknown | Code::Cancelled)
                     && std::error::Error::source(&status).is_some()));
         if transport {
             let mut e = Error::shim_unavailable(socket, status.message());
@@ -506,6 +509,16 @@ mod tests {
         );
         assert_eq!(e.code(), "AgentUnavailable");
         assert_eq!(e.kind(), ErrorKind::Unavailable);
+        // The shim died with the call in flight: hyper's "operation was
+        // canceled", raised on this side (it has a source).
+        let mut died = Status::cancelled("operation was canceled");
+        died.set_source(std::sync::Arc::new(std::io::Error::other("canceled")));
+        let e = Error::from_status_at(died, socket);
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("/run/s3dma/shim.sock"), "{e}");
+        // The server's own CANCELLED (no source) is not a transport failure.
+        let e = Error::from_status_at(Status::cancelled("Timeout expired"), socket);
+        assert_eq!(e.kind(), ErrorKind::DeadlineExceeded, "{e}");
     }
 
     #[test]
