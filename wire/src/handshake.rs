@@ -1,4 +1,6 @@
-//! The tcp fabric's authenticated handshake (pure, no I/O).
+//! The fabric's authenticated handshake (pure, no I/O): both backends
+//! open a connection with it (tcp for every operation, verbs for the
+//! queue-pair exchange).
 //!
 //! Mutual HMAC-SHA256 challenge–response over a pre-shared fabric key:
 //!
@@ -6,10 +8,10 @@
 //! 2. responder → requester: [`Challenge`] with nonce `Ns` and
 //!    `HMAC(K, "s3dma-fabric responder" ‖ hello ‖ version ‖ Ns)`; the
 //!    requester checks it, so an impostor endpoint without `K` is refused;
-//! 3. requester → responder: [`Auth`](super::frame::Auth) with
+//! 3. requester → responder: [`Auth`](crate::frame::Auth) with
 //!    `HMAC(K, "s3dma-fabric requester" ‖ hello ‖ challenge)`; the responder
 //!    checks it in constant time, so a peer without `K` is refused;
-//! 4. responder → requester: [`Verdict`](super::frame::Verdict).
+//! 4. responder → requester: [`Verdict`](crate::frame::Verdict).
 //!
 //! Both nonces are fresh per connection, so a recorded exchange cannot be
 //! replayed. The key never crosses the wire.
@@ -19,11 +21,18 @@ use std::fmt;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::frame::{Challenge, Hello, NONCE_LEN};
-use crate::error::{FabricError, Result};
+use crate::frame::{Challenge, Hello, NONCE_LEN};
 
 const RESPONDER_LABEL: &[u8] = b"s3dma-fabric responder";
 const REQUESTER_LABEL: &[u8] = b"s3dma-fabric requester";
+
+/// A fabric key shorter than [`FabricKey::MIN_LEN`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the fabric key must be at least {min} bytes, got {len}", min = FabricKey::MIN_LEN)]
+pub struct KeyTooShort {
+    /// The length given.
+    pub len: usize,
+}
 
 /// The pre-shared fabric key (at least 16 bytes). Its `Debug` hides the bytes.
 #[derive(Clone, PartialEq, Eq)]
@@ -40,14 +49,10 @@ impl FabricKey {
     pub const MIN_LEN: usize = 16;
 
     /// A key from raw bytes; shorter than [`FabricKey::MIN_LEN`] is an error.
-    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<FabricKey> {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<FabricKey, KeyTooShort> {
         let bytes = bytes.into();
         if bytes.len() < Self::MIN_LEN {
-            return Err(FabricError::InvalidArgument(format!(
-                "the fabric key must be at least {} bytes, got {}",
-                Self::MIN_LEN,
-                bytes.len()
-            )));
+            return Err(KeyTooShort { len: bytes.len() });
         }
         Ok(FabricKey(bytes))
     }
@@ -124,7 +129,7 @@ pub fn nonce() -> [u8; NONCE_LEN] {
 
 #[cfg(test)]
 mod tests {
-    use super::super::frame::VERSION;
+    use crate::frame::VERSION;
     use super::*;
 
     fn hello() -> Hello {

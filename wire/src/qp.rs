@@ -8,7 +8,7 @@
 //! 19 reserved u8 | 20 reserved u32 | 24 gid [16]
 //! ```
 
-use crate::tcp::frame::FrameError;
+use crate::frame::FrameError;
 
 /// Magic of a [`QpInfo`].
 pub const QP_MAGIC: [u8; 8] = *b"S3DMAQPI";

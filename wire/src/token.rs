@@ -21,7 +21,6 @@ use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
-use crate::region::{RemoteBuf, Window};
 
 /// Length of a token in characters.
 pub const TOKEN_LEN: usize = 81;
@@ -270,9 +269,48 @@ impl RdmaToken {
         })
     }
 
-    /// Builds the token for a whole window at `endpoint`.
-    pub fn for_window(endpoint: EndpointAddr, window: &Window) -> Result<RdmaToken, TokenError> {
-        RdmaToken::new(endpoint, window.remote())
+}
+
+/// Where remote memory is: address, length and rkey (what a token grants,
+/// without the endpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteBuf {
+    /// First remote address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// A sub-range that does not lie inside a [`RemoteBuf`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("remote slice {offset}+{len} is outside the {available} bytes available")]
+pub struct OutsideRemote {
+    /// Offset asked for.
+    pub offset: u64,
+    /// Length asked for.
+    pub len: u64,
+    /// Bytes the buffer has.
+    pub available: u64,
+}
+
+impl RemoteBuf {
+    /// The sub-range `[offset, offset+len)`, with the same rkey.
+    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteBuf, OutsideRemote> {
+        // `addr` may come from the wire (a token): refuse a wrapping address.
+        match (offset.checked_add(len), self.addr.checked_add(offset)) {
+            (Some(end), Some(addr)) if end <= self.len => Ok(RemoteBuf {
+                addr,
+                len,
+                rkey: self.rkey,
+            }),
+            _ => Err(OutsideRemote {
+                offset,
+                len,
+                available: self.len,
+            }),
+        }
     }
 }
 

@@ -25,7 +25,7 @@
 //! and then one `COMPLETION`. Requests are served strictly in order per
 //! connection, like an RC queue pair, so responses come back in request order.
 
-use crate::error::OpStatus;
+use crate::status::OpStatus;
 
 /// Protocol version spoken by this build.
 pub const VERSION: u16 = 1;
@@ -439,21 +439,57 @@ impl Verdict {
     }
 }
 
-/// A sans-I/O parser of the requester → responder byte stream: splits it into
-/// request headers and WRITE payload runs. The responder reads the socket
-/// directly (payload goes straight to region memory); this models the same
-/// framing for tests and the fuzzer.
+/// What the responder does with one request header: the decision the tcp
+/// responder runs on every header it reads, and the one [`RequestScanner`]
+/// (and the fuzzer through it) exercises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incoming {
+    /// Serve the request; for a WRITE, `len` payload bytes follow it.
+    Serve(RequestHeader),
+    /// Longer than [`MAX_PIECE_LEN`]: its payload cannot be drained safely,
+    /// so the responder answers `RemoteInvalidRequest` and closes.
+    TooLong(RequestHeader),
+}
+
+impl Incoming {
+    /// Decodes a request header and decides what to do with it.
+    pub fn decode(b: &[u8]) -> Result<Incoming, FrameError> {
+        let h = RequestHeader::decode(b)?;
+        Ok(if h.len > MAX_PIECE_LEN {
+            Incoming::TooLong(h)
+        } else {
+            Incoming::Serve(h)
+        })
+    }
+
+    /// Payload bytes that follow the header on the stream.
+    pub fn payload_len(&self) -> u64 {
+        match self {
+            Incoming::Serve(h) if h.op == OpKind::Write => h.len,
+            _ => 0,
+        }
+    }
+}
+
+/// A sans-I/O parser of the requester → responder byte stream, built on
+/// [`Incoming::decode`]: splits the stream into requests and WRITE payload
+/// runs, and ends it where the responder closes the connection. The
+/// responder reads headers and payloads straight from the socket (payload
+/// goes to region memory) and calls the same decoder per header.
 #[derive(Debug, Default)]
 pub struct RequestScanner {
     header: Vec<u8>,
     payload_left: u64,
+    closed: bool,
 }
 
 /// What [`RequestScanner::push`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScanEvent {
-    /// A complete request header.
+    /// A complete request header the responder serves.
     Request(RequestHeader),
+    /// A request the responder refuses before closing the connection.
+    TooLong(RequestHeader),
     /// `n` bytes of WRITE payload.
     Payload(usize),
 }
@@ -464,10 +500,11 @@ impl RequestScanner {
         Self::default()
     }
 
-    /// Consumes `data`, appending events to `out`. After an error the stream
-    /// is unusable (the responder closes the connection).
+    /// Consumes `data`, appending events to `out`. After an error, or after
+    /// [`ScanEvent::TooLong`], the stream is over (the responder closes the
+    /// connection) and further bytes are ignored.
     pub fn push(&mut self, mut data: &[u8], out: &mut Vec<ScanEvent>) -> Result<(), FrameError> {
-        while !data.is_empty() {
+        while !data.is_empty() && !self.closed {
             if self.payload_left > 0 {
                 let n = (self.payload_left.min(data.len() as u64)) as usize;
                 self.payload_left -= n as u64;
@@ -480,12 +517,16 @@ impl RequestScanner {
             self.header.extend_from_slice(&data[..n]);
             data = &data[n..];
             if self.header.len() == RequestHeader::LEN {
-                let h = RequestHeader::decode(&self.header)?;
+                let incoming = Incoming::decode(&self.header).inspect_err(|_| self.closed = true)?;
                 self.header.clear();
-                if h.op == OpKind::Write {
-                    self.payload_left = h.len;
-                }
-                out.push(ScanEvent::Request(h));
+                self.payload_left = incoming.payload_len();
+                out.push(match incoming {
+                    Incoming::Serve(h) => ScanEvent::Request(h),
+                    Incoming::TooLong(h) => {
+                        self.closed = true;
+                        ScanEvent::TooLong(h)
+                    }
+                });
             }
         }
         Ok(())

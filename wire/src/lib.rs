@@ -1,0 +1,28 @@
+#![warn(missing_docs)]
+//! s3dma's wire formats and plans, with no I/O (in the manner of
+//! quinn-proto): every decoder that reads bytes from a peer lives here, is a
+//! pure function of its input, and is what the fuzz targets in
+//! `fabric/fuzz` drive.
+//!
+//! * [`token`]: the `x-amz-rdma-token` codec and the remote buffer it grants;
+//! * [`frame`]: the fabric's versioned frames (handshake, request and
+//!   response headers) and the responder's per-request decision
+//!   ([`frame::Incoming`]);
+//! * [`handshake`]: the pre-shared [`FabricKey`] and its HMAC proofs;
+//! * [`qp`]: the verbs backend's queue-pair exchange message;
+//! * [`status`]: the verbs-like completion status both backends report;
+//! * [`headers`]: the `x-amz-rdma-*` HTTP header names and how a reply's
+//!   values are read;
+//! * [`range`]: byte ranges of objects (`Range`, `Content-Range`).
+
+pub mod frame;
+pub mod handshake;
+pub mod headers;
+pub mod qp;
+pub mod range;
+pub mod status;
+pub mod token;
+
+pub use handshake::FabricKey;
+pub use status::OpStatus;
+pub use token::{EndpointAddr, RdmaToken, RemoteBuf, TokenError};
