@@ -23,7 +23,7 @@ pub struct OpError {
 #[non_exhaustive]
 pub enum FabricError {
     /// The requested backend cannot run on this machine (e.g. no RDMA device,
-    /// or a kernel without RDMA support). Callers fall back to [`crate::Backend::Tcp`].
+    /// or a kernel without RDMA support). Callers fall back to the tcp backend.
     #[error("RDMA backend unavailable: {reason} (fall back to the tcp backend)")]
     Unavailable {
         /// Why the backend is unavailable.
@@ -66,7 +66,7 @@ pub enum FabricError {
         peer: String,
         /// The decoding error.
         #[source]
-        source: crate::tcp::frame::FrameError,
+        source: s3dma_wire::frame::FrameError,
     },
     /// A CUDA driver call failed or CUDA is not available.
     #[error("CUDA: {0}")]
@@ -82,13 +82,25 @@ pub enum FabricError {
     },
     /// An `x-amz-rdma-token` could not be parsed or built.
     #[error(transparent)]
-    Token(#[from] crate::token::TokenError),
+    Token(#[from] s3dma_wire::TokenError),
     /// A one-sided operation failed.
     #[error(transparent)]
     Op(#[from] OpError),
     /// The object belongs to another backend or domain than the one it is used with.
     #[error("backend mismatch: {0}")]
     BackendMismatch(String),
+}
+
+impl From<s3dma_wire::handshake::KeyTooShort> for FabricError {
+    fn from(e: s3dma_wire::handshake::KeyTooShort) -> Self {
+        FabricError::InvalidArgument(e.to_string())
+    }
+}
+
+impl From<s3dma_wire::token::OutsideRemote> for FabricError {
+    fn from(e: s3dma_wire::token::OutsideRemote) -> Self {
+        FabricError::InvalidArgument(e.to_string())
+    }
 }
 
 impl FabricError {

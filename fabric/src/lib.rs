@@ -59,267 +59,37 @@
 //! ```
 
 mod access;
+mod backend;
+mod completion;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod endpoint;
 mod error;
+mod handshake;
+mod listener;
 mod memory;
+mod open;
+mod options;
 pub mod pool;
 mod region;
-pub mod tcp;
-pub mod token;
+mod session;
+mod sock;
+mod tcp;
+#[cfg(feature = "verbs")]
 pub mod verbs;
 
-use std::net::{IpAddr, SocketAddr};
-
 pub use access::Access;
-pub use error::{FabricError, OpError, OpStatus, Result};
+pub use backend::Backend;
+pub use completion::Completion;
+pub use endpoint::Endpoint;
+pub use error::{FabricError, OpError, Result};
 pub use memory::{Memory, MemoryKind};
-pub use region::{Domain, LocalSlice, Region, RemoteBuf, Window};
-pub use tcp::handshake::FabricKey;
-pub use tcp::session::{Completion, SessionConfig};
-pub use token::{EndpointAddr, RdmaToken, TokenError};
-
-use tcp::frame::OpKind;
-
-/// Which transport a domain uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// Software RDMA over authenticated TCP; works everywhere.
-    Tcp,
-    /// RDMA verbs (RC queue pairs) through rdma-sys; needs an RDMA device.
-    Verbs,
-}
-
-impl std::str::FromStr for Backend {
-    type Err = FabricError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "tcp" => Ok(Backend::Tcp),
-            "verbs" => Ok(Backend::Verbs),
-            _ => Err(FabricError::InvalidArgument(format!(
-                "unknown fabric backend {s:?} (expected `tcp` or `verbs`)"
-            ))),
-        }
-    }
-}
-
-/// How an endpoint listens.
-#[derive(Debug, Clone)]
-pub struct EndpointConfig {
-    /// Address to bind (port 0 picks one).
-    pub bind: SocketAddr,
-    /// The pre-shared fabric key peers must prove.
-    pub fabric_key: FabricKey,
-    /// Responder number (token `dctn`, 24 bits); peers must name it.
-    pub responder: u32,
-    /// Address to put in tokens when `bind` is unspecified (0.0.0.0 / ::).
-    pub advertise: Option<IpAddr>,
-    /// `SO_SNDBUF`/`SO_RCVBUF`; `None` keeps the kernel's autotuning.
-    pub socket_buffer: Option<usize>,
-}
-
-impl EndpointConfig {
-    /// Listen on `bind` with `fabric_key`, responder number 1.
-    pub fn new(bind: SocketAddr, fabric_key: FabricKey) -> EndpointConfig {
-        EndpointConfig {
-            bind,
-            fabric_key,
-            responder: 1,
-            advertise: None,
-            socket_buffer: None,
-        }
-    }
-}
-
-#[derive(Debug)]
-enum EndpointImpl {
-    Tcp(tcp::endpoint::TcpEndpoint),
-    Verbs(verbs::conn::VerbsEndpoint),
-}
-
-/// Serves one-sided operations on a domain's regions.
-#[derive(Debug)]
-pub struct Endpoint {
-    inner: EndpointImpl,
-    addr: EndpointAddr,
-    _domain: Domain,
-}
-
-impl Endpoint {
-    /// Starts listening. Must run inside a tokio runtime.
-    pub async fn listen(domain: &Domain, config: EndpointConfig) -> Result<Endpoint> {
-        if config.responder > token::MAX_DCTN {
-            return Err(FabricError::InvalidArgument(format!(
-                "responder number {} does not fit the token's 24-bit dctn",
-                config.responder
-            )));
-        }
-        let (inner, mut addr) = match domain.backend() {
-            Backend::Tcp => {
-                let ep = tcp::endpoint::TcpEndpoint::listen(
-                    domain.clone(),
-                    config.bind,
-                    config.fabric_key.clone(),
-                    config.responder,
-                    tcp::io_tuning(config.socket_buffer, None),
-                )
-                .await?;
-                let addr = ep.local_addr();
-                (EndpointImpl::Tcp(ep), addr)
-            }
-            Backend::Verbs => {
-                let ep = verbs::conn::VerbsEndpoint::listen(
-                    domain.clone(),
-                    config.bind,
-                    config.fabric_key.clone(),
-                    config.responder,
-                )
-                .await?;
-                let addr = ep.local_addr();
-                (EndpointImpl::Verbs(ep), addr)
-            }
-        };
-        if addr.ip().is_unspecified()
-            && let Some(ip) = config.advertise
-        {
-            addr.set_ip(ip);
-        }
-        Ok(Endpoint {
-            inner,
-            addr: EndpointAddr {
-                addr,
-                responder: config.responder,
-            },
-            _domain: domain.clone(),
-        })
-    }
-
-    /// Where peers reach this endpoint (what tokens carry).
-    pub fn addr(&self) -> EndpointAddr {
-        self.addr
-    }
-
-    /// The `x-amz-rdma-token` for a whole window served by this endpoint.
-    pub fn token(&self, window: &Window) -> std::result::Result<RdmaToken, TokenError> {
-        RdmaToken::for_window(self.addr, window)
-    }
-
-    /// Stops the endpoint: no new connections, existing ones are dropped.
-    pub async fn shutdown(self) {
-        match self.inner {
-            EndpointImpl::Tcp(ep) => ep.shutdown().await,
-            EndpointImpl::Verbs(ep) => ep.shutdown().await,
-        }
-    }
-}
-
-#[derive(Debug)]
-enum SessionImpl {
-    Tcp(tcp::session::TcpSession),
-    Verbs(verbs::conn::VerbsSession),
-}
-
-/// A connection to a remote endpoint, posting one-sided operations.
-#[derive(Debug)]
-pub struct Session {
-    inner: SessionImpl,
-    domain: Domain,
-}
-
-impl Session {
-    /// Connects (and authenticates) to `target` on `domain`'s backend. On
-    /// verbs, one RC queue pair is brought to RTS through an out-of-band
-    /// exchange with the endpoint (`streams`/`stripe` apply to tcp only).
-    pub async fn connect(
-        domain: &Domain,
-        target: EndpointAddr,
-        config: SessionConfig,
-    ) -> Result<Session> {
-        match domain.backend() {
-            Backend::Tcp => Ok(Session {
-                inner: SessionImpl::Tcp(tcp::session::TcpSession::connect(target, &config).await?),
-                domain: domain.clone(),
-            }),
-            Backend::Verbs => {
-                let connect =
-                    verbs::conn::VerbsSession::connect(domain, target, &config.fabric_key);
-                let s = tokio::time::timeout(config.connect_timeout, connect)
-                    .await
-                    .map_err(|_| FabricError::Handshake {
-                        peer: target.to_string(),
-                        reason: format!(
-                            "connect and queue-pair exchange timed out after {:?}",
-                            config.connect_timeout
-                        ),
-                    })??;
-                Ok(Session {
-                    inner: SessionImpl::Verbs(s),
-                    domain: domain.clone(),
-                })
-            }
-        }
-    }
-
-    fn check_local(&self, local: &LocalSlice) -> Option<OpStatus> {
-        if !std::sync::Arc::ptr_eq(&local.region().domain().inner, &self.domain.inner) {
-            return Some(OpStatus::LocalError);
-        }
-        // The tcp requester moves local bytes with send/recv, which cannot
-        // address device memory; CUDA memory is served on the responder side.
-        if matches!(self.inner, SessionImpl::Tcp(_)) && local.region().kind() == MemoryKind::Cuda {
-            return Some(OpStatus::LocalError);
-        }
-        None
-    }
-
-    fn post(&self, kind: OpKind, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
-        if let Some(st) = self.check_local(&local) {
-            return Completion::failed(OpError {
-                status: st,
-                op: kind.name(),
-                remote_addr,
-                rkey,
-                len: local.len() as u64,
-            });
-        }
-        match &self.inner {
-            SessionImpl::Tcp(s) => s.post(kind, local, remote_addr, rkey),
-            SessionImpl::Verbs(s) => s.post(kind, local, remote_addr, rkey),
-        }
-    }
-
-    /// Posts an RDMA WRITE of `local` to `remote_addr` under `rkey`.
-    /// `local` must belong to this session's domain (else the operation
-    /// completes with [`OpStatus::LocalError`]); on tcp it must be host memory.
-    /// Posting never blocks; operations take effect in posting order.
-    pub fn write(&self, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
-        self.post(OpKind::Write, local, remote_addr, rkey)
-    }
-
-    /// Posts an RDMA READ from `remote_addr` under `rkey` into `local`
-    /// (which needs [`Access::LOCAL_WRITE`] on verbs).
-    pub fn read(&self, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
-        self.post(OpKind::Read, local, remote_addr, rkey)
-    }
-
-    /// Whether the session can still run operations (a failed session
-    /// flushes everything; callers reconnect).
-    pub fn is_alive(&self) -> bool {
-        match &self.inner {
-            SessionImpl::Tcp(s) => s.is_alive(),
-            SessionImpl::Verbs(s) => s.is_alive(),
-        }
-    }
-
-    /// The endpoint this session talks to.
-    pub fn peer(&self) -> EndpointAddr {
-        match &self.inner {
-            SessionImpl::Tcp(s) => s.peer(),
-            SessionImpl::Verbs(s) => s.peer(),
-        }
-    }
-}
+pub use options::{EndpointConfig, SessionConfig};
+pub use region::{Domain, LocalSlice, Region, Window};
+pub use s3dma_wire::token;
+pub use s3dma_wire::{EndpointAddr, FabricKey, OpStatus, RdmaToken, RemoteBuf, TokenError};
+pub use session::Session;
 
 #[cfg(test)]
 mod tests {

@@ -38,10 +38,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info};
 
-use crate::{
-    Access, Domain, EndpointAddr, FabricError, FabricKey, LocalSlice, Region, Result, Session,
-    SessionConfig,
-};
+use s3dma_wire::{EndpointAddr, FabricKey};
+
+use crate::access::Access;
+use crate::error::{FabricError, Result};
+use crate::options::SessionConfig;
+use crate::region::{Domain, LocalSlice, Region};
+use crate::session::Session;
 
 /// What the pools report, for metrics. Every method has a no-op default, so
 /// an implementation overrides only what it records.

@@ -14,15 +14,18 @@ use std::fmt;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::time::{Duration, Instant};
 
-use crate::Backend;
+use s3dma_wire::RemoteBuf;
+
 use crate::access::Access;
+use crate::backend::{Backend, Registrar, Registration};
 use crate::error::{FabricError, OpStatus, Result};
 use crate::memory::{Memory, MemoryKind};
 
 pub(crate) struct DomainInner {
     backend: Backend,
     keys: Mutex<HashMap<u32, Arc<KeyEntry>>>,
-    pub(crate) verbs: Option<crate::verbs::VerbsDomain>,
+    /// The backend's hardware registration hook (`None`: software keys).
+    registrar: Option<Box<dyn Registrar>>,
 }
 
 impl fmt::Debug for DomainInner {
@@ -43,30 +46,34 @@ pub struct Domain {
 }
 
 impl Domain {
-    /// Opens a domain on `backend`. [`Backend::Verbs`] fails with
-    /// [`FabricError::Unavailable`] when the machine has no usable RDMA device.
-    pub fn open(backend: Backend) -> Result<Domain> {
-        let verbs = match backend {
-            Backend::Tcp => None,
-            Backend::Verbs => Some(crate::verbs::VerbsDomain::open_first()?),
-        };
-        Ok(Domain {
+    /// A domain on `backend` with its registration hook (`open.rs` picks
+    /// the hook; `None` for software keys).
+    pub(crate) fn with_registrar(
+        backend: Backend,
+        registrar: Option<Box<dyn Registrar>>,
+    ) -> Domain {
+        Domain {
             inner: Arc::new(DomainInner {
                 backend,
                 keys: Mutex::new(HashMap::new()),
-                verbs,
+                registrar,
             }),
-        })
+        }
     }
 
     /// A domain on the software (`tcp`) backend. Never fails.
     pub fn tcp() -> Domain {
-        Domain::open(Backend::Tcp).expect("the tcp backend is always available")
+        Domain::with_registrar(Backend::Tcp, None)
     }
 
     /// The backend of this domain.
     pub fn backend(&self) -> Backend {
         self.inner.backend
+    }
+
+    /// The backend's registration hook (for its connection code).
+    pub(crate) fn registrar(&self) -> Option<&dyn Registrar> {
+        self.inner.registrar.as_deref()
     }
 
     /// Registers `mem` with `access` and returns the region.
@@ -93,11 +100,11 @@ impl Domain {
     ) -> Result<Region> {
         let addr = mem.addr();
         let len = mem.len() as u64;
-        let verbs_mr = match &self.inner.verbs {
-            Some(v) => Some(v.register(&mem, 0, mem.len(), key_access)?),
+        let registration = match self.registrar() {
+            Some(r) => Some(r.register(&mem, 0, mem.len(), key_access)?),
             None => None,
         };
-        let key = self.insert_key(addr, len, key_access, None, None, verbs_mr)?;
+        let key = self.insert_key(addr, len, key_access, None, None, registration)?;
         let inner = Arc::new(RegionInner {
             domain: self.clone(),
             mem,
@@ -120,11 +127,11 @@ impl Domain {
         access: Access,
         expires: Option<Instant>,
         parent: Option<Arc<KeyEntry>>,
-        verbs_mr: Option<crate::verbs::Mr>,
+        registration: Option<Box<dyn Registration>>,
     ) -> Result<Arc<KeyEntry>> {
         let mut keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
-        let rkey = match &verbs_mr {
-            Some(mr) => mr.rkey(),
+        let rkey = match &registration {
+            Some(r) => r.rkey(),
             None => loop {
                 let k: u32 = rand::random();
                 if k != 0 && !keys.contains_key(&k) {
@@ -145,7 +152,7 @@ impl Domain {
             parent,
             region: RwLock::new(region),
             revoked: RwLock::new(false),
-            verbs_mr: Mutex::new(verbs_mr),
+            registration: Mutex::new(registration),
         });
         keys.insert(rkey, entry.clone());
         Ok(entry)
@@ -171,7 +178,8 @@ impl Domain {
             }
         };
         // A region's windows die with it. On tcp the parent's flag already
-        // refuses them; on verbs each window is its own MR, which the NIC
+        // refuses them; with hardware registration each window is its own
+        // registration (a verbs MR), which the NIC
         // keeps honouring until it is deregistered here.
         for child in children {
             child.revoke();
@@ -212,7 +220,8 @@ pub(crate) struct KeyEntry {
     region: RwLock<Weak<RegionInner>>,
     /// Write-locked by revocation; read-locked around every placement.
     revoked: RwLock<bool>,
-    verbs_mr: Mutex<Option<crate::verbs::Mr>>,
+    /// The hardware registration behind this key, if the backend has one.
+    registration: Mutex<Option<Box<dyn Registration>>>,
 }
 
 impl fmt::Debug for KeyEntry {
@@ -256,10 +265,10 @@ impl KeyEntry {
 
     fn revoke(&self) {
         *self.revoked.write().unwrap_or_else(|e| e.into_inner()) = true;
-        // Verbs: deregistering the MR makes the NIC refuse the rkey; it
-        // returns once the hardware no longer uses it.
+        // Hardware: deregistering makes the NIC refuse the rkey; it returns
+        // once the hardware no longer uses it.
         drop(
-            self.verbs_mr
+            self.registration
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),
@@ -344,9 +353,11 @@ impl Drop for RegionInner {
 }
 
 impl RegionInner {
+    /// The local key of the hardware registration (0 on software keys).
+    #[cfg(feature = "verbs")]
     pub(crate) fn lkey(&self) -> u32 {
         self.key
-            .verbs_mr
+            .registration
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
@@ -464,8 +475,8 @@ impl Region {
                 "the region has been deregistered".into(),
             ));
         }
-        let verbs_mr = match &self.inner.domain.inner.verbs {
-            Some(v) => Some(v.register(&self.inner.mem, offset, len, access)?),
+        let registration = match self.inner.domain.registrar() {
+            Some(r) => Some(r.register(&self.inner.mem, offset, len, access)?),
             None => None,
         };
         let key = self.inner.domain.insert_key(
@@ -475,7 +486,7 @@ impl Region {
             // A ttl too large for an `Instant` means "never expires" (no panic).
             ttl.and_then(|t| Instant::now().checked_add(t)),
             Some(self.inner.key.clone()),
-            verbs_mr,
+            registration,
         )?;
         if self.inner.key.is_revoked() {
             // Deregistered while we minted it (after the check above): its
@@ -485,8 +496,8 @@ impl Region {
                 "the region has been deregistered".into(),
             ));
         }
-        if let (Some(ttl), Some(_), Some(_)) = (ttl, key.expires, &self.inner.domain.inner.verbs) {
-            // The NIC knows nothing of expiry: deregister the window's MR when it expires.
+        if let (Some(ttl), Some(_), Some(_)) = (ttl, key.expires, self.inner.domain.registrar()) {
+            // Hardware knows nothing of expiry: deregister the window when it expires.
             schedule_expiry(self.inner.domain.clone(), Arc::downgrade(&key), ttl);
         }
         Ok(Window {
@@ -691,35 +702,6 @@ impl Drop for Window {
     }
 }
 
-/// Where remote memory is: address, length and rkey.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RemoteBuf {
-    /// First remote address.
-    pub addr: u64,
-    /// Length in bytes.
-    pub len: u64,
-    /// Remote key.
-    pub rkey: u32,
-}
-
-impl RemoteBuf {
-    /// The sub-range `[offset, offset+len)`, with the same rkey.
-    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteBuf> {
-        // `addr` may come from the wire (a token): refuse a wrapping address.
-        match (offset.checked_add(len), self.addr.checked_add(offset)) {
-            (Some(end), Some(addr)) if end <= self.len => Ok(RemoteBuf {
-                addr,
-                len,
-                rkey: self.rkey,
-            }),
-            _ => Err(FabricError::InvalidArgument(format!(
-                "remote slice {offset}+{len} is outside the {} bytes available",
-                self.len
-            ))),
-        }
-    }
-}
-
 /// The local side of an operation: part of a registered region. An in-flight
 /// operation owns its `LocalSlice` (and so keeps the memory alive) until it
 /// completes, even if its completion future is dropped.
@@ -871,7 +853,7 @@ mod tests {
         // The window's own key is revoked too: on verbs that deregisters the
         // window's MR, without which the NIC would keep serving its rkey.
         assert!(*e.revoked.read().unwrap());
-        assert!(e.verbs_mr.lock().unwrap().is_none());
+        assert!(e.registration.lock().unwrap().is_none());
         drop(w);
         drop(r);
         assert_eq!(d.key_count(), 0);

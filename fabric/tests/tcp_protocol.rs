@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fabric::tcp::frame::{
+use s3dma_wire::frame::{
     Auth, Challenge, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, VERSION, Verdict,
 };
 use fabric::{

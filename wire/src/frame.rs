@@ -517,7 +517,8 @@ impl RequestScanner {
             self.header.extend_from_slice(&data[..n]);
             data = &data[n..];
             if self.header.len() == RequestHeader::LEN {
-                let incoming = Incoming::decode(&self.header).inspect_err(|_| self.closed = true)?;
+                let incoming =
+                    Incoming::decode(&self.header).inspect_err(|_| self.closed = true)?;
                 self.header.clear();
                 self.payload_left = incoming.payload_len();
                 out.push(match incoming {

@@ -129,8 +129,8 @@ pub fn nonce() -> [u8; NONCE_LEN] {
 
 #[cfg(test)]
 mod tests {
-    use crate::frame::VERSION;
     use super::*;
+    use crate::frame::VERSION;
 
     fn hello() -> Hello {
         Hello {

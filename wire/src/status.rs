@@ -76,4 +76,3 @@ impl fmt::Display for OpStatus {
         f.write_str(self.describe())
     }
 }
-

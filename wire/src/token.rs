@@ -21,7 +21,6 @@ use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
-
 /// Length of a token in characters.
 pub const TOKEN_LEN: usize = 81;
 
@@ -268,7 +267,6 @@ impl RdmaToken {
             gid: gid.octets(),
         })
     }
-
 }
 
 /// Where remote memory is: address, length and rkey (what a token grants,

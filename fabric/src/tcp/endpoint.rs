@@ -6,19 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use super::frame::{
-    Auth, Challenge, FrameError, Hello, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader,
-    ResponseKind, Verdict,
+use s3dma_wire::FabricKey;
+use s3dma_wire::frame::{
+    FrameError, Incoming, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader, ResponseKind,
 };
-use super::handshake::{self, FabricKey};
-use super::io::{self, Tuning};
-use super::listener::Listener;
+
 use crate::access::Access;
 use crate::error::{FabricError, OpStatus, Result};
+use crate::handshake::accept_handshake;
+use crate::listener::Listener;
 use crate::memory::MemoryKind;
 use crate::region::{Domain, KeyEntry, RegionInner};
+use crate::sock::{self as io, Tuning};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const SCRATCH: usize = 256 * 1024;
@@ -87,64 +88,6 @@ async fn handshake(stream: &TcpStream, peer: SocketAddr, ctx: &Ctx) -> Result<()
     accept_handshake(stream, peer, &ctx.key, ctx.responder).await
 }
 
-/// The responder side of the authenticated handshake (also used by the
-/// verbs backend's out-of-band connection).
-pub(crate) async fn accept_handshake(
-    stream: &TcpStream,
-    peer: SocketAddr,
-    key: &FabricKey,
-    responder: u32,
-) -> Result<()> {
-    let ioerr = |e| FabricError::io(format!("handshake with {peer}"), e);
-    let mut b = [0u8; Hello::LEN];
-    if !io::recv_exact(stream, &mut b).await.map_err(ioerr)? {
-        return Err(FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: "closed before hello".into(),
-        });
-    }
-    let hello = Hello::decode(&b).map_err(|e| protocol(peer, e))?;
-    let version = hello.negotiate().unwrap_or(0);
-    let nonce = handshake::nonce();
-    let challenge = Challenge {
-        version,
-        nonce,
-        mac: key.responder_proof(&hello, version, &nonce),
-    };
-    io::send_buf(stream, &challenge.encode())
-        .await
-        .map_err(ioerr)?;
-    let mut a = [0u8; Auth::LEN];
-    if !io::recv_exact(stream, &mut a).await.map_err(ioerr)? {
-        return Err(FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: "closed before authenticating (wrong fabric key?)".into(),
-        });
-    }
-    let auth = Auth::decode(&a).map_err(|e| protocol(peer, e))?;
-    let verdict = if !key.verify_requester(&hello, &challenge, &auth.mac) {
-        Verdict::BadKey
-    } else if version == 0 {
-        Verdict::Version
-    } else if hello.responder != responder {
-        Verdict::WrongResponder
-    } else {
-        Verdict::Accepted
-    };
-    io::send_buf(stream, &verdict.encode())
-        .await
-        .map_err(ioerr)?;
-    if verdict != Verdict::Accepted {
-        warn!(%peer, reason = verdict.describe(), "fabric peer refused");
-        return Err(FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: verdict.describe().into(),
-        });
-    }
-    debug!(%peer, session = hello.session, stream = hello.stream, "fabric peer authenticated");
-    Ok(())
-}
-
 async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()> {
     io::tune(&stream, ctx.tuning).map_err(|e| FabricError::io("tune fabric socket", e))?;
     tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&stream, peer, &ctx))
@@ -160,18 +103,21 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
         if !io::recv_exact(&stream, &mut hb).await.map_err(ioerr)? {
             return Ok(());
         }
-        let req = RequestHeader::decode(&hb).map_err(|e| protocol(peer, e))?;
-        if req.len > MAX_PIECE_LEN {
-            // Payload of this size cannot be drained safely: answer and close.
-            complete(&stream, req.wr_id, 0, Some(OpStatus::RemoteInvalidRequest))
-                .await
-                .map_err(ioerr)?;
-            return Err(FabricError::InvalidArgument(format!(
-                "{peer} sent a {} of {} bytes, above the {MAX_PIECE_LEN}-byte maximum",
-                req.op.name(),
-                req.len
-            )));
-        }
+        // The decision is the pure decoder's (fuzzed in fabric/fuzz).
+        let req = match Incoming::decode(&hb).map_err(|e| protocol(peer, e))? {
+            Incoming::Serve(req) => req,
+            Incoming::TooLong(req) => {
+                // Payload of this size cannot be drained safely: answer and close.
+                complete(&stream, req.wr_id, 0, Some(OpStatus::RemoteInvalidRequest))
+                    .await
+                    .map_err(ioerr)?;
+                return Err(FabricError::InvalidArgument(format!(
+                    "{peer} sent a {} of {} bytes, above the {MAX_PIECE_LEN}-byte maximum",
+                    req.op.name(),
+                    req.len
+                )));
+            }
+        };
         if scratch.is_empty() {
             scratch = vec![0u8; SCRATCH];
         }

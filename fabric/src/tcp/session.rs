@@ -13,60 +13,23 @@
 //! [`OpStatus::Flushed`]. Nothing waits forever on a dead connection.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::debug;
 
-use super::frame::{
-    Auth, Challenge, FrameError, Hello, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader,
-    ResponseKind, VERSION, Verdict,
-};
-use super::handshake::{self, FabricKey};
-use super::io::{self, Tuning};
+use crate::completion::{Completion, OpResult};
 use crate::error::{FabricError, OpError, OpStatus, Result};
+use crate::handshake::connect_handshake;
+use crate::options::SessionConfig;
 use crate::region::LocalSlice;
-use crate::token::EndpointAddr;
-
-type OpResult = std::result::Result<(), OpError>;
-
-/// The future of one posted operation. Dropping it does not cancel the
-/// operation: the operation keeps its local buffer until it completes.
-#[derive(Debug)]
-pub struct Completion {
-    rx: oneshot::Receiver<OpResult>,
-    info: OpError,
-}
-
-impl Completion {
-    /// A completion that has already failed.
-    pub(crate) fn failed(err: OpError) -> Completion {
-        let (tx, rx) = oneshot::channel();
-        let _ = tx.send(Err(err.clone()));
-        Completion { rx, info: err }
-    }
-
-    pub(crate) fn new(rx: oneshot::Receiver<OpResult>, info: OpError) -> Completion {
-        Completion { rx, info }
-    }
-}
-
-impl Future for Completion {
-    type Output = OpResult;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<OpResult> {
-        match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Ready(Ok(r)) => Poll::Ready(r),
-            Poll::Ready(Err(_)) => Poll::Ready(Err(self.info.clone())),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
+use crate::sock::{self as io, Tuning};
+use s3dma_wire::EndpointAddr;
+use s3dma_wire::frame::{
+    FrameError, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader, ResponseKind,
+};
 
 /// In-order completion delivery and the session's failure state.
 struct Completer {
@@ -167,39 +130,6 @@ struct Pending {
     got_data: bool,
 }
 
-/// Session tuning.
-#[derive(Debug, Clone)]
-pub struct SessionConfig {
-    /// The pre-shared fabric key.
-    pub fabric_key: FabricKey,
-    /// TCP streams per session (1 or more).
-    pub streams: usize,
-    /// Stripe unit in bytes when `streams > 1` (operations are split at
-    /// multiples of it in remote-address space).
-    pub stripe: u64,
-    /// Connect-and-handshake timeout per stream.
-    pub connect_timeout: Duration,
-    /// `TCP_USER_TIMEOUT`: how long sent data may stay unacknowledged before
-    /// the connection is declared dead (the analogue of the RC retry budget).
-    pub user_timeout: Option<Duration>,
-    /// `SO_SNDBUF`/`SO_RCVBUF`; `None` keeps the kernel's autotuning.
-    pub socket_buffer: Option<usize>,
-}
-
-impl SessionConfig {
-    /// Defaults: one stream, 4 MiB stripes, 10 s connect timeout, 30 s user timeout.
-    pub fn new(fabric_key: FabricKey) -> SessionConfig {
-        SessionConfig {
-            fabric_key,
-            streams: 1,
-            stripe: 4 << 20,
-            connect_timeout: Duration::from_secs(10),
-            user_timeout: Some(Duration::from_secs(30)),
-            socket_buffer: None,
-        }
-    }
-}
-
 struct Shared {
     peer: EndpointAddr,
     streams: Vec<mpsc::UnboundedSender<Piece>>,
@@ -250,64 +180,6 @@ async fn connect_stream(
     )
     .await?;
     Ok(stream)
-}
-
-/// The requester side of the authenticated handshake (also used by the
-/// verbs backend's out-of-band connection).
-pub(crate) async fn connect_handshake(
-    stream: &TcpStream,
-    target: EndpointAddr,
-    key: &FabricKey,
-    session: u64,
-    index: u16,
-    streams: u16,
-) -> Result<()> {
-    let ioerr = |e| FabricError::io(format!("handshake with {target}"), e);
-    let hs_err = |reason: String| FabricError::Handshake {
-        peer: target.to_string(),
-        reason,
-    };
-    let hello = Hello {
-        version_min: VERSION,
-        version_max: VERSION,
-        responder: target.responder,
-        session,
-        stream: index,
-        streams,
-        nonce: handshake::nonce(),
-    };
-    io::send_buf(stream, &hello.encode()).await.map_err(ioerr)?;
-    let mut b = [0u8; Challenge::LEN];
-    if !io::recv_exact(stream, &mut b).await.map_err(ioerr)? {
-        return Err(hs_err("the endpoint closed the connection".into()));
-    }
-    let challenge = Challenge::decode(&b).map_err(|e| FabricError::Protocol {
-        peer: target.to_string(),
-        source: e,
-    })?;
-    if !key.verify_responder(&hello, &challenge) {
-        return Err(hs_err(
-            "the endpoint could not prove it holds the fabric key (wrong key on one side?)".into(),
-        ));
-    }
-    let auth = Auth {
-        mac: key.requester_proof(&hello, &challenge),
-    };
-    io::send_buf(stream, &auth.encode()).await.map_err(ioerr)?;
-    let mut v = [0u8; Verdict::LEN];
-    if !io::recv_exact(stream, &mut v).await.map_err(ioerr)? {
-        return Err(hs_err(
-            "the endpoint closed the connection before its verdict".into(),
-        ));
-    }
-    match Verdict::decode(&v) {
-        Ok(Verdict::Accepted) => Ok(()),
-        Ok(v) => Err(hs_err(v.describe().into())),
-        Err(e) => Err(FabricError::Protocol {
-            peer: target.to_string(),
-            source: e,
-        }),
-    }
 }
 
 impl TcpSession {
@@ -471,7 +343,7 @@ async fn writer(
     loop {
         let piece = tokio::select! {
             biased;
-            _ = super::io::cancelled(&mut cancel) => break,
+            _ = io::cancelled(&mut cancel) => break,
             p = rx.recv() => match p {
                 Some(p) => p,
                 None => break,
@@ -513,7 +385,7 @@ async fn writer(
         let send = unsafe { io::send_all(&stream, &head, ptr, n) };
         let r = tokio::select! {
             biased;
-            _ = super::io::cancelled(&mut cancel) => break,
+            _ = io::cancelled(&mut cancel) => break,
             r = send => r,
         };
         if let Err(e) = r {
@@ -540,7 +412,7 @@ async fn reader(
     let mut cancel = completer.cancel.subscribe();
     let r = tokio::select! {
         biased;
-        _ = super::io::cancelled(&mut cancel) => Ok(()),
+        _ = io::cancelled(&mut cancel) => Ok(()),
         r = read_loop(&stream, &pending) => r,
     };
     if let Err(e) = &r {

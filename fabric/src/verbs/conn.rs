@@ -10,24 +10,24 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tracing::debug;
 
+use s3dma_wire::frame::OpKind;
+use s3dma_wire::qp::QpInfo;
+use s3dma_wire::{EndpointAddr, FabricKey};
+
 use super::qp::{Posted, QueuePair, Requester};
-use super::wire::QpInfo;
 use super::{VerbsDomain, access_flags, policy};
 use crate::access::Access;
+use crate::completion::Completion;
 use crate::error::{FabricError, OpError, OpStatus, Result};
+use crate::handshake::{accept_handshake, connect_handshake};
+use crate::listener::Listener;
 use crate::region::{Domain, LocalSlice};
-use crate::tcp::frame::OpKind;
-use crate::tcp::handshake::FabricKey;
-use crate::tcp::io;
-use crate::tcp::listener::Listener;
-use crate::tcp::session::Completion;
-use crate::token::EndpointAddr;
+use crate::sock as io;
 
 fn verbs_of(domain: &Domain) -> Result<&VerbsDomain> {
     domain
-        .inner
-        .verbs
-        .as_ref()
+        .registrar()
+        .and_then(|r| r.as_any().downcast_ref::<VerbsDomain>())
         .ok_or_else(|| FabricError::BackendMismatch("not a verbs domain".into()))
 }
 
@@ -102,7 +102,7 @@ async fn serve(
     key: FabricKey,
     responder: u32,
 ) -> Result<()> {
-    crate::tcp::endpoint::accept_handshake(&stream, peer, &key, responder).await?;
+    accept_handshake(&stream, peer, &key, responder).await?;
     let v = verbs_of(&domain)?;
     let qp = QueuePair::create(v.context(), v.pd(), false)?;
     let psn = rand::random::<u32>() & 0x00ff_ffff;
@@ -148,7 +148,7 @@ impl VerbsSession {
         let stream = TcpStream::connect(target.addr)
             .await
             .map_err(|e| FabricError::io(format!("connect to verbs endpoint {target}"), e))?;
-        crate::tcp::session::connect_handshake(&stream, target, key, rand::random(), 0, 1).await?;
+        connect_handshake(&stream, target, key, rand::random(), 0, 1).await?;
         let qp = QueuePair::create(v.context(), v.pd(), true)?;
         let psn = rand::random::<u32>() & 0x00ff_ffff;
         let remote = exchange(&stream, &local_info(v, &qp, psn), &target.to_string()).await?;

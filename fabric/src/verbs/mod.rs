@@ -14,11 +14,11 @@ use rdma_sys::*;
 pub(crate) mod conn;
 pub mod policy;
 pub(crate) mod qp;
-pub mod wire;
 
 use policy::{GidEntry, GidType};
 
 use crate::access::Access;
+use crate::backend::{Registrar, Registration};
 use crate::error::{FabricError, Result};
 use crate::memory::Memory;
 
@@ -269,6 +269,24 @@ impl VerbsDomain {
     }
 }
 
+impl Registrar for VerbsDomain {
+    fn register(
+        &self,
+        mem: &Memory,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Box<dyn Registration>> {
+        Ok(Box::new(VerbsDomain::register(
+            self, mem, offset, len, access,
+        )?))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 impl Drop for VerbsDomain {
     fn drop(&mut self) {
         // SAFETY: every MR holds the domain alive (via its region), so none
@@ -304,6 +322,16 @@ impl Mr {
     pub(crate) fn lkey(&self) -> u32 {
         // SAFETY: the MR is valid until drop.
         unsafe { self.0.as_ref().lkey }
+    }
+}
+
+impl Registration for Mr {
+    fn rkey(&self) -> u32 {
+        Mr::rkey(self)
+    }
+
+    fn lkey(&self) -> u32 {
+        Mr::lkey(self)
     }
 }
 

@@ -7,11 +7,11 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use rdma_sys::*;
+use s3dma_wire::qp::QpInfo;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use super::policy;
-use super::wire::QpInfo;
 use crate::error::{FabricError, OpError, OpStatus, Result};
 use crate::region::{Domain, LocalSlice};
 

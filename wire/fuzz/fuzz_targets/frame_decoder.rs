@@ -1,17 +1,27 @@
-//! Every tcp-fabric (and verbs out-of-band) decoder on arbitrary bytes: no
+//! Every fabric decoder of s3dma-wire (tcp frames, the responder's
+//! per-request decision, the verbs queue-pair message) on arbitrary bytes: no
 //! panic, and whatever decodes re-encodes to the same bytes (the format has
 //! no slack: reserved fields must be zero).
 #![no_main]
 
-use fabric::tcp::frame::{
-    Auth, Challenge, Hello, RequestHeader, RequestScanner, ResponseHeader, Verdict,
-};
-use fabric::verbs::wire::QpInfo;
 use libfuzzer_sys::fuzz_target;
+use s3dma_wire::frame::{
+    Auth, Challenge, Hello, Incoming, RequestHeader, RequestScanner, ResponseHeader, ScanEvent,
+    Verdict,
+};
+use s3dma_wire::qp::QpInfo;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(h) = RequestHeader::decode(data) {
         assert_eq!(&h.encode()[..], &data[..RequestHeader::LEN]);
+    }
+    // The tcp responder's own per-request decision.
+    if let Ok(i) = Incoming::decode(data) {
+        let h = match i {
+            Incoming::Serve(h) | Incoming::TooLong(h) => h,
+        };
+        assert_eq!(&h.encode()[..], &data[..RequestHeader::LEN]);
+        assert!(i.payload_len() <= s3dma_wire::frame::MAX_PIECE_LEN);
     }
     if let Ok(h) = ResponseHeader::decode(data) {
         assert_eq!(&h.encode()[..], &data[..ResponseHeader::LEN]);
@@ -48,12 +58,10 @@ fuzz_target!(|data: &[u8]| {
         }
         assert_eq!(ra.is_ok(), rb.is_ok());
         // Same requests in the same order, whatever the chunking.
-        let reqs = |ev: &[fabric::tcp::frame::ScanEvent]| {
+        let reqs = |ev: &[ScanEvent]| {
             ev.iter()
-                .filter_map(|e| match e {
-                    fabric::tcp::frame::ScanEvent::Request(r) => Some(*r),
-                    _ => None,
-                })
+                .filter(|e| !matches!(e, ScanEvent::Payload(_)))
+                .cloned()
                 .collect::<Vec<_>>()
         };
         assert_eq!(reqs(&a), reqs(&b));

@@ -2,7 +2,7 @@
 //! accepts formats back to exactly the input (the grammar is strict).
 #![no_main]
 
-use fabric::RdmaToken;
+use s3dma_wire::RdmaToken;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
-use super::io;
 use crate::error::{FabricError, Result};
+use crate::sock as io;
 
 /// A listening socket and its accept loop.
 pub(crate) struct Listener {

@@ -1,0 +1,131 @@
+//! [`Session`]: a connection to a remote endpoint that posts one-sided
+//! operations, on the domain's backend.
+
+use s3dma_wire::EndpointAddr;
+use s3dma_wire::frame::OpKind;
+
+use crate::backend::Backend;
+use crate::completion::Completion;
+#[cfg(feature = "verbs")]
+use crate::error::FabricError;
+use crate::error::{OpError, OpStatus, Result};
+use crate::memory::MemoryKind;
+use crate::options::SessionConfig;
+use crate::region::{Domain, LocalSlice};
+use crate::tcp;
+#[cfg(feature = "verbs")]
+use crate::verbs;
+
+#[derive(Debug)]
+enum SessionImpl {
+    Tcp(tcp::session::TcpSession),
+    #[cfg(feature = "verbs")]
+    Verbs(verbs::conn::VerbsSession),
+}
+
+/// A connection to a remote endpoint, posting one-sided operations.
+#[derive(Debug)]
+pub struct Session {
+    inner: SessionImpl,
+    domain: Domain,
+}
+
+impl Session {
+    /// Connects (and authenticates) to `target` on `domain`'s backend. On
+    /// verbs, one RC queue pair is brought to RTS through an out-of-band
+    /// exchange with the endpoint (`streams`/`stripe` apply to tcp only).
+    pub async fn connect(
+        domain: &Domain,
+        target: EndpointAddr,
+        config: SessionConfig,
+    ) -> Result<Session> {
+        match domain.backend() {
+            Backend::Tcp => Ok(Session {
+                inner: SessionImpl::Tcp(tcp::session::TcpSession::connect(target, &config).await?),
+                domain: domain.clone(),
+            }),
+            #[cfg(not(feature = "verbs"))]
+            Backend::Verbs => Err(crate::backend::verbs_not_built()),
+            #[cfg(feature = "verbs")]
+            Backend::Verbs => {
+                let connect =
+                    verbs::conn::VerbsSession::connect(domain, target, &config.fabric_key);
+                let s = tokio::time::timeout(config.connect_timeout, connect)
+                    .await
+                    .map_err(|_| FabricError::Handshake {
+                        peer: target.to_string(),
+                        reason: format!(
+                            "connect and queue-pair exchange timed out after {:?}",
+                            config.connect_timeout
+                        ),
+                    })??;
+                Ok(Session {
+                    inner: SessionImpl::Verbs(s),
+                    domain: domain.clone(),
+                })
+            }
+        }
+    }
+
+    fn check_local(&self, local: &LocalSlice) -> Option<OpStatus> {
+        if !std::sync::Arc::ptr_eq(&local.region().domain().inner, &self.domain.inner) {
+            return Some(OpStatus::LocalError);
+        }
+        // The tcp requester moves local bytes with send/recv, which cannot
+        // address device memory; CUDA memory is served on the responder side.
+        if matches!(self.inner, SessionImpl::Tcp(_)) && local.region().kind() == MemoryKind::Cuda {
+            return Some(OpStatus::LocalError);
+        }
+        None
+    }
+
+    fn post(&self, kind: OpKind, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
+        if let Some(st) = self.check_local(&local) {
+            return Completion::failed(OpError {
+                status: st,
+                op: kind.name(),
+                remote_addr,
+                rkey,
+                len: local.len() as u64,
+            });
+        }
+        match &self.inner {
+            SessionImpl::Tcp(s) => s.post(kind, local, remote_addr, rkey),
+            #[cfg(feature = "verbs")]
+            SessionImpl::Verbs(s) => s.post(kind, local, remote_addr, rkey),
+        }
+    }
+
+    /// Posts an RDMA WRITE of `local` to `remote_addr` under `rkey`.
+    /// `local` must belong to this session's domain (else the operation
+    /// completes with [`OpStatus::LocalError`]); on tcp it must be host memory.
+    /// Posting never blocks; operations take effect in posting order.
+    pub fn write(&self, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
+        self.post(OpKind::Write, local, remote_addr, rkey)
+    }
+
+    /// Posts an RDMA READ from `remote_addr` under `rkey` into `local`
+    /// (which needs [`Access::LOCAL_WRITE`] on verbs).
+    pub fn read(&self, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
+        self.post(OpKind::Read, local, remote_addr, rkey)
+    }
+
+    /// Whether the session can still run operations (a failed session
+    /// flushes everything; callers reconnect).
+    pub fn is_alive(&self) -> bool {
+        match &self.inner {
+            SessionImpl::Tcp(s) => s.is_alive(),
+            #[cfg(feature = "verbs")]
+            SessionImpl::Verbs(s) => s.is_alive(),
+        }
+    }
+
+    /// The endpoint this session talks to.
+    pub fn peer(&self) -> EndpointAddr {
+        match &self.inner {
+            SessionImpl::Tcp(s) => s.peer(),
+            #[cfg(feature = "verbs")]
+            SessionImpl::Verbs(s) => s.peer(),
+        }
+    }
+}
