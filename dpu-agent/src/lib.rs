@@ -16,10 +16,12 @@ pub mod config;
 pub mod error;
 pub mod gate;
 pub mod metrics;
-pub mod plan;
 pub mod policy;
 pub mod quota;
 pub mod retry;
 pub mod s3;
 pub mod service;
 pub mod transfer;
+
+/// Transfer planning (pure; lives in `s3dma-wire`).
+pub use s3dma_wire::plan;

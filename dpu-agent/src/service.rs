@@ -22,12 +22,12 @@ use s3dma_service::Escaped;
 use crate::auth::AuthError;
 use crate::error::AgentError;
 use crate::gate::AuthenticatedShim;
-use crate::plan::RangeSpec;
 use crate::policy::Access;
 use crate::transfer::get::GetRequest;
 use crate::transfer::meta::ListRequest;
 use crate::transfer::put::PutRequest;
 use crate::transfer::{Core, Ctx, Tenant};
+use s3dma_wire::range::ByteRange;
 
 /// The service.
 #[derive(Debug, Clone)]
@@ -136,17 +136,9 @@ fn parse_token(field: &str, token: &str) -> Result<RdmaToken, AgentError> {
     })
 }
 
-fn range_spec(r: Option<&pb::ByteRange>) -> Result<RangeSpec, AgentError> {
-    use pb::byte_range::Kind;
-    Ok(match r.and_then(|r| r.kind.as_ref()) {
-        None => RangeSpec::Whole,
-        Some(Kind::Bounded(b)) => RangeSpec::Bounded {
-            first: b.first,
-            last: b.last,
-        },
-        Some(Kind::From(f)) => RangeSpec::From(*f),
-        Some(Kind::Suffix(n)) => RangeSpec::Suffix(*n),
-    })
+/// The tenant's range (`None`: the whole object; so is a range without a kind).
+fn range_spec(r: Option<&pb::ByteRange>) -> Result<Option<ByteRange>, AgentError> {
+    Ok(r.and_then(|r| ByteRange::try_from(*r).ok()))
 }
 
 fn path_label(p: pb::TransferPath) -> &'static str {

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use s3dma_wire::frame::{
-    Auth, Challenge, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, VERSION, Verdict,
-};
 use fabric::{
     Access, Domain, Endpoint, EndpointConfig, FabricKey, OpStatus, Session, SessionConfig,
+};
+use s3dma_wire::frame::{
+    Auth, Challenge, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, VERSION, Verdict,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -22,11 +22,11 @@ use crate::auth::{Need, Users};
 use crate::rdma::{Decision, RdmaError, RdmaService, plan::reply_headers};
 use crate::store::conditions::{Conditions, EtagCondition, Verdict};
 use crate::store::listing::{self, ListParams};
-use crate::store::range::{RangeSpec, content_range};
 use crate::store::{
     BodyCheck, IndexEntry, ObjectAttrs, ObjectMeta, RangeStream, Store, StoreError, StoreResult,
     etag,
 };
+use s3dma_wire::range::{ByteRange, content_range};
 
 /// Content type returned for objects stored without one (as S3 does).
 pub const DEFAULT_CONTENT_TYPE: &str = "binary/octet-stream";
@@ -290,10 +290,14 @@ fn content_md5(v: Option<&String>) -> S3Result<Option<String>> {
     }
 }
 
-fn range_spec(r: Range) -> RangeSpec {
+fn byte_range(r: Range) -> ByteRange {
     match r {
-        Range::Int { first, last } => RangeSpec::FromTo { first, last },
-        Range::Suffix { length } => RangeSpec::Suffix(length),
+        Range::Int {
+            first,
+            last: Some(last),
+        } => ByteRange::Bounded { first, last },
+        Range::Int { first, last: None } => ByteRange::From(first),
+        Range::Suffix { length } => ByteRange::Suffix(length),
     }
 }
 
@@ -310,7 +314,7 @@ fn select(
     match range {
         None => Ok((0..meta.size, None)),
         Some(r) => {
-            let r = range_spec(r)
+            let r = byte_range(r)
                 .resolve(meta.size)
                 .map_err(|_| s3_error!(InvalidRange, "The requested range is not satisfiable"))?;
             let cr = content_range(&r, meta.size);

@@ -13,11 +13,17 @@
 //! * [`status`]: the verbs-like completion status both backends report;
 //! * [`headers`]: the `x-amz-rdma-*` HTTP header names and how a reply's
 //!   values are read;
-//! * [`range`]: byte ranges of objects (`Range`, `Content-Range`).
+//! * [`range`]: byte ranges of objects (`Range`, `Content-Range`);
+//! * [`lease`]: the lease frames that pass tenant memory (file
+//!   descriptors) to the host-shim on its Unix socket;
+//! * [`plan`]: the dpu-agent's transfer planner (which S3 requests a GET or
+//!   PUT becomes) and the storage-target's RDMA chunk plan.
 
 pub mod frame;
 pub mod handshake;
 pub mod headers;
+pub mod lease;
+pub mod plan;
 pub mod qp;
 pub mod range;
 pub mod status;

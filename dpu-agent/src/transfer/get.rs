@@ -9,9 +9,12 @@ use futures::StreamExt as _;
 use http::{Method, StatusCode};
 use s3dma_proto::agent::v1::{ObjectInfo, TransferPath};
 
-use super::{Attempt, Ctx, RDMA_BYTES, RDMA_REPLY, RDMA_TOKEN, fallback, object_info};
+use s3dma_wire::headers::{RDMA_BYTES, RDMA_REPLY, RDMA_TOKEN, RdmaReply, bytes_transferred};
+use s3dma_wire::range::{ByteRange, parse_content_range};
+
+use super::{Attempt, Ctx, fallback, object_info};
 use crate::error::AgentError;
-use crate::plan::{self, Chunk, HttpRange, Probe, ProbeOutcome, RangeSpec};
+use crate::plan::{self, Chunk, Probe, ProbeOutcome};
 use crate::s3::client::{S3Call, header};
 
 /// A GetObject request after validation.
@@ -22,7 +25,7 @@ pub struct GetRequest {
     /// Key.
     pub key: String,
     /// Which bytes.
-    pub range: RangeSpec,
+    pub range: Option<ByteRange>,
     /// The destination window.
     pub dest: RdmaToken,
     /// Required ETag, if any.
@@ -53,25 +56,12 @@ struct RangeReply {
     fallback: bool,
 }
 
-/// Parses `Content-Range: bytes a-b/total`.
-fn content_range(v: &str) -> Option<(u64, u64, u64)> {
-    let rest = v.trim().strip_prefix("bytes ")?;
-    let (span, total) = rest.split_once('/')?;
-    let (a, b) = span.split_once('-')?;
-    let (a, b, total) = (
-        a.parse::<u64>().ok()?,
-        b.parse::<u64>().ok()?,
-        total.parse::<u64>().ok()?,
-    );
-    (a <= b && b < total).then(|| (a, b - a + 1, total))
-}
-
 impl Ctx {
     /// One ranged GET placing at most `slot.size` bytes into `slot`.
     async fn get_range(
         self: &Arc<Self>,
         req: &GetRequest,
-        range: HttpRange,
+        range: ByteRange,
         slot: RdmaToken,
         if_match: Option<&str>,
     ) -> Result<RangeReply, Attempt> {
@@ -104,7 +94,7 @@ impl Ctx {
         }
         let headers = reply.headers().clone();
         let (first, len, total) = match header(&headers, "content-range") {
-            Some(cr) => content_range(&cr).ok_or_else(|| {
+            Some(cr) => parse_content_range(&cr).ok_or_else(|| {
                 AgentError::Protocol(format!("the target sent a malformed Content-Range {cr:?}"))
             })?,
             None => {
@@ -114,9 +104,7 @@ impl Ctx {
                 // A 200 without Content-Range is the whole object (RDMA
                 // replies carry the size as bytes transferred).
                 let n = if status == StatusCode::OK && self.target.rdma {
-                    header(&headers, RDMA_BYTES)
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(n)
+                    bytes_transferred(header(&headers, RDMA_BYTES).as_deref()).unwrap_or(n)
                 } else {
                     n
                 };
@@ -130,10 +118,10 @@ impl Ctx {
             ))));
         }
         let info = object_info(&headers, total);
-        let rdma_reply = header(&headers, RDMA_REPLY);
-        let by_rdma = self.target.rdma && matches!(rdma_reply.as_deref(), Some("200" | "206"));
+        let rdma_reply = RdmaReply::parse(header(&headers, RDMA_REPLY).as_deref());
+        let by_rdma = self.target.rdma && rdma_reply == RdmaReply::Placed;
         if by_rdma {
-            let moved = header(&headers, RDMA_BYTES).and_then(|v| v.parse::<u64>().ok());
+            let moved = bytes_transferred(header(&headers, RDMA_BYTES).as_deref());
             if moved != Some(len) {
                 return Err(Attempt::Fatal(AgentError::Protocol(format!(
                     "the target reported {moved:?} bytes transferred for a {len}-byte range"
@@ -274,24 +262,5 @@ impl Ctx {
             )));
         }
         Ok(r.fallback)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn content_range_table() {
-        assert_eq!(content_range("bytes 0-9/10"), Some((0, 10, 10)));
-        assert_eq!(content_range("bytes 5-5/6"), Some((5, 1, 6)));
-        assert_eq!(content_range("bytes 5-4/6"), None);
-        assert_eq!(content_range("bytes 0-10/10"), None);
-        assert_eq!(content_range("bytes */10"), None);
-        assert_eq!(content_range("items 0-1/2"), None);
-        assert_eq!(
-            content_range("bytes 0-18446744073709551615/18446744073709551615"),
-            None
-        );
     }
 }

@@ -36,13 +36,6 @@ use crate::retry::{RetryPolicy, retryable_status};
 use crate::s3::client::{S3Call, SendError, error_of, header};
 use crate::s3::{Reply, Signer, TargetClient};
 
-/// The request header carrying the token.
-pub const RDMA_TOKEN: &str = "x-amz-rdma-token";
-/// The reply header saying what the target did with the token.
-pub const RDMA_REPLY: &str = "x-amz-rdma-reply";
-/// The reply header with the bytes the target placed.
-pub const RDMA_BYTES: &str = "x-amz-rdma-bytes-transferred";
-
 /// Transfer settings (from `transfer:`).
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -14,7 +14,9 @@ use http::{Method, StatusCode};
 use s3dma_proto::agent::v1::TransferPath;
 use tracing::{debug, warn};
 
-use super::{Attempt, Ctx, RDMA_REPLY, RDMA_TOKEN, fallback};
+use s3dma_wire::headers::{RDMA_REPLY, RDMA_TOKEN, RdmaReply};
+
+use super::{Attempt, Ctx, fallback};
 use crate::error::AgentError;
 use crate::plan::{self, Part, PutPlan};
 use crate::s3::client::{S3Call, full_body, header, read_small};
@@ -164,18 +166,19 @@ impl Ctx {
                     if reply.status() != StatusCode::OK {
                         return Err(self.failure(reply).await);
                     }
-                    let rdma_reply = header(reply.headers(), RDMA_REPLY);
+                    let rdma_reply =
+                        RdmaReply::parse(header(reply.headers(), RDMA_REPLY).as_deref());
                     let etag = header(reply.headers(), "etag").unwrap_or_default();
                     let _ = read_small(reply, 64 << 10).await;
                     Ok((rdma_reply, etag))
                 })
                 .await?;
             match outcome {
-                (Some(r), etag) if r == "200" || r == "204" => return Ok((etag, false)),
-                (Some(r), _) if r == "501" => {
+                (RdmaReply::Placed, etag) => return Ok((etag, false)),
+                (RdmaReply::Declined, _) => {
                     debug!(target = %self.target.name, "target declined RDMA for PUT; sending over HTTP");
                 }
-                (other, _) => {
+                (RdmaReply::Ignored(other), _) => {
                     warn!(target = %self.target.name, reply = ?other, "target ignored x-amz-rdma-token on PUT (it may have stored an empty object); rewriting over HTTP — configure it with rdma: false");
                 }
             }

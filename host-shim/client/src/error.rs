@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::Path;
 
 use s3dma_proto::{AGENT_ERROR_DOMAIN, SHIM_ERROR_DOMAIN};
+use s3dma_wire::range::ParseRangeError;
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -531,5 +532,11 @@ mod tests {
         });
         assert_eq!(e.kind(), ErrorKind::NotFound);
         assert_eq!(e.to_string(), "NoSuchKey: gone (request id r1)");
+    }
+}
+
+impl From<ParseRangeError> for Error {
+    fn from(e: ParseRangeError) -> Error {
+        Error::new(ErrorKind::InvalidArgument, "InvalidRange", e.to_string())
     }
 }

@@ -73,7 +73,6 @@
 mod error;
 mod lease;
 mod peer;
-mod range;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -93,7 +92,6 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use error::{Error, ErrorKind};
 pub use peer::{SHIM_UID_ENV, resolve_uid};
-pub use range::{ByteRange, ParseRangeError};
 /// The generated protobuf types and gRPC stubs (`s3dma-proto`).
 pub use s3dma_proto as proto;
 /// One object of a listing: key, size, ETag, modification time.
@@ -102,6 +100,7 @@ pub use s3dma_proto::agent::v1::ListedObject;
 pub use s3dma_proto::agent::v1::ObjectInfo;
 /// A buffer the tenant holds, as [`Client::list_buffers`] reports it.
 pub use s3dma_proto::tenant::v1::BufferInfo;
+pub use s3dma_wire::range::{ByteRange, ParseRangeError};
 
 /// What the shim says about the caller: tenant, uid/gid, limits, usage,
 /// whether the dpu-agent is connected, the shim's version.

@@ -1,14 +1,11 @@
-//! Pure helpers of the RDMA path: the signed-header check, request
-//! validation, size checks, chunk plans and reply headers. No I/O.
+//! Pure helpers of the RDMA path over HTTP types: the signed-header
+//! check, request validation, size checks and reply headers. No I/O. The
+//! header names and the chunk plan are `s3dma-wire`'s.
 
 use http::{HeaderMap, HeaderValue, Uri};
 
-/// Request header carrying the client's RDMA token.
-pub const RDMA_TOKEN: &str = "x-amz-rdma-token";
-/// Response header with the RDMA result code (200, 206, 501...).
-pub const RDMA_REPLY: &str = "x-amz-rdma-reply";
-/// Response header (GET) with the number of bytes placed by RDMA WRITE.
-pub const RDMA_BYTES: &str = "x-amz-rdma-bytes-transferred";
+pub use s3dma_wire::headers::{RDMA_BYTES, RDMA_REPLY, RDMA_TOKEN};
+pub use s3dma_wire::plan::rdma_chunks as chunks;
 
 /// SHA-256 of the empty string (the payload hash of an empty signed body).
 pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
@@ -116,16 +113,6 @@ pub fn check_fits(need: u64, have: u64) -> Result<(), PlanError> {
         return Err(PlanError::TooSmall { need, have });
     }
     Ok(())
-}
-
-/// Splits `[0, total)` into consecutive `(offset, len)` chunks of at most
-/// `chunk` bytes (`chunk` 0 is treated as 1).
-pub fn chunks(total: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
-    let chunk = chunk.max(1);
-    (0..total.div_ceil(chunk)).map(move |i| {
-        let off = i * chunk;
-        (off, chunk.min(total - off))
-    })
 }
 
 /// The RDMA reply headers: `x-amz-rdma-reply: <reply>` and, when given,

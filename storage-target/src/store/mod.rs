@@ -28,7 +28,6 @@ pub mod etag;
 pub mod format;
 pub mod listing;
 mod multipart;
-pub mod range;
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -35,7 +35,7 @@
 //! [`MAX_PART_SIZE`], [`MAX_PARTS`], [`MAX_SINGLE_PUT`],
 //! [`MAX_OBJECT_SIZE`]).
 
-use std::fmt;
+use crate::range::ByteRange;
 
 /// The smallest part S3 accepts in a multipart upload, except for the last
 /// part (5 MiB).
@@ -106,56 +106,6 @@ pub enum PlanError {
     InvalidPolicy(String),
 }
 
-/// What the tenant asked for (mirror of the gRPC `ByteRange`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RangeSpec {
-    /// The whole object.
-    Whole,
-    /// Bytes `first..=last` (inclusive, like HTTP); `last` past the end of the
-    /// object is clamped to it.
-    Bounded {
-        /// Object offset of the first byte.
-        first: u64,
-        /// Object offset of the last byte (inclusive).
-        last: u64,
-    },
-    /// Everything from this object offset to the end.
-    From(u64),
-    /// The last this many bytes (the whole object if it is shorter).
-    Suffix(u64),
-}
-
-/// The HTTP `Range` a request carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpRange {
-    /// `bytes=first-last`, both inclusive.
-    Span {
-        /// Object offset of the first byte.
-        first: u64,
-        /// Object offset of the last byte (inclusive).
-        last: u64,
-    },
-    /// `bytes=-n`: the last `n` bytes.
-    Suffix(u64),
-}
-
-impl HttpRange {
-    /// The value of the `Range` header, e.g. `bytes=0-99` or `bytes=-5`.
-    #[must_use]
-    pub fn header_value(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl fmt::Display for HttpRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Span { first, last } => write!(f, "bytes={first}-{last}"),
-            Self::Suffix(n) => write!(f, "bytes=-{n}"),
-        }
-    }
-}
-
 /// The first request of a GET: it discovers the object's size and `ETag`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {
@@ -164,7 +114,7 @@ pub enum Probe {
     /// A ranged GET that places what it returns at window offset 0.
     Get {
         /// The range to ask for.
-        range: HttpRange,
+        range: ByteRange,
         /// Bytes the probe may place at window offset 0: the size of the
         /// window slice whose token it carries.
         max_len: u64,
@@ -214,8 +164,8 @@ impl Chunk {
     /// the one-byte span at `object_first`; a span past `u64::MAX` is
     /// clamped to it.
     #[must_use]
-    pub fn http_range(&self) -> HttpRange {
-        HttpRange::Span {
+    pub fn http_range(&self) -> ByteRange {
+        ByteRange::Bounded {
             first: self.object_first,
             last: self.object_first.saturating_add(self.len.saturating_sub(1)),
         }
@@ -237,7 +187,11 @@ impl Chunk {
 /// [`PlanError::InvalidPolicy`] if `chunk_size` is 0;
 /// [`PlanError::InvalidRange`] for a bounded range with `first > last` or an
 /// empty suffix. Neither depends on the object.
-pub fn probe(range: RangeSpec, window_len: u64, chunk_size: u64) -> Result<Probe, PlanError> {
+pub fn probe(
+    range: Option<ByteRange>,
+    window_len: u64,
+    chunk_size: u64,
+) -> Result<Probe, PlanError> {
     check_chunk_size(chunk_size)?;
     check_range(range)?;
     let cap = chunk_size.min(window_len);
@@ -246,22 +200,22 @@ pub fn probe(range: RangeSpec, window_len: u64, chunk_size: u64) -> Result<Probe
         return Ok(Probe::Head);
     };
     let span = |first: u64, last: u64| Probe::Get {
-        range: HttpRange::Span { first, last },
+        range: ByteRange::Bounded { first, last },
         // `last - first <= cap - 1`, so neither step can overflow.
         max_len: last.saturating_sub(first).saturating_add(1),
     };
     Ok(match range {
-        RangeSpec::Whole => span(0, cap_step),
-        RangeSpec::From(first) => span(first, first.saturating_add(cap_step)),
-        RangeSpec::Bounded { first, last } => span(
+        None => span(0, cap_step),
+        Some(ByteRange::From(first)) => span(first, first.saturating_add(cap_step)),
+        Some(ByteRange::Bounded { first, last }) => span(
             first,
             first.saturating_add(last.saturating_sub(first).min(cap_step)),
         ),
-        RangeSpec::Suffix(n) if n <= cap => Probe::Get {
-            range: HttpRange::Suffix(n),
+        Some(ByteRange::Suffix(n)) if n <= cap => Probe::Get {
+            range: ByteRange::Suffix(n),
             max_len: n,
         },
-        RangeSpec::Suffix(_) => Probe::Head,
+        Some(ByteRange::Suffix(_)) => Probe::Head,
     })
 }
 
@@ -276,11 +230,11 @@ pub fn probe(range: RangeSpec, window_len: u64, chunk_size: u64) -> Result<Probe
 /// probe was used). A 416 to any other range means the range starts at or past
 /// the end of the object: the tenant's error.
 #[must_use]
-pub fn retry_unsatisfiable_with_head(range: RangeSpec) -> bool {
+pub fn retry_unsatisfiable_with_head(range: Option<ByteRange>) -> bool {
     match range {
-        RangeSpec::Whole => true,
-        RangeSpec::Suffix(n) => n > 0,
-        RangeSpec::Bounded { .. } | RangeSpec::From(_) => false,
+        None => true,
+        Some(ByteRange::Suffix(n)) => n > 0,
+        Some(ByteRange::Bounded { .. }) | Some(ByteRange::From(_)) => false,
     }
 }
 
@@ -304,7 +258,7 @@ pub fn retry_unsatisfiable_with_head(range: RangeSpec) -> bool {
 ///   window;
 /// - [`PlanError::ProbeMismatch`] if the probe placed other bytes than asked.
 pub fn plan_get(
-    range: RangeSpec,
+    range: Option<ByteRange>,
     window_len: u64,
     chunk_size: u64,
     outcome: &ProbeOutcome,
@@ -470,12 +424,12 @@ fn check_chunk_size(chunk_size: u64) -> Result<(), PlanError> {
 }
 
 /// Refuses ranges that are malformed whatever the object.
-fn check_range(range: RangeSpec) -> Result<(), PlanError> {
+fn check_range(range: Option<ByteRange>) -> Result<(), PlanError> {
     match range {
-        RangeSpec::Bounded { first, last } if first > last => Err(PlanError::InvalidRange(
+        Some(ByteRange::Bounded { first, last }) if first > last => Err(PlanError::InvalidRange(
             format!("the range starts at byte {first} but ends before it, at byte {last}"),
         )),
-        RangeSpec::Suffix(0) => Err(PlanError::InvalidRange(
+        Some(ByteRange::Suffix(0)) => Err(PlanError::InvalidRange(
             "a suffix range must ask for at least 1 byte".to_owned(),
         )),
         _ => Ok(()),
@@ -483,7 +437,7 @@ fn check_range(range: RangeSpec) -> Result<(), PlanError> {
 }
 
 /// Resolves `range` against an object of `size` bytes to `(start, len)`.
-fn resolve(range: RangeSpec, size: u64) -> Result<(u64, u64), PlanError> {
+fn resolve(range: Option<ByteRange>, size: u64) -> Result<(u64, u64), PlanError> {
     check_range(range)?;
     let past_end = |first: u64| {
         PlanError::InvalidRange(format!(
@@ -491,8 +445,8 @@ fn resolve(range: RangeSpec, size: u64) -> Result<(u64, u64), PlanError> {
         ))
     };
     Ok(match range {
-        RangeSpec::Whole => (0, size),
-        RangeSpec::Bounded { first, last } => {
+        None => (0, size),
+        Some(ByteRange::Bounded { first, last }) => {
             if first >= size {
                 return Err(past_end(first));
             }
@@ -504,47 +458,66 @@ fn resolve(range: RangeSpec, size: u64) -> Result<(u64, u64), PlanError> {
                     .saturating_add(1),
             )
         }
-        RangeSpec::From(first) => {
+        Some(ByteRange::From(first)) => {
             if first >= size {
                 return Err(past_end(first));
             }
             (first, size.saturating_sub(first))
         }
-        RangeSpec::Suffix(n) => {
+        Some(ByteRange::Suffix(n)) => {
             let len = n.min(size);
             (size.saturating_sub(len), len)
         }
     })
 }
 
+/// The storage-target's RDMA chunk plan: `[0, total)` split into
+/// consecutive `(offset, len)` chunks of at most `chunk` bytes (one staging
+/// buffer each; `chunk` 0 is treated as 1).
+pub fn rdma_chunks(total: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
+    let chunk = chunk.max(1);
+    (0..total.div_ceil(chunk)).map(move |i| {
+        let off = i * chunk;
+        (off, chunk.min(total - off))
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    /// The tenant's range as the tests write it (`Whole` = no range).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Spec {
+        Whole,
+        Bounded { first: u64, last: u64 },
+        From(u64),
+        Suffix(u64),
+    }
+
+    impl std::convert::From<Spec> for Option<ByteRange> {
+        fn from(s: Spec) -> Option<ByteRange> {
+            match s {
+                Spec::Whole => None,
+                Spec::Bounded { first, last } => Some(ByteRange::Bounded { first, last }),
+                Spec::From(n) => Some(ByteRange::From(n)),
+                Spec::Suffix(n) => Some(ByteRange::Suffix(n)),
+            }
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 
     const MAX: u64 = u64::MAX;
 
     /// `(range, window_len, chunk_size, outcome, plan or error kind)`.
-    type GetRow = (
-        RangeSpec,
-        u64,
-        u64,
-        ProbeOutcome,
-        Result<GetPlan, &'static str>,
-    );
+    type GetRow = (Spec, u64, u64, ProbeOutcome, Result<GetPlan, &'static str>);
     /// `(range, window_len, chunk_size, object size, (start, len, chunk count))`.
-    type EndToEndRow = (
-        RangeSpec,
-        u64,
-        u64,
-        u64,
-        Result<(u64, u64, usize), &'static str>,
-    );
+    type EndToEndRow = (Spec, u64, u64, u64, Result<(u64, u64, usize), &'static str>);
 
     #[allow(clippy::unnecessary_wraps, reason = "a table cell")]
     fn span(first: u64, last: u64, max_len: u64) -> Result<Probe, PlanError> {
         Ok(Probe::Get {
-            range: HttpRange::Span { first, last },
+            range: ByteRange::Bounded { first, last },
             max_len,
         })
     }
@@ -567,11 +540,11 @@ mod tests {
     #[test]
     fn header_values() {
         let cases = [
-            (HttpRange::Span { first: 0, last: 99 }, "bytes=0-99"),
-            (HttpRange::Span { first: 7, last: 7 }, "bytes=7-7"),
-            (HttpRange::Suffix(5), "bytes=-5"),
+            (ByteRange::Bounded { first: 0, last: 99 }, "bytes=0-99"),
+            (ByteRange::Bounded { first: 7, last: 7 }, "bytes=7-7"),
+            (ByteRange::Suffix(5), "bytes=-5"),
             (
-                HttpRange::Span {
+                ByteRange::Bounded {
                     first: MAX,
                     last: MAX,
                 },
@@ -599,15 +572,15 @@ mod tests {
                 len,
                 window_offset: 0,
             };
-            assert_eq!(chunk.http_range(), HttpRange::Span { first, last });
+            assert_eq!(chunk.http_range(), ByteRange::Bounded { first, last });
         }
     }
 
     #[test]
     fn probe_rules() {
-        use RangeSpec::{Bounded, From, Suffix, Whole};
+        use Spec::{Bounded, From, Suffix, Whole};
         #[rustfmt::skip]
-        let cases: &[(RangeSpec, u64, u64, Result<Probe, PlanError>)] = &[
+        let cases: &[(Spec, u64, u64, Result<Probe, PlanError>)] = &[
             // (range, window_len, chunk_size, probe)
             (Whole, 100, 10, span(0, 9, 10)),
             (Whole, 5, 10, span(0, 4, 5)),
@@ -630,24 +603,28 @@ mod tests {
             (Bounded { first: 0, last: MAX }, MAX, MAX, span(0, MAX - 1, MAX)),
             (Bounded { first: MAX, last: MAX }, MAX, MAX, span(MAX, MAX, 1)),
             (Bounded { first: 3, last: 9 }, 0, 10, Ok(Probe::Head)),
-            (Suffix(1), 100, 10, Ok(Probe::Get { range: HttpRange::Suffix(1), max_len: 1 })),
-            (Suffix(10), 100, 10, Ok(Probe::Get { range: HttpRange::Suffix(10), max_len: 10 })),
-            (Suffix(5), 5, 10, Ok(Probe::Get { range: HttpRange::Suffix(5), max_len: 5 })),
+            (Suffix(1), 100, 10, Ok(Probe::Get { range: ByteRange::Suffix(1), max_len: 1 })),
+            (Suffix(10), 100, 10, Ok(Probe::Get { range: ByteRange::Suffix(10), max_len: 10 })),
+            (Suffix(5), 5, 10, Ok(Probe::Get { range: ByteRange::Suffix(5), max_len: 5 })),
             (Suffix(11), 100, 10, Ok(Probe::Head)),
             (Suffix(6), 5, 10, Ok(Probe::Head)),
             (Suffix(MAX), 100, 10, Ok(Probe::Head)),
-            (Suffix(MAX), MAX, MAX, Ok(Probe::Get { range: HttpRange::Suffix(MAX), max_len: MAX })),
+            (Suffix(MAX), MAX, MAX, Ok(Probe::Get { range: ByteRange::Suffix(MAX), max_len: MAX })),
             (Suffix(1), 0, 10, Ok(Probe::Head)),
         ];
         for (i, (range, window, chunk, want)) in cases.iter().enumerate() {
-            assert_eq!(&probe(*range, *window, *chunk), want, "case {i}: {range:?}");
+            assert_eq!(
+                &probe((*range).into(), *window, *chunk),
+                want,
+                "case {i}: {range:?}"
+            );
         }
     }
 
     #[test]
     fn probe_errors() {
-        use RangeSpec::{Bounded, From, Suffix, Whole};
-        let cases: &[(RangeSpec, u64, u64, &str)] = &[
+        use Spec::{Bounded, From, Suffix, Whole};
+        let cases: &[(Spec, u64, u64, &str)] = &[
             (Whole, 100, 0, "InvalidPolicy"),
             (From(3), 0, 0, "InvalidPolicy"),
             (Suffix(0), 100, 0, "InvalidPolicy"),
@@ -667,7 +644,7 @@ mod tests {
         ];
         for (range, window, chunk, want) in cases {
             assert_eq!(
-                kind(probe(*range, *window, *chunk)),
+                kind(probe((*range).into(), *window, *chunk)),
                 Err(*want),
                 "{range:?}"
             );
@@ -676,7 +653,7 @@ mod tests {
 
     #[test]
     fn retry_only_when_an_empty_object_may_satisfy() {
-        use RangeSpec::{Bounded, From, Suffix, Whole};
+        use Spec::{Bounded, From, Suffix, Whole};
         let cases = [
             (Whole, true),
             (Suffix(1), true),
@@ -694,7 +671,11 @@ mod tests {
             ),
         ];
         for (range, want) in cases {
-            assert_eq!(retry_unsatisfiable_with_head(range), want, "{range:?}");
+            assert_eq!(
+                retry_unsatisfiable_with_head(range.into()),
+                want,
+                "{range:?}"
+            );
         }
     }
 
@@ -731,7 +712,7 @@ mod tests {
     #[test]
     #[allow(clippy::too_many_lines)]
     fn plan_get_rules() {
-        use RangeSpec::{Bounded, From, Suffix, Whole};
+        use Spec::{Bounded, From, Suffix, Whole};
         #[rustfmt::skip]
         let cases: Vec<GetRow> = vec![
             // (range, window_len, chunk_size, outcome, plan)
@@ -818,7 +799,7 @@ mod tests {
             (From(MAX - 1), 10, 10, got(MAX, MAX - 1, MAX), Err("ProbeMismatch")),
         ];
         for (i, (range, window, chunk, outcome, want)) in cases.into_iter().enumerate() {
-            let plan = plan_get(range, window, chunk, &outcome);
+            let plan = plan_get(range.into(), window, chunk, &outcome);
             assert_eq!(
                 kind(plan),
                 want,
@@ -830,14 +811,14 @@ mod tests {
     #[test]
     fn error_details() {
         assert_eq!(
-            plan_get(RangeSpec::Whole, 99, 10, &head(100)),
+            plan_get(None, 99, 10, &head(100)),
             Err(PlanError::DestinationTooSmall {
                 needed: 100,
                 window: 99
             })
         );
         assert_eq!(
-            plan_get(RangeSpec::From(20), 99, 10, &got(100, 21, 10)),
+            plan_get(Some(ByteRange::From(20)), 99, 10, &got(100, 21, 10)),
             Err(PlanError::ProbeMismatch {
                 expected_first: 20,
                 got_first: 21,
@@ -965,7 +946,7 @@ mod tests {
         match probe {
             Probe::Head => Some(head(size)),
             Probe::Get {
-                range: HttpRange::Span { first, last },
+                range: ByteRange::Bounded { first, last },
                 max_len,
             } => {
                 if first >= size {
@@ -976,7 +957,7 @@ mod tests {
                 Some(got(size, first, len))
             }
             Probe::Get {
-                range: HttpRange::Suffix(n),
+                range: ByteRange::Suffix(n),
                 max_len,
             } => {
                 if size == 0 {
@@ -986,29 +967,33 @@ mod tests {
                 assert!(len <= max_len);
                 Some(got(size, size - len, len))
             }
+            Probe::Get {
+                range: ByteRange::From(_),
+                ..
+            } => panic!("a probe asks for a span or a suffix, never an open range"),
         }
     }
 
     /// Runs a whole GET against a simulated target, as the executor would.
     fn simulate(
-        range: RangeSpec,
+        range: Spec,
         window: u64,
         chunk: u64,
         size: u64,
     ) -> Result<(GetPlan, u64), PlanError> {
-        let first = probe(range, window, chunk)?;
+        let first = probe(range.into(), window, chunk)?;
         let outcome = match answer(first, size) {
             Some(outcome) => outcome,
-            None if retry_unsatisfiable_with_head(range) => head(size),
+            None if retry_unsatisfiable_with_head(range.into()) => head(size),
             None => return Err(PlanError::InvalidRange("416".to_owned())),
         };
         let probed = outcome.placed.map_or(0, |(_, len)| len);
-        plan_get(range, window, chunk, &outcome).map(|plan| (plan, probed))
+        plan_get(range.into(), window, chunk, &outcome).map(|plan| (plan, probed))
     }
 
     #[test]
     fn end_to_end() {
-        use RangeSpec::{Bounded, From, Suffix, Whole};
+        use Spec::{Bounded, From, Suffix, Whole};
         #[rustfmt::skip]
         let cases: &[EndToEndRow] = &[
             // (range, window, chunk, size, (start, len, chunks))
@@ -1043,17 +1028,29 @@ mod tests {
         ]
     }
 
-    fn range_spec() -> impl Strategy<Value = RangeSpec> {
+    fn range_spec() -> impl Strategy<Value = Spec> {
         prop_oneof![
-            Just(RangeSpec::Whole),
-            (edgy_u64(), edgy_u64()).prop_map(|(first, last)| RangeSpec::Bounded { first, last }),
-            (edgy_u64(), edgy_u64()).prop_map(|(first, n)| RangeSpec::Bounded {
+            Just(Spec::Whole),
+            (edgy_u64(), edgy_u64()).prop_map(|(first, last)| Spec::Bounded { first, last }),
+            (edgy_u64(), edgy_u64()).prop_map(|(first, n)| Spec::Bounded {
                 first,
                 last: first.saturating_add(n),
             }),
-            edgy_u64().prop_map(RangeSpec::From),
-            edgy_u64().prop_map(RangeSpec::Suffix),
+            edgy_u64().prop_map(Spec::From),
+            edgy_u64().prop_map(Spec::Suffix),
         ]
+    }
+
+    #[test]
+    fn rdma_chunks_cover_exactly() {
+        assert_eq!(rdma_chunks(0, 4).count(), 0);
+        assert_eq!(
+            rdma_chunks(10, 4).collect::<Vec<_>>(),
+            vec![(0, 4), (4, 4), (8, 2)]
+        );
+        assert_eq!(rdma_chunks(3, 0).count(), 3);
+        let total: u64 = rdma_chunks(u64::MAX, 1 << 40).map(|c| c.1).sum();
+        assert_eq!(total, u64::MAX);
     }
 
     proptest! {
@@ -1082,7 +1079,7 @@ mod tests {
             }
             prop_assert_eq!(next, plan.len);
             // The result does not depend on the probe or the window.
-            prop_assert_eq!(resolve(range, size), Ok((plan.start, plan.len)));
+            prop_assert_eq!(resolve(range.into(), size), Ok((plan.start, plan.len)));
         }
 
         #[test]
@@ -1094,9 +1091,9 @@ mod tests {
             first in edgy_u64(),
             len in edgy_u64(),
         ) {
-            let _ = probe(range, window, chunk);
-            let _ = plan_get(range, window, chunk, &got(size, first, len));
-            let _ = plan_get(range, window, chunk, &head(size));
+            let _ = probe(range.into(), window, chunk);
+            let _ = plan_get(range.into(), window, chunk, &got(size, first, len));
+            let _ = plan_get(range.into(), window, chunk, &head(size));
         }
 
         #[test]
