@@ -133,7 +133,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
 
     let settings = LinkSettings::from_config(
         &c.agent,
-        cfg.agent_token.as_ref().map(fabric::config::Secret::expose),
+        cfg.agent_token.as_ref().map(s3dma_config::Secret::expose),
     )
     .map_err(StartError::Agent)?;
     let agent = AgentLink::connect(settings, Arc::clone(&metrics)).await;

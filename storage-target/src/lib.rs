@@ -88,14 +88,7 @@ type Loaded = (config::Config, Vec<config::User>, Option<fabric::FabricKey>);
 /// (YAML, every field, the users' secrets, the fabric key file).
 fn load_config(config_path: &Path) -> Result<Loaded, StartError> {
     let (cfg, users) = config::Config::load(config_path)?;
-    let key = cfg
-        .rdma
-        .validate()
-        .map_err(|(field, message)| config::ConfigError::Invalid {
-            file: config_path.display().to_string(),
-            field,
-            message,
-        })?;
+    let key = cfg.rdma.validate(&config_path.display().to_string())?;
     Ok((cfg, users, key))
 }
 
