@@ -541,7 +541,6 @@ mod tests {
         Result<(u64, u64, usize), &'static str>,
     );
 
-    #[allow(clippy::unnecessary_wraps, reason = "a table cell")]
     fn span(first: u64, last: u64, max_len: u64) -> Result<Probe, PlanError> {
         Ok(Probe::Get {
             range: HttpRange::Span { first, last },
@@ -698,7 +697,6 @@ mod tests {
         }
     }
 
-    #[allow(clippy::unnecessary_wraps, reason = "a table cell")]
     fn get_ok(start: u64, len: u64, chunks: &[(u64, u64, u64)]) -> Result<GetPlan, &'static str> {
         Ok(GetPlan {
             start,
@@ -729,7 +727,6 @@ mod tests {
     }
 
     #[test]
-    #[allow(clippy::too_many_lines)]
     fn plan_get_rules() {
         use RangeSpec::{Bounded, From, Suffix, Whole};
         #[rustfmt::skip]

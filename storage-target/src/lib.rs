@@ -67,9 +67,12 @@ pub fn build_service(
     rdma: Arc<rdma::RdmaService>,
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
-    let mut b = s3s::service::S3ServiceBuilder::new(
-        s3::S3Store::new(store, cfg.region.clone(), users.clone()).with_rdma(rdma),
-    );
+    let mut b = s3s::service::S3ServiceBuilder::new(s3::S3Store::new(
+        store,
+        cfg.region.clone(),
+        users.clone(),
+        rdma,
+    ));
     b.set_auth(users.clone());
     b.set_access(users);
     let mut s3cfg = s3s::config::S3Config::default();

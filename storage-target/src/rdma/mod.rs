@@ -423,12 +423,6 @@ impl RdmaService {
         }
     }
 
-    /// Whether requests are served over the fabric.
-    #[must_use]
-    pub fn is_available(&self) -> bool {
-        self.fabric.is_some()
-    }
-
     /// The metrics.
     #[must_use]
     pub fn metrics(&self) -> &Arc<Metrics> {
