@@ -62,12 +62,8 @@ impl Running {
     ///
     /// # Errors
     /// The server's error.
-    pub async fn wait(&mut self) -> Result<(), String> {
-        match (&mut self.server).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+    pub async fn wait(&mut self) -> Result<(), s3dma_service::skeleton::ServerStopped> {
+        s3dma_service::skeleton::join_server(&mut self.server).await
     }
 
     /// Stops accepting, ends the gRPC server, closes the fabric endpoint and
