@@ -40,7 +40,7 @@ step "helm charts: lint, render, validate; rendered configs checked by the binar
 S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh
 
 step "shellcheck"
-shellcheck .ci/run .ci/*.sh images/*.sh helm/check.sh storage-target/*.sh tests/bench/*.sh
+shellcheck .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh
 echo "shellcheck: ok"
 
 step "hadolint"

@@ -78,11 +78,8 @@ impl Running {
     ///
     /// # Errors
     /// The server's transport error.
-    pub async fn wait(&mut self) -> Result<(), String> {
-        match (&mut self.server).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+    pub async fn wait(&mut self) -> Result<(), s3dma_service::skeleton::ServerStopped> {
+        s3dma_service::skeleton::join_server(&mut self.server).await
     }
 }
 

@@ -19,18 +19,19 @@
 //! and [`fabric::FabricKey`] (the fabric key), whose `Debug` never shows them;
 //! no error message ever contains a secret. Sizes are [`ByteSize`]s and the
 //! fabric key file is read by [`fabric::config`], as storage-target does, so
-//! both programs accept the same forms. Relative paths in the file are
+//! both programs accept the same forms ([`s3dma_config`] holds the shared
+//! pieces). Relative paths in the file are
 //! relative to the agent's working directory.
 
 use std::collections::HashMap;
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// Sizes in the file (`4MiB`, `512KiB`, `65536`): see [`fabric::config::parse_size`].
-pub use fabric::config::ByteSize;
 use fabric::{Backend, FabricKey};
+/// Sizes in the file (`4MiB`, `512KiB`, `65536`): see [`s3dma_config::parse_size`].
+pub use s3dma_config::ByteSize;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -41,21 +42,21 @@ const GIB: u64 = 1 << 30;
 // ---------------------------------------------------------------------------
 
 /// A secret read from a file (tenant secret keys, shim tokens): see
-/// [`fabric::config::Secret`].
-pub use fabric::config::Secret;
+/// [`s3dma_config::Secret`].
+pub use s3dma_config::Secret;
 
 // ---------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------
 
-pub use fabric::config::ConfigError;
+pub use s3dma_config::ConfigError;
 
 // ---------------------------------------------------------------------------
 // The file, as parsed
 // ---------------------------------------------------------------------------
 
 /// The whole configuration file, as parsed.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Where host-shims reach the agent's gRPC API, and how it is secured.
@@ -79,7 +80,7 @@ pub struct Config {
 }
 
 /// `listen:` — the gRPC endpoint host-shims connect to.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenConfig {
     /// Address and port of the gRPC API for host-shims, e.g. `0.0.0.0:7000`
@@ -119,7 +120,7 @@ pub struct ListenConfig {
 }
 
 /// `listen.tls:` — server certificate and the CA for shim client certificates.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate chain of the agent (leaf first).
@@ -132,7 +133,7 @@ pub struct TlsConfig {
 }
 
 /// `shims[]:` — one host-shim (one host) allowed to connect.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShimConfig {
     /// Unique name of the shim (used in logs and metrics), e.g. the host name.
@@ -155,7 +156,7 @@ pub struct ShimConfig {
 }
 
 /// `tenants[]:` — one tenant: S3 credentials, what it may access, its quotas.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// Unique tenant name, used by shims and in logs and metrics.
@@ -176,7 +177,7 @@ pub struct TenantConfig {
 }
 
 /// `tenants[].allow[]:` — a grant of access to keys under a prefix of a bucket.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
     /// Bucket name, or `"*"` for every bucket. No `/`; `*` only alone
@@ -197,7 +198,7 @@ pub struct Grant {
 }
 
 /// `tenants[].quotas:` — per-tenant limits enforced by the agent.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Quotas {
     /// Requests of this tenant served at the same time. Default 64; at least 1.
@@ -219,13 +220,14 @@ pub struct Quotas {
 }
 
 /// `targets[]:` — one S3 endpoint and the buckets it serves.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
     /// Unique target name (logs and metrics).
     pub name: String,
-    /// Base URL: `http://host[:port]` or `https://host[:port]` (an IPv6
-    /// address in brackets); no path other than `/`, no query, no user info.
+    /// Base URL: `http://host:port` or `https://host:port` (the port is
+    /// required, e.g. `https://s3.example.com:443`; an IPv6 address in
+    /// brackets); no path other than `/`, no query, no user info.
     /// Path-style requests (`/bucket/key`) are sent to it.
     pub endpoint: String,
     /// SigV4 signing region. Default `us-east-1`; must not be empty.
@@ -252,7 +254,7 @@ pub struct TargetConfig {
 
 /// `fabric:` — the RDMA fabric the agent uses to expose tenants' memory and
 /// its staging buffers to storage targets.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FabricConfig {
     /// Fabric backend: `tcp` (software RDMA over authenticated TCP, works
@@ -296,7 +298,7 @@ pub struct FabricConfig {
 }
 
 /// `transfer:` — how requests are split, pipelined, retried and timed out.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransferConfig {
     /// Size of one chunk: one ranged GET, or one RDMA token's slice. Default
@@ -354,7 +356,7 @@ pub struct TransferConfig {
 /// `metrics:` — the Prometheus endpoint (`GET /metrics`). Its labels name
 /// tenants, shims and targets and show their traffic: keep it to the
 /// operator with a loopback address, `unix_socket` or `bearer_token_file`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// TCP listen address of the endpoint, e.g. `127.0.0.1:9102` (port 0
@@ -466,6 +468,61 @@ fn default_idle_timeout_secs() -> u64 {
 }
 fn default_tenant_staging_share_percent() -> u32 {
     50
+}
+
+impl ListenConfig {
+    /// Plaintext gRPC on `address`, every limit at its default.
+    #[must_use]
+    pub fn new(address: SocketAddr) -> ListenConfig {
+        ListenConfig {
+            address,
+            tls: None,
+            max_connections: default_max_connections(),
+            max_concurrent_streams: default_max_concurrent_streams(),
+            max_header_list_size: default_max_header_list_size(),
+            unauthenticated_timeout_secs: default_unauthenticated_timeout_secs(),
+            idle_timeout_secs: default_idle_timeout_secs(),
+        }
+    }
+}
+
+impl TargetConfig {
+    /// Target `name` at `endpoint` serving `buckets` over RDMA, in the
+    /// default region, with the default keep-alive pool and no private CA.
+    #[must_use]
+    pub fn new(
+        name: impl Into<String>,
+        endpoint: impl Into<String>,
+        buckets: Vec<String>,
+    ) -> TargetConfig {
+        TargetConfig {
+            name: name.into(),
+            endpoint: endpoint.into(),
+            region: default_region(),
+            buckets,
+            rdma: default_true(),
+            ca_file: None,
+            max_idle_connections: default_max_idle_connections(),
+        }
+    }
+}
+
+impl FabricConfig {
+    /// The default backend and staging pool, with the fabric key in
+    /// `fabric_key_file`.
+    #[must_use]
+    pub fn new(fabric_key_file: PathBuf) -> FabricConfig {
+        FabricConfig {
+            backend: default_backend(),
+            fabric_key_file,
+            staging_buffers: default_staging_buffers(),
+            staging_buffer_size: default_staging_buffer_size(),
+            connect_timeout_ms: default_fabric_connect_timeout_ms(),
+            max_ops_per_session: default_max_ops_per_session(),
+            idle_session_secs: default_idle_session_secs(),
+            tenant_staging_share_percent: default_tenant_staging_share_percent(),
+        }
+    }
 }
 
 impl Default for Quotas {
@@ -752,12 +809,8 @@ struct Validator {
 type Check = Result<(), ConfigError>;
 
 impl Validator {
-    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            file: self.file.clone(),
-            field: field.into(),
-            message: message.into(),
-        }
+    fn err(&self, field: impl Into<String>, problem: impl std::fmt::Display) -> ConfigError {
+        ConfigError::invalid(self.file.clone(), field, problem)
     }
 
     fn at_least(&self, field: &str, value: u64, min: u64) -> Check {
@@ -1092,7 +1145,9 @@ impl Validator {
                     format!("duplicate target name {:?} (also targets[{j}])", t.name),
                 ));
             }
-            let https = check_endpoint(&t.endpoint).map_err(|m| self.err(at("endpoint"), m))?;
+            let https = s3dma_config::check_endpoint_url(&t.endpoint)
+                .map_err(|m| self.err(at("endpoint"), m))?
+                .https;
             if t.region.trim().is_empty() {
                 return Err(self.err(at("region"), "must not be empty"));
             }
@@ -1160,110 +1215,14 @@ impl Validator {
 
     /// Checks that `path` can be opened for reading (its content is not read).
     fn readable(&self, field: &str, path: &Path) -> Check {
-        fabric::config::check_readable_file(path).map_err(|m| self.err(field, m))
+        s3dma_config::check_readable_file(path).map_err(|m| self.err(field, m))
     }
 
     /// Reads a secret file: its content, trimmed, must not be empty. Errors
     /// name the field and the path, never the content.
     fn read_secret(&self, field: &str, path: &Path) -> Result<Secret, ConfigError> {
-        fabric::config::read_secret_file(path).map_err(|m| self.err(field, m))
+        s3dma_config::read_secret_file(path).map_err(|m| self.err(field, m))
     }
-}
-
-/// Checks a target endpoint: `http://` or `https://`, then `host[:port]` (an
-/// IPv6 address in brackets), optionally followed by a single `/`. Returns
-/// whether it is https. Messages do not repeat the value (it could hold
-/// credentials).
-fn check_endpoint(endpoint: &str) -> Result<bool, String> {
-    let form = "must be http://host[:port] or https://host[:port]";
-    let (https, rest) = if let Some(r) = endpoint.strip_prefix("https://") {
-        (true, r)
-    } else if let Some(r) = endpoint.strip_prefix("http://") {
-        (false, r)
-    } else {
-        return Err(format!("{form} (scheme http:// or https://)"));
-    };
-    let (authority, tail) = rest
-        .find(['/', '?', '#'])
-        .and_then(|i| rest.split_at_checked(i))
-        .unwrap_or((rest, ""));
-    let (path, after_path) = tail
-        .find(['?', '#'])
-        .and_then(|i| tail.split_at_checked(i))
-        .unwrap_or((tail, ""));
-    if !path.is_empty() && path != "/" {
-        return Err(format!("{form}: no path (the agent adds /bucket/key)"));
-    }
-    if after_path.starts_with('?') {
-        return Err(format!("{form}: no query"));
-    }
-    if after_path.starts_with('#') {
-        return Err(format!("{form}: no fragment"));
-    }
-    if authority.contains('@') {
-        return Err(format!(
-            "{form}: no user info (credentials belong in secret files)"
-        ));
-    }
-    if authority
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(format!("{form}: no spaces or control characters"));
-    }
-    if authority.is_empty() {
-        return Err(format!("{form}: the host is missing"));
-    }
-    let (host, port) = if let Some(r) = authority.strip_prefix('[') {
-        let Some((h, after)) = r.split_once(']') else {
-            return Err(format!("{form}: unterminated [IPv6 address]"));
-        };
-        if h.parse::<Ipv6Addr>().is_err() {
-            return Err(format!("{form}: invalid IPv6 address in brackets"));
-        }
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("{form}: unexpected characters after ']'"))?,
-            ),
-        };
-        (h, port)
-    } else {
-        if authority.matches(':').count() > 1 {
-            return Err(format!(
-                "{form}: write an IPv6 address in brackets, e.g. http://[::1]:9000"
-            ));
-        }
-        let (h, port) = match authority.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        };
-        if h.is_empty() {
-            return Err(format!("{form}: the host is missing"));
-        }
-        if !h
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
-        {
-            return Err(format!(
-                "{form}: the host may only contain letters, digits, '-', '.' and '_'"
-            ));
-        }
-        (h, port)
-    };
-    if host.is_empty() {
-        return Err(format!("{form}: the host is missing"));
-    }
-    if let Some(p) = port {
-        let valid = !p.is_empty()
-            && p.bytes().all(|b| b.is_ascii_digit())
-            && p.parse::<u16>().is_ok_and(|n| n != 0);
-        if !valid {
-            return Err(format!("{form}: the port must be a number from 1 to 65535"));
-        }
-    }
-    Ok(https)
 }
 
 #[cfg(test)]
@@ -1743,6 +1702,14 @@ fabric:
         ("targets[0].endpoint:", "host may only", |c| {
             c.targets[0].endpoint = "http://bad!host".into()
         }),
+        // The one endpoint rule (shared with the shim's agent.endpoint):
+        // the port is required.
+        ("targets[0].endpoint:", "needs an explicit port", |c| {
+            c.targets[0].endpoint = "https://s3.example.com".into()
+        }),
+        ("targets[0].endpoint:", "needs an explicit port", |c| {
+            c.targets[0].endpoint = "http://[fe80::1]/".into()
+        }),
         ("targets[0].region:", "empty", |c| {
             c.targets[0].region = String::new()
         }),
@@ -1917,9 +1884,9 @@ fabric:
     fn accepted_edge_values() {
         let ok: &[Mutation] = &[
             |c| c.targets[0].endpoint = "http://127.0.0.1:9000/".into(),
-            |c| c.targets[0].endpoint = "https://s3.example.com".into(),
+            |c| c.targets[0].endpoint = "https://s3.example.com:443".into(),
             |c| c.targets[0].endpoint = "http://[::1]:9000".into(),
-            |c| c.targets[0].endpoint = "http://[fe80::1]".into(),
+            |c| c.targets[0].endpoint = "http://[fe80::1]:80".into(),
             |c| c.targets[0].endpoint = "http://my_host.local:65535".into(),
             |c| {
                 c.targets[0].endpoint = "https://s3.example.com:8443/".into();

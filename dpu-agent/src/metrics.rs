@@ -38,7 +38,6 @@ impl Default for Metrics {
     }
 }
 
-#[allow(clippy::expect_used)] // metric definitions are static and valid
 impl Metrics {
     /// Registers every metric on a fresh registry.
     #[must_use]

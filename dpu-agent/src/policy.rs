@@ -9,7 +9,7 @@
 //! an S3 server or proxy that normalises paths could otherwise resolve them
 //! outside the granted prefix (or bucket).
 
-use crate::config::{Grant, LoadedShim};
+use crate::config::Grant;
 
 /// The kind of object access being checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,12 +70,6 @@ impl TenantPolicy {
     }
 }
 
-/// Which tenants a shim may act for: those listed in its `tenants`.
-#[must_use]
-pub fn shim_may_act_for(shim: &LoadedShim, tenant: &str) -> bool {
-    shim.tenants.iter().any(|t| t == tenant)
-}
-
 fn bucket_matches(g: &Grant, bucket: &str) -> bool {
     g.bucket == "*" || g.bucket == bucket
 }
@@ -94,7 +88,6 @@ fn has_dot_segment(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
 
     fn grant(bucket: &str, prefix: &str, read: bool, write: bool) -> Grant {
         Grant {
@@ -212,31 +205,5 @@ mod tests {
                 "case #{i}: {grants:?} list {bucket}/{prefix}"
             );
         }
-    }
-
-    #[test]
-    fn shims_act_only_for_their_tenants() {
-        let shim = LoadedShim {
-            name: "host1".into(),
-            token: Some(Secret::new("0123456789abcdef".into())),
-            tls_name: None,
-            tenants: vec!["alice".into(), "bob".into()],
-        };
-        let cases = [
-            ("alice", true),
-            ("bob", true),
-            ("carol", false),
-            ("", false),
-            ("Alice", false),
-            ("alic", false),
-        ];
-        for (tenant, want) in cases {
-            assert_eq!(shim_may_act_for(&shim, tenant), want, "{tenant}");
-        }
-        let none = LoadedShim {
-            tenants: Vec::new(),
-            ..shim
-        };
-        assert!(!shim_may_act_for(&none, "alice"));
     }
 }

@@ -197,7 +197,6 @@ impl TenantQuota {
     }
 }
 
-#[allow(clippy::panic)]
 fn unreachable_closed() -> ! {
     panic!("the tenant semaphores are never closed")
 }

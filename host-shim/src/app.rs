@@ -62,12 +62,8 @@ impl Running {
     ///
     /// # Errors
     /// The server's error.
-    pub async fn wait(&mut self) -> Result<(), String> {
-        match (&mut self.server).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+    pub async fn wait(&mut self) -> Result<(), s3dma_service::skeleton::ServerStopped> {
+        s3dma_service::skeleton::join_server(&mut self.server).await
     }
 
     /// Stops accepting, ends the gRPC server, closes the fabric endpoint and
@@ -133,7 +129,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
 
     let settings = LinkSettings::from_config(
         &c.agent,
-        cfg.agent_token.as_ref().map(fabric::config::Secret::expose),
+        cfg.agent_token.as_ref().map(s3dma_config::Secret::expose),
     )
     .map_err(StartError::Agent)?;
     let agent = AgentLink::connect(settings, Arc::clone(&metrics)).await;

@@ -9,15 +9,15 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use fabric::config::{ByteSize, ConfigError, Secret};
 use fabric::{Backend, FabricKey};
+pub use s3dma_config::{ByteSize, ConfigError, Secret};
 use serde::Deserialize;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 /// The whole file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// The Unix socket tenant applications connect to.
@@ -37,7 +37,7 @@ pub struct Config {
 }
 
 /// `socket:`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SocketConfig {
     /// Path of the socket. Its directory must exist. A stale socket file
@@ -63,7 +63,7 @@ pub struct SocketConfig {
 }
 
 /// `agent:`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// The agent's gRPC address, `http://host:port` or `https://host:port`.
@@ -94,7 +94,7 @@ pub struct AgentConfig {
 }
 
 /// `agent.tls:`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentTlsConfig {
     /// PEM CA that signed the agent's certificate.
@@ -111,7 +111,7 @@ pub struct AgentTlsConfig {
 }
 
 /// `fabric:`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FabricConfig {
     /// `tcp` (default) or `verbs`.
@@ -128,7 +128,7 @@ pub struct FabricConfig {
 }
 
 /// One entry of `tenants:`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// The tenant's name, as the dpu-agent knows it.
@@ -172,7 +172,7 @@ pub struct TenantConfig {
 }
 
 /// `leases:`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseConfig {
     /// Seconds an fd handle waits for its RegisterBuffer (default 60).
@@ -201,7 +201,7 @@ impl Default for LeaseConfig {
 /// Metric labels carry tenant names and their traffic: anyone who can reach
 /// the TCP address can read them. Keep it on loopback, or use `unix_socket`
 /// (only the shim's user and root can connect) and/or `bearer_token_file`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Serve Prometheus metrics at `GET /metrics` on this TCP address, e.g.
@@ -216,6 +216,55 @@ pub struct MetricsConfig {
     /// `Authorization: Bearer <token>`; absent = no token asked.
     #[serde(default)]
     pub bearer_token_file: Option<PathBuf>,
+}
+
+impl SocketConfig {
+    /// The socket at `path` with every other field at its default.
+    #[must_use]
+    pub fn new(path: PathBuf) -> SocketConfig {
+        SocketConfig {
+            path,
+            mode: default_socket_mode(),
+            group: None,
+            idle_timeout_secs: default_idle_timeout_secs(),
+            max_streams_per_connection: default_max_streams_per_connection(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The agent at `endpoint` (`http(s)://host:port`), no credentials,
+    /// default timeouts.
+    #[must_use]
+    pub fn new(endpoint: impl Into<String>) -> AgentConfig {
+        AgentConfig {
+            endpoint: endpoint.into(),
+            token_file: None,
+            tls: None,
+            connect_timeout_ms: default_connect_timeout_ms(),
+            request_timeout_secs: default_request_timeout_secs(),
+            backoff_initial_ms: default_backoff_initial_ms(),
+            backoff_max_ms: default_backoff_max_ms(),
+        }
+    }
+}
+
+impl TenantConfig {
+    /// Tenant `name` with no uids or gids and the default limits.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            uids: Vec::new(),
+            gids: Vec::new(),
+            max_buffers: default_max_buffers(),
+            max_buffer_bytes: default_max_buffer_bytes(),
+            max_concurrent_requests: default_max_concurrent_requests(),
+            max_connections: default_max_connections(),
+            max_windows: default_max_windows(),
+            max_batch_items: default_max_batch_items(),
+        }
+    }
 }
 
 fn default_socket_mode() -> String {
@@ -307,7 +356,7 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let agent_token = match &config.agent.token_file {
         None => None,
         Some(p) => {
-            Some(fabric::config::read_secret_file(p).map_err(|m| v.err("agent.token_file", m))?)
+            Some(s3dma_config::read_secret_file(p).map_err(|m| v.err("agent.token_file", m))?)
         }
     };
     if let Some(tls) = &config.agent.tls {
@@ -324,8 +373,7 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let metrics_token = match &config.metrics.bearer_token_file {
         None => None,
         Some(p) => Some(
-            fabric::config::read_secret_file(p)
-                .map_err(|m| v.err("metrics.bearer_token_file", m))?,
+            s3dma_config::read_secret_file(p).map_err(|m| v.err("metrics.bearer_token_file", m))?,
         ),
     };
     check_socket_dir(&config.socket.path).map_err(|m| v.err("socket.path", m))?;
@@ -369,7 +417,9 @@ impl Config {
         parse_mode(&self.socket.mode).map_err(|m| v.err("socket.mode", m))?;
 
         let a = &self.agent;
-        let https = check_endpoint(&a.endpoint).map_err(|m| v.err("agent.endpoint", m))?;
+        let https = s3dma_config::check_endpoint_url(&a.endpoint)
+            .map_err(|m| v.err("agent.endpoint", m))?
+            .https;
         if a.tls.is_some() && !https {
             return Err(v.err("agent.tls", "is set but agent.endpoint is not https://"));
         }
@@ -489,12 +539,8 @@ struct Validator {
 }
 
 impl Validator {
-    fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            file: self.file.clone(),
-            field: field.into(),
-            message: message.into(),
-        }
+    fn err(&self, field: impl Into<String>, problem: impl std::fmt::Display) -> ConfigError {
+        ConfigError::invalid(self.file.clone(), field, problem)
     }
 
     fn range(&self, field: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
@@ -505,7 +551,7 @@ impl Validator {
     }
 
     fn readable(&self, field: &str, path: &Path) -> Result<(), ConfigError> {
-        fabric::config::check_readable_file(path).map_err(|m| self.err(field, m))
+        s3dma_config::check_readable_file(path).map_err(|m| self.err(field, m))
     }
 }
 
@@ -564,28 +610,6 @@ fn resolve_group(g: &str) -> Result<u32, String> {
         Ok(None) => Err(format!("no group named {g:?} on this host")),
         Err(e) => Err(format!("cannot look up group {g:?}: {e}")),
     }
-}
-
-/// `http://host:port` or `https://host:port` (no path); returns whether https.
-fn check_endpoint(endpoint: &str) -> Result<bool, String> {
-    let (https, rest) = if let Some(r) = endpoint.strip_prefix("https://") {
-        (true, r)
-    } else if let Some(r) = endpoint.strip_prefix("http://") {
-        (false, r)
-    } else {
-        return Err("must start with http:// or https://".into());
-    };
-    let authority = rest.strip_suffix('/').unwrap_or(rest);
-    if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
-        return Err("must be http(s)://host:port with no path, query or user".into());
-    }
-    let uri: http::Uri = endpoint
-        .parse()
-        .map_err(|e| format!("is not a valid URI: {e}"))?;
-    if uri.port_u16().is_none() {
-        return Err("needs an explicit port (e.g. http://192.168.100.2:7000)".into());
-    }
-    Ok(https)
 }
 
 #[cfg(test)]

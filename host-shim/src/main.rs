@@ -1,71 +1,56 @@
-//! `host-shim --config <file.yaml>`: s3dma's tenant-facing service on a GPU host.
+//! `host-shim --config <file.yaml> [--check]`: s3dma's tenant-facing service on a GPU host.
 
-use std::path::PathBuf;
-
-use anyhow::Context as _;
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
+use s3dma_service::skeleton::{Service, ServiceArgs, announce};
 
 /// s3dma's host service: the tenant API on a Unix socket, tenant memory as
 /// per-request fabric windows, calls forwarded to this host's dpu-agent.
 #[derive(Debug, Parser)]
 #[command(version, about)]
-struct Args {
-    /// Configuration file (YAML); see host-shim.example.yaml.
-    #[arg(long, short)]
-    config: PathBuf,
-    /// Validate the configuration (and read its secret files), then exit.
-    #[arg(long)]
-    check: bool,
+struct Cli {
+    /// See host-shim.example.yaml for the configuration file.
+    #[command(flatten)]
+    args: ServiceArgs,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal: log files stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let cfg = host_shim::config::load(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if args.check {
-        println!("{}: configuration is valid", args.config.display());
-        return Ok(());
-    }
-    let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    rt.block_on(async move {
-        let mut running = host_shim::app::start(cfg)
-            .await
-            .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
-        // The first lines are machine-read by tests and local mode.
-        println!("host-shim listening on {}", running.socket.display());
-        if let Some(m) = running.metrics_addr {
-            println!("metrics on http://{m}/metrics");
-        }
-        if let Some(p) = &running.metrics_server.unix_socket {
-            println!("metrics socket {}", p.display());
-        }
-        use std::io::Write as _;
-        let _ = std::io::stdout().flush();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")?;
-        let failed = tokio::select! {
-            r = running.wait() => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
-            _ = term.recv() => None,
-        };
-        if let Some(r) = failed {
-            return r.map_err(|e| anyhow::anyhow!("gRPC server failed: {e}"));
-        }
-        tracing::info!("stopping");
-        running.shutdown().await;
-        Ok(())
-    })
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let service = Service {
+        name: "host-shim",
+        default_log_filter: "info",
+    };
+    let file = cli.args.config.display().to_string();
+    service.run(
+        &cli.args,
+        host_shim::config::load,
+        |cfg, shutdown| async move {
+            let mut running = host_shim::app::start(cfg)
+                .await
+                .map_err(|e| format!("{file}: {e}"))?;
+            // The first lines are machine-read by tests and the launcher.
+            let mut lines = vec![format!(
+                "host-shim listening on {}",
+                running.socket.display()
+            )];
+            lines.extend(
+                running
+                    .metrics_addr
+                    .map(|m| format!("metrics on http://{m}/metrics")),
+            );
+            lines.extend(
+                running
+                    .metrics_server
+                    .unix_socket
+                    .as_ref()
+                    .map(|p| format!("metrics socket {}", p.display())),
+            );
+            announce(lines);
+            tokio::select! {
+                r = running.wait() => r.map_err(|e| e.to_string())?,
+                () = shutdown.cancelled() => {}
+            }
+            running.shutdown().await;
+            Ok::<(), String>(())
+        },
+    )
 }

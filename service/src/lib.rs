@@ -1,5 +1,5 @@
 //! What the three s3dma services (storage-target, dpu-agent, host-shim)
-//! share beyond the fabric:
+//! share beyond the fabric and `s3dma-config`:
 //!
 //! - [`escape`]: names that reach a log (keys, buckets, metadata names,
 //!   request ids) are written with control characters escaped, so a key
@@ -9,6 +9,8 @@
 //!   a Unix socket only its owner can open, and/or behind a bearer token.
 //! - [`grpc`]: the request and response bodies both gRPC services wrap
 //!   calls in ahead of tonic's codec (a per-method size limit, a held mark).
+//! - [`skeleton`]: the one `main` (`--config`/`--check`, tracing, signals,
+//!   graceful shutdown, the "listening on" lines).
 //! - [`private`]: state and socket directories that belong to the user who
 //!   runs the service, and files created only its owner can read.
 
@@ -16,5 +18,6 @@ pub mod escape;
 pub mod grpc;
 pub mod metrics;
 pub mod private;
+pub mod skeleton;
 
 pub use escape::Escaped;

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fabric::config::Secret;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use s3dma_config::Secret;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;

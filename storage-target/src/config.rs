@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use fabric::config::ConfigError;
+pub use s3dma_config::ConfigError;
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// S3 HTTP listen address; port 0 picks a free port (the bound address is
@@ -53,7 +53,7 @@ pub struct Config {
 /// name operations and traffic, which other local users need not read:
 /// keep the TCP address on loopback, or use the Unix socket (mode 0600,
 /// peers of another uid refused), or require a bearer token.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// TCP listen address (e.g. `127.0.0.1:9100`; port 0 picks a free port,
@@ -76,7 +76,7 @@ pub struct MetricsConfig {
 }
 
 /// One user: credentials and bucket grants.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
     /// The SigV4 access key id.
@@ -107,7 +107,7 @@ impl fmt::Debug for UserConfig {
 }
 
 /// A grant of access to one bucket (or every bucket with `"*"`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BucketGrant {
     /// Bucket name; or `"*"` for every bucket, or `"prefix*"` for every bucket
@@ -119,7 +119,7 @@ pub struct BucketGrant {
 }
 
 /// Access level of a [`BucketGrant`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Access {
     /// Read objects, list, head.
@@ -173,6 +173,25 @@ fn default_region() -> String {
 
 fn default_max_clock_skew_secs() -> u32 {
     900
+}
+
+impl Config {
+    /// A configuration with every default and no users, serving
+    /// `data_dir` (for programs that write configuration files, such as the
+    /// launcher; [`Config::validate`] wants at least one user).
+    #[must_use]
+    pub fn new(data_dir: PathBuf) -> Config {
+        Config {
+            listen: default_listen(),
+            region: default_region(),
+            data_dir,
+            metrics_listen: None,
+            metrics: MetricsConfig::default(),
+            max_clock_skew_secs: default_max_clock_skew_secs(),
+            users: Vec::new(),
+            rdma: crate::rdma::RdmaConfig::default(),
+        }
+    }
 }
 
 /// A user after validation, with the secret resolved.
@@ -240,9 +259,7 @@ impl Config {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir".into(), "must not be empty".into()));
         }
-        self.rdma
-            .validate()
-            .map_err(|(field, message)| invalid(field, message))?;
+        self.rdma.validate(file)?;
         self.metrics_options(file)?;
         if self.users.is_empty() {
             return Err(invalid(
@@ -283,8 +300,8 @@ impl Config {
                     ));
                 }
                 (Some(s), None) => s.clone(),
-                (None, Some(p)) => fabric::config::read_secret_file(p)
-                    .map_err(|m| invalid(at("secret_file"), m))?
+                (None, Some(p)) => s3dma_config::read_secret_file(p)
+                    .map_err(|e| invalid(at("secret_file"), e.to_string()))?
                     .expose()
                     .to_owned(),
             };
@@ -345,8 +362,8 @@ impl Config {
         }
         let bearer_token = match &self.metrics.bearer_token_file {
             Some(p) => Some(
-                fabric::config::read_secret_file(p)
-                    .map_err(|m| invalid("metrics.bearer_token_file", m))?,
+                s3dma_config::read_secret_file(p)
+                    .map_err(|e| invalid("metrics.bearer_token_file", e.to_string()))?,
             ),
             None => None,
         };
@@ -378,10 +395,7 @@ mod tests {
         assert_eq!(users[0].access_key_id, "s3dma-local");
         assert_eq!(users[0].buckets[0].access, Access::ReadWrite);
         assert_eq!(c.rdma.mode, crate::rdma::RdmaMode::Disabled);
-        assert_eq!(
-            c.rdma.staging_buffer_size,
-            fabric::config::ByteSize(4 << 20)
-        );
+        assert_eq!(c.rdma.staging_buffer_size, s3dma_config::ByteSize(4 << 20));
         assert_eq!(c.rdma.connect_timeout_ms, 2000);
     }
 

@@ -25,7 +25,6 @@ pub mod s3;
 pub mod server;
 pub mod store;
 
-use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,9 +66,12 @@ pub fn build_service(
     rdma: Arc<rdma::RdmaService>,
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
-    let mut b = s3s::service::S3ServiceBuilder::new(
-        s3::S3Store::new(store, cfg.region.clone(), users.clone()).with_rdma(rdma),
-    );
+    let mut b = s3s::service::S3ServiceBuilder::new(s3::S3Store::new(
+        store,
+        cfg.region.clone(),
+        users.clone(),
+        rdma,
+    ));
     b.set_auth(users.clone());
     b.set_access(users);
     let mut s3cfg = s3s::config::S3Config::default();
@@ -80,41 +82,50 @@ pub fn build_service(
     b.build()
 }
 
-/// A loaded configuration: the file, its users with their secrets, and the
-/// fabric key when RDMA is enabled.
-type Loaded = (config::Config, Vec<config::User>, Option<fabric::FabricKey>);
-
-/// Reads and validates everything `run` needs from the configuration file
-/// (YAML, every field, the users' secrets, the fabric key file).
-fn load_config(config_path: &Path) -> Result<Loaded, StartError> {
-    let (cfg, users) = config::Config::load(config_path)?;
-    let key = cfg
-        .rdma
-        .validate()
-        .map_err(|(field, message)| config::ConfigError::Invalid {
-            file: config_path.display().to_string(),
-            field,
-            message,
-        })?;
-    Ok((cfg, users, key))
+/// A loaded configuration: the file's path, the file, its users with their
+/// secrets, and the fabric key when RDMA is enabled.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The configuration file (in error messages).
+    pub path: std::path::PathBuf,
+    /// The file, as parsed.
+    pub config: config::Config,
+    /// The users, with their secrets read.
+    pub users: Vec<config::User>,
+    /// The fabric key, when `rdma.mode` is enabled.
+    pub fabric_key: Option<fabric::FabricKey>,
 }
 
-/// Validates a configuration file the way [`run`] would, without opening
-/// the store or binding any socket: `storage-target --check`.
+/// Reads and validates everything [`serve`] needs from the configuration
+/// file (YAML, every field, the users' secrets, the fabric key file),
+/// without opening the store or binding any socket: what
+/// `storage-target --check` runs.
 ///
 /// # Errors
-/// The [`StartError`] `run` would fail with for this file.
-pub fn check(config_path: &Path) -> Result<(), StartError> {
-    load_config(config_path).map(|_| ())
+/// [`StartError::Config`] naming the file and the field.
+pub fn load(config_path: &Path) -> Result<Loaded, StartError> {
+    let (config, users) = config::Config::load(config_path)?;
+    let fabric_key = config.rdma.validate(&config_path.display().to_string())?;
+    Ok(Loaded {
+        path: config_path.to_owned(),
+        config,
+        users,
+        fabric_key,
+    })
 }
 
-/// Loads the configuration, opens the store, binds the listeners, prints the
-/// bound addresses on stdout and serves until `shutdown` is cancelled.
+/// Opens the store, binds the listeners, prints the bound addresses on
+/// stdout and serves until `shutdown` is cancelled.
 ///
 /// # Errors
 /// [`StartError`] if anything fails before serving starts.
-pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), StartError> {
-    let (cfg, users, key) = load_config(config_path)?;
+pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), StartError> {
+    let Loaded {
+        path: config_path,
+        config: cfg,
+        users,
+        fabric_key: key,
+    } = loaded;
     let data_dir = cfg.data_dir.clone();
     let store = tokio::task::spawn_blocking(move || store::Store::open(&data_dir))
         .await
@@ -154,16 +165,11 @@ pub async fn run(config_path: &Path, shutdown: CancellationToken) -> Result<(), 
         s3dma_service::metrics::MetricsServer::start(opts, Arc::new(move || render_from.render()))
             .await?;
     info!(%addr, region = %cfg.region, data_dir = %cfg.data_dir.display(), "storage-target ready");
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "storage-target listening on http://{addr}");
-        if let Some(m) = metrics_server.describe() {
-            let _ = writeln!(out, "metrics on {m}");
-        }
-        let _ = out.flush();
-    }
+    // The first lines are machine-read by tests and the launcher.
+    let mut lines = vec![format!("storage-target listening on http://{addr}")];
+    lines.extend(metrics_server.describe().map(|m| format!("metrics on {m}")));
+    s3dma_service::skeleton::announce(lines);
     server::serve(listener, handler, shutdown, Duration::from_secs(30)).await;
     drop(metrics_server);
-    info!("storage-target stopped");
     Ok(())
 }

@@ -38,7 +38,6 @@ impl Metrics {
     /// # Panics
     /// Never in practice: the metric definitions are static and valid.
     #[must_use]
-    #[allow(clippy::expect_used)]
     pub fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(

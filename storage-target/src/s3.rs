@@ -41,24 +41,16 @@ pub struct S3Store {
 }
 
 impl S3Store {
-    /// Creates the front end (RDMA requests declined until [`S3Store::with_rdma`]).
+    /// Creates the front end; `rdma` serves (or declines) requests that
+    /// carry `x-amz-rdma-token`.
     #[must_use]
-    pub fn new(store: Arc<Store>, region: String, users: Users) -> Self {
+    pub fn new(store: Arc<Store>, region: String, users: Users, rdma: Arc<RdmaService>) -> Self {
         S3Store {
             store,
             region,
             users,
-            rdma: Arc::new(RdmaService::disabled(Arc::new(
-                crate::metrics::Metrics::new(),
-            ))),
+            rdma,
         }
-    }
-
-    /// Serves `x-amz-rdma-token` requests with `rdma`.
-    #[must_use]
-    pub fn with_rdma(mut self, rdma: Arc<RdmaService>) -> Self {
-        self.rdma = rdma;
-        self
     }
 
     /// How to serve a GetObject/PutObject/UploadPart.

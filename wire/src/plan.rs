@@ -514,7 +514,6 @@ mod tests {
     /// `(range, window_len, chunk_size, object size, (start, len, chunk count))`.
     type EndToEndRow = (Spec, u64, u64, u64, Result<(u64, u64, usize), &'static str>);
 
-    #[allow(clippy::unnecessary_wraps, reason = "a table cell")]
     fn span(first: u64, last: u64, max_len: u64) -> Result<Probe, PlanError> {
         Ok(Probe::Get {
             range: ByteRange::Bounded { first, last },
@@ -679,7 +678,6 @@ mod tests {
         }
     }
 
-    #[allow(clippy::unnecessary_wraps, reason = "a table cell")]
     fn get_ok(start: u64, len: u64, chunks: &[(u64, u64, u64)]) -> Result<GetPlan, &'static str> {
         Ok(GetPlan {
             start,
@@ -710,7 +708,6 @@ mod tests {
     }
 
     #[test]
-    #[allow(clippy::too_many_lines)]
     fn plan_get_rules() {
         use Spec::{Bounded, From, Suffix, Whole};
         #[rustfmt::skip]

@@ -147,9 +147,39 @@ pub fn client_options(shim_uid: Option<u32>) -> ClientOptions {
     }
 }
 
+/// The shim's socket when `--socket` is not given: `$S3DMA_SOCKET` if set
+/// (and not empty), else `/run/s3dma/shim.sock` (the installed shim's) when
+/// it exists, else the socket `s3dma local` uses by default
+/// (`$XDG_RUNTIME_DIR/s3dma/shim.sock`, else `/tmp/s3dma-<uid>/shim.sock`)
+/// when that exists, else `/run/s3dma/shim.sock` (so that the error names
+/// the installed shim's socket).
+#[must_use]
+pub fn default_socket() -> PathBuf {
+    let env = std::env::var_os(s3dma_client::SOCKET_ENV).filter(|v| !v.is_empty());
+    let local = s3dma_launcher::default_socket(
+        std::env::var_os("XDG_RUNTIME_DIR"),
+        s3dma_service::private::current_uid(),
+    );
+    pick_socket(env.map(PathBuf::from), &local, |p| {
+        fs::symlink_metadata(p).is_ok()
+    })
+}
+
+/// [`default_socket`]'s choice, with `exists` telling which paths exist.
+fn pick_socket(env: Option<PathBuf>, local: &Path, exists: impl Fn(&Path) -> bool) -> PathBuf {
+    if let Some(p) = env {
+        return p;
+    }
+    let system = Path::new(s3dma_client::DEFAULT_SOCKET);
+    if !exists(system) && exists(local) {
+        return local.to_path_buf();
+    }
+    system.to_path_buf()
+}
+
 impl Global {
     async fn connect(&self) -> Result<Client> {
-        let socket = self.socket.clone().unwrap_or_else(Client::default_socket);
+        let socket = self.socket.clone().unwrap_or_else(default_socket);
         Client::connect_with(&socket, client_options(self.shim_uid))
             .await
             .map_err(client_err(format_args!(
@@ -667,6 +697,21 @@ pub async fn info(g: &Global) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_fallback_order() {
+        let local = Path::new("/tmp/s3dma-7/shim.sock");
+        let system = Path::new("/run/s3dma/shim.sock");
+        let env = || Some(PathBuf::from("/x.sock"));
+        // $S3DMA_SOCKET wins whatever exists.
+        assert_eq!(pick_socket(env(), local, |_| true), Path::new("/x.sock"));
+        // The installed shim's socket when it exists.
+        assert_eq!(pick_socket(None, local, |_| true), system);
+        // Else local mode's, when it exists.
+        assert_eq!(pick_socket(None, local, |p| p == local), local);
+        // Neither: the installed shim's (named in the error).
+        assert_eq!(pick_socket(None, local, |_| false), system);
+    }
 
     #[test]
     fn exit_codes_by_kind() {

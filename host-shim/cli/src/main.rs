@@ -1,16 +1,15 @@
 //! `s3dma`: the s3dma command line.
 //!
 //! Client commands talk to the host-shim on its Unix socket (`--socket`,
-//! else `$S3DMA_SOCKET`, else `/run/s3dma/shim.sock`) through
+//! else `$S3DMA_SOCKET`, else `/run/s3dma/shim.sock`, else, when that does
+//! not exist, the socket `s3dma local` uses by default) through
 //! `s3dma-client`: `get`, `put`, `ls`, `stat`, `rm`, `info`. Object bytes
 //! move between shared-memory buffers and storage by RDMA; the CLI only
 //! copies them between those buffers and files.
 //!
 //! `s3dma local` starts storage-target, dpu-agent and host-shim on this
-//! machine (see `local.rs`). `s3dma bench` starts such a stack in a
-//! temporary directory and measures it against plain S3 over HTTP
-//! (`bench.rs`); `s3dma soak` runs mixed, verified load against one and
-//! watches the services' memory and file descriptors (`soak.rs`).
+//! machine with `s3dma-launcher` (see `local.rs`). The bench and the soak
+//! are the `s3dma-tools` binary's.
 //!
 //! Exit status:
 //!
@@ -32,14 +31,8 @@
 //!
 //! Errors are one line on stderr: `s3dma: <what>: <code>: <message> (request id ...)`.
 
-mod bench;
 mod commands;
 mod local;
-mod procfs;
-mod report;
-mod soak;
-mod soak_check;
-mod stats;
 mod url;
 
 use std::path::PathBuf;
@@ -68,7 +61,7 @@ as you, or as the uid given by --shim-uid or $S3DMA_SHIM_UID.
 Errors are one line on stderr: s3dma: <what>: <code>: <message> (request id ...)";
 
 /// Move S3 objects through the s3dma host-shim (RDMA into shared memory),
-/// or run the whole stack locally.
+/// or run the whole stack locally (`s3dma local`).
 #[derive(Debug, Parser)]
 #[command(version, about, after_help = EXIT_CODES)]
 struct Cli {
@@ -77,8 +70,10 @@ struct Cli {
         long,
         global = true,
         value_name = "PATH",
-        help = "The host-shim's Unix socket [default: $S3DMA_SOCKET, else /run/s3dma/shim.sock; \
-                for `local`: $XDG_RUNTIME_DIR/s3dma/shim.sock, else /tmp/s3dma-<uid>/shim.sock]"
+        help = "The host-shim's Unix socket [default: $S3DMA_SOCKET, else /run/s3dma/shim.sock, \
+                else (when that does not exist) the socket of `s3dma local`: \
+                $XDG_RUNTIME_DIR/s3dma/shim.sock, else /tmp/s3dma-<uid>/shim.sock; \
+                for `local`: that last one]"
     )]
     socket: Option<PathBuf>,
     /// The user the host-shim runs as, when it is neither root nor you: a
@@ -161,7 +156,9 @@ enum Cmd {
     /// The socket's default directory (`$XDG_RUNTIME_DIR/s3dma`, else
     /// `/tmp/s3dma-<uid>`) is made 0700 and refused when another user owns it
     /// or it is a symlink; a --socket elsewhere needs a directory of yours
-    /// (or root's) that neither group nor others may write to.
+    /// (or root's) that neither group nor others may write to. The other
+    /// commands find the default socket by themselves (no --socket or
+    /// $S3DMA_SOCKET needed) unless /run/s3dma/shim.sock exists.
     Local {
         /// State directory: data, generated configs, secrets, logs.
         #[arg(
@@ -177,86 +174,7 @@ enum Cmd {
         #[arg(long, default_value = "data", value_name = "NAME")]
         bucket: String,
     },
-    /// Start a local stack in a temporary directory and measure it: GET/PUT
-    /// throughput of large objects and ops/s and latency of small ones
-    /// through s3dma, side by side with aws-sdk-s3 straight to the
-    /// storage-target over HTTP and with raw loopback TCP, plus the CPU time
-    /// of each service. Progress on stderr, a table on stdout.
-    #[command(after_help = BENCH_HELP)]
-    Bench {
-        /// Small sizes and short cells, for CI: 8 MiB and 64 MiB objects
-        /// (reported under the `64m` and `1g` keys), 3 rounds, 0.6 s per
-        /// small-object cell.
-        #[arg(long)]
-        quick: bool,
-        /// Also write the results as one flat JSON object to this file.
-        #[arg(long, value_name = "FILE")]
-        json: Option<PathBuf>,
-        /// Rounds per large-object measurement (median kept) [default: 5, --quick 3].
-        #[arg(long, value_name = "N")]
-        rounds: Option<usize>,
-        /// Seconds per small-object cell [default: 4, --quick 0.6].
-        #[arg(long, value_name = "SECS")]
-        cell_secs: Option<f64>,
-        /// The storage-target's data directory [default: a temporary
-        /// directory in /dev/shm when it has room, else in $TMPDIR].
-        #[arg(long, value_name = "DIR")]
-        data_dir: Option<PathBuf>,
-        /// Measure an existing stack instead of starting one: its
-        /// storage-target's S3 endpoint (http://IP:PORT). The shim is found
-        /// at --socket (or $S3DMA_SOCKET); the tenant's S3 key is taken from
-        /// $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY; CPU is reported when
-        /// exactly one dpu-agent, host-shim and storage-target run here.
-        #[arg(long, value_name = "URL")]
-        endpoint: Option<String>,
-    },
-    /// Start a local stack in a temporary directory and run mixed, verified
-    /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
-    /// the services' memory and open fds; ends with `soak: PASS` or
-    /// `soak: FAIL <reasons>` (exit 1).
-    #[command(after_help = SOAK_HELP)]
-    Soak {
-        /// How long the load runs, e.g. 20s, 30m, 2h.
-        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
-        duration: std::time::Duration,
-        /// Concurrent clients (each with its own connection and buffer).
-        #[arg(long, default_value_t = 32, value_name = "N")]
-        clients: usize,
-        /// Time between samples, e.g. 10s [default: duration / 40, 1 s to 60 s].
-        #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
-        sample_every: Option<std::time::Duration>,
-        /// Seed of the clients' random choices [default: random, printed].
-        #[arg(long, value_name = "N")]
-        seed: Option<u64>,
-    },
 }
-
-const SOAK_HELP: &str = "\
-Each client owns 8 keys and checks every reply against what it wrote: PUT
-(0 B to 16 MiB; client 0 also 72 MiB multipart uploads), GET (CRC-32), ranged
-GET (bytes compared), HEAD (size, ETag, metadata), LIST (keys, sizes, ETags),
-DELETE (then NoSuchKey). About 40 `soak sample` lines report VmRSS, RssShmem
-and open fds of storage-target, dpu-agent and host-shim.
-
-The last line is `soak: PASS ...` (exit 0) or `soak: FAIL <reasons>` (exit 1):
-any mismatch or unexpected error, a service that died, private RSS (VmRSS -
-RssShmem) whose last-quarter median exceeds 1.5x the first quarter's largest
-value + 64 MiB + 16 MiB per client, open fds beyond the first quarter's
-largest + 2 per client + 32, or at the end windows open in the shim, requests
-in flight in the agent, staging buffers in use, buffers or leases left in the
-shim. Not meant for CI: run it for 30 minutes or more on a release build.";
-
-const BENCH_HELP: &str = "\
-Phases: raw loopback TCP (~2 s); large objects (64 MiB, 1 GiB): PUT then GET
-through s3dma, then the same with aws-sdk-s3 over HTTP, median of the rounds;
-small objects (4 KiB, 64 KiB): GET and PUT with 1, 16 and 64 requests in
-flight, both ways; CPU (utime+stime) of dpu-agent, host-shim, storage-target
-and the bench itself per GB and per request. A full run takes a few minutes
-and needs about 6 GiB of memory (1 GiB buffers, the store on /dev/shm).
-
-JSON keys include get_1g_gbps, http_get_1g_gbps, get_1g_vs_http,
-get_1g_vs_raw_tcp, raw_tcp_gbps, get_4k_p50_us, http_get_4k_p50_us,
-get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see docs/ARCHITECTURE.md).";
 
 /// `--shim-uid`: a uid or a user name.
 fn parse_shim_uid(s: &str) -> Result<u32, String> {
@@ -281,26 +199,6 @@ fn main() -> ExitCode {
         quiet: cli.quiet,
         shim_uid: cli.shim_uid,
     };
-    if let Cmd::Soak {
-        duration,
-        clients,
-        sample_every,
-        seed,
-    } = cli.command
-    {
-        let passed = rt.block_on(soak::main(soak::Options {
-            duration,
-            clients,
-            sample_every,
-            seed,
-        }));
-        rt.shutdown_timeout(std::time::Duration::from_secs(2));
-        return ExitCode::from(if passed {
-            commands::EXIT_OK
-        } else {
-            commands::EXIT_OTHER
-        });
-    }
     let result: Result<(), Failure> = rt.block_on(async {
         match cli.command {
             Cmd::Get { url, file, range } => {
@@ -323,26 +221,6 @@ fn main() -> ExitCode {
             })
             .await
             .map_err(|e| Failure::Other(format!("local: {e:#}"))),
-            Cmd::Bench {
-                quick,
-                json,
-                rounds,
-                cell_secs,
-                data_dir,
-                endpoint,
-            } => bench::run(bench::Options {
-                quick,
-                json,
-                rounds,
-                cell_secs,
-                data_dir,
-                endpoint,
-                socket: cli.socket,
-                shim_uid: cli.shim_uid,
-            })
-            .await
-            .map_err(|e| Failure::Other(format!("bench: {e:#}"))),
-            Cmd::Soak { .. } => Ok(()),
         }
     });
     // Background buffer releases must not hold the exit up.

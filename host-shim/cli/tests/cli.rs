@@ -42,15 +42,27 @@ impl Local {
 
     /// Local mode with its state in `root/state` and its socket `root/s.sock`.
     fn start_in(root: &Path) -> Local {
+        Local::start_with(root, false)
+    }
+
+    /// Local mode with its state in `root/state`; with `default_socket`, no
+    /// `--socket` and `$XDG_RUNTIME_DIR` = `root/run` (so its socket is the
+    /// default one, `root/run/s3dma/shim.sock`), else `root/s.sock`.
+    fn start_with(root: &Path, default_socket: bool) -> Local {
         check_binaries();
-        let socket = root.join("s.sock");
         let stderr = std::fs::File::create(root.join("local.stderr")).unwrap();
-        let mut child = Command::new(S3DMA)
-            .arg("local")
-            .arg("--dir")
-            .arg(root.join("state"))
-            .arg("--socket")
-            .arg(&socket)
+        let mut cmd = Command::new(S3DMA);
+        cmd.arg("local").arg("--dir").arg(root.join("state"));
+        let socket = if default_socket {
+            let run = root.join("run");
+            cmd.env("XDG_RUNTIME_DIR", &run);
+            run.join("s3dma").join("shim.sock")
+        } else {
+            let socket = root.join("s.sock");
+            cmd.arg("--socket").arg(&socket);
+            socket
+        };
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -876,4 +888,52 @@ fn local_mode_refuses_a_socket_directory_it_cannot_trust() {
     let err = fails(&o, 1, "has mode 0777: group or others may write there");
     assert!(err.contains("pick another --socket"), "{err}");
     assert!(!sock.exists());
+}
+
+/// A second shell needs no `--socket` and no `$S3DMA_SOCKET`: when
+/// `/run/s3dma/shim.sock` does not exist, `s3dma` tries the socket that
+/// `s3dma local` uses by default.
+#[test]
+fn commands_find_local_modes_default_socket() {
+    if Path::new("/run/s3dma/shim.sock").exists() {
+        eprintln!("skipped: /run/s3dma/shim.sock exists here, and is tried first");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let local = Local::start_with(dir.path(), true);
+    assert!(local.socket.exists(), "{}", local.stdout);
+    let second_shell = |args: &[&str]| {
+        run(
+            Command::new(S3DMA)
+                .env_remove("S3DMA_SOCKET")
+                .env("XDG_RUNTIME_DIR", dir.path().join("run"))
+                .args(args),
+            None,
+        )
+    };
+    let info = ok(&second_shell(&["info"]));
+    assert!(
+        info.contains(&format!("socket:          {}", local.socket.display())),
+        "{info}"
+    );
+    assert!(info.contains("tenant:          local"), "{info}");
+    let f = dir.path().join("hello.txt");
+    std::fs::write(&f, b"hello from the second shell").unwrap();
+    ok(&second_shell(&[
+        "put",
+        f.to_str().unwrap(),
+        "s3://data/hello.txt",
+    ]));
+    let got = second_shell(&["get", "s3://data/hello.txt", "-"]);
+    ok(&got);
+    assert_eq!(got.stdout, b"hello from the second shell");
+    // $S3DMA_SOCKET still wins: pointing it elsewhere fails (unavailable).
+    let other = run(
+        Command::new(S3DMA)
+            .env("S3DMA_SOCKET", dir.path().join("nothing.sock"))
+            .env("XDG_RUNTIME_DIR", dir.path().join("run"))
+            .arg("info"),
+        None,
+    );
+    fails(&other, 5, "nothing.sock");
 }

@@ -48,8 +48,8 @@
 //!
 //! The staging buffers (one registered region) and the sessions pooled per
 //! endpoint (connect timeout, idle reaper) are [`fabric::pool`]'s, reporting
-//! to [`Metrics`] through [`fabric::pool::PoolObserver`]; sizes and the
-//! fabric key file are read with [`fabric::config`].
+//! to [`Metrics`] through [`fabric::pool::PoolObserver`]; sizes are read
+//! with [`s3dma_config`] and the fabric key file with [`fabric::config`].
 
 pub mod plan;
 pub mod share;
@@ -59,10 +59,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fabric::config::ByteSize;
 use fabric::pool::{ConnectError, SessionPool, StagingPool};
 use fabric::{Backend, Domain, EndpointAddr, FabricKey, OpError, OpStatus, RdmaToken, TokenError};
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use s3dma_config::{ByteSize, ConfigError};
 use s3s::{S3Error, S3ErrorCode};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
@@ -73,7 +73,7 @@ use crate::store::ObjectReader;
 use plan::PlanError;
 
 /// Whether the target serves requests that carry `x-amz-rdma-token` over RDMA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RdmaMode {
     /// Serve over the fabric.
@@ -84,7 +84,7 @@ pub enum RdmaMode {
 }
 
 /// The `rdma:` section of the configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaConfig {
     /// `enabled` or `disabled` (default): whether requests carrying
@@ -177,12 +177,13 @@ impl Default for RdmaConfig {
 
 impl RdmaConfig {
     /// Validates values; returns the fabric key when RDMA is enabled.
-    /// Errors are `(field, message)` with the field under `rdma.`.
+    /// `file` names the configuration file in errors.
     ///
     /// # Errors
-    /// The first offending field.
-    pub fn validate(&self) -> Result<Option<FabricKey>, (String, String)> {
-        let bad = |f: &str, m: String| Err((format!("rdma.{f}"), m));
+    /// [`ConfigError::Invalid`] naming the first offending field (under
+    /// `rdma.`).
+    pub fn validate(&self, file: &str) -> Result<Option<FabricKey>, ConfigError> {
+        let bad = |f: &str, m: String| Err(ConfigError::invalid(file, format!("rdma.{f}"), m));
         if self.staging_buffers == 0 || self.staging_buffers > 4096 {
             return bad("staging_buffers", "must be between 1 and 4096".into());
         }
@@ -238,7 +239,7 @@ impl RdmaConfig {
         };
         fabric::config::read_fabric_key_file(path)
             .map(Some)
-            .map_err(|m| ("rdma.fabric_key_file".to_owned(), m))
+            .map_err(|e| ConfigError::invalid(file, "rdma.fabric_key_file", e))
     }
 }
 
@@ -422,12 +423,6 @@ impl RdmaService {
         }
     }
 
-    /// Whether requests are served over the fabric.
-    #[must_use]
-    pub fn is_available(&self) -> bool {
-        self.fabric.is_some()
-    }
-
     /// The metrics.
     #[must_use]
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -544,19 +539,34 @@ impl RdmaService {
 mod tests {
     use super::*;
 
+    /// `validate` as `(field, message)`.
+    fn v(c: &RdmaConfig) -> Result<Option<FabricKey>, (String, String)> {
+        c.validate("t.yaml").map_err(|e| match e {
+            ConfigError::Invalid {
+                file,
+                field,
+                message,
+            } => {
+                assert_eq!(file, "t.yaml");
+                (field, message)
+            }
+            other => panic!("{other}"),
+        })
+    }
+
     #[test]
     fn config_defaults_and_validation() {
         let c = RdmaConfig::default();
         assert_eq!(c.mode, RdmaMode::Disabled);
-        assert_eq!(c.validate().unwrap().map(|_| ()), None);
+        assert_eq!(v(&c).unwrap().map(|_| ()), None);
         let c: RdmaConfig =
             serde_yaml::from_str("mode: enabled\nstaging_buffer_size: 1MiB\n").unwrap();
         assert_eq!(c.staging_buffer_size, ByteSize(1 << 20));
-        let (f, m) = c.validate().unwrap_err();
+        let (f, m) = v(&c).unwrap_err();
         assert_eq!(f, "rdma.fabric_key_file");
         assert!(m.contains("required"), "{m}");
         let c: RdmaConfig = serde_yaml::from_str("staging_buffer_size: 100\n").unwrap();
-        assert_eq!(c.validate().unwrap_err().0, "rdma.staging_buffer_size");
+        assert_eq!(v(&c).unwrap_err().0, "rdma.staging_buffer_size");
         let e = serde_yaml::from_str::<RdmaConfig>("staging_buffer_size: 4MB\n").unwrap_err();
         assert!(e.to_string().contains("KiB"), "{e}");
         assert!(serde_yaml::from_str::<RdmaConfig>("mode: on\n").is_err());
@@ -573,19 +583,15 @@ mod tests {
             "max_staging_share: -1",
         ] {
             let c: RdmaConfig = serde_yaml::from_str(bad).unwrap();
-            assert_eq!(
-                c.validate().unwrap_err().0,
-                "rdma.max_staging_share",
-                "{bad}"
-            );
+            assert_eq!(v(&c).unwrap_err().0, "rdma.max_staging_share", "{bad}");
         }
         let c: RdmaConfig = serde_yaml::from_str("staging_buffers: 1\n").unwrap();
-        let (f, m) = c.validate().unwrap_err();
+        let (f, m) = v(&c).unwrap_err();
         assert_eq!(f, "rdma.max_staging_share");
         assert!(m.contains("less than one buffer"), "{m}");
         let c: RdmaConfig =
             serde_yaml::from_str("staging_buffers: 1\nmax_staging_share: 1\n").unwrap();
-        assert!(c.validate().is_ok());
+        assert!(v(&c).is_ok());
     }
 
     #[test]
@@ -599,13 +605,13 @@ mod tests {
             fabric_key_file: Some(p.clone()),
             ..RdmaConfig::default()
         };
-        assert!(c.validate().unwrap().is_some());
+        assert!(v(&c).unwrap().is_some());
         std::fs::write(&p, "abcd").unwrap();
-        let (f, m) = c.validate().unwrap_err();
+        let (f, m) = v(&c).unwrap_err();
         assert_eq!(f, "rdma.fabric_key_file");
         assert!(m.contains("at least 16 bytes"), "{m}");
         std::fs::write(&p, "zz".repeat(32)).unwrap();
-        assert!(c.validate().unwrap_err().1.contains("hexadecimal"));
+        assert!(v(&c).unwrap_err().1.contains("hexadecimal"));
     }
 
     #[test]

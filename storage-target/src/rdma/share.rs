@@ -39,11 +39,6 @@ pub struct Shares {
 /// rounded down; `None` when that is no buffer at all.
 #[must_use]
 pub fn cap(count: usize, share: f64) -> Option<usize> {
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
     let n = (count as f64 * share).floor() as usize;
     (n >= 1).then_some(n.min(count))
 }
@@ -117,7 +112,6 @@ async fn take(sem: &Arc<Semaphore>, metrics: &Metrics, limit: &str) -> OwnedSema
         return p;
     }
     metrics.staging_share_wait(limit);
-    #[allow(clippy::expect_used)]
     Arc::clone(sem)
         .acquire_owned()
         .await

@@ -59,7 +59,6 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
 }
 
-#[allow(clippy::expect_used)]
 async fn permits(ctx: &Ctx) -> (OwnedSemaphorePermit, OwnedSemaphorePermit) {
     let s = Arc::clone(&ctx.session.ops)
         .acquire_owned()
@@ -181,7 +180,6 @@ pub async fn write_range(
 
 /// A body stream that RDMA READs `len` bytes from `remote`, chunk by chunk,
 /// with up to `depth` READs in flight ahead of the consumer.
-#[allow(clippy::expect_used)]
 pub fn read_stream(ctx: Ctx, remote: RemoteBuf, len: u64) -> RdmaBody {
     let (tx, rx) = mpsc::channel::<Item>(2);
     tokio::spawn(async move {

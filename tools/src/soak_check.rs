@@ -1,4 +1,4 @@
-//! `s3dma soak`'s rules (pure): the operation mix, object sizes, ranges,
+//! `s3dma-tools soak`'s rules (pure): the operation mix, object sizes, ranges,
 //! the interval between samples, Prometheus text, and the verdict.
 //!
 //! The verdict fails on

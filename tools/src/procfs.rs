@@ -1,4 +1,4 @@
-//! Parsers for the `/proc/PID/*` files that `s3dma bench` and `s3dma soak`
+//! Parsers for the `/proc/PID/*` files that `s3dma-tools bench` and `s3dma-tools soak`
 //! sample (pure: the caller reads the files).
 
 /// CPU time a process has used, user + system, in clock ticks

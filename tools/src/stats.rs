@@ -1,4 +1,4 @@
-//! Numbers for `s3dma bench` (pure): latency histograms (HdrHistogram),
+//! Numbers for `s3dma-tools bench` (pure): latency histograms (HdrHistogram),
 //! medians, throughput, ratios.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! `s3dma bench` results: the data model, the table and the flat JSON
+//! `s3dma-tools bench` results: the data model, the table and the flat JSON
 //! object (pure: the runner in `bench.rs` fills a [`Report`]).
 //!
 //! JSON keys (every value a number, `null` where a measurement is missing):
@@ -173,7 +173,7 @@ impl PathCpu {
     }
 }
 
-/// Everything one `s3dma bench` run measured.
+/// Everything one `s3dma-tools bench` run measured.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Report {
     /// `--quick` sizes and durations.
@@ -301,7 +301,7 @@ impl Report {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "s3dma bench{}: tcp fabric on loopback, {} CPUs, data in {}",
+            "s3dma-tools bench{}: tcp fabric on loopback, {} CPUs, data in {}",
             if self.quick { " --quick" } else { "" },
             self.cpus,
             self.data_dir

@@ -1,16 +1,16 @@
-//! `s3dma bench --quick` and a short `s3dma soak` against the real
+//! `s3dma-tools bench --quick` and a short `s3dma-tools soak` against the real
 //! storage-target, dpu-agent and host-shim binaries (started by the
 //! commands themselves). No timing thresholds: the bench's numbers only have
 //! to be there, finite and positive; the soak has to pass.
 //!
-//! The three service binaries must sit next to `s3dma` in the target
+//! The three service binaries must sit next to `s3dma-tools` in the target
 //! directory: `cargo test --workspace` (or `cargo build --bins` first)
 //! builds them.
 
 use std::process::{Command, Stdio};
 
 mod common;
-use common::{S3DMA, check_binaries};
+use common::{S3DMA_TOOLS, check_binaries};
 
 /// The keys every bench run must report.
 const REQUIRED: [&str; 7] = [
@@ -28,7 +28,7 @@ fn bench_quick_reports_every_number() {
     check_binaries();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
-    let out = Command::new(S3DMA)
+    let out = Command::new(S3DMA_TOOLS)
         .args(["bench", "--quick", "--json"])
         .arg(&json)
         .env("TMPDIR", dir.path())
@@ -137,7 +137,7 @@ fn bench_quick_reports_every_number() {
 fn short_soak_passes() {
     check_binaries();
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(S3DMA)
+    let out = Command::new(S3DMA_TOOLS)
         .args(["soak", "--duration", "20s", "--clients", "4"])
         .env("TMPDIR", dir.path())
         .stdin(Stdio::null())
@@ -169,7 +169,7 @@ fn short_soak_passes() {
 
 #[test]
 fn soak_rejects_bad_arguments_with_one_fail_line() {
-    let out = Command::new(S3DMA)
+    let out = Command::new(S3DMA_TOOLS)
         .args(["soak", "--duration", "5s", "--clients", "0"])
         .stdin(Stdio::null())
         .output()
@@ -177,7 +177,7 @@ fn soak_rejects_bad_arguments_with_one_fail_line() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert_eq!(stdout.trim(), "soak: FAIL --clients must be 1 to 1024");
-    let out = Command::new(S3DMA)
+    let out = Command::new(S3DMA_TOOLS)
         .args(["soak", "--duration", "soon"])
         .stdin(Stdio::null())
         .output()

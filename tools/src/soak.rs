@@ -1,4 +1,4 @@
-//! `s3dma soak`: mixed, verified load from many clients against a local
+//! `s3dma-tools soak`: mixed, verified load from many clients against a local
 //! stack, watching the services' memory and file descriptors.
 //!
 //! It starts storage-target, dpu-agent and host-shim (the [`Stack`] of
@@ -34,13 +34,13 @@ use s3dma_client::{ByteRange, Client, ErrorKind, GetOptions, PutOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::local::{Stack, StackOptions};
 use crate::procfs;
 use crate::soak_check::{
     END_GAUGES, MAX_SIZE, MULTIPART_SIZE, ProcSample, Sample, SoakOp, Totals, growth,
     growth_problems, growth_summary, metric_sum, pick_op, pick_range, pick_size, sample_interval,
     sample_line, verdict,
 };
+use s3dma_launcher::{Stack, StackOptions};
 
 /// The bucket the soak creates and uses.
 const BUCKET: &str = "soak";
@@ -55,7 +55,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the end gauges may take to reach 0.
 const GAUGE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// What `s3dma soak` was asked for.
+/// What `s3dma-tools soak` was asked for.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// How long the load runs.
@@ -144,14 +144,15 @@ async fn run(opts: Options) -> anyhow::Result<(bool, String)> {
         own_socket_dir: true,
         bucket: BUCKET.into(),
         metrics: true,
-        who: "s3dma soak",
+        who: "s3dma-tools soak",
+        bin_dir: None,
     })?;
     if let Err(e) = stack.start().await {
         stack.stop().await;
-        return Err(e);
+        return Err(e.into());
     }
     eprintln!(
-        "s3dma soak: {} clients for {}, a sample every {}, seed {seed}",
+        "s3dma-tools soak: {} clients for {}, a sample every {}, seed {seed}",
         opts.clients,
         humantime::format_duration(opts.duration),
         humantime::format_duration(every)
@@ -294,7 +295,7 @@ async fn soak(
 }
 
 /// Waits for every [`END_GAUGES`] metric to read 0; the ones that do not.
-async fn end_gauges(ep: &crate::local::Endpoints) -> Vec<String> {
+async fn end_gauges(ep: &s3dma_launcher::Endpoints) -> Vec<String> {
     let addr = |name: &str| match name {
         "host-shim" => ep.shim_metrics.clone(),
         "dpu-agent" => ep.agent_metrics.clone(),
@@ -376,7 +377,7 @@ fn fill(buf: &mut [u8], seed: u64) {
 }
 
 async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Shared) {
-    let client = match Client::connect_with(socket, crate::local::own_shim()).await {
+    let client = match Client::connect_with(socket, crate::own_shim()).await {
         Ok(c) => c,
         Err(e) => return shared.fail(i, &format!("connecting: {e}")),
     };

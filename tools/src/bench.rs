@@ -1,4 +1,4 @@
-//! `s3dma bench`: the full stack against plain S3 over HTTP, in one run.
+//! `s3dma-tools bench`: the full stack against plain S3 over HTTP, in one run.
 //!
 //! It starts storage-target, dpu-agent and host-shim (the [`Stack`] of
 //! `s3dma local`) in a temporary directory, with the store on `/dev/shm`
@@ -37,10 +37,10 @@ use s3dma_client::{Buffer, Client, ClientOptions, GetOptions, PutOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
-use crate::local::{REGION, Stack, StackOptions};
 use crate::procfs;
 use crate::report::{Cell, CellStats, CpuSecs, Op, Report, Size, Throughput, human_size};
 use crate::stats::{Latencies, gbps, median, per_second, ticks_to_secs};
+use s3dma_launcher::{REGION, Stack, StackOptions};
 
 /// The bucket the bench creates and uses.
 const BUCKET: &str = "bench";
@@ -58,7 +58,7 @@ const SMALL: [Size; 2] = [
 /// Requests in flight per small-object cell.
 const IN_FLIGHT: [usize; 3] = [1, 16, 64];
 
-/// What `s3dma bench` was asked for.
+/// What `s3dma-tools bench` was asked for.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Small sizes and short cells (for CI).
@@ -150,7 +150,7 @@ impl Plan {
 }
 
 fn progress(msg: &str) {
-    eprintln!("s3dma bench: {msg}");
+    eprintln!("s3dma-tools bench: {msg}");
 }
 
 /// Runs the bench: starts a stack, measures, stops it, prints the table.
@@ -202,7 +202,7 @@ async fn attached(opts: &Options, plan: &Plan, endpoint: &str) -> anyhow::Result
         &secret,
         pids,
         format!("the stack at {endpoint}"),
-        crate::commands::client_options(opts.shim_uid),
+        crate::client_options(opts.shim_uid),
     )
     .await?;
     match ctx.s3.create_bucket().bucket(BUCKET).send().await {
@@ -267,7 +267,7 @@ async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
     let needed = 3 * plan.sizes[1].bytes + (512 << 20);
     let mut shm_dir = None;
     let data_dir = match &opts.data_dir {
-        Some(d) => crate::local::absolute_path(d.clone())?,
+        Some(d) => s3dma_launcher::absolute(d.clone())?,
         None if free_bytes(Path::new("/dev/shm")).is_some_and(|f| f >= needed) => {
             let d = tempfile::Builder::new()
                 .prefix("s3dma-bench-")
@@ -286,18 +286,19 @@ async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
         own_socket_dir: true,
         bucket: BUCKET.into(),
         metrics: false,
-        who: "s3dma bench",
+        who: "s3dma-tools bench",
+        bin_dir: None,
     })?;
     if let Err(e) = stack.start().await {
         stack.stop().await;
-        return Err(e);
+        return Err(e.into());
     }
     let ctx = Ctx::new(&stack, data_dir.display().to_string()).await;
     let result = match ctx {
         Ok(ctx) => {
             tokio::select! {
                 r = measure(&ctx, plan) => r,
-                e = stack.any_exit() => Err(e),
+                e = stack.any_exit() => Err(e.into()),
             }
         }
         Err(e) => Err(e),
@@ -382,7 +383,7 @@ impl Ctx {
             secret,
             Some(pids),
             data_dir,
-            crate::local::own_shim(),
+            crate::own_shim(),
         )
         .await
     }

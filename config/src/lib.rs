@@ -1,0 +1,28 @@
+#![warn(missing_docs)]
+//! Configuration pieces every s3dma program shares, so that the three
+//! services' YAML files read sizes, secrets and endpoint URLs the same way
+//! and report problems the same way. Pure apart from reading files: no
+//! async runtime, no fabric.
+//!
+//! * [`ByteSize`] / [`parse_size`]: a size written as a number of bytes or
+//!   as `4MiB`, `512KiB`, `1GiB`, `2TiB` (binary units only, case-sensitive).
+//! * [`Secret`], [`read_secret_file`], [`read_private_file`]: secrets read
+//!   from files that others cannot read ([`check_private_file`]); a secret
+//!   never reaches a log or an error message.
+//! * [`check_readable_file`]: a file a configuration names exists and is a
+//!   regular file.
+//! * [`check_endpoint_url`]: `http://host:port` or `https://host:port`.
+//! * [`ConfigError`]: `<file>: <field.path>: <problem>`, the one shape of a
+//!   configuration error in every service.
+
+mod endpoint;
+mod error;
+mod files;
+mod size;
+
+pub use endpoint::{EndpointUrl, EndpointUrlError, check_endpoint_url};
+pub use error::ConfigError;
+pub use files::{
+    FileError, Secret, check_private_file, check_readable_file, read_private_file, read_secret_file,
+};
+pub use size::{ByteSize, SizeError, parse_size};

@@ -1,0 +1,261 @@
+//! The three services' configurations, built as their own config structs
+//! and written with `serde_yaml`: no YAML text is put together by hand, so
+//! every path, key and URL is quoted by the serializer, and a field the
+//! services rename or drop breaks this crate's build rather than a start.
+//!
+//! Everything listens on loopback, on free ports (port 0; each service
+//! prints the address it bound), and the fabric is `tcp`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+use fabric::Backend;
+
+use crate::{LaunchError, Layout, REGION, TENANT};
+
+/// `127.0.0.1:0`: loopback, a free port.
+#[must_use]
+pub fn loopback_any_port() -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, 0))
+}
+
+/// The storage-target's configuration: loopback, a free port, RDMA over the
+/// tcp fabric, one user (the tenant's key, `access_key_id`) with read-write
+/// on every bucket; with `metrics`, Prometheus metrics on another free
+/// loopback port.
+#[must_use]
+pub fn storage_target(
+    l: &Layout,
+    access_key_id: &str,
+    metrics: bool,
+) -> storage_target::config::Config {
+    use storage_target::config::{Access, BucketGrant, Config, UserConfig};
+    let mut c = Config::new(l.data_dir.clone());
+    c.listen = loopback_any_port();
+    c.region = REGION.to_owned();
+    c.users = vec![UserConfig {
+        access_key_id: access_key_id.to_owned(),
+        secret: None,
+        secret_file: Some(l.secret_key_file.clone()),
+        buckets: vec![BucketGrant {
+            name: "*".to_owned(),
+            access: Access::ReadWrite,
+        }],
+    }];
+    c.rdma.mode = storage_target::rdma::RdmaMode::Enabled;
+    c.rdma.backend = Backend::Tcp;
+    c.rdma.fabric_key_file = Some(l.fabric_key_file.clone());
+    if metrics {
+        c.metrics.address = Some(loopback_any_port());
+    }
+    c
+}
+
+/// The dpu-agent's configuration: loopback, a free port, one shim (bearer
+/// token), tenant [`TENANT`] with read and write on every bucket, one target
+/// at `target_url` serving every bucket over RDMA; with `metrics`,
+/// Prometheus metrics on another free loopback port.
+#[must_use]
+pub fn dpu_agent(
+    l: &Layout,
+    access_key_id: &str,
+    target_url: &str,
+    metrics: bool,
+) -> dpu_agent::config::Config {
+    use dpu_agent::config::{
+        Config, FabricConfig, Grant, ListenConfig, MetricsConfig, Quotas, ShimConfig, TargetConfig,
+        TenantConfig, TransferConfig,
+    };
+    let mut target = TargetConfig::new("local", target_url, vec!["*".to_owned()]);
+    target.region = REGION.to_owned();
+    target.rdma = true;
+    let mut fabric = FabricConfig::new(l.fabric_key_file.clone());
+    fabric.backend = Backend::Tcp;
+    Config {
+        listen: ListenConfig::new(loopback_any_port()),
+        shims: vec![ShimConfig {
+            name: "local".to_owned(),
+            token_file: Some(l.shim_token_file.clone()),
+            tls_name: None,
+            tenants: vec![TENANT.to_owned()],
+        }],
+        tenants: vec![TenantConfig {
+            name: TENANT.to_owned(),
+            access_key_id: access_key_id.to_owned(),
+            secret_access_key_file: l.secret_key_file.clone(),
+            allow: vec![Grant {
+                bucket: "*".to_owned(),
+                prefix: String::new(),
+                read: true,
+                write: true,
+            }],
+            quotas: Quotas::default(),
+        }],
+        targets: vec![target],
+        fabric,
+        transfer: TransferConfig::default(),
+        metrics: MetricsConfig {
+            address: metrics.then(loopback_any_port),
+            ..MetricsConfig::default()
+        },
+    }
+}
+
+/// The host-shim's configuration: the socket (0600), the agent at
+/// `agent_addr` (`IP:PORT`) with the shim's bearer token, a loopback fabric
+/// endpoint, and `uid` as tenant [`TENANT`]; with `metrics`, Prometheus
+/// metrics on a free loopback port.
+#[must_use]
+pub fn host_shim(
+    l: &Layout,
+    socket: &Path,
+    agent_addr: &str,
+    uid: u32,
+    metrics: bool,
+) -> host_shim::config::Config {
+    use host_shim::config::{
+        AgentConfig, Config, FabricConfig, LeaseConfig, MetricsConfig, SocketConfig, TenantConfig,
+    };
+    let mut sock = SocketConfig::new(socket.to_path_buf());
+    sock.mode = "0600".to_owned();
+    let mut agent = AgentConfig::new(format!("http://{agent_addr}"));
+    agent.token_file = Some(l.shim_token_file.clone());
+    let mut tenant = TenantConfig::new(TENANT);
+    tenant.uids = vec![uid];
+    Config {
+        socket: sock,
+        agent,
+        fabric: FabricConfig {
+            backend: Backend::Tcp,
+            listen: loopback_any_port(),
+            advertise: None,
+            fabric_key_file: l.fabric_key_file.clone(),
+        },
+        tenants: vec![tenant],
+        leases: LeaseConfig::default(),
+        metrics: MetricsConfig {
+            address: metrics.then(loopback_any_port),
+            ..MetricsConfig::default()
+        },
+    }
+}
+
+/// The first line of every file the launcher writes.
+pub const HEADER: &str = "# Generated by the s3dma launcher (`s3dma local`, `s3dma-tools`) on every start; edits are overwritten.\n";
+
+/// `config` as YAML, after [`HEADER`]; `path` names the file in errors.
+///
+/// # Errors
+/// [`LaunchError::Config`] when the value cannot be serialized (a path that
+/// is not UTF-8).
+pub fn to_yaml<T: serde::Serialize>(path: &Path, config: &T) -> Result<String, LaunchError> {
+    let body = serde_yaml::to_string(config).map_err(|source| LaunchError::Config {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(format!("{HEADER}{body}"))
+}
+
+/// Writes `config` to `path` as YAML (0600; an existing file is replaced,
+/// a symlink is not followed).
+///
+/// # Errors
+/// [`LaunchError::Config`] or [`LaunchError::Private`].
+pub fn write<T: serde::Serialize>(path: &Path, config: &T) -> Result<(), LaunchError> {
+    crate::layout::write_private(path, &to_yaml(path, config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layout in a fresh directory with real secret files, so the
+    /// services' loaders (which read them) accept it.
+    fn prepared() -> (tempfile::TempDir, Layout, String) {
+        let d = tempfile::tempdir().unwrap();
+        // Spaces, '#', ':' and quotes: the serializer must quote them.
+        let dir = d.path().join("local dir #1: \"x\"");
+        std::fs::create_dir(&dir).unwrap();
+        let l = Layout::new(&dir);
+        crate::layout::private_dir(&l.dir).unwrap();
+        std::fs::create_dir(&l.data_dir).unwrap();
+        let s = l.prepare_secrets().unwrap();
+        (d, l, s.access_key_id)
+    }
+
+    #[test]
+    fn storage_target_config_loads() {
+        let (_d, l, key) = prepared();
+        for metrics in [false, true] {
+            write(&l.target_config, &storage_target(&l, &key, metrics)).unwrap();
+            let (c, users) = storage_target::config::Config::load(&l.target_config).unwrap();
+            assert_eq!(c.data_dir, l.data_dir);
+            assert_eq!(c.listen.to_string(), "127.0.0.1:0");
+            assert_eq!(c.region, REGION);
+            assert_eq!(users[0].access_key_id, key);
+            assert_eq!(c.rdma.mode, storage_target::rdma::RdmaMode::Enabled);
+            assert_eq!(
+                c.rdma.fabric_key_file.as_deref(),
+                Some(l.fabric_key_file.as_path())
+            );
+            let m = c.metrics_options("st.yaml").unwrap();
+            assert_eq!(m.address.is_some(), metrics);
+        }
+    }
+
+    #[test]
+    fn dpu_agent_config_loads() {
+        let (_d, l, key) = prepared();
+        for metrics in [false, true] {
+            write(
+                &l.agent_config,
+                &dpu_agent(&l, &key, "http://127.0.0.1:4567", metrics),
+            )
+            .unwrap();
+            let loaded = dpu_agent::config::load(&l.agent_config).unwrap();
+            let c = &loaded.config;
+            assert_eq!(c.tenants[0].name, TENANT);
+            assert_eq!(c.tenants[0].access_key_id, key);
+            assert_eq!(c.tenants[0].secret_access_key_file, l.secret_key_file);
+            assert!(c.tenants[0].allow[0].write);
+            assert_eq!(c.targets[0].endpoint, "http://127.0.0.1:4567");
+            assert_eq!(c.shims[0].tenants, vec![TENANT.to_owned()]);
+            assert_eq!(c.listen.address.ip().to_string(), "127.0.0.1");
+            assert_eq!(c.metrics.address.is_some(), metrics);
+            assert!(loaded.shim("local").is_some_and(|s| s.token.is_some()));
+        }
+    }
+
+    #[test]
+    fn host_shim_config_loads() {
+        let (d, l, _) = prepared();
+        let sock = d.path().join("shim \"x\".sock");
+        for metrics in [false, true] {
+            write(
+                &l.shim_config,
+                &host_shim(&l, &sock, "127.0.0.1:7000", 1000, metrics),
+            )
+            .unwrap();
+            let loaded = host_shim::config::load(&l.shim_config).unwrap();
+            let c = &loaded.config;
+            assert_eq!(c.socket.path, sock);
+            assert_eq!(c.socket.mode, "0600");
+            assert_eq!(c.agent.endpoint, "http://127.0.0.1:7000");
+            assert_eq!(c.tenants[0].uids, vec![1000]);
+            assert_eq!(c.fabric.fabric_key_file, l.fabric_key_file);
+            assert!(c.fabric.listen.ip().is_loopback());
+            assert_eq!(c.metrics.address.is_some(), metrics);
+        }
+    }
+
+    #[test]
+    fn written_files_are_private_and_say_so() {
+        let (_d, l, key) = prepared();
+        write(&l.target_config, &storage_target(&l, &key, false)).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        let meta = std::fs::metadata(&l.target_config).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let text = std::fs::read_to_string(&l.target_config).unwrap();
+        assert!(text.starts_with(HEADER), "{text}");
+    }
+}

@@ -1,0 +1,697 @@
+//! Starting and stopping the three services.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use s3dma_service::private;
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::layout::{Secrets, private_dir};
+use crate::{
+    AGENT_START_TIMEOUT, BUCKET_TIMEOUT, LaunchError, Layout, REGION, SHIM_START_TIMEOUT,
+    STOP_TIMEOUT, TARGET_START_TIMEOUT, configs, parse_agent_line, parse_metrics_line,
+    parse_target_line, tail,
+};
+
+/// The service binaries, in start order.
+const BINARIES: [&str; 3] = ["storage-target", "dpu-agent", "host-shim"];
+
+/// What start-up found out: where each service listens.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints {
+    /// The storage-target's S3 endpoint, `http://IP:PORT`.
+    pub target_url: String,
+    /// The dpu-agent's gRPC address, `IP:PORT`.
+    pub agent_addr: String,
+    /// The host-shim's socket (absolute).
+    pub socket: PathBuf,
+    /// `IP:PORT` of each service's `/metrics` (with [`StackOptions::metrics`]).
+    pub target_metrics: Option<String>,
+    /// See `target_metrics`.
+    pub agent_metrics: Option<String>,
+    /// See `target_metrics`.
+    pub shim_metrics: Option<String>,
+}
+
+/// What [`Stack::prepare`] sets up.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// State directory (absolute): secrets, configs, logs, and the data
+    /// unless `data_dir` is given.
+    pub dir: PathBuf,
+    /// The storage-target's data directory (default `DIR/data`).
+    pub data_dir: Option<PathBuf>,
+    /// The shim's socket (absolute).
+    pub socket: PathBuf,
+    /// The socket's directory belongs to the launcher (the default socket
+    /// directory, or a temporary one): make it 0700. Otherwise (`--socket`)
+    /// an existing directory is only checked.
+    pub own_socket_dir: bool,
+    /// Bucket created at start-up if missing.
+    pub bucket: String,
+    /// Serve Prometheus metrics from all three on free loopback ports.
+    pub metrics: bool,
+    /// Prefix of the progress lines on stderr, e.g. `s3dma local`.
+    pub who: &'static str,
+    /// The directory holding the `storage-target`, `dpu-agent` and
+    /// `host-shim` binaries. `None`: the running program's directory (cargo
+    /// puts every workspace binary in one target directory; for a test
+    /// binary in `target/<profile>/deps`, its parent), then `PATH`.
+    pub bin_dir: Option<PathBuf>,
+}
+
+impl StackOptions {
+    /// Options for a stack under `dir` with its socket at `socket`, both
+    /// belonging to the launcher; bucket `data`, no metrics, binaries found
+    /// next to the running program.
+    #[must_use]
+    pub fn new(dir: PathBuf, socket: PathBuf, who: &'static str) -> StackOptions {
+        StackOptions {
+            dir,
+            data_dir: None,
+            socket,
+            own_socket_dir: true,
+            bucket: "data".to_owned(),
+            metrics: false,
+            who,
+            bin_dir: None,
+        }
+    }
+}
+
+/// A started service, as [`Stack::services`] shows it.
+#[derive(Debug, Clone)]
+pub struct Service {
+    /// `storage-target`, `dpu-agent` or `host-shim`.
+    pub name: &'static str,
+    /// Its process id.
+    pub pid: u32,
+    /// Its log file (stderr and the rest of stdout).
+    pub log: PathBuf,
+}
+
+/// A started child.
+#[derive(Debug)]
+struct Proc {
+    name: &'static str,
+    child: Child,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn log_tail(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let _ = f.read_to_string(&mut text);
+        }
+        let t = tail(&text, 20);
+        if t.is_empty() {
+            format!("(its log {} is empty)", self.log.display())
+        } else {
+            format!("last lines of {}:\n{t}", self.log.display())
+        }
+    }
+
+    fn fail(&self, message: String) -> LaunchError {
+        LaunchError::Service {
+            name: self.name,
+            message: format!("{message}; {}", self.log_tail()),
+        }
+    }
+
+    fn died(&self, status: ExitStatus, when: &str) -> LaunchError {
+        self.fail(format!("{} {when} ({status})", self.name))
+    }
+}
+
+/// storage-target, dpu-agent and host-shim started from their binaries,
+/// configured by [`configs`]. [`Stack::stop`] stops them in reverse order;
+/// dropping a `Stack` kills them.
+#[derive(Debug)]
+pub struct Stack {
+    who: &'static str,
+    layout: Layout,
+    secrets: Secrets,
+    socket: PathBuf,
+    bucket: String,
+    metrics: bool,
+    bins: [PathBuf; 3],
+    uid: u32,
+    procs: Vec<Proc>,
+    endpoints: Endpoints,
+    _lock: Flock<File>,
+}
+
+impl Stack {
+    /// Finds the binaries, creates the state directory (0700) and locks it,
+    /// reads or creates the secrets, and checks the socket path. Starts
+    /// nothing.
+    ///
+    /// # Errors
+    /// Missing binaries, an unusable or locked directory, a bad socket path.
+    pub fn prepare(opts: StackOptions) -> Result<Stack, LaunchError> {
+        let uid = private::current_uid();
+        let bins = find_binaries(opts.bin_dir.as_deref())?;
+        let mut l = Layout::new(&opts.dir);
+        if let Some(d) = opts.data_dir {
+            l.data_dir = d;
+        }
+        private_dir(&l.dir)?;
+        if l.dir.to_str().is_none() {
+            return Err(LaunchError::Unusable(format!(
+                "{} is not valid UTF-8; pick another --dir",
+                l.dir.display()
+            )));
+        }
+        let lock_path = l.dir.join("lock");
+        let lock_file = private::create_private_file(&lock_path)
+            .map_err(|error| LaunchError::Private { error, hint: "" })?;
+        let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+            LaunchError::Unusable(format!(
+                "another s3dma local is using {}; stop it or pick another --dir",
+                l.dir.display()
+            ))
+        })?;
+        private_dir(&l.logs_dir)?;
+        private_dir(&l.data_dir)?;
+        let secrets = l.prepare_secrets()?;
+        prepare_socket(&opts.socket, opts.own_socket_dir)?;
+        Ok(Stack {
+            who: opts.who,
+            layout: l,
+            secrets,
+            socket: opts.socket.clone(),
+            bucket: opts.bucket,
+            metrics: opts.metrics,
+            bins,
+            uid,
+            procs: Vec::new(),
+            endpoints: Endpoints {
+                socket: opts.socket,
+                ..Endpoints::default()
+            },
+            _lock: lock,
+        })
+    }
+
+    /// Starts the three services, each once the previous one is up, and
+    /// creates the bucket. On error, [`Stack::stop`] stops what started.
+    ///
+    /// # Errors
+    /// A configuration that cannot be written, a child that does not start
+    /// in time or exits, a bucket that cannot be created.
+    pub async fn start(&mut self) -> Result<&Endpoints, LaunchError> {
+        let l = &self.layout;
+        let metrics = self.metrics;
+
+        let key = &self.secrets.access_key_id;
+        configs::write(&l.target_config, &configs::storage_target(l, key, metrics))?;
+        let (p, mut lines) = spawn(
+            self.who,
+            BINARIES[0],
+            &self.bins[0],
+            &l.target_config,
+            l.log(BINARIES[0]),
+        )?;
+        self.procs.push(p);
+        let p = self.procs.last_mut().ok_or_else(no_process)?;
+        let target_url =
+            wait_for_line(p, &mut lines, TARGET_START_TIMEOUT, parse_target_line).await?;
+        let target_metrics = wait_metrics(metrics, p, &mut lines).await?;
+        drain(lines, p.log.clone());
+        create_bucket(&target_url, &self.secrets, &self.bucket).await?;
+
+        configs::write(
+            &l.agent_config,
+            &configs::dpu_agent(l, key, &target_url, metrics),
+        )?;
+        let (p, mut lines) = spawn(
+            self.who,
+            BINARIES[1],
+            &self.bins[1],
+            &l.agent_config,
+            l.log(BINARIES[1]),
+        )?;
+        self.procs.push(p);
+        let p = self.procs.last_mut().ok_or_else(no_process)?;
+        let agent_addr =
+            wait_for_line(p, &mut lines, AGENT_START_TIMEOUT, parse_agent_line).await?;
+        let agent_metrics = wait_metrics(metrics, p, &mut lines).await?;
+        drain(lines, p.log.clone());
+
+        configs::write(
+            &l.shim_config,
+            &configs::host_shim(l, &self.socket, &agent_addr, self.uid, metrics),
+        )?;
+        let (p, mut lines) = spawn(
+            self.who,
+            BINARIES[2],
+            &self.bins[2],
+            &l.shim_config,
+            l.log(BINARIES[2]),
+        )?;
+        self.procs.push(p);
+        let p = self.procs.last_mut().ok_or_else(no_process)?;
+        let shim_metrics = wait_metrics(metrics, p, &mut lines).await?;
+        drain(lines, p.log.clone());
+        wait_for_socket(p, &self.socket, SHIM_START_TIMEOUT).await?;
+        self.endpoints = Endpoints {
+            target_url,
+            agent_addr,
+            socket: self.socket.clone(),
+            target_metrics,
+            agent_metrics,
+            shim_metrics,
+        };
+        Ok(&self.endpoints)
+    }
+
+    /// Where the services listen (filled in by [`Stack::start`]).
+    #[must_use]
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    /// Where things live under the state directory.
+    #[must_use]
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The shim's socket.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The bucket created at start-up.
+    #[must_use]
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The tenant's S3 access key id and secret (what the dpu-agent signs
+    /// with; for talking to the storage-target directly).
+    #[must_use]
+    pub fn credentials(&self) -> (&str, &str) {
+        (&self.secrets.access_key_id, &self.secrets.secret_access_key)
+    }
+
+    /// The services started so far, in start order.
+    #[must_use]
+    pub fn services(&self) -> Vec<Service> {
+        self.procs
+            .iter()
+            .map(|p| Service {
+                name: p.name,
+                pid: p.pid,
+                log: p.log.clone(),
+            })
+            .collect()
+    }
+
+    /// The pid of the service called `name`.
+    #[must_use]
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.procs.iter().find(|p| p.name == name).map(|p| p.pid)
+    }
+
+    /// An error for the first service that has exited, with its log's tail.
+    pub fn dead(&mut self) -> Option<LaunchError> {
+        self.procs
+            .iter_mut()
+            .find_map(|p| match p.child.try_wait() {
+                Ok(Some(status)) => Some(p.died(status, "exited unexpectedly")),
+                _ => None,
+            })
+    }
+
+    /// Resolves when a service exits, with an error naming it.
+    pub async fn any_exit(&mut self) -> LaunchError {
+        loop {
+            if let Some(e) = self.dead() {
+                return e;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops the services in reverse start order (SIGTERM, then SIGKILL
+    /// after [`STOP_TIMEOUT`]) and removes the socket.
+    pub async fn stop(&mut self) {
+        for p in self.procs.iter_mut().rev() {
+            if matches!(p.child.try_wait(), Ok(Some(_))) {
+                continue;
+            }
+            if let Ok(pid) = i32::try_from(p.pid) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+            if timeout(STOP_TIMEOUT, p.child.wait()).await.is_err() {
+                eprintln!(
+                    "{}: {} (pid {}) did not stop within {} s; killing it",
+                    self.who,
+                    p.name,
+                    p.pid,
+                    STOP_TIMEOUT.as_secs()
+                );
+                let _ = p.child.kill().await;
+            }
+        }
+        let _ = fs::remove_file(&self.socket);
+    }
+}
+
+fn no_process() -> LaunchError {
+    LaunchError::Unusable("internal error: no process".into())
+}
+
+/// The directories a binary is looked for in when no `bin_dir` is given:
+/// the running program's, and for a test binary in `deps/` its parent.
+fn exe_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        dirs.push(dir.to_path_buf());
+        if dir.file_name().is_some_and(|n| n == "deps")
+            && let Some(up) = dir.parent()
+        {
+            dirs.push(up.to_path_buf());
+        }
+    }
+    dirs
+}
+
+/// Finds `name` in `bin_dir`, or next to the running program, then on `PATH`.
+fn find_binary(name: &str, bin_dir: Option<&Path>) -> Option<PathBuf> {
+    if let Some(d) = bin_dir {
+        let p = d.join(name);
+        return p.is_file().then_some(p);
+    }
+    if let Some(p) = exe_dirs()
+        .into_iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+    {
+        return Some(p);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn find_binaries(bin_dir: Option<&Path>) -> Result<[PathBuf; 3], LaunchError> {
+    let found: Vec<Option<PathBuf>> = BINARIES.iter().map(|n| find_binary(n, bin_dir)).collect();
+    let missing: Vec<&'static str> = BINARIES
+        .iter()
+        .zip(&found)
+        .filter(|(_, f)| f.is_none())
+        .map(|(n, _)| *n)
+        .collect();
+    if !missing.is_empty() {
+        let where_ = match bin_dir {
+            Some(d) => d.display().to_string(),
+            None => exe_dirs()
+                .first()
+                .map(|d| d.display().to_string())
+                .unwrap_or_else(|| "this program's directory".into()),
+        };
+        return Err(LaunchError::MissingBinaries { missing, where_ });
+    }
+    let mut it = found.into_iter().flatten();
+    match (it.next(), it.next(), it.next()) {
+        (Some(a), Some(b), Some(c)) => Ok([a, b, c]),
+        _ => Err(LaunchError::Unusable(
+            "internal error: binaries vanished".into(),
+        )),
+    }
+}
+
+fn append_line(path: &Path, line: &str) {
+    if let Ok(mut f) = OpenOptions::new().append(true).open(path) {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Copies the rest of a child's stdout into its log.
+fn drain<R: AsyncRead + Unpin + Send + 'static>(mut lines: Lines<BufReader<R>>, log: PathBuf) {
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            append_line(&log, &line);
+        }
+    });
+}
+
+fn spawn(
+    who: &str,
+    name: &'static str,
+    bin: &Path,
+    config: &Path,
+    log: PathBuf,
+) -> Result<(Proc, Lines<BufReader<ChildStdout>>), LaunchError> {
+    let stderr = private::create_private_file(&log)
+        .map_err(|error| LaunchError::Private { error, hint: "" })?;
+    let mut child = Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        // Logs go to files: no colour codes in them.
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr))
+        // Our own Ctrl-C handling stops the children, in order.
+        .process_group(0)
+        // If the launching program panics, the children do not outlive it.
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(LaunchError::io(format!("starting {}", bin.display())))?;
+    let pid = child.id().unwrap_or(0);
+    let stdout = child.stdout.take().ok_or_else(|| LaunchError::Service {
+        name,
+        message: format!("{name}: no stdout pipe"),
+    })?;
+    eprintln!("{who}: started {name} (pid {pid}), log {}", log.display());
+    Ok((
+        Proc {
+            name,
+            child,
+            pid,
+            log,
+        },
+        BufReader::new(stdout).lines(),
+    ))
+}
+
+/// Reads `p`'s stdout until `parse` accepts a line; other lines go to its log.
+async fn wait_for_line(
+    p: &mut Proc,
+    lines: &mut Lines<BufReader<ChildStdout>>,
+    limit: Duration,
+    parse: impl Fn(&str) -> Option<&str>,
+) -> Result<String, LaunchError> {
+    let deadline = Instant::now() + limit;
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => {
+                    append_line(&p.log, &line);
+                    if let Some(v) = parse(&line) {
+                        return Ok(v.to_owned());
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    // Stdout closed: it is exiting.
+                    let status = timeout(Duration::from_secs(5), p.child.wait()).await;
+                    return Err(match status {
+                        Ok(Ok(s)) => p.died(s, "exited during start-up"),
+                        _ => p.fail(format!("{} closed its stdout during start-up", p.name)),
+                    });
+                }
+            },
+            status = p.child.wait() => {
+                let status = status.map_err(LaunchError::io(format!("waiting for {}", p.name)))?;
+                return Err(p.died(status, "exited during start-up"));
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                return Err(p.fail(format!("{} did not start within {} s", p.name, limit.as_secs())));
+            }
+        }
+    }
+}
+
+/// With `metrics`, reads `p`'s stdout until its `metrics on` line.
+async fn wait_metrics(
+    metrics: bool,
+    p: &mut Proc,
+    lines: &mut Lines<BufReader<ChildStdout>>,
+) -> Result<Option<String>, LaunchError> {
+    if !metrics {
+        return Ok(None);
+    }
+    wait_for_line(p, lines, AGENT_START_TIMEOUT, parse_metrics_line)
+        .await
+        .map(Some)
+}
+
+/// Polls until something accepts connections on `socket`.
+async fn wait_for_socket(p: &mut Proc, socket: &Path, limit: Duration) -> Result<(), LaunchError> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = p
+            .child
+            .try_wait()
+            .map_err(LaunchError::io(format!("waiting for {}", p.name)))?
+        {
+            return Err(p.died(status, "exited during start-up"));
+        }
+        if tokio::net::UnixStream::connect(socket).await.is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(p.fail(format!(
+                "{} did not open {} within {} s",
+                p.name,
+                socket.display(),
+                limit.as_secs()
+            )));
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates `bucket` on the target with aws-sdk-s3 (path-style, the
+/// tenant's key); a bucket the tenant already owns is fine.
+async fn create_bucket(
+    target_url: &str,
+    secrets: &Secrets,
+    bucket: &str,
+) -> Result<(), LaunchError> {
+    let fail = |message: String| LaunchError::Bucket {
+        bucket: bucket.to_owned(),
+        message,
+    };
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(REGION))
+        .endpoint_url(target_url)
+        .credentials_provider(Credentials::new(
+            &secrets.access_key_id,
+            &secrets.secret_access_key,
+            None,
+            None,
+            "s3dma-launcher",
+        ))
+        .force_path_style(true)
+        .build();
+    let s3 = aws_sdk_s3::Client::from_conf(conf);
+    match timeout(BUCKET_TIMEOUT, s3.create_bucket().bucket(bucket).send()).await {
+        Err(_) => Err(fail(format!(
+            "storage-target at {target_url} did not answer within {} s",
+            BUCKET_TIMEOUT.as_secs()
+        ))),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e))
+            if e.as_service_error()
+                .is_some_and(|s| s.is_bucket_already_owned_by_you()) =>
+        {
+            Ok(())
+        }
+        Ok(Err(e)) => Err(fail(format!(
+            "{}",
+            aws_sdk_s3::error::DisplayErrorContext(e)
+        ))),
+    }
+}
+
+/// Makes `p` absolute against the current directory.
+///
+/// # Errors
+/// The current directory cannot be read.
+pub fn absolute(p: PathBuf) -> Result<PathBuf, LaunchError> {
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Ok(std::env::current_dir()
+            .map_err(LaunchError::io("reading the current directory"))?
+            .join(p))
+    }
+}
+
+/// Checks the socket path and its directory; removes a stale socket.
+///
+/// With `own_dir` (the default socket, or a directory made for it) the
+/// directory is made private ([`private_dir`]); otherwise a missing one is
+/// created private and an existing one must belong to us or root and be
+/// writable by nobody else.
+fn prepare_socket(socket: &Path, own_dir: bool) -> Result<(), LaunchError> {
+    let unusable = |m: String| Err(LaunchError::Unusable(m));
+    if socket.as_os_str().len() > 107 {
+        return unusable(format!(
+            "socket path {} is longer than the 107 bytes a Unix socket path may have; pick a shorter one with --socket",
+            socket.display()
+        ));
+    }
+    if socket.to_str().is_none() {
+        return unusable(format!(
+            "socket path {} is not valid UTF-8",
+            socket.display()
+        ));
+    }
+    let Some(parent) = socket.parent() else {
+        return unusable(format!("socket path {} has no directory", socket.display()));
+    };
+    let exists = match fs::symlink_metadata(parent) {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => {
+            return Err(LaunchError::io(format!("inspecting {}", parent.display()))(
+                e,
+            ));
+        }
+    };
+    if own_dir || !exists {
+        private_dir(parent)?;
+    } else {
+        private::check_socket_dir(parent, &[private::current_uid(), 0]).map_err(|error| {
+            LaunchError::Private {
+                error,
+                hint: "; the socket's directory must be yours (or root's) and writable by nobody \
+                       else, so that nobody can replace the socket: pick another --socket",
+            }
+        })?;
+    }
+    match fs::symlink_metadata(socket) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                return unusable(format!(
+                    "something already listens on {} (another s3dma local or host-shim?); stop it or pick another --socket",
+                    socket.display()
+                ));
+            }
+            fs::remove_file(socket).map_err(LaunchError::io(format!(
+                "removing the stale socket {}",
+                socket.display()
+            )))?;
+        }
+        Ok(_) => {
+            return unusable(format!(
+                "{} exists and is not a socket; pick another --socket",
+                socket.display()
+            ));
+        }
+        Err(_) => {}
+    }
+    Ok(())
+}

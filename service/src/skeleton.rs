@@ -1,0 +1,194 @@
+//! The one `main` of the three services (storage-target, dpu-agent,
+//! host-shim): the `--config FILE [--check]` command line, tracing on
+//! stderr, the runtime, SIGTERM/SIGINT and graceful shutdown, and the
+//! machine-read first lines on stdout.
+//!
+//! A service's `main` is
+//!
+//! ```ignore
+//! #[derive(clap::Parser)]
+//! #[command(version, about)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     args: s3dma_service::skeleton::ServiceArgs,
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     let cli = Cli::parse();
+//!     SERVICE.run(&cli.args, my_service::config::load, |cfg, shutdown| async move {
+//!         let running = my_service::start(cfg).await?;
+//!         s3dma_service::skeleton::announce([format!("my-service listening on {}", running.addr)]);
+//!         shutdown.cancelled().await;
+//!         running.stop().await;
+//!         Ok::<(), my_service::StartError>(())
+//!     })
+//! }
+//! ```
+//!
+//! What it does, in order: tracing (`RUST_LOG`, else the service's default
+//! filter; stderr; ANSI colours only when stderr is a terminal, so log files
+//! stay plain text); the configuration is loaded and validated (an error is
+//! printed as `Error: <file>: <field.path>: <problem>` and the exit status is
+//! 1); with `--check`, `<file>: configuration is valid` and exit 0;
+//! otherwise a multi-threaded runtime runs `serve` with a token that
+//! SIGTERM or SIGINT cancels. `serve` prints its first lines with
+//! [`announce`] once it listens (`<service> listening on ADDR`, then
+//! `metrics on ...`: tests and the launcher read them, so their text is
+//! fixed), and returns once it has shut down.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+/// The command line every service takes: `--config FILE [--check]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServiceArgs {
+    /// Configuration file (YAML).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Validate the configuration (and read its secret files), then exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// What differs between the services' `main`s.
+#[derive(Debug, Clone, Copy)]
+pub struct Service {
+    /// The program's name, in log lines.
+    pub name: &'static str,
+    /// The tracing filter when `RUST_LOG` is not set, e.g. `info` or
+    /// `info,s3s=off`.
+    pub default_log_filter: &'static str,
+}
+
+impl Service {
+    /// Runs the service: see the [module documentation](self).
+    /// `load` reads and validates the configuration file (its error is
+    /// printed as is: it names the file); `serve` serves until the token is
+    /// cancelled, then shuts down and returns.
+    pub fn run<C, LE, SE, Fut>(
+        self,
+        args: &ServiceArgs,
+        load: impl FnOnce(&Path) -> Result<C, LE>,
+        serve: impl FnOnce(C, CancellationToken) -> Fut,
+    ) -> ExitCode
+    where
+        LE: Display,
+        SE: Display,
+        Fut: Future<Output = Result<(), SE>>,
+    {
+        init_tracing(self.default_log_filter);
+        let cfg = match load(&args.config) {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
+        if args.check {
+            println!("{}: configuration is valid", args.config.display());
+            return ExitCode::SUCCESS;
+        }
+        let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let rt = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => return fail(format_args!("starting the runtime: {e}")),
+        };
+        let name = self.name;
+        rt.block_on(async move {
+            let shutdown = CancellationToken::new();
+            if let Err(e) = cancel_on_signals(name, shutdown.clone()) {
+                return fail(format_args!("installing the signal handlers: {e}"));
+            }
+            match serve(cfg, shutdown).await {
+                Ok(()) => {
+                    tracing::info!("{name} stopped");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        })
+    }
+}
+
+fn fail(e: impl Display) -> ExitCode {
+    eprintln!("Error: {e}");
+    ExitCode::FAILURE
+}
+
+/// Installs the tracing subscriber: `RUST_LOG` when set (and valid), else
+/// `default_filter`; written to stderr, with ANSI colours only when stderr
+/// is a terminal.
+pub fn init_tracing(default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // A second call (a test that runs two services in one process) keeps
+    // the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// Cancels `token` on the first SIGTERM or SIGINT (logged).
+///
+/// # Errors
+/// A handler could not be installed.
+pub fn cancel_on_signals(name: &'static str, token: CancellationToken) -> std::io::Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: {name} shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: {name} shutting down"),
+            () = token.cancelled() => return,
+        }
+        token.cancel();
+    });
+    Ok(())
+}
+
+/// Prints a service's first lines on stdout and flushes them: `<service>
+/// listening on ADDR`, then where metrics are served. Tests and the
+/// launcher read these lines; keep their text.
+pub fn announce(lines: impl IntoIterator<Item = String>) {
+    let mut out = std::io::stdout().lock();
+    for l in lines {
+        let _ = writeln!(out, "{l}");
+    }
+    let _ = out.flush();
+}
+
+/// Why a service's server task stopped before it was asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerStopped {
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Transport(#[source] tonic::transport::Error),
+    /// Its task panicked or was aborted.
+    #[error("gRPC server task ended: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Waits for a gRPC server task (it does not end on its own unless it
+/// fails).
+///
+/// # Errors
+/// [`ServerStopped`].
+pub async fn join_server(
+    server: &mut JoinHandle<Result<(), tonic::transport::Error>>,
+) -> Result<(), ServerStopped> {
+    match server.await {
+        Ok(r) => r.map_err(ServerStopped::Transport),
+        Err(e) => Err(ServerStopped::Task(e)),
+    }
+}

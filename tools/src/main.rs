@@ -1,0 +1,214 @@
+#![warn(missing_docs)]
+//! `s3dma-tools`: the operator's tools for s3dma, apart from the tenant's
+//! `s3dma` command.
+//!
+//! * `s3dma-tools bench` starts a stack (storage-target, dpu-agent and
+//!   host-shim, with `s3dma-launcher`) in a temporary directory and measures
+//!   it against plain S3 over HTTP and raw loopback TCP (`bench.rs`; the
+//!   table and the JSON keys in `report.rs`), or measures an existing stack
+//!   (`--endpoint`).
+//! * `s3dma-tools soak` runs mixed, verified load against such a stack and
+//!   watches the services' memory and file descriptors (`soak.rs`; the
+//!   verdict in `soak_check.rs`).
+//!
+//! The service binaries are found next to `s3dma-tools` (cargo puts every
+//! workspace binary in one target directory), then on `PATH`.
+//!
+//! Exit status: 0 success (`soak: PASS`), 1 failure (`soak: FAIL ...`, or
+//! any error, printed as one line `s3dma-tools: bench: <what>`), 2 usage.
+
+mod bench;
+mod procfs;
+mod report;
+mod soak;
+mod soak_check;
+mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Measure and soak-test s3dma on this machine.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// The host-shim's Unix socket, for `bench --endpoint` (an existing
+    /// stack) [default: $S3DMA_SOCKET, else /run/s3dma/shim.sock].
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// The user the existing stack's host-shim runs as, when it is neither
+    /// root nor you: a uid or a user name [default: $S3DMA_SHIM_UID, else
+    /// root or you].
+    #[arg(
+        long,
+        global = true,
+        value_name = "UID|USER",
+        value_parser = parse_shim_uid
+    )]
+    shim_uid: Option<u32>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Start a local stack in a temporary directory and measure it: GET/PUT
+    /// throughput of large objects and ops/s and latency of small ones
+    /// through s3dma, side by side with aws-sdk-s3 straight to the
+    /// storage-target over HTTP and with raw loopback TCP, plus the CPU time
+    /// of each service. Progress on stderr, a table on stdout.
+    #[command(after_help = BENCH_HELP)]
+    Bench {
+        /// Small sizes and short cells, for CI: 8 MiB and 64 MiB objects
+        /// (reported under the `64m` and `1g` keys), 3 rounds, 0.6 s per
+        /// small-object cell.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the results as one flat JSON object to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Rounds per large-object measurement (median kept) [default: 5, --quick 3].
+        #[arg(long, value_name = "N")]
+        rounds: Option<usize>,
+        /// Seconds per small-object cell [default: 4, --quick 0.6].
+        #[arg(long, value_name = "SECS")]
+        cell_secs: Option<f64>,
+        /// The storage-target's data directory [default: a temporary
+        /// directory in /dev/shm when it has room, else in $TMPDIR].
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Measure an existing stack instead of starting one: its
+        /// storage-target's S3 endpoint (http://IP:PORT). The shim is found
+        /// at --socket (or $S3DMA_SOCKET); the tenant's S3 key is taken from
+        /// $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY; CPU is reported when
+        /// exactly one dpu-agent, host-shim and storage-target run here.
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
+    },
+    /// Start a local stack in a temporary directory and run mixed, verified
+    /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
+    /// the services' memory and open fds; ends with `soak: PASS` or
+    /// `soak: FAIL <reasons>` (exit 1).
+    #[command(after_help = SOAK_HELP)]
+    Soak {
+        /// How long the load runs, e.g. 20s, 30m, 2h.
+        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+        duration: std::time::Duration,
+        /// Concurrent clients (each with its own connection and buffer).
+        #[arg(long, default_value_t = 32, value_name = "N")]
+        clients: usize,
+        /// Time between samples, e.g. 10s [default: duration / 40, 1 s to 60 s].
+        #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+        sample_every: Option<std::time::Duration>,
+        /// Seed of the clients' random choices [default: random, printed].
+        #[arg(long, value_name = "N")]
+        seed: Option<u64>,
+    },
+}
+
+const SOAK_HELP: &str = "\
+Each client owns 8 keys and checks every reply against what it wrote: PUT
+(0 B to 16 MiB; client 0 also 72 MiB multipart uploads), GET (CRC-32), ranged
+GET (bytes compared), HEAD (size, ETag, metadata), LIST (keys, sizes, ETags),
+DELETE (then NoSuchKey). About 40 `soak sample` lines report VmRSS, RssShmem
+and open fds of storage-target, dpu-agent and host-shim.
+
+The last line is `soak: PASS ...` (exit 0) or `soak: FAIL <reasons>` (exit 1):
+any mismatch or unexpected error, a service that died, private RSS (VmRSS -
+RssShmem) whose last-quarter median exceeds 1.5x the first quarter's largest
+value + 64 MiB + 16 MiB per client, open fds beyond the first quarter's
+largest + 2 per client + 32, or at the end windows open in the shim, requests
+in flight in the agent, staging buffers in use, buffers or leases left in the
+shim. Not meant for CI: run it for 30 minutes or more on a release build.";
+
+const BENCH_HELP: &str = "\
+Phases: raw loopback TCP (~2 s); large objects (64 MiB, 1 GiB): PUT then GET
+through s3dma, then the same with aws-sdk-s3 over HTTP, median of the rounds;
+small objects (4 KiB, 64 KiB): GET and PUT with 1, 16 and 64 requests in
+flight, both ways; CPU (utime+stime) of dpu-agent, host-shim, storage-target
+and the bench itself per GB and per request. A full run takes a few minutes
+and needs about 6 GiB of memory (1 GiB buffers, the store on /dev/shm).
+
+JSON keys include get_1g_gbps, http_get_1g_gbps, get_1g_vs_http,
+get_1g_vs_raw_tcp, raw_tcp_gbps, get_4k_p50_us, http_get_4k_p50_us,
+get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see docs/ARCHITECTURE.md).";
+
+/// `--shim-uid`: a uid or a user name.
+fn parse_shim_uid(s: &str) -> Result<u32, String> {
+    s3dma_client::resolve_uid(s).map_err(|e| e.message().to_owned())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("s3dma-tools: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ok = match cli.command {
+        Cmd::Soak {
+            duration,
+            clients,
+            sample_every,
+            seed,
+        } => rt.block_on(soak::main(soak::Options {
+            duration,
+            clients,
+            sample_every,
+            seed,
+        })),
+        Cmd::Bench {
+            quick,
+            json,
+            rounds,
+            cell_secs,
+            data_dir,
+            endpoint,
+        } => match rt.block_on(bench::run(bench::Options {
+            quick,
+            json,
+            rounds,
+            cell_secs,
+            data_dir,
+            endpoint,
+            socket: cli.socket,
+            shim_uid: cli.shim_uid,
+        })) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("s3dma-tools: bench: {e:#}");
+                false
+            }
+        },
+    };
+    // Background buffer releases must not hold the exit up.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Client options for a stack started here: its shim runs as us.
+#[must_use]
+fn own_shim() -> s3dma_client::ClientOptions {
+    s3dma_client::ClientOptions::new().with_shim_uid(s3dma_service::private::current_uid())
+}
+
+/// Client options trusting a shim running as `shim_uid` (`None`: the
+/// client's default, `$S3DMA_SHIM_UID` or our own uid).
+#[must_use]
+fn client_options(shim_uid: Option<u32>) -> s3dma_client::ClientOptions {
+    match shim_uid {
+        Some(uid) => s3dma_client::ClientOptions::new().with_shim_uid(uid),
+        None => s3dma_client::ClientOptions::new(),
+    }
+}
