@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use fabric::tcp::frame::{
+use s3dma_wire::frame::{
     Auth, Challenge, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, VERSION, Verdict,
 };
 use fabric::{FabricKey, OpStatus, RdmaToken};
@@ -734,7 +734,7 @@ async fn run_ops(stream: TcpStream, ops: &[Op], fill: u8) -> Vec<Outcome> {
             .encode(),
         );
         // (Past the maximum piece the responder closes instead of draining.)
-        if op.kind == OpKind::Write && op.len <= fabric::tcp::frame::MAX_PIECE_LEN {
+        if op.kind == OpKind::Write && op.len <= s3dma_wire::frame::MAX_PIECE_LEN {
             wire.resize(wire.len() + op.len as usize, fill);
         }
     }

@@ -164,8 +164,10 @@ impl Error {
             && (status.code() == Code::Unavailable
                 // Raised on this side from a hyper/h2 error (a server's
                 // status has no source): "transport error", or "operation
-                // was canceled" when the shim died with the call in flight.
+                // was canceled" when the shim died with the call in flight
+                // (not the call's own deadline, also CANCELLED here).
                 || (matches!(status.code(), Code::Unknown | Code::Cancelled)
+                    && status.message() != "Timeout expired"
                     && std::error::Error::source(&status).is_some()));
         if transport {
             let mut e = Error::shim_unavailable(socket, status.message());
@@ -517,8 +519,13 @@ mod tests {
         let e = Error::from_status_at(died, socket);
         assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
         assert!(e.to_string().contains("/run/s3dma/shim.sock"), "{e}");
-        // The server's own CANCELLED (no source) is not a transport failure.
+        // The call's deadline (the server's CANCELLED, or this side's timer,
+        // which has a source) is not a transport failure.
         let e = Error::from_status_at(Status::cancelled("Timeout expired"), socket);
+        assert_eq!(e.kind(), ErrorKind::DeadlineExceeded, "{e}");
+        let mut timer = Status::cancelled("Timeout expired");
+        timer.set_source(std::sync::Arc::new(std::io::Error::other("timeout")));
+        let e = Error::from_status_at(timer, socket);
         assert_eq!(e.kind(), ErrorKind::DeadlineExceeded, "{e}");
     }
 
