@@ -17,8 +17,13 @@ cargo fmt --all -- --check
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo clippy -p fabric --features cuda --all-targets --locked -- -D warnings
+cargo clippy -p fabric --features verbs,cuda,bench --all-targets --locked -- -D warnings
+# What a tenant application builds: the client without the verbs backend.
+cargo clippy -p s3dma-client -p fabric --all-targets --locked -- -D warnings
 cargo clippy -p host-shim --features cuda --all-targets --locked -- -D warnings
+
+step "structure: crate map, dependency trees, module cycles"
+bash tests/structure/check.sh
 
 step "cargo doc -D warnings"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
@@ -29,7 +34,7 @@ step "cargo test"
 cargo test --workspace --locked
 # The cuda feature's own tests: without a GPU they check the clear
 # "no driver" errors; the GPU ones are #[ignore]d (run with --ignored on a GPU host).
-cargo test -p fabric --features cuda --locked
+cargo test -p fabric --features verbs,cuda --locked
 
 step "python clients (boto3, aws CLI, the s3dma tenant client)"
 # The tenant-client tests run the whole stack through `s3dma local`, from the
@@ -40,7 +45,7 @@ step "helm charts: lint, render, validate; rendered configs checked by the binar
 S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh
 
 step "shellcheck"
-shellcheck .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh
+shellcheck tests/structure/*.sh .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh
 echo "shellcheck: ok"
 
 step "hadolint"

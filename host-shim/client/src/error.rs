@@ -296,6 +296,12 @@ pub(crate) fn classify(reason: &str, code: Code) -> ErrorKind {
     }
 }
 
+impl From<ParseRangeError> for Error {
+    fn from(e: ParseRangeError) -> Error {
+        Error::new(ErrorKind::InvalidArgument, "InvalidRange", e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -539,11 +545,5 @@ mod tests {
         });
         assert_eq!(e.kind(), ErrorKind::NotFound);
         assert_eq!(e.to_string(), "NoSuchKey: gone (request id r1)");
-    }
-}
-
-impl From<ParseRangeError> for Error {
-    fn from(e: ParseRangeError) -> Error {
-        Error::new(ErrorKind::InvalidArgument, "InvalidRange", e.to_string())
     }
 }
