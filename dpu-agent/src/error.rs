@@ -19,7 +19,7 @@ pub const ERROR_DOMAIN: &str = "s3dma.agent";
 /// An S3 error answered by a target: its code, message and request id, and
 /// the HTTP status it came with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{code} from the storage target (HTTP {http_status}): {message}")]
+#[error("{message} (storage target, HTTP {http_status})")]
 pub struct S3Error {
     /// S3 error code, e.g. `NoSuchKey`.
     pub code: String,

@@ -311,7 +311,7 @@ pub fn error_from_parts(status: StatusCode, header_request_id: &str, body: &[u8]
         Some(e) if !e.code.is_empty() => (e.code, e.message, e.request_id),
         _ => (
             default_code(status).to_owned(),
-            status.canonical_reason().unwrap_or("error").to_owned(),
+            default_message(status).to_owned(),
             String::new(),
         ),
     };
@@ -339,6 +339,18 @@ fn default_code(status: StatusCode) -> &'static str {
         501 => "NotImplemented",
         503 => "ServiceUnavailable",
         _ => "UnknownError",
+    }
+}
+
+/// The message of a reply without an S3 error body (a HEAD's): S3's own
+/// wording where the status says enough, else the HTTP reason.
+fn default_message(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        403 => "Access Denied",
+        404 => "The specified key does not exist.",
+        412 => "At least one of the pre-conditions you specified did not hold",
+        416 => "The requested range is not satisfiable",
+        _ => status.canonical_reason().unwrap_or("error"),
     }
 }
 
