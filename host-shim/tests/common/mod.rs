@@ -1,11 +1,10 @@
 //! Real processes for the shim's end-to-end tests: a storage-target and a
-//! dpu-agent (through the agent's own test harness), and the host-shim
-//! binary with tenants mapped to uids.
+//! dpu-agent (through the shared harness, `s3dma_launcher::harness`), and
+//! the host-shim binary with tenants mapped to uids.
 
 #![allow(dead_code)]
 
-#[path = "../../../dpu-agent/tests/common/mod.rs"]
-pub mod agent;
+pub use s3dma_launcher::harness as agent;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt as _;
