@@ -150,9 +150,12 @@ impl Ctx {
             if reply.status() != StatusCode::OK {
                 return Err(self.failure(reply).await);
             }
-            let (_, body) = read_small(reply, 16 << 20)
-                .await
-                .map_err(|m| Attempt::Retry(AgentError::Unavailable(m), "body"))?;
+            let (_, body) = read_small(reply, 16 << 20).await.map_err(|m| {
+                Attempt::Retry(
+                    AgentError::unavailable_from("reading the reply body failed", m),
+                    "body",
+                )
+            })?;
             let r: xml::ListBucketResult = xml::parse(&body)
                 .map_err(|e| AgentError::Protocol(format!("ListObjectsV2 reply: {e}")))?;
             let enc = r.encoding_type.as_deref() == Some("url");
