@@ -433,7 +433,10 @@ impl AgentSpec {
 /// `base` with the keys of the YAML mapping `yaml` (a test's snippet, e.g.
 /// `chunk_size: 1MiB`) set over it; the result is read back into `T`, so an
 /// unknown key fails here.
-fn overlay<T: serde::Serialize + serde::de::DeserializeOwned>(base: &T, yaml: &str) -> T {
+///
+/// # Panics
+/// `yaml` is not a mapping, or the result is not a valid `T`.
+pub fn overlay<T: serde::Serialize + serde::de::DeserializeOwned>(base: &T, yaml: &str) -> T {
     let mut v = serde_yaml::to_value(base).unwrap();
     if !yaml.trim().is_empty() {
         let extra: serde_yaml::Mapping = serde_yaml::from_str(yaml)
