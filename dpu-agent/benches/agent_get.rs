@@ -4,13 +4,10 @@
 //!
 //! Run: `cargo build --release -p storage-target && cargo bench -p dpu-agent --bench agent_get`
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::time::Instant;
 
-use common::*;
 use fabric::Access;
+use s3dma_launcher::harness::*;
 
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

@@ -28,15 +28,34 @@ use crate::transfer::{Core, Settings, Tenant};
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The fabric could not be opened (e.g. `verbs` without an RDMA device).
-    #[error("fabric: {0}")]
-    Fabric(String),
+    /// The fabric could not be opened (e.g. `verbs` without an RDMA device)
+    /// or its staging buffers allocated.
+    #[error("fabric: {what}")]
+    Fabric {
+        /// What failed.
+        what: &'static str,
+        /// The fabric's error.
+        #[source]
+        source: fabric::FabricError,
+    },
+    /// `fabric.staging_buffer_size` does not fit this machine's address space.
+    #[error("fabric.staging_buffer_size: too large for this machine")]
+    StagingTooLarge,
     /// A target client could not be built.
-    #[error("targets: {0}")]
-    Target(String),
-    /// TLS material could not be read.
-    #[error("listen.tls: {0}")]
-    Tls(String),
+    #[error("targets")]
+    Target(#[from] crate::s3::client::TargetClientError),
+    /// A TLS file could not be read.
+    #[error("listen.tls: cannot read {}", path.display())]
+    TlsFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TLS material was refused.
+    #[error("listen.tls")]
+    Tls(#[source] tonic::transport::Error),
     /// The metrics endpoint could not be started.
     #[error("{0}")]
     Metrics(#[from] s3dma_service::metrics::MetricsError),
@@ -89,17 +108,22 @@ impl Running {
 /// [`StartError`].
 pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>, StartError> {
     let c = &cfg.config;
-    let domain = Domain::open(c.fabric.backend).map_err(|e| StartError::Fabric(e.to_string()))?;
+    let domain = Domain::open(c.fabric.backend).map_err(|source| StartError::Fabric {
+        what: "opening the fabric",
+        source,
+    })?;
     let key = cfg.fabric_key.clone();
     let observer: Arc<dyn fabric::pool::PoolObserver> = metrics.clone();
     let staging = StagingPool::new(
         &domain,
         c.fabric.staging_buffers,
-        usize::try_from(c.fabric.staging_buffer_size.0)
-            .map_err(|_| StartError::Fabric("staging_buffer_size too large".into()))?,
+        usize::try_from(c.fabric.staging_buffer_size.0).map_err(|_| StartError::StagingTooLarge)?,
         Arc::clone(&observer),
     )
-    .map_err(|e| StartError::Fabric(format!("allocating staging buffers: {e}")))?;
+    .map_err(|source| StartError::Fabric {
+        what: "allocating staging buffers",
+        source,
+    })?;
     let sessions = SessionPool::new(
         domain.clone(),
         key,
@@ -112,7 +136,7 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
     let mut targets = Vec::new();
     let mut routes = HashMap::new();
     for (i, t) in c.targets.iter().enumerate() {
-        targets.push(TargetClient::new(t, connect_timeout).map_err(StartError::Target)?);
+        targets.push(TargetClient::new(t, connect_timeout)?);
         for b in &t.buckets {
             routes.insert(b.clone(), i);
         }
@@ -223,7 +247,10 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         .initial_connection_window_size(CONNECTION_WINDOW);
     if let Some(tls) = &c.listen.tls {
         let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())))
+            std::fs::read(p).map_err(|source| StartError::TlsFile {
+                path: p.to_owned(),
+                source,
+            })
         };
         let identity =
             tonic::transport::Identity::from_pem(read(&tls.cert_file)?, read(&tls.key_file)?);
@@ -234,9 +261,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
             // Shims without a certificate may still use bearer tokens.
             .client_auth_optional(true)
             .timeout(OPENING_TIMEOUT);
-        builder = builder
-            .tls_config(tls_cfg)
-            .map_err(|e| StartError::Tls(e.to_string()))?;
+        builder = builder.tls_config(tls_cfg).map_err(StartError::Tls)?;
     }
     let service = AgentService::new(Arc::clone(&core));
     let limits = MethodLimits::new(c.transfer.max_batch_items);

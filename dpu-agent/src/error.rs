@@ -7,6 +7,7 @@
 //! names and sizes only.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
@@ -19,7 +20,7 @@ pub const ERROR_DOMAIN: &str = "s3dma.agent";
 /// An S3 error answered by a target: its code, message and request id, and
 /// the HTTP status it came with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{code} from the storage target (HTTP {http_status}): {message}")]
+#[error("{message} (storage target, HTTP {http_status})")]
 pub struct S3Error {
     /// S3 error code, e.g. `NoSuchKey`.
     pub code: String,
@@ -31,7 +32,13 @@ pub struct S3Error {
     pub http_status: u16,
 }
 
-/// Why a tenant request failed.
+/// The error an [`AgentError`] came from, shared ([`AgentError`] is `Clone`).
+pub type Source = Arc<dyn std::error::Error + Send + Sync>;
+
+/// Why a tenant request failed. Failures that come from another error
+/// (a transport, the fabric, a staging buffer) keep it as their
+/// [`std::error::Error::source`]; the tenant's message
+/// ([`AgentError::to_status`]) spells out the whole chain.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AgentError {
     /// The target answered with an S3 error.
@@ -60,20 +67,38 @@ pub enum AgentError {
     #[error("no storage target is configured for bucket {0:?}")]
     NoTarget(String),
     /// The target could not be reached or kept failing (after retries).
-    #[error("{0}")]
-    Unavailable(String),
+    #[error("{message}")]
+    Unavailable {
+        /// What failed.
+        message: String,
+        /// The error it failed with, when there is one.
+        #[source]
+        source: Option<Source>,
+    },
     /// The request's deadline passed.
     #[error("{0}")]
     DeadlineExceeded(String),
     /// Moving bytes between the agent and the tenant's window failed.
-    #[error("{0}")]
-    Fabric(String),
+    #[error("{message}")]
+    Fabric {
+        /// What failed.
+        message: String,
+        /// The fabric's error.
+        #[source]
+        source: Option<Source>,
+    },
     /// The target broke the protocol (e.g. placed other bytes than asked).
     #[error("{0}")]
     Protocol(String),
     /// A bug or resource failure inside the agent.
-    #[error("{0}")]
-    Internal(String),
+    #[error("{message}")]
+    Internal {
+        /// What failed.
+        message: String,
+        /// The error it failed with, when there is one.
+        #[source]
+        source: Option<Source>,
+    },
 }
 
 impl From<PlanError> for AgentError {
@@ -83,12 +108,80 @@ impl From<PlanError> for AgentError {
             PlanError::DestinationTooSmall { .. } => AgentError::DestinationTooSmall(e.to_string()),
             PlanError::ProbeMismatch { .. } => AgentError::Protocol(e.to_string()),
             PlanError::ObjectTooLarge { .. } => AgentError::InvalidArgument(e.to_string()),
-            PlanError::InvalidPolicy(_) => AgentError::Internal(e.to_string()),
+            PlanError::InvalidPolicy(_) => AgentError::internal_from("the transfer policy", e),
         }
     }
 }
 
 impl AgentError {
+    /// [`AgentError::Unavailable`] without a source.
+    #[must_use]
+    pub fn unavailable(message: impl Into<String>) -> AgentError {
+        AgentError::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`AgentError::Unavailable`] caused by `source`.
+    #[must_use]
+    pub fn unavailable_from(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> AgentError {
+        AgentError::Unavailable {
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// [`AgentError::Fabric`] caused by the fabric's `source`.
+    #[must_use]
+    pub fn fabric(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> AgentError {
+        AgentError::Fabric {
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// [`AgentError::Internal`] without a source.
+    #[must_use]
+    pub fn internal(message: impl Into<String>) -> AgentError {
+        AgentError::Internal {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`AgentError::Internal`] caused by `source`.
+    #[must_use]
+    pub fn internal_from(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> AgentError {
+        AgentError::Internal {
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// The message and every source below it, `: `-separated: what the
+    /// tenant reads.
+    #[must_use]
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(s) = src {
+            out.push_str(": ");
+            out.push_str(&s.to_string());
+            src = s.source();
+        }
+        out
+    }
+
     /// The S3 error code reported in `ErrorInfo.reason`.
     #[must_use]
     pub fn s3_code(&self) -> &str {
@@ -101,11 +194,11 @@ impl AgentError {
             AgentError::DestinationTooSmall(_) => "DestinationTooSmall",
             AgentError::PreconditionFailed(_) => "PreconditionFailed",
             AgentError::NoTarget(_) => "NoSuchBucket",
-            AgentError::Unavailable(_) => "ServiceUnavailable",
+            AgentError::Unavailable { .. } => "ServiceUnavailable",
             AgentError::DeadlineExceeded(_) => "RequestTimeout",
-            AgentError::Fabric(_) => "RDMATransferFailed",
+            AgentError::Fabric { .. } => "RDMATransferFailed",
             AgentError::Protocol(_) => "InvalidTargetReply",
-            AgentError::Internal(_) => "InternalError",
+            AgentError::Internal { .. } => "InternalError",
         }
     }
 
@@ -122,9 +215,9 @@ impl AgentError {
             AgentError::InvalidRange(_) => Code::OutOfRange,
             AgentError::PreconditionFailed(_) => Code::FailedPrecondition,
             AgentError::NoTarget(_) => Code::NotFound,
-            AgentError::Unavailable(_) => Code::Unavailable,
+            AgentError::Unavailable { .. } => Code::Unavailable,
             AgentError::DeadlineExceeded(_) => Code::DeadlineExceeded,
-            AgentError::Fabric(_) | AgentError::Protocol(_) | AgentError::Internal(_) => {
+            AgentError::Fabric { .. } | AgentError::Protocol(_) | AgentError::Internal { .. } => {
                 Code::Internal
             }
         }
@@ -149,7 +242,7 @@ impl AgentError {
     #[must_use]
     pub fn to_status(&self, request_id: &str) -> Status {
         let mut meta = HashMap::new();
-        meta.insert("message".to_owned(), self.to_string());
+        meta.insert("message".to_owned(), self.report());
         meta.insert("request_id".to_owned(), request_id.to_owned());
         if let AgentError::S3(e) = self {
             meta.insert("http_status".to_owned(), e.http_status.to_string());
@@ -160,7 +253,7 @@ impl AgentError {
         let details = ErrorDetails::with_error_info(self.s3_code(), ERROR_DOMAIN, meta);
         let mut status = Status::with_error_details(
             self.grpc_code(),
-            format!("{}: {}", self.s3_code(), self),
+            format!("{}: {}", self.s3_code(), self.report()),
             details,
         );
         if let Ok(v) = request_id.parse() {

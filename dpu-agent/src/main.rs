@@ -1,7 +1,7 @@
 //! `dpu-agent --config <file.yaml> [--check]`: the s3dma offload service.
 
 use clap::Parser;
-use s3dma_service::skeleton::{Service, ServiceArgs, announce};
+use s3dma_service::skeleton::{Service, ServiceArgs, announce, report};
 
 /// s3dma's DPU offload service: S3 auth, transfer planning and RDMA
 /// sessions on behalf of the host-shims of this host.
@@ -26,7 +26,7 @@ fn main() -> std::process::ExitCode {
         |cfg, shutdown| async move {
             let mut running = dpu_agent::app::start(cfg)
                 .await
-                .map_err(|e| format!("{file}: {e}"))?;
+                .map_err(|e| format!("{file}: {}", report(&e)))?;
             // The first lines are machine-read by tests and the launcher.
             let mut lines = vec![format!("dpu-agent listening on {}", running.grpc_addr)];
             lines.extend(
@@ -37,7 +37,7 @@ fn main() -> std::process::ExitCode {
             );
             announce(lines);
             tokio::select! {
-                r = running.wait() => r.map_err(|e| e.to_string())?,
+                r = running.wait() => r.map_err(|e| report(&e))?,
                 () = shutdown.cancelled() => {}
             }
             running.shutdown().await;

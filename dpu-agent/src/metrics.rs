@@ -126,9 +126,9 @@ impl Metrics {
         let connects = IntCounterVec::new(
             Opts::new(
                 "s3dma_agent_fabric_connects_total",
-                "Fabric session connects by outcome",
+                "Fabric session connects by result (ok | error | timeout)",
             ),
-            &["outcome"],
+            &["result"],
         )
         .expect("metric");
         let connections = IntGauge::new(
@@ -260,7 +260,7 @@ impl fabric::pool::PoolObserver for Metrics {
     fn sessions(&self, n: usize) {
         self.sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
-    fn connect(&self, outcome: &'static str) {
-        self.connects.with_label_values(&[outcome]).inc();
+    fn connect(&self, result: &'static str) {
+        self.connects.with_label_values(&[result]).inc();
     }
 }

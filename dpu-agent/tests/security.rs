@@ -1477,9 +1477,10 @@ async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
         after.saturating_sub(before) < 48 << 10,
         "peak RSS grew from {before} KiB to {after} KiB"
     );
-    // The authenticated shim is still served.
+    // The authenticated shim is still served (this target has no bucket:
+    // a HEAD of a missing bucket is NoSuchBucket, once NoSuchKey).
     let r = head(&ok, "alice", "alice-data", "nothing").await;
-    assert_eq!(s3_code(&r.unwrap_err()), "NoSuchKey");
+    assert_eq!(s3_code(&r.unwrap_err()), "NoSuchBucket");
     drop(agent);
 
     // (b) A 1-second unauthenticated timeout and room for 3 connections.
@@ -1539,8 +1540,9 @@ async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
     assert!(calls >= 1);
     // And a shim with its token is served once the strangers are gone.
     let ok = Agent::shim_for(&addr, SHIM_TOKEN).await;
+    // (No bucket on this target: NoSuchBucket, once NoSuchKey.)
     let r = head(&ok, "alice", "alice-data", "nothing").await;
-    assert_eq!(s3_code(&r.unwrap_err()), "NoSuchKey");
+    assert_eq!(s3_code(&r.unwrap_err()), "NoSuchBucket");
     let metrics = scrape(&agent.metrics, None).1;
     let closed = |reason: &str| {
         metric_value(

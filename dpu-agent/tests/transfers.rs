@@ -132,6 +132,29 @@ async fn small_objects_and_ranges_over_rdma() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
     assert_eq!(s3_code(&e), "NoSuchKey");
+    assert!(!e.message().contains("NoSuchKey: NoSuchKey"), "{e:?}");
+    // Missing bucket ("shared" is granted to alice but never created): a
+    // GET and a HEAD both say NoSuchBucket, though a HEAD reply has no body.
+    let e = shim
+        .get("alice", "shared", "nope", None, &tok)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert_eq!(s3_code(&e), "NoSuchBucket", "{e:?}");
+    let e = shim
+        .inner
+        .clone()
+        .head_object(shim.req(pb::HeadObjectRequest {
+            tenant: "alice".into(),
+            bucket: "shared".into(),
+            key: "nope".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert_eq!(s3_code(&e), "NoSuchBucket", "{e:?}");
+    // The message does not repeat its code.
+    assert_eq!(e.message().matches("NoSuchBucket").count(), 1, "{e:?}");
 }
 
 /// A 1 GiB object: multipart PUT over RDMA (parts read in parallel from the

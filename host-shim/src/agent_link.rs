@@ -34,22 +34,50 @@ pub struct LinkSettings {
     pub backoff_max: Duration,
 }
 
+/// Why the `agent:` section cannot make a connection's settings (the
+/// configuration check catches most of these first).
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// tonic refused the endpoint.
+    #[error("agent.endpoint")]
+    Endpoint(#[source] tonic::transport::Error),
+    /// A TLS file cannot be read.
+    #[error("agent.tls: cannot read {}", path.display())]
+    TlsFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// tonic refused the TLS settings.
+    #[error("agent.tls")]
+    Tls(#[source] tonic::transport::Error),
+    /// The token cannot be sent in a header.
+    #[error("agent.token_file: the token has characters a header cannot carry")]
+    Token,
+}
+
 impl LinkSettings {
     /// From the `agent:` section and the token read from its file.
     ///
     /// # Errors
-    /// A malformed endpoint, token or TLS file.
-    pub fn from_config(cfg: &AgentConfig, token: Option<&str>) -> Result<LinkSettings, String> {
+    /// [`LinkError`]: a malformed endpoint, token or TLS file.
+    pub fn from_config(cfg: &AgentConfig, token: Option<&str>) -> Result<LinkSettings, LinkError> {
         let mut endpoint = Endpoint::from_shared(cfg.endpoint.clone())
-            .map_err(|e| format!("agent.endpoint: {e}"))?
+            .map_err(LinkError::Endpoint)?
             .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true);
         if let Some(tls) = &cfg.tls {
-            let read =
-                |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).map_err(|source| LinkError::TlsFile {
+                    path: p.to_owned(),
+                    source,
+                })
+            };
             let mut t = tonic::transport::ClientTlsConfig::new()
                 .ca_certificate(tonic::transport::Certificate::from_pem(read(&tls.ca_file)?));
             if let Some(name) = &tls.server_name {
@@ -58,18 +86,13 @@ impl LinkSettings {
             if let (Some(c), Some(k)) = (&tls.cert_file, &tls.key_file) {
                 t = t.identity(tonic::transport::Identity::from_pem(read(c)?, read(k)?));
             }
-            endpoint = endpoint
-                .tls_config(t)
-                .map_err(|e| format!("agent.tls: {e}"))?;
+            endpoint = endpoint.tls_config(t).map_err(LinkError::Tls)?;
         }
         let authorization = match token {
             None => None,
             Some(t) => {
-                let mut v: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {t}"))
-                    .map_err(|_| {
-                        "agent.token_file: the token has characters a header cannot carry"
-                            .to_string()
-                    })?;
+                let mut v: AsciiMetadataValue =
+                    MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| LinkError::Token)?;
                 v.set_sensitive(true);
                 Some(v)
             }

@@ -23,13 +23,13 @@ use crate::socket::{self, ShimConn};
 pub enum StartError {
     /// The tenant socket.
     #[error("socket.path: {0}")]
-    Socket(String),
+    Socket(#[from] crate::socket::BindError),
     /// The fabric domain or endpoint.
     #[error("fabric: {0}")]
     Fabric(#[from] fabric::FabricError),
     /// The agent link settings.
-    #[error("{0}")]
-    Agent(String),
+    #[error(transparent)]
+    Agent(#[from] crate::agent_link::LinkError),
     /// The metrics listener.
     #[error(transparent)]
     Metrics(#[from] s3dma_service::metrics::MetricsError),
@@ -130,8 +130,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let settings = LinkSettings::from_config(
         &c.agent,
         cfg.agent_token.as_ref().map(s3dma_config::Secret::expose),
-    )
-    .map_err(StartError::Agent)?;
+    )?;
     let agent = AgentLink::connect(settings, Arc::clone(&metrics)).await;
 
     check_fd_limit(c)?;
@@ -156,8 +155,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         Duration::from_secs(c.agent.request_timeout_secs),
     );
 
-    let listener = socket::bind(&c.socket.path, cfg.socket_mode, cfg.socket_gid)
-        .map_err(StartError::Socket)?;
+    let listener = socket::bind(&c.socket.path, cfg.socket_mode, cfg.socket_gid)?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<ShimConn>(64);
     let accept = tokio::spawn(socket::accept_loop(
         listener,

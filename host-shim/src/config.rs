@@ -583,7 +583,7 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 /// owned by the shim's user or root, and be writable by nobody else:
 /// otherwise another local user could replace the socket with their own and
 /// receive tenants' memory.
-pub(crate) fn check_socket_dir(socket: &Path) -> Result<(), String> {
+pub(crate) fn check_socket_dir(socket: &Path) -> Result<(), s3dma_service::private::PrivateError> {
     let dir = match socket.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -597,7 +597,7 @@ pub(crate) fn check_socket_dir(socket: &Path) -> Result<(), String> {
         {
             Ok(())
         }
-        r => r.map_err(|e| e.to_string()),
+        r => r,
     }
 }
 

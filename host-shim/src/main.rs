@@ -1,7 +1,7 @@
 //! `host-shim --config <file.yaml> [--check]`: s3dma's tenant-facing service on a GPU host.
 
 use clap::Parser;
-use s3dma_service::skeleton::{Service, ServiceArgs, announce};
+use s3dma_service::skeleton::{Service, ServiceArgs, announce, report};
 
 /// s3dma's host service: the tenant API on a Unix socket, tenant memory as
 /// per-request fabric windows, calls forwarded to this host's dpu-agent.
@@ -26,7 +26,7 @@ fn main() -> std::process::ExitCode {
         |cfg, shutdown| async move {
             let mut running = host_shim::app::start(cfg)
                 .await
-                .map_err(|e| format!("{file}: {e}"))?;
+                .map_err(|e| format!("{file}: {}", report(&e)))?;
             // The first lines are machine-read by tests and the launcher.
             let mut lines = vec![format!(
                 "host-shim listening on {}",
@@ -46,7 +46,7 @@ fn main() -> std::process::ExitCode {
             );
             announce(lines);
             tokio::select! {
-                r = running.wait() => r.map_err(|e| e.to_string())?,
+                r = running.wait() => r.map_err(|e| report(&e))?,
                 () = shutdown.cancelled() => {}
             }
             running.shutdown().await;

@@ -49,9 +49,9 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "s3dma_shim_requests_total",
-                "Tenant calls by tenant, op and gRPC code",
+                "Tenant calls by tenant, op and status (the gRPC code name)",
             ),
-            &["tenant", "op", "code"],
+            &["tenant", "op", "status"],
         )
         .expect("metric");
         let latency = HistogramVec::new(
@@ -67,9 +67,9 @@ impl Metrics {
         let bytes = IntCounterVec::new(
             Opts::new(
                 "s3dma_shim_bytes_total",
-                "Object bytes placed into (get) or taken from (put) tenant buffers",
+                "Object bytes placed into (op GetObject) or taken from (op PutObject) tenant buffers",
             ),
-            &["tenant", "direction"],
+            &["tenant", "op"],
         )
         .expect("metric");
         let buffers = IntGaugeVec::new(

@@ -323,7 +323,7 @@ impl TenantService {
             Ok(ok) => {
                 self.metrics
                     .bytes
-                    .with_label_values(&[&tenant.name, "get"])
+                    .with_label_values(&[&tenant.name, "GetObject"])
                     .inc_by(ok.bytes_placed);
                 agent::get_objects_reply::Result::Ok(ok)
             }
@@ -487,7 +487,7 @@ impl api::tenant_server::Tenant for TenantService {
             let resp = resp?;
             self.metrics
                 .bytes
-                .with_label_values(&[&call.tenant.name, "get"])
+                .with_label_values(&[&call.tenant.name, "GetObject"])
                 .inc_by(resp.bytes_placed);
             Ok(resp)
         }
@@ -634,7 +634,7 @@ impl api::tenant_server::Tenant for TenantService {
             let resp = resp?;
             self.metrics
                 .bytes
-                .with_label_values(&[&call.tenant.name, "put"])
+                .with_label_values(&[&call.tenant.name, "PutObject"])
                 .inc_by(resp.size);
             Ok(resp)
         }

@@ -36,44 +36,70 @@ const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// byte arrived.
 pub const LEASE_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why the tenant socket could not be bound. Messages name the path.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The directory is not safe ([`crate::config`]'s socket-directory rule).
+    #[error(transparent)]
+    Directory(#[from] s3dma_service::private::PrivateError),
+    /// The directory does not exist.
+    #[error("the directory {} does not exist", .0.display())]
+    NoDirectory(std::path::PathBuf),
+    /// Something other than a socket is at the path.
+    #[error("{} exists and is not a socket; refusing to replace it", .0.display())]
+    NotASocket(std::path::PathBuf),
+    /// A live shim answers there.
+    #[error("{} is in use (another host-shim answers there)", .0.display())]
+    InUse(std::path::PathBuf),
+    /// A system call failed.
+    #[error("cannot {what} {}: {source}", path.display())]
+    Io {
+        /// What: `remove the stale socket`, `bind`, `chmod`, `chown`.
+        what: &'static str,
+        /// The path.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Binds the socket: checks its directory (owned by the shim's user or
 /// root, writable by nobody else, no symlink), replaces a stale socket file,
 /// refuses to steal a live one, sets mode and group.
 ///
 /// # Errors
-/// Another shim answers on the path, or binding / chmod / chown fails.
-pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, String> {
+/// [`BindError`]: another shim answers on the path, or binding / chmod /
+/// chown fails.
+pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, BindError> {
     crate::config::check_socket_dir(path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.exists()
     {
-        return Err(format!("the directory {} does not exist", dir.display()));
+        return Err(BindError::NoDirectory(dir.to_owned()));
     }
+    let io = |what: &'static str| {
+        move |source| BindError::Io {
+            what,
+            path: path.to_owned(),
+            source,
+        }
+    };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt as _;
         if !meta.file_type().is_socket() {
-            return Err(format!(
-                "{} exists and is not a socket; refusing to replace it",
-                path.display()
-            ));
+            return Err(BindError::NotASocket(path.to_owned()));
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(format!(
-                "{} is in use (another host-shim answers there)",
-                path.display()
-            ));
+            return Err(BindError::InUse(path.to_owned()));
         }
-        std::fs::remove_file(path)
-            .map_err(|e| format!("cannot remove the stale socket {}: {e}", path.display()))?;
+        std::fs::remove_file(path).map_err(io("remove the stale socket"))?;
     }
-    let listener =
-        UnixListener::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+    let listener = UnixListener::bind(path).map_err(io("bind"))?;
     use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io("chmod"))?;
     if let Some(gid) = gid {
-        std::os::unix::fs::chown(path, None, Some(gid))
-            .map_err(|e| format!("cannot give {} to gid {gid}: {e}", path.display()))?;
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(io("chown"))?;
     }
     Ok(listener)
 }

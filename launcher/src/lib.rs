@@ -36,6 +36,12 @@
 //! reaches only the program that started them, which then stops them in
 //! order. Dropping a [`Stack`] kills them.
 //!
+//! With the `harness` feature, [`harness`] is the end-to-end test harness
+//! that dpu-agent's and host-shim's integration tests (and the agent's
+//! bench) share as a dev-dependency: storage-targets, dpu-agents and a moto
+//! server as processes, configured with the same serialized config
+//! structs, and a test "shim" holding tcp-fabric memory.
+//!
 //! The socket's directory: with [`StackOptions::own_socket_dir`] (the
 //! default socket of `s3dma local`, [`default_socket`], or a temporary
 //! directory) it is made 0700, and when it already exists it must be ours
@@ -45,6 +51,8 @@
 
 pub mod configs;
 mod error;
+#[cfg(feature = "harness")]
+pub mod harness;
 mod layout;
 mod stack;
 

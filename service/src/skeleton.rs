@@ -168,6 +168,20 @@ pub fn announce(lines: impl IntoIterator<Item = String>) {
     let _ = out.flush();
 }
 
+/// An error and every source below it, `: `-separated (what a person
+/// reads when a service cannot start).
+#[must_use]
+pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
+
 /// Why a service's server task stopped before it was asked to.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerStopped {

@@ -18,17 +18,20 @@ pub use s3dma_config::ConfigError;
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// S3 HTTP listen address; port 0 picks a free port (the bound address is
-    /// printed on stdout).
+    /// printed on stdout as `storage-target listening on http://IP:PORT`).
+    /// Default `127.0.0.1:9000`.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
     /// Region used for SigV4 verification and returned by GetBucketLocation.
+    /// Default `us-east-1`; must not be empty.
     #[serde(default = "default_region")]
     pub region: String,
     /// Directory that holds all buckets, objects and multipart uploads.
+    /// Required (no default); created 0700 when missing.
     pub data_dir: PathBuf,
     /// Listen address of the Prometheus endpoint (`GET /metrics`); omit to
     /// disable. The older spelling of `metrics.address` (set one or the
-    /// other, not both); kept working.
+    /// other, not both); kept working. Default: none.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
     /// Where and how `/metrics` is served: a TCP address, a Unix socket only
@@ -37,14 +40,15 @@ pub struct Config {
     #[serde(default)]
     pub metrics: MetricsConfig,
     /// Largest accepted difference between a request's signing time and the
-    /// server clock, in seconds.
+    /// server clock, in seconds. Default 900 (15 minutes, as S3).
     #[serde(default = "default_max_clock_skew_secs")]
     pub max_clock_skew_secs: u32,
-    /// The users allowed to access the server.
+    /// The users allowed to access the server. At least one is required
+    /// (anonymous access is not supported); no default.
     #[serde(default)]
     pub users: Vec<UserConfig>,
-    /// Serving GET/PUT/UploadPart over RDMA (`x-amz-rdma-token`); disabled
-    /// when omitted.
+    /// Serving GET/PUT/UploadPart over RDMA (`x-amz-rdma-token`). Default:
+    /// the section's defaults, i.e. `mode: disabled`.
     #[serde(default)]
     pub rdma: crate::rdma::RdmaConfig,
 }
@@ -79,7 +83,7 @@ pub struct MetricsConfig {
 #[derive(Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
-    /// The SigV4 access key id.
+    /// The SigV4 access key id. Required; printable ASCII, unique.
     pub access_key_id: String,
     /// The secret access key, inline. Exactly one of `secret` and `secret_file`.
     #[serde(default)]
@@ -90,7 +94,8 @@ pub struct UserConfig {
     /// its mode.
     #[serde(default)]
     pub secret_file: Option<PathBuf>,
-    /// Buckets this user may access and how.
+    /// Buckets this user may access and how. Default: none (the user can
+    /// authenticate but reach no bucket).
     #[serde(default)]
     pub buckets: Vec<BucketGrant>,
 }

@@ -249,8 +249,8 @@ impl fabric::pool::PoolObserver for Metrics {
     }
 
     /// Counts a session connect attempt by result (`ok`, `timeout`, `error`).
-    fn connect(&self, outcome: &'static str) {
-        self.rdma_connects.with_label_values(&[outcome]).inc();
+    fn connect(&self, result: &'static str) {
+        self.rdma_connects.with_label_values(&[result]).inc();
     }
 }
 

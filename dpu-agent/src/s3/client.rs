@@ -83,14 +83,64 @@ impl S3Call {
     /// Adds a header (values that are not valid header text are refused).
     ///
     /// # Errors
-    /// The value is not a valid header value.
-    pub fn header(&mut self, name: &'static str, value: &str) -> Result<(), String> {
-        let v = HeaderValue::from_str(value)
-            .map_err(|_| format!("{name} value is not valid in an HTTP header"))?;
+    /// [`InvalidHeader`]: the value is not a valid header value.
+    pub fn header(&mut self, name: &'static str, value: &str) -> Result<(), InvalidHeader> {
+        let v = HeaderValue::from_str(value).map_err(|_| InvalidHeader { name })?;
         self.headers.insert(HeaderName::from_static(name), v);
         Ok(())
     }
 }
+
+/// A value that cannot be sent in an HTTP header.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the {name} value is not valid in an HTTP header")]
+pub struct InvalidHeader {
+    /// The header.
+    pub name: &'static str,
+}
+
+/// Why a target's client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetClientError {
+    /// The endpoint has no `scheme://` (the configuration check refuses
+    /// this first).
+    #[error("target {target}: the endpoint has no scheme")]
+    NoScheme {
+        /// The target's name.
+        target: String,
+    },
+    /// The endpoint's host cannot be a `Host` header.
+    #[error("target {target}: the endpoint's host is not valid in a Host header")]
+    Host {
+        /// The target's name.
+        target: String,
+    },
+    /// The CA file cannot be read or holds an unusable certificate.
+    #[error("target {target}: ca_file {}", path.display())]
+    CaFile {
+        /// The target's name.
+        target: String,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// rustls refused its protocol versions.
+    #[error("target {target}: TLS set-up")]
+    Tls {
+        /// The target's name.
+        target: String,
+        /// Why.
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// A reply body that could not be read whole.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the reply body failed")]
+pub struct ReadBodyError(#[source] BodyError);
 
 /// Why a request got no reply.
 #[derive(Debug, thiserror::Error)]
@@ -131,34 +181,43 @@ impl TargetClient {
     /// Builds the client (TLS roots: webpki's plus `ca_file`).
     ///
     /// # Errors
-    /// An unreadable CA file or a malformed endpoint.
-    pub fn new(cfg: &TargetConfig, connect_timeout: Duration) -> Result<Arc<TargetClient>, String> {
+    /// [`TargetClientError`]: an unreadable CA file or a malformed endpoint.
+    pub fn new(
+        cfg: &TargetConfig,
+        connect_timeout: Duration,
+    ) -> Result<Arc<TargetClient>, TargetClientError> {
+        let target = || cfg.name.clone();
         let base = cfg.endpoint.trim_end_matches('/').to_owned();
         let authority = base
             .split_once("://")
             .map(|(_, a)| a)
-            .ok_or_else(|| format!("target {}: endpoint {base:?} has no scheme", cfg.name))?;
+            .ok_or_else(|| TargetClientError::NoScheme { target: target() })?;
         let host = HeaderValue::from_str(authority)
-            .map_err(|_| format!("target {}: endpoint host is not valid", cfg.name))?;
+            .map_err(|_| TargetClientError::Host { target: target() })?;
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(ca) = &cfg.ca_file {
             use rustls_pki_types::pem::PemObject as _;
+            let ca_err = |e: Box<dyn std::error::Error + Send + Sync>| TargetClientError::CaFile {
+                target: target(),
+                path: ca.clone(),
+                source: e,
+            };
             let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca)
-                .map_err(|e| format!("target {}: ca_file {}: {e}", cfg.name, ca.display()))?;
+                .map_err(|e| ca_err(Box::new(e)))?;
             for c in certs {
-                let c =
-                    c.map_err(|e| format!("target {}: ca_file {}: {e}", cfg.name, ca.display()))?;
-                roots
-                    .add(c)
-                    .map_err(|e| format!("target {}: ca_file {}: {e}", cfg.name, ca.display()))?;
+                let c = c.map_err(|e| ca_err(Box::new(e)))?;
+                roots.add(c).map_err(|e| ca_err(Box::new(e)))?;
             }
         }
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(|source| TargetClientError::Tls {
+            target: target(),
+            source,
+        })?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let mut http = HttpConnector::new();
@@ -273,16 +332,16 @@ pub fn full_body(bytes: Bytes) -> (RequestBody, u64) {
 /// Reads a (small) reply body, refusing more than `limit` bytes.
 ///
 /// # Errors
-/// The transport failed or the body is larger than `limit`.
+/// [`ReadBodyError`]: the transport failed or the body is larger than `limit`.
 pub async fn read_small(
     reply: Reply,
     limit: usize,
-) -> Result<(http::response::Parts, Bytes), String> {
+) -> Result<(http::response::Parts, Bytes), ReadBodyError> {
     let (parts, body) = reply.into_parts();
     let bytes = Limited::new(body, limit)
         .collect()
         .await
-        .map_err(|e| format!("reading the reply body failed: {e}"))?
+        .map_err(ReadBodyError)?
         .to_bytes();
     Ok((parts, bytes))
 }
@@ -311,7 +370,7 @@ pub fn error_from_parts(status: StatusCode, header_request_id: &str, body: &[u8]
         Some(e) if !e.code.is_empty() => (e.code, e.message, e.request_id),
         _ => (
             default_code(status).to_owned(),
-            status.canonical_reason().unwrap_or("error").to_owned(),
+            default_message(status).to_owned(),
             String::new(),
         ),
     };
@@ -339,6 +398,18 @@ fn default_code(status: StatusCode) -> &'static str {
         501 => "NotImplemented",
         503 => "ServiceUnavailable",
         _ => "UnknownError",
+    }
+}
+
+/// The message of a reply without an S3 error body (a HEAD's): S3's own
+/// wording where the status says enough, else the HTTP reason.
+fn default_message(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        403 => "Access Denied",
+        404 => "The specified key does not exist.",
+        412 => "At least one of the pre-conditions you specified did not hold",
+        416 => "The requested range is not satisfiable",
+        _ => status.canonical_reason().unwrap_or("error"),
     }
 }
 

@@ -91,13 +91,37 @@ pub struct CompletedPart {
     pub etag: String,
 }
 
+/// Why an XML reply could not be read. The message includes the
+/// parser's (callers keep only the text, in a protocol error).
+#[derive(Debug, thiserror::Error)]
+pub enum XmlError {
+    /// Not UTF-8 text.
+    #[error("the reply is not UTF-8: {0}")]
+    Utf8(std::str::Utf8Error),
+    /// Not the document expected.
+    #[error("the reply is not the XML document expected: {0}")]
+    Document(quick_xml::DeError),
+}
+
+impl From<std::str::Utf8Error> for XmlError {
+    fn from(e: std::str::Utf8Error) -> Self {
+        XmlError::Utf8(e)
+    }
+}
+
+impl From<quick_xml::DeError> for XmlError {
+    fn from(e: quick_xml::DeError) -> Self {
+        XmlError::Document(e)
+    }
+}
+
 /// Parses an XML document into `T`.
 ///
 /// # Errors
-/// The parser's message.
-pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, String> {
-    let text = std::str::from_utf8(body).map_err(|e| format!("reply is not UTF-8: {e}"))?;
-    quick_xml::de::from_str(text).map_err(|e| e.to_string())
+/// [`XmlError`].
+pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, XmlError> {
+    let text = std::str::from_utf8(body)?;
+    Ok(quick_xml::de::from_str(text)?)
 }
 
 /// The root element's name of an XML document (to tell `<Error>` from a result).
@@ -119,10 +143,10 @@ pub fn root_name(body: &[u8]) -> Option<String> {
 /// Serialises the CompleteMultipartUpload body.
 ///
 /// # Errors
-/// The serialiser's message.
-pub fn complete_body(parts: Vec<CompletedPart>) -> Result<String, String> {
+/// The serialiser's error.
+pub fn complete_body(parts: Vec<CompletedPart>) -> Result<String, quick_xml::SeError> {
     let doc = CompleteMultipartUpload { parts };
-    quick_xml::se::to_string(&doc).map_err(|e| e.to_string())
+    quick_xml::se::to_string(&doc)
 }
 
 #[cfg(test)]

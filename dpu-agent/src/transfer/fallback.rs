@@ -37,7 +37,7 @@ async fn session_for(core: &Core, token: &RdmaToken) -> Result<Arc<SessionEntry>
     core.sessions
         .get(peer)
         .await
-        .map_err(|e| AgentError::Fabric(format!("cannot reach the tenant's memory: {e}")))
+        .map_err(|e| AgentError::fabric("cannot reach the tenant's memory", e))
 }
 
 /// A staging buffer held for a tenant: its place in the tenant's share,
@@ -77,20 +77,23 @@ async fn rdma_op(
 ) -> Result<(), AgentError> {
     let slice = buf
         .slice(n)
-        .map_err(|e| AgentError::Internal(e.to_string()))?;
+        .map_err(|e| AgentError::internal_from("a staging buffer", e))?;
     let _permit = Arc::clone(&entry.ops)
         .acquire_owned()
         .await
-        .map_err(|_| AgentError::Internal("fabric session closed".into()))?;
+        .map_err(|_| AgentError::internal("fabric session closed"))?;
     let res = match op {
         Op::Write => entry.session.write(slice, remote_addr, rkey).await,
         Op::Read => entry.session.read(slice, remote_addr, rkey).await,
     };
     res.map_err(|e| {
-        AgentError::Fabric(match op {
-            Op::Write => format!("writing into the tenant's window failed: {e}"),
-            Op::Read => format!("reading the tenant's window failed: {e}"),
-        })
+        AgentError::fabric(
+            match op {
+                Op::Write => "writing into the tenant's window failed",
+                Op::Read => "reading the tenant's window failed",
+            },
+            e,
+        )
     })
 }
 
@@ -107,7 +110,7 @@ pub async fn body_into_window(
     expected: u64,
 ) -> Result<(), Attempt> {
     if expected > u64::from(dest.size) {
-        return Err(Attempt::Fatal(AgentError::Internal(format!(
+        return Err(Attempt::Fatal(AgentError::internal(format!(
             "fallback of {expected} bytes into a {}-byte slice",
             dest.size
         ))));
@@ -136,7 +139,7 @@ pub async fn body_into_window(
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
             Attempt::Retry(
-                AgentError::Unavailable(format!("reading the object body failed: {e}")),
+                AgentError::unavailable(format!("reading the object body failed: {e}")),
                 "body",
             )
         })?;
@@ -171,7 +174,7 @@ pub async fn body_into_window(
             let buf = &staged.buf;
             let n = (buf_size - *filled).min(data.len());
             buf.copy_in(*filled, &data[..n])
-                .map_err(|e| AgentError::Internal(e.to_string()))?;
+                .map_err(|e| AgentError::internal_from("a staging buffer", e))?;
             *filled += n;
             data = &data[n..];
             if *filled == buf_size
@@ -198,7 +201,7 @@ pub async fn body_into_window(
     }
     if placed != expected {
         return Err(Attempt::Retry(
-            AgentError::Unavailable(format!(
+            AgentError::unavailable(format!(
                 "the object body ended after {placed} of {expected} bytes"
             )),
             "body",
@@ -239,7 +242,7 @@ pub fn window_body(
                 let bytes = staged
                     .buf
                     .to_vec(n)
-                    .map_err(|e| AgentError::Internal(e.to_string()))?;
+                    .map_err(|e| AgentError::internal_from("a staging buffer", e))?;
                 drop(staged);
                 if tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_err() {
                     return Ok(()); // the request was dropped

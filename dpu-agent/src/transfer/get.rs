@@ -67,14 +67,14 @@ impl Ctx {
     ) -> Result<RangeReply, Attempt> {
         let mut call = S3Call::new(Method::GET, &req.bucket, Some(&req.key));
         call.header("range", &range.header_value())
-            .map_err(AgentError::InvalidArgument)?;
+            .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
         if let Some(m) = if_match {
             call.header("if-match", m)
                 .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
         }
         if self.target.rdma {
             call.header(RDMA_TOKEN, &slot.to_string())
-                .map_err(AgentError::Internal)?;
+                .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
         }
         let reply = self.send(call).await?;
         let status = reply.status();
@@ -132,7 +132,7 @@ impl Ctx {
         } else {
             let slice = slot
                 .slice(0, len)
-                .map_err(|e| AgentError::Internal(e.to_string()))?;
+                .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
             fallback::body_into_window(&self.core, &self.tenant, reply.into_body(), slice, len)
                 .await?;
         }
@@ -166,7 +166,7 @@ impl Ctx {
                 let slot = req
                     .dest
                     .slice(0, max_len)
-                    .map_err(|e| AgentError::Internal(e.to_string()))?;
+                    .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
                 let first = self
                     .retrying("GET", || {
                         self.get_range(req, range, slot, req.if_match.as_deref())
@@ -249,7 +249,7 @@ impl Ctx {
         let slot = req
             .dest
             .slice(c.window_offset, c.len)
-            .map_err(|e| AgentError::Internal(e.to_string()))?;
+            .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
         let r = self
             .retrying("GET chunk", || {
                 self.get_range(req, c.http_range(), slot, Some(etag))

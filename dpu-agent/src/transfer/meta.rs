@@ -8,7 +8,7 @@ use s3dma_proto::agent::v1::{ListObjectsResponse, ListedObject, ObjectInfo};
 
 use super::{Attempt, Ctx, object_info};
 use crate::error::AgentError;
-use crate::s3::client::{S3Call, header, read_small};
+use crate::s3::client::{Reply, S3Call, error_of, header, read_small};
 use crate::s3::xml;
 
 /// A ListObjects request after validation.
@@ -47,7 +47,8 @@ impl Ctx {
     /// ETag is this one).
     ///
     /// # Errors
-    /// Any [`AgentError`] (404 → `NoSuchKey`).
+    /// Any [`AgentError`] (404 → `NoSuchKey`, or `NoSuchBucket` when the
+    /// bucket is missing).
     pub async fn head_object(
         self: &Arc<Self>,
         bucket: &str,
@@ -61,6 +62,9 @@ impl Ctx {
                     .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
             }
             let reply = self.send(call).await?;
+            if reply.status() == StatusCode::NOT_FOUND {
+                return Err(self.head_not_found(reply, bucket).await);
+            }
             if reply.status() != StatusCode::OK {
                 return Err(self.failure(reply).await);
             }
@@ -70,6 +74,22 @@ impl Ctx {
             Ok(object_info(reply.headers(), size))
         })
         .await
+    }
+
+    /// A HeadObject's 404. A HEAD reply has no body, so it cannot say
+    /// whether the key or the bucket is missing; a HeadBucket (no body
+    /// either way, one round trip, only on this path) tells: a missing
+    /// bucket is `NoSuchBucket`, anything else stays `NoSuchKey`.
+    async fn head_not_found(&self, reply: Reply, bucket: &str) -> Attempt {
+        let mut err = error_of(reply).await;
+        if err.code == "NoSuchKey"
+            && let Ok(r) = self.send(S3Call::new(Method::HEAD, bucket, None)).await
+            && r.status() == StatusCode::NOT_FOUND
+        {
+            err.code = "NoSuchBucket".to_owned();
+            err.message = "The specified bucket does not exist".to_owned();
+        }
+        Attempt::Fatal(AgentError::S3(err))
     }
 
     /// DeleteObject.
@@ -130,9 +150,12 @@ impl Ctx {
             if reply.status() != StatusCode::OK {
                 return Err(self.failure(reply).await);
             }
-            let (_, body) = read_small(reply, 16 << 20)
-                .await
-                .map_err(|m| Attempt::Retry(AgentError::Unavailable(m), "body"))?;
+            let (_, body) = read_small(reply, 16 << 20).await.map_err(|m| {
+                Attempt::Retry(
+                    AgentError::unavailable_from("reading the reply body failed", m),
+                    "body",
+                )
+            })?;
             let r: xml::ListBucketResult = xml::parse(&body)
                 .map_err(|e| AgentError::Protocol(format!("ListObjectsV2 reply: {e}")))?;
             let enc = r.encoding_type.as_deref() == Some("url");

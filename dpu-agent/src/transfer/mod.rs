@@ -154,7 +154,7 @@ impl Ctx {
                 self.core
                     .metrics
                     .target_request(&self.target.name, method.as_str(), "error");
-                Err(Attempt::Retry(AgentError::Unavailable(m), "connection"))
+                Err(Attempt::Retry(AgentError::unavailable(m), "connection"))
             }
         }
     }
@@ -186,7 +186,7 @@ impl Ctx {
             let res = match tokio::time::timeout(s.attempt_timeout, attempt()).await {
                 Ok(r) => r,
                 Err(_) => Err(Attempt::Retry(
-                    AgentError::Unavailable(format!(
+                    AgentError::unavailable(format!(
                         "{what}: target {} did not answer within {:?}",
                         self.target.name, s.attempt_timeout
                     )),
@@ -199,10 +199,15 @@ impl Ctx {
                 Err(Attempt::Retry(e, reason)) => {
                     if retry >= s.retry.retries {
                         return Err(match e {
-                            AgentError::Unavailable(m) => AgentError::Unavailable(format!(
-                                "{m} (gave up after {} attempts)",
-                                retry + 1
-                            )),
+                            AgentError::Unavailable { message, source } => {
+                                AgentError::Unavailable {
+                                    message: format!(
+                                        "{message} (gave up after {} attempts)",
+                                        retry + 1
+                                    ),
+                                    source,
+                                }
+                            }
                             other => other,
                         });
                     }

@@ -92,7 +92,7 @@ impl Drop for AbortGuard {
                         })
                         .await;
                     let transient = match &r {
-                        Err(AgentError::Unavailable(_)) => true,
+                        Err(AgentError::Unavailable { .. }) => true,
                         Err(AgentError::S3(e)) => crate::retry::retryable_status(e.http_status),
                         _ => false,
                     };
@@ -152,7 +152,7 @@ impl Ctx {
             }
             if rdma {
                 call.header(RDMA_TOKEN, &slot.to_string())
-                    .map_err(AgentError::Internal)?;
+                    .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
             }
             Ok(call)
         };
@@ -248,9 +248,12 @@ impl Ctx {
                 if reply.status() != StatusCode::OK {
                     return Err(self.failure(reply).await);
                 }
-                let (_, body) = read_small(reply, 64 << 10)
-                    .await
-                    .map_err(|m| Attempt::Retry(AgentError::Unavailable(m), "body"))?;
+                let (_, body) = read_small(reply, 64 << 10).await.map_err(|m| {
+                    Attempt::Retry(
+                        AgentError::unavailable_from("reading the reply body failed", m),
+                        "body",
+                    )
+                })?;
                 let r: xml::InitiateMultipartUploadResult = xml::parse(&body).map_err(|e| {
                     AgentError::Protocol(format!("CreateMultipartUpload reply: {e}"))
                 })?;
@@ -278,10 +281,9 @@ impl Ctx {
                     let quota = &self.tenant.quota;
                     let _bytes = quota.reserve_bytes(p.len).await;
                     quota.throttle(p.len).await;
-                    let slot = req
-                        .src
-                        .slice(p.offset, p.len)
-                        .map_err(|e| AgentError::Internal(e.to_string()))?;
+                    let slot = req.src.slice(p.offset, p.len).map_err(|e| {
+                        AgentError::internal_from("a part of the tenant's window", e)
+                    })?;
                     let (etag, fb) = self
                         .put_bytes(req, slot, Some((p.number, upload_id)))
                         .await?;
@@ -308,7 +310,7 @@ impl Ctx {
                 .map(|(part_number, etag)| xml::CompletedPart { part_number, etag })
                 .collect(),
         )
-        .map_err(AgentError::Internal)?;
+        .map_err(|e| AgentError::internal_from("the CompleteMultipartUpload body", e))?;
         let body = bytes::Bytes::from(body);
         let etag = self
             .retrying("CompleteMultipartUpload", || async {
@@ -319,9 +321,12 @@ impl Ctx {
                 if reply.status() != StatusCode::OK {
                     return Err(self.failure(reply).await);
                 }
-                let (parts, body) = read_small(reply, 1 << 20)
-                    .await
-                    .map_err(|m| Attempt::Retry(AgentError::Unavailable(m), "body"))?;
+                let (parts, body) = read_small(reply, 1 << 20).await.map_err(|m| {
+                    Attempt::Retry(
+                        AgentError::unavailable_from("reading the reply body failed", m),
+                        "body",
+                    )
+                })?;
                 // S3 may answer 200 and report the failure in the body.
                 if xml::root_name(&body).as_deref() == Some("Error") {
                     let e = crate::s3::client::error_from_parts(

@@ -1,11 +1,10 @@
 //! Real processes for the shim's end-to-end tests: a storage-target and a
-//! dpu-agent (through the agent's own test harness), and the host-shim
-//! binary with tenants mapped to uids.
+//! dpu-agent (through the shared harness, `s3dma_launcher::harness`), and
+//! the host-shim binary with tenants mapped to uids.
 
 #![allow(dead_code)]
 
-#[path = "../../../dpu-agent/tests/common/mod.rs"]
-pub mod agent;
+pub use s3dma_launcher::harness as agent;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt as _;
@@ -68,55 +67,9 @@ impl Shim {
         write_secret(&dir.join("fabric.key"), agent::FABRIC_KEY_HEX);
         write_secret(&dir.join("shim.token"), agent::SHIM_TOKEN);
         let me = nix::unistd::getuid().as_raw();
-        let cfg = format!(
-            r#"socket:
-  path: {d}/shim.sock
-  mode: "0666"
-{socket_yaml}agent:
-  endpoint: http://{agent}
-  token_file: {d}/shim.token
-{agent_yaml}fabric:
-  backend: tcp
-  listen: {fabric_ip}:0
-  fabric_key_file: {d}/fabric.key
-tenants:
-  - name: alice
-    uids: [{me}]
-    max_buffers: 64
-    max_buffer_bytes: 4GiB
-{alice_yaml}  - name: bob
-    uids: [{bob}]
-    max_buffers: 4
-    max_buffer_bytes: 64MiB
-metrics:
-  address: 127.0.0.1:0
-{metrics_yaml}"#,
-            socket_yaml = indent(&opts.socket_yaml, 2),
-            alice_yaml = indent(&opts.alice_yaml, 4),
-            metrics_yaml = indent(&opts.metrics_yaml, 2),
-            d = dir.display(),
-            agent = agent.addr,
-            bob = BOB_UID,
-            fabric_ip = opts.fabric_ip.as_deref().unwrap_or("127.0.0.1"),
-            agent_yaml = {
-                // Defaults, unless `agent_yaml` sets the same key.
-                let mut lines: Vec<String> = opts.agent_yaml.lines().map(str::to_owned).collect();
-                for d in [
-                    "connect_timeout_ms: 1000",
-                    "request_timeout_secs: 120",
-                    "backoff_initial_ms: 50",
-                    "backoff_max_ms: 500",
-                ] {
-                    let key = d.split(':').next().unwrap();
-                    if !lines.iter().any(|l| l.split(':').next() == Some(key)) {
-                        lines.push(d.to_owned());
-                    }
-                }
-                lines.iter().map(|l| format!("  {l}\n")).collect::<String>()
-            },
-        );
+        let cfg = shim_config(dir, agent, &opts, me);
         let config = dir.join("shim.yaml");
-        std::fs::write(&config, cfg).unwrap();
+        s3dma_launcher::configs::write(&config, &cfg).unwrap();
         let mut s = Shim {
             child: None,
             socket: dir.join("shim.sock"),
@@ -271,8 +224,59 @@ impl Stack {
 }
 
 /// `text`'s lines indented by `n` spaces, each ending in a newline.
-fn indent(text: &str, n: usize) -> String {
-    text.lines().map(|l| format!("{:n$}{l}\n", "")).collect()
+/// The shim's configuration in `dir` for `agent`: the socket (mode 0666,
+/// then `opts.socket_yaml`), the agent with the shim's token and the test
+/// timeouts (connect 1000 ms, request 120 s, backoff 50..500 ms, then
+/// `opts.agent_yaml`), a tcp fabric endpoint on `opts.fabric_ip`, alice
+/// (`me`; 64 buffers, 4GiB, then `opts.alice_yaml`) and bob ([`BOB_UID`];
+/// 4 buffers, 64MiB), metrics on loopback (then `opts.metrics_yaml`).
+fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim::config::Config {
+    use host_shim::config::{
+        AgentConfig, ByteSize, Config, FabricConfig, LeaseConfig, MetricsConfig, SocketConfig,
+        TenantConfig,
+    };
+    use s3dma_launcher::harness::overlay;
+    let mut socket = SocketConfig::new(dir.join("shim.sock"));
+    socket.mode = "0666".into();
+    let mut agent_cfg = AgentConfig::new(format!("http://{}", agent.addr));
+    agent_cfg.token_file = Some(dir.join("shim.token"));
+    agent_cfg.connect_timeout_ms = 1000;
+    agent_cfg.request_timeout_secs = 120;
+    agent_cfg.backoff_initial_ms = 50;
+    agent_cfg.backoff_max_ms = 500;
+    let mut alice = TenantConfig::new("alice");
+    alice.uids = vec![me];
+    alice.max_buffers = 64;
+    alice.max_buffer_bytes = ByteSize(4 << 30);
+    let mut bob = TenantConfig::new("bob");
+    bob.uids = vec![BOB_UID];
+    bob.max_buffers = 4;
+    bob.max_buffer_bytes = ByteSize(64 << 20);
+    let fabric_ip: std::net::IpAddr = opts
+        .fabric_ip
+        .as_deref()
+        .unwrap_or("127.0.0.1")
+        .parse()
+        .unwrap();
+    Config {
+        socket: overlay(&socket, &opts.socket_yaml),
+        agent: overlay(&agent_cfg, &opts.agent_yaml),
+        fabric: FabricConfig {
+            backend: fabric::Backend::Tcp,
+            listen: std::net::SocketAddr::new(fabric_ip, 0),
+            advertise: None,
+            fabric_key_file: dir.join("fabric.key"),
+        },
+        tenants: vec![overlay(&alice, &opts.alice_yaml), bob],
+        leases: LeaseConfig::default(),
+        metrics: overlay(
+            &MetricsConfig {
+                address: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+                ..MetricsConfig::default()
+            },
+            &opts.metrics_yaml,
+        ),
+    }
 }
 
 /// Writes a secret file as the services require it: mode 0600.

@@ -99,28 +99,32 @@ pub struct RdmaConfig {
     pub backend: Backend,
     /// File holding the pre-shared fabric key: hexadecimal, at least 32 hex
     /// digits (16 bytes), 64 (32 bytes) recommended; surrounding whitespace
-    /// is ignored. Required when `mode: enabled`. Generate one with
-    /// `openssl rand -hex 32`.
+    /// is ignored; mode 0600 or stricter. Required when `mode: enabled`
+    /// (no default). Generate one with `openssl rand -hex 32`.
     #[serde(default)]
     pub fabric_key_file: Option<PathBuf>,
-    /// Number of registered staging buffers (bounds memory and in-flight data).
+    /// Number of registered staging buffers (bounds memory and in-flight
+    /// data). Default 32; between 1 and 4096.
     #[serde(default = "default_staging_buffers")]
     pub staging_buffers: usize,
     /// Size of each staging buffer, i.e. the RDMA chunk size (bytes, or e.g.
-    /// `4MiB`); between 4KiB and 256MiB.
+    /// `4MiB`); between 4KiB and 256MiB. Default `4MiB`.
     #[serde(default = "default_staging_buffer_size")]
     pub staging_buffer_size: ByteSize,
-    /// Most RDMA operations in flight on one session (one per client endpoint).
+    /// Most RDMA operations in flight on one session (one per client
+    /// endpoint). Default 16; at least 1.
     #[serde(default = "default_max_ops_per_session")]
     pub max_ops_per_session: usize,
-    /// Most RDMA operations in flight in total.
+    /// Most RDMA operations in flight in total. Default 256; at least 1.
     #[serde(default = "default_max_ops_total")]
     pub max_ops_total: usize,
     /// Time allowed to connect (and authenticate) to a client's endpoint, in
     /// milliseconds; past it the request fails with `RDMATransferFailed`.
+    /// Default 2000; at least 1.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
     /// Sessions idle this many seconds (nothing in flight) are closed.
+    /// Default 60; at least 1.
     #[serde(default = "default_idle_session_secs")]
     pub idle_session_secs: u64,
     /// Largest share of the staging buffers that one client session (one
