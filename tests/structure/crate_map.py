@@ -39,7 +39,8 @@ for line in m.group(1).splitlines():
         continue
     name = cells[0].strip("`")
     folder = cells[1].strip("`")
-    deps = set(re.findall(r"`([^`]+)`", cells[2]))
+    # Crate names in backticks (other words, e.g. a feature, are prose).
+    deps = {d for d in re.findall(r"`([^`]+)`", cells[2]) if d in members}
     rows[name] = (folder, deps)
 
 problems = []
