@@ -11,16 +11,18 @@
 //!   success or an [`OpError`] carrying a verbs-like [`OpStatus`]. An
 //!   in-flight operation owns its [`LocalSlice`] until it completes, so
 //!   dropping its [`Completion`] never frees memory the peer still uses.
-//! * [`token`] is the `x-amz-rdma-token` codec and the mapping between a
-//!   token and an endpoint address plus remote buffer.
-//! * Backends: [`Backend::Tcp`] (software RDMA, [`tcp`]) everywhere, and
-//!   [`Backend::Verbs`] (rdma-sys) where an RDMA device exists; opening a
-//!   verbs domain without one fails with [`FabricError::Unavailable`], which
-//!   callers use to fall back to tcp.
+//! * [`token`] (re-exported from `s3dma-wire`, where every wire format
+//!   lives) is the `x-amz-rdma-token` codec and the mapping between a token
+//!   and an endpoint address plus remote buffer.
+//! * Backends: [`Backend::Tcp`] (software RDMA over authenticated TCP)
+//!   everywhere, and [`Backend::Verbs`] (rdma-sys, cargo feature `verbs`)
+//!   where an RDMA device exists; opening a verbs domain without one, or in a
+//!   build without the feature, fails with [`FabricError::Unavailable`],
+//!   which callers use to fall back to tcp.
 //! * [`pool`] holds what request-serving programs build on a domain: a
 //!   bounded staging pool carved from one registered region and sessions
-//!   pooled per endpoint; [`config`] holds shared configuration pieces
-//!   (sizes such as `4MiB`, the fabric key file, backend names).
+//!   pooled per endpoint; [`config`] reads the fabric key file and backend
+//!   names.
 //!
 //! # Backend differences
 //!

@@ -105,7 +105,7 @@ impl Session {
     }
 
     /// Posts an RDMA READ from `remote_addr` under `rkey` into `local`
-    /// (which needs [`Access::LOCAL_WRITE`] on verbs).
+    /// (which needs [`Access::LOCAL_WRITE`](crate::Access::LOCAL_WRITE) on verbs).
     pub fn read(&self, local: LocalSlice, remote_addr: u64, rkey: u32) -> Completion {
         self.post(OpKind::Read, local, remote_addr, rkey)
     }

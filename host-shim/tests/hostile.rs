@@ -50,15 +50,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use s3dma_wire::frame::{
-    Auth, Challenge, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, VERSION, Verdict,
-};
 use fabric::{FabricKey, OpStatus, RdmaToken};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use s3dma_client::{Client, GetOptions, PutOptions};
 use s3dma_proto::agent::v1 as agent_pb;
 use s3dma_proto::tenant::v1 as api;
+use s3dma_wire::frame::{
+    Auth, Challenge, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, VERSION, Verdict,
+};
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};

@@ -36,7 +36,7 @@
 //! reaches only the program that started them, which then stops them in
 //! order. Dropping a [`Stack`] kills them.
 //!
-//! With the `harness` feature, [`harness`] is the end-to-end test harness
+//! With the `harness` feature, `harness` is the end-to-end test harness
 //! that dpu-agent's and host-shim's integration tests (and the agent's
 //! bench) share as a dev-dependency: storage-targets, dpu-agents and a moto
 //! server as processes, configured with the same serialized config
