@@ -60,7 +60,7 @@ const IN_FLIGHT: [usize; 3] = [1, 16, 64];
 
 /// What `s3dma-tools bench` was asked for.
 #[derive(Debug, Clone, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Small sizes and short cells (for CI).
     pub quick: bool,
     /// Write the flat JSON object here.
@@ -158,7 +158,7 @@ fn progress(msg: &str) {
 /// # Errors
 /// The stack does not start or dies, a request fails, data does not match,
 /// the JSON file cannot be written.
-pub async fn run(opts: Options) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let plan = Plan::new(&opts)?;
     let report = match &opts.endpoint {
         Some(endpoint) => attached(&opts, &plan, endpoint).await?,

@@ -7,7 +7,7 @@
 /// The command name (field 2) is in parentheses and may itself hold spaces
 /// and parentheses, so fields are counted after the *last* `)`.
 #[must_use]
-pub fn cpu_ticks(stat: &str) -> Option<u64> {
+pub(crate) fn cpu_ticks(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     // `rest` starts at field 3 (state): utime is field 14, stime 15.
     let mut fields = rest.split_ascii_whitespace().skip(14 - 3);
@@ -19,7 +19,7 @@ pub fn cpu_ticks(stat: &str) -> Option<u64> {
 /// A `Name:  N kB` line of `/proc/PID/status` (e.g. `VmRSS`, `RssShmem`),
 /// in KiB.
 #[must_use]
-pub fn status_kib(status: &str, name: &str) -> Option<u64> {
+pub(crate) fn status_kib(status: &str, name: &str) -> Option<u64> {
     status.lines().find_map(|line| {
         let value = line.strip_prefix(name)?.strip_prefix(':')?;
         let mut words = value.split_ascii_whitespace();
@@ -34,7 +34,10 @@ pub fn status_kib(status: &str, name: &str) -> Option<u64> {
 /// The pid of each of `names` among `(pid, comm)` pairs, when each name
 /// belongs to exactly one process.
 #[must_use]
-pub fn unique_pids<const N: usize>(procs: &[(u32, String)], names: [&str; N]) -> Option<[u32; N]> {
+pub(crate) fn unique_pids<const N: usize>(
+    procs: &[(u32, String)],
+    names: [&str; N],
+) -> Option<[u32; N]> {
     let mut out = [0u32; N];
     for (slot, name) in out.iter_mut().zip(names) {
         let mut it = procs.iter().filter(|(_, c)| c == name);
@@ -48,7 +51,7 @@ pub fn unique_pids<const N: usize>(procs: &[(u32, String)], names: [&str; N]) ->
 
 /// What the soak samples of one process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Memory {
+pub(crate) struct Memory {
     /// `VmRSS`, KiB.
     pub rss_kib: u64,
     /// `RssShmem`, KiB: shared memory the process has touched. For the
@@ -61,7 +64,7 @@ impl Memory {
     /// From the text of `/proc/PID/status` (`RssShmem` is absent on old
     /// kernels: 0).
     #[must_use]
-    pub fn parse(status: &str) -> Option<Memory> {
+    pub(crate) fn parse(status: &str) -> Option<Memory> {
         Some(Memory {
             rss_kib: status_kib(status, "VmRSS")?,
             shmem_kib: status_kib(status, "RssShmem").unwrap_or(0),

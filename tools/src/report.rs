@@ -26,7 +26,7 @@ use crate::stats::ratio;
 
 /// GET or PUT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+pub(crate) enum Op {
     /// Download.
     Get,
     /// Upload.
@@ -36,7 +36,7 @@ pub enum Op {
 impl Op {
     /// `get` / `put` (JSON keys).
     #[must_use]
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Op::Get => "get",
             Op::Put => "put",
@@ -45,7 +45,7 @@ impl Op {
 
     /// `GET` / `PUT` (the table).
     #[must_use]
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Op::Get => "GET",
             Op::Put => "PUT",
@@ -55,7 +55,7 @@ impl Op {
 
 /// An object size and its name in JSON keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Size {
+pub(crate) struct Size {
     /// Bytes.
     pub bytes: u64,
     /// `4k`, `64k`, `64m`, `1g`.
@@ -64,7 +64,7 @@ pub struct Size {
 
 /// `4 KiB`, `64 MiB`, `1 GiB`, `1000 B`.
 #[must_use]
-pub fn human_size(bytes: u64) -> String {
+pub(crate) fn human_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
     for (unit, n) in UNITS {
         if bytes >= n && bytes.is_multiple_of(n) {
@@ -76,7 +76,7 @@ pub fn human_size(bytes: u64) -> String {
 
 /// One large-object measurement: s3dma and HTTP side by side.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Throughput {
+pub(crate) struct Throughput {
     /// GET or PUT.
     pub op: Op,
     /// The object.
@@ -89,7 +89,7 @@ pub struct Throughput {
 
 /// One side of a small-object cell.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct CellStats {
+pub(crate) struct CellStats {
     /// Completed requests per second.
     pub ops_per_s: Option<f64>,
     /// Median latency, µs.
@@ -102,7 +102,7 @@ pub struct CellStats {
 
 /// One small-object cell: an op, a size, a number of requests in flight.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cell {
+pub(crate) struct Cell {
     /// GET or PUT.
     pub op: Op,
     /// The objects.
@@ -117,7 +117,7 @@ pub struct Cell {
 
 /// CPU seconds (user + system) each process used during some phases.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct CpuSecs {
+pub(crate) struct CpuSecs {
     /// dpu-agent.
     pub agent: f64,
     /// host-shim.
@@ -131,7 +131,7 @@ pub struct CpuSecs {
 impl CpuSecs {
     /// Element-wise sum.
     #[must_use]
-    pub fn plus(self, o: CpuSecs) -> CpuSecs {
+    pub(crate) fn plus(self, o: CpuSecs) -> CpuSecs {
         CpuSecs {
             agent: self.agent + o.agent,
             shim: self.shim + o.shim,
@@ -144,7 +144,7 @@ impl CpuSecs {
 /// CPU used by one path (s3dma or HTTP) over the large and the small
 /// phases, with what those phases moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PathCpu {
+pub(crate) struct PathCpu {
     /// During the large transfers.
     pub large: CpuSecs,
     /// Bytes the large transfers moved.
@@ -158,14 +158,14 @@ pub struct PathCpu {
 impl PathCpu {
     /// Seconds per GB (10^9 bytes) for `pick` of the large phases.
     #[must_use]
-    pub fn s_per_gb(&self, pick: Pick) -> Option<f64> {
+    pub(crate) fn s_per_gb(&self, pick: Pick) -> Option<f64> {
         ratio(Some(pick(&self.large)), Some(self.large_bytes as f64 / 1e9))
     }
 
     /// Microseconds per request (= ms per 1000 requests) for `pick` of the
     /// small phases.
     #[must_use]
-    pub fn us_per_req(&self, pick: Pick) -> Option<f64> {
+    pub(crate) fn us_per_req(&self, pick: Pick) -> Option<f64> {
         ratio(
             Some(pick(&self.small) * 1e6),
             Some(self.small_requests as f64),
@@ -175,7 +175,7 @@ impl PathCpu {
 
 /// Everything one `s3dma-tools bench` run measured.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Report {
+pub(crate) struct Report {
     /// `--quick` sizes and durations.
     pub quick: bool,
     /// Rounds per large measurement.
@@ -214,7 +214,7 @@ fn num(v: Option<f64>) -> Value {
 impl Report {
     /// The flat JSON object (see the module documentation for the keys).
     #[must_use]
-    pub fn json(&self) -> Map<String, Value> {
+    pub(crate) fn json(&self) -> Map<String, Value> {
         let mut m = Map::new();
         let mut put = |k: String, v: Option<f64>| {
             m.insert(k, num(v));
@@ -297,7 +297,7 @@ impl Report {
 
     /// The human-readable table, headline ratios first.
     #[must_use]
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let mut o = String::new();
         let _ = writeln!(
             o,
@@ -450,7 +450,7 @@ impl Report {
 
 /// A number with about three significant digits; `-` when missing.
 #[must_use]
-pub fn fmt_num(v: Option<f64>) -> String {
+pub(crate) fn fmt_num(v: Option<f64>) -> String {
     match v {
         Some(v) if v.is_finite() => {
             let a = v.abs();
@@ -470,7 +470,7 @@ pub fn fmt_num(v: Option<f64>) -> String {
 
 /// `1.85x`; `-` when missing.
 #[must_use]
-pub fn fmt_ratio(v: Option<f64>) -> String {
+pub(crate) fn fmt_ratio(v: Option<f64>) -> String {
     match v {
         Some(v) if v.is_finite() => format!("{v:.2}x"),
         _ => "-".into(),

@@ -57,7 +57,7 @@ const GAUGE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What `s3dma-tools soak` was asked for.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// How long the load runs.
     pub duration: Duration,
     /// Concurrent clients.
@@ -69,7 +69,7 @@ pub struct Options {
 }
 
 /// Runs the soak and prints the closing line; whether it passed.
-pub async fn main(opts: Options) -> bool {
+pub(crate) async fn main(opts: Options) -> bool {
     let (passed, line) = match run(opts).await {
         Ok(v) => v,
         Err(e) => {

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 /// What a worker does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SoakOp {
+pub(crate) enum SoakOp {
     /// GetObject of the whole object.
     Get,
     /// GetObject of a random range.
@@ -43,7 +43,7 @@ pub enum SoakOp {
 
 impl SoakOp {
     /// Every operation, in report order.
-    pub const ALL: [SoakOp; 6] = [
+    pub(crate) const ALL: [SoakOp; 6] = [
         SoakOp::Get,
         SoakOp::GetRange,
         SoakOp::Put,
@@ -54,7 +54,7 @@ impl SoakOp {
 
     /// Short name for reports.
     #[must_use]
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SoakOp::Get => "get",
             SoakOp::GetRange => "range",
@@ -67,7 +67,7 @@ impl SoakOp {
 
     /// Position in [`SoakOp::ALL`].
     #[must_use]
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             SoakOp::Get => 0,
             SoakOp::GetRange => 1,
@@ -82,7 +82,7 @@ impl SoakOp {
 /// The mix, from a roll in `0..100`: 30 % GET, 10 % ranged GET, 30 % PUT,
 /// 15 % HEAD, 5 % LIST, 10 % DELETE.
 #[must_use]
-pub fn pick_op(roll: u32) -> SoakOp {
+pub(crate) fn pick_op(roll: u32) -> SoakOp {
     match roll % 100 {
         0..30 => SoakOp::Get,
         30..40 => SoakOp::GetRange,
@@ -95,7 +95,7 @@ pub fn pick_op(roll: u32) -> SoakOp {
 
 /// Object sizes and their weights: empty and tiny objects, small ones,
 /// one chunk, several chunks of the agent's 8 MiB (with an odd tail).
-pub const SIZES: [(usize, u32); 8] = [
+pub(crate) const SIZES: [(usize, u32); 8] = [
     (0, 2),
     (1, 2),
     (1000, 3),
@@ -107,15 +107,15 @@ pub const SIZES: [(usize, u32); 8] = [
 ];
 
 /// Largest size in [`SIZES`].
-pub const MAX_SIZE: usize = 16 << 20;
+pub(crate) const MAX_SIZE: usize = 16 << 20;
 
 /// Size worker 0 writes now and then: above the agent's 64 MiB multipart
 /// threshold, so multipart uploads are part of the mix.
-pub const MULTIPART_SIZE: usize = (72 << 20) + 3;
+pub(crate) const MULTIPART_SIZE: usize = (72 << 20) + 3;
 
 /// The size for a roll (any `u32`; taken modulo the weights' sum).
 #[must_use]
-pub fn pick_size(roll: u32) -> usize {
+pub(crate) fn pick_size(roll: u32) -> usize {
     let total: u32 = SIZES.iter().map(|s| s.1).sum();
     let mut r = roll % total.max(1);
     for (size, w) in SIZES {
@@ -130,7 +130,7 @@ pub fn pick_size(roll: u32) -> usize {
 /// A range `first..=last` within an object of `len > 0` bytes, from two
 /// rolls; `None` for an empty object.
 #[must_use]
-pub fn pick_range(len: u64, a: u64, b: u64) -> Option<(u64, u64)> {
+pub(crate) fn pick_range(len: u64, a: u64, b: u64) -> Option<(u64, u64)> {
     if len == 0 {
         return None;
     }
@@ -141,29 +141,29 @@ pub fn pick_range(len: u64, a: u64, b: u64) -> Option<(u64, u64)> {
 
 /// Seconds between samples: about 40 samples per run, 1 s to 60 s.
 #[must_use]
-pub fn sample_interval(duration: Duration) -> Duration {
+pub(crate) fn sample_interval(duration: Duration) -> Duration {
     (duration / 40).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
 /// Factor of allowed private-RSS growth from the first to the last quarter.
-pub const RSS_GROWTH_FACTOR: f64 = 1.5;
+pub(crate) const RSS_GROWTH_FACTOR: f64 = 1.5;
 /// Absolute allowance on top of the factor, KiB: 64 MiB + [`MAX_SIZE`] per
 /// client.
 #[must_use]
-pub fn rss_slack_kib(clients: usize) -> u64 {
+pub(crate) fn rss_slack_kib(clients: usize) -> u64 {
     (64 << 10) + clients as u64 * (MAX_SIZE as u64 >> 10)
 }
 
 /// Allowed growth in open fds: 2 per client (each client's lease and gRPC
 /// connections may land on a busier moment) + 32.
 #[must_use]
-pub fn fd_slack(clients: usize) -> u64 {
+pub(crate) fn fd_slack(clients: usize) -> u64 {
     2 * clients as u64 + 32
 }
 
 /// Gauges that must read 0 at the end: `(service, metric)`; each metric's
 /// series are summed.
-pub const END_GAUGES: [(&str, &str); 7] = [
+pub(crate) const END_GAUGES: [(&str, &str); 7] = [
     ("host-shim", "s3dma_shim_windows_open"),
     ("host-shim", "s3dma_shim_buffers"),
     ("host-shim", "s3dma_shim_leases"),
@@ -179,7 +179,7 @@ pub const END_GAUGES: [(&str, &str); 7] = [
 /// The sum of every series of `metric` in Prometheus text; `None` when it
 /// has none.
 #[must_use]
-pub fn metric_sum(text: &str, metric: &str) -> Option<f64> {
+pub(crate) fn metric_sum(text: &str, metric: &str) -> Option<f64> {
     let mut found = None;
     for line in text.lines() {
         if line.starts_with('#') {
@@ -212,7 +212,7 @@ pub fn metric_sum(text: &str, metric: &str) -> Option<f64> {
 
 /// One process at one sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProcSample {
+pub(crate) struct ProcSample {
     /// `VmRSS`, KiB.
     pub rss_kib: u64,
     /// `RssShmem`, KiB.
@@ -224,14 +224,14 @@ pub struct ProcSample {
 impl ProcSample {
     /// `VmRSS - RssShmem`, KiB.
     #[must_use]
-    pub fn private_kib(&self) -> u64 {
+    pub(crate) fn private_kib(&self) -> u64 {
         self.rss_kib.saturating_sub(self.shmem_kib)
     }
 }
 
 /// All processes at one moment.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Since the load started.
     pub at: Duration,
     /// Requests completed so far.
@@ -247,7 +247,7 @@ fn mib(kib: u64) -> String {
 /// One line for a sample: time, ops, and each service's RSS, shared part
 /// and fds.
 #[must_use]
-pub fn sample_line(s: &Sample, names: &[&str]) -> String {
+pub(crate) fn sample_line(s: &Sample, names: &[&str]) -> String {
     let mut o = format!("soak sample t={}s ops={}", s.at.as_secs(), s.ops);
     for (name, p) in names.iter().zip(&s.procs) {
         let _ = write!(
@@ -272,7 +272,7 @@ fn median_u64(v: &mut [u64]) -> Option<u64> {
 /// One service's figures compared by the verdict: private RSS (KiB) and
 /// fds, the first quarter's largest and the last quarter's median.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Growth {
+pub(crate) struct Growth {
     /// Private RSS, first quarter, largest.
     pub rss_first_kib: u64,
     /// Private RSS, last quarter, median.
@@ -288,7 +288,11 @@ pub struct Growth {
 /// samples for quarters, the first and the last sample stand in; `None`
 /// without samples.
 #[must_use]
-pub fn growth(samples: &[Sample], services: usize, duration: Duration) -> Option<Vec<Growth>> {
+pub(crate) fn growth(
+    samples: &[Sample],
+    services: usize,
+    duration: Duration,
+) -> Option<Vec<Growth>> {
     let (first_s, last_s) = (samples.first()?, samples.last()?);
     let q1: Vec<&Sample> = samples.iter().filter(|s| s.at <= duration / 4).collect();
     let q4: Vec<&Sample> = samples
@@ -322,7 +326,7 @@ pub fn growth(samples: &[Sample], services: usize, duration: Duration) -> Option
 
 /// `name rss A→B MiB fds C→D` for each service, for the closing line.
 #[must_use]
-pub fn growth_summary(growth: &[Growth], names: &[&str]) -> String {
+pub(crate) fn growth_summary(growth: &[Growth], names: &[&str]) -> String {
     names
         .iter()
         .zip(growth)
@@ -342,7 +346,7 @@ pub fn growth_summary(growth: &[Growth], names: &[&str]) -> String {
 /// Growth problems between the first and the last quarter of `duration`
 /// (see [`growth`]).
 #[must_use]
-pub fn growth_problems(
+pub(crate) fn growth_problems(
     samples: &[Sample],
     names: &[&str],
     duration: Duration,
@@ -379,7 +383,7 @@ pub fn growth_problems(
 
 /// Counts of what the workers did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Totals {
+pub(crate) struct Totals {
     /// Completed operations by [`SoakOp::index`].
     pub ops: [u64; 6],
     /// Object bytes moved (both directions).
@@ -391,7 +395,7 @@ pub struct Totals {
 /// The one closing line: `soak: PASS ...` or `soak: FAIL <reasons>`, and
 /// whether it passed.
 #[must_use]
-pub fn verdict(
+pub(crate) fn verdict(
     totals: &Totals,
     elapsed: Duration,
     problems: &[String],

@@ -8,7 +8,7 @@ use hdrhistogram::Histogram;
 /// Latencies recorded in microseconds, 1 µs to 10 minutes, 3 significant
 /// digits (values beyond are clamped to the top).
 #[derive(Debug, Clone)]
-pub struct Latencies {
+pub(crate) struct Latencies {
     hist: Histogram<u64>,
 }
 
@@ -24,7 +24,7 @@ impl Default for Latencies {
 impl Latencies {
     /// An empty recorder.
     #[must_use]
-    pub fn new() -> Latencies {
+    pub(crate) fn new() -> Latencies {
         // Constant bounds and precision that HdrHistogram accepts.
         let hist = Histogram::new_with_bounds(1, MAX_US, 3)
             .expect("1 µs..10 min with 3 significant digits is a valid histogram");
@@ -32,13 +32,13 @@ impl Latencies {
     }
 
     /// Records one request's latency (below 1 µs counts as 1 µs).
-    pub fn record(&mut self, d: Duration) {
+    pub(crate) fn record(&mut self, d: Duration) {
         let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
         self.hist.saturating_record(us.min(MAX_US));
     }
 
     /// Adds another recorder's values.
-    pub fn merge(&mut self, other: &Latencies) {
+    pub(crate) fn merge(&mut self, other: &Latencies) {
         if self.hist.add(&other.hist).is_err() {
             // Same bounds on both sides: cannot fail. Re-record as a fallback.
             for v in other.hist.iter_recorded() {
@@ -50,13 +50,13 @@ impl Latencies {
 
     /// Requests recorded.
     #[must_use]
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.hist.len()
     }
 
     /// The latency at quantile `q` (0.5 = median), µs; `None` when empty.
     #[must_use]
-    pub fn quantile_us(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile_us(&self, q: f64) -> Option<f64> {
         if self.hist.is_empty() {
             return None;
         }
@@ -71,7 +71,7 @@ impl Latencies {
 /// The median of `values` (mean of the two middle ones for an even count);
 /// `None` when empty or when one is NaN.
 #[must_use]
-pub fn median(values: &[f64]) -> Option<f64> {
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
     if values.is_empty() || values.iter().any(|v| v.is_nan()) {
         return None;
     }
@@ -87,21 +87,21 @@ pub fn median(values: &[f64]) -> Option<f64> {
 
 /// Throughput in GB/s (10^9 bytes per second); `None` for no time.
 #[must_use]
-pub fn gbps(bytes: u64, elapsed: Duration) -> Option<f64> {
+pub(crate) fn gbps(bytes: u64, elapsed: Duration) -> Option<f64> {
     let s = elapsed.as_secs_f64();
     (s > 0.0).then(|| bytes as f64 / s / 1e9)
 }
 
 /// Operations per second; `None` for no time.
 #[must_use]
-pub fn per_second(count: u64, elapsed: Duration) -> Option<f64> {
+pub(crate) fn per_second(count: u64, elapsed: Duration) -> Option<f64> {
     let s = elapsed.as_secs_f64();
     (s > 0.0).then(|| count as f64 / s)
 }
 
 /// `a / b` when both are finite and `b > 0`.
 #[must_use]
-pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if a.is_finite() && b.is_finite() && b > 0.0 => Some(a / b),
         _ => None,
@@ -110,7 +110,7 @@ pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 /// CPU time in seconds from clock ticks.
 #[must_use]
-pub fn ticks_to_secs(ticks: u64, ticks_per_sec: u64) -> f64 {
+pub(crate) fn ticks_to_secs(ticks: u64, ticks_per_sec: u64) -> f64 {
     if ticks_per_sec == 0 {
         return 0.0;
     }

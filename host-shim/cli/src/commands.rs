@@ -17,35 +17,35 @@ use tokio::task::JoinHandle;
 use crate::url::{S3Url, chunks, resolve_range};
 
 /// Bytes fetched per GetObject; two buffers of this size alternate.
-pub const CHUNK: u64 = 64 << 20;
+pub(crate) const CHUNK: u64 = 64 << 20;
 /// Transfers at least this large show a progress bar (when stderr is a TTY).
 const PROGRESS_MIN: u64 = 4 << 20;
 /// Bytes read from a file per `read` call while filling a buffer.
 const READ_STEP: usize = 8 << 20;
 
 /// Exit status: success.
-pub const EXIT_OK: u8 = 0;
+pub(crate) const EXIT_OK: u8 = 0;
 /// Exit status: any other error (I/O, internal, quota, timeout).
-pub const EXIT_OTHER: u8 = 1;
+pub(crate) const EXIT_OTHER: u8 = 1;
 /// Exit status: the command line is wrong (also clap's own usage errors).
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit status: no such object or bucket.
-pub const EXIT_NOT_FOUND: u8 = 3;
+pub(crate) const EXIT_NOT_FOUND: u8 = 3;
 /// Exit status: access denied (or a uid the shim does not know).
-pub const EXIT_ACCESS_DENIED: u8 = 4;
+pub(crate) const EXIT_ACCESS_DENIED: u8 = 4;
 /// Exit status: the host-shim or the dpu-agent behind it is unreachable.
-pub const EXIT_UNAVAILABLE: u8 = 5;
+pub(crate) const EXIT_UNAVAILABLE: u8 = 5;
 /// Exit status: precondition failed (the object changed during the transfer).
-pub const EXIT_PRECONDITION: u8 = 6;
+pub(crate) const EXIT_PRECONDITION: u8 = 6;
 /// Exit status: the byte range cannot be satisfied.
-pub const EXIT_INVALID_RANGE: u8 = 7;
+pub(crate) const EXIT_INVALID_RANGE: u8 = 7;
 /// Exit status: the socket is served by a uid that is neither root nor the
 /// expected one (not the shim; nothing was sent to it).
-pub const EXIT_UNTRUSTED_SHIM: u8 = 8;
+pub(crate) const EXIT_UNTRUSTED_SHIM: u8 = 8;
 
 /// Why a command failed; [`Failure::exit_code`] picks its exit status.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The command line is wrong (exit 2).
     Usage(String),
     /// The shim, the agent or S3 refused (exit by [`ErrorKind`]).
@@ -62,7 +62,7 @@ pub enum Failure {
 impl Failure {
     /// The process exit status for this failure.
     #[must_use]
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Other(_) => EXIT_OTHER,
@@ -82,7 +82,7 @@ impl Failure {
     }
 
     /// Prints the one-line message and returns the exit code.
-    pub fn report(&self) -> ExitCode {
+    pub(crate) fn report(&self) -> ExitCode {
         eprintln!("s3dma: {self}");
         ExitCode::from(self.exit_code())
     }
@@ -127,7 +127,7 @@ fn usage(e: impl std::fmt::Display) -> Failure {
 
 /// Options shared by every client command.
 #[derive(Debug, Clone)]
-pub struct Global {
+pub(crate) struct Global {
     /// The shim's socket (`None` = `$S3DMA_SOCKET`, else the default).
     pub socket: Option<PathBuf>,
     /// No progress bars or summaries.
@@ -140,7 +140,7 @@ pub struct Global {
 /// Client options trusting a shim running as `shim_uid` (`None`: the
 /// client's default, `$S3DMA_SHIM_UID` or our own uid).
 #[must_use]
-pub fn client_options(shim_uid: Option<u32>) -> ClientOptions {
+pub(crate) fn client_options(shim_uid: Option<u32>) -> ClientOptions {
     match shim_uid {
         Some(uid) => ClientOptions::new().with_shim_uid(uid),
         None => ClientOptions::new(),
@@ -154,7 +154,7 @@ pub fn client_options(shim_uid: Option<u32>) -> ClientOptions {
 /// when that exists, else `/run/s3dma/shim.sock` (so that the error names
 /// the installed shim's socket).
 #[must_use]
-pub fn default_socket() -> PathBuf {
+pub(crate) fn default_socket() -> PathBuf {
     let env = std::env::var_os(s3dma_client::SOCKET_ENV).filter(|v| !v.is_empty());
     let local = s3dma_launcher::default_socket(
         std::env::var_os("XDG_RUNTIME_DIR"),
@@ -319,7 +319,12 @@ fn download_path(url: &S3Url, file: Option<&Path>) -> Result<Option<PathBuf>> {
 }
 
 /// `s3dma get`.
-pub async fn get(g: &Global, url: &str, file: Option<&Path>, range: Option<&str>) -> Result<()> {
+pub(crate) async fn get(
+    g: &Global,
+    url: &str,
+    file: Option<&Path>,
+    range: Option<&str>,
+) -> Result<()> {
     let url = S3Url::parse_object(url).map_err(usage)?;
     let range: Option<ByteRange> = range.map(str::parse).transpose().map_err(usage)?;
     let dest = download_path(&url, file)?;
@@ -432,7 +437,7 @@ pub async fn get(g: &Global, url: &str, file: Option<&Path>, range: Option<&str>
 ///
 /// # Errors
 /// No `=`, or an empty name.
-pub fn parse_meta(items: &[String]) -> std::result::Result<HashMap<String, String>, String> {
+pub(crate) fn parse_meta(items: &[String]) -> std::result::Result<HashMap<String, String>, String> {
     let mut out = HashMap::new();
     for item in items {
         let (k, v) = item
@@ -473,7 +478,7 @@ fn fill(r: &mut impl io::Read, buf: &mut [u8], pb: &ProgressBar) -> io::Result<(
 }
 
 /// `s3dma put`.
-pub async fn put(
+pub(crate) async fn put(
     g: &Global,
     file: &Path,
     url: &str,
@@ -561,7 +566,7 @@ pub async fn put(
 
 /// `YYYY-MM-DD HH:MM:SS` (UTC) of a Unix time in milliseconds.
 #[must_use]
-pub fn format_time(unix_ms: i64) -> String {
+pub(crate) fn format_time(unix_ms: i64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     let fmt = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
@@ -570,18 +575,18 @@ pub fn format_time(unix_ms: i64) -> String {
 
 /// One line of `s3dma ls` for an object, as `aws s3 ls` prints it.
 #[must_use]
-pub fn ls_object_line(unix_ms: i64, size: u64, name: &str) -> String {
+pub(crate) fn ls_object_line(unix_ms: i64, size: u64, name: &str) -> String {
     format!("{} {size:>10} {name}", format_time(unix_ms))
 }
 
 /// One line of `s3dma ls` for a common prefix.
 #[must_use]
-pub fn ls_prefix_line(name: &str) -> String {
+pub(crate) fn ls_prefix_line(name: &str) -> String {
     format!("{:>30} {name}", "PRE")
 }
 
 /// `s3dma ls`.
-pub async fn ls(g: &Global, url: &str, recursive: bool) -> Result<()> {
+pub(crate) async fn ls(g: &Global, url: &str, recursive: bool) -> Result<()> {
     let url = S3Url::parse(url).map_err(usage)?;
     let what = format!("ls {url}");
     let client = g.connect().await?;
@@ -626,7 +631,7 @@ pub async fn ls(g: &Global, url: &str, recursive: bool) -> Result<()> {
 }
 
 /// `s3dma stat`.
-pub async fn stat(g: &Global, url: &str) -> Result<()> {
+pub(crate) async fn stat(g: &Global, url: &str) -> Result<()> {
     let url = S3Url::parse_object(url).map_err(usage)?;
     let client = g.connect().await?;
     let o = client
@@ -663,7 +668,7 @@ pub async fn stat(g: &Global, url: &str) -> Result<()> {
 }
 
 /// `s3dma rm`.
-pub async fn rm(g: &Global, url: &str) -> Result<()> {
+pub(crate) async fn rm(g: &Global, url: &str) -> Result<()> {
     let url = S3Url::parse_object(url).map_err(usage)?;
     let client = g.connect().await?;
     client
@@ -675,7 +680,7 @@ pub async fn rm(g: &Global, url: &str) -> Result<()> {
 }
 
 /// `s3dma info`.
-pub async fn info(g: &Global) -> Result<()> {
+pub(crate) async fn info(g: &Global) -> Result<()> {
     let client = g.connect().await?;
     let i = client.info().await.map_err(client_err("info"))?;
     println!(

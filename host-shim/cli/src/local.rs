@@ -30,7 +30,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// What `s3dma local` was asked for.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// State directory (`None` = [`default_dir`]).
     pub dir: Option<PathBuf>,
     /// Shim socket (`None` = [`default_socket`]).
@@ -119,7 +119,7 @@ Ctrl-C stops all three.
 /// # Errors
 /// Missing binaries, unusable directories or socket, a child that does not
 /// start or dies.
-pub async fn run(opts: Options) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let uid = s3dma_service::private::current_uid();
     let dir = match opts.dir {
         Some(d) => absolute(d)?,

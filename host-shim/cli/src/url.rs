@@ -7,7 +7,7 @@ use s3dma_client::ByteRange;
 
 /// A parsed `s3://bucket[/key]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3Url {
+pub(crate) struct S3Url {
     /// The bucket (never empty).
     pub bucket: String,
     /// Everything after the first `/` following the bucket; may be empty
@@ -17,7 +17,7 @@ pub struct S3Url {
 
 /// Why a string is not a usable `s3://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UrlError {
+pub(crate) struct UrlError {
     /// The URL as given.
     pub input: String,
     /// What is wrong with it.
@@ -38,7 +38,7 @@ impl S3Url {
     /// # Errors
     /// Not `s3://`, an empty bucket, a bucket with characters S3 never
     /// allows, or control characters in the key.
-    pub fn parse(input: &str) -> Result<S3Url, UrlError> {
+    pub(crate) fn parse(input: &str) -> Result<S3Url, UrlError> {
         let err = |reason| UrlError {
             input: input.to_owned(),
             reason,
@@ -71,7 +71,7 @@ impl S3Url {
     ///
     /// # Errors
     /// As [`S3Url::parse`], and a missing key.
-    pub fn parse_object(input: &str) -> Result<S3Url, UrlError> {
+    pub(crate) fn parse_object(input: &str) -> Result<S3Url, UrlError> {
         let u = S3Url::parse(input)?;
         if u.key.is_empty() {
             return Err(UrlError {
@@ -84,7 +84,7 @@ impl S3Url {
 
     /// The last `/`-separated part of the key (empty when the key ends in `/`).
     #[must_use]
-    pub fn basename(&self) -> &str {
+    pub(crate) fn basename(&self) -> &str {
         self.key.rsplit('/').next().unwrap_or("")
     }
 }
@@ -100,7 +100,7 @@ impl fmt::Display for S3Url {
 /// answer 416 (a start at or past the end, an empty suffix, any range of an
 /// empty object).
 #[must_use]
-pub fn resolve_range(range: Option<ByteRange>, size: u64) -> Option<(u64, u64)> {
+pub(crate) fn resolve_range(range: Option<ByteRange>, size: u64) -> Option<(u64, u64)> {
     match range {
         None => Some((0, size)),
         Some(ByteRange::Bounded { first, last }) => {
@@ -117,7 +117,7 @@ pub fn resolve_range(range: Option<ByteRange>, size: u64) -> Option<(u64, u64)> 
 /// Splits `start..start + len` into chunks of at most `chunk` bytes:
 /// `(first byte, length)` each.
 #[must_use]
-pub fn chunks(start: u64, len: u64, chunk: u64) -> Vec<(u64, u64)> {
+pub(crate) fn chunks(start: u64, len: u64, chunk: u64) -> Vec<(u64, u64)> {
     let chunk = chunk.max(1);
     let mut out = Vec::new();
     let mut off = 0;

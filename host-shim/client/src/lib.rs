@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Rust client for the s3dma host-shim.
 //!
 //! The shim serves tenant applications on a Unix socket

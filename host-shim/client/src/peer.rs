@@ -23,7 +23,7 @@ pub const SHIM_UID_ENV: &str = "S3DMA_SHIM_UID";
 
 /// The system user the packaged host-shim runs as; trusted by default when
 /// it exists.
-pub const SYSTEM_SHIM_USER: &str = "s3dma-shim";
+pub(crate) const SYSTEM_SHIM_USER: &str = "s3dma-shim";
 
 /// Where the accepted uid besides root came from (for error messages).
 #[derive(Debug, Clone, PartialEq, Eq)]

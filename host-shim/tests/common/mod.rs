@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-pub use s3dma_launcher::harness as agent;
+pub(crate) use s3dma_launcher::harness as agent;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt as _;
@@ -12,18 +12,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-pub use agent::{ALICE, Agent, AgentSpec, Target, data, sha256};
+pub(crate) use agent::{ALICE, Agent, AgentSpec, Target, data, sha256};
 
 /// A uid no tenant has.
-pub const STRANGER_UID: u32 = 4242;
+pub(crate) const STRANGER_UID: u32 = 4242;
 /// The uid bob's processes run as (Debian's `nobody`).
-pub const BOB_UID: u32 = 65534;
+pub(crate) const BOB_UID: u32 = 65534;
 
 /// Turns a hang into a failure; not a performance threshold.
-pub const HANG_GUARD: Duration = Duration::from_secs(120);
+pub(crate) const HANG_GUARD: Duration = Duration::from_secs(120);
 
 /// A host-shim process.
-pub struct Shim {
+pub(crate) struct Shim {
     child: Option<Child>,
     pub socket: PathBuf,
     pub metrics: String,
@@ -38,7 +38,7 @@ pub struct Shim {
 /// How [`Shim::start_opts`] starts a shim; the default is what
 /// [`Shim::start`] does.
 #[derive(Default)]
-pub struct ShimOpts {
+pub(crate) struct ShimOpts {
     /// The IP its fabric endpoint listens on (targets connect to it);
     /// default 127.0.0.1.
     pub fabric_ip: Option<String>,
@@ -57,12 +57,12 @@ pub struct ShimOpts {
 impl Shim {
     /// A shim in `dir` (made world-traversable so other uids reach the
     /// socket) for `agent`: alice = this process's uid, bob = [`BOB_UID`].
-    pub fn start(dir: &Path, agent: &Agent) -> Shim {
+    pub(crate) fn start(dir: &Path, agent: &Agent) -> Shim {
         Shim::start_opts(dir, agent, ShimOpts::default())
     }
 
     /// A shim as [`Shim::start`] with `opts`.
-    pub fn start_opts(dir: &Path, agent: &Agent, opts: ShimOpts) -> Shim {
+    pub(crate) fn start_opts(dir: &Path, agent: &Agent, opts: ShimOpts) -> Shim {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         write_secret(&dir.join("fabric.key"), agent::FABRIC_KEY_HEX);
         write_secret(&dir.join("shim.token"), agent::SHIM_TOKEN);
@@ -131,16 +131,16 @@ impl Shim {
         self.child = Some(child);
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The process id (None once killed).
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -148,13 +148,13 @@ impl Shim {
     }
 
     /// One metric's value (summed over its label sets), from `/metrics`.
-    pub fn metric(&self, name: &str) -> f64 {
+    pub(crate) fn metric(&self, name: &str) -> f64 {
         agent::metric_value(&scrape(self.netns.as_deref(), &self.metrics), name)
     }
 }
 
 /// `GET /metrics` at `url` (from network namespace `ns` when given).
-pub fn scrape(ns: Option<&str>, url: &str) -> String {
+pub(crate) fn scrape(ns: Option<&str>, url: &str) -> String {
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/metrics");
@@ -180,7 +180,7 @@ impl Drop for Shim {
 }
 
 /// storage-target + dpu-agent (fixed port, so it can restart) + host-shim.
-pub struct Stack {
+pub(crate) struct Stack {
     pub target: Target,
     pub agent: Agent,
     pub shim: Shim,
@@ -188,16 +188,16 @@ pub struct Stack {
 }
 
 impl Stack {
-    pub async fn start() -> Stack {
+    pub(crate) async fn start() -> Stack {
         Stack::start_with(|_| {}).await
     }
 
-    pub async fn start_with(tweak: impl FnOnce(&mut AgentSpec)) -> Stack {
+    pub(crate) async fn start_with(tweak: impl FnOnce(&mut AgentSpec)) -> Stack {
         Stack::start_opts(tweak, ShimOpts::default()).await
     }
 
     /// A stack whose shim starts with `opts`.
-    pub async fn start_opts(tweak: impl FnOnce(&mut AgentSpec), opts: ShimOpts) -> Stack {
+    pub(crate) async fn start_opts(tweak: impl FnOnce(&mut AgentSpec), opts: ShimOpts) -> Stack {
         let target = Target::start(true);
         for b in ["alice-data", "bob-data", "shared"] {
             target.create_bucket(b).await;
@@ -216,7 +216,7 @@ impl Stack {
         }
     }
 
-    pub async fn client(&self) -> s3dma_client::Client {
+    pub(crate) async fn client(&self) -> s3dma_client::Client {
         s3dma_client::Client::connect(&self.shim.socket)
             .await
             .unwrap()
@@ -280,7 +280,7 @@ fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim
 }
 
 /// Writes a secret file as the services require it: mode 0600.
-pub fn write_secret(path: &Path, contents: &str) {
+pub(crate) fn write_secret(path: &Path, contents: &str) {
     std::fs::write(path, contents).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
@@ -288,7 +288,7 @@ pub fn write_secret(path: &Path, contents: &str) {
 /// Runs this test binary's `#[ignore]`d test `name` as `uid`, with `env`;
 /// returns its combined output, panicking (with it) when the child failed.
 /// The binary is copied next to the socket so any uid can execute it.
-pub fn run_test_as(dir: &Path, uid: u32, name: &str, env: &[(&str, String)]) -> String {
+pub(crate) fn run_test_as(dir: &Path, uid: u32, name: &str, env: &[(&str, String)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let copy = dir.join(format!("test-bin-{uid}"));
     if !copy.exists() {
@@ -327,7 +327,7 @@ pub fn run_test_as(dir: &Path, uid: u32, name: &str, env: &[(&str, String)]) -> 
 
 /// The shim's tenant API over its socket without the client crate (to send
 /// what the safe client never would, such as another tenant's buffer id).
-pub async fn raw_tenant_client(
+pub(crate) async fn raw_tenant_client(
     socket: &Path,
 ) -> s3dma_proto::tenant::v1::tenant_client::TenantClient<tonic::transport::Channel> {
     let path = socket.to_owned();
@@ -346,7 +346,7 @@ pub async fn raw_tenant_client(
 }
 
 /// `(grpc code, ErrorInfo reason)` of a status.
-pub fn reason(st: &tonic::Status) -> (tonic::Code, String) {
+pub(crate) fn reason(st: &tonic::Status) -> (tonic::Code, String) {
     use tonic_types::StatusExt as _;
     (
         st.code(),
@@ -359,12 +359,12 @@ pub fn reason(st: &tonic::Status) -> (tonic::Code, String) {
 /// Network namespaces for fault tests (root only): a "host" namespace
 /// (dpu-agent, host-shim) and a "storage" namespace (storage-target) joined
 /// by a veth pair that a test can take down, delete and bring back.
-pub mod netns {
+pub(crate) mod netns {
     use std::os::fd::AsFd as _;
     use std::process::Command;
 
     /// Runs `ip ARGS`, panicking with its output when it fails.
-    pub fn ip(args: &[&str]) {
+    pub(crate) fn ip(args: &[&str]) {
         let out = Command::new("ip")
             .args(args)
             .output()
@@ -381,7 +381,7 @@ pub mod netns {
     /// (also when the test panics). Names carry this process's id, so
     /// concurrent runs never collide, and namespaces left behind by a
     /// killed run are swept by the next one.
-    pub struct NetnsPair {
+    pub(crate) struct NetnsPair {
         /// The host side (agent, shim, and the tenant through the socket).
         pub host: String,
         /// The storage side (storage-target).
@@ -397,7 +397,7 @@ pub mod netns {
     const PREFIX: &str = "s3dma-fault-";
 
     impl NetnsPair {
-        pub fn create() -> NetnsPair {
+        pub(crate) fn create() -> NetnsPair {
             static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             sweep_stale();
             let pid = std::process::id();
@@ -422,7 +422,7 @@ pub mod netns {
         }
 
         /// Creates the veth pair (again, after [`NetnsPair::link_delete`]).
-        pub fn link_create(&self) {
+        pub(crate) fn link_create(&self) {
             ip(&[
                 "-n",
                 &self.host,
@@ -447,22 +447,22 @@ pub mod netns {
         }
 
         /// Takes the host side's end down: packets stop, connections stall.
-        pub fn link_down(&self) {
+        pub(crate) fn link_down(&self) {
             ip(&["-n", &self.host, "link", "set", &self.host_if, "down"]);
         }
 
         /// Brings it back up (the kernel restores the subnet route).
-        pub fn link_up(&self) {
+        pub(crate) fn link_up(&self) {
             ip(&["-n", &self.host, "link", "set", &self.host_if, "up"]);
         }
 
         /// Deletes the veth pair (both ends, their addresses and routes).
-        pub fn link_delete(&self) {
+        pub(crate) fn link_delete(&self) {
             ip(&["-n", &self.host, "link", "del", &self.host_if]);
         }
 
         /// `ip netns exec NAME` as a command prefix.
-        pub fn wrap(ns: &str) -> Vec<String> {
+        pub(crate) fn wrap(ns: &str) -> Vec<String> {
             ["ip", "netns", "exec", ns]
                 .into_iter()
                 .map(str::to_owned)
@@ -508,7 +508,7 @@ pub mod netns {
 
     /// A TCP connection made from inside `ns` (a socket stays in the
     /// namespace it was created in, whichever thread uses it).
-    pub fn connect_in(ns: &str, addr: &str) -> std::net::TcpStream {
+    pub(crate) fn connect_in(ns: &str, addr: &str) -> std::net::TcpStream {
         let (ns, addr) = (ns.to_owned(), addr.to_owned());
         std::thread::spawn(move || {
             enter(&ns);
@@ -520,7 +520,7 @@ pub mod netns {
 
     /// Runs `f()`'s future on a thread inside `ns` (its own current-thread
     /// runtime, so every socket it opens lives in `ns`).
-    pub async fn run_in<F, Fut, T>(ns: &str, f: F) -> T
+    pub(crate) async fn run_in<F, Fut, T>(ns: &str, f: F) -> T
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: std::future::Future<Output = T>,
@@ -543,7 +543,7 @@ pub mod netns {
 /// Whether this process may create namespaces and mounts. When it may not,
 /// a root-only test skips (returns `false`) unless `CI` is set, where it
 /// fails: CI runs as root and must run every test.
-pub fn root_or_skip(test: &str) -> bool {
+pub(crate) fn root_or_skip(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
@@ -556,13 +556,13 @@ pub fn root_or_skip(test: &str) -> bool {
 }
 
 /// A tmpfs of `size` bytes mounted on a fresh directory; unmounted on drop.
-pub struct Tmpfs {
+pub(crate) struct Tmpfs {
     pub path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Tmpfs {
-    pub fn mount(size: u64) -> Tmpfs {
+    pub(crate) fn mount(size: u64) -> Tmpfs {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fs");
         std::fs::create_dir(&path).unwrap();
@@ -580,7 +580,7 @@ impl Tmpfs {
     }
 
     /// Free bytes (statvfs).
-    pub fn free(&self) -> u64 {
+    pub(crate) fn free(&self) -> u64 {
         let st = nix::sys::statvfs::statvfs(&self.path).unwrap();
         st.blocks_available() * st.fragment_size()
     }

@@ -20,7 +20,7 @@ use super::{
 };
 
 /// Highest part number S3 allows.
-pub const MAX_PART_NUMBER: u32 = 10_000;
+pub(super) const MAX_PART_NUMBER: u32 = 10_000;
 
 /// An in-progress multipart upload, stored in `upload.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -420,7 +420,7 @@ impl Store {
 ///
 /// # Errors
 /// `InvalidPartOrder`, `InvalidPart`, `EntityTooSmall`.
-pub fn select_parts(
+pub(super) fn select_parts(
     uploaded: &BTreeMap<u32, PartInfo>,
     requested: &[(u32, String)],
 ) -> StoreResult<Vec<PartInfo>> {

@@ -14,15 +14,15 @@ use bytes::Bytes;
 use http_body_util::BodyExt as _;
 
 /// Users in every test config.
-pub const ADMIN: (&str, &str) = ("admin", "admin-secret");
+pub(crate) const ADMIN: (&str, &str) = ("admin", "admin-secret");
 /// Another user with read-write on every bucket (for ownership checks).
-pub const OTHER: (&str, &str) = ("other", "other-secret");
+pub(crate) const OTHER: (&str, &str) = ("other", "other-secret");
 /// A user with read-only access to bucket `shared` and nothing else.
-pub const READER: (&str, &str) = ("reader", "reader-secret");
+pub(crate) const READER: (&str, &str) = ("reader", "reader-secret");
 
 /// Writes a secret file (a user's secret, a fabric key, a token) mode 0600:
 /// the storage-target refuses secret files group or others can read.
-pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
+pub(crate) fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::write(path, contents).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -30,13 +30,13 @@ pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
 
 /// How to launch the process beyond its config.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Launch {
+pub(crate) struct Launch {
     /// Run the binary under this umask (through `sh -c 'umask ..; exec ..'`).
     pub umask: Option<u32>,
 }
 
 /// A running storage-target process.
-pub struct Server {
+pub(crate) struct Server {
     child: Option<Child>,
     /// `http://IP:PORT`.
     pub endpoint: String,
@@ -91,19 +91,19 @@ users:
 
 impl Server {
     /// Starts a server on a fresh temporary data directory.
-    pub fn start() -> Server {
+    pub(crate) fn start() -> Server {
         Server::start_with(|_| String::new())
     }
 
     /// Starts a server whose config is the standard one plus the YAML that
     /// `extra` returns (it may write files into the temporary directory it
     /// is given, e.g. a fabric key).
-    pub fn start_with(extra: impl FnOnce(&Path) -> String) -> Server {
+    pub(crate) fn start_with(extra: impl FnOnce(&Path) -> String) -> Server {
         Server::launch(extra, Launch::default())
     }
 
     /// [`Server::start_with`], launched as `launch` says.
-    pub fn launch(extra: impl FnOnce(&Path) -> String, launch: Launch) -> Server {
+    pub(crate) fn launch(extra: impl FnOnce(&Path) -> String, launch: Launch) -> Server {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let config = write_config(tmp.path(), &data);
@@ -180,7 +180,7 @@ impl Server {
     }
 
     /// SIGKILLs the process and waits for it.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap());
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -189,7 +189,7 @@ impl Server {
     }
 
     /// Sends SIGTERM and waits for a clean exit; returns whether it exited 0.
-    pub fn terminate(&mut self) -> bool {
+    pub(crate) fn terminate(&mut self) -> bool {
         let Some(mut c) = self.child.take() else {
             return false;
         };
@@ -199,7 +199,7 @@ impl Server {
     }
 
     /// Starts the binary again on the same config and data directory.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill9();
         let mut s = Server::spawn(
             self.config.clone(),
@@ -213,22 +213,22 @@ impl Server {
     }
 
     /// The server's log so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
     }
 
     /// An SDK client (path style, static credentials).
-    pub fn client(&self, (ak, sk): (&str, &str)) -> Client {
+    pub(crate) fn client(&self, (ak, sk): (&str, &str)) -> Client {
         client_for(&self.endpoint, ak, sk)
     }
 
     /// The admin client.
-    pub fn admin(&self) -> Client {
+    pub(crate) fn admin(&self) -> Client {
         self.client(ADMIN)
     }
 
     /// `http://IP:PORT/<path>`.
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.endpoint)
     }
 }
@@ -243,7 +243,7 @@ impl Drop for Server {
 }
 
 /// An SDK client for `endpoint`.
-pub fn client_for(endpoint: &str, ak: &str, sk: &str) -> Client {
+pub(crate) fn client_for(endpoint: &str, ak: &str, sk: &str) -> Client {
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
@@ -256,23 +256,23 @@ pub fn client_for(endpoint: &str, ak: &str, sk: &str) -> Client {
 
 /// A raw HTTP response.
 #[derive(Debug)]
-pub struct Raw {
+pub(crate) struct Raw {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body: Bytes,
 }
 
 impl Raw {
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
     /// The text of `<tag>` in the body.
-    pub fn xml(&self, tag: &str) -> Option<String> {
+    pub(crate) fn xml(&self, tag: &str) -> Option<String> {
         let t = self.text();
         let open = format!("<{tag}>");
         let a = t.find(&open)? + open.len();
@@ -282,7 +282,7 @@ impl Raw {
 }
 
 /// Sends a raw (unsigned unless the URL is presigned) HTTP request.
-pub async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: Bytes) -> Raw {
+pub(crate) async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: Bytes) -> Raw {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<Bytes>>();
     let mut req = http::Request::builder().method(method).uri(url);
@@ -304,7 +304,7 @@ pub async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: Bytes)
 }
 
 /// Deterministic pseudo-random bytes.
-pub fn data(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
         .map(|_| {
@@ -317,13 +317,13 @@ pub fn data(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Hex MD5.
-pub fn md5_hex(b: &[u8]) -> String {
+pub(crate) fn md5_hex(b: &[u8]) -> String {
     use s3s::crypto::Checksum as _;
     hex::encode(s3s::crypto::Md5::checksum(b))
 }
 
 /// Every regular file under `dir`, recursively.
-pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
         return out;
@@ -343,7 +343,7 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 /// (region us-east-1, `x-amz-content-sha256` from `body`). Returns `host`,
 /// the `extra` headers (all among the signed headers) and the signing
 /// headers, ready to send.
-pub fn sign_v4(
+pub(crate) fn sign_v4(
     method: &str,
     url: &str,
     extra: &[(&str, &str)],
@@ -354,7 +354,7 @@ pub fn sign_v4(
 }
 
 /// [`sign_v4`] as another user.
-pub fn sign_v4_as(
+pub(crate) fn sign_v4_as(
     (ak, sk): (&str, &str),
     method: &str,
     url: &str,
