@@ -2,7 +2,7 @@
 //! s3dma's wire formats and plans, with no I/O (in the manner of
 //! quinn-proto): every decoder that reads bytes from a peer lives here, is a
 //! pure function of its input, and is what the fuzz targets in
-//! `fabric/fuzz` drive.
+//! `wire/fuzz` drive.
 //!
 //! * [`token`]: the `x-amz-rdma-token` codec and the remote buffer it grants;
 //! * [`frame`]: the fabric's versioned frames (handshake, request and

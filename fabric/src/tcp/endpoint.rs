@@ -103,7 +103,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
         if !io::recv_exact(&stream, &mut hb).await.map_err(ioerr)? {
             return Ok(());
         }
-        // The decision is the pure decoder's (fuzzed in fabric/fuzz).
+        // The decision is the pure decoder's (fuzzed in wire/fuzz).
         let req = match Incoming::decode(&hb).map_err(|e| protocol(peer, e))? {
             Incoming::Serve(req) => req,
             Incoming::TooLong(req) => {
