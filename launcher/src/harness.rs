@@ -300,7 +300,9 @@ impl Drop for Target {
 }
 
 /// `bin` as a command, run under the prefix `wrap` when it is not empty.
-fn wrapped(wrap: &[String], bin: &Path) -> Command {
+/// `bin` as a command, run through `wrap` (e.g. `ip netns exec NS`) when
+/// it is not empty.
+pub fn wrapped(wrap: &[String], bin: &Path) -> Command {
     match wrap.split_first() {
         None => Command::new(bin),
         Some((first, rest)) => {

@@ -94,15 +94,7 @@ impl Shim {
             .open(&self.log)
             .unwrap();
         let bin = agent::bin_dir().join("host-shim");
-        let mut cmd = match self.wrap.split_first() {
-            None => Command::new(&bin),
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(&bin);
-                c
-            }
-        };
-        let mut child = cmd
+        let mut child = agent::wrapped(&self.wrap, &bin)
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "info")

@@ -6,7 +6,7 @@ use std::path::Path;
 pub(crate) const S3DMA: &str = env!("CARGO_BIN_EXE_s3dma");
 
 /// Fails with a clear message unless the three service binaries that
-/// `s3dma local` / `bench` / `soak` start sit next to `s3dma`.
+/// `s3dma local` starts sit next to `s3dma`.
 pub(crate) fn check_binaries() {
     let dir = Path::new(S3DMA).parent().unwrap();
     for b in ["storage-target", "dpu-agent", "host-shim"] {
