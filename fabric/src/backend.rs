@@ -11,12 +11,30 @@ use crate::error::{FabricError, Result};
 use crate::memory::Memory;
 
 /// Which transport a domain uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// Software RDMA over authenticated TCP; works everywhere.
+    #[default]
     Tcp,
     /// RDMA verbs (RC queue pairs) through rdma-sys; needs an RDMA device.
     Verbs,
+}
+
+impl Backend {
+    /// The backend's name in configuration files: `tcp` or `verbs`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Tcp => "tcp",
+            Backend::Verbs => "verbs",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for Backend {

@@ -100,10 +100,7 @@ impl Domain {
     ) -> Result<Region> {
         let addr = mem.addr();
         let len = mem.len() as u64;
-        let registration = match self.registrar() {
-            Some(r) => Some(r.register(&mem, 0, mem.len(), key_access)?),
-            None => None,
-        };
+        let registration = self.hardware_registration(&mem, 0, mem.len(), key_access)?;
         let key = self.insert_key(addr, len, key_access, None, None, registration)?;
         let inner = Arc::new(RegionInner {
             domain: self.clone(),
@@ -113,6 +110,23 @@ impl Domain {
         });
         *inner.key.region.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&inner);
         Ok(Region { inner })
+    }
+
+    /// The backend's registration of `[offset, offset+len)` of `mem`, if it
+    /// has one. An empty range gets a software key instead: verbs cannot
+    /// register zero bytes (`ibv_reg_mr` answers EFAULT) and a zero-length
+    /// RDMA operation never checks its rkey, so nothing is lost.
+    fn hardware_registration(
+        &self,
+        mem: &Memory,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<Box<dyn Registration>>> {
+        match self.registrar() {
+            Some(r) if len > 0 => Ok(Some(r.register(mem, offset, len, access)?)),
+            _ => Ok(None),
+        }
     }
 
     /// Allocates `len` bytes of anonymous memory and registers them.
@@ -475,10 +489,10 @@ impl Region {
                 "the region has been deregistered".into(),
             ));
         }
-        let registration = match self.inner.domain.registrar() {
-            Some(r) => Some(r.register(&self.inner.mem, offset, len, access)?),
-            None => None,
-        };
+        let registration =
+            self.inner
+                .domain
+                .hardware_registration(&self.inner.mem, offset, len, access)?;
         let key = self.inner.domain.insert_key(
             self.addr() + offset as u64,
             len as u64,

@@ -86,7 +86,11 @@ fn crc(r: &Region, off: usize, len: usize) -> u32 {
 }
 
 async fn guard<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(HANG_GUARD, f)
+    let limit = std::env::var("S3DMA_HANG_GUARD_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(HANG_GUARD, Duration::from_secs);
+    tokio::time::timeout(limit, f)
         .await
         .expect("operation hung")
 }

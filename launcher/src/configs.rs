@@ -4,12 +4,11 @@
 //! services rename or drop breaks this crate's build rather than a start.
 //!
 //! Everything listens on loopback, on free ports (port 0; each service
-//! prints the address it bound), and the fabric is `tcp`.
+//! prints the address it bound), and the fabric is the layout's (`tcp`
+//! unless `--fabric verbs`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-
-use fabric::Backend;
 
 use crate::{LaunchError, Layout, REGION, TENANT};
 
@@ -20,7 +19,7 @@ pub fn loopback_any_port() -> SocketAddr {
 }
 
 /// The storage-target's configuration: loopback, a free port, RDMA over the
-/// tcp fabric, one user (the tenant's key, `access_key_id`) with read-write
+/// layout's fabric, one user (the tenant's key, `access_key_id`) with read-write
 /// on every bucket; with `metrics`, Prometheus metrics on another free
 /// loopback port.
 #[must_use]
@@ -43,7 +42,7 @@ pub fn storage_target(
         }],
     }];
     c.rdma.mode = storage_target::rdma::RdmaMode::Enabled;
-    c.rdma.backend = Backend::Tcp;
+    c.rdma.backend = l.fabric;
     c.rdma.fabric_key_file = Some(l.fabric_key_file.clone());
     if metrics {
         c.metrics.address = Some(loopback_any_port());
@@ -70,7 +69,7 @@ pub fn dpu_agent(
     target.region = REGION.to_owned();
     target.rdma = true;
     let mut fabric = FabricConfig::new(l.fabric_key_file.clone());
-    fabric.backend = Backend::Tcp;
+    fabric.backend = l.fabric;
     Config {
         listen: ListenConfig::new(loopback_any_port()),
         shims: vec![ShimConfig {
@@ -126,7 +125,7 @@ pub fn host_shim(
         socket: sock,
         agent,
         fabric: FabricConfig {
-            backend: Backend::Tcp,
+            backend: l.fabric,
             listen: loopback_any_port(),
             advertise: None,
             fabric_key_file: l.fabric_key_file.clone(),

@@ -57,6 +57,22 @@ pub fn fabric_key() -> FabricKey {
     fabric::config::parse_fabric_key(FABRIC_KEY_HEX).unwrap()
 }
 
+/// The fabric every service and test tenant of the harness uses:
+/// `$S3DMA_TEST_FABRIC` (`tcp` when unset). `.ci/rdma-vm.sh` runs the
+/// end-to-end suites again with `verbs` on Soft-RoCE.
+///
+/// # Panics
+/// On a value other than `tcp` or `verbs`.
+#[must_use]
+pub fn backend() -> fabric::Backend {
+    match std::env::var("S3DMA_TEST_FABRIC") {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|e| panic!("S3DMA_TEST_FABRIC: {e}")),
+        Err(_) => fabric::Backend::Tcp,
+    }
+}
+
 /// `target/<profile>/` of this test binary (where workspace binaries are).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -186,6 +202,7 @@ impl Target {
             storage_target::rdma::RdmaMode::Disabled
         };
         cfg.rdma.fabric_key_file = Some(key);
+        cfg.rdma.backend = backend();
         cfg.rdma.connect_timeout_ms = 2000;
         let config = dir.path().join("target.yaml");
         crate::configs::write(&config, &cfg).unwrap();
@@ -481,7 +498,7 @@ fn agent_config(spec: &AgentSpec, d: &Path) -> dpu_agent::config::Config {
         ..TransferConfig::default()
     };
     let mut fabric = FabricConfig::new(d.join("fabric.key"));
-    fabric.backend = fabric::Backend::Tcp;
+    fabric.backend = backend();
     fabric.staging_buffers = 16;
     fabric.staging_buffer_size = ByteSize(1 << 20);
     Config {
@@ -756,7 +773,8 @@ impl Shim {
     }
 }
 
-/// Tenant memory on the tcp fabric, served by its own endpoint.
+/// Tenant memory on the harness's fabric ([`backend`]), served by its own
+/// endpoint.
 #[derive(Debug)]
 pub struct Memory {
     /// The endpoint serving the region.
@@ -766,9 +784,9 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// `len` bytes of registered memory on a fresh tcp domain, served on loopback.
+    /// `len` bytes of registered memory on a fresh domain, served on loopback.
     pub async fn new(len: usize) -> Memory {
-        let domain = Domain::tcp();
+        let domain = Domain::open(backend()).expect("open the test fabric");
         let region = domain.alloc(len, Access::ALL).unwrap();
         let endpoint = Endpoint::listen(
             &domain,

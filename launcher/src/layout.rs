@@ -61,6 +61,8 @@ pub struct Layout {
     pub agent_config: PathBuf,
     /// Generated host-shim configuration.
     pub shim_config: PathBuf,
+    /// The fabric the generated configurations name (default `tcp`).
+    pub fabric: fabric::Backend,
 }
 
 impl Layout {
@@ -80,6 +82,7 @@ impl Layout {
             target_config: dir.join("storage-target.yaml"),
             agent_config: dir.join("dpu-agent.yaml"),
             shim_config: dir.join("host-shim.yaml"),
+            fabric: fabric::Backend::Tcp,
         }
     }
 

@@ -57,6 +57,8 @@ mod layout;
 mod stack;
 
 pub use error::LaunchError;
+/// The fabric backends a stack can run on ([`StackOptions::fabric`]).
+pub use fabric::Backend;
 pub use layout::{Layout, Secrets, default_dir, default_socket};
 pub use stack::{Endpoints, Service, Stack, StackOptions, absolute};
 

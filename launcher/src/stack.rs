@@ -1,5 +1,6 @@
 //! Starting and stopping the three services.
 
+use fabric::Backend;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::FileTypeExt as _;
@@ -68,6 +69,9 @@ pub struct StackOptions {
     /// puts every workspace binary in one target directory; for a test
     /// binary in `target/<profile>/deps`, its parent), then `PATH`.
     pub bin_dir: Option<PathBuf>,
+    /// The fabric all three services use (`tcp`, or `verbs` where an RDMA
+    /// device exists).
+    pub fabric: Backend,
 }
 
 impl StackOptions {
@@ -85,6 +89,7 @@ impl StackOptions {
             metrics: false,
             who,
             bin_dir: None,
+            fabric: Backend::Tcp,
         }
     }
 }
@@ -167,6 +172,7 @@ impl Stack {
         if let Some(d) = opts.data_dir {
             l.data_dir = d;
         }
+        l.fabric = opts.fabric;
         private_dir(&l.dir)?;
         if l.dir.to_str().is_none() {
             return Err(LaunchError::Unusable(format!(

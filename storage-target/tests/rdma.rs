@@ -11,7 +11,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
 use bytes::Bytes;
 use common::{Raw, Server, data, md5_hex, raw, sign_v4};
-use fabric::{Access, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
+use fabric::{Access, Backend, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
 use s3s::crypto::Checksum as _;
 use sha2::Digest as _;
 
@@ -21,9 +21,20 @@ fn key() -> FabricKey {
     fabric::config::parse_fabric_key(KEY_HEX).unwrap()
 }
 
-/// A server with RDMA enabled on the tcp fabric; `extra` adds `rdma:` fields.
+/// The fabric of the server and the test tenants: `$S3DMA_TEST_FABRIC`
+/// (`tcp` when unset; `.ci/rdma-vm.sh` runs this suite again with `verbs`).
+fn backend() -> Backend {
+    std::env::var("S3DMA_TEST_FABRIC").map_or(Backend::Tcp, |v| v.parse().unwrap())
+}
+
+/// A server with RDMA enabled on the test fabric ([`backend`]); `extra`
+/// adds `rdma:` fields (a `backend:` there wins).
 fn rdma_server(extra: &str) -> Server {
-    let extra = extra.to_owned();
+    let extra = if extra.contains("backend:") {
+        extra.to_owned()
+    } else {
+        format!("{extra}  backend: {}\n", backend())
+    };
     Server::start_with(move |dir: &Path| {
         let kf = dir.join("fabric.key");
         common::write_private(&kf, format!("{KEY_HEX}\n"));
@@ -46,7 +57,7 @@ impl Tenant {
     }
 
     async fn with_key(len: usize, key: FabricKey) -> Tenant {
-        let domain = Domain::tcp();
+        let domain = Domain::open(backend()).unwrap();
         let mem = domain.alloc(len, Access::ALL).unwrap();
         let endpoint = Endpoint::listen(
             &domain,

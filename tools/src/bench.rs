@@ -76,6 +76,8 @@ pub(crate) struct Options {
     /// (with `socket` and the tenant's key in `AWS_ACCESS_KEY_ID` /
     /// `AWS_SECRET_ACCESS_KEY`).
     pub endpoint: Option<String>,
+    /// The fabric of the stack the bench starts (`tcp` or `verbs`).
+    pub fabric: s3dma_launcher::Backend,
     /// The existing stack's shim socket (default: [`Client::default_socket`]).
     pub socket: Option<PathBuf>,
     /// The uid the existing stack's shim runs as besides root (`--shim-uid`;
@@ -288,6 +290,7 @@ async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
         metrics: false,
         who: "s3dma-tools bench",
         bin_dir: None,
+        fabric: opts.fabric,
     })?;
     if let Err(e) = stack.start().await {
         stack.stop().await;
@@ -305,7 +308,10 @@ async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
     };
     stack.stop().await;
     drop(shm_dir);
-    result
+    result.map(|mut r| {
+        r.fabric = opts.fabric.to_string();
+        r
+    })
 }
 
 /// Free bytes of the file system holding `p`.

@@ -85,6 +85,11 @@ enum Cmd {
         /// exactly one dpu-agent, host-shim and storage-target run here.
         #[arg(long, value_name = "URL")]
         endpoint: Option<String>,
+        /// The fabric of the stack the bench starts: `tcp`, or `verbs` where
+        /// an RDMA device exists (on Soft-RoCE under emulation the figures
+        /// only prove the path).
+        #[arg(long, default_value = "tcp", value_name = "BACKEND")]
+        fabric: s3dma_launcher::Backend,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
@@ -168,6 +173,7 @@ fn main() -> ExitCode {
             quick,
             json,
             rounds,
+            fabric,
             cell_secs,
             data_dir,
             endpoint,
@@ -178,6 +184,7 @@ fn main() -> ExitCode {
             cell_secs,
             data_dir,
             endpoint,
+            fabric,
             socket: cli.socket,
             shim_uid: cli.shim_uid,
         })) {

@@ -186,6 +186,8 @@ pub(crate) struct Report {
     pub cpus: usize,
     /// Where the storage-target kept its data.
     pub data_dir: String,
+    /// The fabric of the stack the bench started (empty: an existing stack).
+    pub fabric: String,
     /// Whether the services' CPU was measured (not for an attached stack
     /// whose processes could not be told apart).
     pub services_cpu: bool,
@@ -301,8 +303,13 @@ impl Report {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "s3dma-tools bench{}: tcp fabric on loopback, {} CPUs, data in {}",
+            "s3dma-tools bench{}: {} on loopback, {} CPUs, data in {}",
             if self.quick { " --quick" } else { "" },
+            if self.fabric.is_empty() {
+                "an existing stack".to_owned()
+            } else {
+                format!("{} fabric", self.fabric)
+            },
             self.cpus,
             self.data_dir
         );
@@ -507,6 +514,7 @@ mod tests {
             cell_secs: 5.0,
             cpus: 2,
             data_dir: "/dev/shm/x".into(),
+            fabric: "tcp".into(),
             services_cpu: true,
             sizes: vec![M64, G1],
             raw_tcp_gbps: Some(4.0),

@@ -146,6 +146,7 @@ async fn run(opts: Options) -> anyhow::Result<(bool, String)> {
         metrics: true,
         who: "s3dma-tools soak",
         bin_dir: None,
+        fabric: s3dma_launcher::Backend::Tcp,
     })?;
     if let Err(e) = stack.start().await {
         stack.stop().await;

@@ -79,15 +79,20 @@ pub fn rtr_attr(port: u8, sgid_index: u8, mtu: u8, remote: &QpInfo) -> (ibv_qp_a
     )
 }
 
-/// RTR → RTS: our PSN, retry budget (timeout 14 ≈ 67 ms × 7 retries before
-/// "retry exceeded"), READs in flight.
+/// Transport retries before an operation fails with "retry exceeded". Not 7:
+/// Soft-RoCE (rdma_rxe) treats a retry count of 7 as "retry forever", so an
+/// operation to a dead peer would never complete (found in the Soft-RoCE VM).
+pub const RETRY_COUNT: u8 = 6;
+
+/// RTR → RTS: our PSN, retry budget (timeout 14 ≈ 67 ms × [`RETRY_COUNT`]
+/// retries before "retry exceeded"), READs in flight.
 pub fn rts_attr(local_psn: u32) -> (ibv_qp_attr, i32) {
     // SAFETY: as in `init_attr`.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = ibv_qp_state::IBV_QPS_RTS;
     a.sq_psn = local_psn;
     a.timeout = 14;
-    a.retry_cnt = 7;
+    a.retry_cnt = RETRY_COUNT;
     a.rnr_retry = 7;
     a.max_rd_atomic = MAX_RD_ATOMIC;
     (
@@ -521,6 +526,7 @@ mod tests {
         assert_eq!(a.qp_state, ibv_qp_state::IBV_QPS_RTS);
         assert_eq!(a.sq_psn, 0x77);
         assert_ne!(m as u32 & ibv_qp_attr_mask::IBV_QP_SQ_PSN.0, 0);
+        assert!(a.retry_cnt < 7, "7 means retry forever on some providers");
         assert_ne!(m as u32 & ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC.0, 0);
     }
 }

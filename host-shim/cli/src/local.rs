@@ -37,6 +37,8 @@ pub(crate) struct Options {
     pub socket: Option<PathBuf>,
     /// Bucket created at start-up if missing.
     pub bucket: String,
+    /// The fabric between the services.
+    pub fabric: s3dma_launcher::Backend,
 }
 
 fn help_text(stack: &Stack, default_socket_used: bool) -> String {
@@ -53,7 +55,8 @@ fn help_text(stack: &Stack, default_socket_used: bool) -> String {
     let _ = writeln!(
         out,
         "\ns3dma local is running: storage-target, dpu-agent and host-shim on this machine\n\
-         (tcp fabric, loopback only). State, data and configs: {}",
+         ({} fabric, loopback only). State, data and configs: {}",
+        l.fabric,
         l.dir.display()
     );
     for p in stack.services() {
@@ -142,6 +145,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         metrics: false,
         who: "s3dma local",
         bin_dir: None,
+        fabric: opts.fabric,
     })?;
 
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

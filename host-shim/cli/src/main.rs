@@ -149,8 +149,8 @@ enum Cmd {
     /// dpu-agent is connected.
     #[command(after_help = EXIT_CODES)]
     Info,
-    /// Run storage-target, dpu-agent and host-shim on this machine (tcp
-    /// fabric, loopback only) until Ctrl-C. Prints
+    /// Run storage-target, dpu-agent and host-shim on this machine
+    /// (loopback only; the tcp fabric unless --fabric verbs) until Ctrl-C. Prints
     /// `s3dma local ready: socket=PATH` when they are up.
     ///
     /// The socket's default directory (`$XDG_RUNTIME_DIR/s3dma`, else
@@ -173,6 +173,10 @@ enum Cmd {
         /// Bucket created at start-up if missing.
         #[arg(long, default_value = "data", value_name = "NAME")]
         bucket: String,
+        /// The fabric between the three services: `tcp` (works everywhere)
+        /// or `verbs` (needs an RDMA device, e.g. Soft-RoCE's rxe0).
+        #[arg(long, default_value = "tcp", value_name = "BACKEND")]
+        fabric: s3dma_launcher::Backend,
     },
 }
 
@@ -214,10 +218,15 @@ fn main() -> ExitCode {
             Cmd::Stat { url } => commands::stat(&g, &url).await,
             Cmd::Rm { url } => commands::rm(&g, &url).await,
             Cmd::Info => commands::info(&g).await,
-            Cmd::Local { dir, bucket } => local::run(local::Options {
+            Cmd::Local {
+                dir,
+                bucket,
+                fabric,
+            } => local::run(local::Options {
                 dir,
                 socket: cli.socket,
                 bucket,
+                fabric,
             })
             .await
             .map_err(|e| Failure::Other(format!("local: {e:#}"))),

@@ -33,6 +33,8 @@ pub(crate) struct Shim {
     wrap: Vec<String>,
     /// The network namespace it runs in (its metrics are read from there).
     netns: Option<String>,
+    /// Extra environment variables of the process.
+    env: Vec<(String, String)>,
 }
 
 /// How [`Shim::start_opts`] starts a shim; the default is what
@@ -52,6 +54,8 @@ pub(crate) struct ShimOpts {
     pub alice_yaml: String,
     /// Extra YAML lines under `metrics:`.
     pub metrics_yaml: String,
+    /// Extra environment variables of the shim process.
+    pub env: Vec<(String, String)>,
 }
 
 impl Shim {
@@ -82,6 +86,7 @@ impl Shim {
                 .flat_map(|n| ["ip".into(), "netns".into(), "exec".into(), n.clone()])
                 .collect(),
             netns: opts.netns,
+            env: opts.env,
         };
         s.spawn();
         s
@@ -98,6 +103,7 @@ impl Shim {
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -254,7 +260,7 @@ fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim
         socket: overlay(&socket, &opts.socket_yaml),
         agent: overlay(&agent_cfg, &opts.agent_yaml),
         fabric: FabricConfig {
-            backend: fabric::Backend::Tcp,
+            backend: agent::backend(),
             listen: std::net::SocketAddr::new(fabric_ip, 0),
             advertise: None,
             fabric_key_file: dir.join("fabric.key"),
