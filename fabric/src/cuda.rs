@@ -66,10 +66,16 @@ struct Api {
 fn load() -> std::result::Result<Api, String> {
     // SAFETY: loading the CUDA driver library runs its initialisers, which
     // is what every CUDA program does; we call nothing before cuInit.
-    let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+    let lib = unsafe { libloading::Library::new("libcuda.so.1") }.or_else(|first| {
         // SAFETY: as above.
-        .or_else(|_| unsafe { libloading::Library::new("libcuda.so") })
-        .map_err(|e| format!("cannot load libcuda.so.1 ({e}); is the NVIDIA driver installed?"))?;
+        unsafe { libloading::Library::new("libcuda.so") }.map_err(|second| {
+            // Both reasons: the first is the one that matters when
+            // libcuda.so.1 exists but does not load.
+            format!(
+                "cannot load libcuda.so.1 ({first}) nor libcuda.so ({second}); is the NVIDIA driver installed?"
+            )
+        })
+    })?;
     macro_rules! sym {
         ($name:literal) => {
             // SAFETY: the symbol has the C signature of the CUDA driver API
@@ -100,7 +106,7 @@ fn load() -> std::result::Result<Api, String> {
     // SAFETY: cuInit(0) is the documented first call.
     let rc = unsafe { (api.init)(0) };
     if rc != 0 {
-        return Err(format!("cuInit failed with CUDA error {rc}"));
+        return Err(format!("cuInit: {}", describe(&api, rc)));
     }
     Ok(api)
 }
@@ -112,25 +118,42 @@ fn api() -> Result<&'static Api> {
         .map_err(|e| FabricError::Cuda(e.clone()))
 }
 
+/// The driver's text for `rc` and the number, e.g. `invalid resource
+/// handle (CUDA error 400)`.
+fn describe(api: &Api, rc: CuResult) -> String {
+    let mut s: *const c_char = std::ptr::null();
+    // SAFETY: cuGetErrorString writes a pointer to a static string or leaves NULL.
+    unsafe { (api.error_string)(rc, &mut s) };
+    if s.is_null() {
+        format!("CUDA error {rc}")
+    } else {
+        // SAFETY: non-NULL results are static NUL-terminated strings.
+        let text = unsafe { CStr::from_ptr(s) }.to_string_lossy();
+        format!("{text} (CUDA error {rc})")
+    }
+}
+
 fn check(api: &Api, rc: CuResult, what: &str) -> Result<()> {
     if rc == 0 {
         return Ok(());
     }
-    let mut s: *const c_char = std::ptr::null();
-    // SAFETY: cuGetErrorString writes a pointer to a static string or leaves NULL.
-    unsafe { (api.error_string)(rc, &mut s) };
-    let msg = if s.is_null() {
-        format!("error {rc}")
-    } else {
-        // SAFETY: non-NULL results are static NUL-terminated strings.
-        unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-    };
-    Err(FabricError::Cuda(format!("{what}: {msg}")))
+    Err(FabricError::Cuda(format!("{what}: {}", describe(api, rc))))
 }
 
 /// Whether the CUDA driver can be loaded and initialised here.
 pub fn available() -> bool {
     api().is_ok()
+}
+
+/// Loads and initialises the CUDA driver (`libcuda.so.1`, found the way
+/// `dlopen` finds libraries, so `LD_LIBRARY_PATH` picks it), once per
+/// process.
+///
+/// # Errors
+/// [`FabricError::Cuda`] saying why the driver is unavailable: the library
+/// does not load, lacks an entry point, or `cuInit` failed.
+pub fn init() -> Result<()> {
+    api().map(|_| ())
 }
 
 enum Owner {
@@ -373,7 +396,8 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs an NVIDIA GPU and driver"]
+    #[ignore = "needs an NVIDIA GPU whose driver exports dma-buf (the test-only stand-in does \
+                not); on a GPU host: cargo test -p fabric --features cuda --lib cuda -- --ignored"]
     fn alloc_copy_roundtrip_and_dmabuf() {
         let m = DeviceMemory::alloc(0, 1 << 20).unwrap();
         assert!(m.is_device_memory().unwrap());
