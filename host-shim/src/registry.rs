@@ -463,7 +463,9 @@ impl Registry {
     /// Registers CUDA memory exported with `cuIpcGetMemHandle`.
     ///
     /// # Errors
-    /// Unsupported without the `cuda` feature; else as [`Registry::register_host`].
+    /// Unsupported without the `cuda` feature or a usable CUDA driver; a
+    /// handle that does not open (garbage, or its memory freed) or a size
+    /// past its allocation is `BadBuffer`; else as [`Registry::register_host`].
     #[allow(unused_variables)]
     pub fn register_cuda(
         &self,
@@ -488,6 +490,12 @@ impl Registry {
         })?;
         #[cfg(feature = "cuda")]
         {
+            // A shim that cannot use CUDA at all says so: no handle would do.
+            fabric::cuda::init().map_err(|e| {
+                ShimError::Unsupported(format!(
+                    "this host-shim cannot use CUDA ({e}); register host memory instead"
+                ))
+            })?;
             let len = usize::try_from(size).map_err(|_| {
                 ShimError::OutOfBounds(format!("size {size} does not fit in memory"))
             })?;
