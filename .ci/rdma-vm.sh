@@ -20,14 +20,15 @@
 #
 # Kernel, modules and initramfs are cached under target/rdma-vm (ignored);
 # the first run downloads ~70 MB. Environment:
-#   S3DMA_VM_MEM      guest memory in MiB (default 4096)
+#   S3DMA_VM_MEM      guest memory in MiB (default 8192: the suites hold
+#                     several GiB of registered memory at once)
 #   S3DMA_VM_CPUS     guest vCPUs (default: the host's, at most 4)
 #   S3DMA_VM_TIMEOUT  seconds before the VM is killed (default 3600)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CACHE="${S3DMA_VM_CACHE:-$ROOT/target/rdma-vm}"
-MEM="${S3DMA_VM_MEM:-4096}"
+MEM="${S3DMA_VM_MEM:-8192}"
 CPUS="${S3DMA_VM_CPUS:-$(nproc)}"
 [ "$CPUS" -le 4 ] || CPUS=4
 TIMEOUT="${S3DMA_VM_TIMEOUT:-3600}"
@@ -74,7 +75,10 @@ if [ ! -f "$KROOT/.done" ]; then
   rm -rf "$KROOT" "$CACHE"/dl
   mkdir -p "$CACHE/dl" "$KROOT"
   # apt's sandbox user cannot write into a root-owned folder: not a failure.
-  (cd "$CACHE/dl" && apt-get download "$KPKG" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+  (
+    cd "$CACHE/dl"
+    apt-get download "$KPKG" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
+  )
   deb="$(ls "$CACHE"/dl/"$KPKG"_*.deb)"
   dpkg -x "$deb" "$KROOT"
   rm -rf "$CACHE/dl"
@@ -142,11 +146,15 @@ mount -t overlay overlay -o lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev
-mount -t tmpfs tmp /newroot/tmp
+mount -t tmpfs -o size=75% tmp /newroot/tmp
 mount -t tmpfs run /newroot/run
 mkdir -p /newroot/mnt/xfer /newroot/dev/shm /newroot/dev/pts
 mount -t tmpfs shm /newroot/dev/shm
 mount -t devpts devpts /newroot/dev/pts
+ln -sf /proc/self/fd /newroot/dev/fd
+ln -sf /proc/self/fd/0 /newroot/dev/stdin
+ln -sf /proc/self/fd/1 /newroot/dev/stdout
+ln -sf /proc/self/fd/2 /newroot/dev/stderr
 mount --bind /mnt/xfer /newroot/mnt/xfer
 chroot /newroot /bin/bash /mnt/xfer/guest.sh
 poweroff -f

@@ -32,8 +32,8 @@ step "cargo test"
 # Builds every binary too: the end-to-end suites (dpu-agent, host-shim,
 # s3dma CLI) start storage-target, dpu-agent and host-shim as processes.
 cargo test --workspace --locked
-# The cuda feature's own tests: without a GPU they check the clear
-# "no driver" errors; the GPU ones are #[ignore]d (run with --ignored on a GPU host).
+# The cuda feature's own tests, here without a driver (they print why they
+# skip; the CUDA step below runs them against the stand-in).
 cargo test -p fabric --features verbs,cuda --locked
 
 step "python clients (boto3, aws CLI, the s3dma tenant client)"
@@ -41,11 +41,17 @@ step "python clients (boto3, aws CLI, the s3dma tenant client)"
 # binaries `cargo test` built in target/debug.
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q tests/python
 
+step "cuda: fabric and host-shim CUDA suites against the driver stand-in"
+bash .ci/cuda-standin.sh
+
+step "verbs: Soft-RoCE (rxe0) in a VM, every service on verbs"
+bash .ci/verbs-tests.sh
+
 step "helm charts: lint, render, validate; rendered configs checked by the binaries"
 S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh
 
 step "shellcheck"
-shellcheck tests/structure/*.sh .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh
+shellcheck tests/structure/*.sh .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh tests/cuda-standin/*.sh
 echo "shellcheck: ok"
 
 step "hadolint"

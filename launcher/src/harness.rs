@@ -52,6 +52,20 @@ pub fn write_private(path: &Path, content: impl AsRef<[u8]>) {
     f.write_all(content.as_ref()).unwrap();
 }
 
+/// The size of the suites' "large object" cases: 1 GiB, or
+/// `$S3DMA_TEST_LARGE_OBJECT` bytes (the Soft-RoCE VM, whose emulated CPUs
+/// are slow, uses 256 MiB: still many chunks and a multipart upload).
+///
+/// # Panics
+/// On a value that is not a number of bytes.
+#[must_use]
+pub fn large_object_len() -> usize {
+    std::env::var("S3DMA_TEST_LARGE_OBJECT").map_or(1 << 30, |v| {
+        v.parse()
+            .unwrap_or_else(|e| panic!("S3DMA_TEST_LARGE_OBJECT={v:?}: {e}"))
+    })
+}
+
 /// [`FABRIC_KEY_HEX`] as a key.
 pub fn fabric_key() -> FabricKey {
     fabric::config::parse_fabric_key(FABRIC_KEY_HEX).unwrap()

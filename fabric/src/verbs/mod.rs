@@ -368,9 +368,16 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs an RDMA device"]
     fn open_device_register_and_window() {
-        let d = crate::Domain::open(crate::Backend::Verbs).unwrap();
+        // Runs where a device exists; inside the Soft-RoCE VM one must.
+        let d = match crate::Domain::open(crate::Backend::Verbs) {
+            Ok(d) => d,
+            Err(e) if std::env::var_os("S3DMA_RDMA_VM").is_none() => {
+                eprintln!("SKIPPED verbs::open_device_register_and_window: no RDMA device ({e})");
+                return;
+            }
+            Err(e) => panic!("the Soft-RoCE VM has no usable RDMA device: {e}"),
+        };
         let r = d.alloc(1 << 20, Access::ALL).unwrap();
         assert_ne!(r.rkey(), 0);
         assert_ne!(r.inner.lkey(), 0);
