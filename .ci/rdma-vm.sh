@@ -142,11 +142,12 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroo
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 xfer /mnt/xfer || poweroff -f
 mount -t tmpfs -o size=75% rw /mnt/rw
 mkdir -p /mnt/rw/upper /mnt/rw/work
+# Writes anywhere (/tmp included: no tmpfs over it, the project may live
+# there) land in the tmpfs upper layer and vanish with the VM.
 mount -t overlay overlay -o lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work /newroot || poweroff -f
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev
-mount -t tmpfs -o size=75% tmp /newroot/tmp
 mount -t tmpfs run /newroot/run
 mkdir -p /newroot/mnt/xfer /newroot/dev/shm /newroot/dev/pts
 mount -t tmpfs shm /newroot/dev/shm
