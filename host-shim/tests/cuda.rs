@@ -93,6 +93,14 @@ async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// Waits until the shim maps none of this process's stand-in memory (a
+/// real driver's mappings cannot be seen, so nothing is checked there).
+async fn shim_unmaps(standin: bool, shim: &Shim, what: &str) {
+    if standin {
+        eventually(what, async || standin_mappings_in(shim) == 0).await;
+    }
+}
+
 /// A lease of our own (CUDA buffers live under a lease like host ones):
 /// the connection, which ends the lease when dropped, and its id.
 async fn open_lease(shim: &Shim) -> (UnixStream, Vec<u8>) {
@@ -301,12 +309,7 @@ async fn gpu_buffer_get_and_put_through_the_whole_stack() {
         .await
         .unwrap_err();
     assert_status(&st, Code::NotFound, "NoSuchBuffer", &[]);
-    if standin {
-        eventually("the shim unmaps the released buffer", async || {
-            standin_mappings_in(&stack.shim) == 0
-        })
-        .await;
-    }
+    shim_unmaps(standin, &stack.shim, "the shim unmaps the released buffer").await;
     assert!(
         device_bytes(&gpu)[from..from + n] == fresh[..],
         "ours still"
@@ -448,12 +451,7 @@ async fn a_lease_that_ends_closes_the_mapping_and_a_freed_handle_goes_stale() {
         .await
         .unwrap_err();
     assert_status(&st, Code::NotFound, "NoSuchLease", &[]);
-    if standin {
-        eventually("the shim unmaps the lease's buffer", async || {
-            standin_mappings_in(&stack.shim) == 0
-        })
-        .await;
-    }
+    shim_unmaps(standin, &stack.shim, "the shim unmaps the lease's buffer").await;
 
     // The memory is still ours and live: the handle registers again under
     // a new lease. Released, then freed, the handle is stale.
@@ -514,12 +512,7 @@ async fn device_memory_freed_while_registered_is_released_cleanly() {
     raw.release_buffer(api::ReleaseBufferRequest { buffer_id: buffer })
         .await
         .unwrap();
-    if standin {
-        eventually("the shim unmaps the released buffer", async || {
-            standin_mappings_in(&stack.shim) == 0
-        })
-        .await;
-    }
+    shim_unmaps(standin, &stack.shim, "the shim unmaps the released buffer").await;
     let st = register(&mut raw, &lease_id, handle, 0, size as u64)
         .await
         .unwrap_err();
