@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libibverbs-dev librdmacm-dev libclang-dev # rdma-sys (verbs fabric backend)
   protobuf-compiler                         # tonic/prost code generation
   python3 python3-venv python3-pip          # boto3 / aws CLI test clients
+  rclone s3cmd                              # third-party S3 clients (tests/python)
   curl ca-certificates
   iproute2 util-linux procps                # fault tests: netns/veth, tmpfs mounts, ps
   shellcheck                                # the project's shell scripts
