@@ -40,6 +40,9 @@ pub fn storage_target(
             name: "*".to_owned(),
             access: Access::ReadWrite,
         }],
+        canonical_id: None,
+        display_name: None,
+        create_buckets: false,
     }];
     c.rdma.mode = storage_target::rdma::RdmaMode::Enabled;
     c.rdma.backend = l.fabric;

@@ -208,6 +208,9 @@ impl Target {
                     name: "*".into(),
                     access: storage_target::config::Access::ReadWrite,
                 }],
+                canonical_id: None,
+                display_name: None,
+                create_buckets: false,
             })
             .collect();
         cfg.rdma.mode = if rdma {

@@ -98,6 +98,37 @@ pub struct UserConfig {
     /// authenticate but reach no bucket).
     #[serde(default)]
     pub buckets: Vec<BucketGrant>,
+    /// The user's S3 canonical id (owner of the buckets and objects it
+    /// creates, the `ID` in ACLs): 64 lowercase hex digits. Default: derived
+    /// from the access key id (see [`default_canonical_id`]), so it is stable
+    /// as long as the key is; set it explicitly before rotating keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canonical_id: Option<String>,
+    /// The display name shown with the canonical id (ListBuckets owner,
+    /// ACLs). Default: the access key id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// Whether the user may create buckets whose name none of its write
+    /// grants covers (as any AWS user may). Default: false, so the
+    /// operator's grants keep deciding the bucket namespace.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub create_buckets: bool,
+}
+
+/// The canonical id of a user configured without one: the SHA-256 of
+/// `s3dma-user:<access key id>`, in lowercase hex.
+#[must_use]
+pub fn default_canonical_id(access_key_id: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(
+        format!("s3dma-user:{access_key_id}").as_bytes(),
+    ))
+}
+
+/// Whether `id` is a valid canonical id: 64 lowercase hex digits.
+#[must_use]
+pub fn valid_canonical_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 impl fmt::Debug for UserConfig {
@@ -107,6 +138,9 @@ impl fmt::Debug for UserConfig {
             .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
             .field("secret_file", &self.secret_file)
             .field("buckets", &self.buckets)
+            .field("canonical_id", &self.canonical_id)
+            .field("display_name", &self.display_name)
+            .field("create_buckets", &self.create_buckets)
             .finish()
     }
 }
@@ -208,6 +242,12 @@ pub struct User {
     pub secret: String,
     /// Grants, in configuration order.
     pub buckets: Vec<BucketGrant>,
+    /// The canonical id (configured or derived).
+    pub canonical_id: String,
+    /// The display name (configured, or the access key id).
+    pub display_name: String,
+    /// May create buckets beyond its write grants.
+    pub create_buckets: bool,
 }
 
 impl fmt::Debug for User {
@@ -216,6 +256,9 @@ impl fmt::Debug for User {
             .field("access_key_id", &self.access_key_id)
             .field("secret", &"[redacted]")
             .field("buckets", &self.buckets)
+            .field("canonical_id", &self.canonical_id)
+            .field("display_name", &self.display_name)
+            .field("create_buckets", &self.create_buckets)
             .finish()
     }
 }
@@ -273,6 +316,7 @@ impl Config {
             ));
         }
         let mut seen = HashSet::new();
+        let mut seen_ids = HashSet::new();
         let mut users = Vec::with_capacity(self.users.len());
         for (i, u) in self.users.iter().enumerate() {
             let at = |f: &str| format!("users[{i}].{f}");
@@ -324,10 +368,39 @@ impl Config {
                     ));
                 }
             }
+            let canonical_id = match &u.canonical_id {
+                Some(id) if !valid_canonical_id(id) => {
+                    return Err(invalid(
+                        at("canonical_id"),
+                        "must be 64 lowercase hex digits".into(),
+                    ));
+                }
+                Some(id) => id.clone(),
+                None => default_canonical_id(&u.access_key_id),
+            };
+            if !seen_ids.insert(canonical_id.clone()) {
+                return Err(invalid(
+                    at("canonical_id"),
+                    format!("canonical id {canonical_id} is already another user's"),
+                ));
+            }
+            let display_name = u
+                .display_name
+                .clone()
+                .unwrap_or_else(|| u.access_key_id.clone());
+            if display_name.is_empty() || display_name.chars().any(char::is_control) {
+                return Err(invalid(
+                    at("display_name"),
+                    "must be non-empty text without control characters".into(),
+                ));
+            }
             users.push(User {
                 access_key_id: u.access_key_id.clone(),
                 secret,
                 buckets: u.buckets.clone(),
+                canonical_id,
+                display_name,
+                create_buckets: u.create_buckets,
             });
         }
         Ok(users)

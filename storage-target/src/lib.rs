@@ -4,7 +4,9 @@
 //! Modules, outside in:
 //! - [`config`]: the YAML configuration file.
 //! - [`server`]: hyper serving, request ids, metrics wrapping, graceful shutdown.
-//! - [`auth`]: users (SigV4 secrets) and per-bucket read/write rights.
+//! - [`auth`]: users (SigV4 secrets), bucket owners, ACLs and operator
+//!   grants: who may do what.
+//! - [`acl`]: the ACL model, canned ACLs, grant headers (pure).
 //! - [`s3`]: the `s3s::S3` implementation, DTOs to store calls, store errors to S3 errors.
 //! - [`store`]: the filesystem store and its pure helpers (ranges, conditions,
 //!   listing, ETags, bucket names, on-disk format).
@@ -16,6 +18,7 @@
 //! s3s does the S3 protocol work: routing, XML, SigV4 (header and presigned)
 //! verification, aws-chunked decoding and clock-skew checks.
 
+pub mod acl;
 pub mod auth;
 pub mod config;
 pub mod metrics;
@@ -67,13 +70,13 @@ pub fn build_service(
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
     let mut b = s3s::service::S3ServiceBuilder::new(s3::S3Store::new(
-        store,
+        Arc::clone(&store),
         cfg.region.clone(),
         users.clone(),
         rdma,
     ));
     b.set_auth(users.clone());
-    b.set_access(users);
+    b.set_access(auth::AccessCheck::new(users, store));
     let mut s3cfg = s3s::config::S3Config::default();
     s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
     b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use futures::Stream;
 use http::HeaderMap;
 use s3s::checksum::ChecksumHasher;
+use s3s::dto::Permission as Permission_;
 use s3s::dto::*;
 use s3s::stream::{ByteStream, RemainingLength};
 use s3s::{
@@ -18,13 +19,15 @@ use s3s::{
 };
 use tracing::{debug, error};
 
-use crate::auth::{Need, Users};
+use crate::acl::{self, Acl, AclError, GrantHeaders, Permission, PolicyGrant};
+use crate::auth::Users;
+use crate::config::User;
 use crate::rdma::{Decision, RdmaError, RdmaService, plan::reply_headers};
 use crate::store::conditions::{Conditions, EtagCondition, Verdict};
 use crate::store::listing::{self, ListParams};
 use crate::store::{
-    BodyCheck, IndexEntry, ObjectAttrs, ObjectMeta, RangeStream, Store, StoreError, StoreResult,
-    etag,
+    BodyCheck, BucketInfo, IndexEntry, ObjectAttrs, ObjectMeta, ObjectReader, RangeStream, Store,
+    StoreError, StoreResult, etag, format::new_instance,
 };
 use s3dma_wire::range::{ByteRange, content_range};
 
@@ -97,6 +100,232 @@ impl S3Store {
             }
         }
     }
+}
+
+/// Owners and ACLs in the handlers: object-level checks, the ACL a write
+/// asks for, and the ACL documents.
+impl S3Store {
+    /// The configured user who signed the request (`None`: anonymous).
+    fn caller<T>(&self, req: &S3Request<T>) -> Option<User> {
+        req.credentials
+            .as_ref()
+            .and_then(|c| self.users.get(&c.access_key))
+            .cloned()
+    }
+
+    fn bucket_info(&self, bucket: &str) -> S3Result<BucketInfo> {
+        self.store.head_bucket(bucket).map_err(store_error)
+    }
+
+    /// A failed open: a missing key is NoSuchKey only to callers who may
+    /// list the bucket, AccessDenied to others (as AWS answers).
+    fn open_error(&self, caller: Option<&User>, bucket: &str, e: StoreError) -> S3Error {
+        if matches!(e, StoreError::NoSuchKey)
+            && let Ok(info) = self.store.head_bucket(bucket)
+            && !self.users.bucket_allows(caller, &info, Permission::Read)
+        {
+            return access_denied();
+        }
+        store_error(e)
+    }
+
+    /// Opens an object the caller needs `need` on.
+    async fn open_checked(
+        &self,
+        caller: Option<&User>,
+        bucket: &str,
+        key: &str,
+        need: Permission,
+    ) -> S3Result<ObjectReader> {
+        let reader = self
+            .store
+            .open_object(bucket, key)
+            .await
+            .map_err(|e| self.open_error(caller, bucket, e))?;
+        self.check_object(caller, bucket, &reader.meta, need)
+            .await?;
+        Ok(reader)
+    }
+
+    /// The ACL in force on an object instance: PutObjectAcl's, else the one
+    /// it was written with.
+    async fn object_acl(&self, bucket: &str, meta: &ObjectMeta) -> S3Result<Acl> {
+        Ok(
+            match self
+                .store
+                .object_acl_override(bucket, meta)
+                .await
+                .map_err(store_error)?
+            {
+                Some(acl) => acl,
+                None => meta.attrs.acl.clone().unwrap_or_default(),
+            },
+        )
+    }
+
+    async fn check_object(
+        &self,
+        caller: Option<&User>,
+        bucket: &str,
+        meta: &ObjectMeta,
+        need: Permission,
+    ) -> S3Result<()> {
+        let info = self.bucket_info(bucket)?;
+        let owner = meta.attrs.owner.as_deref();
+        // Operator grants and ownership need no ACL read.
+        if self
+            .users
+            .object_allows(caller, &info, owner, &Acl::default(), need)
+        {
+            return Ok(());
+        }
+        let acl = self.object_acl(bucket, meta).await?;
+        if self.users.object_allows(caller, &info, owner, &acl, need) {
+            Ok(())
+        } else {
+            Err(access_denied())
+        }
+    }
+
+    /// The ACL `x-amz-acl` / `x-amz-grant-*` ask for on a new bucket or
+    /// object (`None`: private).
+    fn requested_acl(
+        &self,
+        bucket_owner: &str,
+        canned: Option<&str>,
+        grants: &GrantHeaders<'_>,
+    ) -> S3Result<Option<Acl>> {
+        acl::from_headers(canned, grants, bucket_owner, &|id| self.users.known_id(id))
+            .map_err(acl_error)
+    }
+
+    /// Owner, ACL and instance of an object `caller` writes into `bucket`.
+    fn stamp(
+        &self,
+        attrs: &mut ObjectAttrs,
+        caller: Option<&User>,
+        bucket: &str,
+        canned: Option<&str>,
+        grants: &GrantHeaders<'_>,
+    ) -> S3Result<()> {
+        let info = self.bucket_info(bucket)?;
+        let bucket_owner = self.users.bucket_owner(&info);
+        attrs.acl = self.requested_acl(&bucket_owner, canned, grants)?;
+        // Anonymous writes (a public-read-write bucket) belong to the bucket owner.
+        attrs.owner = Some(caller.map_or(bucket_owner, |u| u.canonical_id.clone()));
+        attrs.instance = Some(new_instance());
+        Ok(())
+    }
+
+    /// The new ACL of a PutBucketAcl/PutObjectAcl: a canned ACL, grant
+    /// headers, or an `AccessControlPolicy` body (exactly one).
+    fn acl_to_set(
+        &self,
+        owner: &str,
+        bucket_owner: &str,
+        canned: Option<&str>,
+        grants: &GrantHeaders<'_>,
+        policy: Option<&AccessControlPolicy>,
+    ) -> S3Result<Acl> {
+        let known = |id: &str| self.users.known_id(id);
+        match policy {
+            Some(p) => {
+                if canned.is_some() || grants != &GrantHeaders::default() {
+                    return Err(acl_error(AclError::CannedAndGrants));
+                }
+                let list: Vec<PolicyGrant<'_>> = p
+                    .grants
+                    .iter()
+                    .flatten()
+                    .map(|g| PolicyGrant {
+                        id: g.grantee.as_ref().and_then(|e| e.id.as_deref()),
+                        uri: g.grantee.as_ref().and_then(|e| e.uri.as_deref()),
+                        email: g.grantee.as_ref().and_then(|e| e.email_address.as_deref()),
+                        permission: g.permission.as_ref().map(Permission_::as_str),
+                    })
+                    .collect();
+                let policy_owner = p.owner.as_ref().and_then(|o| o.id.as_deref());
+                acl::from_policy(policy_owner, &list, owner, &known).map_err(acl_error)
+            }
+            None => match acl::from_headers(canned, grants, bucket_owner, &known)
+                .map_err(acl_error)?
+            {
+                Some(acl) => Ok(acl),
+                None => Err(s3_error!(
+                    MissingSecurityHeader,
+                    "Your request was missing a required header: x-amz-acl, an x-amz-grant-* header or an AccessControlPolicy body"
+                )),
+            },
+        }
+    }
+
+    /// The `Owner` element for a canonical id.
+    fn owner_of(&self, id: &str) -> Owner {
+        Owner {
+            display_name: Some(self.users.display_name(id)),
+            id: Some(id.to_owned()),
+        }
+    }
+
+    /// The `Owner`/`Initiator` element for the user with an access key.
+    fn owner_of_key(&self, access_key: &str) -> Owner {
+        match self.users.get(access_key) {
+            Some(u) => self.owner_of(&u.canonical_id),
+            None => self.owner_of(&crate::config::default_canonical_id(access_key)),
+        }
+    }
+
+    /// The grants of an ACL document, the owner's full control first.
+    fn grants_of(&self, owner: &str, acl: &Acl) -> Grants {
+        acl.shown(owner)
+            .into_iter()
+            .map(|g| {
+                let grantee = match &g.grantee {
+                    acl::Grantee::User(id) => Grantee {
+                        display_name: Some(self.users.display_name(id)),
+                        email_address: None,
+                        id: Some(id.clone()),
+                        type_: Type::from_static(Type::CANONICAL_USER),
+                        uri: None,
+                    },
+                    group => Grantee {
+                        display_name: None,
+                        email_address: None,
+                        id: None,
+                        type_: Type::from_static(Type::GROUP),
+                        uri: group.uri().map(str::to_owned),
+                    },
+                };
+                Grant {
+                    grantee: Some(grantee),
+                    permission: Some(Permission_::from(g.permission.as_str().to_owned())),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Unversioned buckets have one version of each key, named `null`; any
+/// other version id is an error (as AWS answers on an unversioned bucket).
+fn check_version_id(v: Option<&str>) -> S3Result<()> {
+    match v {
+        None | Some("null") => Ok(()),
+        Some(_) => Err(s3_error!(InvalidArgument, "Invalid version id specified")),
+    }
+}
+
+fn access_denied() -> S3Error {
+    s3_error!(AccessDenied, "Access Denied")
+}
+
+/// Maps a refused ACL to the S3 error AWS answers with.
+fn acl_error(e: AclError) -> S3Error {
+    let (code, status) = e.code();
+    let code = S3ErrorCode::from_bytes(code.as_bytes())
+        .unwrap_or_else(|| S3ErrorCode::Custom(code.into()));
+    S3Error::with_message(code, e.to_string()).with_status(
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST),
+    )
 }
 
 /// The access key id that signed a request (its share of the RDMA staging
@@ -249,6 +478,9 @@ fn make_attrs(
     metadata: Option<Metadata>,
 ) -> ObjectAttrs {
     ObjectAttrs {
+        owner: None,
+        acl: None,
+        instance: None,
         content_type,
         content_encoding: clean_content_encoding(content_encoding),
         content_disposition,
@@ -529,13 +761,6 @@ fn access_key<T>(req: &S3Request<T>) -> String {
         .unwrap_or_default()
 }
 
-fn owner(id: &str) -> Owner {
-    Owner {
-        display_name: Some(id.to_owned()),
-        id: Some(id.to_owned()),
-    }
-}
-
 fn max_keys(v: Option<i32>) -> S3Result<usize> {
     match v {
         None => Ok(1000),
@@ -555,11 +780,12 @@ fn enc(url: bool, s: String) -> String {
 fn to_objects(
     objs: Vec<(String, IndexEntry)>,
     url: bool,
-    owner_id: Option<&str>,
+    owner: Option<&dyn Fn(&IndexEntry) -> Owner>,
 ) -> Option<ObjectList> {
     (!objs.is_empty()).then(|| {
         objs.into_iter()
             .map(|(k, e)| Object {
+                owner: owner.map(|f| f(&e)),
                 key: Some(enc(url, k)),
                 size: Some(i64::try_from(e.size).unwrap_or(i64::MAX)),
                 e_tag: Some(strong(&e.etag)),
@@ -567,7 +793,6 @@ fn to_objects(
                 storage_class: Some(ObjectStorageClass::from_static(
                     ObjectStorageClass::STANDARD,
                 )),
-                owner: owner_id.map(owner),
                 ..Default::default()
             })
             .collect()
@@ -609,6 +834,7 @@ impl S3 for S3Store {
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let who = access_key(&req);
+        let caller = self.caller(&req).ok_or_else(access_denied)?;
         let input = req.input;
         if let Some(c) = input
             .create_bucket_configuration
@@ -624,8 +850,21 @@ impl S3 for S3Store {
                 .with_status(http::StatusCode::BAD_REQUEST));
             }
         }
+        let acl = self
+            .requested_acl(
+                &caller.canonical_id,
+                input.acl.as_ref().map(BucketCannedACL::as_str),
+                &GrantHeaders {
+                    read: input.grant_read.as_deref(),
+                    write: input.grant_write.as_deref(),
+                    read_acp: input.grant_read_acp.as_deref(),
+                    write_acp: input.grant_write_acp.as_deref(),
+                    full_control: input.grant_full_control.as_deref(),
+                },
+            )?
+            .unwrap_or_default();
         self.store
-            .create_bucket(&input.bucket, &who)
+            .create_bucket(&input.bucket, &who, &caller.canonical_id, acl)
             .await
             .map_err(store_error)?;
         Ok(S3Response::new(CreateBucketOutput {
@@ -661,15 +900,12 @@ impl S3 for S3Store {
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
-        let who = access_key(&req);
+        let caller = self.caller(&req).ok_or_else(access_denied)?;
         let buckets: Vec<Bucket> = self
             .store
             .list_buckets()
             .into_iter()
-            .filter(|b| {
-                self.users.allowed(&who, &b.name, Need::Read)
-                    || self.users.allowed(&who, &b.name, Need::Write)
-            })
+            .filter(|b| self.users.bucket_owner(b) == caller.canonical_id)
             .filter(|b| {
                 req.input
                     .prefix
@@ -684,7 +920,7 @@ impl S3 for S3Store {
             .collect();
         Ok(S3Response::new(ListBucketsOutput {
             buckets: Some(buckets),
-            owner: Some(owner(&who)),
+            owner: Some(self.owner_of(&caller.canonical_id)),
             prefix: req.input.prefix,
             continuation_token: None,
         }))
@@ -710,11 +946,12 @@ impl S3 for S3Store {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let rdma = self.rdma_decision(&req)?;
         let user = request_user(&req);
+        let caller = self.caller(&req);
         let mut check = ChecksumCheck::new(&req.headers, req.trailing_headers.clone());
         let headers = req.headers;
         let mut input = req.input;
         let md5 = content_md5(input.content_md5.as_ref())?;
-        let attrs = make_attrs(
+        let mut attrs = make_attrs(
             input.content_type,
             input.content_encoding,
             input.content_disposition,
@@ -723,6 +960,19 @@ impl S3 for S3Store {
             input.expires,
             input.metadata,
         );
+        self.stamp(
+            &mut attrs,
+            caller.as_ref(),
+            &input.bucket,
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &GrantHeaders {
+                read: input.grant_read.as_deref(),
+                write: None,
+                read_acp: input.grant_read_acp.as_deref(),
+                write_acp: input.grant_write_acp.as_deref(),
+                full_control: input.grant_full_control.as_deref(),
+            },
+        )?;
         if let Some(ETagCondition::Any) = input.if_none_match
             && self
                 .store
@@ -766,12 +1016,12 @@ impl S3 for S3Store {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let rdma = self.rdma_decision(&req)?;
         let user = request_user(&req);
+        let caller = self.caller(&req);
         let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
         let reader = self
-            .store
-            .open_object(&input.bucket, &input.key)
-            .await
-            .map_err(store_error)?;
+            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::Read)
+            .await?;
         let meta = &reader.meta;
         let conds = Conditions {
             if_match: input.if_match.map(etag_cond),
@@ -822,12 +1072,12 @@ impl S3 for S3Store {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let caller = self.caller(&req);
         let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
         let reader = self
-            .store
-            .open_object(&input.bucket, &input.key)
-            .await
-            .map_err(store_error)?;
+            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::Read)
+            .await?;
         let meta = &reader.meta;
         let conds = Conditions {
             if_match: input.if_match.map(etag_cond),
@@ -849,11 +1099,15 @@ impl S3 for S3Store {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        check_version_id(req.input.version_id.as_deref())?;
         self.store
             .delete_object(&req.input.bucket, &req.input.key)
             .await
             .map_err(store_error)?;
-        Ok(S3Response::new(DeleteObjectOutput::default()))
+        Ok(S3Response::new(DeleteObjectOutput {
+            version_id: req.input.version_id,
+            ..Default::default()
+        }))
     }
 
     async fn delete_objects(
@@ -903,11 +1157,12 @@ impl S3 for S3Store {
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let caller = self.caller(&req);
         let input = req.input;
         let CopySource::Bucket {
             bucket: src_bucket,
             key: src_key,
-            ..
+            version_id: src_version,
         } = &input.copy_source
         else {
             return Err(s3_error!(
@@ -915,11 +1170,10 @@ impl S3 for S3Store {
                 "Only bucket copy sources are supported"
             ));
         };
+        check_version_id(src_version.as_deref())?;
         let reader = self
-            .store
-            .open_object(src_bucket, src_key)
-            .await
-            .map_err(store_error)?;
+            .open_checked(caller.as_ref(), src_bucket, src_key, Permission::Read)
+            .await?;
         // Copy-source conditions: all failures are 412 for CopyObject.
         let conds = Conditions {
             if_match: input.copy_source_if_match.map(etag_cond),
@@ -943,7 +1197,7 @@ impl S3 for S3Store {
                 "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes."
             ));
         }
-        let attrs = replace.then(|| {
+        let mut attrs = if replace {
             make_attrs(
                 input.content_type,
                 input.content_encoding,
@@ -953,10 +1207,27 @@ impl S3 for S3Store {
                 input.expires,
                 input.metadata,
             )
-        });
+        } else {
+            reader.meta.attrs.clone()
+        };
+        // The copy is the copier's object, with the ACL its request asks for
+        // (ACLs are not copied, as in AWS).
+        self.stamp(
+            &mut attrs,
+            caller.as_ref(),
+            &input.bucket,
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &GrantHeaders {
+                read: input.grant_read.as_deref(),
+                write: None,
+                read_acp: input.grant_read_acp.as_deref(),
+                write_acp: input.grant_write_acp.as_deref(),
+                full_control: input.grant_full_control.as_deref(),
+            },
+        )?;
         let meta = self
             .store
-            .copy_object(&reader, &input.bucket, &input.key, attrs)
+            .copy_object(&reader, &input.bucket, &input.key, Some(attrs))
             .await
             .map_err(store_error)?;
         Ok(S3Response::new(CopyObjectOutput {
@@ -998,13 +1269,10 @@ impl S3 for S3Store {
             )
             .map_err(store_error)?;
         let url = is_url(input.encoding_type.as_ref());
+        let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
+        let show_owner = |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
         let owner_id = if input.fetch_owner.unwrap_or(false) {
-            Some(
-                self.store
-                    .head_bucket(&input.bucket)
-                    .map_err(store_error)?
-                    .owner,
-            )
+            Some(&show_owner as &dyn Fn(&IndexEntry) -> Owner)
         } else {
             None
         };
@@ -1017,7 +1285,7 @@ impl S3 for S3Store {
             continuation_token: input.continuation_token,
             is_truncated: Some(page.is_truncated),
             next_continuation_token: page.next_marker.as_deref().map(listing::encode_token),
-            contents: to_objects(page.objects, url, owner_id.as_deref()),
+            contents: to_objects(page.objects, url, owner_id),
             common_prefixes: to_prefixes(page.common_prefixes, url),
             delimiter: input.delimiter.map(|d| enc(url, d)),
             encoding_type: input.encoding_type,
@@ -1046,11 +1314,8 @@ impl S3 for S3Store {
             )
             .map_err(store_error)?;
         let url = is_url(input.encoding_type.as_ref());
-        let owner_id = self
-            .store
-            .head_bucket(&input.bucket)
-            .map_err(store_error)?
-            .owner;
+        let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
+        let show_owner = |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
             prefix: Some(enc(url, prefix)),
@@ -1058,7 +1323,7 @@ impl S3 for S3Store {
             max_keys: Some(i32::try_from(max).unwrap_or(1000)),
             is_truncated: Some(page.is_truncated),
             next_marker: page.next_marker.map(|m| enc(url, m)),
-            contents: to_objects(page.objects, url, Some(&owner_id)),
+            contents: to_objects(page.objects, url, Some(&show_owner)),
             common_prefixes: to_prefixes(page.common_prefixes, url),
             delimiter: input.delimiter.map(|d| enc(url, d)),
             encoding_type: input.encoding_type,
@@ -1071,8 +1336,9 @@ impl S3 for S3Store {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let who = access_key(&req);
+        let caller = self.caller(&req);
         let input = req.input;
-        let attrs = make_attrs(
+        let mut attrs = make_attrs(
             input.content_type,
             input.content_encoding,
             input.content_disposition,
@@ -1081,6 +1347,19 @@ impl S3 for S3Store {
             input.expires,
             input.metadata,
         );
+        self.stamp(
+            &mut attrs,
+            caller.as_ref(),
+            &input.bucket,
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &GrantHeaders {
+                read: input.grant_read.as_deref(),
+                write: None,
+                read_acp: input.grant_read_acp.as_deref(),
+                write_acp: input.grant_write_acp.as_deref(),
+                full_control: input.grant_full_control.as_deref(),
+            },
+        )?;
         let info = self
             .store
             .create_upload(&input.bucket, &input.key, attrs, &who)
@@ -1220,10 +1499,10 @@ impl S3 for S3Store {
             key: Some(input.key),
             upload_id: Some(input.upload_id),
             initiator: Some(Initiator {
-                display_name: Some(info.initiator.clone()),
-                id: Some(info.initiator.clone()),
+                display_name: self.owner_of_key(&info.initiator).display_name,
+                id: self.owner_of_key(&info.initiator).id,
             }),
-            owner: Some(owner(&info.initiator)),
+            owner: Some(self.owner_of_key(&info.initiator)),
             storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             max_parts: Some(i32::try_from(max).unwrap_or(1000)),
             part_number_marker: input.part_number_marker,
@@ -1344,10 +1623,10 @@ impl S3 for S3Store {
                         upload_id: Some(u.upload_id),
                         initiated: Some(ts(u.initiated_ms)),
                         initiator: Some(Initiator {
-                            display_name: Some(u.initiator.clone()),
-                            id: Some(u.initiator.clone()),
+                            display_name: self.owner_of_key(&u.initiator).display_name,
+                            id: self.owner_of_key(&u.initiator).id,
                         }),
-                        owner: Some(owner(&u.initiator)),
+                        owner: Some(self.owner_of_key(&u.initiator)),
                         storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
                         ..Default::default()
                     })
@@ -1355,6 +1634,108 @@ impl S3 for S3Store {
             ),
             ..Default::default()
         }))
+    }
+
+    async fn get_bucket_acl(
+        &self,
+        req: S3Request<GetBucketAclInput>,
+    ) -> S3Result<S3Response<GetBucketAclOutput>> {
+        let info = self.bucket_info(&req.input.bucket)?;
+        let owner = self.users.bucket_owner(&info);
+        Ok(S3Response::new(GetBucketAclOutput {
+            grants: Some(self.grants_of(&owner, &info.acl)),
+            owner: Some(self.owner_of(&owner)),
+        }))
+    }
+
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let input = req.input;
+        let info = self.bucket_info(&input.bucket)?;
+        let owner = self.users.bucket_owner(&info);
+        let acl = self.acl_to_set(
+            &owner,
+            &owner,
+            input.acl.as_ref().map(BucketCannedACL::as_str),
+            &GrantHeaders {
+                read: input.grant_read.as_deref(),
+                write: input.grant_write.as_deref(),
+                read_acp: input.grant_read_acp.as_deref(),
+                write_acp: input.grant_write_acp.as_deref(),
+                full_control: input.grant_full_control.as_deref(),
+            },
+            input.access_control_policy.as_ref(),
+        )?;
+        self.store
+            .set_bucket_acl(&input.bucket, acl)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(PutBucketAclOutput {}))
+    }
+
+    async fn get_object_acl(
+        &self,
+        req: S3Request<GetObjectAclInput>,
+    ) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let caller = self.caller(&req);
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        let reader = self
+            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::ReadAcp)
+            .await?;
+        let info = self.bucket_info(&input.bucket)?;
+        let owner = reader
+            .meta
+            .attrs
+            .owner
+            .clone()
+            .unwrap_or_else(|| self.users.bucket_owner(&info));
+        let acl = self.object_acl(&input.bucket, &reader.meta).await?;
+        Ok(S3Response::new(GetObjectAclOutput {
+            grants: Some(self.grants_of(&owner, &acl)),
+            owner: Some(self.owner_of(&owner)),
+            request_charged: None,
+        }))
+    }
+
+    async fn put_object_acl(
+        &self,
+        req: S3Request<PutObjectAclInput>,
+    ) -> S3Result<S3Response<PutObjectAclOutput>> {
+        let caller = self.caller(&req);
+        let input = req.input;
+        check_version_id(input.version_id.as_deref())?;
+        let reader = self
+            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::WriteAcp)
+            .await?;
+        let info = self.bucket_info(&input.bucket)?;
+        let bucket_owner = self.users.bucket_owner(&info);
+        let owner = reader
+            .meta
+            .attrs
+            .owner
+            .clone()
+            .unwrap_or_else(|| bucket_owner.clone());
+        let acl = self.acl_to_set(
+            &owner,
+            &bucket_owner,
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &GrantHeaders {
+                read: input.grant_read.as_deref(),
+                write: input.grant_write.as_deref(),
+                read_acp: input.grant_read_acp.as_deref(),
+                write_acp: input.grant_write_acp.as_deref(),
+                full_control: input.grant_full_control.as_deref(),
+            },
+            input.access_control_policy.as_ref(),
+        )?;
+        self.store
+            .set_object_acl(&input.bucket, &reader.meta, acl)
+            .await
+            .map_err(store_error)?;
+        Ok(S3Response::new(PutObjectAclOutput::default()))
     }
 }
 

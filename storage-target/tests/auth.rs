@@ -135,7 +135,9 @@ async fn per_bucket_rights() {
         .iter()
         .map(|b| b.name().unwrap().to_owned())
         .collect();
-    assert_eq!(names, ["shared"]);
+    // ListBuckets lists what the caller owns (as AWS): a read grant on
+    // "shared" lets the reader use it, not own it.
+    assert!(names.is_empty(), "{names:?}");
     for res in [
         code(
             r.put_object()

@@ -748,7 +748,14 @@ async fn listings() {
         .send()
         .await
         .unwrap();
-    assert_eq!(fo.contents()[0].owner().unwrap().id(), Some(ADMIN.0));
+    // The owner is the writer, by canonical id (derived from the access key
+    // when the config sets none) and display name.
+    let owner = fo.contents()[0].owner().unwrap();
+    assert_eq!(
+        owner.id(),
+        Some(storage_target::config::default_canonical_id(ADMIN.0).as_str())
+    );
+    assert_eq!(owner.display_name(), Some(ADMIN.0));
     assert_eq!(fo.is_truncated(), Some(true));
 
     let (code, _) = err(c

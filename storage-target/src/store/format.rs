@@ -45,7 +45,23 @@ pub struct ObjectAttrs {
     pub expires: Option<i64>,
     /// `x-amz-meta-*` user metadata (names lower-case, without the prefix).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub user_metadata: BTreeMap<String, String>,
+    pub user_metadata: BTreeMap<String, String>,    /// Canonical id of the user who wrote the object (absent in objects
+    /// written before owners existed: the bucket owner owns those).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The ACL given when the object was written (absent: private).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acl: Option<crate::acl::Acl>,
+    /// A random id of this write of the key, so that an ACL set later by
+    /// PutObjectAcl applies to this instance only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+}
+
+/// A new random instance id (128 bits, hex).
+#[must_use]
+pub fn new_instance() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// Everything known about a stored object (or part).
@@ -75,6 +91,16 @@ impl ObjectMeta {
     #[must_use]
     pub fn last_modified_secs(&self) -> i64 {
         self.last_modified_ms.div_euclid(1000)
+    }
+
+    /// The id of this instance of the key: its instance id, or for objects
+    /// written without one, its ETag and modification time.
+    #[must_use]
+    pub fn instance(&self) -> String {
+        match &self.attrs.instance {
+            Some(i) => i.clone(),
+            None => format!("{}@{}", self.etag, self.last_modified_ms),
+        }
     }
 }
 

@@ -8,7 +8,13 @@
 //! .uploads/<upload-id>/part-NNNNN   its parts (object file format)
 //! buckets/<bucket>/bucket.json      bucket metadata (creation time, owner)
 //! buckets/<bucket>/objects/<xx>/<sha256(key)>   one file per object
+//! buckets/<bucket>/objects/<xx>/<sha256(key)>.acl  an ACL set by PutObjectAcl
 //! ```
+//!
+//! An object's owner and ACL as written travel in its header; PutObjectAcl
+//! writes a small `.acl` file beside it, stamped with the object's instance
+//! ([`ObjectMeta::instance`]), so a later write of the key (a new instance)
+//! never inherits it and no object data is rewritten.
 //!
 //! Keys never become paths: an object lives under the SHA-256 of its key, so
 //! `a` and `a/b` coexist, 1024-byte keys fit, and `..` cannot escape. Each
@@ -48,6 +54,10 @@ use tokio::io::AsyncWriteExt as _;
 use tracing::{info, warn};
 
 pub use self::format::{FormatError, ObjectAttrs, ObjectMeta};
+use crate::acl::Acl;
+
+/// Suffix of the file PutObjectAcl writes beside an object.
+const ACL_SUFFIX: &str = ".acl";
 pub use self::multipart::{PartInfo, UploadInfo};
 
 /// A boxed error from a body stream.
@@ -176,6 +186,8 @@ pub struct IndexEntry {
     pub etag: String,
     /// Last-Modified, Unix milliseconds.
     pub last_modified_ms: i64,
+    /// Canonical id of the object's owner, when recorded.
+    pub owner: Option<String>,
 }
 
 impl From<&ObjectMeta> for IndexEntry {
@@ -184,6 +196,7 @@ impl From<&ObjectMeta> for IndexEntry {
             size: m.size,
             etag: m.etag.clone(),
             last_modified_ms: m.last_modified_ms,
+            owner: m.attrs.owner.clone(),
         }
     }
 }
@@ -197,11 +210,33 @@ pub struct BucketInfo {
     pub created_ms: i64,
     /// Access key id of the creator.
     pub owner: String,
+    /// Canonical id of the owner (absent in buckets created before owners
+    /// had canonical ids: then the user with access key `owner` owns it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
+    /// The bucket's ACL (grants beyond the owner's full control).
+    #[serde(default, skip_serializing_if = "crate::store::acl_is_private")]
+    pub acl: Acl,
+}
+
+/// Whether an ACL grants nothing beyond the owner (serialization helper).
+#[must_use]
+pub fn acl_is_private(acl: &Acl) -> bool {
+    acl.grants.is_empty()
+}
+
+/// The `.acl` file PutObjectAcl writes beside an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct AclOverride {
+    /// The object instance it applies to.
+    instance: String,
+    /// The ACL.
+    acl: Acl,
 }
 
 #[derive(Debug)]
 struct Bucket {
-    info: BucketInfo,
+    info: RwLock<BucketInfo>,
     dir: PathBuf,
     state: RwLock<BucketState>,
 }
@@ -220,6 +255,12 @@ impl Bucket {
     fn object_path(&self, key: &str) -> PathBuf {
         let h = hex::encode(sha2::Sha256::digest(key.as_bytes()));
         self.objects_dir().join(&h[..2]).join(h)
+    }
+
+    fn acl_path(&self, key: &str) -> PathBuf {
+        let mut p = self.object_path(key).into_os_string();
+        p.push(ACL_SUFFIX);
+        PathBuf::from(p)
     }
 }
 
@@ -409,14 +450,15 @@ impl Store {
                 }
             };
             let bucket = Bucket {
-                info,
+                info: RwLock::new(info),
                 dir,
                 state: RwLock::default(),
             };
             let index = Self::scan_objects(&bucket.objects_dir())?;
             objects += index.len();
             write(&bucket.state).index = index;
-            buckets.insert(bucket.info.name.clone(), Arc::new(bucket));
+            let name = read(&bucket.info).name.clone();
+            buckets.insert(name, Arc::new(bucket));
         }
         let nbuckets = buckets.len();
         *write(&store.buckets) = buckets;
@@ -437,6 +479,9 @@ impl Store {
             }
             for e in std::fs::read_dir(&fan)? {
                 let p = e?.path();
+                if p.as_os_str().as_encoded_bytes().ends_with(ACL_SUFFIX.as_bytes()) {
+                    continue;
+                }
                 let meta = File::open(&p)
                     .map_err(StoreError::from)
                     .and_then(|f| read_meta(&f, &p));
@@ -482,6 +527,8 @@ impl Store {
         self: &Arc<Self>,
         name: &str,
         owner: &str,
+        owner_id: &str,
+        acl: Acl,
     ) -> StoreResult<BucketInfo> {
         if !bucket_name::is_valid_bucket_name(name) {
             return Err(StoreError::InvalidBucketName);
@@ -491,11 +538,18 @@ impl Store {
             name: name.to_owned(),
             created_ms: now_ms(),
             owner: owner.to_owned(),
+            owner_id: Some(owner_id.to_owned()),
+            acl,
         };
         blocking(move || {
             let _g = lock(&this.bucket_ops);
             if let Some(b) = read(&this.buckets).get(&info.name) {
-                return Err(if b.info.owner == info.owner {
+                let existing = read(&b.info);
+                let same_owner = match &existing.owner_id {
+                    Some(id) => Some(id) == info.owner_id.as_ref(),
+                    None => existing.owner == info.owner,
+                };
+                return Err(if same_owner {
                     StoreError::BucketAlreadyOwnedByYou
                 } else {
                     StoreError::BucketAlreadyExists
@@ -515,7 +569,7 @@ impl Store {
             tmp.disarm();
             fsync_dir(&this.buckets_dir)?;
             let bucket = Arc::new(Bucket {
-                info: info.clone(),
+                info: RwLock::new(info.clone()),
                 dir,
                 state: RwLock::default(),
             });
@@ -531,7 +585,33 @@ impl Store {
     /// # Errors
     /// `NoSuchBucket`.
     pub fn head_bucket(&self, name: &str) -> StoreResult<BucketInfo> {
-        Ok(self.bucket(name)?.info.clone())
+        Ok(read(&self.bucket(name)?.info).clone())
+    }
+
+    /// Replaces a bucket's ACL (`bucket.json` rewritten atomically).
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, I/O.
+    pub async fn set_bucket_acl(self: &Arc<Self>, name: &str, acl: Acl) -> StoreResult<()> {
+        let this = Arc::clone(self);
+        let name = name.to_owned();
+        blocking(move || {
+            let _g = lock(&this.bucket_ops);
+            let b = this.bucket(&name)?;
+            let mut info = read(&b.info).clone();
+            info.acl = acl;
+            let tmp = this.tmp_path();
+            let mut f = create_private_file(tmp.path())?;
+            std::io::Write::write_all(&mut f, &serde_json::to_vec(&info).unwrap_or_default())?;
+            f.sync_all()?;
+            std::fs::rename(tmp.path(), b.dir.join("bucket.json"))?;
+            let mut tmp = tmp;
+            tmp.disarm();
+            fsync_dir(&b.dir)?;
+            *write(&b.info) = info;
+            Ok(())
+        })
+        .await
     }
 
     /// All buckets, by name.
@@ -539,7 +619,7 @@ impl Store {
     pub fn list_buckets(&self) -> Vec<BucketInfo> {
         read(&self.buckets)
             .values()
-            .map(|b| b.info.clone())
+            .map(|b| read(&b.info).clone())
             .collect()
     }
 
@@ -749,6 +829,11 @@ impl Store {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e.into()),
                 }
+                match std::fs::remove_file(b.acl_path(&key)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
             if let Some(dir) = path.parent() {
                 fsync_dir(dir)?;
@@ -803,6 +888,66 @@ impl Store {
         .await?;
         self.publish(b, tmp, &meta).await?;
         Ok(meta)
+    }
+
+    /// The ACL PutObjectAcl set on the object instance `meta` describes, if
+    /// any (otherwise the ACL in its header applies).
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, I/O.
+    pub async fn object_acl_override(
+        &self,
+        bucket: &str,
+        meta: &ObjectMeta,
+    ) -> StoreResult<Option<Acl>> {
+        let b = self.bucket(bucket)?;
+        let key = meta.key.clone();
+        let instance = meta.instance();
+        blocking(move || {
+            let bytes = match std::fs::read(b.acl_path(&key)) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            Ok(serde_json::from_slice::<AclOverride>(&bytes)
+                .ok()
+                .filter(|o| o.instance == instance)
+                .map(|o| o.acl))
+        })
+        .await
+    }
+
+    /// Sets the ACL of the object instance `meta` describes (a later write of
+    /// the key does not inherit it).
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, I/O.
+    pub async fn set_object_acl(&self, bucket: &str, meta: &ObjectMeta, acl: Acl) -> StoreResult<()> {
+        let b = self.bucket(bucket)?;
+        let key = meta.key.clone();
+        let body = serde_json::to_vec(&AclOverride {
+            instance: meta.instance(),
+            acl,
+        })
+        .unwrap_or_default();
+        let tmp = self.tmp_path();
+        blocking(move || {
+            let mut f = create_private_file(tmp.path())?;
+            std::io::Write::write_all(&mut f, &body)?;
+            f.sync_all()?;
+            let path = b.acl_path(&key);
+            if read(&b.state).deleted {
+                return Err(StoreError::NoSuchBucket);
+            }
+            std::fs::rename(tmp.path(), &path)?;
+            let mut tmp = tmp;
+            tmp.disarm();
+            if let Some(dir) = path.parent() {
+                fsync_dir(dir)?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// One page of a bucket listing.
