@@ -644,11 +644,16 @@ def test_read_only_user(target):
 
 
 def test_write_only_user(target):
+    """dave has a write grant on 'shared': he writes (and, as the writer, owns
+    and may read what he wrote, as in AWS), but reads nothing anyone else wrote."""
     alice, dave = target.client("alice"), target.client("dave")
     key = f"wo-{unique_bucket('k')}"
+    theirs = key + "-alice"
     try:
+        alice.put_object(Bucket="shared", Key=theirs, Body=b"alice data")
         dave.put_object(Bucket="shared", Key=key, Body=b"dropped")
         assert alice.get_object(Bucket="shared", Key=key)["Body"].read() == b"dropped"
+        assert dave.get_object(Bucket="shared", Key=key)["Body"].read() == b"dropped"
         # multipart is a write too
         uid = dave.create_multipart_upload(Bucket="shared", Key=key + "-mp")["UploadId"]
         e1 = dave.upload_part(Bucket="shared", Key=key + "-mp", UploadId=uid, PartNumber=1, Body=b"mp")["ETag"]
@@ -657,30 +662,30 @@ def test_write_only_user(target):
         )
         assert alice.get_object(Bucket="shared", Key=key + "-mp")["Body"].read() == b"mp"
         for name, call in {
-            "GetObject": lambda: dave.get_object(Bucket="shared", Key=key),
-            "HeadObject": lambda: dave.head_object(Bucket="shared", Key=key),
+            "GetObject": lambda: dave.get_object(Bucket="shared", Key=theirs),
+            "HeadObject": lambda: dave.head_object(Bucket="shared", Key=theirs),
             "ListObjectsV2": lambda: dave.list_objects_v2(Bucket="shared"),
             "ListObjects": lambda: dave.list_objects(Bucket="shared"),
             # a copy reads its source: write-only must not exfiltrate through it
             "CopyObject": lambda: dave.copy_object(
-                Bucket="shared", Key=key + "-copy", CopySource={"Bucket": "shared", "Key": key}
+                Bucket="shared", Key=key + "-copy", CopySource={"Bucket": "shared", "Key": theirs}
             ),
-            "ranged GetObject": lambda: dave.get_object(Bucket="shared", Key=key, Range="bytes=0-1"),
+            "ranged GetObject": lambda: dave.get_object(Bucket="shared", Key=theirs, Range="bytes=0-1"),
         }.items():
             with pytest.raises(ClientError) as e:
                 call()
             assert_client_error(e, ("AccessDenied", "403"), 403)
-        url = dave.generate_presigned_url("get_object", Params={"Bucket": "shared", "Key": key})
+        url = dave.generate_presigned_url("get_object", Params={"Bucket": "shared", "Key": theirs})
         r = _fetch(url)
         assert_s3_error(r, 403, "AccessDenied")
-        assert b"dropped" not in r.body
+        assert b"alice data" not in r.body
         with pytest.raises(ClientError) as e:
             alice.head_object(Bucket="shared", Key=key + "-copy")
         assert_client_error(e, ("404", "NoSuchKey", "NotFound"), 404)
         dave.delete_object(Bucket="shared", Key=key + "-mp")
     finally:
-        alice.delete_object(Bucket="shared", Key=key)
-        alice.delete_object(Bucket="shared", Key=key + "-mp")
+        for k in (key, theirs, key + "-mp"):
+            alice.delete_object(Bucket="shared", Key=k)
 
 
 # --------------------------------------------------------------------------
