@@ -253,7 +253,9 @@ impl Canned {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum AclError {
     /// An unknown canned ACL (400 InvalidArgument).
-    #[error("the canned ACL {0:?} is not one of private, public-read, public-read-write, authenticated-read, bucket-owner-read, bucket-owner-full-control, log-delivery-write, aws-exec-read")]
+    #[error(
+        "the canned ACL {0:?} is not one of private, public-read, public-read-write, authenticated-read, bucket-owner-read, bucket-owner-full-control, log-delivery-write, aws-exec-read"
+    )]
     BadCanned(String),
     /// A canned ACL together with grant headers or a policy (400 InvalidRequest).
     #[error("Specifying both Canned ACLs and Header Grants is not allowed")]
@@ -347,7 +349,8 @@ pub fn parse_grantees(
                 out.push(Grantee::User(v.to_owned()));
             }
             "uri" => out.push(
-                Grantee::from_uri(v).ok_or_else(|| AclError::BadGrant(format!("unknown group {v}")))?,
+                Grantee::from_uri(v)
+                    .ok_or_else(|| AclError::BadGrant(format!("unknown group {v}")))?,
             ),
             "emailaddress" => return Err(AclError::Email),
             _ => return Err(AclError::BadGrant(item.to_owned())),
@@ -448,7 +451,11 @@ pub fn from_policy(
             }
             (None, Some(uri), None) => Grantee::from_uri(uri)
                 .ok_or_else(|| AclError::BadGrant(format!("unknown group {uri}")))?,
-            _ => return Err(AclError::BadGrant("a grantee needs exactly one of ID and URI".into())),
+            _ => {
+                return Err(AclError::BadGrant(
+                    "a grantee needs exactly one of ID and URI".into(),
+                ));
+            }
         };
         // The owner's own full control is implicit; storing it again is harmless
         // but would show twice.
@@ -508,7 +515,10 @@ mod tests {
         assert!(acl.allows(A, Caller::Anonymous, Permission::Read));
         assert!(acl.allows(A, Caller::User(B), Permission::WriteAcp));
         assert!(!acl.allows(A, Caller::User(B), Permission::Write));
-        assert_eq!(from_headers(None, &GrantHeaders::default(), A, &known), Ok(None));
+        assert_eq!(
+            from_headers(None, &GrantHeaders::default(), A, &known),
+            Ok(None)
+        );
         assert_eq!(
             from_headers(Some("private"), &g, A, &known),
             Err(AclError::CannedAndGrants)

@@ -134,15 +134,21 @@ impl Users {
     pub fn bucket_owner(&self, info: &BucketInfo) -> String {
         match &info.owner_id {
             Some(id) => id.clone(),
-            None => self
-                .get(&info.owner)
-                .map_or_else(|| default_canonical_id(&info.owner), |u| u.canonical_id.clone()),
+            None => self.get(&info.owner).map_or_else(
+                || default_canonical_id(&info.owner),
+                |u| u.canonical_id.clone(),
+            ),
         }
     }
 
     /// Whether `caller` (`None`: anonymous) has `need` on the bucket.
     #[must_use]
-    pub fn bucket_allows(&self, caller: Option<&User>, info: &BucketInfo, need: Permission) -> bool {
+    pub fn bucket_allows(
+        &self,
+        caller: Option<&User>,
+        info: &BucketInfo,
+        need: Permission,
+    ) -> bool {
         if let Some(u) = caller
             && grants_give(&u.buckets, &info.name, need)
         {
@@ -352,7 +358,10 @@ mod tests {
             need_of("PutBucketPolicy"),
             Need::Bucket(Permission::FullControl)
         );
-        assert_eq!(need_of("DeleteBucket"), Need::Bucket(Permission::FullControl));
+        assert_eq!(
+            need_of("DeleteBucket"),
+            Need::Bucket(Permission::FullControl)
+        );
         assert_eq!(need_of("ListBuckets"), Need::Nothing);
     }
 }

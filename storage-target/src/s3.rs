@@ -247,15 +247,15 @@ impl S3Store {
                 let policy_owner = p.owner.as_ref().and_then(|o| o.id.as_deref());
                 acl::from_policy(policy_owner, &list, owner, &known).map_err(acl_error)
             }
-            None => match acl::from_headers(canned, grants, bucket_owner, &known)
-                .map_err(acl_error)?
-            {
-                Some(acl) => Ok(acl),
-                None => Err(s3_error!(
-                    MissingSecurityHeader,
-                    "Your request was missing a required header: x-amz-acl, an x-amz-grant-* header or an AccessControlPolicy body"
-                )),
-            },
+            None => {
+                match acl::from_headers(canned, grants, bucket_owner, &known).map_err(acl_error)? {
+                    Some(acl) => Ok(acl),
+                    None => Err(s3_error!(
+                        MissingSecurityHeader,
+                        "Your request was missing a required header: x-amz-acl, an x-amz-grant-* header or an AccessControlPolicy body"
+                    )),
+                }
+            }
         }
     }
 
@@ -323,9 +323,8 @@ fn acl_error(e: AclError) -> S3Error {
     let (code, status) = e.code();
     let code = S3ErrorCode::from_bytes(code.as_bytes())
         .unwrap_or_else(|| S3ErrorCode::Custom(code.into()));
-    S3Error::with_message(code, e.to_string()).with_status(
-        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST),
-    )
+    S3Error::with_message(code, e.to_string())
+        .with_status(http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST))
 }
 
 /// The access key id that signed a request (its share of the RDMA staging
@@ -1270,7 +1269,8 @@ impl S3 for S3Store {
             .map_err(store_error)?;
         let url = is_url(input.encoding_type.as_ref());
         let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
-        let show_owner = |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
+        let show_owner =
+            |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
         let owner_id = if input.fetch_owner.unwrap_or(false) {
             Some(&show_owner as &dyn Fn(&IndexEntry) -> Owner)
         } else {
@@ -1315,7 +1315,8 @@ impl S3 for S3Store {
             .map_err(store_error)?;
         let url = is_url(input.encoding_type.as_ref());
         let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
-        let show_owner = |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
+        let show_owner =
+            |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
             prefix: Some(enc(url, prefix)),
@@ -1683,7 +1684,12 @@ impl S3 for S3Store {
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
         let reader = self
-            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::ReadAcp)
+            .open_checked(
+                caller.as_ref(),
+                &input.bucket,
+                &input.key,
+                Permission::ReadAcp,
+            )
             .await?;
         let info = self.bucket_info(&input.bucket)?;
         let owner = reader
@@ -1708,7 +1714,12 @@ impl S3 for S3Store {
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
         let reader = self
-            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::WriteAcp)
+            .open_checked(
+                caller.as_ref(),
+                &input.bucket,
+                &input.key,
+                Permission::WriteAcp,
+            )
             .await?;
         let info = self.bucket_info(&input.bucket)?;
         let bucket_owner = self.users.bucket_owner(&info);

@@ -11,10 +11,18 @@ Users in the session server's config:
 * bob   -- read-write on buckets named ``bob-*``
 * carol -- read on ``shared`` (secret given through ``secret_file``)
 * dave  -- write on ``shared``
+* erin  -- no grants, ``create_buckets: true``, explicit ``canonical_id``
+  (ERIN_CANONICAL_ID) and ``display_name`` "Erin"
+* frank -- no grants, ``create_buckets: true``, default canonical id and
+  display name (``owner("frank")``)
+
+erin and frank reach only what they own or what an ACL grants them; the
+``anon`` fixture is a boto3 client that sends unsigned requests.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import re
@@ -28,6 +36,7 @@ from pathlib import Path
 import boto3
 import pytest
 import yaml
+from botocore import UNSIGNED
 from botocore.config import Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,8 +52,27 @@ USERS = {
     "bob": User("bob", "bob", "bob-secret-Qw8uY2"),
     "carol": User("carol", "carol", "carol-secret-Lm4nB7"),
     "dave": User("dave", "dave", "dave-secret-Hx5vC1"),
+    "erin": User("erin", "erin", "erin-secret-Vb6nM3"),
+    "frank": User("frank", "frank", "frank-secret-Pq2wE8"),
 }
 SHARED_BUCKET = "shared"
+ERIN_CANONICAL_ID = "e1e2e3e4e5e6e7e8e9e0eaebecedeeef" + "0123456789abcdef0123456789abcdef"
+ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
+AUTHENTICATED_USERS = "http://acs.amazonaws.com/groups/global/AuthenticatedUsers"
+
+
+def canonical_id(user: str) -> str:
+    """A session user's canonical id: erin's is configured, everyone else
+    has the default, hex(sha256("s3dma-user:" + access key id))."""
+    if user == "erin":
+        return ERIN_CANONICAL_ID
+    return hashlib.sha256(f"s3dma-user:{USERS[user].access_key}".encode()).hexdigest()
+
+
+def owner(user: str) -> dict[str, str]:
+    """``{"ID", "DisplayName"}`` as S3 shows a session user (the display
+    name defaults to the access key id)."""
+    return {"ID": canonical_id(user), "DisplayName": "Erin" if user == "erin" else USERS[user].access_key}
 
 
 def _die_with_parent():  # runs in the child between fork and exec
@@ -86,6 +114,18 @@ def default_users_config(secret_dir: Path) -> list[dict]:
             "access_key_id": USERS["dave"].access_key,
             "secret": USERS["dave"].secret,
             "buckets": [{"name": SHARED_BUCKET, "access": "write"}],
+        },
+        {
+            "access_key_id": USERS["erin"].access_key,
+            "secret": USERS["erin"].secret,
+            "canonical_id": ERIN_CANONICAL_ID,
+            "display_name": "Erin",
+            "create_buckets": True,
+        },
+        {
+            "access_key_id": USERS["frank"].access_key,
+            "secret": USERS["frank"].secret,
+            "create_buckets": True,
         },
     ]
 
@@ -248,6 +288,17 @@ class StorageTarget:
             config=config,
         )
 
+    def anonymous_client(self):
+        """A boto3 S3 client that sends unsigned (anonymous) requests."""
+        config = Config(
+            signature_version=UNSIGNED,
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 1, "mode": "standard"},
+            connect_timeout=10,
+            read_timeout=120,
+        )
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint, region_name=REGION, config=config)
+
 
 def empty_and_delete_bucket(client, bucket: str):
     """Best effort: remove everything in ``bucket`` and the bucket itself."""
@@ -330,6 +381,12 @@ def users():
 
 
 @pytest.fixture
+def anon(target):
+    """boto3 client without credentials (unsigned requests)."""
+    return target.anonymous_client()
+
+
+@pytest.fixture
 def s3(target):
     """boto3 client for alice."""
     return target.client("alice")
@@ -346,12 +403,13 @@ def bucket(target, s3):
 
 @pytest.fixture
 def bucket_factory(target):
-    """Create extra buckets as any user: ``bucket_factory(prefix, user)``."""
+    """Create extra buckets as any user: ``bucket_factory(prefix, user)``;
+    keyword arguments go to CreateBucket (``ACL=...``, ``GrantRead=...``)."""
     made: list[tuple[str, str]] = []
 
-    def factory(prefix: str = "t", user: str = "alice") -> str:
+    def factory(prefix: str = "t", user: str = "alice", **create) -> str:
         name = unique_bucket(prefix)
-        target.client(user).create_bucket(Bucket=name)
+        target.client(user).create_bucket(Bucket=name, **create)
         made.append((name, user))
         return name
 

@@ -45,7 +45,8 @@ pub struct ObjectAttrs {
     pub expires: Option<i64>,
     /// `x-amz-meta-*` user metadata (names lower-case, without the prefix).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub user_metadata: BTreeMap<String, String>,    /// Canonical id of the user who wrote the object (absent in objects
+    pub user_metadata: BTreeMap<String, String>,
+    /// Canonical id of the user who wrote the object (absent in objects
     /// written before owners existed: the bucket owner owns those).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,

@@ -479,7 +479,10 @@ impl Store {
             }
             for e in std::fs::read_dir(&fan)? {
                 let p = e?.path();
-                if p.as_os_str().as_encoded_bytes().ends_with(ACL_SUFFIX.as_bytes()) {
+                if p.as_os_str()
+                    .as_encoded_bytes()
+                    .ends_with(ACL_SUFFIX.as_bytes())
+                {
                     continue;
                 }
                 let meta = File::open(&p)
@@ -922,7 +925,12 @@ impl Store {
     ///
     /// # Errors
     /// `NoSuchBucket`, I/O.
-    pub async fn set_object_acl(&self, bucket: &str, meta: &ObjectMeta, acl: Acl) -> StoreResult<()> {
+    pub async fn set_object_acl(
+        &self,
+        bucket: &str,
+        meta: &ObjectMeta,
+        acl: Acl,
+    ) -> StoreResult<()> {
         let b = self.bucket(bucket)?;
         let key = meta.key.clone();
         let body = serde_json::to_vec(&AclOverride {
