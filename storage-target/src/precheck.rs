@@ -18,7 +18,7 @@ use percent_encoding::percent_decode_str;
 use s3s::{S3Error, S3ErrorCode};
 
 /// Longest presigned-URL validity AWS accepts (`X-Amz-Expires`), in seconds.
-pub const MAX_PRESIGN_EXPIRES_SECS: u64 = 604_800;
+pub const MAX_PRESIGN_EXPIRES_SECS: i64 = 604_800;
 
 /// Largest total size of user metadata (`x-amz-meta-*` names without the
 /// prefix plus values, in bytes) S3 accepts.
@@ -224,11 +224,19 @@ fn check_auth_mechanism(
             ));
         }
         if let Some(expires) = query_get(query, "X-Amz-Expires") {
-            match expires.parse::<u64>() {
-                Ok(secs) if secs <= MAX_PRESIGN_EXPIRES_SECS => {}
+            // A validity outside 1 s to 7 days is refused like an expired
+            // URL: 403 AccessDenied, with AWS's messages.
+            match expires.parse::<i64>() {
+                Ok(secs) if (1..=MAX_PRESIGN_EXPIRES_SECS).contains(&secs) => {}
+                Ok(secs) if secs < 1 => {
+                    return Err(error(
+                        S3ErrorCode::AccessDenied,
+                        "X-Amz-Expires must be non-negative".to_owned(),
+                    ));
+                }
                 Ok(_) => {
                     return Err(error(
-                        S3ErrorCode::AuthorizationQueryParametersError,
+                        S3ErrorCode::AccessDenied,
                         format!(
                             "X-Amz-Expires must be less than a week (in seconds) that is; {MAX_PRESIGN_EXPIRES_SECS}"
                         ),
@@ -407,13 +415,18 @@ mod tests {
             )
         };
         assert!(precheck(&mut parts(&url("604800"), &[]), "us-east-1").is_ok());
-        for bad in ["604801", "-1", "x"] {
+        assert!(precheck(&mut parts(&url("1"), &[]), "us-east-1").is_ok());
+        for bad in ["604801", "-1", "0"] {
             assert_eq!(
                 code(precheck(&mut parts(&url(bad), &[]), "us-east-1")).as_deref(),
-                Some("AuthorizationQueryParametersError"),
+                Some("AccessDenied"),
                 "{bad}"
             );
         }
+        assert_eq!(
+            code(precheck(&mut parts(&url("x"), &[]), "us-east-1")).as_deref(),
+            Some("AuthorizationQueryParametersError")
+        );
         let mut p = parts(
             &url("60"),
             &[(

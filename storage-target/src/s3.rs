@@ -305,6 +305,33 @@ impl S3Store {
     }
 }
 
+/// The bytes `x-amz-copy-source-range: bytes=first-last` names in a source
+/// of `size` bytes (the whole source without it), with AWS's refusals.
+fn copy_source_range(v: Option<&str>, size: u64) -> S3Result<std::ops::Range<u64>> {
+    let Some(v) = v else {
+        return Ok(0..size);
+    };
+    let parsed = v.strip_prefix("bytes=").and_then(|r| {
+        let (a, b) = r.split_once('-')?;
+        let a: u64 = a.parse().ok()?;
+        let b: u64 = b.parse().ok()?;
+        (a <= b).then_some((a, b))
+    });
+    let Some((first, last)) = parsed else {
+        return Err(s3_error!(
+            InvalidArgument,
+            "The x-amz-copy-source-range value must be of the form bytes=first-last where first and last are the zero-based offsets of the first and last bytes to copy"
+        ));
+    };
+    if last >= size {
+        return Err(s3_error!(
+            InvalidArgument,
+            "Range specified is not valid for source object of size: {size}"
+        ));
+    }
+    Ok(first..last + 1)
+}
+
 /// Unversioned buckets have one version of each key, named `null`; any
 /// other version id is an error (as AWS answers on an unversioned bucket).
 fn check_version_id(v: Option<&str>) -> S3Result<()> {
@@ -458,12 +485,17 @@ fn etag_cond(c: ETagCondition) -> EtagCondition {
 /// Removes the `aws-chunked` transfer coding from a stored Content-Encoding.
 fn clean_content_encoding(v: Option<String>) -> Option<String> {
     let v = v?;
+    // The remaining codings exactly as sent (spacing included).
     let rest: Vec<&str> = v
         .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty() && !s.eq_ignore_ascii_case("aws-chunked"))
+        .filter(|s| {
+            let s = s.trim();
+            !s.is_empty() && !s.eq_ignore_ascii_case("aws-chunked")
+        })
         .collect();
-    (!rest.is_empty()).then(|| rest.join(","))
+    let rest = rest.join(",");
+    let rest = rest.trim();
+    (!rest.is_empty()).then(|| rest.to_owned())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -480,6 +512,7 @@ fn make_attrs(
         owner: None,
         acl: None,
         instance: None,
+        completed_upload: None,
         content_type,
         content_encoding: clean_content_encoding(content_encoding),
         content_disposition,
@@ -1261,7 +1294,7 @@ impl S3 for S3Store {
                 &input.bucket,
                 &ListParams {
                     prefix: &prefix,
-                    delimiter: input.delimiter.as_deref(),
+                    delimiter: input.delimiter.as_deref().filter(|d| !d.is_empty()),
                     marker: marker.as_deref(),
                     max_keys: max,
                 },
@@ -1307,7 +1340,7 @@ impl S3 for S3Store {
                 &input.bucket,
                 &ListParams {
                     prefix: &prefix,
-                    delimiter: input.delimiter.as_deref(),
+                    delimiter: input.delimiter.as_deref().filter(|d| !d.is_empty()),
                     marker: input.marker.as_deref(),
                     max_keys: max,
                 },
@@ -1637,6 +1670,128 @@ impl S3 for S3Store {
         }))
     }
 
+    /// Versioning is not supported: every object is its one version, `null`.
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let input = req.input;
+        let max = max_keys(input.max_keys)?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.as_deref().filter(|d| !d.is_empty());
+        let page = self
+            .store
+            .list_objects(
+                &input.bucket,
+                &ListParams {
+                    prefix: &prefix,
+                    delimiter,
+                    marker: input.key_marker.as_deref(),
+                    max_keys: max,
+                },
+            )
+            .map_err(store_error)?;
+        let url = is_url(input.encoding_type.as_ref());
+        let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
+        let versions: Vec<ObjectVersion> = page
+            .objects
+            .into_iter()
+            .map(|(k, e)| ObjectVersion {
+                e_tag: Some(strong(&e.etag)),
+                is_latest: Some(true),
+                key: Some(enc(url, k)),
+                last_modified: Some(ts(e.last_modified_ms)),
+                owner: Some(self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner))),
+                size: Some(i64::try_from(e.size).unwrap_or(i64::MAX)),
+                storage_class: Some(ObjectVersionStorageClass::from_static(
+                    ObjectVersionStorageClass::STANDARD,
+                )),
+                version_id: Some("null".to_owned()),
+                ..Default::default()
+            })
+            .collect();
+        let next = page.next_marker.map(|m| enc(url, m));
+        Ok(S3Response::new(ListObjectVersionsOutput {
+            name: Some(input.bucket),
+            prefix: Some(enc(url, prefix)),
+            key_marker: Some(enc(url, input.key_marker.unwrap_or_default())),
+            version_id_marker: Some(input.version_id_marker.unwrap_or_default()),
+            next_version_id_marker: next.as_ref().map(|_| "null".to_owned()),
+            next_key_marker: next,
+            max_keys: Some(i32::try_from(max).unwrap_or(1000)),
+            is_truncated: Some(page.is_truncated),
+            versions: (!versions.is_empty()).then_some(versions),
+            common_prefixes: to_prefixes(page.common_prefixes, url),
+            delimiter: delimiter.map(|d| enc(url, d.to_owned())),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let caller = self.caller(&req);
+        let input = req.input;
+        let CopySource::Bucket {
+            bucket: src_bucket,
+            key: src_key,
+            version_id: src_version,
+        } = &input.copy_source
+        else {
+            return Err(s3_error!(
+                NotImplemented,
+                "Only bucket copy sources are supported"
+            ));
+        };
+        check_version_id(src_version.as_deref())?;
+        let n = part_number(input.part_number)?;
+        let reader = self
+            .open_checked(caller.as_ref(), src_bucket, src_key, Permission::Read)
+            .await?;
+        let conds = Conditions {
+            if_match: input.copy_source_if_match.map(etag_cond),
+            if_none_match: input.copy_source_if_none_match.map(etag_cond),
+            if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
+            if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
+        };
+        if conds.evaluate(&reader.meta.etag, reader.meta.last_modified_secs()) != Verdict::Proceed {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "At least one of the pre-conditions you specified did not hold"
+            ));
+        }
+        let range = copy_source_range(input.copy_source_range.as_deref(), reader.meta.size)?;
+        let body = futures::StreamExt::map(reader.stream(range), |r| {
+            r.map_err(|e| Box::new(e) as StdError)
+        });
+        let mut check = crate::store::NoCheck;
+        let part = self
+            .store
+            .upload_part(
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                n,
+                Box::pin(body),
+                None,
+                &mut check,
+            )
+            .await
+            .map_err(store_error)?;
+        let m = self.rdma.metrics();
+        m.path_request("UploadPartCopy", "http");
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(strong(&part.etag)),
+                last_modified: Some(ts(part.last_modified_ms)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
     async fn get_bucket_acl(
         &self,
         req: S3Request<GetBucketAclInput>,
@@ -1764,6 +1919,14 @@ mod tests {
         assert_eq!(
             clean_content_encoding(Some("gzip".into())).as_deref(),
             Some("gzip")
+        );
+        assert_eq!(
+            clean_content_encoding(Some("gzip, aws-chunked".into())).as_deref(),
+            Some("gzip")
+        );
+        assert_eq!(
+            clean_content_encoding(Some("aws-chunked, gzip, br".into())).as_deref(),
+            Some("gzip, br")
         );
     }
 

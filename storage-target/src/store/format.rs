@@ -57,6 +57,11 @@ pub struct ObjectAttrs {
     /// PutObjectAcl applies to this instance only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// For an object made by CompleteMultipartUpload: its upload id and a
+    /// digest of the part list, so that a retried Complete gets the same
+    /// answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_upload: Option<String>,
 }
 
 /// A new random instance id (128 bits, hex).

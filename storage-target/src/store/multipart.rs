@@ -343,7 +343,21 @@ impl Store {
         upload_id: &str,
         requested: &[(u32, String)],
     ) -> StoreResult<ObjectMeta> {
-        let u = self.upload(bucket, key, upload_id)?;
+        let stamp = completion_stamp(upload_id, requested);
+        let u = match self.upload(bucket, key, upload_id) {
+            Ok(u) => u,
+            // A retried Complete (its reply was lost) of an upload that
+            // already made the current object: the same result again.
+            Err(StoreError::NoSuchUpload) => {
+                return match self.open_object(bucket, key).await {
+                    Ok(r) if r.meta.attrs.completed_upload.as_deref() == Some(stamp.as_str()) => {
+                        Ok(r.meta)
+                    }
+                    _ => Err(StoreError::NoSuchUpload),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         let b = self.bucket(bucket)?;
         let mut gone = u.gone.lock().await;
         if *gone {
@@ -368,7 +382,10 @@ impl Store {
             last_modified_ms: now_ms(),
             parts_count: Some(u32::try_from(chosen.len()).unwrap_or(u32::MAX)),
             part_number: None,
-            attrs: u.info.attrs.clone(),
+            attrs: ObjectAttrs {
+                completed_upload: Some(stamp),
+                ..u.info.attrs.clone()
+            },
         };
         let tmp = self.tmp_path();
         let to = tmp.path().to_owned();
@@ -413,6 +430,20 @@ impl Store {
         }
         Ok(meta)
     }
+}
+
+/// What an object made by CompleteMultipartUpload records of its request:
+/// the upload id and a digest of the part list, so a retry of the same
+/// request can be recognised after the upload is gone.
+fn completion_stamp(upload_id: &str, requested: &[(u32, String)]) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for (n, etag) in requested {
+        h.update(n.to_le_bytes());
+        h.update(etag.trim_matches('"').as_bytes());
+        h.update([0]);
+    }
+    format!("{upload_id} {}", hex::encode(h.finalize()))
 }
 
 /// Validates a CompleteMultipartUpload part list against the uploaded parts
