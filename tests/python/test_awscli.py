@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ALL_USERS, canonical_id, owner
 from s3util import MiB, md5_b64, md5_hex, multipart_etag, rand, sha256, unique_bucket
 
 S3API_ERROR_RC = 255  # aws CLI v1: service errors exit 255
@@ -48,15 +49,15 @@ class CliResult:
 
 
 class AwsCli:
-    def __init__(self, target, workdir: Path):
+    def __init__(self, target, workdir: Path, part_size: str = "8MB"):
         self.target = target
         self.exe = aws_executable()
         workdir.mkdir(parents=True, exist_ok=True)
         s3_section = (
             "s3 =\n"
             "    addressing_style = path\n"
-            "    multipart_threshold = 8MB\n"
-            "    multipart_chunksize = 8MB\n"
+            f"    multipart_threshold = {part_size}\n"
+            f"    multipart_chunksize = {part_size}\n"
             "    max_concurrent_requests = 4\n"
             "    signature_version = s3v4\n"
         )
@@ -64,6 +65,8 @@ class AwsCli:
             "default": target.users["alice"],
             "bob": target.users["bob"],
             "carol": target.users["carol"],
+            "erin": target.users["erin"],
+            "frank": target.users["frank"],
             "unsigned": target.users["alice"],
             "wrongsecret": type(target.users["alice"])("alice", "alice", "wrong-secret"),
             "ghost": type(target.users["alice"])("ghost", "AKIDGHOSTGHOST", "x"),
@@ -119,6 +122,12 @@ class AwsCli:
 @pytest.fixture(scope="module")
 def aws(target, tmp_path_factory):
     return AwsCli(target, tmp_path_factory.mktemp("awscli"))
+
+
+@pytest.fixture(scope="module")
+def aws_5mb(target, tmp_path_factory):
+    """The CLI with multipart_threshold = multipart_chunksize = 5MB."""
+    return AwsCli(target, tmp_path_factory.mktemp("awscli5mb"), part_size="5MB")
 
 
 @pytest.fixture
@@ -509,3 +518,102 @@ def test_s3_sync_and_mv(aws, bucket, tmp_path, files):
     aws("s3", "mv", f"s3://{bucket}/sync/a.txt", f"s3://{bucket}/moved/a.txt")
     keys = _ls_keys(aws("s3", "ls", "--recursive", f"s3://{bucket}/").stdout)
     assert "moved/a.txt" in keys and "sync/a.txt" not in keys
+
+
+# --------------------------------------------------------------------------
+# issue 18: server-side multipart copy, UploadPartCopy, ACLs, parts, versions
+# --------------------------------------------------------------------------
+
+
+def test_s3_cp_server_side_copy_above_multipart_threshold(aws_5mb, s3, bucket):
+    """`aws s3 cp s3://… s3://…` of an object above multipart_threshold is
+    CreateMultipartUpload + UploadPartCopy (5 MB parts: 4 of them)."""
+    aws = aws_5mb
+    data = rand(20 * MiB)
+    s3.put_object(Bucket=bucket, Key="big", Body=data)  # one part: a copy's 4 parts show in its ETag
+    aws("s3", "cp", f"s3://{bucket}/big", f"s3://{bucket}/copy of big", timeout=300)
+    h = aws("s3api", "head-object", "--bucket", bucket, "--key", "copy of big").json
+    assert h["ContentLength"] == len(data)
+    assert h["ETag"] == multipart_etag([data[i : i + 5 * MiB] for i in range(0, len(data), 5 * MiB)])
+    assert sha256(s3.get_object(Bucket=bucket, Key="copy of big")["Body"].read()) == sha256(data)
+
+
+def test_s3api_upload_part_copy(aws, s3, bucket, files):
+    src, tail = rand(5 * MiB + 100), rand(1000)
+    s3.put_object(Bucket=bucket, Key="src ü+", Body=src)
+    s3.put_object(Bucket=bucket, Key="tail", Body=tail)
+    uid = aws("s3api", "create-multipart-upload", "--bucket", bucket, "--key", "dst").json["UploadId"]
+    r1 = aws(
+        "s3api", "upload-part-copy", "--bucket", bucket, "--key", "dst", "--upload-id", uid, "--part-number", "1",
+        "--copy-source", f"{bucket}/src ü+", "--copy-source-range", f"bytes=100-{len(src) - 1}",
+    ).json
+    r2 = aws(
+        "s3api", "upload-part-copy", "--bucket", bucket, "--key", "dst", "--upload-id", uid, "--part-number", "2",
+        "--copy-source", f"{bucket}/tail",
+    ).json
+    etags = [r1["CopyPartResult"]["ETag"], r2["CopyPartResult"]["ETag"]]
+    assert etags == [f'"{md5_hex(src[100:])}"', f'"{md5_hex(tail)}"']
+    spec = json.dumps({"Parts": [{"PartNumber": i, "ETag": e} for i, e in enumerate(etags, 1)]})
+    r = aws("s3api", "complete-multipart-upload", "--bucket", bucket, "--key", "dst", "--upload-id", uid,
+            "--multipart-upload", spec).json
+    assert r["ETag"] == multipart_etag([src[100:], tail])
+    assert s3.get_object(Bucket=bucket, Key="dst")["Body"].read() == src[100:] + tail
+
+
+def _grants(acl: dict) -> set:
+    return {(g["Grantee"].get("ID") or g["Grantee"].get("URI"), g["Permission"]) for g in acl["Grants"]}
+
+
+def test_cli_owners_and_acls(aws, files, tmp_path):
+    """erin and frank (no config grants) through the CLI: ownership, canned
+    ACLs, an explicit grant and its revocation, anonymous reads."""
+    e, f = canonical_id("erin"), canonical_id("frank")
+    b = unique_bucket("cliacl")
+    aws("s3", "mb", f"s3://{b}", profile="erin")
+    try:
+        r = aws("s3api", "list-buckets", profile="erin").json
+        assert [x["Name"] for x in r["Buckets"]] == [b] and r["Owner"] == owner("erin")
+        assert b not in [x["Name"] for x in aws("s3api", "list-buckets", profile="frank").json["Buckets"]]
+        aws.error("s3api", "create-bucket", "--bucket", b, profile="frank", code="BucketAlreadyExists")
+        pub, priv = files("pub.txt", b"public"), files("priv.txt", b"private")
+        aws("s3", "cp", pub, f"s3://{b}/pub.txt", "--acl", "public-read", profile="erin")
+        aws("s3api", "put-object", "--bucket", b, "--key", "priv.txt", "--body", priv, profile="erin")
+        out = tmp_path / "out"
+        aws("s3api", "get-object", "--bucket", b, "--key", "pub.txt", out, "--no-sign-request")
+        assert out.read_bytes() == b"public"
+        aws.error("s3api", "get-object", "--bucket", b, "--key", "priv.txt", out, "--no-sign-request", code="AccessDenied")
+        acl = aws("s3api", "get-object-acl", "--bucket", b, "--key", "pub.txt", profile="erin").json
+        assert acl["Owner"] == owner("erin") and _grants(acl) == {(e, "FULL_CONTROL"), (ALL_USERS, "READ")}
+        aws.error("s3", "ls", f"s3://{b}/", profile="frank", code="AccessDenied")
+        aws("s3api", "put-bucket-acl", "--bucket", b, "--grant-full-control", f"id={e}", "--grant-read", f"id={f}", profile="erin")
+        acl = aws("s3api", "get-bucket-acl", "--bucket", b, profile="erin").json
+        assert _grants(acl) == {(e, "FULL_CONTROL"), (f, "READ")}
+        assert "pub.txt" in aws("s3", "ls", f"s3://{b}/", profile="frank").stdout
+        aws.error("s3api", "get-object", "--bucket", b, "--key", "priv.txt", out, profile="frank", code="AccessDenied")
+        aws("s3api", "put-bucket-acl", "--bucket", b, "--acl", "private", profile="erin")
+        aws.error("s3", "ls", f"s3://{b}/", profile="frank", code="AccessDenied")
+    finally:
+        aws("s3", "rb", "--force", f"s3://{b}", profile="erin", rc=None)
+
+
+def test_s3api_part_number_and_versions(aws, s3, bucket, tmp_path):
+    parts = [rand(5 * MiB), rand(1000)]
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="mp")["UploadId"]
+    etags = [s3.upload_part(Bucket=bucket, Key="mp", UploadId=uid, PartNumber=i, Body=p)["ETag"] for i, p in enumerate(parts, 1)]
+    s3.complete_multipart_upload(
+        Bucket=bucket, Key="mp", UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": i, "ETag": e} for i, e in enumerate(etags, 1)]},
+    )
+    out = tmp_path / "part2"
+    r = aws("s3api", "get-object", "--bucket", bucket, "--key", "mp", "--part-number", "2", out).json
+    assert out.read_bytes() == parts[1]
+    assert (r["ContentLength"], r["PartsCount"], r["ContentRange"]) == (1000, 2, f"bytes {5 * MiB}-{5 * MiB + 999}/{5 * MiB + 1000}")
+    h = aws("s3api", "head-object", "--bucket", bucket, "--key", "mp", "--part-number", "1").json
+    assert (h["ContentLength"], h["PartsCount"]) == (5 * MiB, 2)
+    aws.error("s3api", "head-object", "--bucket", bucket, "--key", "mp", "--part-number", "3", code="416")
+    v = aws("s3api", "list-object-versions", "--bucket", bucket).json
+    assert [(x["Key"], x["VersionId"], x["IsLatest"]) for x in v["Versions"]] == [("mp", "null", True)]
+    aws("s3api", "get-object", "--bucket", bucket, "--key", "mp", "--version-id", "null", out)
+    assert out.read_bytes() == b"".join(parts)
+    aws("s3api", "delete-object", "--bucket", bucket, "--key", "mp", "--version-id", "null")
+    assert not aws("s3api", "list-object-versions", "--bucket", bucket).json.get("Versions")
