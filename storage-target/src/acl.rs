@@ -117,8 +117,9 @@ pub struct Grant {
     pub permission: Permission,
 }
 
-/// The grants of a bucket or object beyond its owner's implicit full
-/// control. (The owner is stored beside it.) Order is kept as given.
+/// The grants of a bucket or object, as set (a canned ACL includes the
+/// owner's `FULL_CONTROL`, as in AWS); the owner, stored beside it, may do
+/// everything whatever the grants say. Empty means private.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Acl {
     /// The grants.
@@ -156,24 +157,17 @@ impl Acl {
         })
     }
 
-    /// The grants as AWS shows them: the owner's `FULL_CONTROL` first, then
-    /// the stored grants.
+    /// The grants as GetBucketAcl/GetObjectAcl show them: as set; an empty
+    /// (private) ACL shows the owner's `FULL_CONTROL`.
     #[must_use]
     pub fn shown(&self, owner: &str) -> Vec<Grant> {
-        let mut out = vec![Grant {
-            grantee: Grantee::User(owner.to_owned()),
-            permission: Permission::FullControl,
-        }];
-        out.extend(
-            self.grants
-                .iter()
-                .filter(|g| {
-                    !(g.permission == Permission::FullControl
-                        && g.grantee == Grantee::User(owner.to_owned()))
-                })
-                .cloned(),
-        );
-        out
+        if self.grants.is_empty() {
+            return vec![Grant {
+                grantee: Grantee::User(owner.to_owned()),
+                permission: Permission::FullControl,
+            }];
+        }
+        self.grants.clone()
     }
 }
 
@@ -217,15 +211,17 @@ impl Canned {
         })
     }
 
-    /// The grants it stands for; `bucket_owner` is the canonical id of the
-    /// bucket's owner (for the `bucket-owner-*` ACLs).
+    /// The grants it stands for on a resource of `owner`: the owner's
+    /// `FULL_CONTROL` and the canned grants; `bucket_owner` is the canonical
+    /// id of the bucket's owner (for the `bucket-owner-*` ACLs).
     #[must_use]
-    pub fn acl(self, bucket_owner: &str) -> Acl {
+    pub fn acl(self, owner: &str, bucket_owner: &str) -> Acl {
         let g = |grantee: Grantee, permission: Permission| Grant {
             grantee,
             permission,
         };
-        let grants = match self {
+        let mut grants = vec![g(Grantee::User(owner.to_owned()), Permission::FullControl)];
+        grants.extend(match self {
             Canned::Private | Canned::AwsExecRead => vec![],
             Canned::PublicRead => vec![g(Grantee::AllUsers, Permission::Read)],
             Canned::PublicReadWrite => vec![
@@ -244,7 +240,9 @@ impl Canned {
                 g(Grantee::LogDelivery, Permission::Write),
                 g(Grantee::LogDelivery, Permission::ReadAcp),
             ],
-        };
+        });
+        // bucket-owner-* on the bucket owner's own object: one grant.
+        grants.dedup();
         Acl { grants }
     }
 }
@@ -370,12 +368,13 @@ pub fn parse_grantees(
 pub fn from_headers(
     canned: Option<&str>,
     grants: &GrantHeaders<'_>,
+    owner: &str,
     bucket_owner: &str,
     known_id: &dyn Fn(&str) -> bool,
 ) -> Result<Option<Acl>, AclError> {
     match (canned, grants.is_empty()) {
         (Some(_), false) => Err(AclError::CannedAndGrants),
-        (Some(c), true) => Ok(Some(Canned::parse(c)?.acl(bucket_owner))),
+        (Some(c), true) => Ok(Some(Canned::parse(c)?.acl(owner, bucket_owner))),
         (None, true) => Ok(None),
         (None, false) => {
             let mut acl = Acl::default();
@@ -457,11 +456,6 @@ pub fn from_policy(
                 ));
             }
         };
-        // The owner's own full control is implicit; storing it again is harmless
-        // but would show twice.
-        if grantee == Grantee::User(owner.to_owned()) && permission == Permission::FullControl {
-            continue;
-        }
         acl.grants.push(Grant {
             grantee,
             permission,
@@ -487,19 +481,19 @@ mod tests {
         assert!(private.allows(A, Caller::User(A), Permission::WriteAcp));
         assert!(!private.allows(A, Caller::User(B), Permission::Read));
         assert!(!private.allows(A, Caller::Anonymous, Permission::Read));
-        let public = Canned::PublicRead.acl(A);
+        let public = Canned::PublicRead.acl(A, A);
         assert!(public.allows(A, Caller::Anonymous, Permission::Read));
         assert!(!public.allows(A, Caller::Anonymous, Permission::Write));
         assert!(!public.allows(A, Caller::User(B), Permission::ReadAcp));
-        let auth = Canned::AuthenticatedRead.acl(A);
+        let auth = Canned::AuthenticatedRead.acl(A, A);
         assert!(auth.allows(A, Caller::User(B), Permission::Read));
         assert!(!auth.allows(A, Caller::Anonymous, Permission::Read));
-        let bofc = Canned::BucketOwnerFullControl.acl(B);
+        let bofc = Canned::BucketOwnerFullControl.acl(A, B);
         assert!(bofc.allows(A, Caller::User(B), Permission::WriteAcp));
-        let bor = Canned::BucketOwnerRead.acl(B);
+        let bor = Canned::BucketOwnerRead.acl(A, B);
         assert!(bor.allows(A, Caller::User(B), Permission::Read));
         assert!(!bor.allows(A, Caller::User(B), Permission::ReadAcp));
-        let prw = Canned::PublicReadWrite.acl(A);
+        let prw = Canned::PublicReadWrite.acl(A, A);
         assert!(prw.allows(A, Caller::Anonymous, Permission::Write));
     }
 
@@ -510,21 +504,21 @@ mod tests {
             write_acp: Some(&format!("id={B}")),
             ..Default::default()
         };
-        let acl = from_headers(None, &g, A, &known).unwrap().unwrap();
+        let acl = from_headers(None, &g, A, A, &known).unwrap().unwrap();
         assert_eq!(acl.grants.len(), 3);
         assert!(acl.allows(A, Caller::Anonymous, Permission::Read));
         assert!(acl.allows(A, Caller::User(B), Permission::WriteAcp));
         assert!(!acl.allows(A, Caller::User(B), Permission::Write));
         assert_eq!(
-            from_headers(None, &GrantHeaders::default(), A, &known),
+            from_headers(None, &GrantHeaders::default(), A, A, &known),
             Ok(None)
         );
         assert_eq!(
-            from_headers(Some("private"), &g, A, &known),
+            from_headers(Some("private"), &g, A, A, &known),
             Err(AclError::CannedAndGrants)
         );
         assert!(matches!(
-            from_headers(Some("nope"), &GrantHeaders::default(), A, &known),
+            from_headers(Some("nope"), &GrantHeaders::default(), A, A, &known),
             Err(AclError::BadCanned(_))
         ));
         let unknown = GrantHeaders {
@@ -532,20 +526,23 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            from_headers(None, &unknown, A, &known),
+            from_headers(None, &unknown, A, A, &known),
             Err(AclError::UnknownId("cccc".into()))
         );
         let email = GrantHeaders {
             read: Some("emailAddress=\"x@example.com\""),
             ..Default::default()
         };
-        assert_eq!(from_headers(None, &email, A, &known), Err(AclError::Email));
+        assert_eq!(
+            from_headers(None, &email, A, A, &known),
+            Err(AclError::Email)
+        );
         for bad in ["", "id", "foo=bar", "uri=\"http://example.com/g\""] {
             let h = GrantHeaders {
                 read: Some(bad),
                 ..Default::default()
             };
-            assert!(from_headers(None, &h, A, &known).is_err(), "{bad:?}");
+            assert!(from_headers(None, &h, A, A, &known).is_err(), "{bad:?}");
         }
     }
 
@@ -564,8 +561,8 @@ mod tests {
             },
         ];
         let acl = from_policy(Some(A), &grants, A, &known).unwrap();
-        assert_eq!(acl.grants.len(), 1, "the owner's full control is implicit");
-        assert_eq!(acl.shown(A).len(), 2);
+        assert_eq!(acl.shown(A), acl.grants, "shown as set");
+        assert_eq!(Acl::default().shown(A).len(), 1, "private shows the owner");
         assert_eq!(
             from_policy(Some(B), &grants, A, &known),
             Err(AclError::WrongOwner)
@@ -580,7 +577,7 @@ mod tests {
 
     #[test]
     fn serde_round_trip() {
-        let acl = Canned::PublicReadWrite.acl(A);
+        let acl = Canned::PublicReadWrite.acl(A, A);
         let json = serde_json::to_string(&acl).unwrap();
         assert_eq!(serde_json::from_str::<Acl>(&json).unwrap(), acl);
         assert!(json.contains("all_users"), "{json}");

@@ -191,12 +191,15 @@ impl S3Store {
     /// object (`None`: private).
     fn requested_acl(
         &self,
+        owner: &str,
         bucket_owner: &str,
         canned: Option<&str>,
         grants: &GrantHeaders<'_>,
     ) -> S3Result<Option<Acl>> {
-        acl::from_headers(canned, grants, bucket_owner, &|id| self.users.known_id(id))
-            .map_err(acl_error)
+        acl::from_headers(canned, grants, owner, bucket_owner, &|id| {
+            self.users.known_id(id)
+        })
+        .map_err(acl_error)
     }
 
     /// Owner, ACL and instance of an object `caller` writes into `bucket`.
@@ -210,9 +213,10 @@ impl S3Store {
     ) -> S3Result<()> {
         let info = self.bucket_info(bucket)?;
         let bucket_owner = self.users.bucket_owner(&info);
-        attrs.acl = self.requested_acl(&bucket_owner, canned, grants)?;
         // Anonymous writes (a public-read-write bucket) belong to the bucket owner.
-        attrs.owner = Some(caller.map_or(bucket_owner, |u| u.canonical_id.clone()));
+        let owner = caller.map_or_else(|| bucket_owner.clone(), |u| u.canonical_id.clone());
+        attrs.acl = self.requested_acl(&owner, &bucket_owner, canned, grants)?;
+        attrs.owner = Some(owner);
         attrs.instance = Some(new_instance());
         Ok(())
     }
@@ -248,7 +252,9 @@ impl S3Store {
                 acl::from_policy(policy_owner, &list, owner, &known).map_err(acl_error)
             }
             None => {
-                match acl::from_headers(canned, grants, bucket_owner, &known).map_err(acl_error)? {
+                match acl::from_headers(canned, grants, owner, bucket_owner, &known)
+                    .map_err(acl_error)?
+                {
                     Some(acl) => Ok(acl),
                     None => Err(s3_error!(
                         MissingSecurityHeader,
@@ -884,6 +890,7 @@ impl S3 for S3Store {
         }
         let acl = self
             .requested_acl(
+                &caller.canonical_id,
                 &caller.canonical_id,
                 input.acl.as_ref().map(BucketCannedACL::as_str),
                 &GrantHeaders {

