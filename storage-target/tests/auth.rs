@@ -10,7 +10,8 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use common::{ADMIN, READER, Raw, Server, md5_hex, raw, sign_v4};
+use common::{ADMIN, OWNER_A, OWNER_B, READER, Raw, Server, md5_hex, raw, sign_v4};
+use storage_target::config::default_canonical_id;
 
 fn code<E: ProvideErrorMetadata + std::fmt::Debug>(
     e: SdkError<E, aws_smithy_runtime_api::http::Response>,
@@ -460,4 +461,324 @@ async fn header_auth_clock_skew() {
     assert_eq!(r.status, 403);
     assert_eq!(r.xml("Code").as_deref(), Some("RequestTimeTooSkewed"));
     assert_ids_match(&r);
+}
+
+async fn bucket_names(c: &aws_sdk_s3::Client) -> Vec<String> {
+    c.list_buckets()
+        .send()
+        .await
+        .unwrap()
+        .buckets()
+        .iter()
+        .map(|b| b.name().unwrap().to_owned())
+        .collect()
+}
+
+async fn read_body(c: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Vec<u8>, String> {
+    match c.get_object().bucket(bucket).key(key).send().await {
+        Ok(o) => Ok(o.body.collect().await.unwrap().to_vec()),
+        Err(e) => Err(code(e).0),
+    }
+}
+
+/// Owners and ACLs with aws-sdk-s3: two users without operator grants, an
+/// anonymous client (raw unsigned requests).
+#[tokio::test]
+async fn owners_and_acls() {
+    use aws_sdk_s3::types::{BucketCannedAcl, ObjectCannedAcl};
+    let s = Server::start();
+    let (a, b) = (s.client(OWNER_A), s.client(OWNER_B));
+    let (a_id, b_id) = (
+        default_canonical_id(OWNER_A.0),
+        default_canonical_id(OWNER_B.0),
+    );
+    a.create_bucket().bucket("a-bucket").send().await.unwrap();
+    a.put_object()
+        .bucket("a-bucket")
+        .key("k")
+        .body(ByteStream::from_static(b"a's data"))
+        .send()
+        .await
+        .unwrap();
+    // Creating again: 409 either way, and nothing is reset.
+    let again = code(
+        a.create_bucket()
+            .bucket("a-bucket")
+            .send()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(again, ("BucketAlreadyOwnedByYou".to_owned(), 409));
+    let theirs = code(
+        b.create_bucket()
+            .bucket("a-bucket")
+            .send()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(theirs, ("BucketAlreadyExists".to_owned(), 409));
+    assert_eq!(read_body(&a, "a-bucket", "k").await.unwrap(), b"a's data");
+    assert_eq!(bucket_names(&a).await, ["a-bucket"]);
+    assert!(bucket_names(&b).await.is_empty());
+    let listed = a.list_buckets().send().await.unwrap();
+    assert_eq!(listed.owner().unwrap().id(), Some(a_id.as_str()));
+    assert_eq!(listed.owner().unwrap().display_name(), Some("Owner A"));
+
+    // Private by default: b and anonymous callers get nothing, not even
+    // whether a key exists; a missing bucket is 404 for everyone.
+    assert_eq!(
+        read_body(&b, "a-bucket", "k").await.unwrap_err(),
+        "AccessDenied"
+    );
+    assert_eq!(
+        read_body(&b, "a-bucket", "nope").await.unwrap_err(),
+        "AccessDenied"
+    );
+    assert_eq!(
+        read_body(&a, "a-bucket", "nope").await.unwrap_err(),
+        "NoSuchKey"
+    );
+    let anon = |path: &str| {
+        let url = s.url(path);
+        async move { raw("GET", &url, &[], Bytes::new()).await }
+    };
+    assert_eq!(anon("/a-bucket/k").await.status, 403);
+    let missing = anon("/no-such-bucket/k").await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.xml("Code").as_deref(), Some("NoSuchBucket"));
+
+    // A public-read object in a private bucket: anyone reads it, nobody
+    // lists the bucket.
+    a.put_object_acl()
+        .bucket("a-bucket")
+        .key("k")
+        .acl(ObjectCannedAcl::PublicRead)
+        .send()
+        .await
+        .unwrap();
+    let r = anon("/a-bucket/k").await;
+    assert_eq!((r.status, r.body.as_ref()), (200, &b"a's data"[..]));
+    assert_eq!(anon("/a-bucket").await.status, 403);
+    assert_eq!(read_body(&b, "a-bucket", "k").await.unwrap(), b"a's data");
+    let acl = b.get_object_acl().bucket("a-bucket").key("k").send().await;
+    assert_eq!(
+        code(acl.unwrap_err()).0,
+        "AccessDenied",
+        "READ is not READ_ACP"
+    );
+    let acl = a
+        .get_object_acl()
+        .bucket("a-bucket")
+        .key("k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(acl.owner().unwrap().id(), Some(a_id.as_str()));
+    assert_eq!(acl.grants().len(), 2, "{acl:?}");
+    // A new write of the key does not inherit the ACL.
+    a.put_object()
+        .bucket("a-bucket")
+        .key("k")
+        .body(ByteStream::from_static(b"v2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anon("/a-bucket/k").await.status, 403);
+
+    // WRITE for b through the bucket ACL: b's objects are b's.
+    a.put_bucket_acl()
+        .bucket("a-bucket")
+        .grant_write(format!("id=\"{b_id}\""))
+        .grant_full_control(format!("id=\"{a_id}\""))
+        .send()
+        .await
+        .unwrap();
+    b.put_object()
+        .bucket("a-bucket")
+        .key("from-b")
+        .body(ByteStream::from_static(b"b's"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read_body(&b, "a-bucket", "from-b").await.unwrap(), b"b's");
+    assert_eq!(
+        read_body(&a, "a-bucket", "from-b").await.unwrap_err(),
+        "AccessDenied",
+        "the bucket owner does not read what others wrote"
+    );
+    b.put_object()
+        .bucket("a-bucket")
+        .key("for-a")
+        .acl(ObjectCannedAcl::BucketOwnerFullControl)
+        .body(ByteStream::from_static(b"for a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read_body(&a, "a-bucket", "for-a").await.unwrap(), b"for a");
+    // Copy needs READ on the source: b cannot copy a's private object.
+    let copy = b
+        .copy_object()
+        .bucket("a-bucket")
+        .key("stolen")
+        .copy_source("a-bucket/k")
+        .send()
+        .await;
+    assert_eq!(code(copy.unwrap_err()).0, "AccessDenied");
+    // Unknown canonical ids and canned + grants are refused.
+    let bad = a
+        .put_bucket_acl()
+        .bucket("a-bucket")
+        .grant_read(format!("id=\"{}\"", "0".repeat(64)))
+        .send()
+        .await;
+    assert_eq!(code(bad.unwrap_err()), ("InvalidArgument".to_owned(), 400));
+    let both = a
+        .put_bucket_acl()
+        .bucket("a-bucket")
+        .acl(BucketCannedAcl::PublicRead)
+        .grant_read(format!("id=\"{b_id}\""))
+        .send()
+        .await;
+    assert_eq!(code(both.unwrap_err()).1, 400);
+    // Back to private: b's grant is gone.
+    a.put_bucket_acl()
+        .bucket("a-bucket")
+        .acl(BucketCannedAcl::Private)
+        .send()
+        .await
+        .unwrap();
+    let denied = b
+        .put_object()
+        .bucket("a-bucket")
+        .key("late")
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await;
+    assert_eq!(code(denied.unwrap_err()).0, "AccessDenied");
+}
+
+/// UploadPartCopy (whole and ranged sources, bad ranges, source
+/// conditions) and a retried CompleteMultipartUpload, with aws-sdk-s3.
+#[tokio::test]
+async fn upload_part_copy_and_retried_complete() {
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let s = Server::start();
+    let c = s.admin();
+    c.create_bucket().bucket("mpu").send().await.unwrap();
+    let src = common::data(6 << 20, 7);
+    c.put_object()
+        .bucket("mpu")
+        .key("src key+%")
+        .body(ByteStream::from(src.clone()))
+        .send()
+        .await
+        .unwrap();
+    let up = c
+        .create_multipart_upload()
+        .bucket("mpu")
+        .key("dst")
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap();
+    let source = "mpu/src%20key%2B%25";
+    let p1 = c
+        .upload_part_copy()
+        .bucket("mpu")
+        .key("dst")
+        .upload_id(id)
+        .part_number(1)
+        .copy_source(source)
+        .copy_source_range("bytes=0-5242879")
+        .send()
+        .await
+        .unwrap();
+    let p2 = c
+        .upload_part_copy()
+        .bucket("mpu")
+        .key("dst")
+        .upload_id(id)
+        .part_number(2)
+        .copy_source(source)
+        .send()
+        .await
+        .unwrap();
+    for (range, what) in [
+        ("bytes=5-1", "first > last"),
+        ("bytes=0-6291456", "past the end"),
+        ("0-10", "no bytes="),
+    ] {
+        let e = c
+            .upload_part_copy()
+            .bucket("mpu")
+            .key("dst")
+            .upload_id(id)
+            .part_number(3)
+            .copy_source(source)
+            .copy_source_range(range)
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), ("InvalidArgument".to_owned(), 400), "{what}");
+    }
+    let e = c
+        .upload_part_copy()
+        .bucket("mpu")
+        .key("dst")
+        .upload_id(id)
+        .part_number(3)
+        .copy_source(source)
+        .copy_source_if_match("\"0123\"")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ("PreconditionFailed".to_owned(), 412));
+    let parts = CompletedMultipartUpload::builder()
+        .parts(
+            CompletedPart::builder()
+                .part_number(1)
+                .e_tag(p1.copy_part_result().unwrap().e_tag().unwrap())
+                .build(),
+        )
+        .parts(
+            CompletedPart::builder()
+                .part_number(2)
+                .e_tag(p2.copy_part_result().unwrap().e_tag().unwrap())
+                .build(),
+        )
+        .build();
+    let complete = || {
+        c.complete_multipart_upload()
+            .bucket("mpu")
+            .key("dst")
+            .upload_id(id)
+            .multipart_upload(parts.clone())
+            .send()
+    };
+    let first = complete().await.unwrap();
+    let retried = complete().await.unwrap();
+    assert_eq!(first.e_tag(), retried.e_tag());
+    let got = read_body(&c, "mpu", "dst").await.unwrap();
+    assert_eq!(got.len(), (5 << 20) + src.len());
+    assert!(got[..5 << 20] == src[..5 << 20] && got[5 << 20..] == src[..]);
+    // A different part list is not a retry.
+    let other = c
+        .complete_multipart_upload()
+        .bucket("mpu")
+        .key("dst")
+        .upload_id(id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(
+                    CompletedPart::builder()
+                        .part_number(1)
+                        .e_tag(p1.copy_part_result().unwrap().e_tag().unwrap())
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(code(other).0, "NoSuchUpload");
 }

@@ -655,7 +655,7 @@ def test_config_grants_still_apply(target, s3, erin, bucket_factory):
         dave.put_object(Bucket="shared", Key=key, Body=b"from dave")
         # read grant: READ + READ_ACP on the bucket, READ on every object in it
         assert body(carol, "shared", key) == b"from dave"
-        assert grants(carol.get_bucket_acl(Bucket="shared"))
+        assert grants(carol.get_bucket_acl(Bucket="shared")) == {(canonical_id("alice"), FC)}
         assert dave.get_object_acl(Bucket="shared", Key=key)["Owner"] == owner("dave")
         assert not allowed(lambda: carol.put_bucket_acl(Bucket="shared", ACL="public-read"))
     finally:

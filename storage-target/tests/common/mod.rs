@@ -19,6 +19,11 @@ pub(crate) const ADMIN: (&str, &str) = ("admin", "admin-secret");
 pub(crate) const OTHER: (&str, &str) = ("other", "other-secret");
 /// A user with read-only access to bucket `shared` and nothing else.
 pub(crate) const READER: (&str, &str) = ("reader", "reader-secret");
+/// Two users with no operator grants who may create buckets: what they
+/// reach, they reach as owners or through ACLs.
+pub(crate) const OWNER_A: (&str, &str) = ("owner-a", "owner-a-secret");
+/// See [`OWNER_A`].
+pub(crate) const OWNER_B: (&str, &str) = ("owner-b", "owner-b-secret");
 
 /// Writes a secret file (a user's secret, a fabric key, a token) mode 0600:
 /// the storage-target refuses secret files group or others can read.
@@ -75,6 +80,13 @@ users:
     buckets:
       - name: shared
         access: read
+  - access_key_id: {a_ak}
+    secret: {a_sk}
+    display_name: Owner A
+    create_buckets: true
+  - access_key_id: {b_ak}
+    secret: {b_sk}
+    create_buckets: true
 "#,
         data = data_dir.display(),
         ak = ADMIN.0,
@@ -83,6 +95,10 @@ users:
         sf = secret_file.display(),
         rak = READER.0,
         rsk = READER.1,
+        a_ak = OWNER_A.0,
+        a_sk = OWNER_A.1,
+        b_ak = OWNER_B.0,
+        b_sk = OWNER_B.1,
     );
     let path = dir.join("storage-target.yaml");
     std::fs::write(&path, cfg).unwrap();
