@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -150,3 +152,31 @@ def test_rclone_lists_odd_keys(rclone, s3, bucket):
     entries = json.loads(rclone("lsjson", "-R", "--files-only", "--hash", f"st:{bucket}").stdout)
     got = {e["Path"]: (e["Size"], e["Hashes"]["md5"]) for e in entries}
     assert got == {k: (len(v), hashlib.md5(v).hexdigest()) for k, v in ODD_FILES.items()}
+
+
+def _anonymous_get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_rclone_acls_buckets_and_purge(rclone, target, s3, bucket, tmp_path):
+    """--s3-acl on PutObject, CreateMultipartUpload and a multipart copy;
+    rclone's default ACL is private; lsd lists the caller's buckets."""
+    files = odd_tree(tmp_path / "src")
+    rclone("copy", tmp_path / "src", f"st:{bucket}/pub", "--s3-acl", "public-read", *PARTS)
+    rclone("copy", tmp_path / "src", f"st:{bucket}/priv", *PARTS)
+    rclone("copyto", f"st:{bucket}/priv/{BIG_NAME}", f"st:{bucket}/pubcopy.bin", "--s3-acl", "public-read", "--s3-copy-cutoff", "5M")
+    url = f"{target.endpoint}/{bucket}"
+    assert _anonymous_get(f"{url}/pub/{BIG_NAME}") == 200
+    assert _anonymous_get(f"{url}/pub/plain.txt") == 200
+    assert _anonymous_get(f"{url}/pubcopy.bin") == 200
+    assert _anonymous_get(f"{url}/priv/{BIG_NAME}") == 403
+    assert _anonymous_get(f"{url}/priv/plain.txt") == 403
+    assert bucket in rclone("lsd", "st:").stdout.split()
+    rclone("purge", f"st:{bucket}/pub")
+    assert sorted(bucket_digests(s3, bucket, "priv/")) == sorted(files)
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="pub/")

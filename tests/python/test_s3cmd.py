@@ -15,7 +15,10 @@ import urllib.error
 import urllib.request
 
 import pytest
+from botocore.exceptions import ClientError
 
+from conftest import canonical_id
+from s3util import assert_client_error
 from toolutil import (
     BIG_NAME,
     ODD_FILES,
@@ -168,9 +171,10 @@ def _anonymous_get(url: str) -> int:
         return e.code
 
 
-def test_s3cmd_canned_acls(s3cmd, s3, bucket, tmp_path):
+def test_s3cmd_acls(s3cmd, target, bucket, tmp_path):
     """`put --acl-public` sends x-amz-acl: public-read; `setacl` reads the
-    ACL and writes it back as an AccessControlPolicy document."""
+    ACL and writes it back as an AccessControlPolicy document (also with a
+    grant to frank's canonical id, then revoked)."""
     f = write_tree(tmp_path, {"pub.txt": b"public"}) / "pub.txt"
     s3cmd("put", "--acl-public", f, f"s3://{bucket}/pub.txt")
     url = f"{s3cmd.endpoint}/{bucket}/pub.txt"
@@ -181,3 +185,12 @@ def test_s3cmd_canned_acls(s3cmd, s3, bucket, tmp_path):
     assert "*anon*" not in s3cmd("info", f"s3://{bucket}/pub.txt").stdout
     s3cmd("setacl", "--acl-public", f"s3://{bucket}/pub.txt")
     assert _anonymous_get(url) == 200
+    # a grant to a canonical user, written back in the AccessControlPolicy
+    frank = target.client("frank")
+    s3cmd("setacl", "--acl-private", f"--acl-grant=read:{canonical_id('frank')}", f"s3://{bucket}/pub.txt")
+    assert _anonymous_get(url) == 403
+    assert frank.get_object(Bucket=bucket, Key="pub.txt")["Body"].read() == b"public"
+    s3cmd("setacl", f"--acl-revoke=read:{canonical_id('frank')}", f"s3://{bucket}/pub.txt")
+    with pytest.raises(ClientError) as e:
+        frank.get_object(Bucket=bucket, Key="pub.txt")
+    assert_client_error(e, "AccessDenied", 403)
