@@ -238,7 +238,7 @@ fn check_auth_mechanism(
                     return Err(error(
                         S3ErrorCode::AccessDenied,
                         format!(
-                            "X-Amz-Expires must be less than a week (in seconds) that is; {MAX_PRESIGN_EXPIRES_SECS}"
+                            "X-Amz-Expires must be less than a week (in seconds); that is, the given X-Amz-Expires must be less than {MAX_PRESIGN_EXPIRES_SECS} seconds"
                         ),
                     ));
                 }
