@@ -8,6 +8,10 @@
 //!   grants: who may do what.
 //! - [`acl`]: the ACL model, canned ACLs, grant headers (pure).
 //! - [`s3`]: the `s3s::S3` implementation, DTOs to store calls, store errors to S3 errors.
+//! - [`attributes`]: GetObjectAttributes from stored metadata.
+//! - [`checksum`]: S3 flexible checksums (CRC32, CRC32C, CRC64NVME, SHA1,
+//!   SHA256): request checks, stored values, multipart COMPOSITE and
+//!   FULL_OBJECT checksums.
 //! - [`store`]: the filesystem store and its pure helpers (ranges, conditions,
 //!   listing, ETags, bucket names, on-disk format).
 //! - [`rdma`]: GetObject/PutObject/UploadPart over RDMA (`x-amz-rdma-token`):
@@ -19,7 +23,9 @@
 //! verification, aws-chunked decoding and clock-skew checks.
 
 pub mod acl;
+pub mod attributes;
 pub mod auth;
+pub mod checksum;
 pub mod config;
 pub mod metrics;
 pub mod precheck;

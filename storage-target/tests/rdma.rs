@@ -438,6 +438,156 @@ async fn multipart_with_rdma_and_http_parts_and_checksums() {
     assert!(text.contains("s3dma_storage_target_rdma_op_seconds_count{op=\"read\"}"));
 }
 
+/// Base64 of the CRC64NVME of `d` (computed here with crc-fast).
+fn crc64nvme(d: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD
+        .encode(crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, d).to_be_bytes())
+}
+
+#[tokio::test]
+async fn checksums_over_rdma() {
+    // Small staging buffers: the checksum spans many RDMA READs.
+    let s = rdma_server("  staging_buffers: 8\n  staging_buffer_size: 64KiB\n");
+    create_bucket(&s, "rck").await;
+    let c = s.admin();
+    let len = 1_000_003;
+    let t = Tenant::new(2 * len).await;
+    let (_, md5) = t.fill(0, len, 51);
+    let d = t.bytes(0, len);
+    let good = crc64nvme(&d);
+    let w = t.window(0, len, Access::REMOTE_READ);
+    let tok = t.token(&w);
+    // PUT with the right CRC64NVME: verified over the bytes READ from the
+    // tenant's memory, stored, returned.
+    let r = rdma_put(&s, "/rck/k", &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+    assert_eq!(r.header("x-amz-checksum-crc64nvme"), Some(good.as_str()));
+    assert_eq!(r.header("x-amz-checksum-type"), Some("FULL_OBJECT"));
+    assert_eq!(etag(&r), md5);
+    let head = c
+        .head_object()
+        .bucket("rck")
+        .key("k")
+        .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.checksum_crc64_nvme(), Some(good.as_str()));
+    // An RDMA GET with checksum mode returns it too.
+    let wg = t.window(len, len, Access::REMOTE_WRITE);
+    let r = rdma_get(
+        &s,
+        "/rck/k",
+        &t.token(&wg),
+        &[("x-amz-checksum-mode", "ENABLED")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-checksum-crc64nvme"), Some(good.as_str()));
+    assert!(t.bytes(len, len) == d);
+    drop(wg);
+
+    // The tenant's memory changes after the client computed its checksum
+    // (the case the checksum guards): BadDigest, nothing stored, the
+    // previous version intact.
+    t.mem.write_at(len / 2, &[d[len / 2] ^ 0xff]).unwrap();
+    let r = rdma_put(&s, "/rck/k", &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"));
+    assert!(r.header("etag").is_none());
+    assert!(sdk_get(&s, "rck", "k").await == d);
+    let r = rdma_put(&s, "/rck/new", &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
+    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"), "{}", r.text());
+    assert!(!exists(&s, "rck", "new").await);
+    // A malformed value is refused before anything is read.
+    let r = rdma_put(
+        &s,
+        "/rck/new",
+        &tok,
+        &[("x-amz-checksum-crc64nvme", "AAAA")],
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    assert!(!exists(&s, "rck", "new").await);
+    t.mem.write_at(len / 2, &[d[len / 2]]).unwrap();
+
+    // UploadPart over RDMA in a CRC64NVME (FULL_OBJECT) upload.
+    let up = c
+        .create_multipart_upload()
+        .bucket("rck")
+        .key("mp")
+        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc64Nvme)
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap().to_owned();
+    let path = format!("/rck/mp?partNumber=1&uploadId={id}");
+    // Without the checksum the upload was created with: refused.
+    let r = rdma_put(&s, &path, &tok, &[]).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    // A wrong one: BadDigest and no part.
+    let r = rdma_put(
+        &s,
+        &path,
+        &tok,
+        &[("x-amz-checksum-crc64nvme", &crc64nvme(b"x"))],
+    )
+    .await;
+    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"), "{}", r.text());
+    let parts = c
+        .list_parts()
+        .bucket("rck")
+        .key("mp")
+        .upload_id(&id)
+        .send()
+        .await
+        .unwrap();
+    assert!(parts.parts().is_empty());
+    // The right one: stored and listed.
+    let r = rdma_put(&s, &path, &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-checksum-crc64nvme"), Some(good.as_str()));
+    let e1 = etag(&r);
+    let parts = c
+        .list_parts()
+        .bucket("rck")
+        .key("mp")
+        .upload_id(&id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(parts.parts()[0].checksum_crc64_nvme(), Some(good.as_str()));
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let out = c
+        .complete_multipart_upload()
+        .bucket("rck")
+        .key("mp")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(CompletedPart::builder().part_number(1).e_tag(e1).build())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    // One part: the object's full CRC64NVME is the part's.
+    assert_eq!(out.checksum_crc64_nvme(), Some(good.as_str()));
+    let got = c
+        .get_object()
+        .bucket("rck")
+        .key("mp")
+        .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.checksum_crc64_nvme(), Some(good.as_str()));
+    assert!(got.body.collect().await.unwrap().into_bytes() == d);
+}
+
 async fn reqwest_metrics(s: &Server) -> String {
     raw("GET", &s.metrics, &[], Bytes::new()).await.text()
 }

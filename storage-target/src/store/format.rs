@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checksum::StoredChecksum;
+
 /// Magic bytes at the very end of every object file.
 pub const MAGIC: &[u8; 8] = b"S3DMAOB1";
 /// Length of the fixed trailer (header length + magic).
@@ -90,6 +92,25 @@ pub struct ObjectMeta {
     /// Client attributes.
     #[serde(flatten)]
     pub attrs: ObjectAttrs,
+    /// The object's (or part's) flexible checksum, when it has one (files
+    /// written before checksums were stored have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<StoredChecksum>,
+    /// A multipart object's parts, in order (part `i + 1` is `parts[i]`);
+    /// empty for other objects and for files written before parts were kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<PartMeta>,
+}
+
+/// One part of a completed multipart object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartMeta {
+    /// The part's size in bytes.
+    pub size: u64,
+    /// The part's checksum (wire value, base64) of the object's algorithm,
+    /// when the object has a checksum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
 }
 
 impl ObjectMeta {
@@ -200,6 +221,42 @@ mod tests {
         let got = parse_header(&file[start..file.len() - 16], len).unwrap();
         assert_eq!(got, meta);
         assert_eq!(got.last_modified_secs(), 1_700_000_000);
+    }
+
+    #[test]
+    fn old_headers_load_and_checksums_round_trip() {
+        // A header written before checksums and parts were stored.
+        let old = br#"{"key":"k","size":0,"etag":"e","last_modified_ms":1,"content_type":"a/b"}"#;
+        let len = old.len() as u64 + TRAILER_LEN;
+        let m = parse_header(old, len).unwrap();
+        assert_eq!(m.checksum, None);
+        assert!(m.parts.is_empty());
+        assert_eq!(m.attrs.content_type.as_deref(), Some("a/b"));
+        let meta = ObjectMeta {
+            key: "k".into(),
+            size: 0,
+            etag: "e-2".into(),
+            parts_count: Some(2),
+            checksum: Some(StoredChecksum {
+                algorithm: crate::checksum::Algorithm::Crc32,
+                checksum_type: crate::checksum::ChecksumType::Composite,
+                value: "AAAAAA==-2".into(),
+            }),
+            parts: vec![
+                PartMeta {
+                    size: 5,
+                    checksum: Some("AAAAAA==".into()),
+                },
+                PartMeta {
+                    size: 0,
+                    checksum: None,
+                },
+            ],
+            ..Default::default()
+        };
+        let t = encode_trailer(&meta);
+        let h = &t[..t.len() - 16];
+        assert_eq!(parse_header(h, t.len() as u64).unwrap(), meta);
     }
 
     #[test]

@@ -53,7 +53,7 @@ use sha2::Digest as _;
 use tokio::io::AsyncWriteExt as _;
 use tracing::{info, warn};
 
-pub use self::format::{FormatError, ObjectAttrs, ObjectMeta};
+pub use self::format::{FormatError, ObjectAttrs, ObjectMeta, PartMeta};
 use crate::acl::Acl;
 
 /// Suffix of the file PutObjectAcl writes beside an object.
@@ -127,6 +127,9 @@ pub enum StoreError {
     /// Another invalid argument.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A request S3 refuses as `InvalidRequest` (checksum rules).
+    #[error("{0}")]
+    InvalidRequest(String),
     /// The body ended short of (or ran past) what the request declared, or
     /// lacked a trailer it announced.
     #[error("{0}")]
@@ -151,6 +154,17 @@ pub enum StoreError {
     },
 }
 
+impl From<crate::checksum::ChecksumError> for StoreError {
+    fn from(e: crate::checksum::ChecksumError) -> Self {
+        use crate::checksum::ChecksumError as E;
+        match e {
+            E::InvalidPart(m) => StoreError::InvalidPart(m),
+            E::InvalidRequest(m) => StoreError::InvalidRequest(m),
+            E::Mismatch(m) => StoreError::ChecksumMismatch(m),
+        }
+    }
+}
+
 /// Result alias for store operations.
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -164,6 +178,11 @@ pub trait BodyCheck: Send {
     /// # Errors
     /// Any [`StoreError`] aborts the write.
     fn finish(&mut self) -> StoreResult<()>;
+    /// After a successful [`BodyCheck::finish`]: the checksum to store with
+    /// the data (none by default).
+    fn checksum(&self) -> Option<crate::checksum::StoredChecksum> {
+        None
+    }
 }
 
 /// A [`BodyCheck`] that accepts everything.
@@ -188,6 +207,9 @@ pub struct IndexEntry {
     pub last_modified_ms: i64,
     /// Canonical id of the object's owner, when recorded.
     pub owner: Option<String>,
+    /// The algorithm and type of the object's checksum, if it has one
+    /// (listings show them).
+    pub checksum: Option<(crate::checksum::Algorithm, crate::checksum::ChecksumType)>,
 }
 
 impl From<&ObjectMeta> for IndexEntry {
@@ -197,6 +219,7 @@ impl From<&ObjectMeta> for IndexEntry {
             etag: m.etag.clone(),
             last_modified_ms: m.last_modified_ms,
             owner: m.attrs.owner.clone(),
+            checksum: m.checksum.as_ref().map(|c| (c.algorithm, c.checksum_type)),
         }
     }
 }
@@ -780,6 +803,8 @@ impl Store {
             parts_count: None,
             part_number: None,
             attrs,
+            checksum: check.checksum(),
+            parts: Vec::new(),
         };
         Self::seal(file, &meta).await?;
         self.publish(b, tmp, &meta).await?;
@@ -848,6 +873,9 @@ impl Store {
 
     /// Copies an object (server side). `attrs` = `None` keeps the source's
     /// attributes (metadata directive COPY); the ETag and part count are kept.
+    /// The source's checksum (and parts) are kept, unless `compute` names an
+    /// algorithm: then the data is read, that full-object checksum computed
+    /// over it and stored instead (the parts keep their sizes only).
     ///
     /// # Errors
     /// `NoSuchBucket`, `NoSuchKey`, I/O.
@@ -857,10 +885,11 @@ impl Store {
         dst_bucket: &str,
         dst_key: &str,
         attrs: Option<ObjectAttrs>,
+        compute: Option<crate::checksum::Algorithm>,
     ) -> StoreResult<ObjectMeta> {
         let b = self.bucket(dst_bucket)?;
         let tmp = self.tmp_path();
-        let meta = ObjectMeta {
+        let mut meta = ObjectMeta {
             key: dst_key.to_owned(),
             size: src.meta.size,
             etag: src.meta.etag.clone(),
@@ -868,22 +897,57 @@ impl Store {
             parts_count: src.meta.parts_count,
             part_number: None,
             attrs: attrs.unwrap_or_else(|| src.meta.attrs.clone()),
+            checksum: src.meta.checksum.clone(),
+            parts: src.meta.parts.clone(),
         };
         let from = Arc::clone(&src.file);
         let to = tmp.path().to_owned();
         let size = src.meta.size;
-        let trailer = format::encode_trailer(&meta);
-        blocking(move || {
+        let computed = blocking(move || {
             let mut out = create_private_file(&to)?;
             let mut input = from.try_clone()?;
             input.seek(SeekFrom::Start(0))?;
-            let n = io::copy(&mut (&mut input).take(size), &mut out)?;
+            let mut input = (&mut input).take(size);
+            let (n, sum) = match compute {
+                // std::io::copy uses copy_file_range between files.
+                None => (io::copy(&mut input, &mut out)?, None),
+                Some(a) => {
+                    let mut h = crate::checksum::Hasher::new(a);
+                    let mut buf = vec![0u8; IO_CHUNK];
+                    let mut n = 0u64;
+                    loop {
+                        let k = input.read(&mut buf)?;
+                        if k == 0 {
+                            break;
+                        }
+                        h.update(&buf[..k]);
+                        std::io::Write::write_all(&mut out, &buf[..k])?;
+                        n += k as u64;
+                    }
+                    (
+                        n,
+                        Some(crate::checksum::StoredChecksum::full(a, &h.finalize())),
+                    )
+                }
+            };
             if n != size {
                 return Err(StoreError::Io(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "source object shrank while copying",
                 )));
             }
+            Ok((out, sum))
+        })
+        .await?;
+        let (mut out, sum) = computed;
+        if let Some(sum) = sum {
+            meta.checksum = Some(sum);
+            for p in &mut meta.parts {
+                p.checksum = None;
+            }
+        }
+        let trailer = format::encode_trailer(&meta);
+        blocking(move || {
             std::io::Write::write_all(&mut out, &trailer)?;
             out.sync_all()?;
             Ok(())

@@ -13,11 +13,12 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::format::{ObjectAttrs, ObjectMeta};
+use super::format::{ObjectAttrs, ObjectMeta, PartMeta};
 use super::{
     BodyCheck, BodyError, MIN_PART_SIZE, Store, StoreError, StoreResult, TmpGuard, blocking, etag,
     fsync_dir, lock, now_ms, read_meta,
 };
+use crate::checksum::{self, CompleteRequest, PartSum, StoredChecksum, UploadChecksum};
 
 /// Highest part number S3 allows.
 pub(super) const MAX_PART_NUMBER: u32 = 10_000;
@@ -37,6 +38,10 @@ pub struct UploadInfo {
     pub initiator: String,
     /// Attributes the completed object will carry.
     pub attrs: ObjectAttrs,
+    /// The checksum algorithm and type chosen at creation (every part must
+    /// carry a checksum of that algorithm); none for uploads without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<UploadChecksum>,
 }
 
 /// One uploaded part.
@@ -50,6 +55,8 @@ pub struct PartInfo {
     pub etag: String,
     /// Upload time, Unix milliseconds.
     pub last_modified_ms: i64,
+    /// The part's checksum (FULL_OBJECT over the part), when it carried one.
+    pub checksum: Option<StoredChecksum>,
 }
 
 #[derive(Debug)]
@@ -119,6 +126,15 @@ impl Store {
         Ok(u)
     }
 
+    /// An in-progress upload's metadata (its checksum algorithm, for
+    /// UploadPart to check a part before its body is read).
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, `NoSuchUpload`.
+    pub fn upload_info(&self, bucket: &str, key: &str, upload_id: &str) -> StoreResult<UploadInfo> {
+        Ok(self.upload(bucket, key, upload_id)?.info.clone())
+    }
+
     /// Starts a multipart upload; returns its id.
     ///
     /// # Errors
@@ -129,6 +145,7 @@ impl Store {
         key: &str,
         attrs: ObjectAttrs,
         initiator: &str,
+        checksum: Option<UploadChecksum>,
     ) -> StoreResult<UploadInfo> {
         self.bucket(bucket)?;
         let info = UploadInfo {
@@ -138,6 +155,7 @@ impl Store {
             initiated_ms: now_ms(),
             initiator: initiator.to_owned(),
             attrs,
+            checksum,
         };
         let this = Arc::clone(self);
         blocking(move || {
@@ -203,6 +221,8 @@ impl Store {
             parts_count: None,
             part_number: Some(part_number),
             attrs: ObjectAttrs::default(),
+            checksum: check.checksum(),
+            parts: Vec::new(),
         };
         Self::seal(file, &meta).await?;
         let gone = u.gone.lock().await;
@@ -227,6 +247,7 @@ impl Store {
             size: meta.size,
             etag: meta.etag,
             last_modified_ms: meta.last_modified_ms,
+            checksum: meta.checksum,
         })
     }
 
@@ -252,6 +273,7 @@ impl Store {
                     size: m.size,
                     etag: m.etag,
                     last_modified_ms: m.last_modified_ms,
+                    checksum: m.checksum,
                 },
             );
         }
@@ -333,15 +355,18 @@ impl Store {
     /// Completes an upload from the listed `(part number, ETag)` pairs.
     /// Parts must be ascending (`InvalidPartOrder`), exist with that ETag
     /// (`InvalidPart`), and all but the last be ≥ 5 MiB (`EntityTooSmall`).
+    /// The checksums the request lists are checked and the object's
+    /// checksum computed by [`checksum::complete`].
     ///
     /// # Errors
-    /// As above, plus `NoSuchUpload`, `NoSuchBucket`, I/O.
+    /// As above, plus checksum errors, `NoSuchUpload`, `NoSuchBucket`, I/O.
     pub async fn complete_upload(
         &self,
         bucket: &str,
         key: &str,
         upload_id: &str,
         requested: &[(u32, String)],
+        sums: &CompleteRequest,
     ) -> StoreResult<ObjectMeta> {
         let stamp = completion_stamp(upload_id, requested);
         let u = match self.upload(bucket, key, upload_id) {
@@ -375,6 +400,27 @@ impl Store {
         let etag = etag::multipart_etag(chosen.iter().map(|p| p.etag.as_str()))
             .ok_or_else(|| StoreError::InvalidPart("a part has a malformed ETag".into()))?;
         let size: u64 = chosen.iter().map(|p| p.size).sum();
+        let part_sums: Vec<PartSum<'_>> = chosen
+            .iter()
+            .map(|p| PartSum {
+                number: p.part_number,
+                size: p.size,
+                checksum: p.checksum.as_ref(),
+            })
+            .collect();
+        let object_sum = checksum::complete(u.info.checksum, &part_sums, sums)?;
+        let parts = chosen
+            .iter()
+            .map(|p| PartMeta {
+                size: p.size,
+                checksum: object_sum.as_ref().and_then(|o| {
+                    p.checksum
+                        .as_ref()
+                        .filter(|c| c.algorithm == o.algorithm)
+                        .map(|c| c.value.clone())
+                }),
+            })
+            .collect();
         let meta = ObjectMeta {
             key: key.to_owned(),
             size,
@@ -386,6 +432,8 @@ impl Store {
                 completed_upload: Some(stamp),
                 ..u.info.attrs.clone()
             },
+            checksum: object_sum,
+            parts,
         };
         let tmp = self.tmp_path();
         let to = tmp.path().to_owned();
@@ -497,6 +545,7 @@ mod tests {
             size,
             etag: etag.into(),
             last_modified_ms: 0,
+            checksum: None,
         }
     }
 
