@@ -574,17 +574,63 @@ fn select(
     meta: &ObjectMeta,
     conds: &Conditions,
     range: Option<Range>,
+    part: Option<i32>,
 ) -> S3Result<(std::ops::Range<u64>, Option<String>)> {
     check_conditions(conds, meta)?;
-    match range {
-        None => Ok((0..meta.size, None)),
-        Some(r) => {
+    match (range, part) {
+        (Some(_), Some(_)) => Err(s3_error!(
+            InvalidRequest,
+            "Cannot specify both Range header and partNumber query parameter"
+        )),
+        (None, Some(n)) => {
+            let r = part_range(meta, n)?;
+            let cr = (!r.is_empty()).then(|| content_range(&r, meta.size));
+            Ok((r, cr))
+        }
+        (None, None) => Ok((0..meta.size, None)),
+        (Some(r), None) => {
             let r = byte_range(r)
                 .resolve(meta.size)
                 .map_err(|_| s3_error!(InvalidRange, "The requested range is not satisfiable"))?;
             let cr = content_range(&r, meta.size);
             Ok((r, Some(cr)))
         }
+    }
+}
+
+/// The bytes of part `n` (GetObject/HeadObject `partNumber`): a part of a
+/// multipart object, or part 1 = the whole of any other object.
+fn part_range(meta: &ObjectMeta, n: i32) -> S3Result<std::ops::Range<u64>> {
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=10_000).contains(n))
+        .ok_or_else(|| {
+            s3_error!(
+                InvalidArgument,
+                "Part number must be an integer between 1 and 10000, inclusive"
+            )
+        })?;
+    let unsatisfiable = || {
+        S3Error::with_message(
+            S3ErrorCode::Custom("InvalidPartNumber".into()),
+            "The requested partnumber is not satisfiable",
+        )
+        .with_status(http::StatusCode::RANGE_NOT_SATISFIABLE)
+    };
+    match (meta.parts.is_empty(), meta.parts_count) {
+        (false, _) => {
+            let part = meta.parts.get(n - 1).ok_or_else(unsatisfiable)?;
+            let start: u64 = meta.parts[..n - 1].iter().map(|p| p.size).sum();
+            Ok(start..start + part.size)
+        }
+        (true, None) if n == 1 => Ok(0..meta.size),
+        (true, None) => Err(unsatisfiable()),
+        (true, Some(count)) if n > count as usize => Err(unsatisfiable()),
+        // Multipart objects written before part sizes were recorded.
+        (true, Some(_)) => Err(s3_error!(
+            NotImplemented,
+            "This object's part sizes were not recorded (it was written by an older storage-target); read it by range"
+        )),
     }
 }
 
@@ -976,7 +1022,7 @@ impl S3 for S3Store {
             if_modified_since: input.if_modified_since.map(ts_secs),
             if_unmodified_since: input.if_unmodified_since.map(ts_secs),
         };
-        let (range, content_range) = select(meta, &conds, input.range)?;
+        let (range, content_range) = select(meta, &conds, input.range, input.part_number)?;
         let len = range.end - range.start;
         let partial = content_range.is_some();
         let m = self.rdma.metrics();
@@ -1035,8 +1081,12 @@ impl S3 for S3Store {
             if_modified_since: input.if_modified_since.map(ts_secs),
             if_unmodified_since: input.if_unmodified_since.map(ts_secs),
         };
-        let (range, content_range) = select(meta, &conds, input.range)?;
+        let (range, content_range) = select(meta, &conds, input.range, input.part_number)?;
         let full = content_range.is_none();
+        // A part is partial content on HEAD too (s3s implies 206 for GET
+        // only, and drops a HEAD response's status; server.rs applies it).
+        let part_status =
+            (input.part_number.is_some() && !full).then_some(http::StatusCode::PARTIAL_CONTENT);
         let mut out = object_output!(
             HeadObjectOutput,
             meta,
@@ -1047,7 +1097,12 @@ impl S3 for S3Store {
         if let Some(c) = returned_checksum(meta, input.checksum_mode.as_ref(), full) {
             set_checksum!(out, c, with_type);
         }
-        Ok(S3Response::new(out))
+        let mut resp = S3Response::new(out);
+        if let Some(status) = part_status {
+            resp.extensions
+                .insert(crate::server::StatusOverride(status));
+        }
+        Ok(resp)
     }
 
     async fn get_object_attributes(
@@ -1896,6 +1951,33 @@ impl S3 for S3Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn part_ranges() {
+        use crate::store::format::PartMeta;
+        let mut meta = ObjectMeta {
+            size: 25,
+            parts_count: Some(3),
+            parts: [10, 10, 5]
+                .into_iter()
+                .map(|size| PartMeta {
+                    size,
+                    checksum: None,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(part_range(&meta, 1).unwrap(), 0..10);
+        assert_eq!(part_range(&meta, 3).unwrap(), 20..25);
+        let code = |r: S3Result<std::ops::Range<u64>>| r.unwrap_err().code().as_str().to_owned();
+        assert_eq!(code(part_range(&meta, 4)), "InvalidPartNumber");
+        assert_eq!(code(part_range(&meta, 0)), "InvalidArgument");
+        meta.parts.clear();
+        assert_eq!(code(part_range(&meta, 2)), "NotImplemented");
+        meta.parts_count = None;
+        assert_eq!(part_range(&meta, 1).unwrap(), 0..25);
+        assert_eq!(code(part_range(&meta, 2)), "InvalidPartNumber");
+    }
 
     #[test]
     fn aws_chunked_is_not_stored() {

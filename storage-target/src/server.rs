@@ -61,6 +61,11 @@ const CLIENT_REQUEST_ID_HEADERS: [&str; 2] = ["x-s3dma-request-id", "x-request-i
 /// Longest client-supplied request id logged (bytes; the rest is cut).
 const CLIENT_REQUEST_ID_MAX: usize = 128;
 
+/// A status a handler sets on its response where s3s would drop it
+/// (s3s ignores `S3Response::status` for some operations, e.g. HeadObject).
+#[derive(Debug, Clone, Copy)]
+pub struct StatusOverride(pub StatusCode);
+
 /// Generates an AWS-style request id: 16 upper-case hex digits.
 #[must_use]
 pub fn new_request_id() -> String {
@@ -369,6 +374,9 @@ impl Handler {
                 }
             };
             let (mut parts, mut body) = resp.into_parts();
+            if let Some(StatusOverride(status)) = parts.extensions.remove::<StatusOverride>() {
+                parts.status = status;
+            }
             let status = parts.status;
             if status == StatusCode::NOT_MODIFIED {
                 body = s3s::Body::empty();
