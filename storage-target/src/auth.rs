@@ -293,7 +293,13 @@ impl S3Access for AccessCheck {
             StoreError::NoSuchBucket => {
                 s3_error!(NoSuchBucket, "The specified bucket does not exist")
             }
-            e => crate::s3::store_error(e),
+            e => {
+                tracing::error!(error = %e, "reading bucket metadata failed");
+                s3_error!(
+                    InternalError,
+                    "We encountered an internal error. Please try again."
+                )
+            }
         })?;
         let allowed = match need {
             Need::Nothing | Need::Create => false,
