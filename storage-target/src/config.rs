@@ -642,6 +642,57 @@ mod tests {
     }
 
     #[test]
+    fn canonical_ids_and_display_names() {
+        let id = "ab".repeat(32);
+        let c = Config::parse(
+            "t.yaml",
+            &format!(
+                "data_dir: /x\nusers: [{{access_key_id: a, secret: s, canonical_id: {id}, display_name: Ann, create_buckets: true}}, {{access_key_id: b, secret: t}}]\n"
+            ),
+        )
+        .unwrap();
+        let users = c.validate("t.yaml").unwrap();
+        assert_eq!(
+            (
+                users[0].canonical_id.as_str(),
+                users[0].display_name.as_str()
+            ),
+            (id.as_str(), "Ann")
+        );
+        assert!(users[0].create_buckets && !users[1].create_buckets);
+        assert_eq!(users[1].canonical_id, default_canonical_id("b"));
+        assert!(valid_canonical_id(&users[1].canonical_id));
+        assert_eq!(users[1].display_name, "b");
+        for (yaml, field) in [
+            (
+                "users: [{access_key_id: a, secret: s, canonical_id: ABC}]".to_owned(),
+                "users[0].canonical_id: must be 64",
+            ),
+            (
+                format!(
+                    "users: [{{access_key_id: a, secret: s, canonical_id: {id}}}, {{access_key_id: b, secret: t, canonical_id: {id}}}]"
+                ),
+                "users[1].canonical_id: canonical id",
+            ),
+            (
+                format!(
+                    "users: [{{access_key_id: a, secret: s, canonical_id: {}}}, {{access_key_id: b, secret: t}}]",
+                    default_canonical_id("b")
+                ),
+                "users[1].canonical_id: canonical id",
+            ),
+            (
+                "users: [{access_key_id: a, secret: s, display_name: \"\"}]".to_owned(),
+                "users[0].display_name:",
+            ),
+        ] {
+            let c = Config::parse("t.yaml", &format!("data_dir: /x\n{yaml}\n")).unwrap();
+            let msg = c.validate("t.yaml").unwrap_err().to_string();
+            assert!(msg.contains(field), "{yaml}: {msg}");
+        }
+    }
+
+    #[test]
     fn bad_access_value_rejected() {
         let e = Config::parse(
             "t.yaml",
