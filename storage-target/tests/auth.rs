@@ -6,22 +6,11 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use common::{ADMIN, OWNER_A, OWNER_B, READER, Raw, Server, md5_hex, raw, sign_v4};
+use common::{ADMIN, OWNER_A, OWNER_B, READER, Raw, Server, err as code, md5_hex, raw, sign_v4};
 use storage_target::config::default_canonical_id;
-
-fn code<E: ProvideErrorMetadata + std::fmt::Debug>(
-    e: SdkError<E, aws_smithy_runtime_api::http::Response>,
-) -> (String, u16) {
-    let status = e.raw_response().map_or(0, |r| r.status().as_u16());
-    match &e {
-        SdkError::ServiceError(s) => (s.err().code().unwrap_or("<none>").to_owned(), status),
-        other => (format!("<{other:?}>"), status),
-    }
-}
 
 /// Checks that an error response carries the same request id in the header and the XML body.
 fn assert_ids_match(r: &Raw) {

@@ -11,7 +11,6 @@ use std::time::SystemTime;
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, RequestChecksumCalculation};
-use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart,
@@ -19,7 +18,7 @@ use aws_sdk_s3::types::{
 };
 use base64::Engine as _;
 use bytes::Bytes;
-use common::{ADMIN, Server, data, raw, sign_v4};
+use common::{ADMIN, Server, data, err, raw, sign_v4};
 use sha2::Digest as _;
 
 fn b64(b: &[u8]) -> String {
@@ -80,19 +79,6 @@ macro_rules! count_of {
         .filter(|x| **x)
         .count()
     };
-}
-
-/// The S3 error code and HTTP status of a failed SDK call.
-fn err<E>(e: SdkError<E, aws_smithy_runtime_api::http::Response>) -> (String, u16)
-where
-    E: ProvideErrorMetadata + std::fmt::Debug,
-{
-    let status = e.raw_response().map_or(0, |r| r.status().as_u16());
-    let code = match &e {
-        SdkError::ServiceError(s) => s.err().code().unwrap_or("<none>").to_owned(),
-        other => format!("<{other:?}>"),
-    };
-    (code, status)
 }
 
 /// A client that sends checksums only when told to (so a request can go

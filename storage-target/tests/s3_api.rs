@@ -3,7 +3,6 @@
 
 mod common;
 
-use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::RequestId as _;
 use aws_sdk_s3::primitives::{ByteStream, DateTime};
 use aws_sdk_s3::types::{
@@ -11,20 +10,7 @@ use aws_sdk_s3::types::{
     ObjectIdentifier,
 };
 use bytes::Bytes;
-use common::{ADMIN, OTHER, Server, data, md5_hex, raw};
-
-/// The S3 error code and HTTP status of a failed SDK call.
-fn err<E>(e: SdkError<E, aws_smithy_runtime_api::http::Response>) -> (String, u16)
-where
-    E: ProvideErrorMetadata + std::fmt::Debug,
-{
-    let status = e.raw_response().map_or(0, |r| r.status().as_u16());
-    let code = match &e {
-        SdkError::ServiceError(s) => s.err().code().unwrap_or("<none>").to_owned(),
-        other => format!("<{other:?}>"),
-    };
-    (code, status)
-}
+use common::{ADMIN, OTHER, Server, data, err, md5_hex, raw};
 
 async fn put(c: &aws_sdk_s3::Client, b: &str, k: &str, body: &[u8]) -> String {
     c.put_object()

@@ -25,6 +25,22 @@ pub(crate) const OWNER_A: (&str, &str) = ("owner-a", "owner-a-secret");
 /// See [`OWNER_A`].
 pub(crate) const OWNER_B: (&str, &str) = ("owner-b", "owner-b-secret");
 
+/// The S3 error code and HTTP status of a failed SDK call.
+pub(crate) fn err<E>(
+    e: aws_sdk_s3::error::SdkError<E, aws_smithy_runtime_api::http::Response>,
+) -> (String, u16)
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::fmt::Debug,
+{
+    use aws_sdk_s3::error::SdkError;
+    let status = e.raw_response().map_or(0, |r| r.status().as_u16());
+    let code = match &e {
+        SdkError::ServiceError(s) => s.err().code().unwrap_or("<none>").to_owned(),
+        other => format!("<{other:?}>"),
+    };
+    (code, status)
+}
+
 /// Writes a secret file (a user's secret, a fabric key, a token) mode 0600:
 /// the storage-target refuses secret files group or others can read.
 pub(crate) fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
