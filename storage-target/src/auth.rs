@@ -306,7 +306,13 @@ impl S3Access for AccessCheck {
             Need::Object => true,
             Need::Bucket(p) => self.users.bucket_allows(caller, &info, p),
         };
-        if allowed { Ok(()) } else { Err(denied()) }
+        if !allowed {
+            return Err(denied());
+        }
+        // The handler checks objects against the same owner and ACL without
+        // reading the bucket again.
+        cx.extensions_mut().insert(Arc::new(info));
+        Ok(())
     }
 
     // The source of a copy is an object: its handler checks READ on it.

@@ -104,49 +104,110 @@ impl S3Store {
     }
 }
 
+/// The `x-amz-grant-*` headers of an s3s input (object writes carry no
+/// `x-amz-grant-write`; buckets and the ACL calls do: `grant_write`).
+macro_rules! grant_headers {
+    ($input:expr) => {
+        GrantHeaders {
+            read: $input.grant_read.as_deref(),
+            write: None,
+            read_acp: $input.grant_read_acp.as_deref(),
+            write_acp: $input.grant_write_acp.as_deref(),
+            full_control: $input.grant_full_control.as_deref(),
+        }
+    };
+    ($input:expr, grant_write) => {
+        GrantHeaders {
+            write: $input.grant_write.as_deref(),
+            ..grant_headers!($input)
+        }
+    };
+}
+
 /// Owners and ACLs in the handlers: object-level checks, the ACL a write
 /// asks for, and the ACL documents.
 impl S3Store {
     /// The configured user who signed the request (`None`: anonymous).
-    fn caller<T>(&self, req: &S3Request<T>) -> Option<User> {
+    fn caller<T>(&self, req: &S3Request<T>) -> Option<&User> {
         req.credentials
             .as_ref()
             .and_then(|c| self.users.get(&c.access_key))
-            .cloned()
     }
 
-    fn bucket_info(&self, bucket: &str) -> S3Result<BucketInfo> {
-        self.store.head_bucket(bucket).map_err(store_error)
+    /// The metadata of `bucket`: the copy the access check read for this
+    /// request (request extensions), or the store's.
+    fn bucket_info(&self, checked: &http::Extensions, bucket: &str) -> S3Result<Arc<BucketInfo>> {
+        match checked.get::<Arc<BucketInfo>>() {
+            Some(info) if info.name == bucket => Ok(Arc::clone(info)),
+            _ => self
+                .store
+                .head_bucket(bucket)
+                .map(Arc::new)
+                .map_err(store_error),
+        }
     }
 
     /// A failed open: a missing key is NoSuchKey only to callers who may
     /// list the bucket, AccessDenied to others (as AWS answers).
-    fn open_error(&self, caller: Option<&User>, bucket: &str, e: StoreError) -> S3Error {
+    fn open_error(&self, caller: Option<&User>, info: &BucketInfo, e: StoreError) -> S3Error {
         if matches!(e, StoreError::NoSuchKey)
-            && let Ok(info) = self.store.head_bucket(bucket)
-            && !self.users.bucket_allows(caller, &info, Permission::Read)
+            && !self.users.bucket_allows(caller, info, Permission::Read)
         {
             return access_denied();
         }
         store_error(e)
     }
 
-    /// Opens an object the caller needs `need` on.
+    /// Opens an object of the bucket `info` the caller needs `need` on.
     async fn open_checked(
         &self,
         caller: Option<&User>,
-        bucket: &str,
+        info: &BucketInfo,
         key: &str,
         need: Permission,
     ) -> S3Result<ObjectReader> {
         let reader = self
             .store
-            .open_object(bucket, key)
+            .open_object(&info.name, key)
             .await
-            .map_err(|e| self.open_error(caller, bucket, e))?;
-        self.check_object(caller, bucket, &reader.meta, need)
-            .await?;
+            .map_err(|e| self.open_error(caller, info, e))?;
+        self.check_object(caller, info, &reader.meta, need).await?;
         Ok(reader)
+    }
+
+    /// Opens the source of a CopyObject/UploadPartCopy: a bucket source
+    /// (version `null` at most) the caller may read, whose copy-source
+    /// conditions hold (every failure is 412 for a copy). Returns the source
+    /// bucket's name with the reader.
+    async fn open_copy_source(
+        &self,
+        caller: Option<&User>,
+        source: &CopySource,
+        conds: Conditions,
+    ) -> S3Result<(String, ObjectReader)> {
+        let CopySource::Bucket {
+            bucket,
+            key,
+            version_id,
+        } = source
+        else {
+            return Err(s3_error!(
+                NotImplemented,
+                "Only bucket copy sources are supported"
+            ));
+        };
+        check_version_id(version_id.as_deref())?;
+        let info = self.store.head_bucket(bucket).map_err(store_error)?;
+        let reader = self
+            .open_checked(caller, &info, key, Permission::Read)
+            .await?;
+        if conds.evaluate(&reader.meta.etag, reader.meta.last_modified_secs()) != Verdict::Proceed {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "At least one of the pre-conditions you specified did not hold"
+            ));
+        }
+        Ok((bucket.to_string(), reader))
     }
 
     /// The ACL in force on an object instance: PutObjectAcl's, else the one
@@ -168,21 +229,20 @@ impl S3Store {
     async fn check_object(
         &self,
         caller: Option<&User>,
-        bucket: &str,
+        info: &BucketInfo,
         meta: &ObjectMeta,
         need: Permission,
     ) -> S3Result<()> {
-        let info = self.bucket_info(bucket)?;
         let owner = meta.attrs.owner.as_deref();
         // Operator grants and ownership need no ACL read.
         if self
             .users
-            .object_allows(caller, &info, owner, &Acl::default(), need)
+            .object_allows(caller, info, owner, &Acl::default(), need)
         {
             return Ok(());
         }
-        let acl = self.object_acl(bucket, meta).await?;
-        if self.users.object_allows(caller, &info, owner, &acl, need) {
+        let acl = self.object_acl(&info.name, meta).await?;
+        if self.users.object_allows(caller, info, owner, &acl, need) {
             Ok(())
         } else {
             Err(access_denied())
@@ -204,17 +264,17 @@ impl S3Store {
         .map_err(acl_error)
     }
 
-    /// Owner, ACL and instance of an object `caller` writes into `bucket`.
+    /// Owner, ACL and instance of an object `caller` writes into the bucket
+    /// `info`.
     fn stamp(
         &self,
         attrs: &mut ObjectAttrs,
         caller: Option<&User>,
-        bucket: &str,
+        info: &BucketInfo,
         canned: Option<&str>,
         grants: &GrantHeaders<'_>,
     ) -> S3Result<()> {
-        let info = self.bucket_info(bucket)?;
-        let bucket_owner = self.users.bucket_owner(&info);
+        let bucket_owner = self.users.bucket_owner(info);
         // Anonymous writes (a public-read-write bucket) belong to the bucket owner.
         let owner = caller.map_or_else(|| bucket_owner.clone(), |u| u.canonical_id.clone());
         attrs.acl = self.requested_acl(&owner, &bucket_owner, canned, grants)?;
@@ -846,13 +906,7 @@ impl S3 for S3Store {
                 &caller.canonical_id,
                 &caller.canonical_id,
                 input.acl.as_ref().map(BucketCannedACL::as_str),
-                &GrantHeaders {
-                    read: input.grant_read.as_deref(),
-                    write: input.grant_write.as_deref(),
-                    read_acp: input.grant_read_acp.as_deref(),
-                    write_acp: input.grant_write_acp.as_deref(),
-                    full_control: input.grant_full_control.as_deref(),
-                },
+                &grant_headers!(input, grant_write),
             )?
             .unwrap_or_default();
         self.store
@@ -954,16 +1008,10 @@ impl S3 for S3Store {
         );
         self.stamp(
             &mut attrs,
-            caller.as_ref(),
-            &input.bucket,
+            caller,
+            &*self.bucket_info(&req.extensions, &input.bucket)?,
             input.acl.as_ref().map(ObjectCannedACL::as_str),
-            &GrantHeaders {
-                read: input.grant_read.as_deref(),
-                write: None,
-                read_acp: input.grant_read_acp.as_deref(),
-                write_acp: input.grant_write_acp.as_deref(),
-                full_control: input.grant_full_control.as_deref(),
-            },
+            &grant_headers!(input),
         )?;
         if let Some(ETagCondition::Any) = input.if_none_match
             && self
@@ -1013,7 +1061,12 @@ impl S3 for S3Store {
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
         let reader = self
-            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::Read)
+            .open_checked(
+                caller,
+                &*self.bucket_info(&req.extensions, &input.bucket)?,
+                &input.key,
+                Permission::Read,
+            )
             .await?;
         let meta = &reader.meta;
         let conds = Conditions {
@@ -1072,7 +1125,12 @@ impl S3 for S3Store {
         let input = req.input;
         check_version_id(input.version_id.as_deref())?;
         let reader = self
-            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::Read)
+            .open_checked(
+                caller,
+                &*self.bucket_info(&req.extensions, &input.bucket)?,
+                &input.key,
+                Permission::Read,
+            )
             .await?;
         let meta = &reader.meta;
         let conds = Conditions {
@@ -1114,7 +1172,12 @@ impl S3 for S3Store {
         check_version_id(input.version_id.as_deref())?;
         // Object READ, as GetObject/HeadObject.
         let reader = self
-            .open_checked(caller.as_ref(), &input.bucket, &input.key, Permission::Read)
+            .open_checked(
+                caller,
+                &*self.bucket_info(&req.extensions, &input.bucket)?,
+                &input.key,
+                Permission::Read,
+            )
             .await?;
         let meta = &reader.meta;
         let out =
@@ -1186,39 +1249,23 @@ impl S3 for S3Store {
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let caller = self.caller(&req);
         let input = req.input;
-        let CopySource::Bucket {
-            bucket: src_bucket,
-            key: src_key,
-            version_id: src_version,
-        } = &input.copy_source
-        else {
-            return Err(s3_error!(
-                NotImplemented,
-                "Only bucket copy sources are supported"
-            ));
-        };
-        check_version_id(src_version.as_deref())?;
-        let reader = self
-            .open_checked(caller.as_ref(), src_bucket, src_key, Permission::Read)
+        let (src_bucket, reader) = self
+            .open_copy_source(
+                caller,
+                &input.copy_source,
+                Conditions {
+                    if_match: input.copy_source_if_match.map(etag_cond),
+                    if_none_match: input.copy_source_if_none_match.map(etag_cond),
+                    if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
+                    if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
+                },
+            )
             .await?;
-        // Copy-source conditions: all failures are 412 for CopyObject.
-        let conds = Conditions {
-            if_match: input.copy_source_if_match.map(etag_cond),
-            if_none_match: input.copy_source_if_none_match.map(etag_cond),
-            if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
-            if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
-        };
-        if conds.evaluate(&reader.meta.etag, reader.meta.last_modified_secs()) != Verdict::Proceed {
-            return Err(s3_error!(
-                PreconditionFailed,
-                "At least one of the pre-conditions you specified did not hold"
-            ));
-        }
         let replace = input
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        if !replace && **src_bucket == *input.bucket && **src_key == *input.key {
+        if !replace && src_bucket == input.bucket && reader.meta.key == input.key {
             return Err(s3_error!(
                 InvalidRequest,
                 "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes."
@@ -1242,16 +1289,10 @@ impl S3 for S3Store {
         // (ACLs are not copied, as in AWS).
         self.stamp(
             &mut attrs,
-            caller.as_ref(),
-            &input.bucket,
+            caller,
+            &*self.bucket_info(&req.extensions, &input.bucket)?,
             input.acl.as_ref().map(ObjectCannedACL::as_str),
-            &GrantHeaders {
-                read: input.grant_read.as_deref(),
-                write: None,
-                read_acp: input.grant_read_acp.as_deref(),
-                write_acp: input.grant_write_acp.as_deref(),
-                full_control: input.grant_full_control.as_deref(),
-            },
+            &grant_headers!(input),
         )?;
         let meta = self
             .store
@@ -1301,7 +1342,9 @@ impl S3 for S3Store {
             )
             .map_err(store_error)?;
         let url = is_url(input.encoding_type.as_ref());
-        let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
+        let bucket_owner = self
+            .users
+            .bucket_owner(&*self.bucket_info(&req.extensions, &input.bucket)?);
         let show_owner =
             |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
         let owner_id = if input.fetch_owner.unwrap_or(false) {
@@ -1347,7 +1390,9 @@ impl S3 for S3Store {
             )
             .map_err(store_error)?;
         let url = is_url(input.encoding_type.as_ref());
-        let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
+        let bucket_owner = self
+            .users
+            .bucket_owner(&*self.bucket_info(&req.extensions, &input.bucket)?);
         let show_owner =
             |e: &IndexEntry| self.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
         Ok(S3Response::new(ListObjectsOutput {
@@ -1387,16 +1432,10 @@ impl S3 for S3Store {
         );
         self.stamp(
             &mut attrs,
-            caller.as_ref(),
-            &input.bucket,
+            caller,
+            &*self.bucket_info(&req.extensions, &input.bucket)?,
             input.acl.as_ref().map(ObjectCannedACL::as_str),
-            &GrantHeaders {
-                read: input.grant_read.as_deref(),
-                write: None,
-                read_acp: input.grant_read_acp.as_deref(),
-                write_acp: input.grant_write_acp.as_deref(),
-                full_control: input.grant_full_control.as_deref(),
-            },
+            &grant_headers!(input),
         )?;
         let info = self
             .store
@@ -1724,7 +1763,9 @@ impl S3 for S3Store {
             )
             .map_err(store_error)?;
         let url = is_url(input.encoding_type.as_ref());
-        let bucket_owner = self.users.bucket_owner(&self.bucket_info(&input.bucket)?);
+        let bucket_owner = self
+            .users
+            .bucket_owner(&*self.bucket_info(&req.extensions, &input.bucket)?);
         let versions: Vec<ObjectVersion> = page
             .objects
             .into_iter()
@@ -1766,34 +1807,19 @@ impl S3 for S3Store {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let caller = self.caller(&req);
         let input = req.input;
-        let CopySource::Bucket {
-            bucket: src_bucket,
-            key: src_key,
-            version_id: src_version,
-        } = &input.copy_source
-        else {
-            return Err(s3_error!(
-                NotImplemented,
-                "Only bucket copy sources are supported"
-            ));
-        };
-        check_version_id(src_version.as_deref())?;
         let n = part_number(input.part_number)?;
-        let reader = self
-            .open_checked(caller.as_ref(), src_bucket, src_key, Permission::Read)
+        let (_, reader) = self
+            .open_copy_source(
+                caller,
+                &input.copy_source,
+                Conditions {
+                    if_match: input.copy_source_if_match.map(etag_cond),
+                    if_none_match: input.copy_source_if_none_match.map(etag_cond),
+                    if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
+                    if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
+                },
+            )
             .await?;
-        let conds = Conditions {
-            if_match: input.copy_source_if_match.map(etag_cond),
-            if_none_match: input.copy_source_if_none_match.map(etag_cond),
-            if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
-            if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
-        };
-        if conds.evaluate(&reader.meta.etag, reader.meta.last_modified_secs()) != Verdict::Proceed {
-            return Err(s3_error!(
-                PreconditionFailed,
-                "At least one of the pre-conditions you specified did not hold"
-            ));
-        }
         let range = copy_source_range(input.copy_source_range.as_deref(), reader.meta.size)?;
         let body = futures::StreamExt::map(reader.stream(range), |r| {
             r.map_err(|e| Box::new(e) as StdError)
@@ -1839,7 +1865,7 @@ impl S3 for S3Store {
         &self,
         req: S3Request<GetBucketAclInput>,
     ) -> S3Result<S3Response<GetBucketAclOutput>> {
-        let info = self.bucket_info(&req.input.bucket)?;
+        let info = self.bucket_info(&req.extensions, &req.input.bucket)?;
         let owner = self.users.bucket_owner(&info);
         Ok(S3Response::new(GetBucketAclOutput {
             grants: Some(self.grants_of(&owner, &info.acl)),
@@ -1852,19 +1878,13 @@ impl S3 for S3Store {
         req: S3Request<PutBucketAclInput>,
     ) -> S3Result<S3Response<PutBucketAclOutput>> {
         let input = req.input;
-        let info = self.bucket_info(&input.bucket)?;
+        let info = self.bucket_info(&req.extensions, &input.bucket)?;
         let owner = self.users.bucket_owner(&info);
         let acl = self.acl_to_set(
             &owner,
             &owner,
             input.acl.as_ref().map(BucketCannedACL::as_str),
-            &GrantHeaders {
-                read: input.grant_read.as_deref(),
-                write: input.grant_write.as_deref(),
-                read_acp: input.grant_read_acp.as_deref(),
-                write_acp: input.grant_write_acp.as_deref(),
-                full_control: input.grant_full_control.as_deref(),
-            },
+            &grant_headers!(input, grant_write),
             input.access_control_policy.as_ref(),
         )?;
         self.store
@@ -1883,13 +1903,13 @@ impl S3 for S3Store {
         check_version_id(input.version_id.as_deref())?;
         let reader = self
             .open_checked(
-                caller.as_ref(),
-                &input.bucket,
+                caller,
+                &*self.bucket_info(&req.extensions, &input.bucket)?,
                 &input.key,
                 Permission::ReadAcp,
             )
             .await?;
-        let info = self.bucket_info(&input.bucket)?;
+        let info = self.bucket_info(&req.extensions, &input.bucket)?;
         let owner = reader
             .meta
             .attrs
@@ -1913,13 +1933,13 @@ impl S3 for S3Store {
         check_version_id(input.version_id.as_deref())?;
         let reader = self
             .open_checked(
-                caller.as_ref(),
-                &input.bucket,
+                caller,
+                &*self.bucket_info(&req.extensions, &input.bucket)?,
                 &input.key,
                 Permission::WriteAcp,
             )
             .await?;
-        let info = self.bucket_info(&input.bucket)?;
+        let info = self.bucket_info(&req.extensions, &input.bucket)?;
         let bucket_owner = self.users.bucket_owner(&info);
         let owner = reader
             .meta
@@ -1931,13 +1951,7 @@ impl S3 for S3Store {
             &owner,
             &bucket_owner,
             input.acl.as_ref().map(ObjectCannedACL::as_str),
-            &GrantHeaders {
-                read: input.grant_read.as_deref(),
-                write: input.grant_write.as_deref(),
-                read_acp: input.grant_read_acp.as_deref(),
-                write_acp: input.grant_write_acp.as_deref(),
-                full_control: input.grant_full_control.as_deref(),
-            },
+            &grant_headers!(input, grant_write),
             input.access_control_policy.as_ref(),
         )?;
         self.store
