@@ -14,14 +14,16 @@ DataLoader's) must create their own Client; see :mod:`s3dma.dataset`.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap as _mmap
 import os
 import socket as _socket
 import stat
 import threading
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -170,6 +172,12 @@ class Buffer:
         self.label = label
         self.mmap = mm
         self.released = False
+        # The mapping's address, for finding the buffer behind a tensor's
+        # storage (Client.find_buffer). The ctypes view is dropped at once:
+        # a live export would keep release() from unmapping.
+        view = ctypes.c_char.from_buffer(mm)
+        self.address = ctypes.addressof(view)
+        del view
 
     def __len__(self) -> int:
         return self.size
@@ -329,6 +337,7 @@ class Client:
                 str(lease_error), code="LeaseRefused", domain=errors.CLIENT_DOMAIN
             ) from None
         self._lock = threading.Lock()
+        self._buffers: "weakref.WeakValueDictionary[int, Buffer]" = weakref.WeakValueDictionary()
 
     # -- plumbing -----------------------------------------------------------
 
@@ -437,7 +446,24 @@ class Client:
         except BaseException:
             mm.close()
             raise
-        return Buffer(self, r.buffer_id, r.size or size, label, mm)
+        buf = Buffer(self, r.buffer_id, r.size or size, label, mm)
+        self._buffers[buf.id] = buf
+        return buf
+
+    def find_buffer(self, address: int, nbytes: int) -> Optional[Tuple[Buffer, int]]:
+        """The live buffer of this client that holds ``[address, address +
+        nbytes)`` and the offset of ``address`` in it, or None. Lets
+        integrations place bytes straight into a tensor whose storage is a
+        view of a registered buffer (``buf.torch()``, ``buf.numpy()``)."""
+        if nbytes < 0:
+            return None
+        for buf in list(self._buffers.values()):
+            if buf.released:
+                continue
+            off = address - buf.address
+            if 0 <= off and off + nbytes <= buf.size:
+                return buf, off
+        return None
 
     def _release(self, buffer_id: int) -> None:
         self._call("ReleaseBuffer", tenant_pb2.ReleaseBufferRequest(buffer_id=buffer_id))
