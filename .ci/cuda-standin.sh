@@ -7,7 +7,9 @@
 #     fabric's bounce path into device memory;
 #   - host-shim's tests/cuda.rs: a tenant registering device memory by IPC
 #     handle and GETting into / PUTting from it through host-shim, dpu-agent
-#     and storage-target processes, and the errors for bad or stale handles.
+#     and storage-target processes, and the errors for bad or stale handles;
+#   - the Python client's tests/python/test_cuda_client.py: the same through
+#     Client.register_cuda and `s3dma local`.
 # The end-to-end suite starts target/<profile>/{storage-target,dpu-agent,
 # host-shim}; the `cargo test -p host-shim --features cuda` below rebuilds
 # host-shim there with the feature (a later workspace `cargo test` rebuilds
@@ -33,4 +35,8 @@ run() {
 }
 run cargo test -p fabric --features verbs,cuda --locked --test cuda -- "$@"
 run cargo test -p host-shim --features cuda --locked --test cuda -- "$@"
+# The Python client's CUDA registration (Client.register_cuda) through
+# `s3dma local`, whose host-shim the line above rebuilt with the feature.
+cargo build --locked -p host-shim --features cuda --bins
+run .venv/bin/python -m pytest -q tests/python/test_cuda_client.py
 echo "cuda stand-in suites: ok"

@@ -11,6 +11,7 @@ from .client import (  # noqa: F401
     Buffer,
     BufferInfo,
     Client,
+    CudaBuffer,
     GetItem,
     GetResult,
     Info,

@@ -233,6 +233,42 @@ class Buffer:
             self.release()
 
 
+class CudaBuffer:
+    """CUDA device memory registered with the shim (:meth:`Client.register_cuda`).
+    Use it (or its id) as the buffer of GETs and PUTs; there is no host
+    view of it here."""
+
+    def __init__(self, client: "Client", buffer_id: int, size: int, label: str, device: int):
+        self._client = client
+        self.id = buffer_id
+        self.size = size
+        self.label = label
+        self.device = device
+        self.released = False
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        state = " released" if self.released else ""
+        return f"<s3dma.CudaBuffer id={self.id} size={self.size} device={self.device} label={self.label!r}{state}>"
+
+    def release(self) -> None:
+        """Releases the registration (the shim closes its IPC mapping; the
+        allocation stays yours). Idempotent."""
+        if self.released:
+            return
+        self._client._release(self.id)
+        self.released = True
+
+    def __enter__(self) -> "CudaBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.released and not self._client.closed and self._client._same_process():
+            self.release()
+
+
 # -- the client -------------------------------------------------------------
 
 
@@ -450,6 +486,43 @@ class Client:
         self._buffers[buf.id] = buf
         return buf
 
+    def register_cuda(self, ipc_handle: bytes, size: int, device: int = 0, label: str = "") -> "CudaBuffer":
+        """Registers CUDA device memory with the shim by its 64-byte
+        ``CUipcMemHandle`` (``cuIpcGetMemHandle`` of an allocation of at
+        least ``size`` bytes on ``device``). GETs into the returned buffer
+        land in device memory; PUTs read from it. The shim opens the handle
+        itself, so the allocation must stay alive until :meth:`release`
+        (or the end of the lease). With torch, :meth:`register_cuda_tensor`
+        finds the handle for you."""
+        self._check()
+        if not isinstance(ipc_handle, (bytes, bytearray)) or len(ipc_handle) != 64:
+            raise ValueError("ipc_handle must be the 64 bytes of a CUipcMemHandle")
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size must be a positive integer, not {size!r}")
+        r = self._call(
+            "RegisterBuffer",
+            tenant_pb2.RegisterBufferRequest(
+                lease=self._lease.id,
+                cuda=tenant_pb2.CudaMemory(ipc_handle=bytes(ipc_handle), device=device, size=size),
+                label=label,
+            ),
+        )
+        return CudaBuffer(self, r.buffer_id, r.size or size, label, device)
+
+    def register_cuda_tensor(self, tensor, label: str = "") -> Tuple["CudaBuffer", int]:
+        """Registers the CUDA allocation behind a torch tensor's storage.
+        Returns the buffer and the byte offset of the tensor's first element
+        in it (torch's caching allocator hands out pieces of larger blocks,
+        and IPC handles name whole blocks)."""
+        if not getattr(tensor, "is_cuda", False):
+            raise ValueError("register_cuda_tensor needs a CUDA tensor (tensor.is_cuda)")
+        storage = tensor.untyped_storage()
+        # (device, handle, block size, offset of this storage in the block, ...)
+        shared = storage._share_cuda_()
+        device, handle, block_size, storage_offset = shared[0], shared[1], shared[2], shared[3]
+        buf = self.register_cuda(bytes(handle), int(block_size) + int(storage_offset), int(device), label)
+        return buf, int(storage_offset) + tensor.storage_offset() * tensor.element_size()
+
     def find_buffer(self, address: int, nbytes: int) -> Optional[Tuple[Buffer, int]]:
         """The live buffer of this client that holds ``[address, address +
         nbytes)`` and the offset of ``address`` in it, or None. Lets
@@ -468,9 +541,9 @@ class Client:
     def _release(self, buffer_id: int) -> None:
         self._call("ReleaseBuffer", tenant_pb2.ReleaseBufferRequest(buffer_id=buffer_id))
 
-    def release(self, buffer: Union[Buffer, int]) -> None:
-        """Releases a buffer (a :class:`Buffer` or a buffer id)."""
-        if isinstance(buffer, Buffer):
+    def release(self, buffer: Union[Buffer, "CudaBuffer", int]) -> None:
+        """Releases a buffer (a :class:`Buffer`, a :class:`CudaBuffer` or a buffer id)."""
+        if isinstance(buffer, (Buffer, CudaBuffer)):
             buffer.release()
         else:
             self._release(int(buffer))
@@ -482,8 +555,8 @@ class Client:
     # -- objects ------------------------------------------------------------
 
     @staticmethod
-    def _slice(buffer: Union[Buffer, int], offset: int, length: Optional[int]):
-        if isinstance(buffer, Buffer):
+    def _slice(buffer: Union[Buffer, "CudaBuffer", int], offset: int, length: Optional[int]):
+        if isinstance(buffer, (Buffer, CudaBuffer)):
             bid = buffer.id
         elif isinstance(buffer, int) and not isinstance(buffer, bool):
             bid = buffer
@@ -517,7 +590,7 @@ class Client:
         self,
         bucket: str,
         key: str,
-        buffer: Union[Buffer, int],
+        buffer: Union[Buffer, "CudaBuffer", int],
         offset: int = 0,
         length: Optional[int] = None,
         range: RangeLike = None,
@@ -592,7 +665,7 @@ class Client:
         self,
         bucket: str,
         key: str,
-        buffer: Union[Buffer, int],
+        buffer: Union[Buffer, "CudaBuffer", int],
         offset: int = 0,
         length: Optional[int] = None,
         content_type: str = "",
@@ -602,7 +675,7 @@ class Client:
         """Writes ``length`` bytes of ``buffer`` from ``offset`` as the object
         (default: to the buffer's end; required when ``buffer`` is an id)."""
         if length is None:
-            if not isinstance(buffer, Buffer):
+            if not isinstance(buffer, (Buffer, CudaBuffer)):
                 raise ValueError("put_object_from needs a length when the buffer is given by id")
             length = buffer.size - offset
         req = tenant_pb2.PutObjectRequest(
