@@ -26,8 +26,8 @@ echo "CUDA driver stand-in: $lib"
 export S3DMA_TEST_FABRIC=tcp
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-# The other two processes of the end-to-end suite.
-cargo build --locked -p storage-target -p dpu-agent --bins
+# The other two processes of the end-to-end suite, and `s3dma local` for the Python one.
+cargo build --locked -p storage-target -p dpu-agent -p s3dma-cli --bins
 
 run() {
     LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
