@@ -78,6 +78,9 @@ pub(crate) struct Options {
     pub endpoint: Option<String>,
     /// The fabric of the stack the bench starts (`tcp` or `verbs`).
     pub fabric: s3dma_launcher::Backend,
+    /// Only the ML phase ([`crate::ml`]): safetensors and DCP loads through
+    /// s3dma against the S3 connectors ML users run today.
+    pub ml: bool,
     /// The existing stack's shim socket (default: [`Client::default_socket`]).
     pub socket: Option<PathBuf>,
     /// The uid the existing stack's shim runs as besides root (`--shim-uid`;
@@ -151,7 +154,7 @@ impl Plan {
     }
 }
 
-fn progress(msg: &str) {
+pub(crate) fn progress(msg: &str) {
     eprintln!("s3dma-tools bench: {msg}");
 }
 
@@ -162,6 +165,9 @@ fn progress(msg: &str) {
 /// the JSON file cannot be written.
 pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let plan = Plan::new(&opts)?;
+    if opts.ml {
+        return crate::ml::run(&opts, plan.raw_tcp).await;
+    }
     let report = match &opts.endpoint {
         Some(endpoint) => attached(&opts, &plan, endpoint).await?,
         None => own_stack(&opts, &plan).await?,
@@ -260,58 +266,86 @@ fn find_services() -> Option<[u32; 3]> {
 
 /// Starts a stack in a temporary directory, measures it, stops it.
 async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
-    let tmp = tempfile::Builder::new()
-        .prefix("s3dma-bench-")
-        .tempdir()
-        .context("creating a temporary directory")?;
-    // Keep the store off the disk when /dev/shm has room: fsyncs would
-    // make the PUTs (both paths) measure the disk.
-    let needed = 3 * plan.sizes[1].bytes + (512 << 20);
-    let mut shm_dir = None;
-    let data_dir = match &opts.data_dir {
-        Some(d) => s3dma_launcher::absolute(d.clone())?,
-        None if free_bytes(Path::new("/dev/shm")).is_some_and(|f| f >= needed) => {
-            let d = tempfile::Builder::new()
-                .prefix("s3dma-bench-")
-                .tempdir_in("/dev/shm")
-                .context("creating a directory in /dev/shm")?;
-            let p = d.path().to_path_buf();
-            shm_dir = Some(d);
-            p
-        }
-        None => tmp.path().join("data"),
-    };
-    let mut stack = Stack::prepare(StackOptions {
-        dir: tmp.path().join("state"),
-        data_dir: Some(data_dir.clone()),
-        socket: tmp.path().join("shim.sock"),
-        own_socket_dir: true,
-        bucket: BUCKET.into(),
-        metrics: false,
-        who: "s3dma-tools bench",
-        bin_dir: None,
-        fabric: opts.fabric,
-    })?;
-    if let Err(e) = stack.start().await {
-        stack.stop().await;
-        return Err(e.into());
-    }
-    let ctx = Ctx::new(&stack, data_dir.display().to_string()).await;
+    // Room for three large objects in the store.
+    let mut started = OwnStack::start(opts, 3 * plan.sizes[1].bytes + (512 << 20)).await?;
+    let ctx = Ctx::new(&started.stack, started.data_dir.display().to_string()).await;
     let result = match ctx {
         Ok(ctx) => {
             tokio::select! {
                 r = measure(&ctx, plan) => r,
-                e = stack.any_exit() => Err(e.into()),
+                e = started.stack.any_exit() => Err(e.into()),
             }
         }
         Err(e) => Err(e),
     };
-    stack.stop().await;
-    drop(shm_dir);
+    started.stop().await;
     result.map(|mut r| {
         r.fabric = opts.fabric.to_string();
         r
     })
+}
+
+/// A stack the bench started, with the temporary directories it lives in.
+pub(crate) struct OwnStack {
+    pub stack: Stack,
+    /// Where the storage-target keeps its data.
+    pub data_dir: PathBuf,
+    _tmp: tempfile::TempDir,
+    shm_dir: Option<tempfile::TempDir>,
+}
+
+impl OwnStack {
+    /// Starts storage-target, dpu-agent and host-shim in a temporary
+    /// directory; the store goes on /dev/shm when it has `store_bytes` free
+    /// (fsyncs would make PUTs on both paths measure the disk), unless
+    /// `--data-dir` names a place.
+    pub(crate) async fn start(opts: &Options, store_bytes: u64) -> anyhow::Result<OwnStack> {
+        let tmp = tempfile::Builder::new()
+            .prefix("s3dma-bench-")
+            .tempdir()
+            .context("creating a temporary directory")?;
+        let mut shm_dir = None;
+        let data_dir = match &opts.data_dir {
+            Some(d) => s3dma_launcher::absolute(d.clone())?,
+            None if free_bytes(Path::new("/dev/shm")).is_some_and(|f| f >= store_bytes) => {
+                let d = tempfile::Builder::new()
+                    .prefix("s3dma-bench-")
+                    .tempdir_in("/dev/shm")
+                    .context("creating a directory in /dev/shm")?;
+                let p = d.path().to_path_buf();
+                shm_dir = Some(d);
+                p
+            }
+            None => tmp.path().join("data"),
+        };
+        let mut stack = Stack::prepare(StackOptions {
+            dir: tmp.path().join("state"),
+            data_dir: Some(data_dir.clone()),
+            socket: tmp.path().join("shim.sock"),
+            own_socket_dir: true,
+            bucket: BUCKET.into(),
+            metrics: false,
+            who: "s3dma-tools bench",
+            bin_dir: None,
+            fabric: opts.fabric,
+        })?;
+        if let Err(e) = stack.start().await {
+            stack.stop().await;
+            return Err(e.into());
+        }
+        Ok(OwnStack {
+            stack,
+            data_dir,
+            _tmp: tmp,
+            shm_dir,
+        })
+    }
+
+    /// Stops the services, then removes the store.
+    pub(crate) async fn stop(mut self) {
+        self.stack.stop().await;
+        drop(self.shm_dir.take());
+    }
 }
 
 /// Free bytes of the file system holding `p`.
@@ -681,7 +715,7 @@ async fn http_get_into(
 }
 
 /// One stream, large writes, for `dur`: GB/s received.
-async fn raw_tcp(dur: Duration) -> anyhow::Result<f64> {
+pub(crate) async fn raw_tcp(dur: Duration) -> anyhow::Result<f64> {
     const CHUNK: usize = 4 << 20;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

@@ -18,6 +18,7 @@
 //! any error, printed as one line `s3dma-tools: bench: <what>`), 2 usage.
 
 mod bench;
+mod ml;
 mod procfs;
 mod report;
 mod soak;
@@ -90,6 +91,13 @@ enum Cmd {
         /// only prove the path).
         #[arg(long, default_value = "tcp", value_name = "BACKEND")]
         fabric: s3dma_launcher::Backend,
+        /// Only the ML phase: a safetensors file and a DCP checkpoint of
+        /// 2 GiB (64 MiB with --quick) loaded (and the checkpoint saved)
+        /// through s3dma vs s3torchconnector and boto3 against the same
+        /// storage-target, beside memcpy and raw TCP. Runs Python
+        /// ($S3DMA_PYTHON, else the repository's .venv, else python3).
+        #[arg(long, conflicts_with = "endpoint")]
+        ml: bool,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
@@ -177,6 +185,7 @@ fn main() -> ExitCode {
             cell_secs,
             data_dir,
             endpoint,
+            ml,
         } => match rt.block_on(bench::run(bench::Options {
             quick,
             json,
@@ -185,6 +194,7 @@ fn main() -> ExitCode {
             data_dir,
             endpoint,
             fabric,
+            ml,
             socket: cli.socket,
             shim_uid: cli.shim_uid,
         })) {

@@ -1,0 +1,277 @@
+//! `s3dma-tools bench --ml`: where ML users already are, against the S3
+//! connectors they use today, in one run against one storage-target.
+//!
+//! It starts a stack (as the bench does), measures raw loopback TCP, then
+//! runs the embedded `ml_bench.py` with the Python named by `$S3DMA_PYTHON`
+//! (default: the repository's `.venv/bin/python` next to this binary's
+//! target directory, else `python3`), which needs s3dma, torch, safetensors,
+//! boto3 and s3torchconnector. That script loads a safetensors file and a
+//! DCP checkpoint of the same size (2 GiB; 64 MiB with `--quick`) through
+//! s3dma and through s3torchconnector (its S3 reader and its DCP
+//! reader/writer) and boto3, all pointed at the same storage-target, and
+//! measures memcpy bandwidth beside them. Every load is checked bit-exact
+//! once, untimed.
+//!
+//! JSON keys: `ml_safetensors_gbps`, `ml_safetensors_http_gbps`,
+//! `ml_dcp_load_gbps`, `ml_dcp_load_http_gbps`, `ml_dcp_save_gbps`,
+//! `ml_dcp_save_http_gbps` (http = the fastest peer measured), each peer's
+//! own figure (`ml_safetensors_boto3_gbps`,
+//! `ml_safetensors_s3torchconnector_gbps`,
+//! `ml_dcp_load_s3torchconnector_gbps`,
+//! `ml_dcp_save_s3torchconnector_gbps`), the ratios `ml_*_vs_http` and
+//! `ml_*_vs_memcpy`, and the limits `ml_memcpy_gbps` and `raw_tcp_gbps`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use serde_json::{Map, Value};
+use tokio::io::AsyncReadExt as _;
+
+use crate::bench::{Options, OwnStack, progress, raw_tcp};
+
+/// The Python half, run with `python -c`.
+const SCRIPT: &str = include_str!("ml_bench.py");
+
+/// The three headline loads: (name, s3dma key, http key).
+const HEADLINE: [(&str, &str, &str); 3] = [
+    (
+        "safetensors load",
+        "ml_safetensors_gbps",
+        "ml_safetensors_http_gbps",
+    ),
+    ("DCP load", "ml_dcp_load_gbps", "ml_dcp_load_http_gbps"),
+    ("DCP save", "ml_dcp_save_gbps", "ml_dcp_save_http_gbps"),
+];
+
+/// Each peer's own figure: (label, key).
+const PEERS: [(&str, &str); 4] = [
+    (
+        "safetensors: boto3 + safetensors.torch.load",
+        "ml_safetensors_boto3_gbps",
+    ),
+    (
+        "safetensors: s3torchconnector S3Checkpoint + load",
+        "ml_safetensors_s3torchconnector_gbps",
+    ),
+    (
+        "DCP load: s3torchconnector S3StorageReader",
+        "ml_dcp_load_s3torchconnector_gbps",
+    ),
+    (
+        "DCP save: s3torchconnector S3StorageWriter",
+        "ml_dcp_save_s3torchconnector_gbps",
+    ),
+];
+
+/// Runs the ML phase, prints its table and writes `--json`.
+///
+/// # Errors
+/// The stack does not start or dies, Python or one of its packages is
+/// missing, a load returns other bytes, the JSON file cannot be written.
+pub(crate) async fn run(opts: &Options, raw_tcp_for: Duration) -> anyhow::Result<()> {
+    if opts.endpoint.is_some() {
+        bail!("--ml starts its own stack; it cannot be used with --endpoint");
+    }
+    let bytes: u64 = if opts.quick { 64 << 20 } else { 2 << 30 };
+    let rounds = opts.rounds.unwrap_or(if opts.quick { 1 } else { 3 });
+    if !(1..=100).contains(&rounds) {
+        bail!("--rounds must be 1 to 100 with --ml");
+    }
+    let python = python();
+    // The safetensors file and two checkpoints.
+    let mut started = OwnStack::start(opts, 3 * bytes + (512 << 20)).await?;
+    let target = Target::of(&started);
+    let result = tokio::select! {
+        r = measure(&target, &python, bytes, rounds, raw_tcp_for) => r,
+        e = started.stack.any_exit() => Err(e.into()),
+    };
+    let data_dir = started.data_dir.display().to_string();
+    started.stop().await;
+    let mut m = result?;
+    print!("{}", table(&m, opts, &data_dir, rounds));
+    m.insert("quick".into(), Value::from(u8::from(opts.quick)));
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&m)? + "\n";
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        progress(&format!("wrote {}", path.display()));
+    }
+    Ok(())
+}
+
+/// `$S3DMA_PYTHON`, else the repository's `.venv/bin/python` (this binary
+/// lives in `<repo>/target/<profile>/`), else `python3`.
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("S3DMA_PYTHON").filter(|p| !p.is_empty()) {
+        return p.into();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .skip(1)
+                .map(|dir| dir.join(".venv/bin/python"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| "python3".into())
+}
+
+/// What the Python half is pointed at.
+struct Target {
+    socket: PathBuf,
+    url: String,
+    bucket: String,
+    key_id: String,
+    secret: String,
+}
+
+impl Target {
+    fn of(started: &OwnStack) -> Target {
+        let ep = started.stack.endpoints();
+        let (key_id, secret) = started.stack.credentials();
+        Target {
+            socket: ep.socket.clone(),
+            url: ep.target_url.clone(),
+            bucket: started.stack.bucket().to_owned(),
+            key_id: key_id.to_owned(),
+            secret: secret.to_owned(),
+        }
+    }
+}
+
+async fn measure(
+    target: &Target,
+    python: &std::path::Path,
+    bytes: u64,
+    rounds: usize,
+    raw_tcp_for: Duration,
+) -> anyhow::Result<Map<String, Value>> {
+    progress(&format!("raw loopback TCP for {raw_tcp_for:?}"));
+    let raw = raw_tcp(raw_tcp_for).await?;
+    progress(&format!("running the ML phase with {}", python.display()));
+    let mut child = tokio::process::Command::new(python)
+        .arg("-c")
+        .arg(SCRIPT)
+        .env("S3DMA_SOCKET", &target.socket)
+        .env("S3DMA_BENCH_ENDPOINT", &target.url)
+        .env("S3DMA_BENCH_BUCKET", &target.bucket)
+        .env("S3DMA_BENCH_BYTES", bytes.to_string())
+        .env("S3DMA_BENCH_ROUNDS", rounds.to_string())
+        .env("AWS_ACCESS_KEY_ID", &target.key_id)
+        .env("AWS_SECRET_ACCESS_KEY", &target.secret)
+        .env("AWS_DEFAULT_REGION", s3dma_launcher::REGION)
+        .env("AWS_REGION", s3dma_launcher::REGION)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "starting {} (set $S3DMA_PYTHON to a Python with s3dma, torch, safetensors, \
+                 boto3 and s3torchconnector; `bash .ci/setup.sh` makes .venv)",
+                python.display()
+            )
+        })?;
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout from {}", python.display()))?
+        .read_to_string(&mut stdout)
+        .await?;
+    let status = child.wait().await?;
+    if !status.success() {
+        bail!(
+            "the ML phase ({}) failed ({status}); its errors are above",
+            python.display()
+        );
+    }
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| anyhow!("the ML phase printed no JSON line: {stdout:?}"))?;
+    let mut m: Map<String, Value> =
+        serde_json::from_str(line).with_context(|| format!("the ML phase's JSON line {line:?}"))?;
+    m.insert("raw_tcp_gbps".into(), num(Some(raw)));
+    let get = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_f64);
+    for (_, ours, http) in HEADLINE {
+        let base = ours.trim_end_matches("_gbps");
+        let (o, h, c) = (get(&m, ours), get(&m, http), get(&m, "ml_memcpy_gbps"));
+        m.insert(format!("{base}_vs_http"), num(ratio(o, h)));
+        m.insert(format!("{base}_vs_memcpy"), num(ratio(o, c)));
+    }
+    Ok(m)
+}
+
+fn num(v: Option<f64>) -> Value {
+    v.and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
+fn table(m: &Map<String, Value>, opts: &Options, data_dir: &str, rounds: usize) -> String {
+    let get = |k: &str| m.get(k).and_then(Value::as_f64);
+    let mut o = String::new();
+    let mib = get("ml_bytes").unwrap_or(0.0) / f64::from(1u32 << 20);
+    let _ = writeln!(
+        o,
+        "s3dma-tools bench --ml{}: {} fabric on loopback, {} CPUs, data in {data_dir}",
+        if opts.quick { " --quick" } else { "" },
+        opts.fabric,
+        std::thread::available_parallelism().map_or(0, usize::from),
+    );
+    let _ = writeln!(
+        o,
+        "GB/s = 10^9 bytes/s; {mib:.0} MiB of tensors; median of {rounds} rounds; \
+         http = the fastest peer (boto3, s3torchconnector) to the same storage-target"
+    );
+    let _ = writeln!(
+        o,
+        "limits: memcpy {} GB/s, raw loopback TCP {} GB/s\n",
+        fmt(get("ml_memcpy_gbps")),
+        fmt(get("raw_tcp_gbps"))
+    );
+    let _ = writeln!(
+        o,
+        "  {:<20} {:>10} {:>10} {:>11} {:>13}",
+        "", "s3dma", "http", "s3dma/http", "s3dma/memcpy"
+    );
+    for (name, ours, http) in HEADLINE {
+        let base = ours.trim_end_matches("_gbps");
+        let _ = writeln!(
+            o,
+            "  {:<20} {:>10} {:>10} {:>11} {:>13}",
+            name,
+            fmt(get(ours)),
+            fmt(get(http)),
+            fmt(get(&format!("{base}_vs_http"))),
+            fmt(get(&format!("{base}_vs_memcpy"))),
+        );
+    }
+    let _ = writeln!(o, "\npeers (GB/s):");
+    for (label, key) in PEERS {
+        let _ = writeln!(o, "  {label:<52} {:>8}", fmt(get(key)));
+    }
+    if let Some(missing) = m.get("ml_peers_missing").and_then(Value::as_object)
+        && !missing.is_empty()
+    {
+        for (peer, why) in missing {
+            let _ = writeln!(o, "  not measured: {peer}: {}", why.as_str().unwrap_or(""));
+        }
+    }
+    o
+}
