@@ -46,7 +46,7 @@ if ! .venv/bin/python -c 'import boto3, pytest, awscli, moto' >/dev/null 2>&1 ||
 fi
 # The Python tenant client (host-shim/python): its requirements (when the
 # venv predates them) and its gRPC stubs (s3dma/_proto, git-ignored).
-if ! .venv/bin/python -c 'import grpc, grpc_tools, numpy, google.rpc.status_pb2, s3torchconnector' >/dev/null 2>&1; then
+if ! .venv/bin/python -c 'import grpc, grpc_tools, numpy, google.rpc.status_pb2, s3torchconnector, tenacity' >/dev/null 2>&1; then
   echo "setup: installing the Python tenant client's requirements into .venv"
   .venv/bin/pip install -q -r tests/requirements.txt
 fi
