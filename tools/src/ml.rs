@@ -92,6 +92,9 @@ pub(crate) async fn run(opts: &Options, raw_tcp_for: Duration) -> anyhow::Result
     started.stop().await;
     let mut m = result?;
     print!("{}", table(&m, opts, &data_dir, rounds));
+    // The JSON stays flat (numbers only): why a peer was not measured is in
+    // the table.
+    m.remove("ml_peers_missing");
     m.insert("quick".into(), Value::from(u8::from(opts.quick)));
     if let Some(path) = &opts.json {
         let text = serde_json::to_string_pretty(&m)? + "\n";

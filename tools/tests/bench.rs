@@ -7,6 +7,7 @@
 //! directory: `cargo test --workspace` (or `cargo build --bins` first)
 //! builds them.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 mod common;
@@ -129,6 +130,87 @@ fn bench_quick_reports_every_number() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .filter(|n| n != "bench.json")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// The ML phase's keys (`s3dma-tools bench --ml`).
+const ML_REQUIRED: [&str; 18] = [
+    "raw_tcp_gbps",
+    "ml_memcpy_gbps",
+    "ml_bytes",
+    "ml_safetensors_gbps",
+    "ml_safetensors_http_gbps",
+    "ml_safetensors_boto3_gbps",
+    "ml_safetensors_s3torchconnector_gbps",
+    "ml_dcp_load_gbps",
+    "ml_dcp_load_http_gbps",
+    "ml_dcp_load_s3torchconnector_gbps",
+    "ml_dcp_save_gbps",
+    "ml_dcp_save_http_gbps",
+    "ml_dcp_save_s3torchconnector_gbps",
+    "ml_safetensors_vs_http",
+    "ml_dcp_load_vs_http",
+    "ml_dcp_save_vs_http",
+    "ml_safetensors_vs_memcpy",
+    "ml_dcp_load_vs_memcpy",
+];
+
+/// `bench --ml --quick` with the repository's .venv (which `.ci/setup.sh`
+/// makes, with torch, safetensors and s3torchconnector): every figure is
+/// there, finite and positive, and every load was bit-exact (the Python
+/// half asserts it, so a mismatch fails the run).
+#[test]
+fn bench_ml_quick_reports_every_number() {
+    check_binaries();
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if !venv.is_file() && std::env::var_os("CI").is_none() {
+        eprintln!(
+            "bench_ml_quick_reports_every_number: SKIPPED, no {} (run `bash .ci/setup.sh`)",
+            venv.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("ml.json");
+    let out = Command::new(S3DMA_TOOLS)
+        .args(["bench", "--ml", "--quick", "--json"])
+        .arg(&json)
+        .env("TMPDIR", dir.path())
+        .env("S3DMA_PYTHON", &venv)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench --ml failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let obj = v.as_object().expect("a JSON object");
+    assert!(obj.values().all(serde_json::Value::is_number), "{text}");
+    for k in ML_REQUIRED {
+        let x = obj
+            .get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("no number {k} in {text}"));
+        assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
+    }
+    assert_eq!(
+        obj["ml_bytes"].as_f64(),
+        Some((64u64 << 20) as f64),
+        "{text}"
+    );
+    for row in ["safetensors load", "DCP load", "DCP save", "limits: memcpy"] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "ml.json")
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
