@@ -10,6 +10,7 @@ pickles), and the errors.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import socket
@@ -300,6 +301,18 @@ def test_a_checkpoint_written_under_a_checkpoint_id_loads_by_checkpoint_id(clien
     assert torch.equal(loaded["x"], state["x"])
 
 
+def test_rank_local_metadata_without_collectives(client, url):
+    dcp.save({"a": torch.ones(5), "n": 1}, storage_writer=s3torch.StorageWriter(url, client=client))
+    state = {"a": torch.arange(5.0), "n": 3}
+    dcp.save(state, storage_writer=s3torch.StorageWriter(url, client=client), use_collectives=False)
+    # The earlier global .metadata is gone: loads would prefer it.
+    assert names_under(client, url) == {"__0.metadata", "__0_0.distcp"}
+    loaded = {"a": torch.zeros(5), "n": 0}
+    # torch looks for .metadata first (and logs that it is missing), then __0.metadata.
+    dcp.load(loaded, storage_reader=s3torch.StorageReader(url, client=client))
+    assert torch.equal(loaded["a"], state["a"]) and loaded["n"] == 3
+
+
 def test_writer_and_reader_pickle_without_their_client(stack, url):
     writer = s3torch.StorageWriter(url, socket=stack.socket, max_object_size=8192)
     with writer:
@@ -312,6 +325,15 @@ def test_writer_and_reader_pickle_without_their_client(stack, url):
             loaded = {"x": torch.zeros(3)}
             dcp.load(loaded, storage_reader=reader)
         assert torch.equal(loaded["x"], torch.ones(3))
+
+    # A client_factory (picklable) makes the Client; close() closes it.
+    reader = pickle.loads(pickle.dumps(s3torch.StorageReader(url, client_factory=functools.partial(s3dma.Client, stack.socket))))
+    loaded = {"x": torch.zeros(3)}
+    dcp.load(loaded, storage_reader=reader)
+    made = reader._clients.get()
+    assert torch.equal(loaded["x"], torch.ones(3)) and not made.closed
+    reader.close()
+    assert made.closed
 
 
 # ---------------------------------------------------------------------------

@@ -435,8 +435,10 @@ class StorageWriter(_Storage, _DcpStorageWriter):
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         # Runs on the coordinator before any rank writes: removing the old
         # .metadata first means no reader ever sees it pointing into data
-        # objects this save is overwriting.
-        if self.use_collectives:
+        # objects this save is overwriting. (Without collectives every rank
+        # runs this on its own plan; rank 0 removes a global .metadata,
+        # which loads would otherwise prefer to the new per-rank ones.)
+        if self.use_collectives or not self.rank:
             self._clients.get().delete(self.bucket, self._key(METADATA_NAME))
         return [
             dataclasses.replace(p, storage_data=_RankPrefix(f"__{i}_")) if p.storage_data is None else p
@@ -444,7 +446,10 @@ class StorageWriter(_Storage, _DcpStorageWriter):
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        rank_prefix = plan.storage_data.prefix if isinstance(plan.storage_data, _RankPrefix) else "__0_"
+        if isinstance(plan.storage_data, _RankPrefix):
+            rank_prefix = plan.storage_data.prefix
+        else:  # a plan that did not go through prepare_global_plan
+            rank_prefix = f"__{self.rank or 0}_"
         results = _RankWrite(self, self._clients.get(), rank_prefix, plan, planner).run()
         fut: Future = Future()
         fut.set_result(results)
@@ -571,6 +576,10 @@ class _RankWrite:
         return True
 
     def _flush(self, obj: Optional[_ObjectBuilder], pool: _BufferPool, executor) -> None:
+        # A failed PUT stops the save now rather than after every other object.
+        for f in self.puts:
+            if f.done() and f.exception() is not None:
+                raise f.exception()
         if obj is None:
             return
         if obj.used == 0:
@@ -735,7 +744,10 @@ class _RankRead:
         for item in self.plan.items:
             s = self._slice(item)
             if item.type == LoadItemType.BYTE_IO:
-                staged.append(_Request(item, s.relative_path, s.offset, s.length))
+                if s.length == 0:
+                    self.planner.load_bytes(item, io.BytesIO(b""))
+                else:
+                    staged.append(_Request(item, s.relative_path, s.offset, s.length))
                 continue
             dtype = self.reader.metadata.state_dict_metadata[item.storage_index.fqn].properties.dtype
             sizes = self._chunk_sizes(item)
