@@ -19,15 +19,38 @@ array ``ds[i]`` returns is a view of one of them, valid until ``slots``
 further items are read in the same process: with a loader that batches
 items (torch's ``default_collate`` stacks them), use ``slots >= batch_size``,
 or ``copy=True`` to get private arrays.
+
+:class:`S3dmaMapDataset` (keys or a prefix, map-style) and
+:class:`S3dmaIterableDataset` (a prefix, streamed) add sharding by rank
+(``torch.distributed`` or ``rank=``/``world_size=``) and, for the iterable
+one, by DataLoader worker; batched GETs (many small objects per
+``get_objects`` call, into slots of one registered buffer); torch tensors
+or numpy arrays; and ``device=`` (copied there after landing). They are
+torch ``Dataset``/``IterableDataset`` subclasses when torch is importable,
+plain classes otherwise.
+
+    ds = S3dmaIterableDataset(functools.partial(s3dma.Client, sock), "data",
+                              prefix="train/", batch_size=64)
+    for x in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=4):
+        ...                               # x: uint8 tensor of one object
 """
 
 from __future__ import annotations
 
 import os
+import random
 import threading
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
-from .client import Buffer, Client
+from . import errors
+from .client import Buffer, Client, GetItem
+
+try:  # torch is optional: subclass its dataset types only when it is there
+    from torch.utils.data import Dataset as _MapBase
+    from torch.utils.data import IterableDataset as _IterBase
+except ImportError:  # pragma: no cover - depends on the environment
+    _MapBase = object  # type: ignore[assignment,misc]
+    _IterBase = object  # type: ignore[assignment,misc]
 
 
 class ObjectDataset:
@@ -121,3 +144,386 @@ class ObjectDataset:
 # Clients inherited over fork are kept referenced here so that garbage
 # collection in the child never closes the parent's gRPC channel.
 _inherited: list = []
+
+
+# -- sharded datasets ----------------------------------------------------------
+
+_SLOT_ALIGN = 64  # slot starts aligned for any dtype view (and a cache line)
+
+
+def _have_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dist_rank_world(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
+    """``(rank, world_size)``: the explicit values, else torch.distributed's
+    when it is initialised, else ``(0, 1)``."""
+    if rank is None or world_size is None:
+        r, w = 0, 1
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                r, w = dist.get_rank(), dist.get_world_size()
+        except ImportError:
+            pass
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    return rank, world_size
+
+
+def worker_id_count() -> Tuple[int, int]:
+    """``(id, num_workers)`` of the current torch DataLoader worker, ``(0, 1)``
+    outside one."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return 0, 1
+    info = get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+def list_prefix(client: Client, bucket: str, prefix: str) -> List[Tuple[str, int]]:
+    """Every ``(key, size)`` under ``prefix``, sorted by key."""
+    return sorted((o.key, o.size) for o in client.list_all(bucket, prefix=prefix))
+
+
+class _Shard:
+    """What the sharded datasets share: the key list, the per-process client
+    and slot buffer (created lazily, again after fork), and turning landed
+    bytes into the sample."""
+
+    def _setup(
+        self,
+        client_factory: Callable[[], Client],
+        bucket: str,
+        keys: Optional[Sequence[str]],
+        prefix: Optional[str],
+        max_size: Optional[int],
+        slots: int,
+        dtype: Any,
+        as_torch: Optional[bool],
+        copy: Optional[bool],
+        device: Any,
+        return_keys: bool,
+        concurrency: int,
+        label: str,
+    ) -> None:
+        if (keys is None) == (prefix is None):
+            raise ValueError("give either keys= or prefix= (not both)")
+        if slots < 1:
+            raise ValueError("slots must be at least 1")
+        self.client_factory = client_factory
+        self.bucket = bucket
+        self.prefix = prefix
+        self.as_torch = _have_torch() if as_torch is None else bool(as_torch)
+        if (self.as_torch or device is not None) and not _have_torch():
+            raise ImportError("as_torch/device need torch (pip install torch), or pass as_torch=False for numpy arrays")
+        self.device = None
+        if device is not None:
+            import torch
+
+            dev = torch.device(device)
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"device={device!r} but CUDA is not available (torch.cuda.is_available() is False): "
+                    "leave device unset for CPU views of registered memory"
+                )
+            self.device = None if dev.type == "cpu" else dev
+            if self.device is not None and not self.as_torch:
+                raise ValueError("device= needs torch tensors (as_torch=True)")
+        self.dtype = dtype
+        self.copy = copy
+        self.return_keys = return_keys
+        self.concurrency = concurrency
+        self.slots = slots
+        self.label = label
+        self._state_pid: Optional[int] = None
+        self._client: Optional[Client] = None
+        self._buffer: Optional[Buffer] = None
+        self._mv: Optional[memoryview] = None
+        self._next = 0
+        self._lock = threading.Lock()
+        if prefix is not None:
+            # Listed once, here: every rank and worker shards the same list.
+            listed = list_prefix(self._ensure(), bucket, prefix)
+            self.keys = [k for k, _ in listed]
+            biggest = max((n for _, n in listed), default=0)
+            self.max_size = max(1, biggest if max_size is None else max_size)
+        else:
+            if max_size is None or max_size <= 0:
+                raise ValueError("max_size (a positive byte count) is required with keys= (a prefix listing gives sizes)")
+            self.keys = list(keys)  # type: ignore[arg-type]
+            self.max_size = max_size
+        self.slot_size = -(-self.max_size // _SLOT_ALIGN) * _SLOT_ALIGN
+
+    # Pickled into spawn/forkserver workers: only the recipe travels.
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d.update(_state_pid=None, _client=None, _buffer=None, _mv=None, _next=0, _lock=None)
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
+    def _ensure(self) -> Client:
+        pid = os.getpid()
+        if self._state_pid != pid:
+            if self._client is not None:
+                _inherited.append((self._client, self._buffer, self._mv))  # never closed from here
+            self._client = self.client_factory()
+            self._buffer = self._mv = None
+            self._next = 0
+            self._state_pid = pid
+        return self._client  # type: ignore[return-value]
+
+    def _slot_buffer(self) -> Buffer:
+        if self._buffer is None:
+            self._buffer = self._ensure().alloc(self.slots * self.slot_size, label=self.label)
+            self._mv = self._buffer.memoryview()
+        return self._buffer
+
+    def _take_slots(self, n: int) -> List[int]:
+        if n > self.slots:
+            raise ValueError(
+                f"{n} objects at once need {n} slots, but this dataset has slots={self.slots}: "
+                "raise slots (each costs max_size bytes of registered memory) or fetch fewer at once"
+            )
+        with self._lock:
+            self._ensure()
+            self._slot_buffer()
+            out = [(self._next + i) % self.slots for i in range(n)]
+            self._next = (self._next + n) % self.slots
+        return [s * self.slot_size for s in out]
+
+    def _fetch(self, keys: Sequence[str]) -> list:
+        """GETs ``keys`` (one get_objects call) into free slots; the samples."""
+        offsets = self._take_slots(len(keys))
+        client, buf = self._client, self._buffer
+        if len(keys) == 1:  # no batch overhead for one object
+            try:
+                res = [client.get_object_into(self.bucket, keys[0], buf, offsets[0], self.slot_size)]  # type: ignore[union-attr]
+            except errors.S3dmaError as e:
+                res = [e]
+        else:
+            items = [GetItem(self.bucket, k, buf, offset=o, length=self.slot_size) for k, o in zip(keys, offsets)]  # type: ignore[arg-type]
+            res = client.get_objects(items, concurrency=self.concurrency)  # type: ignore[union-attr]
+        out = []
+        for k, o, r in zip(keys, offsets, res):
+            if isinstance(r, Exception):
+                r.message = f"s3://{self.bucket}/{k}: {r.message}"
+                r.args = (r.message,)
+                raise r
+            sample = self._sample(o, r.bytes_placed)
+            out.append((k, sample) if self.return_keys else sample)
+        return out
+
+    def _sample(self, offset: int, nbytes: int):
+        copy = self.copy
+        if copy is None:
+            # In a DataLoader worker the sample is pickled later, by the
+            # result queue's feeder thread, while this worker already
+            # refills the slots: hand it a private copy.
+            copy = _in_worker()
+        if self.as_torch:
+            import torch
+
+            dtype = self.dtype if self.dtype is not None else torch.uint8
+            item = torch.empty((), dtype=dtype).element_size()
+            count = nbytes // item
+            if count == 0:
+                t = torch.empty(0, dtype=dtype)
+            else:
+                # Over the memoryview (not the mmap): the view then keeps the
+                # mapping even if the buffer is released under it.
+                t = torch.frombuffer(self._mv, dtype=dtype, count=count, offset=offset)  # type: ignore[arg-type]
+            if self.device is not None:
+                return t.to(self.device)
+            return t.clone() if copy else t
+        import numpy as np
+
+        dt = np.dtype(self.dtype if self.dtype is not None else np.uint8)
+        a = np.frombuffer(self._mv, dtype=dt, count=nbytes // dt.itemsize, offset=offset)  # type: ignore[arg-type]
+        return a.copy() if copy else a
+
+    @property
+    def client(self) -> Client:
+        """This process's client (created on first use)."""
+        return self._ensure()
+
+    def close(self) -> None:
+        """Closes this process's client (its buffer goes with the lease;
+        views stay readable)."""
+        if self._client is not None and self._state_pid == os.getpid():
+            self._client.close()
+        self._client = self._buffer = self._mv = None
+        self._state_pid = None
+
+
+def _in_worker() -> bool:
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return False
+    return get_worker_info() is not None
+
+
+class S3dmaMapDataset(_Shard, _MapBase):  # type: ignore[misc,valid-type]
+    """Map-style: ``ds[i]`` is object ``i`` of this rank's keys (``keys``,
+    or every object under ``prefix``, listed once and sorted).
+
+    Sharding: with ``shard_by_rank`` (default), rank ``r`` of ``w`` sees
+    keys ``r, r+w, ...`` (ranks from torch.distributed, or ``rank=`` and
+    ``world_size=``); leave it off when a DistributedSampler shards the
+    indices. DataLoader workers get distinct indices from the sampler.
+
+    Samples are uint8 (or ``dtype``) torch tensors, numpy arrays with
+    ``as_torch=False`` (default: torch when importable), or ``(key,
+    sample)`` with ``return_keys``. They view one of ``slots`` slots of one
+    registered buffer, valid until ``slots`` further objects are read in
+    this process. ``copy`` True: private copies; None (default): copies in
+    DataLoader workers only (their results are pickled asynchronously);
+    pass False there only if your collate_fn copies (default_collate does).
+    ``device``: each sample is copied there (CUDA must be available).
+
+    :meth:`get_batch` (also ``__getitems__``, which DataLoader uses for a
+    batch) reads many objects with one ``get_objects`` call."""
+
+    def __init__(
+        self,
+        client_factory: Callable[[], Client],
+        bucket: str,
+        keys: Optional[Sequence[str]] = None,
+        *,
+        prefix: Optional[str] = None,
+        max_size: Optional[int] = None,
+        slots: int = 64,
+        dtype: Any = None,
+        as_torch: Optional[bool] = None,
+        copy: Optional[bool] = None,
+        device: Any = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        shard_by_rank: bool = True,
+        return_keys: bool = False,
+        concurrency: int = 0,
+        label: str = "s3dma-map",
+    ):
+        self._setup(client_factory, bucket, keys, prefix, max_size, slots, dtype, as_torch, copy, device,
+                    return_keys, concurrency, label)
+        self.all_keys = self.keys
+        if shard_by_rank:
+            self.rank, self.world_size = dist_rank_world(rank, world_size)
+            self.keys = self.all_keys[self.rank :: self.world_size]
+        else:
+            self.rank, self.world_size = 0, 1
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _key(self, index: int) -> str:
+        if index < 0:
+            index += len(self.keys)
+        if not 0 <= index < len(self.keys):
+            raise IndexError(f"index {index} out of range for {len(self.keys)} objects")
+        return self.keys[index]
+
+    def __getitem__(self, index: int):
+        return self._fetch([self._key(index)])[0]
+
+    def get_batch(self, indices: Sequence[int]) -> list:
+        """The samples of ``indices`` (at most ``slots``), fetched with one
+        ``get_objects`` call into slots of one buffer."""
+        return self._fetch([self._key(int(i)) for i in indices])
+
+    __getitems__ = get_batch
+
+
+class S3dmaIterableDataset(_Shard, _IterBase):  # type: ignore[misc,valid-type]
+    """Streams every object under ``prefix`` (listed once, sorted; or
+    ``keys=`` with ``max_size=``), ``batch_size`` objects per ``get_objects``
+    call.
+
+    Sharding: rank ``r`` of ``w`` (torch.distributed, or ``rank=`` and
+    ``world_size=``, read at each ``iter``) reads keys ``r::w`` of the list
+    (as the map dataset), and its DataLoader worker ``i`` of ``n`` every
+    ``n``-th of those from the ``i``-th: a disjoint cover.
+    ``shuffle`` permutes the list the same way everywhere (``seed`` plus
+    the epoch of :meth:`set_epoch`) before sharding.
+
+    Samples: as :class:`S3dmaMapDataset` (``yield_batches`` yields each
+    fetched list instead). A yielded view stays valid while the next
+    ``slots - batch_size`` samples are read (``slots`` defaults to twice
+    ``batch_size``)."""
+
+    def __init__(
+        self,
+        client_factory: Callable[[], Client],
+        bucket: str,
+        prefix: Optional[str] = None,
+        *,
+        keys: Optional[Sequence[str]] = None,
+        max_size: Optional[int] = None,
+        batch_size: int = 32,
+        slots: Optional[int] = None,
+        dtype: Any = None,
+        as_torch: Optional[bool] = None,
+        copy: Optional[bool] = None,
+        device: Any = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        return_keys: bool = False,
+        yield_batches: bool = False,
+        concurrency: int = 0,
+        label: str = "s3dma-iter",
+    ):
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        slots = 2 * batch_size if slots is None else slots
+        if slots < batch_size:
+            raise ValueError(f"slots ({slots}) must be at least batch_size ({batch_size})")
+        if keys is None and prefix is None:
+            prefix = ""
+        self._setup(client_factory, bucket, keys, prefix, max_size, slots, dtype, as_torch, copy, device,
+                    return_keys, concurrency, label)
+        self.batch_size = batch_size
+        self.rank_arg, self.world_arg = rank, world_size
+        dist_rank_world(rank, world_size)  # refuse a bad rank now, not in a worker
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.yield_batches = yield_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffles (with ``shuffle``) for the next iteration."""
+        self.epoch = epoch
+
+    def shard_keys(self) -> List[str]:
+        """The keys this rank and worker read, in order."""
+        keys = list(self.keys)
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(keys)
+        rank, world = dist_rank_world(self.rank_arg, self.world_arg)
+        wid, nworkers = worker_id_count()
+        return keys[rank::world][wid::nworkers]
+
+    def __len__(self) -> int:
+        """Objects of this rank (all its workers together)."""
+        rank, world = dist_rank_world(self.rank_arg, self.world_arg)
+        return len(self.keys[rank::world])
+
+    def __iter__(self) -> Iterator[Any]:
+        keys = self.shard_keys()
+        for i in range(0, len(keys), self.batch_size):
+            batch = self._fetch(keys[i : i + self.batch_size])
+            if self.yield_batches:
+                yield batch
+            else:
+                yield from batch
