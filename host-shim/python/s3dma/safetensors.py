@@ -401,9 +401,9 @@ def load_file(
     bucket, key = parse_url(url)
     c = _client(client, socket)
     header, first, placed, etag = _read_header(c, bucket, key, first_read)
-    dtypes = {t.name: _torch_dtype(torch, t.dtype, f"{url}: tensor {t.name!r}") for t in header.tensors}
     data_len = header.data_len
     try:
+        dtypes = {t.name: _torch_dtype(torch, t.dtype, f"{url}: tensor {t.name!r}") for t in header.tensors}
         if data_len == 0 or header.data_start + data_len <= placed:
             buf, base = first, header.data_start  # the first read holds it all
         else:
