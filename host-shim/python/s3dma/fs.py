@@ -26,12 +26,22 @@ Fork safety: one :class:`s3dma.Client` per process and socket, created
 lazily; a forked child (or a filesystem unpickled elsewhere) makes its own
 and never touches the parent's. A ``client=`` given to the constructor is
 used only in the process that created it.
+
+Limits: an object being written is held whole in one registered buffer
+(it doubles as it fills; ``open(..., "wb", size=n)`` sizes it at once), so
+writes and ``cp_file`` need memory for the object and the shim's
+``max_buffer_bytes``. ``xb`` and ``mode="create"`` check, then PUT (the
+tenant API has no conditional PUT). No append mode. ``fsspec.open(...)``
+(an OpenFile) closes, hence commits, even when its with-block raised: use
+``fs.open`` or ``fs.transaction`` for all-or-nothing writes. Deleting a
+missing key is no error (S3).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import mimetypes
 import os
 import threading
@@ -231,7 +241,9 @@ class S3dmaFileSystem(AbstractFileSystem):
     root_marker = ""
     blocksize = 8 * MIB
 
-    def __init__(self, socket: Optional[str] = None, client: Optional[Client] = None, block_size: Optional[int] = None, **kwargs):
+    def __init__(
+        self, socket: Optional[str] = None, client: Optional[Client] = None, block_size: Optional[int] = None, **kwargs
+    ):
         if client is not None and not isinstance(client, Client):
             raise TypeError(f"client must be an s3dma.Client, not {type(client).__name__}")
         super().__init__(**kwargs)
@@ -701,6 +713,15 @@ class S3dmaFileSystem(AbstractFileSystem):
             data.release()
             pool.release(buf)
 
+    def open(self, path, mode="rb", block_size=None, cache_options=None, compression=None, **kwargs):
+        if "b" in mode or "r" in mode or compression is not None:
+            return super().open(path, mode, block_size, cache_options, compression, **kwargs)
+        # Text writes: a wrapper whose with-block discards on an exception, as
+        # the binary file does (io.TextIOWrapper would close, i.e. commit).
+        text = {k: kwargs.pop(k) for k in ("encoding", "errors", "newline") if k in kwargs}
+        raw = super().open(path, mode.replace("t", "") + "b", block_size, cache_options, **kwargs)
+        return _TextWriter(raw, **text)
+
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
         if mode not in ("rb", "wb", "xb"):
             raise NotImplementedError(
@@ -1070,6 +1091,13 @@ class S3dmaFile(AbstractBufferedFile):
             self.abort()
         else:
             self.close()
+
+
+class _TextWriter(io.TextIOWrapper):
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and isinstance(self.buffer, S3dmaFile):
+            self.buffer.abort()  # closed: the wrapper's close neither flushes nor commits
+        return super().__exit__(exc_type, exc, tb)
 
 
 def _register() -> None:
