@@ -5,7 +5,8 @@
 //! runs the embedded `ml_bench.py` with the Python named by `$S3DMA_PYTHON`
 //! (default: the repository's `.venv/bin/python` next to this binary's
 //! target directory, else `python3`), which needs s3dma, torch, safetensors,
-//! boto3 and s3torchconnector. That script loads a safetensors file and a
+//! boto3 and s3torchconnector; run from a checkout, the checkout's
+//! `host-shim/python` comes first on `PYTHONPATH`. That script loads a safetensors file and a
 //! DCP checkpoint of the same size (2 GiB; 64 MiB with `--quick`) through
 //! s3dma and through s3torchconnector (its S3 reader and its DCP
 //! reader/writer) and boto3, all pointed at the same storage-target, and
@@ -110,15 +111,19 @@ fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("S3DMA_PYTHON").filter(|p| !p.is_empty()) {
         return p.into();
     }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.ancestors()
-                .skip(1)
-                .map(|dir| dir.join(".venv/bin/python"))
-                .find(|p| p.is_file())
-        })
+    repo_root()
+        .map(|root| root.join(".venv/bin/python"))
+        .filter(|p| p.is_file())
         .unwrap_or_else(|| "python3".into())
+}
+
+/// The repository this binary was built in, when it runs from there.
+fn repo_root() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .find(|dir| dir.join("host-shim/python/s3dma/__init__.py").is_file())
+        .map(std::path::Path::to_path_buf)
 }
 
 /// What the Python half is pointed at.
@@ -162,6 +167,9 @@ async fn measure(
         .env("S3DMA_BENCH_BUCKET", &target.bucket)
         .env("S3DMA_BENCH_BYTES", bytes.to_string())
         .env("S3DMA_BENCH_ROUNDS", rounds.to_string())
+        // From a checkout, the integrations measured are the checkout's
+        // (not an older copy installed in the venv).
+        .env("PYTHONPATH", python_path())
         .env("AWS_ACCESS_KEY_ID", &target.key_id)
         .env("AWS_SECRET_ACCESS_KEY", &target.secret)
         .env("AWS_DEFAULT_REGION", s3dma_launcher::REGION)
@@ -208,6 +216,18 @@ async fn measure(
         m.insert(format!("{base}_vs_memcpy"), num(ratio(o, c)));
     }
     Ok(m)
+}
+
+/// `<repo>/host-shim/python` first, then the caller's `$PYTHONPATH`.
+fn python_path() -> std::ffi::OsString {
+    let mut parts: Vec<PathBuf> = repo_root()
+        .map(|root| root.join("host-shim/python"))
+        .into_iter()
+        .collect();
+    if let Some(old) = std::env::var_os("PYTHONPATH") {
+        parts.extend(std::env::split_paths(&old));
+    }
+    std::env::join_paths(parts).unwrap_or_default()
 }
 
 fn num(v: Option<f64>) -> Value {
