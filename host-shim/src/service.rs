@@ -307,7 +307,7 @@ impl TenantService {
                 key: item.key,
                 range: item.range,
                 destination: window.token.clone(),
-                if_match: String::new(),
+                if_match: item.if_match,
             };
             let resp = self
                 .agent

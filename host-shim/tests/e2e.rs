@@ -782,5 +782,33 @@ async fn a_batch_fills_one_buffer_item_by_item() {
         "{e}"
     );
     assert!(dst.as_slice()[8 * slot..].iter().all(|&x| x == 0xEE));
+
+    // Items pinned to a version: the right ETag reads, another one is
+    // PreconditionFailed for that item alone and places nothing.
+    let etag = results[0].as_ref().unwrap().object.etag.clone();
+    dst.as_mut_slice().fill(0xEE);
+    let pinned = [
+        Some(etag),
+        Some("\"0123456789abcdef0123456789abcdef\"".to_owned()),
+    ];
+    let items: Vec<s3dma_client::GetItem> = pinned
+        .into_iter()
+        .enumerate()
+        .map(|(i, if_match)| s3dma_client::GetItem {
+            bucket: "alice-data".into(),
+            key: "batch/0".into(),
+            offset: i * slot,
+            length: Some(slot as u64),
+            if_match,
+            ..Default::default()
+        })
+        .collect();
+    let results = guard(c.get_objects(&mut dst, &items, 2)).await.unwrap();
+    let got = results[0].as_ref().unwrap();
+    assert_eq!(&dst.as_slice()[..want[0].len()], &want[0][..]);
+    assert_eq!(got.bytes_placed, want[0].len() as u64);
+    let e = results[1].as_ref().unwrap_err();
+    assert_eq!(e.code(), "PreconditionFailed", "{e}");
+    assert!(dst.as_slice()[slot..2 * slot].iter().all(|&x| x == 0xEE));
     assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 0.0);
 }

@@ -839,6 +839,20 @@ def test_get_objects_batch(client, prefix):
             assert r.bytes_placed == n and sha(r.memoryview()) == want
         assert isinstance(res[4], s3dma.NotFound) and res[4].code == "NoSuchKey"
         assert not np.any(arr[100000:] != SENTINEL)
+
+        # Items pinned to a version: the right ETag reads; another ETag
+        # fails that item alone, and its slice is left as it was.
+        arr[:] = SENTINEL
+        etag = res[3].etag
+        pinned = client.get_objects(
+            [
+                s3dma.GetItem(BUCKET, keys[3], buf, offset=0, range=(0, 999), if_match=etag),
+                (BUCKET, keys[3], buf, 2000, 1000, (0, 999), '"0123456789abcdef0123456789abcdef"'),
+            ]
+        )
+        assert isinstance(pinned[0], s3dma.GetResult) and pinned[0].etag == etag, pinned[0]
+        assert isinstance(pinned[1], s3dma.PreconditionFailed), pinned[1]
+        assert not np.any(arr[2000:3000] != SENTINEL)
     for k in keys:
         client.delete(BUCKET, k)
 

@@ -282,6 +282,9 @@ pub struct GetItem {
     pub offset: usize,
     /// Bytes of the buffer it may fill (`None` = to the end of the buffer).
     pub length: Option<u64>,
+    /// Fail the item with `PreconditionFailed` unless the object's ETag is
+    /// this one (`None` = any version).
+    pub if_match: Option<String>,
 }
 
 /// How [`Client::connect_with`] connects.
@@ -582,6 +585,7 @@ impl Client {
                 key: it.key.clone(),
                 range: it.range.map(Into::into),
                 destination: Some(destination),
+                if_match: it.if_match.clone().unwrap_or_default(),
             });
         }
         let req = tenant::GetObjectsRequest {

@@ -153,6 +153,9 @@ class GetItem:
     offset: int = 0
     length: Optional[int] = None
     range: RangeLike = None
+    # Fail this item with PreconditionFailed unless the object's ETag is
+    # this one ("" = any version).
+    if_match: str = ""
 
 
 # -- buffers ----------------------------------------------------------------
@@ -616,7 +619,7 @@ class Client:
         """Many GETs in one call. Returns, in the order of ``items``, a
         :class:`GetResult` or the :class:`S3dmaError` of each item. Items are
         :class:`GetItem`, dicts of its fields, or tuples
-        ``(bucket, key, buffer[, offset[, length[, range]]])``."""
+        ``(bucket, key, buffer[, offset[, length[, range[, if_match]]]])``."""
         norm: List[GetItem] = []
         for it in items:
             if isinstance(it, GetItem):
@@ -627,7 +630,7 @@ class Client:
                 norm.append(GetItem(*it))
         req = tenant_pb2.GetObjectsRequest(concurrency=concurrency)
         for it in norm:
-            pi = req.items.add(bucket=it.bucket, key=it.key)
+            pi = req.items.add(bucket=it.bucket, key=it.key, if_match=it.if_match or "")
             pi.destination.CopyFrom(self._slice(it.buffer, it.offset, it.length))
             br = parse_range(it.range)
             if br is not None:

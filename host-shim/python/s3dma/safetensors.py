@@ -333,16 +333,26 @@ def read_header(url: str, *, client: Optional[Client] = None, socket: Optional[s
 def _fetch(c: Client, bucket: str, key: str, buf: Buffer, start: int, length: int, etag: str,
            chunk_size: int, concurrency: int) -> None:
     """Bytes [start, start+length) of the object into buf[0:length], in
-    ranged chunks fetched in parallel; every chunk must carry ``etag``."""
+    ranged chunks fetched in parallel, each pinned to ``etag`` with If-Match
+    (a version that changed is refused by the agent, before any byte of the
+    chunk is placed); the returned ETags are checked again here."""
     items = [
         GetItem(bucket, key, buf, offset=o, length=min(chunk_size, length - o),
-                range=(start + o, start + min(o + chunk_size, length) - 1))
+                range=(start + o, start + min(o + chunk_size, length) - 1), if_match=etag)
         for o in range(0, length, chunk_size)
     ]
     for i in range(0, len(items), _MAX_ITEMS_PER_CALL):
         group = items[i : i + _MAX_ITEMS_PER_CALL]
         for it, r in zip(group, c.get_objects(group, concurrency=concurrency)):
             first, last = it.range  # type: ignore[misc]
+            if isinstance(r, errors.PreconditionFailed):
+                raise errors.PreconditionFailed(
+                    f"s3://{bucket}/{key} changed while it was loaded (ETag {etag} when the header was read; "
+                    f"bytes {first}-{last} are of another version now); load it again",
+                    code="PreconditionFailed",
+                    request_id=r.request_id,
+                    domain=errors.CLIENT_DOMAIN,
+                ) from r
             if isinstance(r, Exception):
                 r.message = f"s3://{bucket}/{key} bytes {first}-{last}: {r.message} (did the object change during the load?)"
                 r.args = (r.message,)

@@ -333,6 +333,7 @@ async fn batch_items_hold_permits_and_windows_as_they_run() {
             offset: i * 100,
             length: Some(100),
         }),
+        if_match: String::new(),
     };
     // Over the maximum: refused whole.
     let st = raw
