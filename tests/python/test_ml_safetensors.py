@@ -389,3 +389,20 @@ def test_other_devices_get_a_copy(client, prefix):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a GPU that torch can use (the CUDA stand-in serves only the driver API the shim uses); "
+    "runs on a GPU host with a host-shim built with the cuda feature",
+)
+def test_cuda_loads_land_in_registered_gpu_memory(client, prefix):
+    key = f"{prefix}gpu.safetensors"
+    url = f"s3://{BUCKET}/{key}"
+    sd = {"w": torch.randn(1 << 20), "b": torch.arange(1000, dtype=torch.int64), "h": torch.ones(3, dtype=torch.float16)}
+    s3st.save_file(sd, url, client=client)
+    got = s3st.load_file(url, device="cuda", client=client, first_read=4096, chunk_size=1 << 20)
+    for k, v in sd.items():
+        assert got[k].is_cuda and torch.equal(got[k].cpu(), v), k
+    # The registration was let go once the bytes were placed.
+    assert not [b for b in client.list_buffers() if b.kind == "cuda"]

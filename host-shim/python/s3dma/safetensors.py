@@ -330,14 +330,14 @@ def read_header(url: str, *, client: Optional[Client] = None, socket: Optional[s
 # -- load ---------------------------------------------------------------------
 
 
-def _fetch(c: Client, bucket: str, key: str, buf: Buffer, start: int, length: int, etag: str,
-           chunk_size: int, concurrency: int) -> None:
-    """Bytes [start, start+length) of the object into buf[0:length], in
+def _fetch(c: Client, bucket: str, key: str, buf: Any, start: int, length: int, etag: str,
+           chunk_size: int, concurrency: int, at: int = 0) -> None:
+    """Bytes [start, start+length) of the object into buf[at:at+length], in
     ranged chunks fetched in parallel, each pinned to ``etag`` with If-Match
     (a version that changed is refused by the agent, before any byte of the
     chunk is placed); the returned ETags are checked again here."""
     items = [
-        GetItem(bucket, key, buf, offset=o, length=min(chunk_size, length - o),
+        GetItem(bucket, key, buf, offset=at + o, length=min(chunk_size, length - o),
                 range=(start + o, start + min(o + chunk_size, length) - 1), if_match=etag)
         for o in range(0, length, chunk_size)
     ]
@@ -385,6 +385,33 @@ def _release_quietly(buf: Buffer) -> None:
         pass  # a closed lease already released it in the shim
 
 
+def _load_into_cuda(torch, c: Client, bucket: str, key: str, header, dtypes, dev, etag: str,
+                    chunk_size: int, concurrency: int) -> Optional[Dict[str, Any]]:
+    """The data section straight into GPU memory registered with the shim;
+    None when the shim cannot register CUDA memory (built without the
+    ``cuda`` feature, no driver there): the caller lands it in host memory."""
+    gpu = torch.empty(header.data_len, dtype=torch.uint8, device=dev)
+    try:
+        cbuf, at = c.register_cuda_tensor(gpu, label="safetensors-cuda")
+    except errors.Unsupported:
+        return None
+    try:
+        _fetch(c, bucket, key, cbuf, header.data_start, header.data_len, etag, chunk_size, concurrency, at=at)
+    finally:
+        cbuf.release()  # the tensors keep the allocation; the shim lets go of its mapping
+    out: Dict[str, Any] = {}
+    for t in header.tensors:
+        dt, item = dtypes[t.name], _DTYPES[t.dtype][1]
+        if t.nbytes == 0:
+            out[t.name] = torch.empty(t.shape, dtype=dt, device=dev)
+            continue
+        piece = gpu[t.begin : t.end]
+        if t.begin % item:
+            piece = piece.clone()  # view(dtype) needs an aligned offset
+        out[t.name] = piece.view(dt).reshape(t.shape)
+    return _ordered(out, header)
+
+
 def load_file(
     url: str,
     device: Any = "cpu",
@@ -398,9 +425,12 @@ def load_file(
     """Loads ``s3://bucket/key`` like ``safetensors.torch.load_file``.
 
     ``device="cpu"``: the tensors are zero-copy views of one registered
-    buffer (see the module doc for their lifetime). Another device: the data
-    lands in host memory, is copied to the device in one transfer, and the
-    host buffer is released before returning. ``client`` (default: one
+    buffer (see the module doc for their lifetime). ``device="cuda[:n]"``:
+    the data section is allocated on the GPU, registered with the shim
+    (``Client.register_cuda_tensor``) and the chunks land there directly;
+    a shim that cannot use CUDA memory makes it fall back to the next way.
+    Another device: the data lands in host memory, is copied to the device
+    in one transfer, and the host buffer is released before returning. ``client`` (default: one
     shared Client per process for ``socket``); ``chunk_size`` bytes per
     ranged GET, ``concurrency`` GETs at once; ``first_read`` bytes read for
     the header (a file that fits is read with that one GET)."""
@@ -424,6 +454,11 @@ def load_file(
         if first is not None:
             first.release()
         raise
+    if dev.type == "cuda" and buf is not first:
+        direct = _load_into_cuda(torch, c, bucket, key, header, dtypes, dev, etag, chunk_size, concurrency)
+        if direct is not None:
+            buf.release()
+            return direct
     try:
         if buf is not first:
             _fetch(c, bucket, key, buf, header.data_start, data_len, etag, chunk_size, concurrency)
