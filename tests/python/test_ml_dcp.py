@@ -448,3 +448,20 @@ def test_s3dma_errors_pass_through(client):
         dcp.save({"x": torch.ones(2)}, storage_writer=writer)
     failures = [exc for exc, _ in e.value.failures.values()]
     assert failures and all(isinstance(exc, s3dma.S3dmaError) for exc in failures), failures
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a GPU that torch can use (the CUDA stand-in serves only the driver API the shim uses); "
+    "runs on a GPU host with a host-shim built with the cuda feature",
+)
+def test_loading_into_cuda_tensors_lands_in_gpu_memory(client, url):
+    g = torch.Generator().manual_seed(11)
+    state = {"w": torch.randn(512, 512, generator=g), "b": torch.randn(512, generator=g).half()}
+    dcp.save(state, storage_writer=s3torch.StorageWriter(url, client=client))
+    target = {k: torch.zeros_like(v, device="cuda") for k, v in state.items()}
+    dcp.load(target, storage_reader=s3torch.StorageReader(url, client=client))
+    for k, v in state.items():
+        assert target[k].is_cuda and torch.equal(target[k].cpu(), v), k
+    # Each destination was registered for the read and let go after it.
+    assert not [b for b in client.list_buffers() if b.kind == "cuda"]

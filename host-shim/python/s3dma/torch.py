@@ -739,8 +739,12 @@ class _RankRead:
         raise KeyError(f"{idx} has no stored chunk in the checkpoint at {self.reader.checkpoint_id}")
 
     def run(self) -> None:
-        direct: List[Tuple[_Request, Buffer, int]] = []
+        direct: List[Tuple[_Request, Any, int]] = []
         staged: List[_Request] = []
+        # CUDA destinations registered with the shim for this read (released
+        # once their bytes are placed); False once the shim said it cannot.
+        cuda_bufs: List[Any] = []
+        cuda_ok = True
         for item in self.plan.items:
             s = self._slice(item)
             if item.type == LoadItemType.BYTE_IO:
@@ -767,20 +771,36 @@ class _RankRead:
             start = sum(o * st for o, st in zip(offsets, strides))
             end = sum((o + n - 1) * st for o, n, st in zip(offsets, lengths, strides)) + 1
             req = _Request(item, s.relative_path, s.offset + start * itemsize, (end - start) * itemsize, target, dtype, lengths, tuple(strides))
-            if end - start == count and target.dtype == dtype and target.device.type == "cpu" and target.is_contiguous():
-                found = self.client.find_buffer(target.data_ptr(), count * itemsize)
-                if found is not None:
-                    direct.append((req, found[0], found[1]))
-                    continue
+            if end - start == count and target.dtype == dtype and target.is_contiguous():
+                if target.device.type == "cpu":
+                    found = self.client.find_buffer(target.data_ptr(), count * itemsize)
+                    if found is not None:
+                        direct.append((req, found[0], found[1]))
+                        continue
+                elif target.device.type == "cuda" and cuda_ok:
+                    # Straight into GPU memory: the destination's allocation
+                    # registered with the shim by its IPC handle.
+                    try:
+                        cbuf, off = self.client.register_cuda_tensor(target, label="dcp-read-cuda")
+                    except errors.Unsupported:
+                        cuda_ok = False  # a shim without CUDA: stage through host memory
+                    else:
+                        cuda_bufs.append(cbuf)
+                        direct.append((req, cbuf, off))
+                        continue
             staged.append(req)
 
         batches = self._batches(staged)
         key = self.reader._key
         bucket = self.reader.bucket
         if direct:
-            results = self.client.get_objects(
-                [GetItem(bucket, key(r.name), buf, off, r.length, (r.first, r.first + r.length - 1)) for r, buf, off in direct]
-            )
+            try:
+                results = self.client.get_objects(
+                    [GetItem(bucket, key(r.name), buf, off, r.length, (r.first, r.first + r.length - 1)) for r, buf, off in direct]
+                )
+            finally:
+                for cbuf in cuda_bufs:
+                    cbuf.release()
             _raise_first_error(results)
             for (r, _, _), res in zip(direct, results):
                 if res.bytes_placed != r.length:
