@@ -277,13 +277,33 @@ def test_async_save_round_trip(client, url):
     model, opt = model_and_optimizer(6)
     saved = {"model": model.state_dict(), "optim": opt.state_dict()}
     expected = {"model": {k: v.clone() for k, v in saved["model"].items()}}
-    fut = dcp.async_save(saved, storage_writer=s3torch.StorageWriter(url, client=client))
-    # The staged copy is what gets written: changing the model now is safe.
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    result = fut.result(timeout=60) if hasattr(fut, "result") else fut.upload_completion.result(timeout=60)
+    # The writer stages (torch's AsyncStager protocol) straight into
+    # registered memory, and the upload PUTs the tensors from there.
+    labels = []
+    real_put = client.put_object_from
+
+    def put(bucket, key, buffer, *args, **kwargs):
+        labels.append(getattr(buffer, "label", None))
+        return real_put(bucket, key, buffer, *args, **kwargs)
+
+    client.put_object_from = put
+    try:
+        fut = dcp.async_save(saved, storage_writer=s3torch.StorageWriter(url, client=client))
+        # The staged copy is what gets written: changing the model now is safe.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        result = fut.result(timeout=60) if hasattr(fut, "result") else fut.upload_completion.result(timeout=60)
+    finally:
+        client.put_object_from = real_put
     assert result is not None
+    tensors = len(saved["model"]) + sum(
+        isinstance(v, torch.Tensor) and v.numel() > 0 for s in saved["optim"]["state"].values() for v in s.values()
+    )
+    assert labels.count("dcp-stage") == tensors, labels
+    # The rest: the non-tensor items (param_groups) packed in one object,
+    # and .metadata.
+    assert sorted(x for x in labels if x != "dcp-stage") == ["dcp-metadata", "dcp-write"], labels
     other, other_opt = model_and_optimizer(7)
     loaded = {"model": other.state_dict(), "optim": other_opt.state_dict()}
     dcp.load(loaded, storage_reader=s3torch.StorageReader(url, client=client))

@@ -399,6 +399,83 @@ class StorageWriter(_Storage, _DcpStorageWriter):
         self._set_url(checkpoint_id)
         self.save_id = _new_id()
 
+    # -- dcp.async_save staging (torch's AsyncStager protocol) -------------------
+    # async_save stages through the writer when it has these: the copy that
+    # makes the state dict training-safe is made straight into registered
+    # memory, so the upload PUTs it from there with no second copy.
+
+    _synchronize_after_execute = True
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    def synchronize_staging(self) -> None:
+        """Staging is synchronous: nothing to wait for."""
+
+    def stage(self, state_dict):
+        """A copy of ``state_dict`` whose tensors (and DTensors' local
+        shards) live in one registered buffer of this process's client
+        (64-byte aligned, copied once, also from GPU); other leaves are deep
+        copies. The buffer is released when the last staged tensor goes.
+        Used by ``dcp.async_save``."""
+        import copy
+        import weakref
+
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # torch without DTensor
+            DTensor = ()  # type: ignore[assignment]
+
+        leaves, spec = tree_flatten(state_dict)
+
+        def local(leaf):
+            if DTensor and isinstance(leaf, DTensor):
+                return leaf.to_local()
+            return leaf if isinstance(leaf, torch.Tensor) else None
+
+        places: List[int] = []
+        total = 0
+        for leaf in leaves:
+            t = local(leaf)
+            nbytes = t.numel() * t.element_size() if t is not None else 0
+            places.append(_align(total) if nbytes else -1)
+            if nbytes:
+                total = _align(total) + nbytes
+        buf = self._clients.get().alloc(total, label="dcp-stage") if total else None
+        mv = buf.memoryview() if buf is not None else None
+        staged = []
+        try:
+            for leaf, at in zip(leaves, places):
+                t = local(leaf)
+                if t is None:
+                    staged.append(copy.deepcopy(leaf))
+                    continue
+                if at < 0:
+                    copy_ = torch.empty(t.shape, dtype=t.dtype)
+                else:
+                    nbytes = t.numel() * t.element_size()
+                    copy_ = torch.frombuffer(mv, dtype=torch.uint8, count=nbytes, offset=at).view(t.dtype).view(t.shape)
+                    copy_.copy_(t.detach())
+                if DTensor and isinstance(leaf, DTensor):
+                    copy_ = DTensor.from_local(
+                        copy_, leaf.device_mesh, leaf.placements, run_check=False, shape=leaf.shape, stride=leaf.stride()
+                    )
+                staged.append(copy_)
+        except BaseException:
+            staged.clear()
+            if buf is not None:
+                mv.release()
+                buf.release()
+            raise
+        if buf is not None:
+            # The staged tensors hold `mv`, `mv` holds the mapping, and this
+            # holds the Buffer (so the upload finds it): let go with the last.
+            weakref.finalize(mv, _release_quietly, buf).atexit = False
+        return tree_unflatten(staged, spec)
+
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank")
@@ -602,6 +679,13 @@ def _write_item_bytes(item: WriteItem) -> int:
     # The chunk this rank writes (tensor_data.size is the whole tensor's).
     td = item.tensor_data
     return _numel(td.chunk.sizes) * _element_size(td.properties.dtype)
+
+
+def _release_quietly(buf: Buffer) -> None:
+    try:
+        buf.release()
+    except (errors.S3dmaError, ValueError):
+        pass  # the client is closed or gone: the lease freed it
 
 
 def _new_id() -> str:
