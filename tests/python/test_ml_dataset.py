@@ -274,3 +274,19 @@ def test_object_dataset_still_works_and_module_imports_without_torch(stack, fact
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ndarray", "True", "True", "ImportError", "True"], out.stdout + out.stderr
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a GPU that torch can use (the CUDA stand-in serves only the driver API the shim uses); "
+    "runs on a GPU host with a host-shim built with the cuda feature",
+)
+def test_cuda_slots_receive_the_objects_directly(factory, objects):
+    _, want = objects
+    keys = sorted(want)[:16]
+    ds = S3dmaMapDataset(factory, BUCKET, keys, max_size=64, slots=16, device="cuda")
+    batch = ds.get_batch(range(16))
+    for key, sample in zip(keys, batch):
+        assert sample.is_cuda and bytes(sample.cpu().numpy()) == want[key]
+    assert [b for b in ds.client.list_buffers() if b.kind == "cuda"], "the slots are registered GPU memory"
+    ds.close()

@@ -248,6 +248,11 @@ class _Shard:
         self._client: Optional[Client] = None
         self._buffer: Optional[Buffer] = None
         self._mv: Optional[memoryview] = None
+        # device="cuda": the slots live in GPU memory registered with the
+        # shim (objects land there directly), unless the shim cannot.
+        self._gpu_ring = None
+        self._gpu_at = 0
+        self._gpu_ok = True
         self._next = 0
         self._lock = threading.Lock()
         if prefix is not None:
@@ -266,7 +271,7 @@ class _Shard:
     # Pickled into spawn/forkserver workers: only the recipe travels.
     def __getstate__(self):
         d = dict(self.__dict__)
-        d.update(_state_pid=None, _client=None, _buffer=None, _mv=None, _next=0, _lock=None)
+        d.update(_state_pid=None, _client=None, _buffer=None, _mv=None, _gpu_ring=None, _gpu_at=0, _next=0, _lock=None)
         return d
 
     def __setstate__(self, d):
@@ -279,12 +284,21 @@ class _Shard:
             if self._client is not None:
                 _inherited.append((self._client, self._buffer, self._mv))  # never closed from here
             self._client = self.client_factory()
-            self._buffer = self._mv = None
+            self._buffer = self._mv = self._gpu_ring = None
             self._next = 0
             self._state_pid = pid
         return self._client  # type: ignore[return-value]
 
-    def _slot_buffer(self) -> Buffer:
+    def _slot_buffer(self) -> Any:
+        if self._buffer is None and self.device is not None and self.device.type == "cuda" and self._gpu_ok:
+            import torch
+
+            ring = torch.empty(self.slots * self.slot_size, dtype=torch.uint8, device=self.device)
+            try:
+                self._buffer, self._gpu_at = self._ensure().register_cuda_tensor(ring, label=self.label)
+                self._gpu_ring = ring
+            except errors.Unsupported:
+                self._gpu_ok = False  # a shim without CUDA: host slots, then a copy
         if self._buffer is None:
             self._buffer = self._ensure().alloc(self.slots * self.slot_size, label=self.label)
             self._mv = self._buffer.memoryview()
@@ -309,11 +323,13 @@ class _Shard:
         client, buf = self._client, self._buffer
         if len(keys) == 1:  # no batch overhead for one object
             try:
-                res = [client.get_object_into(self.bucket, keys[0], buf, offsets[0], self.slot_size)]  # type: ignore[union-attr]
+                at = self._gpu_at if self._gpu_ring is not None else 0
+                res = [client.get_object_into(self.bucket, keys[0], buf, at + offsets[0], self.slot_size)]  # type: ignore[union-attr]
             except errors.S3dmaError as e:
                 res = [e]
         else:
-            items = [GetItem(self.bucket, k, buf, offset=o, length=self.slot_size) for k, o in zip(keys, offsets)]  # type: ignore[arg-type]
+            at = self._gpu_at if self._gpu_ring is not None else 0
+            items = [GetItem(self.bucket, k, buf, offset=at + o, length=self.slot_size) for k, o in zip(keys, offsets)]  # type: ignore[arg-type]
             res = client.get_objects(items, concurrency=self.concurrency)  # type: ignore[union-attr]
         out = []
         for k, o, r in zip(keys, offsets, res):
@@ -338,6 +354,11 @@ class _Shard:
             dtype = self.dtype if self.dtype is not None else torch.uint8
             item = torch.empty((), dtype=dtype).element_size()
             count = nbytes // item
+            if self._gpu_ring is not None:
+                # Landed in the GPU slots: a view of them, cloned unless
+                # copy=False (the slot is reused `slots` samples later).
+                t = self._gpu_ring[offset : offset + count * item].view(dtype)
+                return t if copy is False else t.clone()
             if count == 0:
                 t = torch.empty(0, dtype=dtype)
             else:
@@ -363,7 +384,8 @@ class _Shard:
         views stay readable)."""
         if self._client is not None and self._state_pid == os.getpid():
             self._client.close()
-        self._client = self._buffer = self._mv = None
+        # The GPU slots go only after the lease let go of their registration.
+        self._client = self._buffer = self._mv = self._gpu_ring = None
         self._state_pid = None
 
 
