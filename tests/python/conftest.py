@@ -419,3 +419,25 @@ def bucket_factory(target):
     yield factory
     for name, user in made:
         empty_and_delete_bucket(target.client(user), name)
+
+
+# -- the tenant-client suites: `s3dma local` per test module ----------------
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """storage-target, dpu-agent and host-shim (`s3dma local`, tcp fabric)
+    for one test module (see tenant_stack.py)."""
+    from tenant_stack import running_stack
+
+    with running_stack(tmp_path_factory.mktemp("s3dma-local")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    """An s3dma.Client of the module's stack."""
+    import s3dma
+
+    with s3dma.Client(stack.socket) as c:
+        yield c

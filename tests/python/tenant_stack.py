@@ -10,6 +10,7 @@ they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -152,3 +154,19 @@ class LocalStack:
                 rc = proc.returncode
         shutil.rmtree(self.sockdir, ignore_errors=True)
         return rc
+
+
+@contextlib.contextmanager
+def running_stack(workdir: Path) -> Iterator[LocalStack]:
+    """`s3dma local` for the length of the block; on the way out it must
+    stop cleanly on SIGINT, and no service may have panicked."""
+    require_binaries()
+    s = LocalStack(workdir)
+    s.start()
+    try:
+        yield s
+    finally:
+        rc = s.stop()
+        diag = s.diagnostics(200)
+        assert "panicked" not in diag, f"a service panicked during the tests:\n{diag}"
+        assert rc in (0, None), f"s3dma local exited {rc} on SIGINT\n{diag}"

@@ -25,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tenant_stack import BUCKET, LocalStack, require_binaries  # noqa: E402
+from tenant_stack import BUCKET  # noqa: E402
 
 import s3dma  # noqa: E402
 
@@ -89,23 +89,6 @@ def need_driver():
     if os.environ.get("S3DMA_REQUIRE_CUDA") == "1":
         pytest.fail(f"S3DMA_REQUIRE_CUDA=1 but {why}", pytrace=False)
     pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    require_binaries()
-    s = LocalStack(tmp_path_factory.mktemp("s3dma-cuda"))
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(stack):
-    with s3dma.Client(stack.socket) as c:
-        yield c
 
 
 def test_handles_of_the_wrong_size_are_refused_before_the_shim(client):

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tenant_stack import BUCKET, PY_CLIENT, LocalStack, require_binaries  # noqa: E402  (sets sys.path)
+from tenant_stack import BUCKET, PY_CLIENT  # noqa: E402  (sets sys.path)
 
 
 def _require(name: str):
@@ -41,24 +41,6 @@ import s3dma  # noqa: E402
 from s3dma.dataset import ObjectDataset, S3dmaIterableDataset, S3dmaMapDataset  # noqa: E402
 
 N = 1000
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    require_binaries()
-    s = LocalStack(tmp_path_factory.mktemp("s3dma-ds"))
-    s.start()
-    try:
-        yield s
-    finally:
-        rc = s.stop()
-        assert rc in (0, None), f"s3dma local exited {rc} on SIGINT\n{s.diagnostics(200)}"
-
-
-@pytest.fixture(scope="module")
-def client(stack):
-    with s3dma.Client(stack.socket) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

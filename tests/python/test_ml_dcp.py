@@ -14,12 +14,11 @@ import functools
 import os
 import pickle
 import socket
-import sys
 import uuid
 
 import pytest
 
-from tenant_stack import BUCKET, LocalStack, require_binaries  # noqa: E402  (sets sys.path)
+from tenant_stack import BUCKET  # noqa: E402  (sets sys.path)
 
 if os.environ.get("CI"):
     import torch  # CI installs torch: a missing one is a failure, not a skip
@@ -41,26 +40,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 # ---------------------------------------------------------------------------
 # fixtures and helpers
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    require_binaries()
-    s = LocalStack(tmp_path_factory.mktemp("s3dma-local"))
-    s.start()
-    try:
-        yield s
-    finally:
-        rc = s.stop()
-        diag = s.diagnostics(200)
-        assert "panicked" not in diag, f"a service panicked during the tests:\n{diag}"
-        assert rc in (0, None), f"s3dma local exited {rc} on SIGINT\n{diag}"
-
-
-@pytest.fixture(scope="module")
-def client(stack):
-    with s3dma.Client(stack.socket) as c:
-        yield c
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from datetime import datetime
 
 import pytest
 
-from tenant_stack import BUCKET, LocalStack, require_binaries  # noqa: E402  (sets sys.path)
+from tenant_stack import BUCKET  # noqa: E402  (sets sys.path)
 
 if os.environ.get("CI"):
     import fsspec  # CI installs the [fsspec] extra: missing is a failure there, not a skip
@@ -39,20 +39,6 @@ MIB = 1024 * KIB
 # ---------------------------------------------------------------------------
 # fixtures
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    require_binaries()
-    s = LocalStack(tmp_path_factory.mktemp("s3dma-local"))
-    s.start()
-    try:
-        yield s
-    finally:
-        rc = s.stop()
-        diag = s.diagnostics(200)
-        assert "panicked" not in diag, f"a service panicked during the tests:\n{diag}"
-        assert rc in (0, None), f"s3dma local exited {rc} on SIGINT\n{diag}"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from tenant_stack import BUCKET, LocalStack, require_binaries  # noqa: E402  (sets sys.path)
+from tenant_stack import BUCKET  # noqa: E402  (sets sys.path)
 
 
 def _require(name: str):
@@ -39,24 +39,6 @@ import s3dma  # noqa: E402
 from s3dma import safetensors as s3st  # noqa: E402
 
 MIB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    require_binaries()
-    s = LocalStack(tmp_path_factory.mktemp("s3dma-st"))
-    s.start()
-    try:
-        yield s
-    finally:
-        rc = s.stop()
-        assert rc in (0, None), f"s3dma local exited {rc} on SIGINT\n{s.diagnostics(200)}"
-
-
-@pytest.fixture(scope="module")
-def client(stack):
-    with s3dma.Client(stack.socket) as c:
-        yield c
 
 
 @pytest.fixture

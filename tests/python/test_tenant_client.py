@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tenant_stack import BUCKET, PY_CLIENT, LocalStack, require_binaries  # noqa: E402  (sets sys.path)
+from tenant_stack import BUCKET, PY_CLIENT  # noqa: E402  (sets sys.path)
 
 import s3dma  # noqa: E402
 from s3dma import errors, lease  # noqa: E402
@@ -436,27 +436,6 @@ def test_a_shim_that_hangs_up_before_answering_is_access_denied(tmp_path):
 # ---------------------------------------------------------------------------
 # end to end: fixtures
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    require_binaries()
-    s = LocalStack(tmp_path_factory.mktemp("s3dma-local"))
-    s.start()
-    try:
-        yield s
-    finally:
-        rc = s.stop()
-        diag = s.diagnostics(200)
-        if "panicked" in diag:
-            print(f"a service panicked during the tests:\n{diag}", file=sys.stderr)
-        assert rc in (0, None), f"s3dma local exited {rc} on SIGINT\n{diag}"
-
-
-@pytest.fixture(scope="module")
-def client(stack):
-    with s3dma.Client(stack.socket) as c:
-        yield c
 
 
 @pytest.fixture
