@@ -4,6 +4,7 @@
 //! counts bytes and records metrics; plus graceful shutdown.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -169,6 +170,8 @@ struct CountingBody {
     inner: Incoming,
     metrics: Arc<Metrics>,
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Set once the body has been read to its end.
+    ended: Arc<AtomicBool>,
 }
 
 impl http_body::Body for CountingBody {
@@ -197,6 +200,9 @@ impl http_body::Body for CountingBody {
             && let Some(d) = f.data_ref()
         {
             self.metrics.add_bytes_in(d.len() as u64);
+        }
+        if matches!(r, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.ended.store(true, Ordering::Relaxed);
         }
         r.map(|o| o.map(|r| r.map_err(std::io::Error::other)))
     }
@@ -344,10 +350,12 @@ impl Handler {
             let payload = payload_mode(&parts.headers);
             parts.extensions.insert(RequestId(request_id.clone()));
             parts.extensions.insert(op.clone());
+            let ended = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&body)));
             let body = s3s::Body::http_body_unsync(CountingBody {
                 inner: body,
                 metrics: Arc::clone(&self.metrics),
                 idle: None,
+                ended: Arc::clone(&ended),
             });
             let outcome = match crate::precheck::precheck(&mut parts, &self.region) {
                 Ok(()) => self.s3.call(Request::from_parts(parts, body)).await,
@@ -407,6 +415,16 @@ impl Handler {
                 http::header::SERVER,
                 HeaderValue::from_static("s3dma-storage-target"),
             );
+            // A request answered before its body was read (denied before a
+            // byte of it, say) ends the connection. Kept alive, hyper would
+            // skip the body's length of what follows, but a client that sent
+            // `Expect: 100-continue` and saw no 100 never sends that body:
+            // the skipped bytes would be the start of its next request.
+            if !ended.load(Ordering::Relaxed) {
+                parts
+                    .headers
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            }
             let op_name = op.get();
             if status.is_server_error() {
                 error!(op = %op_name, status = status.as_u16(), payload = %payload, "request failed");
