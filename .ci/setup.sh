@@ -35,6 +35,12 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
+# Python test clients live in a project-local virtual environment. In CI
+# (one throw-away run) pip keeps no second copy of the wheels it installs:
+# torch's come to about 3 GB.
+if [ -n "${CI:-}" ]; then
+  export PIP_NO_CACHE_DIR=1
+fi
 # Python test clients live in a project-local virtual environment.
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

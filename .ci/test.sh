@@ -5,7 +5,19 @@ cd "$(dirname "$0")/.."
 bash .ci/setup.sh
 
 export CARGO_TERM_COLOR=never
-step() { printf '\n==> %s (%ss)\n' "$*" "$SECONDS"; }
+# Each step also prints the free disk space: a full disk fails a build far
+# from its cause.
+step() {
+  printf '\n==> %s (%ss)\n' "$*" "$SECONDS"
+  df -h . | awk 'NR == 2 { print "disk: " $4 " free of " $2 }'
+}
+# In CI (a throw-away clone) build outputs no later step reads are deleted as
+# soon as they are done with, so the run fits a small disk.
+prune() {
+  if [ -n "${CI:-}" ]; then
+    rm -rf "$@"
+  fi
+}
 if [ -n "${CI:-}" ]; then
   # A clean build on 2 cores: incremental state and full debug info only cost
   # time there (line tables keep panics' backtraces readable).
@@ -58,8 +70,13 @@ step "hadolint"
 .venv/bin/hadolint images/Containerfile.dpu-agent
 echo "hadolint: ok"
 
+# Nothing below reads the host's debug build (the VM step and helm were its
+# last users).
+prune target/debug
+
 step "arm64: cross-build, unit tests under qemu-user"
 bash images/cross-test.sh
+prune target-arm64/aarch64-unknown-linux-gnu/debug target-arm64/debug
 
 step "arm64: the dpu-agent image (buildah, oci-archive, skopeo inspect)"
 SKIP_SETUP=1 bash images/build.sh
