@@ -13,6 +13,7 @@ APT_PACKAGES=(
   curl ca-certificates
   iproute2 util-linux procps                # fault tests: netns/veth, tmpfs mounts, ps
   shellcheck                                # the project's shell scripts
+  ceph-mon ceph-osd radosgw ceph-common      # an existing S3 cluster for the tests (tests/ceph)
 )
 
 missing=()

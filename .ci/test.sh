@@ -63,7 +63,7 @@ step "helm charts: lint, render, validate; rendered configs checked by the binar
 S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh
 
 step "shellcheck"
-shellcheck tests/structure/*.sh .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh tests/cuda-standin/*.sh
+shellcheck tests/structure/*.sh tests/ceph/*.sh .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh tests/cuda-standin/*.sh
 echo "shellcheck: ok"
 
 step "hadolint"

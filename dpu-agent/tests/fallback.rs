@@ -1,6 +1,7 @@
 //! The fallback path: targets that decline RDMA (storage-target with RDMA
 //! disabled answers `x-amz-rdma-reply: 501`) or never heard of it (moto, a
-//! third-party S3 server, configured `rdma: false`). The agent moves the
+//! third-party S3 server, and Ceph's radosgw, an existing S3 cluster,
+//! both configured `rdma: false`). The agent moves the
 //! bytes between HTTP bodies and the tenant's window through its own
 //! registered staging memory; the tenant sees the same API.
 
@@ -91,21 +92,38 @@ async fn storage_target_with_rdma_disabled() {
 async fn third_party_s3_server_moto() {
     let moto = Moto::start();
     let sdk = s3_client(&moto.endpoint, ALICE.0, ALICE.1);
-    sdk.create_bucket()
-        .bucket("alice-data")
-        .send()
-        .await
-        .unwrap();
+    foreign_server("moto", &moto.endpoint, &sdk, "alice-data").await;
+}
+
+/// An existing S3 cluster: Ceph's radosgw (Debian's packages), the user
+/// made with `radosgw-admin`. Not run in the Soft-RoCE VM (HTTP only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_cluster_ceph_radosgw() {
+    let ceph = Ceph::shared();
+    let sdk = ceph.user("alice", ALICE);
+    foreign_server("ceph", &ceph.endpoint, &sdk, "alice-fallback").await;
+}
+
+/// The agent in front of an S3 server that never heard of RDMA
+/// (`rdma: false`): round trips, listing, errors, no upload left behind.
+async fn foreign_server(
+    name: &'static str,
+    endpoint: &str,
+    sdk: &aws_sdk_s3::Client,
+    bucket: &'static str,
+) {
+    sdk.create_bucket().bucket(bucket).send().await.unwrap();
     let mut spec = AgentSpec::new(vec![TargetSpec {
-        name: "moto",
-        endpoint: moto.endpoint.clone(),
-        buckets: vec!["alice-data"],
+        name,
+        endpoint: endpoint.to_string(),
+        buckets: vec![bucket],
         rdma: false,
     }]);
     spec.transfer = SPEC_TRANSFER.into();
+    spec.extra_buckets = vec![("alice", bucket)];
     let agent = Agent::start(spec);
     let shim = agent.client().await;
-    round_trips(&shim, &sdk, "alice-data", &[0, 1, (9 << 20) + 7, 13 << 20]).await;
+    round_trips(&shim, sdk, bucket, &[0, 1, (9 << 20) + 7, 13 << 20]).await;
 
     // Listing and errors come through from a foreign server too.
     let r = shim
@@ -113,7 +131,7 @@ async fn third_party_s3_server_moto() {
         .clone()
         .list_objects(shim.req(pb::ListObjectsRequest {
             tenant: "alice".into(),
-            bucket: "alice-data".into(),
+            bucket: bucket.into(),
             prefix: "fb/".into(),
             ..Default::default()
         }))
@@ -124,7 +142,7 @@ async fn third_party_s3_server_moto() {
     let mem = Memory::new(4096).await;
     let (_w, tok) = mem.window(0, 4096, Access::REMOTE_WRITE);
     let e = shim
-        .get("alice", "alice-data", "missing", None, &tok)
+        .get("alice", bucket, "missing", None, &tok)
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
@@ -132,7 +150,7 @@ async fn third_party_s3_server_moto() {
     // The multipart upload was completed, none left behind.
     let ups = sdk
         .list_multipart_uploads()
-        .bucket("alice-data")
+        .bucket(bucket)
         .send()
         .await
         .unwrap();

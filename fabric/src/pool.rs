@@ -147,6 +147,13 @@ impl StagingPool {
         &self.region
     }
 
+    /// A free buffer now, or `None` when all are in use.
+    #[must_use]
+    pub fn try_acquire(self: &Arc<Self>) -> Option<StagingBuf> {
+        let permit = Arc::clone(&self.sem).try_acquire_owned().ok()?;
+        Some(self.take(permit))
+    }
+
     /// Waits for a free buffer.
     ///
     /// # Panics
@@ -157,6 +164,12 @@ impl StagingPool {
             .acquire_owned()
             .await
             .expect("the staging semaphore is never closed");
+        self.take(permit)
+    }
+
+    /// The buffer a permit stands for.
+    #[allow(clippy::expect_used)]
+    fn take(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> StagingBuf {
         let index = self
             .free
             .lock()

@@ -2,7 +2,8 @@
 //! agent's and the shim's integration tests and the agent's bench:
 //! storage-targets and dpu-agents (the workspace's binaries, found in the
 //! target directory above the test binary), a moto S3 server (third-party
-//! S3, from the test virtualenv), and a test "shim" that holds tcp-fabric
+//! S3, from the test virtualenv), a one-node Ceph cluster (an existing S3
+//! cluster: radosgw from Debian's packages), and a test "shim" that holds tcp-fabric
 //! memory and calls the agent's gRPC API.
 //!
 //! dpu-agent's tests (`dpu-agent/tests/common`) and host-shim's
@@ -23,6 +24,9 @@ use s3dma_proto::agent::v1 as pb;
 use s3dma_proto::agent::v1::agent_client::AgentClient;
 use sha2::Digest as _;
 use tonic::transport::Channel;
+
+/// The gateway's cache section, for [`TargetOpts::gateway`].
+pub use storage_target::gateway::CacheConfig;
 
 /// Fabric key shared by tenant memory, agent and targets.
 pub const FABRIC_KEY_HEX: &str = "8899aabbccddeeff00112233445566778899aabbccddeeff0011223344556677";
@@ -160,6 +164,11 @@ pub struct TargetOpts {
     /// The data directory (default: `data` in the target's temporary
     /// directory), e.g. a small tmpfs mounted by the test.
     pub data_dir: Option<PathBuf>,
+    /// Run as a gateway (`store: s3`) in front of this upstream instead of
+    /// the filesystem store.
+    pub upstream: Option<storage_target::gateway::UpstreamConfig>,
+    /// The gateway's cache section (default: the section's defaults).
+    pub cache: Option<storage_target::gateway::CacheConfig>,
 }
 
 impl TargetOpts {
@@ -170,6 +179,17 @@ impl TargetOpts {
             listen_ip: "127.0.0.1".into(),
             wrap: Vec::new(),
             data_dir: None,
+            upstream: None,
+            cache: None,
+        }
+    }
+
+    /// A gateway (RDMA enabled) in front of `upstream`.
+    pub fn gateway(upstream: &str, cache: storage_target::gateway::CacheConfig) -> TargetOpts {
+        TargetOpts {
+            upstream: Some(storage_target::gateway::UpstreamConfig::new(upstream)),
+            cache: Some(cache),
+            ..TargetOpts::new(true)
         }
     }
 }
@@ -187,6 +207,8 @@ impl Target {
             listen_ip,
             wrap,
             data_dir,
+            upstream,
+            cache,
         } = opts;
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("fabric.key");
@@ -221,6 +243,14 @@ impl Target {
         cfg.rdma.fabric_key_file = Some(key);
         cfg.rdma.backend = backend();
         cfg.rdma.connect_timeout_ms = 2000;
+        if let Some(up) = upstream {
+            cfg.store = storage_target::gateway::StoreKind::S3;
+            cfg.upstream = Some(up);
+            cfg.data_dir = PathBuf::new();
+        }
+        if let Some(c) = cache {
+            cfg.cache = c;
+        }
         let config = dir.path().join("target.yaml");
         crate::configs::write(&config, &cfg).unwrap();
         let log = dir.path().join("target.log");
@@ -325,6 +355,34 @@ impl Target {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        scrape(&self.metrics).await
+    }
+}
+
+/// `GET` of a `http://IP:PORT/metrics` URL, the whole response.
+pub async fn scrape(url: &str) -> String {
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let addr = url
+            .trim_start_matches("http://")
+            .trim_end_matches("/metrics")
+            .to_owned();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        use std::io::{Read as _, Write as _};
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap()
 }
 
 impl Drop for Target {
@@ -402,6 +460,114 @@ impl Drop for Moto {
     }
 }
 
+/// A throw-away one-node Ceph cluster (one monitor, one memstore OSD,
+/// radosgw on loopback, cephx off) from Debian's packages, started by
+/// `tests/ceph/cluster.sh`: the existing S3 cluster the gateway and fallback
+/// suites run against. One per test binary ([`Ceph::shared`]): it starts in
+/// about 15 s, and the script's watcher stops it and deletes its directory
+/// when the test process exits, however it exits.
+#[derive(Debug)]
+pub struct Ceph {
+    dir: PathBuf,
+    /// radosgw's S3 endpoint, `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    users: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Ceph {
+    /// The test binary's cluster, started on first use.
+    ///
+    /// # Panics
+    /// When the Ceph packages are missing (`bash .ci/setup.sh` installs
+    /// them) or the cluster does not come up (the message has the script's
+    /// error, which names the daemon's log).
+    pub fn shared() -> &'static Ceph {
+        static CEPH: std::sync::OnceLock<Ceph> = std::sync::OnceLock::new();
+        CEPH.get_or_init(Ceph::start)
+    }
+
+    fn start() -> Ceph {
+        let dir = std::env::temp_dir().join(format!(
+            "s3dma-ceph-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        ));
+        let (mon, rgw) = (free_port(), free_port());
+        let out = Command::new("bash")
+            .arg(workspace_root().join("tests/ceph/cluster.sh"))
+            .args(["start", dir.to_str().unwrap()])
+            .args([mon.to_string(), rgw.to_string()])
+            .arg(std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the Ceph cluster did not start: {}{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let endpoint = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("endpoint "))
+            .unwrap_or_else(|| panic!("cluster.sh printed no endpoint: {stdout}"))
+            .to_string();
+        Ceph {
+            dir,
+            endpoint,
+            users: Default::default(),
+        }
+    }
+
+    /// Makes `uid` an S3 user of the cluster with these keys (once per
+    /// uid); returns an aws-sdk-s3 client for it.
+    ///
+    /// # Panics
+    /// When `radosgw-admin` fails.
+    pub fn user(&self, uid: &str, (ak, sk): (&str, &str)) -> S3Client {
+        let mut users = self.users.lock().unwrap();
+        if users.insert(uid.to_string()) {
+            let out = Command::new("bash")
+                .arg(workspace_root().join("tests/ceph/cluster.sh"))
+                .args(["user", self.dir.to_str().unwrap(), uid, ak, sk])
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "radosgw-admin: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        s3_client(&self.endpoint, ak, sk)
+    }
+
+    /// `radosgw-admin` with this cluster's configuration; returns stdout.
+    ///
+    /// # Panics
+    /// When it fails.
+    pub fn admin(&self, args: &[&str]) -> String {
+        let out = Command::new("radosgw-admin")
+            .arg("-c")
+            .arg(self.dir.join("ceph.conf"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "radosgw-admin {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
 /// A free TCP port on loopback (bound, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -440,6 +606,9 @@ pub struct AgentSpec {
     /// Command prefix the binary runs under (e.g. `ip netns exec NAME`;
     /// it must exec the binary). Default: none.
     pub wrap: Vec<String>,
+    /// More buckets a tenant (`alice` or `bob`) may read and write, beyond
+    /// `alice-data`, `shared` and `bob-data`.
+    pub extra_buckets: Vec<(&'static str, &'static str)>,
 }
 
 impl AgentSpec {
@@ -452,6 +621,7 @@ impl AgentSpec {
             rust_log: "info",
             listen: "127.0.0.1:0".into(),
             wrap: Vec::new(),
+            extra_buckets: Vec::new(),
         }
     }
 
@@ -502,6 +672,13 @@ fn agent_config(spec: &AgentSpec, d: &Path) -> dpu_agent::config::Config {
         read: true,
         write,
     };
+    let extra = |tenant: &str| {
+        spec.extra_buckets
+            .iter()
+            .filter(|(t, _)| *t == tenant)
+            .map(|(_, b)| grant(b, "", true))
+            .collect::<Vec<_>>()
+    };
     let shim = |name: &str, token: &str, tenants: &[&str]| ShimConfig {
         name: name.into(),
         token_file: Some(d.join(token)),
@@ -529,17 +706,23 @@ fn agent_config(spec: &AgentSpec, d: &Path) -> dpu_agent::config::Config {
                 name: "alice".into(),
                 access_key_id: ALICE.0.into(),
                 secret_access_key_file: d.join("alice.secret"),
-                allow: vec![grant("alice-data", "", true), grant("shared", "", true)],
+                allow: [grant("alice-data", "", true), grant("shared", "", true)]
+                    .into_iter()
+                    .chain(extra("alice"))
+                    .collect(),
                 quotas: overlay(&Quotas::default(), &spec.alice_quotas),
             },
             TenantConfig {
                 name: "bob".into(),
                 access_key_id: BOB.0.into(),
                 secret_access_key_file: d.join("bob.secret"),
-                allow: vec![
+                allow: [
                     grant("bob-data", "", true),
                     grant("shared", "datasets/", false),
-                ],
+                ]
+                .into_iter()
+                .chain(extra("bob"))
+                .collect(),
                 quotas: Quotas::default(),
             },
         ],
@@ -656,25 +839,7 @@ impl Agent {
 
     /// The `/metrics` text.
     pub async fn metrics_text(&self) -> String {
-        let url = self.metrics.clone();
-        tokio::task::spawn_blocking(move || {
-            let addr = url
-                .trim_start_matches("http://")
-                .trim_end_matches("/metrics")
-                .to_owned();
-            let mut s = std::net::TcpStream::connect(addr).unwrap();
-            use std::io::{Read as _, Write as _};
-            write!(
-                s,
-                "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            )
-            .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        })
-        .await
-        .unwrap()
+        scrape(&self.metrics).await
     }
 
     /// A test shim with the right token (`host1`).

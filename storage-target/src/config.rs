@@ -26,9 +26,25 @@ pub struct Config {
     /// Default `us-east-1`; must not be empty.
     #[serde(default = "default_region")]
     pub region: String,
-    /// Directory that holds all buckets, objects and multipart uploads.
-    /// Required (no default); created 0700 when missing.
+    /// Directory that holds all buckets, objects and multipart uploads
+    /// (`store: filesystem`). Required there (no default); created 0700
+    /// when missing. Not used by `store: s3` (leave it out).
+    #[serde(default, skip_serializing_if = "path_is_empty")]
     pub data_dir: PathBuf,
+    /// Where the objects live: `filesystem` (the default: files under
+    /// `data_dir`) or `s3`: a gateway in front of an existing S3 endpoint
+    /// (`upstream`) with a read cache in registered memory (`cache`).
+    #[serde(default)]
+    pub store: crate::gateway::StoreKind,
+    /// The S3 endpoint behind the gateway: required with `store: s3`,
+    /// refused otherwise. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::gateway::UpstreamConfig>,
+    /// The gateway's read cache (`store: s3`). Default: the section's
+    /// defaults (1 GiB of 4 MiB chunks, S3-FIFO, every read confirmed
+    /// upstream).
+    #[serde(default)]
+    pub cache: crate::gateway::CacheConfig,
     /// Listen address of the Prometheus endpoint (`GET /metrics`); omit to
     /// disable. The older spelling of `metrics.address` (set one or the
     /// other, not both); kept working. Default: none.
@@ -202,6 +218,10 @@ fn valid_grant_name(name: &str) -> bool {
     }
 }
 
+fn path_is_empty(p: &Path) -> bool {
+    p.as_os_str().is_empty()
+}
+
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9000))
 }
@@ -224,6 +244,9 @@ impl Config {
             listen: default_listen(),
             region: default_region(),
             data_dir,
+            store: crate::gateway::StoreKind::Filesystem,
+            upstream: None,
+            cache: crate::gateway::CacheConfig::default(),
             metrics_listen: None,
             metrics: MetricsConfig::default(),
             max_clock_skew_secs: default_max_clock_skew_secs(),
@@ -304,8 +327,43 @@ impl Config {
         if self.region.is_empty() {
             return Err(invalid("region".into(), "must not be empty".into()));
         }
-        if self.data_dir.as_os_str().is_empty() {
-            return Err(invalid("data_dir".into(), "must not be empty".into()));
+        match (self.store, &self.upstream) {
+            (crate::gateway::StoreKind::Filesystem, None) => {
+                if self.data_dir.as_os_str().is_empty() {
+                    return Err(invalid(
+                        "data_dir".into(),
+                        "required (the directory of the filesystem store)".into(),
+                    ));
+                }
+            }
+            (crate::gateway::StoreKind::Filesystem, Some(_)) => {
+                return Err(invalid(
+                    "upstream".into(),
+                    "only for `store: s3` (the gateway); add `store: s3` or remove the section"
+                        .into(),
+                ));
+            }
+            (crate::gateway::StoreKind::S3, None) => {
+                return Err(invalid(
+                    "upstream".into(),
+                    "required with `store: s3`: the S3 endpoint(s) the gateway stands in front of"
+                        .into(),
+                ));
+            }
+            (crate::gateway::StoreKind::S3, Some(up)) => {
+                if !self.data_dir.as_os_str().is_empty() {
+                    return Err(invalid(
+                        "data_dir".into(),
+                        "not used by `store: s3` (the gateway keeps nothing on disk); remove it"
+                            .into(),
+                    ));
+                }
+                up.check()
+                    .map_err(|(f, m)| invalid(format!("upstream.{f}"), m))?;
+                self.cache
+                    .check()
+                    .map_err(|(f, m)| invalid(format!("cache.{f}"), m))?;
+            }
         }
         self.rdma.validate(file)?;
         self.metrics_options(file)?;
@@ -458,6 +516,46 @@ mod tests {
     use super::*;
 
     const EXAMPLE: &str = include_str!("../storage-target.example.yaml");
+
+    #[test]
+    fn gateway_store_rules() {
+        let base = "users: [{access_key_id: a, secret: s}]\n";
+        let field = |text: String| match Config::parse("t.yaml", &text)
+            .unwrap()
+            .validate("t.yaml")
+            .unwrap_err()
+        {
+            ConfigError::Invalid { field, .. } => field,
+            e => panic!("{e}"),
+        };
+        let up = "upstream: {endpoints: ['http://h:1']}\n";
+        assert_eq!(field(base.to_owned()), "data_dir");
+        assert_eq!(field(format!("data_dir: /x\n{up}{base}")), "upstream");
+        assert_eq!(field(format!("store: s3\n{base}")), "upstream");
+        assert_eq!(
+            field(format!("store: s3\ndata_dir: /x\n{up}{base}")),
+            "data_dir"
+        );
+        assert_eq!(
+            field(format!(
+                "store: s3\nupstream: {{endpoints: ['h:1']}}\n{base}"
+            )),
+            "upstream.endpoints[0]"
+        );
+        assert_eq!(
+            field(format!("store: s3\n{up}cache: {{size: 1MiB}}\n{base}")),
+            "cache.size"
+        );
+        let c = Config::parse("t.yaml", &format!("store: s3\n{up}{base}")).unwrap();
+        c.validate("t.yaml").unwrap();
+        // What the launcher writes: no data_dir, and it parses back.
+        let text = serde_yaml::to_string(&c).unwrap();
+        assert!(!text.contains("data_dir"), "{text}");
+        Config::parse("t.yaml", &text)
+            .unwrap()
+            .validate("t.yaml")
+            .unwrap();
+    }
 
     #[test]
     fn example_parses_and_validates() {

@@ -14,6 +14,10 @@
 //!   FULL_OBJECT checksums.
 //! - [`store`]: the filesystem store and its pure helpers (ranges, conditions,
 //!   listing, ETags, bucket names, on-disk format).
+//! - [`gateway`]: `store: s3`, the same S3 API in front of an existing S3
+//!   endpoint: identity passed through, a read cache in registered memory
+//!   (eviction [`gateway::policy`], single flight), RDMA writes streamed
+//!   through.
 //! - [`rdma`]: GetObject/PutObject/UploadPart over RDMA (`x-amz-rdma-token`):
 //!   staging pool, session pool, pipelined transfers.
 //! - [`metrics`]: Prometheus metrics (served at `/metrics` by
@@ -27,6 +31,7 @@ pub mod attributes;
 pub mod auth;
 pub mod checksum;
 pub mod config;
+pub mod gateway;
 pub mod metrics;
 pub mod precheck;
 pub mod rdma;
@@ -50,6 +55,9 @@ pub enum StartError {
     /// The store could not be opened.
     #[error("opening the data directory failed: {0}")]
     Store(#[from] store::StoreError),
+    /// The gateway (`store: s3`) could not start.
+    #[error(transparent)]
+    Gateway(#[from] gateway::GatewayError),
     /// The metrics server could not start.
     #[error(transparent)]
     Metrics(#[from] s3dma_service::metrics::MetricsError),
@@ -83,6 +91,25 @@ pub fn build_service(
     ));
     b.set_auth(users.clone());
     b.set_access(auth::AccessCheck::new(users, store));
+    let mut s3cfg = s3s::config::S3Config::default();
+    s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
+    b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
+        s3cfg,
+    ))));
+    b.build()
+}
+
+/// Builds the s3s service of the gateway (`store: s3`).
+#[must_use]
+pub fn build_gateway_service(
+    gateway: gateway::Gateway,
+    cfg: &config::Config,
+    users: Vec<config::User>,
+) -> s3s::service::S3Service {
+    let users = auth::Users::new(users);
+    let mut b = s3s::service::S3ServiceBuilder::new(gateway);
+    b.set_auth(users.clone());
+    b.set_access(gateway::GatewayAccess::new(users));
     let mut s3cfg = s3s::config::S3Config::default();
     s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
     b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
@@ -135,18 +162,30 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
         users,
         fabric_key: key,
     } = loaded;
-    let data_dir = cfg.data_dir.clone();
-    let store = tokio::task::spawn_blocking(move || store::Store::open(&data_dir))
-        .await
-        .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
-    let store = Arc::new(store);
     let metrics = Arc::new(metrics::Metrics::new());
     let rdma = Arc::new(rdma::RdmaService::start(
         &cfg.rdma,
         key,
         Arc::clone(&metrics),
     ));
-    let service = build_service(store, &cfg, users, rdma);
+    let (service, serving) = match (&cfg.store, &cfg.upstream) {
+        (gateway::StoreKind::S3, Some(up)) => {
+            let g = gateway::Gateway::new(up, &cfg.cache, &cfg.region, &users, rdma)?;
+            let upstream = up.endpoints.join(",");
+            (
+                build_gateway_service(g, &cfg, users),
+                format!("upstream {upstream}"),
+            )
+        }
+        _ => {
+            let data_dir = cfg.data_dir.clone();
+            let store = tokio::task::spawn_blocking(move || store::Store::open(&data_dir))
+                .await
+                .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
+            let service = build_service(Arc::new(store), &cfg, users, rdma);
+            (service, format!("data_dir {}", cfg.data_dir.display()))
+        }
+    };
     let handler = server::Handler::new(service, Arc::clone(&metrics), &cfg.region);
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -173,7 +212,7 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
     let metrics_server =
         s3dma_service::metrics::MetricsServer::start(opts, Arc::new(move || render_from.render()))
             .await?;
-    info!(%addr, region = %cfg.region, data_dir = %cfg.data_dir.display(), "storage-target ready");
+    info!(%addr, region = %cfg.region, store = %serving, "storage-target ready");
     // The first lines are machine-read by tests and the launcher.
     let mut lines = vec![format!("storage-target listening on http://{addr}")];
     lines.extend(metrics_server.describe().map(|m| format!("metrics on {m}")));

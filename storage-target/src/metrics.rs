@@ -24,6 +24,106 @@ pub struct Metrics {
     rdma_connects: IntCounterVec,
     rdma_share_cap: IntGauge,
     rdma_share_waits: IntCounterVec,
+    gateway: GatewayMetrics,
+}
+
+/// The gateway's metrics (`store: s3`): its chunk cache and its upstream.
+#[derive(Debug, Clone)]
+struct GatewayMetrics {
+    cache_lookups: IntCounterVec,
+    cache_bytes: IntCounterVec,
+    cache_evictions: IntCounterVec,
+    cache_chunks: IntGauge,
+    cache_capacity: IntGauge,
+    cache_chunk_size: IntGauge,
+    revalidations: IntCounterVec,
+    upstream: HistogramVec,
+    upstream_errors: IntCounterVec,
+    upstream_bytes: IntCounterVec,
+}
+
+impl GatewayMetrics {
+    fn new() -> Self {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        GatewayMetrics {
+            cache_lookups: counter(
+                "s3dma_storage_target_cache_lookups_total",
+                "Chunk reads of the gateway by where the chunk came from: cache (a hit), upstream (this request fetched it), single_flight (waited for another request's fetch of it)",
+                &["source"],
+            ),
+            cache_bytes: counter(
+                "s3dma_storage_target_cache_served_bytes_total",
+                "Object bytes the gateway sent to tenants, by where their chunk came from (cache | upstream | single_flight)",
+                &["source"],
+            ),
+            cache_evictions: counter(
+                "s3dma_storage_target_cache_evictions_total",
+                "Chunks dropped from the cache: evicted for space, or stale (an older version of an object)",
+                &["reason"],
+            ),
+            cache_chunks: gauge(
+                "s3dma_storage_target_cache_chunks",
+                "Chunks in the gateway's cache",
+            ),
+            cache_capacity: gauge(
+                "s3dma_storage_target_cache_capacity_chunks",
+                "Chunk slots of the gateway's cache (cache.size / cache.chunk_size)",
+            ),
+            cache_chunk_size: gauge(
+                "s3dma_storage_target_cache_chunk_bytes",
+                "Size of one cache chunk (cache.chunk_size)",
+            ),
+            revalidations: counter(
+                "s3dma_storage_target_revalidations_total",
+                "Reads of the gateway whose authorization and version were confirmed upstream (upstream) or taken from a confirmation younger than cache.revalidate_after (recent)",
+                &["how"],
+            ),
+            upstream: HistogramVec::new(
+                HistogramOpts::new(
+                    "s3dma_storage_target_upstream_seconds",
+                    "Latency of the gateway's requests to its upstream S3, by operation",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0,
+                ]),
+                &["op"],
+            )
+            .expect("valid metric"),
+            upstream_errors: counter(
+                "s3dma_storage_target_upstream_errors_total",
+                "Failed upstream requests by operation and kind (an S3 error code, or transport | timeout)",
+                &["op", "kind"],
+            ),
+            upstream_bytes: counter(
+                "s3dma_storage_target_upstream_bytes_total",
+                "Object bytes the gateway read from (in) and wrote to (out) its upstream",
+                &["direction"],
+            ),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.cache_lookups.clone()),
+            Box::new(self.cache_bytes.clone()),
+            Box::new(self.cache_evictions.clone()),
+            Box::new(self.cache_chunks.clone()),
+            Box::new(self.cache_capacity.clone()),
+            Box::new(self.cache_chunk_size.clone()),
+            Box::new(self.revalidations.clone()),
+            Box::new(self.upstream.clone()),
+            Box::new(self.upstream_errors.clone()),
+            Box::new(self.upstream_bytes.clone()),
+        ]
+    }
+}
+
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl Default for Metrics {
@@ -132,6 +232,7 @@ impl Metrics {
             &["limit"],
         )
         .expect("valid metric");
+        let gateway = GatewayMetrics::new();
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -145,7 +246,10 @@ impl Metrics {
             Box::new(rdma_connects.clone()),
             Box::new(rdma_share_cap.clone()),
             Box::new(rdma_share_waits.clone()),
-        ] {
+        ]
+        .into_iter()
+        .chain(gateway.collectors())
+        {
             registry.register(m).expect("unique metric");
         }
         Metrics {
@@ -162,7 +266,81 @@ impl Metrics {
             rdma_connects,
             rdma_share_cap,
             rdma_share_waits,
+            gateway,
         }
+    }
+
+    /// Sets the cache's size: slots and bytes per slot.
+    pub fn cache_capacity(&self, slots: usize, chunk_size: usize) {
+        self.gateway.cache_capacity.set(gauge_value(slots));
+        self.gateway.cache_chunk_size.set(gauge_value(chunk_size));
+    }
+
+    /// Counts a chunk read by where the chunk came from.
+    pub fn cache_lookup(&self, source: crate::gateway::cache::Source) {
+        self.gateway
+            .cache_lookups
+            .with_label_values(&[source.label()])
+            .inc();
+    }
+
+    /// Counts object bytes sent to a tenant from a chunk of `source`.
+    pub fn cache_served(&self, source: crate::gateway::cache::Source, n: u64) {
+        self.gateway
+            .cache_bytes
+            .with_label_values(&[source.label()])
+            .inc_by(n);
+    }
+
+    /// Sets the number of cached chunks.
+    pub fn cache_resident(&self, n: usize) {
+        self.gateway.cache_chunks.set(gauge_value(n));
+    }
+
+    /// Counts an eviction for space; `n` chunks remain.
+    pub fn cache_evicted(&self, n: usize) {
+        self.gateway
+            .cache_evictions
+            .with_label_values(&["space"])
+            .inc();
+        self.cache_resident(n);
+    }
+
+    /// Counts `dropped` chunks of older versions; `n` chunks remain.
+    pub fn cache_dropped_stale(&self, dropped: usize, n: usize) {
+        self.gateway
+            .cache_evictions
+            .with_label_values(&["stale"])
+            .inc_by(dropped as u64);
+        self.cache_resident(n);
+    }
+
+    /// Counts a read's authorization: confirmed `upstream` or `recent`.
+    pub fn revalidation(&self, how: &str) {
+        self.gateway.revalidations.with_label_values(&[how]).inc();
+    }
+
+    /// Records one upstream request: its latency, and its error kind when
+    /// it failed.
+    pub fn upstream(&self, op: &str, elapsed: Duration, error: Option<&str>) {
+        self.gateway
+            .upstream
+            .with_label_values(&[op])
+            .observe(elapsed.as_secs_f64());
+        if let Some(kind) = error {
+            self.gateway
+                .upstream_errors
+                .with_label_values(&[op, kind])
+                .inc();
+        }
+    }
+
+    /// Counts object bytes read from (`in`) or written to (`out`) the upstream.
+    pub fn upstream_bytes(&self, direction: &str, n: u64) {
+        self.gateway
+            .upstream_bytes
+            .with_label_values(&[direction])
+            .inc_by(n);
     }
 
     /// Sets how many staging buffers one session or one user may hold.

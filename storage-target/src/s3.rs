@@ -615,7 +615,7 @@ fn content_md5(v: Option<&String>) -> S3Result<Option<String>> {
     }
 }
 
-fn byte_range(r: Range) -> ByteRange {
+pub(crate) fn byte_range(r: Range) -> ByteRange {
     match r {
         Range::Int {
             first,

@@ -330,6 +330,7 @@ pub enum Decision {
 
 #[derive(Debug)]
 struct Fabric {
+    domain: Domain,
     pool: Arc<StagingPool>,
     sessions: Arc<SessionPool>,
     total_ops: Arc<Semaphore>,
@@ -392,7 +393,7 @@ impl RdmaService {
             }
         };
         let sessions = SessionPool::new(
-            domain,
+            domain.clone(),
             key,
             Duration::from_millis(cfg.connect_timeout_ms),
             cfg.max_ops_per_session,
@@ -415,6 +416,7 @@ impl RdmaService {
         );
         RdmaService {
             fabric: Some(Fabric {
+                domain,
                 pool,
                 sessions,
                 total_ops: Arc::new(Semaphore::new(cfg.max_ops_total)),
@@ -459,7 +461,35 @@ impl RdmaService {
             .ok_or_else(|| RdmaError::Internal("RDMA fabric not available".into()))
     }
 
-    async fn ctx(&self, token: &RdmaToken, user: &str) -> Result<transfer::Ctx, RdmaError> {
+    /// Whether requests with a token are served over the fabric.
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        self.fabric.is_some()
+    }
+
+    /// Registers `count` buffers of `size` bytes on the fabric's domain (the
+    /// gateway's cache); `None` when the fabric is off.
+    ///
+    /// # Errors
+    /// Allocation or registration failures.
+    pub fn register_pool(
+        &self,
+        count: usize,
+        size: usize,
+    ) -> Result<Option<Arc<StagingPool>>, fabric::FabricError> {
+        let Some(f) = &self.fabric else {
+            return Ok(None);
+        };
+        StagingPool::new(&f.domain, count, size, fabric::pool::NoopObserver::shared()).map(Some)
+    }
+
+    /// What a transfer to or from `token`'s memory needs, for S3 user
+    /// `user`: the session to its endpoint (connected now if need be), the
+    /// permits and the user's share.
+    ///
+    /// # Errors
+    /// The fabric is off; the endpoint cannot be reached.
+    pub async fn ctx(&self, token: &RdmaToken, user: &str) -> Result<transfer::Ctx, RdmaError> {
         let f = self.fabric()?;
         let endpoint = token.endpoint()?;
         let session = f.sessions.get(endpoint).await?;

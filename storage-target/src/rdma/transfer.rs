@@ -124,6 +124,39 @@ async fn join(t: OpTask) -> Result<Option<Bytes>, RdmaError> {
         .map_err(|e| RdmaError::Internal(format!("transfer task failed: {e}")))?
 }
 
+/// RDMA WRITEs `local` to `remote` at `off` once the session and total
+/// operation permits are free; the returned task completes with the
+/// operation and holds `keep` (what owns `local`'s memory, e.g. a cached
+/// chunk) until then, even if the caller goes away.
+///
+/// # Errors
+/// The task's: the operation failed.
+pub async fn write_slice<T: Send + 'static>(
+    ctx: &Ctx,
+    local: fabric::LocalSlice,
+    keep: T,
+    remote: RemoteBuf,
+    off: u64,
+) -> JoinHandle<Result<(), RdmaError>> {
+    let permits = permits(ctx).await;
+    // Cannot overflow: callers keep `off + len` within the token, whose
+    // memory range `RdmaToken::parse` checked.
+    let c = ctx
+        .session
+        .session
+        .write(local, remote.addr + off, remote.rkey);
+    let metrics = Arc::clone(&ctx.metrics);
+    let peer = ctx.session.session.peer();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let r = c.await;
+        metrics.rdma_op("write", started.elapsed());
+        drop(permits);
+        drop(keep);
+        r.map_err(|e| RdmaError::Op { peer, source: e })
+    })
+}
+
 /// RDMA WRITEs `range` of the object into `remote` (which must be at least
 /// as long); returns the bytes transferred.
 ///

@@ -1,0 +1,427 @@
+//! The storage-target as an RDMA gateway (`store: s3`) in front of an
+//! existing S3 cluster: Ceph's radosgw from Debian's packages (one cluster
+//! for this test binary, users made with `radosgw-admin`). The agent sends
+//! its RDMA requests to the gateway; the gateway re-signs them upstream as
+//! the same user and serves reads from its registered-memory cache.
+//! Not run in the Soft-RoCE VM (the cluster is HTTP only; the gateway's
+//! RDMA side is the target's, covered there).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use fabric::Access;
+use pb::byte_range::Kind;
+use s3dma_launcher::harness::{CacheConfig, TargetOpts};
+use s3dma_proto::agent::v1 as pb;
+
+const SPEC_TRANSFER: &str = "chunk_size: 4MiB\nmultipart_threshold: 8MiB\npart_size: 5MiB\n";
+
+/// The cluster with alice, bob and admin as S3 users (the same keys the
+/// gateway's configuration has).
+fn ceph() -> &'static Ceph {
+    let c = Ceph::shared();
+    c.user("alice", ALICE);
+    c.user("bob", BOB);
+    c.user("admin", ADMIN);
+    c
+}
+
+fn cache(size_mib: u64, revalidate_after: f64) -> CacheConfig {
+    CacheConfig {
+        size: s3dma_config::ByteSize(size_mib << 20),
+        chunk_size: s3dma_config::ByteSize(1 << 20),
+        revalidate_after,
+        ..CacheConfig::default()
+    }
+}
+
+/// A gateway in front of `upstream`, and an agent routing `buckets` to it
+/// over RDMA.
+fn stack(upstream: &str, cache: CacheConfig, buckets: Vec<&'static str>) -> (Target, Agent) {
+    let gw = Target::start_opts(TargetOpts::gateway(upstream, cache));
+    let mut spec = AgentSpec::new(vec![TargetSpec {
+        name: "gateway",
+        endpoint: gw.endpoint.clone(),
+        buckets,
+        rdma: true,
+    }]);
+    spec.transfer = SPEC_TRANSFER.into();
+    spec.extra_buckets = buckets_of(&spec)
+        .into_iter()
+        .flat_map(|b| [("alice", b), ("bob", b)])
+        .collect();
+    let agent = Agent::start(spec);
+    (gw, agent)
+}
+
+fn buckets_of(spec: &AgentSpec) -> Vec<&'static str> {
+    spec.targets
+        .iter()
+        .flat_map(|t| t.buckets.clone())
+        .collect()
+}
+
+async fn metric(t: &Target, name: &str) -> f64 {
+    metric_value(&t.metrics_text().await, name)
+}
+
+async fn upstream_in(t: &Target) -> f64 {
+    metric_value(
+        &t.metrics_text().await,
+        r#"s3dma_storage_target_upstream_bytes_total{direction="in"}"#,
+    )
+}
+
+/// PUT (single and multipart) and GET through the agent and the gateway:
+/// the bytes land in Ceph (read back straight from radosgw), come back
+/// over RDMA, and the second read of each object is served from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_and_gets_through_the_gateway() {
+    let ceph = ceph();
+    let (gw, agent) = stack(&ceph.endpoint, cache(64, 0.0), vec!["gw-round-trips"]);
+    // Buckets are made through the gateway too (forwarded as alice).
+    gw.s3(ALICE)
+        .create_bucket()
+        .bucket("gw-round-trips")
+        .send()
+        .await
+        .unwrap();
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    let shim = agent.client().await;
+    let sizes = [0usize, 1, (3 << 20) + 7, 13 << 20];
+    let mem = Memory::new(13 << 20).await;
+    for (i, &len) in sizes.iter().enumerate() {
+        let key = format!("obj/{len}");
+        let body = data(len, 300 + i as u64);
+        mem.fill(0, &body);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_READ);
+        let put = shim
+            .put("alice", "gw-round-trips", &key, &tok)
+            .await
+            .unwrap();
+        drop(w);
+        assert_eq!(put.size, len as u64);
+        assert_eq!(put.path, pb::TransferPath::Rdma as i32, "PUT {len}");
+        assert_eq!(
+            sha256(&sdk_get(&direct, "gw-round-trips", &key).await),
+            sha256(&body)
+        );
+        for round in 0..2 {
+            mem.clear(0x5A);
+            let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+            let got = shim
+                .get("alice", "gw-round-trips", &key, None, &tok)
+                .await
+                .unwrap();
+            drop(w);
+            assert_eq!(got.bytes_placed, len as u64, "GET {len} round {round}");
+            assert_eq!(mem.sha256(0, len), sha256(&body), "GET {len} round {round}");
+        }
+    }
+    // The 13 MiB object was uploaded in parts, and no upload is left.
+    let ups = direct
+        .list_multipart_uploads()
+        .bucket("gw-round-trips")
+        .send()
+        .await
+        .unwrap();
+    assert!(ups.uploads().is_empty(), "{ups:?}");
+    let m = gw.metrics_text().await;
+    let hits = metric_value(
+        &m,
+        r#"s3dma_storage_target_cache_lookups_total{source="cache"}"#,
+    );
+    let fetched = metric_value(
+        &m,
+        r#"s3dma_storage_target_cache_lookups_total{source="upstream"}"#,
+    );
+    // 1 + 4 + 13 chunks of 1 MiB were fetched once (the prefetcher may
+    // have fetched some before the first read asked) and hit the second time.
+    assert!(hits >= 18.0, "{m}");
+    assert!(fetched <= 18.0, "{m}");
+    let total: usize = sizes.iter().sum();
+    assert_eq!(
+        upstream_in(&gw).await,
+        total as f64,
+        "each byte was read from Ceph once"
+    );
+    // Ranges come from the cache too.
+    let len = 13 << 20;
+    let body = data(len, 303);
+    let (w, tok) = mem.window(0, 3 << 20, Access::REMOTE_WRITE);
+    let got = shim
+        .get(
+            "alice",
+            "gw-round-trips",
+            &format!("obj/{len}"),
+            Some(Kind::Bounded(pb::byte_range::Bounded {
+                first: (5 << 20) + 11,
+                last: (8 << 20) + 10,
+            })),
+            &tok,
+        )
+        .await
+        .unwrap();
+    drop(w);
+    assert_eq!(got.bytes_placed, 3 << 20);
+    assert_eq!(mem.read(0, 3 << 20), body[(5 << 20) + 11..(8 << 20) + 11]);
+    assert_eq!(upstream_in(&gw).await, total as f64);
+    // Listing is forwarded.
+    let listed = gw
+        .s3(ALICE)
+        .list_objects_v2()
+        .bucket("gw-round-trips")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.contents().len(), sizes.len());
+}
+
+/// After an upstream overwrite, the next read returns the new object
+/// (`revalidate_after: 0`): the cached chunks of the old version are never
+/// served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_overwrite_is_seen_by_the_next_read() {
+    let ceph = ceph();
+    let (gw, agent) = stack(&ceph.endpoint, cache(16, 0.0), vec!["gw-overwrite"]);
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct
+        .create_bucket()
+        .bucket("gw-overwrite")
+        .send()
+        .await
+        .unwrap();
+    let shim = agent.client().await;
+    let len = (2 << 20) + 5;
+    let mem = Memory::new(len).await;
+    for (round, seed) in [(0, 1u64), (1, 2)] {
+        let body = data(len, seed);
+        direct
+            .put_object()
+            .bucket("gw-overwrite")
+            .key("k")
+            .body(body.clone().into())
+            .send()
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+            shim.get("alice", "gw-overwrite", "k", None, &tok)
+                .await
+                .unwrap();
+            drop(w);
+            assert_eq!(mem.sha256(0, len), sha256(&body), "version {round}");
+        }
+    }
+    assert_eq!(
+        metric(
+            &gw,
+            r#"s3dma_storage_target_revalidations_total{how="upstream"}"#
+        )
+        .await,
+        4.0
+    );
+}
+
+/// A user the cluster denies is denied through a warm cache, although the
+/// gateway's own grants let it through; nothing lands in its memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_denied_upstream_is_denied_through_a_warm_cache() {
+    let ceph = ceph();
+    let (gw, agent) = stack(&ceph.endpoint, cache(16, 0.0), vec!["gw-private"]);
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct
+        .create_bucket()
+        .bucket("gw-private")
+        .send()
+        .await
+        .unwrap();
+    let body = data(1 << 20, 9);
+    direct
+        .put_object()
+        .bucket("gw-private")
+        .key("secret")
+        .body(body.clone().into())
+        .send()
+        .await
+        .unwrap();
+    let shim = agent.client().await;
+    let mem = Memory::new(1 << 20).await;
+    let (w, tok) = mem.window(0, 1 << 20, Access::REMOTE_WRITE);
+    shim.get("alice", "gw-private", "secret", None, &tok)
+        .await
+        .unwrap();
+    drop(w);
+    assert_eq!(mem.sha256(0, 1 << 20), sha256(&body));
+    // The chunk is cached now; bob may not read alice's bucket in Ceph.
+    mem.clear(0xEE);
+    let (w, tok) = mem.window(0, 1 << 20, Access::REMOTE_WRITE);
+    let e = shim
+        .get("bob", "gw-private", "secret", None, &tok)
+        .await
+        .unwrap_err();
+    drop(w);
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert_eq!(mem.read(0, 1 << 20), vec![0xEE; 1 << 20]);
+    let m = gw.metrics_text().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            r#"s3dma_storage_target_cache_lookups_total{source="cache"}"#
+        ),
+        0.0,
+        "{m}"
+    );
+}
+
+/// Eight tenants read the same object at once: the cluster serves about
+/// one copy (single flight and the cache), every tenant gets every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_reads_the_upstream_about_once() {
+    let ceph = ceph();
+    let len = (large_object_len() / 4).max(16 << 20);
+    let mib = (len as u64 >> 20) + 8;
+    let (gw, agent) = stack(&ceph.endpoint, cache(mib, 0.0), vec!["gw-fanout"]);
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct
+        .create_bucket()
+        .bucket("gw-fanout")
+        .send()
+        .await
+        .unwrap();
+    let body = data(len, 77);
+    let want = sha256(&body);
+    direct
+        .put_object()
+        .bucket("gw-fanout")
+        .key("ckpt")
+        .body(body.into())
+        .send()
+        .await
+        .unwrap();
+    let shim = Arc::new(agent.client().await);
+    let mut readers = Vec::new();
+    for r in 0..8 {
+        let shim = Arc::clone(&shim);
+        let want = want.clone();
+        readers.push(tokio::spawn(async move {
+            let mem = Memory::new(len).await;
+            let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+            let got = shim.get("alice", "gw-fanout", "ckpt", None, &tok).await;
+            drop(w);
+            let got = got.unwrap_or_else(|e| panic!("reader {r}: {e:?}"));
+            assert_eq!(got.bytes_placed, len as u64);
+            assert_eq!(mem.sha256(0, len), want, "reader {r}");
+        }));
+    }
+    for r in readers {
+        tokio::time::timeout(Duration::from_secs(600), r)
+            .await
+            .expect("fan-out hung")
+            .unwrap();
+    }
+    let ratio = upstream_in(&gw).await / len as f64;
+    println!("fan-out of 8 readers: upstream read {ratio:.3} copies of the object");
+    assert!(ratio <= 1.2, "upstream read {ratio} copies");
+    assert!(ratio >= 1.0);
+}
+
+/// A TCP relay the test can cut: the upstream "goes down".
+struct Relay {
+    addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(to: &str) -> Relay {
+        let to = to.trim_start_matches("http://").to_owned();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", l.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut a, _)) = l.accept().await else {
+                    return;
+                };
+                let to = to.clone();
+                conns.spawn(async move {
+                    if let Ok(mut b) = tokio::net::TcpStream::connect(&to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                    }
+                });
+            }
+        });
+        Relay { addr, task }
+    }
+
+    /// Stops accepting and drops every relayed connection.
+    fn cut(&self) {
+        self.task.abort();
+    }
+}
+
+/// With the upstream down, reads fail with a clear error and no hang;
+/// within `revalidate_after` of a confirmation, cached chunks are still
+/// served, and after it they are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down() {
+    let ceph = ceph();
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct
+        .create_bucket()
+        .bucket("gw-down")
+        .send()
+        .await
+        .unwrap();
+    let body = data((1 << 20) + 3, 5);
+    direct
+        .put_object()
+        .bucket("gw-down")
+        .key("k")
+        .body(body.clone().into())
+        .send()
+        .await
+        .unwrap();
+    let len = body.len();
+    for revalidate_after in [0.0, 600.0] {
+        let relay = Relay::start(&ceph.endpoint).await;
+        let (gw, agent) = stack(&relay.addr, cache(16, revalidate_after), vec!["gw-down"]);
+        let shim = agent.client().await;
+        let mem = Memory::new(len).await;
+        let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+        shim.get("alice", "gw-down", "k", None, &tok).await.unwrap();
+        drop(w);
+        relay.cut();
+        mem.clear(0);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+        let r = tokio::time::timeout(
+            Duration::from_secs(120),
+            shim.get("alice", "gw-down", "k", None, &tok),
+        )
+        .await
+        .expect("a read with the upstream down hung");
+        drop(w);
+        if revalidate_after == 0.0 {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+            assert!(e.message().contains("upstream"), "{e:?}");
+        } else {
+            r.unwrap();
+            assert_eq!(mem.sha256(0, len), sha256(&body));
+        }
+        let m = gw.metrics_text().await;
+        assert!(
+            revalidate_after == 0.0
+                || metric_value(
+                    &m,
+                    r#"s3dma_storage_target_revalidations_total{how="recent"}"#
+                ) == 1.0,
+            "{m}"
+        );
+        drop(agent);
+        drop(gw);
+    }
+}

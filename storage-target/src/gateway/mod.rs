@@ -1,0 +1,1037 @@
+//! `store: s3`: the storage-target as an RDMA gateway in front of an
+//! existing S3 cluster (Ceph RGW, MinIO, an appliance) that speaks no RDMA.
+//!
+//! The gateway serves the same S3 API as the filesystem store, over HTTP
+//! and over `x-amz-rdma-token`:
+//! * Identity passes through: s3s verifies the caller's SigV4 with that
+//!   user's secret (as for the filesystem store), and the gateway re-signs
+//!   its upstream requests as the same user ([`upstream`]), so the cluster's
+//!   policies decide. The user's bucket grants in this server's
+//!   configuration may only narrow them ([`GatewayAccess`]).
+//! * Reads over RDMA go through a read cache in fabric-registered memory
+//!   ([`cache`]): a hit is one RDMA WRITE from the cache into the tenant's
+//!   window. Every read first confirms upstream, as the user, that the user
+//!   may read the object and which version (ETag) is current (a HEAD), or
+//!   takes that confirmation from the last `cache.revalidate_after` seconds
+//!   (default 0: every read asks). Chunks are cached per ETag and fetched
+//!   with `If-Match`, so a read never mixes versions, and bytes a user could
+//!   not read upstream are never served to that user.
+//! * Writes over RDMA stream through to the upstream (PutObject,
+//!   UploadPart): the tenant's bytes are RDMA READ and sent on as the body;
+//!   the request succeeds only when the upstream acknowledged it, and a
+//!   failed stream leaves no object (the upstream sees a short body).
+//! * Everything else (HTTP GET/PUT, listings, multipart bookkeeping,
+//!   deletes, copies, buckets) is forwarded as is with `s3s-aws`.
+//!
+//! Not passed through yet: versioning (`versionId`), SSE-C keys on RDMA
+//! requests, `partNumber` on RDMA GETs, lifecycle and bucket configuration
+//! calls, ACL calls.
+
+pub mod cache;
+pub mod policy;
+pub mod upstream;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::primitives::ByteStream;
+use futures::{StreamExt as _, TryStreamExt as _};
+use http::HeaderMap;
+use s3dma_config::ByteSize;
+use s3s::access::{S3Access, S3AccessContext};
+use s3s::dto::*;
+use s3s::path::S3Path;
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::acl::Permission;
+use crate::auth::{Need, Users, grants_give, need_of};
+use crate::rdma::plan::{check_fits, reply_headers};
+use crate::rdma::{Decision, RdmaService, transfer};
+use crate::server::OpSlot;
+use cache::{Chunk, ChunkCache, ChunkKey, Source};
+use policy::PolicyKind;
+pub use upstream::{Upstream, UpstreamConfig, UpstreamError};
+
+/// Where a storage-target keeps its objects (`store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// Files under `data_dir` (the default).
+    #[default]
+    Filesystem,
+    /// An existing S3 endpoint (`upstream`), with a read cache (`cache`).
+    S3,
+}
+
+/// The `cache:` section (`store: s3`): the read cache in registered memory.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Memory of the cache, registered with the fabric (bytes, or e.g.
+    /// `8GiB`); at least 4 chunks. Default `1GiB`. Allocated when RDMA is
+    /// enabled (the cache serves RDMA reads).
+    #[serde(default = "default_cache_size")]
+    pub size: ByteSize,
+    /// Size of one cached chunk, which is also the unit of the gateway's
+    /// ranged reads from the upstream; between `64KiB` and `256MiB`.
+    /// Default `4MiB`.
+    #[serde(default = "default_chunk_size")]
+    pub chunk_size: ByteSize,
+    /// Which chunk to evict: `s3fifo` (default; keeps chunks that are read
+    /// again, such as a checkpoint being fanned out, while one-pass scans
+    /// stream through) or `lru`.
+    #[serde(default)]
+    pub policy: PolicyKind,
+    /// For how long, in seconds, the upstream's confirmation that a user may
+    /// read an object, and of its current version, is reused for that
+    /// user's next reads of it. Default 0: every read is confirmed upstream
+    /// (one HEAD). A read that starts more than this after an upstream
+    /// overwrite returns the new object.
+    #[serde(default)]
+    pub revalidate_after: f64,
+    /// Chunks after the end of a read fetched ahead into the cache (the
+    /// next read of a sequential reader then hits). Default 2; 0 turns it
+    /// off.
+    #[serde(default = "default_prefetch_chunks")]
+    pub prefetch_chunks: u32,
+}
+
+fn default_cache_size() -> ByteSize {
+    ByteSize(1 << 30)
+}
+
+fn default_chunk_size() -> ByteSize {
+    ByteSize(4 << 20)
+}
+
+fn default_prefetch_chunks() -> u32 {
+    2
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            size: default_cache_size(),
+            chunk_size: default_chunk_size(),
+            policy: PolicyKind::default(),
+            revalidate_after: 0.0,
+            prefetch_chunks: default_prefetch_chunks(),
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Checks the values; `Err((field, message))` names the first bad one
+    /// (relative to the section).
+    ///
+    /// # Errors
+    /// Sizes out of range, a negative or non-finite `revalidate_after`.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let chunk = self.chunk_size.0;
+        if !(64 << 10..=256 << 20).contains(&chunk) {
+            return Err((
+                "chunk_size".into(),
+                "must be between 64KiB and 256MiB".into(),
+            ));
+        }
+        if self.size.0 < chunk.saturating_mul(4) {
+            return Err((
+                "size".into(),
+                format!("must hold at least 4 chunks ({} bytes)", chunk * 4),
+            ));
+        }
+        if !self.revalidate_after.is_finite() || self.revalidate_after < 0.0 {
+            return Err((
+                "revalidate_after".into(),
+                "must be a number of seconds, 0 or more".into(),
+            ));
+        }
+        if self.prefetch_chunks > 64 {
+            return Err(("prefetch_chunks".into(), "must be at most 64".into()));
+        }
+        Ok(())
+    }
+
+    fn slots(&self) -> usize {
+        usize::try_from(self.size.0 / self.chunk_size.0).unwrap_or(usize::MAX)
+    }
+}
+
+/// What the upstream confirmed about an object for one user: its version
+/// and the headers a GET answers with.
+#[derive(Debug, Clone)]
+struct Head {
+    etag: String,
+    size: u64,
+    last_modified: Option<Timestamp>,
+    content_type: Option<String>,
+    metadata: Option<Metadata>,
+    cache_control: Option<String>,
+    content_disposition: Option<String>,
+    content_encoding: Option<String>,
+    content_language: Option<String>,
+}
+
+impl Head {
+    fn from_upstream(out: &aws_sdk_s3::operation::head_object::HeadObjectOutput) -> S3Result<Head> {
+        let etag = out.e_tag().filter(|e| !e.is_empty()).ok_or_else(|| {
+            s3_error!(
+                InternalError,
+                "the upstream S3 endpoint answered HeadObject without an ETag"
+            )
+        })?;
+        let size = out
+            .content_length()
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| {
+                s3_error!(
+                    InternalError,
+                    "the upstream S3 endpoint answered HeadObject without a Content-Length"
+                )
+            })?;
+        Ok(Head {
+            etag: etag.to_owned(),
+            size,
+            last_modified: out.last_modified().and_then(|t| {
+                time::OffsetDateTime::from_unix_timestamp_nanos(
+                    i128::from(t.secs()) * 1_000_000_000 + i128::from(t.subsec_nanos()),
+                )
+                .ok()
+                .map(Timestamp::from)
+            }),
+            content_type: out.content_type().map(str::to_owned),
+            metadata: out.metadata().cloned(),
+            cache_control: out.cache_control().map(str::to_owned),
+            content_disposition: out.content_disposition().map(str::to_owned),
+            content_encoding: out.content_encoding().map(str::to_owned),
+            content_language: out.content_language().map(str::to_owned),
+        })
+    }
+
+    fn etag_dto(&self) -> Option<ETag> {
+        ETag::parse_http_header(self.etag.as_bytes()).ok()
+    }
+}
+
+/// Who read what: (user, bucket, key).
+type Reader = (String, String, String);
+
+/// The gateway: the [`s3s::S3`] implementation of `store: s3`.
+#[derive(Debug)]
+pub struct Gateway {
+    upstream: Arc<Upstream>,
+    cache: Option<Arc<ChunkCache>>,
+    rdma: Arc<RdmaService>,
+    revalidate_after: Duration,
+    prefetch: u64,
+    /// Recent upstream confirmations, by (user, bucket, key), when
+    /// `revalidate_after` > 0.
+    confirmed: Mutex<HashMap<Reader, (Instant, Head)>>,
+}
+
+/// The gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The upstream clients could not be built.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// The cache memory could not be registered.
+    #[error("registering the {bytes}-byte read cache with the fabric failed: {source}")]
+    Cache {
+        /// Its size.
+        bytes: u64,
+        /// The fabric's error.
+        source: fabric::FabricError,
+    },
+}
+
+impl Gateway {
+    /// Builds the gateway: upstream clients for every user, and the cache
+    /// registered on the RDMA service's fabric (none when RDMA is off).
+    ///
+    /// # Errors
+    /// [`GatewayError`].
+    pub fn new(
+        upstream: &UpstreamConfig,
+        cache: &CacheConfig,
+        region: &str,
+        users: &[crate::config::User],
+        rdma: Arc<RdmaService>,
+    ) -> Result<Self, GatewayError> {
+        let metrics = Arc::clone(rdma.metrics());
+        let upstream = Arc::new(Upstream::new(
+            upstream,
+            region,
+            users,
+            Arc::clone(&metrics),
+        )?);
+        let chunk = usize::try_from(cache.chunk_size.0).unwrap_or(usize::MAX);
+        let pool =
+            rdma.register_pool(cache.slots(), chunk)
+                .map_err(|source| GatewayError::Cache {
+                    bytes: cache.size.0,
+                    source,
+                })?;
+        let cache_ = pool.map(|p| Arc::new(ChunkCache::new(p, cache.policy, metrics)));
+        Ok(Gateway {
+            upstream,
+            cache: cache_,
+            rdma,
+            revalidate_after: Duration::from_secs_f64(cache.revalidate_after),
+            prefetch: u64::from(cache.prefetch_chunks),
+            confirmed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The upstream.
+    #[must_use]
+    pub fn upstream(&self) -> &Arc<Upstream> {
+        &self.upstream
+    }
+
+    /// Forwards an operation as it is, as the caller, to the first endpoint
+    /// that answers.
+    async fn forward<T, O, F, Fut>(&self, req: S3Request<T>, op: F) -> S3Result<S3Response<O>>
+    where
+        T: Clone,
+        F: Fn(s3s_aws::Proxy, S3Request<T>) -> Fut,
+        Fut: std::future::Future<Output = S3Result<S3Response<O>>>,
+    {
+        let proxies = self.upstream.proxies(&access_key(&req))?;
+        let n = proxies.len();
+        let mut last = None;
+        for (i, p) in proxies.into_iter().enumerate() {
+            match op(p, req.clone()).await {
+                Ok(r) => return Ok(r),
+                // s3s-aws leaves the status unset when no answer came back.
+                Err(e) if e.status_code().is_none() && i + 1 < n => last = Some(e),
+                Err(e) => return Err(unreachable_if_unanswered(e)),
+            }
+        }
+        Err(unreachable_if_unanswered(last.unwrap_or_else(|| {
+            S3Error::new(S3ErrorCode::InternalError)
+        })))
+    }
+
+    /// Forwards an operation whose body can be sent only once: one endpoint.
+    async fn forward_once<T, O, F, Fut>(&self, req: S3Request<T>, op: F) -> S3Result<S3Response<O>>
+    where
+        F: FnOnce(s3s_aws::Proxy, S3Request<T>) -> Fut,
+        Fut: std::future::Future<Output = S3Result<S3Response<O>>>,
+    {
+        let p = self
+            .upstream
+            .proxies(&access_key(&req))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| S3Error::new(S3ErrorCode::InternalError))?;
+        op(p, req).await.map_err(unreachable_if_unanswered)
+    }
+
+    /// The upstream's confirmation that `user` may read `bucket`/`key`, and
+    /// of its version: a HEAD as the user with the request's conditions, or
+    /// a recent one (within `revalidate_after`, for unconditional reads).
+    async fn confirm(
+        &self,
+        user: &str,
+        bucket: &str,
+        key: &str,
+        headers: &HeaderMap,
+    ) -> S3Result<Head> {
+        let cond = |name: http::HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let if_match = cond(http::header::IF_MATCH);
+        let if_none_match = cond(http::header::IF_NONE_MATCH);
+        let if_modified_since = cond(http::header::IF_MODIFIED_SINCE);
+        let if_unmodified_since = cond(http::header::IF_UNMODIFIED_SINCE);
+        let conditional = if_match.is_some()
+            || if_none_match.is_some()
+            || if_modified_since.is_some()
+            || if_unmodified_since.is_some();
+        let id = (user.to_owned(), bucket.to_owned(), key.to_owned());
+        if !self.revalidate_after.is_zero() && !conditional {
+            let recent = self
+                .confirmed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&id)
+                .filter(|(at, _)| at.elapsed() < self.revalidate_after)
+                .map(|(_, h)| h.clone());
+            if let Some(h) = recent {
+                self.upstream.metrics().revalidation("recent");
+                return Ok(h);
+            }
+        }
+        let date = |v: Option<String>| {
+            v.and_then(|s| {
+                aws_sdk_s3::primitives::DateTime::from_str(
+                    &s,
+                    aws_sdk_s3::primitives::DateTimeFormat::HttpDate,
+                )
+                .ok()
+            })
+        };
+        let (ims, ius) = (date(if_modified_since), date(if_unmodified_since));
+        let asked = Instant::now();
+        let out = self
+            .upstream
+            .call(user, "HeadObject", |c| {
+                c.head_object()
+                    .bucket(bucket)
+                    .key(key)
+                    .set_if_match(if_match.clone())
+                    .set_if_none_match(if_none_match.clone())
+                    .set_if_modified_since(ims)
+                    .set_if_unmodified_since(ius)
+                    .send()
+            })
+            .await?;
+        self.upstream.metrics().revalidation("upstream");
+        let head = Head::from_upstream(&out)?;
+        if !self.revalidate_after.is_zero() {
+            let mut m = self
+                .confirmed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            m.retain(|_, (at, _)| at.elapsed() < self.revalidate_after);
+            m.insert(id, (asked, head.clone()));
+        }
+        Ok(head)
+    }
+
+    /// GetObject over RDMA: confirm upstream, then each chunk of the range
+    /// from the cache (or the upstream, into the cache) by one RDMA WRITE.
+    async fn rdma_get(
+        &self,
+        req: S3Request<GetObjectInput>,
+        token: &fabric::RdmaToken,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let cache = self
+            .cache
+            .as_ref()
+            .ok_or_else(|| internal("RDMA is on but the gateway has no cache"))?;
+        let user = access_key(&req);
+        let input = &req.input;
+        if input.version_id.is_some() {
+            return Err(s3_error!(
+                NotImplemented,
+                "the gateway does not pass versionId through yet"
+            ));
+        }
+        if input.part_number.is_some() {
+            return Err(s3_error!(
+                NotImplemented,
+                "partNumber is not supported on RDMA reads through the gateway; use a Range"
+            ));
+        }
+        if input.sse_customer_key.is_some() {
+            return Err(s3_error!(
+                NotImplemented,
+                "SSE-C is not supported on RDMA reads through the gateway"
+            ));
+        }
+        let (bucket, key) = (input.bucket.as_str(), input.key.as_str());
+        let head = self.confirm(&user, bucket, key, &req.headers).await?;
+        let (range, content_range) = match input.range {
+            None => (0..head.size, None),
+            Some(r) => {
+                let r = crate::s3::byte_range(r).resolve(head.size).map_err(|_| {
+                    s3_error!(InvalidRange, "The requested range is not satisfiable")
+                })?;
+                let cr = s3dma_wire::range::content_range(&r, head.size);
+                (r, Some(cr))
+            }
+        };
+        let len = range.end - range.start;
+        check_fits(len, u64::from(token.size))
+            .map_err(|e| crate::rdma::RdmaError::from(e).to_s3())?;
+        if len > 0 {
+            let ctx = self.rdma.ctx(token, &user).await.map_err(|e| e.to_s3())?;
+            let cs = cache.chunk_size() as u64;
+            let (first, last) = (range.start / cs, (range.end - 1) / cs);
+            let obj = ObjectVersion {
+                bucket: bucket.into(),
+                key: key.into(),
+                etag: head.etag.as_str().into(),
+                size: head.size,
+            };
+            let remote = token.remote();
+            let depth = ctx.depth.max(1);
+            futures::stream::iter(first..=last)
+                .map(|i| {
+                    let (obj, ctx, range) = (&obj, &ctx, range.clone());
+                    let user = user.as_str();
+                    async move {
+                        let (chunk, source) = self.chunk(cache, obj, i, user).await?;
+                        let c_start = i * cs;
+                        let from = range.start.max(c_start);
+                        let to = range.end.min(c_start + chunk.len() as u64);
+                        let n = to - from;
+                        let local = chunk
+                            .slice(to_usize(from - c_start), to_usize(n))
+                            .map_err(|e| internal(&format!("cache slice: {e}")))?;
+                        let done = transfer::write_slice(
+                            ctx,
+                            local,
+                            Arc::clone(&chunk),
+                            remote,
+                            from - range.start,
+                        )
+                        .await;
+                        done.await
+                            .map_err(|e| internal(&format!("RDMA WRITE task failed: {e}")))?
+                            .map_err(|e| e.to_s3())?;
+                        self.upstream.metrics().cache_served(source, n);
+                        Ok::<u64, S3Error>(n)
+                    }
+                })
+                .buffer_unordered(depth)
+                .try_fold(0u64, |acc, n| async move { Ok(acc + n) })
+                .await?;
+            self.prefetch_after(cache, &obj, last, &user);
+        }
+        let m = self.rdma.metrics();
+        m.path_request("GetObject", "rdma");
+        m.path_bytes("rdma", "out", len);
+        let out = GetObjectOutput {
+            e_tag: head.etag_dto(),
+            last_modified: head.last_modified.clone(),
+            content_type: head.content_type.clone(),
+            metadata: head.metadata.clone(),
+            cache_control: head.cache_control.clone(),
+            content_disposition: head.content_disposition.clone(),
+            content_encoding: head.content_encoding.clone(),
+            content_language: head.content_language.clone(),
+            content_length: Some(0),
+            content_range: content_range.clone(),
+            accept_ranges: Some("bytes".into()),
+            ..Default::default()
+        };
+        let reply = reply_headers(if content_range.is_some() { 206 } else { 200 }, Some(len));
+        let mut resp = S3Response::with_headers(out, reply);
+        if content_range.is_some() {
+            resp.status = Some(http::StatusCode::PARTIAL_CONTENT);
+        }
+        Ok(resp)
+    }
+
+    /// Chunk `i` of `obj` from the cache, or from the upstream as `user`
+    /// (with `If-Match` on the confirmed ETag).
+    async fn chunk(
+        &self,
+        cache: &ChunkCache,
+        obj: &ObjectVersion,
+        i: u64,
+        user: &str,
+    ) -> S3Result<(Arc<Chunk>, Source)> {
+        let cs = cache.chunk_size() as u64;
+        let start = i * cs;
+        let len = cs.min(obj.size - start);
+        let key = ChunkKey {
+            bucket: Arc::clone(&obj.bucket),
+            key: Arc::clone(&obj.key),
+            etag: Arc::clone(&obj.etag),
+            index: i,
+        };
+        let upstream = &self.upstream;
+        cache
+            .get(key, |buf| fetch_chunk(upstream, user, obj, start, len, buf))
+            .await
+    }
+
+    /// Fetches the `prefetch_chunks` chunks after `last` into the cache in
+    /// the background (a sequential reader's next read then hits).
+    fn prefetch_after(&self, cache: &Arc<ChunkCache>, obj: &ObjectVersion, last: u64, user: &str) {
+        let cs = cache.chunk_size() as u64;
+        let chunks = obj.size.div_ceil(cs);
+        let end = (last + 1 + self.prefetch).min(chunks);
+        if last + 1 >= end {
+            return;
+        }
+        let (cache, upstream, obj, user) = (
+            Arc::clone(cache),
+            Arc::clone(&self.upstream),
+            obj.clone(),
+            user.to_owned(),
+        );
+        tokio::spawn(async move {
+            for i in last + 1..end {
+                let start = i * cs;
+                let len = cs.min(obj.size - start);
+                let key = ChunkKey {
+                    bucket: Arc::clone(&obj.bucket),
+                    key: Arc::clone(&obj.key),
+                    etag: Arc::clone(&obj.etag),
+                    index: i,
+                };
+                let r = cache
+                    .get(key, |buf| {
+                        fetch_chunk(&upstream, &user, &obj, start, len, buf)
+                    })
+                    .await;
+                if r.is_err() {
+                    break; // overwritten or unreachable: the next read will say
+                }
+            }
+        });
+    }
+
+    /// PutObject/UploadPart over RDMA: the token's memory, read by RDMA, is
+    /// the body of the upstream request (exactly the token's size).
+    async fn rdma_body(
+        &self,
+        token: &fabric::RdmaToken,
+        headers: &HeaderMap,
+        user: &str,
+    ) -> S3Result<(ByteStream, i64)> {
+        let body = self
+            .rdma
+            .put_body(token, headers, user)
+            .await
+            .map_err(|e| e.to_s3())?;
+        let len = i64::from(token.size);
+        let frames = body.map_ok(http_body::Frame::data);
+        let body = http_body_util::StreamBody::new(frames);
+        Ok((ByteStream::from_body_1_x(body), len))
+    }
+
+    fn put_reply(&self, op: &str, len: i64) -> HeaderMap {
+        let m = self.rdma.metrics();
+        m.path_request(op, "rdma");
+        let n = u64::try_from(len).unwrap_or(0);
+        m.path_bytes("rdma", "in", n);
+        self.upstream.metrics().upstream_bytes("out", n);
+        reply_headers(200, None)
+    }
+}
+
+/// The object version a read serves.
+#[derive(Debug, Clone)]
+struct ObjectVersion {
+    bucket: Arc<str>,
+    key: Arc<str>,
+    etag: Arc<str>,
+    size: u64,
+}
+
+/// Fetches `[start, start+len)` of `obj` from the upstream as `user` into
+/// `buf` (`If-Match`: a newer version fails instead of mixing in).
+async fn fetch_chunk(
+    upstream: &Upstream,
+    user: &str,
+    obj: &ObjectVersion,
+    start: u64,
+    len: u64,
+    buf: fabric::pool::StagingBuf,
+) -> S3Result<Chunk> {
+    let range = format!("bytes={}-{}", start, start + len - 1);
+    let out = upstream
+        .call(user, "GetObject", |c| {
+            c.get_object()
+                .bucket(&*obj.bucket)
+                .key(&*obj.key)
+                .range(&range)
+                .if_match(&*obj.etag)
+                .send()
+        })
+        .await
+        .map_err(|e| {
+            if *e.code() == S3ErrorCode::PreconditionFailed {
+                s3_error!(
+                    ServiceUnavailable,
+                    "the object was overwritten upstream during the read (its ETag changed); nothing of the new version was mixed in; retry"
+                )
+            } else {
+                e
+            }
+        })?;
+    let mut body = out.body;
+    let mut filled = 0usize;
+    let want = to_usize(len);
+    while let Some(bytes) = body
+        .try_next()
+        .await
+        .map_err(|e| unreachable(&format!("reading a chunk from the upstream failed: {e}")))?
+    {
+        if filled + bytes.len() > want {
+            return Err(internal(
+                "the upstream sent more bytes than the range asked for",
+            ));
+        }
+        buf.copy_in(filled, &bytes)
+            .map_err(|e| internal(&format!("cache copy: {e}")))?;
+        filled += bytes.len();
+    }
+    if filled != want {
+        return Err(unreachable(&format!(
+            "the upstream sent {filled} of the {want} bytes of a chunk"
+        )));
+    }
+    upstream.metrics().upstream_bytes("in", len);
+    Ok(Chunk::new(buf, want))
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+fn internal(msg: &str) -> S3Error {
+    warn!(error = msg, "gateway internal error");
+    S3Error::with_message(S3ErrorCode::InternalError, msg.to_owned())
+}
+
+fn unreachable(msg: &str) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::ServiceUnavailable, msg.to_owned());
+    e.set_status_code(http::StatusCode::SERVICE_UNAVAILABLE);
+    e
+}
+
+/// s3s-aws answers `InternalError` without a status when the upstream
+/// never answered: say so.
+fn unreachable_if_unanswered(e: S3Error) -> S3Error {
+    if e.status_code().is_none() && *e.code() == S3ErrorCode::InternalError {
+        unreachable("the upstream S3 endpoint could not be reached; retry later")
+    } else {
+        e
+    }
+}
+
+fn access_key<T>(req: &S3Request<T>) -> String {
+    req.credentials
+        .as_ref()
+        .map(|c| c.access_key.clone())
+        .unwrap_or_default()
+}
+
+/// Operations forwarded as they are. `#[async_trait]` does not see into
+/// macros, so this writes the signature it would.
+macro_rules! forward {
+    ($($op:ident: $input:ident -> $output:ident;)*) => {
+        $(
+            fn $op<'life0, 'async_trait>(
+                &'life0 self,
+                req: S3Request<$input>,
+            ) -> std::pin::Pin<
+                Box<dyn std::future::Future<Output = S3Result<S3Response<$output>>> + Send + 'async_trait>,
+            >
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(async move { self.forward(req, |p, r| async move { p.$op(r).await }).await })
+            }
+        )*
+    };
+}
+
+#[async_trait::async_trait]
+impl S3 for Gateway {
+    forward! {
+        head_object: HeadObjectInput -> HeadObjectOutput;
+        list_objects: ListObjectsInput -> ListObjectsOutput;
+        list_objects_v2: ListObjectsV2Input -> ListObjectsV2Output;
+        list_buckets: ListBucketsInput -> ListBucketsOutput;
+        head_bucket: HeadBucketInput -> HeadBucketOutput;
+        create_bucket: CreateBucketInput -> CreateBucketOutput;
+        delete_bucket: DeleteBucketInput -> DeleteBucketOutput;
+        get_bucket_location: GetBucketLocationInput -> GetBucketLocationOutput;
+        delete_object: DeleteObjectInput -> DeleteObjectOutput;
+        delete_objects: DeleteObjectsInput -> DeleteObjectsOutput;
+        copy_object: CopyObjectInput -> CopyObjectOutput;
+        create_multipart_upload: CreateMultipartUploadInput -> CreateMultipartUploadOutput;
+        complete_multipart_upload: CompleteMultipartUploadInput -> CompleteMultipartUploadOutput;
+        abort_multipart_upload: AbortMultipartUploadInput -> AbortMultipartUploadOutput;
+        list_parts: ListPartsInput -> ListPartsOutput;
+        list_multipart_uploads: ListMultipartUploadsInput -> ListMultipartUploadsOutput;
+        upload_part_copy: UploadPartCopyInput -> UploadPartCopyOutput;
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let decision = self
+            .rdma
+            .decide(&req.headers, &req.uri)
+            .map_err(|e| e.to_s3())?;
+        match decision {
+            Decision::Rdma(token) => self.rdma_get(req, &token).await,
+            Decision::Http | Decision::Decline => {
+                let declined = matches!(decision, Decision::Decline);
+                let mut r = self
+                    .forward(req, |p, r| async move { p.get_object(r).await })
+                    .await?;
+                let m = self.rdma.metrics();
+                m.path_request("GetObject", "http");
+                if declined {
+                    r.headers.extend(reply_headers(501, None));
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let decision = self
+            .rdma
+            .decide(&req.headers, &req.uri)
+            .map_err(|e| e.to_s3())?;
+        let token = match decision {
+            Decision::Http => {
+                let r = self
+                    .forward_once(req, |p, r| async move { p.put_object(r).await })
+                    .await?;
+                self.rdma.metrics().path_request("PutObject", "http");
+                return Ok(r);
+            }
+            Decision::Decline => return Err(self.rdma.declined_put()),
+            Decision::Rdma(t) => t,
+        };
+        let user = access_key(&req);
+        let (body, len) = self.rdma_body(&token, &req.headers, &user).await?;
+        let i = req.input;
+        let out = self
+            .upstream
+            .call_once(&user, "PutObject", |c| {
+                let b = c
+                    .put_object()
+                    .bucket(&i.bucket)
+                    .key(&i.key)
+                    .content_length(len)
+                    .body(body)
+                    .set_content_type(i.content_type.clone())
+                    .set_metadata(i.metadata.clone())
+                    .set_cache_control(i.cache_control.clone())
+                    .set_content_disposition(i.content_disposition.clone())
+                    .set_content_encoding(i.content_encoding.clone())
+                    .set_content_language(i.content_language.clone())
+                    .set_content_md5(i.content_md5.clone())
+                    .set_checksum_crc32(i.checksum_crc32.clone())
+                    .set_checksum_crc32_c(i.checksum_crc32c.clone())
+                    .set_checksum_sha1(i.checksum_sha1.clone())
+                    .set_checksum_sha256(i.checksum_sha256.clone())
+                    .set_checksum_crc64_nvme(i.checksum_crc64nvme.clone())
+                    .set_if_match(i.if_match.as_ref().map(etag_condition))
+                    .set_if_none_match(i.if_none_match.as_ref().map(etag_condition));
+                b.customize().disable_payload_signing().send()
+            })
+            .await?;
+        let reply = self.put_reply("PutObject", len);
+        let o = PutObjectOutput {
+            e_tag: out
+                .e_tag()
+                .and_then(|e| ETag::parse_http_header(e.as_bytes()).ok()),
+            ..Default::default()
+        };
+        Ok(S3Response::with_headers(o, reply))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let decision = self
+            .rdma
+            .decide(&req.headers, &req.uri)
+            .map_err(|e| e.to_s3())?;
+        let token = match decision {
+            Decision::Http => {
+                let r = self
+                    .forward_once(req, |p, r| async move { p.upload_part(r).await })
+                    .await?;
+                self.rdma.metrics().path_request("UploadPart", "http");
+                return Ok(r);
+            }
+            Decision::Decline => return Err(self.rdma.declined_put()),
+            Decision::Rdma(t) => t,
+        };
+        let user = access_key(&req);
+        let (body, len) = self.rdma_body(&token, &req.headers, &user).await?;
+        let i = req.input;
+        let out = self
+            .upstream
+            .call_once(&user, "UploadPart", |c| {
+                c.upload_part()
+                    .bucket(&i.bucket)
+                    .key(&i.key)
+                    .upload_id(&i.upload_id)
+                    .part_number(i.part_number)
+                    .content_length(len)
+                    .body(body)
+                    .set_content_md5(i.content_md5.clone())
+                    .set_checksum_crc32(i.checksum_crc32.clone())
+                    .set_checksum_crc32_c(i.checksum_crc32c.clone())
+                    .set_checksum_sha1(i.checksum_sha1.clone())
+                    .set_checksum_sha256(i.checksum_sha256.clone())
+                    .set_checksum_crc64_nvme(i.checksum_crc64nvme.clone())
+                    .customize()
+                    .disable_payload_signing()
+                    .send()
+            })
+            .await?;
+        let reply = self.put_reply("UploadPart", len);
+        let o = UploadPartOutput {
+            e_tag: out
+                .e_tag()
+                .and_then(|e| ETag::parse_http_header(e.as_bytes()).ok()),
+            ..Default::default()
+        };
+        Ok(S3Response::with_headers(o, reply))
+    }
+}
+
+fn etag_condition(c: &ETagCondition) -> String {
+    match c {
+        ETagCondition::Any => "*".to_owned(),
+        ETagCondition::ETag(e) => e
+            .to_http_header()
+            .ok()
+            .and_then(|v| v.to_str().ok().map(str::to_owned))
+            .unwrap_or_default(),
+    }
+}
+
+/// The gateway's access check, before every operation: a signed request
+/// from a configured user whose bucket grants in this server's
+/// configuration allow the operation (they can only narrow what the
+/// upstream allows; the upstream decides the rest). Anonymous requests are
+/// refused: the gateway has no identity to re-sign them with.
+#[derive(Debug, Clone)]
+pub struct GatewayAccess {
+    users: Users,
+}
+
+impl GatewayAccess {
+    /// The check for these users.
+    #[must_use]
+    pub fn new(users: Users) -> Self {
+        GatewayAccess { users }
+    }
+
+    fn allows(&self, user: &str, bucket: &str, need: Need) -> bool {
+        let Some(u) = self.users.get(user) else {
+            return false;
+        };
+        match need {
+            Need::Nothing => true,
+            Need::Create => u.create_buckets || grants_give(&u.buckets, bucket, Permission::Write),
+            Need::Bucket(p) => grants_give(&u.buckets, bucket, p),
+            Need::Object => grants_give(&u.buckets, bucket, Permission::Read),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl S3Access for GatewayAccess {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        let op = cx.s3_op().name().to_owned();
+        if let Some(slot) = cx.extensions_mut().get::<OpSlot>() {
+            slot.set(&op);
+        }
+        let Some(user) = cx.credentials().map(|c| c.access_key.clone()) else {
+            return Err(s3_error!(
+                AccessDenied,
+                "Access Denied (the gateway serves signed requests only)"
+            ));
+        };
+        let mut need = need_of(&op);
+        if op == "PutObjectAcl" {
+            need = Need::Bucket(Permission::WriteAcp);
+        }
+        let bucket = match cx.s3_path() {
+            S3Path::Root => String::new(),
+            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => bucket.to_string(),
+        };
+        if (bucket.is_empty() && need != Need::Nothing) || !self.allows(&user, &bucket, need) {
+            return Err(s3_error!(AccessDenied, "Access Denied"));
+        }
+        Ok(())
+    }
+
+    // The source of a copy is read: a read grant on its bucket.
+    async fn copy_object(&self, req: &mut S3Request<CopyObjectInput>) -> S3Result<()> {
+        self.copy_source(req.credentials.as_ref(), &req.input.copy_source)
+    }
+
+    async fn upload_part_copy(&self, req: &mut S3Request<UploadPartCopyInput>) -> S3Result<()> {
+        self.copy_source(req.credentials.as_ref(), &req.input.copy_source)
+    }
+}
+
+impl GatewayAccess {
+    fn copy_source(&self, who: Option<&s3s::auth::Credentials>, src: &CopySource) -> S3Result<()> {
+        let CopySource::Bucket { bucket, .. } = src else {
+            return Err(s3_error!(
+                NotImplemented,
+                "access point copy sources are not supported"
+            ));
+        };
+        match who {
+            Some(c) if self.allows(&c.access_key, bucket, Need::Object) => Ok(()),
+            _ => Err(s3_error!(AccessDenied, "Access Denied")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_config_checks() {
+        let ok = CacheConfig::default();
+        assert!(ok.check().is_ok());
+        assert_eq!(ok.slots(), 256);
+        let mut c = ok.clone();
+        c.chunk_size = ByteSize(1024);
+        assert_eq!(c.check().unwrap_err().0, "chunk_size");
+        let mut c = ok.clone();
+        c.size = ByteSize(3 * (4 << 20));
+        assert_eq!(c.check().unwrap_err().0, "size");
+        let mut c = ok.clone();
+        c.revalidate_after = -1.0;
+        assert_eq!(c.check().unwrap_err().0, "revalidate_after");
+        c.revalidate_after = f64::NAN;
+        assert_eq!(c.check().unwrap_err().0, "revalidate_after");
+        let mut c = ok;
+        c.prefetch_chunks = 65;
+        assert_eq!(c.check().unwrap_err().0, "prefetch_chunks");
+    }
+
+    #[test]
+    fn upstream_config_checks() {
+        let ok = UpstreamConfig::new("http://127.0.0.1:7480");
+        assert!(ok.check().is_ok());
+        let mut c = ok.clone();
+        c.endpoints.clear();
+        assert_eq!(c.check().unwrap_err().0, "endpoints");
+        let mut c = ok.clone();
+        c.endpoints.push("ftp://x:1".into());
+        assert_eq!(c.check().unwrap_err().0, "endpoints[1]");
+        let mut c = ok.clone();
+        c.read_timeout_ms = 0;
+        assert_eq!(c.check().unwrap_err().0, "read_timeout_ms");
+        let mut c = ok;
+        c.region = Some(String::new());
+        assert_eq!(c.check().unwrap_err().0, "region");
+    }
+
+    #[test]
+    fn etag_conditions_render() {
+        assert_eq!(etag_condition(&ETagCondition::Any), "*");
+        assert_eq!(
+            etag_condition(&ETagCondition::ETag(ETag::Strong("abc".into()))),
+            "\"abc\""
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! The gateway's upstream: the existing S3 endpoint(s) behind it, called
+//! with aws-sdk-s3 as the same user who called the gateway (that user's
+//! access key and secret re-sign every request), so the cluster's own
+//! policies stay the authority.
+//!
+//! Endpoints are tried in order from a rotating start: a request that
+//! cannot reach one (connect error, timeout, no response) moves on to the
+//! next; an answer from the upstream, error or not, is final.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use s3s::{S3Error, S3ErrorCode};
+use serde::{Deserialize, Serialize};
+
+use crate::config::User;
+use crate::metrics::Metrics;
+
+/// The `upstream:` section (`store: s3`): the S3 endpoint the gateway
+/// stands in front of.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// The upstream's S3 endpoint URLs (`http://HOST:PORT` or
+    /// `https://HOST:PORT`, e.g. the radosgw instances of one Ceph cluster).
+    /// At least one; all must serve the same data.
+    pub endpoints: Vec<String>,
+    /// The region the upstream verifies signatures for. Default: this
+    /// server's `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// A PEM file with the CA certificate(s) that sign the upstream's TLS
+    /// certificate, for `https` endpoints with a private CA. Default: the
+    /// web PKI roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Connect timeout per upstream connection, in milliseconds. Default
+    /// 3000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Longest wait for any read from the upstream (response head or the
+    /// next body bytes), in milliseconds. Default 30000.
+    #[serde(default = "default_read_timeout_ms")]
+    pub read_timeout_ms: u64,
+    /// Attempts per request for errors the SDK retries (throttling, 5xx,
+    /// dropped connections), per endpoint. Default 3; at least 1.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    3000
+}
+
+fn default_read_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_max_attempts() -> u32 {
+    3
+}
+
+impl UpstreamConfig {
+    /// A section with one endpoint and every default.
+    #[must_use]
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        UpstreamConfig {
+            endpoints: vec![endpoint.into()],
+            region: None,
+            ca_file: None,
+            connect_timeout_ms: default_connect_timeout_ms(),
+            read_timeout_ms: default_read_timeout_ms(),
+            max_attempts: default_max_attempts(),
+        }
+    }
+
+    /// Checks the values; `Err((field, message))` names the first bad one
+    /// (relative to the section).
+    ///
+    /// # Errors
+    /// No endpoint, a malformed endpoint URL, a zero timeout or attempt count.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        if self.endpoints.is_empty() {
+            return Err((
+                "endpoints".into(),
+                "at least one endpoint is required".into(),
+            ));
+        }
+        for (i, e) in self.endpoints.iter().enumerate() {
+            s3dma_config::check_endpoint_url(e)
+                .map_err(|m| (format!("endpoints[{i}]"), m.to_string()))?;
+        }
+        if self.region.as_deref() == Some("") {
+            return Err(("region".into(), "must not be empty".into()));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(("connect_timeout_ms".into(), "must be at least 1".into()));
+        }
+        if self.read_timeout_ms == 0 {
+            return Err(("read_timeout_ms".into(), "must be at least 1".into()));
+        }
+        if self.max_attempts == 0 {
+            return Err(("max_attempts".into(), "must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Why the upstream clients could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The CA file could not be read.
+    #[error("upstream.ca_file {path}: {source}")]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The CA file holds no usable certificate.
+    #[error("upstream.ca_file {path}: not a PEM certificate bundle: {message}")]
+    CaInvalid {
+        /// The file.
+        path: PathBuf,
+        /// What the TLS library said.
+        message: String,
+    },
+}
+
+/// The clients of every configured user, one per endpoint.
+#[derive(Debug)]
+pub struct Upstream {
+    endpoints: Vec<String>,
+    clients: HashMap<String, Vec<aws_sdk_s3::Client>>,
+    next: AtomicUsize,
+    metrics: Arc<Metrics>,
+}
+
+impl Upstream {
+    /// Builds the clients (no request is made).
+    ///
+    /// # Errors
+    /// [`UpstreamError`] for an unreadable or invalid CA file.
+    pub fn new(
+        cfg: &UpstreamConfig,
+        region: &str,
+        users: &[User],
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, UpstreamError> {
+        let http = match &cfg.ca_file {
+            None => None,
+            Some(path) => Some(https_client_with_ca(path)?),
+        };
+        let region = Region::new(cfg.region.clone().unwrap_or_else(|| region.to_owned()));
+        let timeouts = aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+            .read_timeout(Duration::from_millis(cfg.read_timeout_ms))
+            .build();
+        let retry =
+            aws_sdk_s3::config::retry::RetryConfig::standard().with_max_attempts(cfg.max_attempts);
+        let mut clients = HashMap::new();
+        for u in users {
+            let per_endpoint = cfg
+                .endpoints
+                .iter()
+                .map(|e| {
+                    let mut b = aws_sdk_s3::Config::builder()
+                        .behavior_version(BehaviorVersion::latest())
+                        .endpoint_url(e)
+                        .region(region.clone())
+                        .credentials_provider(Credentials::new(
+                            &u.access_key_id,
+                            &u.secret,
+                            None,
+                            None,
+                            "s3dma-gateway",
+                        ))
+                        .force_path_style(true)
+                        .timeout_config(timeouts.clone())
+                        .retry_config(retry.clone())
+                        // The gateway forwards the caller's checksums; it
+                        // adds none of its own.
+                        .request_checksum_calculation(
+                            aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
+                        )
+                        .response_checksum_validation(
+                            aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+                        );
+                    if let Some(h) = &http {
+                        b = b.http_client(h.clone());
+                    }
+                    aws_sdk_s3::Client::from_conf(b.build())
+                })
+                .collect();
+            clients.insert(u.access_key_id.clone(), per_endpoint);
+        }
+        Ok(Upstream {
+            endpoints: cfg.endpoints.clone(),
+            clients,
+            next: AtomicUsize::new(0),
+            metrics,
+        })
+    }
+
+    /// The endpoints.
+    #[must_use]
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// `user`'s clients in the order this request tries them.
+    fn order(&self, user: &str) -> Result<Vec<&aws_sdk_s3::Client>, S3Error> {
+        let all = self.clients.get(user).ok_or_else(|| {
+            S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                "Access Denied (the request was not signed by a configured user)",
+            )
+        })?;
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % all.len().max(1);
+        Ok(all[start..].iter().chain(&all[..start]).collect())
+    }
+
+    /// Runs `call` with `user`'s clients, moving to the next endpoint while
+    /// it cannot reach one; records the latency and errors as `op`.
+    ///
+    /// # Errors
+    /// The upstream's answer as an S3 error ([`to_s3_error`]); access denied
+    /// for an unknown user.
+    pub async fn call<T, E, F, Fut>(
+        &self,
+        user: &str,
+        op: &'static str,
+        call: F,
+    ) -> Result<T, S3Error>
+    where
+        F: Fn(aws_sdk_s3::Client) -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let clients = self.order(user)?;
+        let mut last = None;
+        for c in clients {
+            let started = Instant::now();
+            match call(c.clone()).await {
+                Ok(v) => {
+                    self.metrics.upstream(op, started.elapsed(), None);
+                    return Ok(v);
+                }
+                Err(e) => {
+                    let kind = error_kind(&e);
+                    self.metrics.upstream(op, started.elapsed(), Some(&kind));
+                    let unreachable = is_unreachable(&e);
+                    last = Some(to_s3_error(e, op));
+                    if !unreachable {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| S3Error::new(S3ErrorCode::InternalError)))
+    }
+
+    /// Runs `call` once, on the first endpoint of the rotation: for
+    /// requests whose body can be sent only once (an RDMA PUT's stream).
+    ///
+    /// # Errors
+    /// As [`Upstream::call`].
+    pub async fn call_once<T, E, F, Fut>(
+        &self,
+        user: &str,
+        op: &'static str,
+        call: F,
+    ) -> Result<T, S3Error>
+    where
+        F: FnOnce(aws_sdk_s3::Client) -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let client = self
+            .order(user)?
+            .into_iter()
+            .next()
+            .cloned()
+            .ok_or_else(|| S3Error::new(S3ErrorCode::InternalError))?;
+        let started = Instant::now();
+        match call(client).await {
+            Ok(v) => {
+                self.metrics.upstream(op, started.elapsed(), None);
+                Ok(v)
+            }
+            Err(e) => {
+                self.metrics
+                    .upstream(op, started.elapsed(), Some(&error_kind(&e)));
+                Err(to_s3_error(e, op))
+            }
+        }
+    }
+
+    /// `user`'s s3s proxies (one per endpoint) in the order this request
+    /// tries them, for operations forwarded as they are.
+    ///
+    /// # Errors
+    /// Access denied for an unknown user.
+    pub fn proxies(&self, user: &str) -> Result<Vec<s3s_aws::Proxy>, S3Error> {
+        Ok(self
+            .order(user)?
+            .into_iter()
+            .map(|c| s3s_aws::Proxy::from(c.clone()))
+            .collect())
+    }
+
+    /// The metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+}
+
+fn https_client_with_ca(
+    path: &std::path::Path,
+) -> Result<aws_smithy_runtime_api::client::http::SharedHttpClient, UpstreamError> {
+    use aws_smithy_http_client::tls;
+    let pem = std::fs::read(path).map_err(|source| UpstreamError::CaFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    let ctx = tls::TlsContext::builder()
+        .with_trust_store(tls::TrustStore::empty().with_pem_certificate(pem))
+        .build()
+        .map_err(|e| UpstreamError::CaInvalid {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::AwsLc,
+        ))
+        .tls_context(ctx)
+        .build_https())
+}
+
+/// Whether the request never got an answer from this endpoint (worth
+/// trying the next one).
+fn is_unreachable<E>(e: &SdkError<E, HttpResponse>) -> bool {
+    matches!(
+        e,
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_)
+    )
+}
+
+/// The metric label of an upstream failure.
+fn error_kind<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> String {
+    match e {
+        SdkError::TimeoutError(_) => "timeout".into(),
+        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => "transport".into(),
+        SdkError::ServiceError(s) => s.err().code().map_or_else(
+            || s.raw().status().as_u16().to_string(),
+            |c| {
+                // Codes become label values: keep them short and plain.
+                c.chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .take(64)
+                    .collect()
+            },
+        ),
+        _ => "other".into(),
+    }
+}
+
+/// The S3 error the gateway answers for an upstream failure: the
+/// upstream's own code, message and status when it answered (HEAD's bodiless
+/// 404 becomes `NoSuchKey`), `503 ServiceUnavailable` when it could not be
+/// reached. The source is kept for the logs.
+#[must_use]
+pub fn to_s3_error<E>(e: SdkError<E, HttpResponse>, op: &str) -> S3Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let mut err = match &e {
+        SdkError::ServiceError(s) => {
+            let status = s.raw().status().as_u16();
+            let code = match (s.err().code(), status) {
+                (Some(c), _) if c != "NotFound" => S3ErrorCode::from_bytes(c.as_bytes())
+                    .unwrap_or_else(|| S3ErrorCode::Custom(c.to_owned().into())),
+                (_, 404) => S3ErrorCode::NoSuchKey,
+                (_, 304) => S3ErrorCode::NotModified,
+                (_, 412) => S3ErrorCode::PreconditionFailed,
+                (_, 403) => S3ErrorCode::AccessDenied,
+                (_, 400) => S3ErrorCode::InvalidRequest,
+                _ => S3ErrorCode::InternalError,
+            };
+            let message = s.err().message().map_or_else(
+                || format!("the upstream S3 endpoint answered {status} to {op}"),
+                str::to_owned,
+            );
+            let mut err = S3Error::with_message(code, message);
+            if let Ok(st) = http::StatusCode::from_u16(status) {
+                err.set_status_code(st);
+            }
+            err
+        }
+        SdkError::TimeoutError(_) => S3Error::with_message(
+            S3ErrorCode::ServiceUnavailable,
+            format!("the upstream S3 endpoint did not answer {op} in time; retry later"),
+        ),
+        _ => S3Error::with_message(
+            S3ErrorCode::ServiceUnavailable,
+            format!("the upstream S3 endpoint could not be reached for {op}; retry later"),
+        ),
+    };
+    if matches!(err.code(), S3ErrorCode::ServiceUnavailable) {
+        err.set_status_code(http::StatusCode::SERVICE_UNAVAILABLE);
+    }
+    err.set_source(Box::new(e));
+    err
+}
