@@ -583,23 +583,31 @@ impl Gateway {
         });
     }
 
-    /// PutObject/UploadPart over RDMA: the token's memory, read by RDMA, is
-    /// the body of the upstream request (exactly the token's size).
-    async fn rdma_body(
-        &self,
-        token: &fabric::RdmaToken,
-        headers: &HeaderMap,
-        user: &str,
-    ) -> S3Result<(ByteStream, i64)> {
+    /// The body of a PutObject/UploadPart over RDMA: the token's memory,
+    /// read by RDMA, exactly the token's size; `None` for a plain HTTP
+    /// request (forwarded as it is). A token RDMA must decline answers
+    /// `x-amz-rdma-reply: 501` and stores nothing.
+    async fn rdma_body<T>(&self, req: &S3Request<T>) -> S3Result<Option<(ByteStream, i64)>> {
+        let token = match self
+            .rdma
+            .decide(&req.headers, &req.uri)
+            .map_err(|e| e.to_s3())?
+        {
+            Decision::Http => return Ok(None),
+            Decision::Decline => return Err(self.rdma.declined_put()),
+            Decision::Rdma(t) => t,
+        };
         let body = self
             .rdma
-            .put_body(token, headers, user)
+            .put_body(&token, &req.headers, &access_key(req))
             .await
             .map_err(|e| e.to_s3())?;
-        let len = i64::from(token.size);
         let frames = body.map_ok(http_body::Frame::data);
         let body = http_body_util::StreamBody::new(frames);
-        Ok((ByteStream::from_body_1_x(body), len))
+        Ok(Some((
+            ByteStream::from_body_1_x(body),
+            i64::from(token.size),
+        )))
     }
 
     fn put_reply(&self, op: &str, len: i64) -> HeaderMap {
@@ -782,23 +790,14 @@ impl S3 for Gateway {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let decision = self
-            .rdma
-            .decide(&req.headers, &req.uri)
-            .map_err(|e| e.to_s3())?;
-        let token = match decision {
-            Decision::Http => {
-                let r = self
-                    .forward_once(req, |p, r| async move { p.put_object(r).await })
-                    .await?;
-                self.rdma.metrics().path_request("PutObject", "http");
-                return Ok(r);
-            }
-            Decision::Decline => return Err(self.rdma.declined_put()),
-            Decision::Rdma(t) => t,
+        let Some((body, len)) = self.rdma_body(&req).await? else {
+            let r = self
+                .forward_once(req, |p, r| async move { p.put_object(r).await })
+                .await?;
+            self.rdma.metrics().path_request("PutObject", "http");
+            return Ok(r);
         };
         let user = access_key(&req);
-        let (body, len) = self.rdma_body(&token, &req.headers, &user).await?;
         let i = req.input;
         let out = self
             .upstream
@@ -840,23 +839,14 @@ impl S3 for Gateway {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let decision = self
-            .rdma
-            .decide(&req.headers, &req.uri)
-            .map_err(|e| e.to_s3())?;
-        let token = match decision {
-            Decision::Http => {
-                let r = self
-                    .forward_once(req, |p, r| async move { p.upload_part(r).await })
-                    .await?;
-                self.rdma.metrics().path_request("UploadPart", "http");
-                return Ok(r);
-            }
-            Decision::Decline => return Err(self.rdma.declined_put()),
-            Decision::Rdma(t) => t,
+        let Some((body, len)) = self.rdma_body(&req).await? else {
+            let r = self
+                .forward_once(req, |p, r| async move { p.upload_part(r).await })
+                .await?;
+            self.rdma.metrics().path_request("UploadPart", "http");
+            return Ok(r);
         };
         let user = access_key(&req);
-        let (body, len) = self.rdma_body(&token, &req.headers, &user).await?;
         let i = req.input;
         let out = self
             .upstream
