@@ -21,12 +21,14 @@ pub fn loopback_any_port() -> SocketAddr {
 /// The storage-target's configuration: loopback, a free port, RDMA over the
 /// layout's fabric, one user (the tenant's key, `access_key_id`) with read-write
 /// on every bucket; with `metrics`, Prometheus metrics on another free
-/// loopback port.
+/// loopback port; with `upstream`, a gateway in front of it (a 256 MiB
+/// cache) instead of the filesystem store.
 #[must_use]
 pub fn storage_target(
     l: &Layout,
     access_key_id: &str,
     metrics: bool,
+    upstream: Option<&crate::stack::Upstream>,
 ) -> storage_target::config::Config {
     use storage_target::config::{Access, BucketGrant, Config, UserConfig};
     let mut c = Config::new(l.data_dir.clone());
@@ -49,6 +51,14 @@ pub fn storage_target(
     c.rdma.fabric_key_file = Some(l.fabric_key_file.clone());
     if metrics {
         c.metrics.address = Some(loopback_any_port());
+    }
+    if let Some(u) = upstream {
+        let mut up = storage_target::gateway::UpstreamConfig::new(u.endpoint.clone());
+        up.region.clone_from(&u.region);
+        c.store = storage_target::gateway::StoreKind::S3;
+        c.upstream = Some(up);
+        c.data_dir = std::path::PathBuf::new();
+        c.cache.size.0 = 256 << 20;
     }
     c
 }
@@ -186,10 +196,37 @@ mod tests {
     }
 
     #[test]
+    fn gateway_config_loads() {
+        let (_d, mut l, _) = prepared();
+        let s = l
+            .prepare_upstream_secrets("AKUPSTREAM", "up-secret")
+            .unwrap();
+        let u = crate::stack::Upstream {
+            endpoint: "http://127.0.0.1:7480".into(),
+            region: Some("eu-1".into()),
+            access_key_id: s.access_key_id.clone(),
+            secret_access_key: s.secret_access_key.clone(),
+        };
+        assert!(!format!("{u:?}").contains("up-secret"));
+        write(
+            &l.target_config,
+            &storage_target(&l, &s.access_key_id, false, Some(&u)),
+        )
+        .unwrap();
+        let (c, users) = storage_target::config::Config::load(&l.target_config).unwrap();
+        assert_eq!(c.store, storage_target::gateway::StoreKind::S3);
+        let up = c.upstream.unwrap();
+        assert_eq!(up.endpoints, ["http://127.0.0.1:7480"]);
+        assert_eq!(up.region.as_deref(), Some("eu-1"));
+        assert_eq!(users[0].access_key_id, "AKUPSTREAM");
+        assert_eq!(users[0].secret, "up-secret");
+    }
+
+    #[test]
     fn storage_target_config_loads() {
         let (_d, l, key) = prepared();
         for metrics in [false, true] {
-            write(&l.target_config, &storage_target(&l, &key, metrics)).unwrap();
+            write(&l.target_config, &storage_target(&l, &key, metrics, None)).unwrap();
             let (c, users) = storage_target::config::Config::load(&l.target_config).unwrap();
             assert_eq!(c.data_dir, l.data_dir);
             assert_eq!(c.listen.to_string(), "127.0.0.1:0");
@@ -253,7 +290,7 @@ mod tests {
     #[test]
     fn written_files_are_private_and_say_so() {
         let (_d, l, key) = prepared();
-        write(&l.target_config, &storage_target(&l, &key, false)).unwrap();
+        write(&l.target_config, &storage_target(&l, &key, false, None)).unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         let meta = std::fs::metadata(&l.target_config).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);

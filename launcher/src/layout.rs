@@ -113,6 +113,31 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// [`Layout::prepare_secrets`] with the tenant's identity on an
+    /// upstream S3 endpoint (`s3dma local --upstream`) instead of a
+    /// generated one: written to `upstream.access-key-id` and
+    /// `upstream.secret` (0600), which the configurations then name.
+    ///
+    /// # Errors
+    /// The secrets directory or a file cannot be written.
+    pub fn prepare_upstream_secrets(
+        &mut self,
+        access_key_id: &str,
+        secret_access_key: &str,
+    ) -> Result<Secrets, LaunchError> {
+        self.prepare_secrets()?;
+        self.access_key_file = self.secrets_dir.join("upstream.access-key-id");
+        self.secret_key_file = self.secrets_dir.join("upstream.secret");
+        write_private(&self.access_key_file, access_key_id)?;
+        write_private(&self.secret_key_file, secret_access_key)?;
+        Ok(Secrets {
+            access_key_id: access_key_id.to_owned(),
+            secret_access_key: secret_access_key.to_owned(),
+        })
+    }
+}
+
 /// The tenant's S3 credentials, read from (or created in) the secrets
 /// directory. `Debug` does not show the secret.
 #[derive(Clone)]

@@ -72,6 +72,34 @@ pub struct StackOptions {
     /// The fabric all three services use (`tcp`, or `verbs` where an RDMA
     /// device exists).
     pub fabric: Backend,
+    /// Run the storage-target as a gateway in front of this S3 endpoint,
+    /// as the tenant's identity there (`s3dma local --upstream`), instead of
+    /// the filesystem store. Default: none.
+    pub upstream: Option<Upstream>,
+}
+
+/// An existing S3 endpoint for the local stack to stand in front of, and
+/// who the tenant is there. `Debug` does not show the secret.
+#[derive(Clone)]
+pub struct Upstream {
+    /// The S3 endpoint URL, `http(s)://HOST:PORT`.
+    pub endpoint: String,
+    /// Its region (default: the stack's, `us-east-1`).
+    pub region: Option<String>,
+    /// The tenant's access key id there.
+    pub access_key_id: String,
+    /// The tenant's secret access key there.
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StackOptions {
@@ -90,6 +118,7 @@ impl StackOptions {
             who,
             bin_dir: None,
             fabric: Backend::Tcp,
+            upstream: None,
         }
     }
 }
@@ -152,6 +181,7 @@ pub struct Stack {
     bucket: String,
     metrics: bool,
     bins: [PathBuf; 3],
+    upstream: Option<Upstream>,
     uid: u32,
     procs: Vec<Proc>,
     endpoints: Endpoints,
@@ -191,7 +221,10 @@ impl Stack {
         })?;
         private_dir(&l.logs_dir)?;
         private_dir(&l.data_dir)?;
-        let secrets = l.prepare_secrets()?;
+        let secrets = match &opts.upstream {
+            None => l.prepare_secrets()?,
+            Some(u) => l.prepare_upstream_secrets(&u.access_key_id, &u.secret_access_key)?,
+        };
         prepare_socket(&opts.socket, opts.own_socket_dir)?;
         Ok(Stack {
             who: opts.who,
@@ -201,6 +234,7 @@ impl Stack {
             bucket: opts.bucket,
             metrics: opts.metrics,
             bins,
+            upstream: opts.upstream,
             uid,
             procs: Vec::new(),
             endpoints: Endpoints {
@@ -222,7 +256,10 @@ impl Stack {
         let metrics = self.metrics;
 
         let key = &self.secrets.access_key_id;
-        configs::write(&l.target_config, &configs::storage_target(l, key, metrics))?;
+        configs::write(
+            &l.target_config,
+            &configs::storage_target(l, key, metrics, self.upstream.as_ref()),
+        )?;
         let (p, mut lines) = spawn(
             self.who,
             BINARIES[0],

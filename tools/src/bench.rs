@@ -328,6 +328,7 @@ impl OwnStack {
             who: "s3dma-tools bench",
             bin_dir: None,
             fabric: opts.fabric,
+            upstream: None,
         })?;
         if let Err(e) = stack.start().await {
             stack.stop().await;

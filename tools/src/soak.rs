@@ -147,6 +147,7 @@ async fn run(opts: Options) -> anyhow::Result<(bool, String)> {
         who: "s3dma-tools soak",
         bin_dir: None,
         fabric: s3dma_launcher::Backend::Tcp,
+        upstream: None,
     })?;
     if let Err(e) = stack.start().await {
         stack.stop().await;

@@ -39,6 +39,37 @@ pub(crate) struct Options {
     pub bucket: String,
     /// The fabric between the services.
     pub fabric: s3dma_launcher::Backend,
+    /// An existing S3 endpoint to stand in front of (`--upstream`).
+    pub upstream: Option<String>,
+}
+
+/// `--upstream URL`: the endpoint, and the tenant's identity there from the
+/// usual AWS environment variables.
+fn upstream(url: Option<String>) -> anyhow::Result<Option<s3dma_launcher::Upstream>> {
+    let Some(endpoint) = url else {
+        return Ok(None);
+    };
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let (Some(access_key_id), Some(secret_access_key)) =
+        (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
+    else {
+        return Err(anyhow!(
+            "--upstream needs your credentials on that endpoint in AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY"
+        ));
+    };
+    if var("AWS_SESSION_TOKEN").is_some() {
+        return Err(anyhow!(
+            "--upstream: temporary credentials (AWS_SESSION_TOKEN) are not supported; use a \
+             user's access key"
+        ));
+    }
+    Ok(Some(s3dma_launcher::Upstream {
+        endpoint,
+        region: var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")),
+        access_key_id,
+        secret_access_key,
+    }))
 }
 
 fn help_text(stack: &Stack, default_socket_used: bool) -> String {
@@ -136,6 +167,8 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         opts.socket
             .unwrap_or_else(|| default_socket(std::env::var_os("XDG_RUNTIME_DIR"), uid)),
     )?;
+    // A malformed URL stops the storage-target's start with the field named.
+    let upstream = upstream(opts.upstream)?;
     let mut stack = Stack::prepare(StackOptions {
         dir,
         data_dir: None,
@@ -146,6 +179,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         who: "s3dma local",
         bin_dir: None,
         fabric: opts.fabric,
+        upstream,
     })?;
 
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

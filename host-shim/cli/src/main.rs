@@ -177,6 +177,13 @@ enum Cmd {
         /// or `verbs` (needs an RDMA device, e.g. Soft-RoCE's rxe0).
         #[arg(long, default_value = "tcp", value_name = "BACKEND")]
         fabric: s3dma_launcher::Backend,
+        /// Stand in front of an existing S3 endpoint (`http(s)://HOST:PORT`,
+        /// e.g. your Ceph RGW or MinIO) instead of a local store: the
+        /// storage-target runs as a gateway with a read cache, as you
+        /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION from the
+        /// environment).
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
     },
 }
 
@@ -222,11 +229,13 @@ fn main() -> ExitCode {
                 dir,
                 bucket,
                 fabric,
+                upstream,
             } => local::run(local::Options {
                 dir,
                 socket: cli.socket,
                 bucket,
                 fabric,
+                upstream,
             })
             .await
             .map_err(|e| Failure::Other(format!("local: {e:#}"))),

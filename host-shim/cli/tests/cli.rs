@@ -49,10 +49,16 @@ impl Local {
     /// `--socket` and `$XDG_RUNTIME_DIR` = `root/run` (so its socket is the
     /// default one, `root/run/s3dma/shim.sock`), else `root/s.sock`.
     fn start_with(root: &Path, default_socket: bool) -> Local {
+        Local::start_cmd(root, default_socket, |_| {})
+    }
+
+    /// [`Local::start_with`], with `more` adding arguments and environment.
+    fn start_cmd(root: &Path, default_socket: bool, more: impl FnOnce(&mut Command)) -> Local {
         check_binaries();
         let stderr = std::fs::File::create(root.join("local.stderr")).unwrap();
         let mut cmd = Command::new(S3DMA);
         cmd.arg("local").arg("--dir").arg(root.join("state"));
+        more(&mut cmd);
         let socket = if default_socket {
             let run = root.join("run");
             cmd.env("XDG_RUNTIME_DIR", &run);
@@ -936,4 +942,66 @@ fn commands_find_local_modes_default_socket() {
         None,
     );
     fails(&other, 5, "nothing.sock");
+}
+
+/// `s3dma local --upstream`: the stack stands in front of an existing S3
+/// cluster (Ceph's radosgw from Debian's packages) as the user the AWS
+/// variables name: what `put` writes is in the cluster, `get` reads it back
+/// through the gateway; without credentials it says what is missing.
+#[test]
+fn local_mode_in_front_of_an_existing_cluster() {
+    let ceph = s3dma_launcher::harness::Ceph::shared();
+    let creds = ("AKIACLIUPSTREAM", "cli-upstream-secret-8x");
+    let sdk = ceph.user("cli-upstream", creds);
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(
+        Command::new(S3DMA)
+            .args(["local", "--upstream", &ceph.endpoint, "--dir"])
+            .arg(dir.path().join("nocreds"))
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY"),
+        None,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("AWS_ACCESS_KEY_ID"), "{err}");
+
+    let local = Local::start_cmd(dir.path(), false, |c| {
+        c.args(["--upstream", &ceph.endpoint, "--bucket", "cli-upstream"])
+            .env("AWS_ACCESS_KEY_ID", creds.0)
+            .env("AWS_SECRET_ACCESS_KEY", creds.1)
+            .env_remove("AWS_SESSION_TOKEN");
+    });
+    let data = pattern((5 << 20) + 1);
+    let src = dir.path().join("src");
+    std::fs::write(&src, &data).unwrap();
+    ok(&local.s3dma(&["put", src.to_str().unwrap(), "s3://cli-upstream/k"]));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stored = rt.block_on(async {
+        sdk.get_object()
+            .bucket("cli-upstream")
+            .key("k")
+            .send()
+            .await
+            .unwrap()
+            .body
+            .collect()
+            .await
+            .unwrap()
+            .into_bytes()
+    });
+    assert!(stored[..] == data[..], "the object in Ceph differs");
+    for _ in 0..2 {
+        let out = local.s3dma(&["get", "s3://cli-upstream/k", "-"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout == data, "the object read back differs");
+    }
+    // The secret is kept private, and nothing printed it.
+    let secret = dir.path().join("state/secrets/upstream.secret");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), creds.1);
+    assert!(!local.stdout.contains(creds.1));
 }
