@@ -170,7 +170,7 @@ impl ChunkCache {
         F: FnOnce(StagingBuf) -> Fut,
         Fut: Future<Output = Result<Chunk, E>>,
     {
-        let (flight, joined) = {
+        let flight = {
             let mut st = self.lock();
             if let Some(c) = st.chunks.get(&key).cloned() {
                 st.policy.hit(&key);
@@ -179,11 +179,11 @@ impl ChunkCache {
                 return Ok((c, Source::Cache));
             }
             match st.flights.get(&key) {
-                Some(f) => (Arc::clone(f), true),
+                Some(f) => Arc::clone(f),
                 None => {
                     let f: Flight = Arc::new(OnceCell::new());
                     st.flights.insert(key.clone(), Arc::clone(&f));
-                    (f, false)
+                    f
                 }
             }
         };
@@ -198,10 +198,12 @@ impl ChunkCache {
             })
             .await
             .cloned();
+        // Whoever runs the fetch is the one that fetched: usually the
+        // request that opened the flight, but one that joined it may get
+        // there first (then the opener waits for it).
         let source = if fetched {
             Source::Upstream
         } else {
-            debug_assert!(joined);
             Source::SingleFlight
         };
         if fetched {
