@@ -138,7 +138,7 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
     for (i, t) in c.targets.iter().enumerate() {
         targets.push(TargetClient::new(t, connect_timeout)?);
         for b in &t.buckets {
-            routes.insert(b.clone(), i);
+            routes.entry(b.clone()).or_insert_with(Vec::new).push(i);
         }
     }
     let tenants = cfg

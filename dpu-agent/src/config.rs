@@ -233,9 +233,14 @@ pub struct TargetConfig {
     /// SigV4 signing region. Default `us-east-1`; must not be empty.
     #[serde(default = "default_region")]
     pub region: String,
-    /// Bucket names served by this target, or `"*"` for every bucket not
-    /// listed by another target. A bucket name may appear in one target only,
-    /// and `"*"` at most once over all targets. At least one.
+    /// Bucket names served by this target, or `"*"` for every bucket no
+    /// target lists by name. At least one; each once per target. A name
+    /// (or `"*"`) listed by several targets makes them a group: the chunks
+    /// of an object are spread over the group by rendezvous hashing on
+    /// (bucket, key, chunk), so each caches a distinct share, and a target
+    /// that gives no answer is skipped for the next of the ranking for a
+    /// few seconds. The targets of a group must serve the same data (e.g.
+    /// storage-target gateways in front of one S3 cluster).
     pub buckets: Vec<String>,
     /// Whether requests carry `x-amz-rdma-token` so the target moves the bytes
     /// by RDMA. `false` = plain S3: always the HTTP fallback path through the
@@ -556,18 +561,29 @@ impl Default for TransferConfig {
 }
 
 impl Config {
-    /// The target serving `bucket`: the one that lists the name exactly,
-    /// otherwise the one listing `"*"`, otherwise `None`.
+    /// The first target serving `bucket` (see [`Config::targets_for`]).
     #[must_use]
     pub fn target_for(&self, bucket: &str) -> Option<&TargetConfig> {
-        self.targets
-            .iter()
-            .find(|t| t.buckets.iter().any(|b| b == bucket))
-            .or_else(|| {
-                self.targets
-                    .iter()
-                    .find(|t| t.buckets.iter().any(|b| b == "*"))
-            })
+        self.targets_for(bucket).into_iter().next()
+    }
+
+    /// The targets serving `bucket`: those that list the name exactly,
+    /// otherwise those listing `"*"` (one target, or a group), in
+    /// configuration order.
+    #[must_use]
+    pub fn targets_for(&self, bucket: &str) -> Vec<&TargetConfig> {
+        let listing = |name: &str| -> Vec<&TargetConfig> {
+            self.targets
+                .iter()
+                .filter(|t| t.buckets.iter().any(|b| b == name))
+                .collect()
+        };
+        let exact = listing(bucket);
+        if exact.is_empty() {
+            listing("*")
+        } else {
+            exact
+        }
     }
 
     /// Checks every rule that needs no file access (see the field docs);
@@ -1135,8 +1151,8 @@ impl Validator {
             return Err(self.err("targets", "at least one target is required"));
         }
         let mut names: HashMap<&str, usize> = HashMap::new();
-        let mut buckets: HashMap<&str, usize> = HashMap::new();
         for (i, t) in targets.iter().enumerate() {
+            let mut buckets: HashMap<&str, usize> = HashMap::new();
             let at = |f: &str| format!("targets[{i}].{f}");
             self.name(&at("name"), &t.name)?;
             if let Some(j) = names.insert(&t.name, i) {
@@ -1172,18 +1188,10 @@ impl Validator {
             for (j, b) in t.buckets.iter().enumerate() {
                 let field = format!("targets[{i}].buckets[{j}]");
                 self.bucket(&field, b)?;
-                if let Some(k) = buckets.insert(b, i) {
-                    let what = if b == "*" {
-                        "\"*\" may appear in one target only".to_owned()
-                    } else {
-                        format!("bucket {b:?} is served by one target only")
-                    };
+                if let Some(k) = buckets.insert(b, j) {
                     return Err(self.err(
                         field,
-                        format!(
-                            "{what}; already listed by targets[{k}] ({:?})",
-                            targets.get(k).map_or("", |o| o.name.as_str())
-                        ),
+                        format!("{b:?} already listed by targets[{i}].buckets[{k}]"),
                     ));
                 }
             }
@@ -1730,28 +1738,8 @@ fabric:
         }),
         (
             "targets[0].buckets[1]:",
-            "already listed by targets[0]",
+            "already listed by targets[0].buckets[0]",
             |c| c.targets[0].buckets = vec!["a".into(), "a".into()],
-        ),
-        (
-            "targets[1].buckets[0]:",
-            "\"*\" may appear in one target only",
-            |c| {
-                let mut t = c.targets[0].clone();
-                t.name = "other".into();
-                c.targets.push(t);
-            },
-        ),
-        (
-            "targets[1].buckets[1]:",
-            "bucket \"b\" is served by one target only",
-            |c| {
-                c.targets[0].buckets.push("b".into());
-                let mut t = c.targets[0].clone();
-                t.name = "other".into();
-                t.buckets = vec!["a".into(), "b".into()];
-                c.targets.push(t);
-            },
         ),
         ("fabric.fabric_key_file:", "empty", |c| {
             c.fabric.fabric_key_file = PathBuf::new()
@@ -1967,6 +1955,27 @@ fabric:
         c.targets.pop();
         assert!(c.target_for("hot").is_none());
         assert_eq!(c.target_for("cold").unwrap().name, "archive");
+    }
+
+    #[test]
+    fn targets_listing_a_bucket_form_a_group() {
+        let mut c = base();
+        for name in ["gw-a", "gw-b"] {
+            let mut t = c.targets[0].clone();
+            t.name = name.into();
+            t.buckets = vec!["ckpt".into()];
+            c.targets.push(t);
+        }
+        // And "*" twice: the default is a group too.
+        let mut t = c.targets[0].clone();
+        t.name = "local-2".into();
+        c.targets.push(t);
+        c.validate(p()).unwrap();
+        let names = |b: &str| -> Vec<String> {
+            c.targets_for(b).iter().map(|t| t.name.clone()).collect()
+        };
+        assert_eq!(names("ckpt"), ["gw-a", "gw-b"]);
+        assert_eq!(names("other"), ["local", "local-2"]);
     }
 
     // ---- load ------------------------------------------------------------

@@ -22,6 +22,8 @@ pub struct Metrics {
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
     target_requests: IntCounterVec,
+    target_up: prometheus::IntGaugeVec,
+    target_skips: IntCounterVec,
     retries: IntCounterVec,
     auth_failures: IntCounterVec,
     staging_total: IntGauge,
@@ -92,6 +94,22 @@ impl Metrics {
             &["target", "method", "status"],
         )
         .expect("metric");
+        let target_up = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "s3dma_agent_target_up",
+                "1 while a target is healthy, 0 during the cool-down after a request got no answer from it (a group then skips it)",
+            ),
+            &["target"],
+        )
+        .expect("metric");
+        let target_skips = IntCounterVec::new(
+            Opts::new(
+                "s3dma_agent_target_skips_total",
+                "Chunks sent to another target of a group because their first choice was cooling down",
+            ),
+            &["target"],
+        )
+        .expect("metric");
         let retries = IntCounterVec::new(
             Opts::new(
                 "s3dma_agent_retries_total",
@@ -152,6 +170,8 @@ impl Metrics {
             Box::new(in_flight.clone()),
             Box::new(queued.clone()),
             Box::new(target_requests.clone()),
+            Box::new(target_up.clone()),
+            Box::new(target_skips.clone()),
             Box::new(retries.clone()),
             Box::new(auth_failures.clone()),
             Box::new(staging_total.clone()),
@@ -171,6 +191,8 @@ impl Metrics {
             in_flight,
             queued,
             target_requests,
+            target_up,
+            target_skips,
             retries,
             auth_failures,
             staging_total,
@@ -226,6 +248,18 @@ impl Metrics {
         self.target_requests
             .with_label_values(&[target, method, status])
             .inc();
+    }
+
+    /// Sets whether `target` is healthy.
+    pub fn target_up(&self, target: &str, up: bool) {
+        self.target_up
+            .with_label_values(&[target])
+            .set(i64::from(up));
+    }
+
+    /// A chunk went past `target` (cooling down) to the next of its group.
+    pub fn target_skip(&self, target: &str) {
+        self.target_skips.with_label_values(&[target]).inc();
     }
 
     /// An attempt is retried.

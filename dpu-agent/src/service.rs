@@ -250,11 +250,21 @@ impl AgentService {
         }
     }
 
-    fn ctx(&self, tenant: &Arc<Tenant>, bucket: &str, rid: &str) -> Result<Arc<Ctx>, AgentError> {
+    /// A request on `bucket` (and `key`: with a group of targets, the
+    /// request starts at the target of the object's first chunk).
+    fn ctx(
+        &self,
+        tenant: &Arc<Tenant>,
+        bucket: &str,
+        key: &str,
+        rid: &str,
+    ) -> Result<Arc<Ctx>, AgentError> {
+        let group = self.core.group_for(bucket)?;
         Ok(Arc::new(Ctx {
             core: Arc::clone(&self.core),
             tenant: Arc::clone(tenant),
-            target: self.core.target_for(bucket)?,
+            target: self.core.pick(&group, bucket, key, 0),
+            group,
             request_id: rid.to_owned(),
         }))
     }
@@ -282,7 +292,7 @@ async fn get_one(
     let dest = parse_token("destination", destination)?;
     authorize(tenant, &bucket, &key, Access::Read, "read")?;
     debug!(key = %Escaped(&key), "get");
-    let ctx = svc.ctx(tenant, &bucket, rid)?;
+    let ctx = svc.ctx(tenant, &bucket, &key, rid)?;
     let req = GetRequest {
         bucket,
         key,
@@ -457,7 +467,7 @@ impl pb::agent_server::Agent for AgentService {
                 metadata = %EscapedNames(&r.metadata),
                 "put"
             );
-            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid)?;
             let req = PutRequest {
                 bucket: r.bucket,
                 key: r.key,
@@ -494,7 +504,7 @@ impl pb::agent_server::Agent for AgentService {
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Read, "read")?;
             debug!(key = %Escaped(&r.key), "head");
-            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid)?;
             let info = ctx.head_object(&r.bucket, &r.key, None).await?;
             Ok(pb::HeadObjectResponse {
                 object: Some(info),
@@ -522,7 +532,7 @@ impl pb::agent_server::Agent for AgentService {
                 )));
             }
             debug!(prefix = %Escaped(&r.prefix), "list");
-            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.prefix, &rid)?;
             let req = ListRequest {
                 bucket: r.bucket.clone(),
                 prefix: r.prefix.clone(),
@@ -556,7 +566,7 @@ impl pb::agent_server::Agent for AgentService {
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Write, "delete")?;
             debug!(key = %Escaped(&r.key), "delete");
-            let ctx = self.ctx(&tenant, &r.bucket, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid)?;
             ctx.delete_object(&r.bucket, &r.key).await?;
             Ok(pb::DeleteObjectResponse {
                 request_id: rid.clone(),

@@ -425,3 +425,98 @@ async fn upstream_down() {
         drop(gw);
     }
 }
+
+/// Three gateways serve one bucket as a group: the agent spreads an
+/// object's chunks over them by rendezvous hashing, so each caches its own
+/// share and together they read the object from the cluster once; when one
+/// is SIGKILLed, reads go on through the others (its chunks move to the
+/// next gateway of their ranking).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_share_an_object_and_survive_one_killed() {
+    let ceph = ceph();
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct.create_bucket().bucket("gw-group").send().await.unwrap();
+    // No prefetch: it would fetch the chunks the other gateways own.
+    let cache = CacheConfig {
+        prefetch_chunks: 0,
+        ..cache(64, 0.0)
+    };
+    let mut gws: Vec<Target> = (0..3)
+        .map(|_| Target::start_opts(TargetOpts::gateway(&ceph.endpoint, cache.clone())))
+        .collect();
+    let names = ["gw-0", "gw-1", "gw-2"];
+    let mut spec = AgentSpec::new(
+        gws.iter()
+            .zip(names)
+            .map(|(g, name)| TargetSpec {
+                name,
+                endpoint: g.endpoint.clone(),
+                buckets: vec!["gw-group"],
+                rdma: true,
+            })
+            .collect(),
+    );
+    // Agent chunks the size of the gateways' cache chunks.
+    spec.transfer = "chunk_size: 1MiB\nmultipart_threshold: 8MiB\npart_size: 5MiB\n".into();
+    spec.extra_buckets = vec![("alice", "gw-group")];
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    let len = 24 << 20;
+    let body = data(len, 42);
+    let mem = Memory::new(len).await;
+    mem.fill(0, &body);
+    let (w, tok) = mem.window(0, len, Access::REMOTE_READ);
+    shim.put("alice", "gw-group", "striped", &tok).await.unwrap();
+    drop(w);
+    assert_eq!(sha256(&sdk_get(&direct, "gw-group", "striped").await), sha256(&body));
+
+    let read = |round: &'static str| {
+        let (shim, mem, want) = (&shim, &mem, sha256(&body));
+        async move {
+            mem.clear(0);
+            let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+            let got = shim
+                .get("alice", "gw-group", "striped", None, &tok)
+                .await
+                .unwrap_or_else(|e| panic!("{round}: {e:?}"));
+            drop(w);
+            assert_eq!(got.bytes_placed, len as u64, "{round}");
+            assert_eq!(mem.sha256(0, len), want, "{round}");
+        }
+    };
+    read("first read").await;
+    let mut shares = Vec::new();
+    for g in &gws {
+        shares.push(upstream_in(g).await);
+    }
+    println!("upstream bytes per gateway after the first read: {shares:?}");
+    assert!(shares.iter().all(|s| *s > 0.0), "every gateway serves a share: {shares:?}");
+    assert_eq!(shares.iter().sum::<f64>(), len as f64, "the cluster served one copy");
+    read("second read").await;
+    let mut again = Vec::new();
+    for g in &gws {
+        again.push(upstream_in(g).await);
+    }
+    assert_eq!(again, shares, "the second read came from the caches");
+
+    gws[1].kill9();
+    read("with gw-1 killed").await;
+    read("with gw-1 cooling down").await;
+    let m = agent.metrics_text().await;
+    assert_eq!(
+        metric_value(&m, r#"s3dma_agent_target_up{target="gw-1"}"#),
+        0.0,
+        "{m}"
+    );
+    assert!(
+        metric_value(&m, r#"s3dma_agent_target_skips_total{target="gw-1"}"#) > 0.0,
+        "{m}"
+    );
+    // The survivors fetched gw-1's share from the cluster: one more share.
+    let mut after = 0.0;
+    for g in [&gws[0], &gws[2]] {
+        after += upstream_in(g).await;
+    }
+    assert!(after > shares[0] + shares[2], "gw-1's chunks moved");
+    assert!(after <= len as f64 + shares[0] + shares[2]);
+}

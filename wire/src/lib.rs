@@ -17,7 +17,9 @@
 //! * [`lease`]: the lease frames that pass tenant memory (file
 //!   descriptors) to the host-shim on its Unix socket;
 //! * [`plan`]: the dpu-agent's transfer planner (which S3 requests a GET or
-//!   PUT becomes) and the storage-target's RDMA chunk plan.
+//!   PUT becomes) and the storage-target's RDMA chunk plan;
+//! * [`rendezvous`]: which target of a group serves a chunk (rendezvous
+//!   hashing), so gateways cache distinct shares of an object.
 
 pub mod frame;
 pub mod handshake;
@@ -26,6 +28,7 @@ pub mod lease;
 pub mod plan;
 pub mod qp;
 pub mod range;
+pub mod rendezvous;
 pub mod status;
 pub mod token;
 

@@ -164,7 +164,46 @@ pub struct TargetClient {
     pub region: String,
     /// Whether to send `x-amz-rdma-token`s to this target.
     pub rdma: bool,
+    /// Whether it answers (groups skip a target that does not, for a while).
+    pub health: Health,
     http: Client<hyper_rustls::HttpsConnector<HttpConnector>, RequestBody>,
+}
+
+/// A target's health as its group sees it: after a request got no answer
+/// (connection refused or reset, timeout), the target cools down for a
+/// while, during which its group sends chunks to the next target of their
+/// ranking; the first answer ends it.
+#[derive(Debug, Default)]
+pub struct Health {
+    down_until: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Health {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<std::time::Instant>> {
+        self.down_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the target is not cooling down.
+    #[must_use]
+    pub fn is_up(&self) -> bool {
+        self.lock()
+            .is_none_or(|until| std::time::Instant::now() >= until)
+    }
+
+    /// A request got no answer: cool down for `for_`. Returns whether the
+    /// target was up before.
+    pub fn failed(&self, for_: Duration) -> bool {
+        let was_up = self.is_up();
+        *self.lock() = Some(std::time::Instant::now() + for_);
+        was_up
+    }
+
+    /// An answer came: up again. Returns whether it was down.
+    pub fn answered(&self) -> bool {
+        self.lock().take().is_some()
+    }
 }
 
 impl fmt::Debug for TargetClient {
@@ -243,6 +282,7 @@ impl TargetClient {
             host,
             region: cfg.region.clone(),
             rdma: cfg.rdma,
+            health: Health::default(),
             http: client,
         }))
     }

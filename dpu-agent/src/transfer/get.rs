@@ -1,6 +1,8 @@
 //! GetObject: probe (first chunk or HEAD) for size and ETag, then the rest
 //! in parallel ranged GETs, each with `If-Match: <etag>` and a token for
-//! its slice of the window.
+//! its slice of the window. With a group of targets, each chunk goes to its
+//! rendezvous choice ([`s3dma_wire::rendezvous`]), skipping targets that
+//! are cooling down.
 
 use std::sync::Arc;
 
@@ -169,7 +171,13 @@ impl Ctx {
                     .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
                 let first = self
                     .retrying("GET", || {
-                        self.get_range(req, range, slot, req.if_match.as_deref())
+                        // Each attempt asks again: a target of a group
+                        // that gave no answer is cooling down.
+                        let at = self.for_chunk(&req.bucket, &req.key, 0);
+                        async move {
+                            at.get_range(req, range, slot, req.if_match.as_deref())
+                                .await
+                        }
                     })
                     .await;
                 match first {
@@ -250,9 +258,13 @@ impl Ctx {
             .dest
             .slice(c.window_offset, c.len)
             .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
+        // A group spreads an object's chunks over its targets (each caches
+        // its share); every attempt asks again which target is first.
+        let index = c.object_first / self.core.settings.chunk_size.max(1);
         let r = self
             .retrying("GET chunk", || {
-                self.get_range(req, c.http_range(), slot, Some(etag))
+                let at = self.for_chunk(&req.bucket, &req.key, index);
+                async move { at.get_range(req, c.http_range(), slot, Some(etag)).await }
             })
             .await?;
         if r.first != c.object_first || r.len != c.len || r.total != total {

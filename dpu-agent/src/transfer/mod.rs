@@ -75,8 +75,9 @@ pub struct Tenant {
 pub struct Core {
     /// Targets in config order.
     pub targets: Vec<Arc<TargetClient>>,
-    /// Bucket name -> index into `targets` (`*` under the key "*").
-    pub routes: HashMap<String, usize>,
+    /// Bucket name -> indices into `targets`: one target, or a group
+    /// (`*` under the key "*").
+    pub routes: HashMap<String, Vec<usize>>,
     /// Tenants by name.
     pub tenants: HashMap<String, Arc<Tenant>>,
     /// Settings.
@@ -89,18 +90,53 @@ pub struct Core {
     pub metrics: Arc<Metrics>,
 }
 
+/// How long a target that gave no answer is skipped by its group.
+pub const COOL_DOWN: Duration = Duration::from_secs(5);
+
 impl Core {
-    /// The target serving `bucket`.
+    /// The targets serving `bucket`: one, or the group listing it.
     ///
     /// # Errors
     /// [`AgentError::NoTarget`].
-    pub fn target_for(&self, bucket: &str) -> Result<Arc<TargetClient>, AgentError> {
-        self.routes
+    pub fn group_for(&self, bucket: &str) -> Result<Arc<[Arc<TargetClient>]>, AgentError> {
+        let group: Vec<Arc<TargetClient>> = self
+            .routes
             .get(bucket)
             .or_else(|| self.routes.get("*"))
-            .and_then(|i| self.targets.get(*i))
-            .cloned()
-            .ok_or_else(|| AgentError::NoTarget(bucket.to_owned()))
+            .map(|ids| ids.iter().filter_map(|i| self.targets.get(*i)).cloned().collect())
+            .unwrap_or_default();
+        if group.is_empty() {
+            return Err(AgentError::NoTarget(bucket.to_owned()));
+        }
+        Ok(group.into())
+    }
+
+    /// The target of `group` for chunk `index` of `bucket`/`key`: the first
+    /// of the rendezvous ranking that is not cooling down (the first of all
+    /// when every one is).
+    #[must_use]
+    pub fn pick(
+        &self,
+        group: &[Arc<TargetClient>],
+        bucket: &str,
+        key: &str,
+        index: u64,
+    ) -> Arc<TargetClient> {
+        if let [only] = group {
+            return Arc::clone(only);
+        }
+        let names: Vec<&str> = group.iter().map(|t| t.name.as_str()).collect();
+        let order = s3dma_wire::rendezvous::rank(&names, bucket, key, index);
+        let first = &group[order[0]];
+        match order.iter().map(|&i| &group[i]).find(|t| t.health.is_up()) {
+            Some(t) => {
+                if !Arc::ptr_eq(t, first) {
+                    self.metrics.target_skip(&first.name);
+                }
+                Arc::clone(t)
+            }
+            None => Arc::clone(first),
+        }
     }
 }
 
@@ -126,13 +162,29 @@ pub struct Ctx {
     pub core: Arc<Core>,
     /// The tenant.
     pub tenant: Arc<Tenant>,
-    /// The target.
+    /// The target (for a group: the one of the object's first chunk).
     pub target: Arc<TargetClient>,
+    /// The targets serving the bucket (`target` among them).
+    pub group: Arc<[Arc<TargetClient>]>,
     /// The agent's request id.
     pub request_id: String,
 }
 
 impl Ctx {
+    /// This request bound to the target of chunk `index` of `bucket`/`key`
+    /// in its group (itself when that is its target).
+    #[must_use]
+    pub fn for_chunk(self: &Arc<Self>, bucket: &str, key: &str, index: u64) -> Arc<Ctx> {
+        let t = self.core.pick(&self.group, bucket, key, index);
+        if Arc::ptr_eq(&t, &self.target) {
+            return Arc::clone(self);
+        }
+        Arc::new(Ctx {
+            target: t,
+            ..(**self).clone()
+        })
+    }
+
     /// Sends one attempt of `call`; a transport failure is retryable.
     pub async fn send(&self, call: S3Call) -> Result<Reply, Attempt> {
         let method = call.method.clone();
@@ -147,6 +199,9 @@ impl Ctx {
                     method.as_str(),
                     r.status().as_str(),
                 );
+                if self.target.health.answered() {
+                    self.core.metrics.target_up(&self.target.name, true);
+                }
                 Ok(r)
             }
             Err(SendError::Build(m)) => Err(Attempt::Fatal(AgentError::InvalidArgument(m))),
@@ -154,6 +209,9 @@ impl Ctx {
                 self.core
                     .metrics
                     .target_request(&self.target.name, method.as_str(), "error");
+                if self.target.health.failed(COOL_DOWN) {
+                    self.core.metrics.target_up(&self.target.name, false);
+                }
                 Err(Attempt::Retry(AgentError::unavailable(m), "connection"))
             }
         }
