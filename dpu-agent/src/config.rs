@@ -1971,9 +1971,8 @@ fabric:
         t.name = "local-2".into();
         c.targets.push(t);
         c.validate(p()).unwrap();
-        let names = |b: &str| -> Vec<String> {
-            c.targets_for(b).iter().map(|t| t.name.clone()).collect()
-        };
+        let names =
+            |b: &str| -> Vec<String> { c.targets_for(b).iter().map(|t| t.name.clone()).collect() };
         assert_eq!(names("ckpt"), ["gw-a", "gw-b"]);
         assert_eq!(names("other"), ["local", "local-2"]);
     }

@@ -435,7 +435,12 @@ async fn upstream_down() {
 async fn three_gateways_share_an_object_and_survive_one_killed() {
     let ceph = ceph();
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct.create_bucket().bucket("gw-group").send().await.unwrap();
+    direct
+        .create_bucket()
+        .bucket("gw-group")
+        .send()
+        .await
+        .unwrap();
     // No prefetch: it would fetch the chunks the other gateways own.
     let cache = CacheConfig {
         prefetch_chunks: 0,
@@ -466,9 +471,14 @@ async fn three_gateways_share_an_object_and_survive_one_killed() {
     let mem = Memory::new(len).await;
     mem.fill(0, &body);
     let (w, tok) = mem.window(0, len, Access::REMOTE_READ);
-    shim.put("alice", "gw-group", "striped", &tok).await.unwrap();
+    shim.put("alice", "gw-group", "striped", &tok)
+        .await
+        .unwrap();
     drop(w);
-    assert_eq!(sha256(&sdk_get(&direct, "gw-group", "striped").await), sha256(&body));
+    assert_eq!(
+        sha256(&sdk_get(&direct, "gw-group", "striped").await),
+        sha256(&body)
+    );
 
     let read = |round: &'static str| {
         let (shim, mem, want) = (&shim, &mem, sha256(&body));
@@ -490,8 +500,15 @@ async fn three_gateways_share_an_object_and_survive_one_killed() {
         shares.push(upstream_in(g).await);
     }
     println!("upstream bytes per gateway after the first read: {shares:?}");
-    assert!(shares.iter().all(|s| *s > 0.0), "every gateway serves a share: {shares:?}");
-    assert_eq!(shares.iter().sum::<f64>(), len as f64, "the cluster served one copy");
+    assert!(
+        shares.iter().all(|s| *s > 0.0),
+        "every gateway serves a share: {shares:?}"
+    );
+    assert_eq!(
+        shares.iter().sum::<f64>(),
+        len as f64,
+        "the cluster served one copy"
+    );
     read("second read").await;
     let mut again = Vec::new();
     for g in &gws {
@@ -519,4 +536,111 @@ async fn three_gateways_share_an_object_and_survive_one_killed() {
     }
     assert!(after > shares[0] + shares[2], "gw-1's chunks moved");
     assert!(after <= len as f64 + shares[0] + shares[2]);
+}
+
+/// A gateway SIGKILLed while it serves its share of a cold read: the agent
+/// moves that gateway's chunks to the next in their ranking, so the read
+/// finishes with the right bytes (and no hang); the survivors' caches then
+/// hold the whole object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_mid_read_costs_no_bytes() {
+    let ceph = ceph();
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct
+        .create_bucket()
+        .bucket("gw-kill")
+        .send()
+        .await
+        .unwrap();
+    let cache = CacheConfig {
+        prefetch_chunks: 0,
+        ..cache(96, 0.0)
+    };
+    let mut gws: Vec<Target> = (0..3)
+        .map(|_| Target::start_opts(TargetOpts::gateway(&ceph.endpoint, cache.clone())))
+        .collect();
+    let names = ["gw-0", "gw-1", "gw-2"];
+    let mut spec = AgentSpec::new(
+        gws.iter()
+            .zip(names)
+            .map(|(g, name)| TargetSpec {
+                name,
+                endpoint: g.endpoint.clone(),
+                buckets: vec!["gw-kill"],
+                rdma: true,
+            })
+            .collect(),
+    );
+    spec.transfer = "chunk_size: 1MiB\n".into();
+    spec.extra_buckets = vec![("alice", "gw-kill")];
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    // Written straight to the cluster: every gateway's cache is cold.
+    let len = 64 << 20;
+    let body = data(len, 77);
+    direct
+        .put_object()
+        .bucket("gw-kill")
+        .key("big")
+        .body(body.clone().into())
+        .send()
+        .await
+        .unwrap();
+
+    let mem = Memory::new(len).await;
+    mem.clear(0);
+    let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+    let read = shim.get("alice", "gw-kill", "big", None, &tok);
+    let kill = async {
+        // Once gw-1 has fetched part of its share, it dies.
+        let started = std::time::Instant::now();
+        while upstream_in(&gws[1]).await < f64::from(2 << 20) {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "gw-1 never served"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        gws[1].kill9();
+    };
+    let (got, ()) = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        tokio::join!(read, kill)
+    })
+    .await
+    .expect("the read hung after a gateway was killed");
+    let got = got.expect("the read failed although two gateways were left");
+    drop(w);
+    assert_eq!(got.bytes_placed, len as u64);
+    assert_eq!(
+        mem.sha256(0, len),
+        sha256(&body),
+        "the bytes are the object's"
+    );
+    let m = agent.metrics_text().await;
+    assert_eq!(
+        metric_value(&m, r#"s3dma_agent_target_up{target="gw-1"}"#),
+        0.0,
+        "{m}"
+    );
+    // The second read fetches only what gw-1 had served before it died
+    // (its chunks' next gateways never saw them); the third hits only.
+    let mut fetched = Vec::new();
+    for _ in 0..2 {
+        let before = upstream_in(&gws[0]).await + upstream_in(&gws[2]).await;
+        mem.clear(0);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+        shim.get("alice", "gw-kill", "big", None, &tok)
+            .await
+            .unwrap();
+        drop(w);
+        assert_eq!(mem.sha256(0, len), sha256(&body));
+        fetched.push((upstream_in(&gws[0]).await + upstream_in(&gws[2]).await) - before);
+    }
+    println!("upstream bytes of the reads after the kill: {fetched:?}");
+    assert!(
+        fetched[0] < len as f64 / 2.0,
+        "the survivors fetched {} bytes again",
+        fetched[0]
+    );
+    assert_eq!(fetched[1], 0.0, "the third read came from the caches");
 }

@@ -58,29 +58,48 @@ pub fn storage_target(
         c.store = storage_target::gateway::StoreKind::S3;
         c.upstream = Some(up);
         c.data_dir = std::path::PathBuf::new();
-        c.cache.size.0 = 256 << 20;
+        c.cache.size.0 = u.cache_bytes;
+        if u.gateways > 1 {
+            // The agent spreads an object's chunks over the gateways: the
+            // chunks after one read mostly belong to another gateway, and
+            // fetching them ahead here would read them upstream twice.
+            c.cache.prefetch_chunks = 0;
+        }
     }
     c
 }
 
 /// The dpu-agent's configuration: loopback, a free port, one shim (bearer
-/// token), tenant [`TENANT`] with read and write on every bucket, one target
-/// at `target_url` serving every bucket over RDMA; with `metrics`,
-/// Prometheus metrics on another free loopback port.
+/// token), tenant [`TENANT`] with read and write on every bucket, the targets
+/// at `target_urls` serving every bucket over RDMA (several: one group, each
+/// object's chunks spread over them); with `metrics`, Prometheus metrics on
+/// another free loopback port.
 #[must_use]
 pub fn dpu_agent(
     l: &Layout,
     access_key_id: &str,
-    target_url: &str,
+    target_urls: &[&str],
     metrics: bool,
 ) -> dpu_agent::config::Config {
     use dpu_agent::config::{
         Config, FabricConfig, Grant, ListenConfig, MetricsConfig, Quotas, ShimConfig, TargetConfig,
         TenantConfig, TransferConfig,
     };
-    let mut target = TargetConfig::new("local", target_url, vec!["*".to_owned()]);
-    target.region = REGION.to_owned();
-    target.rdma = true;
+    let targets = target_urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            let name = if i == 0 {
+                "local".to_owned()
+            } else {
+                format!("local-{i}")
+            };
+            let mut target = TargetConfig::new(&name, *url, vec!["*".to_owned()]);
+            target.region = REGION.to_owned();
+            target.rdma = true;
+            target
+        })
+        .collect();
     let mut fabric = FabricConfig::new(l.fabric_key_file.clone());
     fabric.backend = l.fabric;
     Config {
@@ -103,7 +122,7 @@ pub fn dpu_agent(
             }],
             quotas: Quotas::default(),
         }],
-        targets: vec![target],
+        targets,
         fabric,
         transfer: TransferConfig::default(),
         metrics: MetricsConfig {
@@ -206,6 +225,8 @@ mod tests {
             region: Some("eu-1".into()),
             access_key_id: s.access_key_id.clone(),
             secret_access_key: s.secret_access_key.clone(),
+            gateways: 2,
+            cache_bytes: 64 << 20,
         };
         assert!(!format!("{u:?}").contains("up-secret"));
         write(
@@ -220,6 +241,8 @@ mod tests {
         assert_eq!(up.region.as_deref(), Some("eu-1"));
         assert_eq!(users[0].access_key_id, "AKUPSTREAM");
         assert_eq!(users[0].secret, "up-secret");
+        assert_eq!(c.cache.size.0, 64 << 20);
+        assert_eq!(c.cache.prefetch_chunks, 0, "no prefetch in a group");
     }
 
     #[test]
@@ -248,7 +271,7 @@ mod tests {
         for metrics in [false, true] {
             write(
                 &l.agent_config,
-                &dpu_agent(&l, &key, "http://127.0.0.1:4567", metrics),
+                &dpu_agent(&l, &key, &["http://127.0.0.1:4567"], metrics),
             )
             .unwrap();
             let loaded = dpu_agent::config::load(&l.agent_config).unwrap();
@@ -263,6 +286,25 @@ mod tests {
             assert_eq!(c.metrics.address.is_some(), metrics);
             assert!(loaded.shim("local").is_some_and(|s| s.token.is_some()));
         }
+    }
+
+    #[test]
+    fn several_gateways_are_one_group() {
+        let (_d, l, key) = prepared();
+        let urls = [
+            "http://127.0.0.1:4567",
+            "http://127.0.0.1:4568",
+            "http://127.0.0.1:4569",
+        ];
+        write(&l.agent_config, &dpu_agent(&l, &key, &urls, false)).unwrap();
+        let loaded = dpu_agent::config::load(&l.agent_config).unwrap();
+        let group: Vec<&str> = loaded
+            .config
+            .targets_for("any-bucket")
+            .iter()
+            .map(|t| t.endpoint.as_str())
+            .collect();
+        assert_eq!(group, urls);
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub use error::LaunchError;
 /// The fabric backends a stack can run on ([`StackOptions::fabric`]).
 pub use fabric::Backend;
 pub use layout::{Layout, Secrets, default_dir, default_socket};
-pub use stack::{Endpoints, Service, Stack, StackOptions, Upstream, absolute};
+pub use stack::{Endpoints, Service, Stack, StackOptions, TargetEndpoint, Upstream, absolute};
 
 use std::time::Duration;
 

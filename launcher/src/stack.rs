@@ -42,6 +42,18 @@ pub struct Endpoints {
     pub agent_metrics: Option<String>,
     /// See `target_metrics`.
     pub shim_metrics: Option<String>,
+    /// Every storage-target, in start order (the first is `target_url`):
+    /// one, or [`Upstream::gateways`] gateways in front of an upstream.
+    pub targets: Vec<TargetEndpoint>,
+}
+
+/// Where one storage-target listens.
+#[derive(Debug, Clone, Default)]
+pub struct TargetEndpoint {
+    /// Its S3 endpoint, `http://IP:PORT`.
+    pub url: String,
+    /// `IP:PORT` of its `/metrics` (with [`StackOptions::metrics`]).
+    pub metrics: Option<String>,
 }
 
 /// What [`Stack::prepare`] sets up.
@@ -90,6 +102,21 @@ pub struct Upstream {
     pub access_key_id: String,
     /// The tenant's secret access key there.
     pub secret_access_key: String,
+    /// How many gateways (storage-targets) stand in front of it; the agent
+    /// spreads each object's chunks over them by rendezvous hashing, so
+    /// each caches a distinct share. At least 1.
+    pub gateways: usize,
+    /// Each gateway's read cache, in bytes (registered memory).
+    pub cache_bytes: u64,
+}
+
+impl Upstream {
+    /// Gateways per stack by default.
+    pub const DEFAULT_GATEWAYS: usize = 1;
+    /// Cache per gateway by default: 256 MiB.
+    pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
+    /// The most gateways a local stack starts.
+    pub const MAX_GATEWAYS: usize = 16;
 }
 
 impl std::fmt::Debug for Upstream {
@@ -98,6 +125,8 @@ impl std::fmt::Debug for Upstream {
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
             .field("access_key_id", &self.access_key_id)
+            .field("gateways", &self.gateways)
+            .field("cache_bytes", &self.cache_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -256,28 +285,38 @@ impl Stack {
         let metrics = self.metrics;
 
         let key = &self.secrets.access_key_id;
-        configs::write(
-            &l.target_config,
-            &configs::storage_target(l, key, metrics, self.upstream.as_ref()),
-        )?;
-        let (p, mut lines) = spawn(
-            self.who,
-            BINARIES[0],
-            &self.bins[0],
-            &l.target_config,
-            l.log(BINARIES[0]),
-        )?;
-        self.procs.push(p);
-        let p = self.procs.last_mut().ok_or_else(no_process)?;
-        let target_url =
-            wait_for_line(p, &mut lines, TARGET_START_TIMEOUT, parse_target_line).await?;
-        let target_metrics = wait_metrics(metrics, p, &mut lines).await?;
-        drain(lines, p.log.clone());
+        let count = self.upstream.as_ref().map_or(1, |u| u.gateways);
+        let mut targets = Vec::with_capacity(count);
+        for i in 0..count {
+            // The first keeps the single-target names; more gateways get -1, -2...
+            let (config, log) = if i == 0 {
+                (l.target_config.clone(), l.log(BINARIES[0]))
+            } else {
+                (
+                    l.dir.join(format!("{}-{i}.yaml", BINARIES[0])),
+                    l.log(&format!("{}-{i}", BINARIES[0])),
+                )
+            };
+            configs::write(
+                &config,
+                &configs::storage_target(l, key, metrics, self.upstream.as_ref()),
+            )?;
+            let (p, mut lines) = spawn(self.who, BINARIES[0], &self.bins[0], &config, log)?;
+            self.procs.push(p);
+            let p = self.procs.last_mut().ok_or_else(no_process)?;
+            let url = wait_for_line(p, &mut lines, TARGET_START_TIMEOUT, parse_target_line).await?;
+            let metrics = wait_metrics(metrics, p, &mut lines).await?;
+            drain(lines, p.log.clone());
+            targets.push(TargetEndpoint { url, metrics });
+        }
+        let target_url = targets[0].url.clone();
+        let target_metrics = targets[0].metrics.clone();
         create_bucket(&target_url, &self.secrets, &self.bucket).await?;
 
+        let target_urls: Vec<&str> = targets.iter().map(|t| t.url.as_str()).collect();
         configs::write(
             &l.agent_config,
-            &configs::dpu_agent(l, key, &target_url, metrics),
+            &configs::dpu_agent(l, key, &target_urls, metrics),
         )?;
         let (p, mut lines) = spawn(
             self.who,
@@ -316,6 +355,7 @@ impl Stack {
             target_metrics,
             agent_metrics,
             shim_metrics,
+            targets,
         };
         Ok(&self.endpoints)
     }
@@ -364,10 +404,20 @@ impl Stack {
             .collect()
     }
 
-    /// The pid of the service called `name`.
+    /// The pid of the service called `name` (the first, for the gateways).
     #[must_use]
     pub fn pid(&self, name: &str) -> Option<u32> {
         self.procs.iter().find(|p| p.name == name).map(|p| p.pid)
+    }
+
+    /// The pids of every service called `name`, in start order.
+    #[must_use]
+    pub fn pids(&self, name: &str) -> Vec<u32> {
+        self.procs
+            .iter()
+            .filter(|p| p.name == name)
+            .map(|p| p.pid)
+            .collect()
     }
 
     /// An error for the first service that has exited, with its log's tail.

@@ -87,6 +87,18 @@ pub(crate) struct Options {
     /// `None` = `$S3DMA_SHIM_UID`, else ours). A stack started here runs as
     /// us and is always checked against our own uid.
     pub shim_uid: Option<u32>,
+    /// Only the fan-out ([`crate::fanout`]): N tenant processes load one
+    /// object through gateways in front of an S3 cluster vs straight from it.
+    pub fanout: bool,
+    /// Fan-out readers (default 8).
+    pub readers: Option<usize>,
+    /// Fan-out gateways (default 2).
+    pub gateways: Option<usize>,
+    /// Fan-out object size in MiB (default 1024, quick 64).
+    pub object_mib: Option<u64>,
+    /// The S3 endpoint the fan-out's gateways stand in front of (default: a
+    /// throw-away Ceph cluster).
+    pub upstream: Option<String>,
 }
 
 /// Sizes and durations derived from the options.
@@ -164,6 +176,9 @@ pub(crate) fn progress(msg: &str) {
 /// The stack does not start or dies, a request fails, data does not match,
 /// the JSON file cannot be written.
 pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
+    if opts.fanout {
+        return crate::fanout::run(&opts).await;
+    }
     let plan = Plan::new(&opts)?;
     if opts.ml {
         return crate::ml::run(&opts, plan.raw_tcp).await;
@@ -461,7 +476,7 @@ impl Ctx {
     }
 }
 
-fn fill_random(buf: &mut [u8], seed: u64) {
+pub(crate) fn fill_random(buf: &mut [u8], seed: u64) {
     rand::rngs::SmallRng::seed_from_u64(seed).fill_bytes(buf);
 }
 
@@ -688,15 +703,26 @@ async fn large(
     Ok(())
 }
 
-/// GETs `key` over HTTP, copying the body into `dst`; the byte count.
+/// GETs `key` of the bench's bucket over HTTP, copying the body into
+/// `dst`; the byte count.
 async fn http_get_into(
     s3: &aws_sdk_s3::Client,
     key: &str,
     dst: &mut [u8],
 ) -> anyhow::Result<usize> {
+    http_get_into_from(s3, BUCKET, key, dst).await
+}
+
+/// GETs `bucket/key` over HTTP, copying the body into `dst`; the byte count.
+pub(crate) async fn http_get_into_from(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    dst: &mut [u8],
+) -> anyhow::Result<usize> {
     let out = s3
         .get_object()
-        .bucket(BUCKET)
+        .bucket(bucket)
         .key(key)
         .send()
         .await

@@ -7,6 +7,9 @@
 //!   it against plain S3 over HTTP and raw loopback TCP (`bench.rs`; the
 //!   table and the JSON keys in `report.rs`), or measures an existing stack
 //!   (`--endpoint`).
+//! * `s3dma-tools bench --fanout` puts gateways in front of an S3 cluster
+//!   and times N tenant processes loading one object through them against
+//!   the same N straight from the cluster (`fanout.rs`).
 //! * `s3dma-tools soak` runs mixed, verified load against such a stack and
 //!   watches the services' memory and file descriptors (`soak.rs`; the
 //!   verdict in `soak_check.rs`).
@@ -18,6 +21,7 @@
 //! any error, printed as one line `s3dma-tools: bench: <what>`), 2 usage.
 
 mod bench;
+mod fanout;
 mod ml;
 mod procfs;
 mod report;
@@ -98,6 +102,42 @@ enum Cmd {
         /// ($S3DMA_PYTHON, else the repository's .venv, else python3).
         #[arg(long, conflicts_with = "endpoint")]
         ml: bool,
+        /// Only the fan-out: --readers tenant processes load one object
+        /// through --gateways s3dma gateways in front of an S3 cluster
+        /// (--upstream, else a throw-away Ceph cluster from Debian's
+        /// packages), then the same readers with aws-sdk-s3 straight from
+        /// the cluster; the upstream bytes read and the gateways' hit ratio
+        /// come from their metrics.
+        #[arg(long, conflicts_with_all = ["endpoint", "ml", "data_dir"])]
+        fanout: bool,
+        /// Fan-out: reader processes [default: 8].
+        #[arg(long, value_name = "N", requires = "fanout")]
+        readers: Option<usize>,
+        /// Fan-out: gateways in front of the cluster [default: 2].
+        #[arg(long, value_name = "N", requires = "fanout")]
+        gateways: Option<usize>,
+        /// Fan-out: the object's size in MiB [default: 1024, --quick 64].
+        #[arg(long, value_name = "MIB", requires = "fanout")]
+        object_mib: Option<u64>,
+        /// Fan-out: the S3 endpoint to stand in front of, with your key there
+        /// in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (AWS_REGION) [default:
+        /// a throw-away Ceph cluster started with tests/ceph/cluster.sh].
+        #[arg(long, value_name = "URL", requires = "fanout")]
+        upstream: Option<String>,
+    },
+    /// One reader of `bench --fanout` (started by the bench itself).
+    #[command(hide = true)]
+    FanoutReader {
+        #[arg(long)]
+        bucket: String,
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(long)]
+        http: Option<String>,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
@@ -186,6 +226,11 @@ fn main() -> ExitCode {
             data_dir,
             endpoint,
             ml,
+            fanout,
+            readers,
+            gateways,
+            object_mib,
+            upstream,
         } => match rt.block_on(bench::run(bench::Options {
             quick,
             json,
@@ -197,10 +242,34 @@ fn main() -> ExitCode {
             ml,
             socket: cli.socket,
             shim_uid: cli.shim_uid,
+            fanout,
+            readers,
+            gateways,
+            object_mib,
+            upstream,
         })) {
             Ok(()) => true,
             Err(e) => {
                 eprintln!("s3dma-tools: bench: {e:#}");
+                false
+            }
+        },
+        Cmd::FanoutReader {
+            bucket,
+            key,
+            bytes,
+            socket,
+            http,
+        } => match rt.block_on(fanout::reader(fanout::ReaderOptions {
+            bucket,
+            key,
+            bytes,
+            socket,
+            http,
+        })) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("s3dma-tools: fanout-reader: {e:#}");
                 false
             }
         },

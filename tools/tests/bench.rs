@@ -266,3 +266,73 @@ fn soak_rejects_bad_arguments_with_one_fail_line() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `bench --fanout --quick` against a throw-away Ceph cluster (the
+/// repository's `tests/ceph/cluster.sh`, Debian's packages): 8 reader
+/// processes through 2 gateways and 8 straight from radosgw. No timing
+/// thresholds; the counts are not timings: with cold caches and single
+/// flight, the cluster serves each byte once per round, and every reader
+/// but the first of each chunk makes no upstream request of its own.
+#[test]
+fn bench_fanout_quick_against_ceph() {
+    check_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("fanout.json");
+    let out = Command::new(S3DMA_TOOLS)
+        .args([
+            "bench",
+            "--fanout",
+            "--quick",
+            "--object-mib",
+            "32",
+            "--json",
+        ])
+        .arg(&json)
+        .env("TMPDIR", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench --fanout failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let num = |k: &str| -> f64 {
+        v.get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("no number {k} in {text}"))
+    };
+    for k in [
+        "fanout_gbps",
+        "fanout_http_gbps",
+        "fanout_vs_http",
+        "fanout_vs_raw_tcp",
+        "raw_tcp_gbps",
+    ] {
+        let x = num(k);
+        assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
+    }
+    assert_eq!(num("fanout_readers"), 8.0);
+    assert_eq!(num("fanout_gateways"), 2.0);
+    assert_eq!(num("fanout_object_bytes"), f64::from(32 << 20));
+    let ratio = num("fanout_upstream_read_ratio");
+    assert!(
+        (0.999..=1.001).contains(&ratio),
+        "the cluster served {ratio} copies: {text}\n{stderr}"
+    );
+    // 8 readers, one of which fetches each chunk: 7/8 of the chunk reads
+    // found the chunk cached or being fetched.
+    let hits = num("gateway_hit_ratio");
+    assert!((hits - 0.875).abs() < 1e-9, "hit ratio {hits}: {text}");
+    assert!(stdout.contains("s3dma / HTTP:"), "{stdout}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "fanout.json")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

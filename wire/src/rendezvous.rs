@@ -61,7 +61,10 @@ mod tests {
             assert_eq!(r, rank(&t, "bucket", "key", c), "deterministic");
         }
         // Fixed values: agents of different builds must agree.
-        assert_eq!(weight("gw-a", "bucket", "key", 0), weight("gw-a", "bucket", "key", 0));
+        assert_eq!(
+            weight("gw-a", "bucket", "key", 0),
+            weight("gw-a", "bucket", "key", 0)
+        );
         assert_ne!(weight("gw-a", "b", "ck", 0), weight("gw-a", "bc", "k", 0));
         assert!(rank(&[], "b", "k", 0).is_empty());
     }
@@ -79,11 +82,7 @@ mod tests {
     fn adding_a_target_moves_about_one_share() {
         let before = winners(&["gw-a", "gw-b", "gw-c"], 4000);
         let after = winners(&["gw-a", "gw-b", "gw-c", "gw-d"], 4000);
-        let moved: Vec<_> = before
-            .iter()
-            .zip(&after)
-            .filter(|(b, a)| b != a)
-            .collect();
+        let moved: Vec<_> = before.iter().zip(&after).filter(|(b, a)| b != a).collect();
         // Only to the new target, and about a quarter of the chunks.
         assert!(moved.iter().all(|(_, a)| *a == "gw-d"));
         assert!((800..1200).contains(&moved.len()), "{} moved", moved.len());

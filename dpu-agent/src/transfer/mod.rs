@@ -103,7 +103,12 @@ impl Core {
             .routes
             .get(bucket)
             .or_else(|| self.routes.get("*"))
-            .map(|ids| ids.iter().filter_map(|i| self.targets.get(*i)).cloned().collect())
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|i| self.targets.get(*i))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
         if group.is_empty() {
             return Err(AgentError::NoTarget(bucket.to_owned()));

@@ -41,14 +41,28 @@ pub(crate) struct Options {
     pub fabric: s3dma_launcher::Backend,
     /// An existing S3 endpoint to stand in front of (`--upstream`).
     pub upstream: Option<String>,
+    /// Gateways in front of it (`--gateways`).
+    pub gateways: usize,
+    /// Each gateway's cache in MiB (`--cache-mib`).
+    pub cache_mib: u64,
 }
 
 /// `--upstream URL`: the endpoint, and the tenant's identity there from the
 /// usual AWS environment variables.
-fn upstream(url: Option<String>) -> anyhow::Result<Option<s3dma_launcher::Upstream>> {
-    let Some(endpoint) = url else {
+fn upstream(o: &Options) -> anyhow::Result<Option<s3dma_launcher::Upstream>> {
+    let Some(endpoint) = o.upstream.clone() else {
         return Ok(None);
     };
+    if !(1..=s3dma_launcher::Upstream::MAX_GATEWAYS).contains(&o.gateways) {
+        return Err(anyhow!(
+            "--gateways must be 1 to {}",
+            s3dma_launcher::Upstream::MAX_GATEWAYS
+        ));
+    }
+    // A cache smaller than a few chunks cannot hold a read in flight.
+    if !(64..=1 << 20).contains(&o.cache_mib) {
+        return Err(anyhow!("--cache-mib must be 64 to 1048576"));
+    }
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let (Some(access_key_id), Some(secret_access_key)) =
         (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
@@ -69,6 +83,8 @@ fn upstream(url: Option<String>) -> anyhow::Result<Option<s3dma_launcher::Upstre
         region: var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")),
         access_key_id,
         secret_access_key,
+        gateways: o.gateways,
+        cache_bytes: o.cache_mib << 20,
     }))
 }
 
@@ -90,9 +106,10 @@ fn help_text(stack: &Stack, default_socket_used: bool) -> String {
         l.fabric,
         l.dir.display()
     );
+    let mut target_urls = started.targets.iter().map(|t| t.url.clone());
     for p in stack.services() {
         let at = match p.name {
-            "storage-target" => started.target_url.clone(),
+            "storage-target" => target_urls.next().unwrap_or_default(),
             "dpu-agent" => started.agent_addr.clone(),
             _ => s.to_string(),
         };
@@ -155,6 +172,8 @@ Ctrl-C stops all three.
 /// start or dies.
 pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let uid = s3dma_service::private::current_uid();
+    // A malformed URL stops the storage-target's start with the field named.
+    let upstream = upstream(&opts)?;
     let dir = match opts.dir {
         Some(d) => absolute(d)?,
         None => default_dir(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
@@ -167,8 +186,6 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         opts.socket
             .unwrap_or_else(|| default_socket(std::env::var_os("XDG_RUNTIME_DIR"), uid)),
     )?;
-    // A malformed URL stops the storage-target's start with the field named.
-    let upstream = upstream(opts.upstream)?;
     let mut stack = Stack::prepare(StackOptions {
         dir,
         data_dir: None,

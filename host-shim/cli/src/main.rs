@@ -184,6 +184,14 @@ enum Cmd {
         /// environment).
         #[arg(long, value_name = "URL")]
         upstream: Option<String>,
+        /// With --upstream: how many gateways to start (1 to 16); the agent
+        /// spreads each object's chunks over them, each caching its share.
+        #[arg(long, value_name = "N", default_value_t = s3dma_launcher::Upstream::DEFAULT_GATEWAYS, requires = "upstream")]
+        gateways: usize,
+        /// With --upstream: each gateway's read cache in MiB (registered
+        /// memory).
+        #[arg(long, value_name = "MIB", default_value_t = s3dma_launcher::Upstream::DEFAULT_CACHE_BYTES >> 20, requires = "upstream")]
+        cache_mib: u64,
     },
 }
 
@@ -230,12 +238,16 @@ fn main() -> ExitCode {
                 bucket,
                 fabric,
                 upstream,
+                gateways,
+                cache_mib,
             } => local::run(local::Options {
                 dir,
                 socket: cli.socket,
                 bucket,
                 fabric,
                 upstream,
+                gateways,
+                cache_mib,
             })
             .await
             .map_err(|e| Failure::Other(format!("local: {e:#}"))),

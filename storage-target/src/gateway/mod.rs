@@ -94,7 +94,9 @@ pub struct CacheConfig {
     pub revalidate_after: f64,
     /// Chunks after the end of a read fetched ahead into the cache (the
     /// next read of a sequential reader then hits). Default 2; 0 turns it
-    /// off.
+    /// off. Set 0 on gateways that share a bucket in a dpu-agent target
+    /// group: the agent sends the next chunks of an object to the other
+    /// gateways, so fetching them here reads them upstream twice.
     #[serde(default = "default_prefetch_chunks")]
     pub prefetch_chunks: u32,
 }
