@@ -644,3 +644,80 @@ async fn a_gateway_killed_mid_read_costs_no_bytes() {
     );
     assert_eq!(fetched[1], 0.0, "the third read came from the caches");
 }
+
+/// `cache.write_allocate_max`: an RDMA PutObject up to the limit is kept in
+/// the cache under the ETag Ceph acknowledged, so the first read of a
+/// checkpoint just written hits (after the usual upstream confirmation,
+/// which still refuses a user the cluster denies); a larger one is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_allocated_object_is_read_from_the_cache() {
+    let ceph = ceph();
+    let cache = CacheConfig {
+        prefetch_chunks: 0,
+        write_allocate_max: s3dma_config::ByteSize(6 << 20),
+        ..cache(64, 0.0)
+    };
+    let (gw, agent) = stack(&ceph.endpoint, cache, vec!["gw-write-alloc"]);
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct
+        .create_bucket()
+        .bucket("gw-write-alloc")
+        .send()
+        .await
+        .unwrap();
+    let shim = agent.client().await;
+    let mem = Memory::new(7 << 20).await;
+    for (len, kept) in [((5 << 20) + 3, true), (7 << 20, false)] {
+        let key = format!("ckpt-{len}");
+        let body = data(len, len as u64);
+        mem.fill(0, &body);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_READ);
+        shim.put("alice", "gw-write-alloc", &key, &tok)
+            .await
+            .unwrap();
+        drop(w);
+        assert_eq!(
+            sha256(&sdk_get(&direct, "gw-write-alloc", &key).await),
+            sha256(&body),
+            "Ceph has the object"
+        );
+        let before = upstream_in(&gw).await;
+        mem.clear(0);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+        let got = shim
+            .get("alice", "gw-write-alloc", &key, None, &tok)
+            .await
+            .unwrap();
+        drop(w);
+        assert_eq!(got.bytes_placed, len as u64);
+        assert_eq!(mem.sha256(0, len), sha256(&body), "{key}");
+        let fetched = upstream_in(&gw).await - before;
+        if kept {
+            assert_eq!(fetched, 0.0, "{key}: the first read hit the cache");
+        } else {
+            assert_eq!(fetched, len as f64, "{key}: too large to be kept");
+        }
+    }
+    let m = gw.metrics_text().await;
+    let outcome = |o: &str| {
+        metric_value(
+            &m,
+            &format!(r#"s3dma_storage_target_cache_write_allocated_total{{outcome="{o}"}}"#),
+        )
+    };
+    assert_eq!((outcome("kept"), outcome("too_large")), (1.0, 1.0), "{m}");
+    // bob may not read alice's bucket in Ceph: the warm chunks change nothing.
+    let (w, tok) = mem.window(0, 7 << 20, Access::REMOTE_WRITE);
+    let denied = shim
+        .get(
+            "bob",
+            "gw-write-alloc",
+            &format!("ckpt-{}", (5 << 20) + 3),
+            None,
+            &tok,
+        )
+        .await;
+    drop(w);
+    let e = denied.expect_err("bob read through a write-allocated cache");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+}

@@ -36,6 +36,7 @@ struct GatewayMetrics {
     cache_chunks: IntGauge,
     cache_capacity: IntGauge,
     cache_chunk_size: IntGauge,
+    cache_write_allocated: IntCounterVec,
     revalidations: IntCounterVec,
     upstream: HistogramVec,
     upstream_errors: IntCounterVec,
@@ -76,6 +77,11 @@ impl GatewayMetrics {
                 "s3dma_storage_target_cache_chunk_bytes",
                 "Size of one cache chunk (cache.chunk_size)",
             ),
+            cache_write_allocated: counter(
+                "s3dma_storage_target_cache_write_allocated_total",
+                "RDMA PutObjects whose bytes the gateway kept in its cache (cache.write_allocate_max): kept, or skipped (larger than the limit, or no slot free without waiting)",
+                &["outcome"],
+            ),
             revalidations: counter(
                 "s3dma_storage_target_revalidations_total",
                 "Reads of the gateway whose authorization and version were confirmed upstream (upstream) or taken from a confirmation younger than cache.revalidate_after (recent)",
@@ -114,6 +120,7 @@ impl GatewayMetrics {
             Box::new(self.cache_chunks.clone()),
             Box::new(self.cache_capacity.clone()),
             Box::new(self.cache_chunk_size.clone()),
+            Box::new(self.cache_write_allocated.clone()),
             Box::new(self.revalidations.clone()),
             Box::new(self.upstream.clone()),
             Box::new(self.upstream_errors.clone()),
@@ -295,6 +302,15 @@ impl Metrics {
     /// Sets the number of cached chunks.
     pub fn cache_resident(&self, n: usize) {
         self.gateway.cache_chunks.set(gauge_value(n));
+    }
+
+    /// Counts an RDMA PutObject's write-allocation by outcome (`kept`,
+    /// `too_large`, `no_slot`, `failed`).
+    pub fn cache_write_allocation(&self, outcome: &str) {
+        self.gateway
+            .cache_write_allocated
+            .with_label_values(&[outcome])
+            .inc();
     }
 
     /// Counts an eviction for space; `n` chunks remain.

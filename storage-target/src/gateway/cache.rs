@@ -263,6 +263,44 @@ impl ChunkCache {
         }
     }
 
+    /// A free slot without waiting: a free one, else one freed by evicting
+    /// a chunk that no WRITE holds; `None` when neither exists now (a write
+    /// allocation then gives up instead of holding a PUT up).
+    pub fn try_slot(&self) -> Option<StagingBuf> {
+        // An evicted chunk that a WRITE still sends from frees its slot only
+        // later: a few evictions, not the whole cache.
+        for _ in 0..8 {
+            if let Some(b) = self.pool.try_acquire() {
+                return Some(b);
+            }
+            let (chunk, n) = {
+                let mut st = self.lock();
+                let k = st.policy.evict()?;
+                let c = st.chunks.remove(&k);
+                (c, st.chunks.len())
+            };
+            drop(chunk);
+            self.metrics.cache_evicted(n);
+        }
+        self.pool.try_acquire()
+    }
+
+    /// Puts `chunk` in the cache as `key` unless it is there already (a
+    /// write allocation: the bytes a tenant just wrote, under the ETag the
+    /// upstream gave them).
+    pub fn insert(&self, key: ChunkKey, chunk: Chunk) {
+        let mut st = self.lock();
+        if st.chunks.contains_key(&key) {
+            return;
+        }
+        st.chunks.insert(key.clone(), Arc::new(chunk));
+        st.policy.insert(key);
+        let n = st.chunks.len();
+        drop(st);
+        self.metrics.cache_resident(n);
+        self.inserted.notify_waiters();
+    }
+
     /// Drops every cached chunk of `bucket`/`key` whose ETag is not `etag`
     /// (a newer version was seen): they can never be served again.
     pub fn forget_other_versions(&self, bucket: &str, key: &str, etag: &str) {
@@ -329,6 +367,29 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(b.slice(0, 100).unwrap().to_vec().unwrap(), vec![7; 100]);
         assert!(b.slice(50, 51).is_err(), "beyond the chunk's bytes");
+    }
+
+    #[tokio::test]
+    async fn inserted_chunks_hit_and_try_slot_never_waits() {
+        let c = cache(2, PolicyKind::S3fifo);
+        // Two slots: both taken for a write allocation, none left.
+        let (a, b) = (c.try_slot().unwrap(), c.try_slot().unwrap());
+        assert!(c.try_slot().is_none(), "no slot free and nothing to evict");
+        a.copy_in(0, &[9; 100]).unwrap();
+        c.insert(key(0), Chunk::new(a, 100));
+        drop(b);
+        let (got, s) = c
+            .get(key(0), |_| async {
+                Err::<Chunk, String>("not called".into())
+            })
+            .await
+            .unwrap();
+        assert_eq!(s, Source::Cache);
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![9; 100]);
+        drop(got);
+        // Both slots again: the free one, then the inserted chunk evicted.
+        let (_x, _y) = (c.try_slot().unwrap(), c.try_slot().unwrap());
+        assert!(c.is_empty());
     }
 
     #[tokio::test]

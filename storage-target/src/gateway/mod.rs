@@ -52,6 +52,7 @@ use crate::rdma::plan::{check_fits, reply_headers};
 use crate::rdma::{Decision, RdmaService, transfer};
 use crate::server::OpSlot;
 use cache::{Chunk, ChunkCache, ChunkKey, Source};
+use fabric::pool::StagingBuf;
 use policy::PolicyKind;
 pub use upstream::{Upstream, UpstreamConfig, UpstreamError};
 
@@ -99,6 +100,15 @@ pub struct CacheConfig {
     /// gateways, so fetching them here reads them upstream twice.
     #[serde(default = "default_prefetch_chunks")]
     pub prefetch_chunks: u32,
+    /// Write-allocate: an RDMA PutObject of at most this many bytes is also
+    /// kept in the cache, under the ETag the upstream acknowledged it with,
+    /// so the first reads of a checkpoint written once and read by many hit
+    /// (every read is still confirmed upstream for its user). Default 0
+    /// (off); at most half of `size`. Slots are taken only when free or
+    /// evictable at once; otherwise the PUT goes through uncached. Multipart
+    /// uploads are not allocated.
+    #[serde(default)]
+    pub write_allocate_max: ByteSize,
 }
 
 fn default_cache_size() -> ByteSize {
@@ -121,6 +131,7 @@ impl Default for CacheConfig {
             policy: PolicyKind::default(),
             revalidate_after: 0.0,
             prefetch_chunks: default_prefetch_chunks(),
+            write_allocate_max: ByteSize(0),
         }
     }
 }
@@ -153,6 +164,12 @@ impl CacheConfig {
         }
         if self.prefetch_chunks > 64 {
             return Err(("prefetch_chunks".into(), "must be at most 64".into()));
+        }
+        if self.write_allocate_max.0 > self.size.0 / 2 {
+            return Err((
+                "write_allocate_max".into(),
+                format!("must be at most half of size ({} bytes)", self.size.0 / 2),
+            ));
         }
         Ok(())
     }
@@ -229,6 +246,7 @@ pub struct Gateway {
     rdma: Arc<RdmaService>,
     revalidate_after: Duration,
     prefetch: u64,
+    write_allocate_max: u64,
     /// Recent upstream confirmations, by (user, bucket, key), when
     /// `revalidate_after` > 0.
     confirmed: Mutex<HashMap<Reader, (Instant, Head)>>,
@@ -284,6 +302,7 @@ impl Gateway {
             rdma,
             revalidate_after: Duration::from_secs_f64(cache.revalidate_after),
             prefetch: u64::from(cache.prefetch_chunks),
+            write_allocate_max: cache.write_allocate_max.0,
             confirmed: Mutex::new(HashMap::new()),
         })
     }
@@ -589,7 +608,11 @@ impl Gateway {
     /// read by RDMA, exactly the token's size; `None` for a plain HTTP
     /// request (forwarded as it is). A token RDMA must decline answers
     /// `x-amz-rdma-reply: 501` and stores nothing.
-    async fn rdma_body<T>(&self, req: &S3Request<T>) -> S3Result<Option<(ByteStream, i64)>> {
+    async fn rdma_body<T>(
+        &self,
+        req: &S3Request<T>,
+        tap: Option<&Arc<Mutex<WriteAllocation>>>,
+    ) -> S3Result<Option<(ByteStream, i64)>> {
         let token = match self
             .rdma
             .decide(&req.headers, &req.uri)
@@ -604,12 +627,37 @@ impl Gateway {
             .put_body(&token, &req.headers, &access_key(req))
             .await
             .map_err(|e| e.to_s3())?;
-        let frames = body.map_ok(http_body::Frame::data);
+        let tap = tap.cloned();
+        let frames = body.map_ok(move |b| {
+            if let Some(t) = &tap {
+                t.lock().unwrap_or_else(PoisonError::into_inner).push(&b);
+            }
+            http_body::Frame::data(b)
+        });
         let body = http_body_util::StreamBody::new(frames);
         Ok(Some((
             ByteStream::from_body_1_x(body),
             i64::from(token.size),
         )))
+    }
+
+    /// A write allocation for an RDMA PutObject when `write_allocate_max`
+    /// allows its size (from the token; the body is exactly that long).
+    fn write_allocation<T>(&self, req: &S3Request<T>) -> Option<Arc<Mutex<WriteAllocation>>> {
+        let cache = self.cache.as_ref()?;
+        if self.write_allocate_max == 0 {
+            return None;
+        }
+        let Ok(Decision::Rdma(token)) = self.rdma.decide(&req.headers, &req.uri) else {
+            return None;
+        };
+        if u64::from(token.size) > self.write_allocate_max {
+            self.rdma.metrics().cache_write_allocation("too_large");
+            return None;
+        }
+        Some(Arc::new(Mutex::new(WriteAllocation::new(Arc::clone(
+            cache,
+        )))))
     }
 
     fn put_reply(&self, op: &str, len: i64) -> HeaderMap {
@@ -619,6 +667,93 @@ impl Gateway {
         m.path_bytes("rdma", "in", n);
         self.upstream.metrics().upstream_bytes("out", n);
         reply_headers(200, None)
+    }
+}
+
+/// The bytes of an RDMA PutObject copied into cache slots as they stream
+/// to the upstream; published under the acknowledged ETag, dropped (the
+/// slots return to the pool) on any failure.
+#[derive(Debug, Default)]
+struct WriteAllocation {
+    cache: Option<Arc<ChunkCache>>,
+    /// Filled slots and how many bytes of each are the object's.
+    chunks: Vec<(StagingBuf, usize)>,
+    total: u64,
+    /// No slot was free without waiting: the PUT goes on uncached.
+    gave_up: bool,
+}
+
+impl WriteAllocation {
+    fn new(cache: Arc<ChunkCache>) -> Self {
+        WriteAllocation {
+            cache: Some(cache),
+            ..WriteAllocation::default()
+        }
+    }
+
+    /// Copies the next body bytes in.
+    fn push(&mut self, mut data: &[u8]) {
+        let Some(cache) = self.cache.clone() else {
+            return;
+        };
+        let size = cache.chunk_size();
+        while !data.is_empty() && !self.gave_up {
+            if self.chunks.last().is_none_or(|(_, n)| *n == size) {
+                match cache.try_slot() {
+                    Some(b) => self.chunks.push((b, 0)),
+                    None => {
+                        self.gave_up = true;
+                        self.chunks.clear();
+                        return;
+                    }
+                }
+            }
+            let Some((buf, filled)) = self.chunks.last_mut() else {
+                return;
+            };
+            let n = (size - *filled).min(data.len());
+            if buf.copy_in(*filled, &data[..n]).is_err() {
+                self.gave_up = true;
+                self.chunks.clear();
+                return;
+            }
+            *filled += n;
+            self.total += n as u64;
+            data = &data[n..];
+        }
+    }
+
+    /// Puts the chunks in the cache as `bucket`/`key` at `etag` when they
+    /// hold exactly the `len` bytes acknowledged; the metric's outcome.
+    fn publish(
+        self,
+        cache: &ChunkCache,
+        bucket: &str,
+        key: &str,
+        etag: &str,
+        len: i64,
+    ) -> &'static str {
+        if self.gave_up {
+            return "no_slot";
+        }
+        if u64::try_from(len).ok() != Some(self.total) {
+            return "failed";
+        }
+        let (bucket, key, etag): (Arc<str>, Arc<str>, Arc<str>) =
+            (bucket.into(), key.into(), etag.into());
+        for (index, (buf, n)) in (0u64..).zip(self.chunks) {
+            cache.insert(
+                ChunkKey {
+                    bucket: Arc::clone(&bucket),
+                    key: Arc::clone(&key),
+                    etag: Arc::clone(&etag),
+                    index,
+                },
+                Chunk::new(buf, n),
+            );
+        }
+        cache.forget_other_versions(&bucket, &key, &etag);
+        "kept"
     }
 }
 
@@ -792,7 +927,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let Some((body, len)) = self.rdma_body(&req).await? else {
+        let alloc = self.write_allocation(&req);
+        let Some((body, len)) = self.rdma_body(&req, alloc.as_ref()).await? else {
             let r = self
                 .forward_once(req, |p, r| async move { p.put_object(r).await })
                 .await?;
@@ -827,6 +963,11 @@ impl S3 for Gateway {
                 b.customize().disable_payload_signing().send()
             })
             .await?;
+        if let (Some(alloc), Some(cache), Some(etag)) = (alloc, &self.cache, out.e_tag()) {
+            let a = std::mem::take(&mut *alloc.lock().unwrap_or_else(PoisonError::into_inner));
+            let outcome = a.publish(cache, &i.bucket, &i.key, etag, len);
+            self.rdma.metrics().cache_write_allocation(outcome);
+        }
         let reply = self.put_reply("PutObject", len);
         let o = PutObjectOutput {
             e_tag: out
@@ -841,7 +982,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let Some((body, len)) = self.rdma_body(&req).await? else {
+        let Some((body, len)) = self.rdma_body(&req, None).await? else {
             let r = self
                 .forward_once(req, |p, r| async move { p.upload_part(r).await })
                 .await?;
@@ -995,9 +1136,14 @@ mod tests {
         assert_eq!(c.check().unwrap_err().0, "revalidate_after");
         c.revalidate_after = f64::NAN;
         assert_eq!(c.check().unwrap_err().0, "revalidate_after");
-        let mut c = ok;
+        let mut c = ok.clone();
         c.prefetch_chunks = 65;
         assert_eq!(c.check().unwrap_err().0, "prefetch_chunks");
+        let mut c = ok;
+        c.write_allocate_max = ByteSize(c.size.0 / 2);
+        assert!(c.check().is_ok());
+        c.write_allocate_max = ByteSize(c.size.0 / 2 + 1);
+        assert_eq!(c.check().unwrap_err().0, "write_allocate_max");
     }
 
     #[test]
