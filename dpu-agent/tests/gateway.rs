@@ -721,3 +721,79 @@ async fn a_write_allocated_object_is_read_from_the_cache() {
     let e = denied.expect_err("bob read through a write-allocated cache");
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
 }
+
+/// Ceph's copy is overwritten while a cold read of it runs through the
+/// gateway: the read gives either one whole version or a clear error, never
+/// a mix (every chunk is fetched with `If-Match` on the version the read
+/// started with); the next read returns the new object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overwrite_during_a_read_never_mixes_versions() {
+    let ceph = ceph();
+    let cache = CacheConfig {
+        prefetch_chunks: 0,
+        ..cache(128, 0.0)
+    };
+    let (gw, agent) = stack(&ceph.endpoint, cache, vec!["gw-torn"]);
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    direct
+        .create_bucket()
+        .bucket("gw-torn")
+        .send()
+        .await
+        .unwrap();
+    let shim = agent.client().await;
+    let len = 48 << 20;
+    // A small new version: its PUT lands while the read is still going.
+    let (old, new) = (data(len, 1), data(1 << 20, 2));
+    let put = |body: Vec<u8>| {
+        direct
+            .put_object()
+            .bucket("gw-torn")
+            .key("ckpt")
+            .body(body.into())
+            .send()
+    };
+    put(old.clone()).await.unwrap();
+    let mem = Memory::new(len).await;
+    mem.clear(0);
+    let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+    let read = shim.get("alice", "gw-torn", "ckpt", None, &tok);
+    let overwrite = async {
+        while upstream_in(&gw).await < f64::from(4 << 20) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        put(new.clone()).await.unwrap();
+    };
+    let (got, ()) = tokio::time::timeout(Duration::from_secs(120), async {
+        tokio::join!(read, overwrite)
+    })
+    .await
+    .expect("the read hung");
+    drop(w);
+    match got {
+        Ok(r) => {
+            assert_eq!(r.bytes_placed, len as u64, "the old version's size");
+            assert_eq!(mem.sha256(0, len), sha256(&old), "the read mixed versions");
+            println!("the read finished with the whole old version");
+        }
+        Err(e) => {
+            // Its chunks are fetched with If-Match: the overwrite fails it.
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+            assert!(!e.message().is_empty());
+            println!("the read failed cleanly: {:?} {}", e.code(), e.message());
+        }
+    }
+    mem.clear(0);
+    let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+    let r = shim
+        .get("alice", "gw-torn", "ckpt", None, &tok)
+        .await
+        .unwrap();
+    drop(w);
+    assert_eq!(r.bytes_placed, new.len() as u64);
+    assert_eq!(
+        mem.sha256(0, new.len()),
+        sha256(&new),
+        "the next read sees the new object"
+    );
+}
