@@ -38,8 +38,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
 use crate::procfs;
-use crate::report::{Cell, CellStats, CpuSecs, Op, Report, Size, Throughput, human_size};
+use crate::report::{Cell, CellStats, CpuSecs, Op, ProcsRow, Report, Size, Throughput, human_size};
 use crate::stats::{Latencies, gbps, median, per_second, ticks_to_secs};
+use crate::workers::{WorkerOp, WorkerOptions};
 use s3dma_launcher::{REGION, Stack, StackOptions};
 
 /// The bucket the bench creates and uses.
@@ -57,6 +58,9 @@ const SMALL: [Size; 2] = [
 ];
 /// Requests in flight per small-object cell.
 const IN_FLIGHT: [usize; 3] = [1, 16, 64];
+/// Tenant processes per row of the processes phase.
+const PROCS: [usize; 4] = [1, 2, 4, 8];
+const PROCS_MAX: usize = 8;
 
 /// What `s3dma-tools bench` was asked for.
 #[derive(Debug, Clone, Default)]
@@ -111,6 +115,12 @@ struct Plan {
     raw_tcp: Duration,
     /// Medium then large.
     sizes: [Size; 2],
+    /// Each tenant process's object in the processes phase.
+    procs_bytes: u64,
+    /// Rounds of each tenant process.
+    procs_rounds: u32,
+    /// Bytes per limit measurement (memcpy, MD5, write+fsync).
+    limit_bytes: usize,
 }
 
 impl Plan {
@@ -158,6 +168,9 @@ impl Plan {
                 Duration::from_secs(2)
             },
             sizes,
+            procs_bytes: if o.quick { 8 << 20 } else { 256 << 20 },
+            procs_rounds: if o.quick { 1 } else { 3 },
+            limit_bytes: if o.quick { 64 << 20 } else { 256 << 20 },
         })
     }
 
@@ -228,6 +241,10 @@ async fn attached(opts: &Options, plan: &Plan, endpoint: &str) -> anyhow::Result
         crate::client_options(opts.shim_uid),
     )
     .await?;
+    let ctx = Ctx {
+        shim_uid: opts.shim_uid,
+        ..ctx
+    };
     match ctx.s3.create_bucket().bucket(BUCKET).send().await {
         Ok(_) => {}
         Err(e)
@@ -249,6 +266,7 @@ async fn attached(opts: &Options, plan: &Plan, endpoint: &str) -> anyhow::Result
     for size in SMALL {
         keys.extend((0..IN_FLIGHT[IN_FLIGHT.len() - 1]).map(|i| small_key(size, i)));
     }
+    keys.extend((0..PROCS_MAX).map(|i| format!("procs/{i}")));
     for key in keys {
         if let Err(e) = ctx.s3.delete_object().bucket(BUCKET).key(&key).send().await {
             progress(&format!(
@@ -281,9 +299,10 @@ fn find_services() -> Option<[u32; 3]> {
 
 /// Starts a stack in a temporary directory, measures it, stops it.
 async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
-    // Room for three large objects in the store.
-    let mut started = OwnStack::start(opts, 3 * plan.sizes[1].bytes + (512 << 20)).await?;
-    let ctx = Ctx::new(&started.stack, started.data_dir.display().to_string()).await;
+    // Room for three large objects and the tenant processes' objects.
+    let room = 3 * plan.sizes[1].bytes + PROCS_MAX as u64 * plan.procs_bytes + (512 << 20);
+    let mut started = OwnStack::start(opts, room).await?;
+    let ctx = Ctx::new(&started.stack, &started.data_dir).await;
     let result = match ctx {
         Ok(ctx) => {
             tokio::select! {
@@ -420,10 +439,16 @@ struct Ctx {
     s3: aws_sdk_s3::Client,
     cpu: CpuProbe,
     data_dir: String,
+    /// The store's data directory when the bench started the stack.
+    data_path: Option<PathBuf>,
+    /// The shim's socket (for the tenant processes).
+    socket: PathBuf,
+    /// The uid the shim runs as (for the tenant processes).
+    shim_uid: Option<u32>,
 }
 
 impl Ctx {
-    async fn new(stack: &Stack, data_dir: String) -> anyhow::Result<Ctx> {
+    async fn new(stack: &Stack, data_path: &Path) -> anyhow::Result<Ctx> {
         let ep = stack.endpoints();
         let (key_id, secret) = stack.credentials();
         let pid = |name: &str| {
@@ -432,16 +457,19 @@ impl Ctx {
                 .ok_or_else(|| anyhow!("{name} is not running"))
         };
         let pids = [pid("dpu-agent")?, pid("host-shim")?, pid("storage-target")?];
-        Ctx::connect(
+        let mut ctx = Ctx::connect(
             &ep.socket,
             &ep.target_url,
             key_id,
             secret,
             Some(pids),
-            data_dir,
+            data_path.display().to_string(),
             crate::own_shim(),
         )
-        .await
+        .await?;
+        ctx.data_path = Some(data_path.to_path_buf());
+        ctx.shim_uid = Some(s3dma_service::private::current_uid());
+        Ok(ctx)
     }
 
     async fn connect(
@@ -472,6 +500,9 @@ impl Ctx {
                 hz: ticks_per_sec(),
             },
             data_dir,
+            data_path: None,
+            socket: socket.to_path_buf(),
+            shim_uid: None,
         })
     }
 }
@@ -500,6 +531,20 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     progress(&format!(
         "raw loopback TCP: {:.2} GB/s",
         report.raw_tcp_gbps.unwrap_or(0.0)
+    ));
+
+    progress("machine limits: memcpy, MD5, write+fsync in the data directory");
+    let dur = plan.raw_tcp / 2;
+    report.limits.memcpy_gbps = crate::limits::memcpy_gbps(plan.limit_bytes, dur);
+    report.limits.md5_gbps = crate::limits::md5_gbps(plan.limit_bytes, dur);
+    if let Some(dir) = &ctx.data_path {
+        report.limits.write_fsync_gbps = crate::limits::write_fsync_gbps(dir, plan.limit_bytes)?;
+    }
+    progress(&format!(
+        "limits: memcpy {} GB/s, MD5 {} GB/s, write+fsync {} GB/s",
+        crate::report::fmt_num(report.limits.memcpy_gbps),
+        crate::report::fmt_num(report.limits.md5_gbps),
+        crate::report::fmt_num(report.limits.write_fsync_gbps),
     ));
 
     let big = plan.large_bytes();
@@ -536,9 +581,57 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     dst.release().await.context("releasing a buffer")?;
     drop(src_bytes);
 
+    processes(ctx, plan, &mut report).await?;
     small(ctx, plan, &src, &mut report).await?;
     src.release().await.context("releasing a buffer")?;
     Ok(report)
+}
+
+/// Aggregate PUT then GET throughput of 1, 2, 4 and 8 tenant processes
+/// (`bench-worker`), each with its own lease, buffer and object; every GET
+/// must read back what its process PUT (CRC-32).
+async fn processes(ctx: &Ctx, plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+    report.procs_object_bytes = plan.procs_bytes;
+    for n in PROCS {
+        let spec = |op: WorkerOp, i: usize| crate::workers::Spec {
+            opts: WorkerOptions {
+                op,
+                bucket: BUCKET.into(),
+                key: format!("procs/{i}"),
+                bytes: plan.procs_bytes,
+                rounds: plan.procs_rounds,
+                seed: 100 + i as u64,
+                socket: Some(ctx.socket.clone()),
+                http: None,
+                shim_uid: ctx.shim_uid,
+            },
+            env: Vec::new(),
+        };
+        progress(&format!(
+            "{n} tenant process(es): PUT then GET {} each, {} round(s)",
+            human_size(plan.procs_bytes),
+            plan.procs_rounds
+        ));
+        let put = crate::workers::run((0..n).map(|i| spec(WorkerOp::Put, i)).collect())
+            .await
+            .with_context(|| format!("{n} tenant processes PUT"))?;
+        let get = crate::workers::run((0..n).map(|i| spec(WorkerOp::Get, i)).collect())
+            .await
+            .with_context(|| format!("{n} tenant processes GET"))?;
+        if get.crcs != put.crcs {
+            bail!("{n} tenant processes: a GET read other bytes than its process PUT");
+        }
+        progress(&format!(
+            "{n} tenant process(es): PUT {:.2} GB/s, GET {:.2} GB/s aggregate",
+            put.gbps, get.gbps
+        ));
+        report.procs.push(ProcsRow {
+            processes: n,
+            get_gbps: Some(get.gbps),
+            put_gbps: Some(put.gbps),
+        });
+    }
+    Ok(())
 }
 
 /// One path's rounds: the median GB/s and the CPU used.

@@ -14,7 +14,7 @@
 //! 3. Raw loopback TCP for ~2 s: the machine's limit for one stream.
 //! 4. Each round writes a new version of the object straight to the
 //!    upstream (so the gateways' caches are cold for it), then starts N
-//!    reader processes (`s3dma-tools fanout-reader`, each its own tenant
+//!    reader processes (`s3dma-tools bench-worker`, each its own tenant
 //!    process with its own lease and buffer) that connect, allocate and
 //!    wait; all are released at once and the wall time to the last reader's
 //!    finish is the round's figure (N × size / wall). Then the same with N
@@ -31,26 +31,21 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use rand::Rng as _;
-use s3dma_client::{Client, GetOptions};
 use s3dma_launcher::{REGION, Stack, StackOptions, Upstream};
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::bench::{Options, progress};
-use crate::stats::{gbps, median};
+use crate::stats::median;
+use crate::workers::{self, WorkerOp, WorkerOptions};
 
 /// The bucket the fan-out reads from.
 const BUCKET: &str = "fanout";
 /// The object's key.
 const KEY: &str = "checkpoint.bin";
-/// How long a reader may take to connect and allocate, and a round to end.
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
-const ROUND_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What the fan-out measures, from the options.
 #[derive(Debug, Clone)]
@@ -377,24 +372,13 @@ impl UpstreamSite {
     }
 
     fn s3(&self) -> aws_sdk_s3::Client {
-        s3_client(
+        workers::s3_client(
             &self.endpoint,
             self.region.as_deref(),
             &self.access_key_id,
             &self.secret_access_key,
         )
     }
-}
-
-fn s3_client(endpoint: &str, region: Option<&str>, key: &str, secret: &str) -> aws_sdk_s3::Client {
-    let conf = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(region.unwrap_or(REGION).to_owned()))
-        .endpoint_url(endpoint)
-        .credentials_provider(Credentials::new(key, secret, None, None, "s3dma-fanout"))
-        .force_path_style(true)
-        .build();
-    aws_sdk_s3::Client::from_conf(conf)
 }
 
 /// Runs the fan-out bench: prints the table, writes the JSON.
@@ -739,207 +723,47 @@ enum Reader<'a> {
     Http { site: &'a UpstreamSite },
 }
 
-struct FanOut {
-    gbps: f64,
-    fastest_s: f64,
-    slowest_s: f64,
-}
-
-struct ReaderProc {
-    child: Child,
-    stdin: ChildStdin,
-    lines: tokio::io::Lines<BufReader<ChildStdout>>,
-}
-
-impl ReaderProc {
-    /// The next line the reader prints (its errors go to our stderr).
-    async fn line(&mut self, limit: Duration, what: &str) -> anyhow::Result<String> {
-        match tokio::time::timeout(limit, self.lines.next_line()).await {
-            Err(_) => bail!("a reader did not {what} within {} s", limit.as_secs()),
-            Ok(Ok(Some(l))) => Ok(l),
-            Ok(Ok(None)) => {
-                let status = self.child.wait().await?;
-                bail!("a reader exited ({status}) before it could {what}")
+/// Starts `plan.readers` reader processes, lets them go at once and times
+/// them to the last one's finish; every one must have read the object.
+async fn fan_out(plan: &Plan, how: Reader<'_>, want_crc: u32) -> anyhow::Result<workers::Run> {
+    let specs = (0..plan.readers)
+        .map(|_| {
+            let mut opts = WorkerOptions {
+                op: WorkerOp::Get,
+                bucket: BUCKET.into(),
+                key: KEY.into(),
+                bytes: plan.object_bytes,
+                rounds: 1,
+                seed: 0,
+                socket: None,
+                http: None,
+                shim_uid: Some(s3dma_service::private::current_uid()),
+            };
+            let mut env = Vec::new();
+            match how {
+                Reader::S3dma { stack } => opts.socket = Some(stack.socket.clone()),
+                Reader::Http { site } => {
+                    opts.http = Some(site.endpoint.clone());
+                    env = vec![
+                        ("AWS_ACCESS_KEY_ID", site.access_key_id.clone()),
+                        ("AWS_SECRET_ACCESS_KEY", site.secret_access_key.clone()),
+                        (
+                            "AWS_REGION",
+                            site.region.clone().unwrap_or_else(|| REGION.to_owned()),
+                        ),
+                    ];
+                }
             }
-            Ok(Err(e)) => Err(e).context("reading a reader's output"),
-        }
+            workers::Spec { opts, env }
+        })
+        .collect();
+    let run = workers::run(specs).await?;
+    if let Some(crc) = run.crcs.iter().find(|c| **c != want_crc) {
+        bail!(
+            "a reader read bytes that differ from the object's (CRC-32 {crc:08x}, want {want_crc:08x})"
+        );
     }
-}
-
-/// Starts `plan.readers` reader processes, waits until each is ready, lets
-/// them go at once and times them to the last one's finish.
-async fn fan_out(plan: &Plan, how: Reader<'_>, want_crc: u32) -> anyhow::Result<FanOut> {
-    let exe = std::env::current_exe().context("finding s3dma-tools itself")?;
-    let mut procs = Vec::with_capacity(plan.readers);
-    for _ in 0..plan.readers {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("fanout-reader")
-            .args(["--bucket", BUCKET, "--key", KEY])
-            .args(["--bytes", &plan.object_bytes.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        match how {
-            Reader::S3dma { stack } => {
-                cmd.arg("--socket").arg(&stack.socket);
-            }
-            Reader::Http { site } => {
-                // The key goes in the environment, never on a command line.
-                cmd.args(["--http", &site.endpoint])
-                    .env("AWS_ACCESS_KEY_ID", &site.access_key_id)
-                    .env("AWS_SECRET_ACCESS_KEY", &site.secret_access_key)
-                    .env("AWS_REGION", site.region.as_deref().unwrap_or(REGION));
-            }
-        }
-        let mut child = cmd.spawn().context("starting a reader process")?;
-        let stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin pipe"))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("no stdout pipe"))?;
-        procs.push(ReaderProc {
-            child,
-            stdin,
-            lines: BufReader::new(stdout).lines(),
-        });
-    }
-    for p in &mut procs {
-        let l = p.line(READY_TIMEOUT, "get ready").await?;
-        if l != "ready" {
-            bail!("a reader said {l:?} instead of ready");
-        }
-    }
-    let start = Instant::now();
-    for p in &mut procs {
-        p.stdin.write_all(b"go\n").await?;
-        p.stdin.flush().await?;
-    }
-    let mut times = Vec::with_capacity(procs.len());
-    for p in &mut procs {
-        let l = p.line(ROUND_TIMEOUT, "finish its read").await?;
-        let mut words = l.split_whitespace();
-        let (Some("done"), Some(secs), Some(crc)) = (words.next(), words.next(), words.next())
-        else {
-            bail!("a reader said {l:?}");
-        };
-        let crc: u32 = crc.parse().context("a reader's CRC")?;
-        if crc != want_crc {
-            bail!(
-                "a reader read bytes that differ from the object's (CRC-32 {crc:08x}, want {want_crc:08x})"
-            );
-        }
-        times.push(secs.parse::<f64>().context("a reader's time")?);
-    }
-    let wall = start.elapsed();
-    for mut p in procs {
-        drop(p.stdin);
-        let status = p.child.wait().await?;
-        if !status.success() {
-            bail!("a reader exited with {status}");
-        }
-    }
-    let total = plan.object_bytes * plan.readers as u64;
-    Ok(FanOut {
-        gbps: gbps(total, wall).ok_or_else(|| anyhow!("no time passed"))?,
-        fastest_s: times.iter().copied().fold(f64::INFINITY, f64::min),
-        slowest_s: times.iter().copied().fold(0.0, f64::max),
-    })
-}
-
-/// What one `s3dma-tools fanout-reader` process does.
-#[derive(Debug, Clone)]
-pub(crate) struct ReaderOptions {
-    pub bucket: String,
-    pub key: String,
-    pub bytes: u64,
-    /// Through the shim at this socket...
-    pub socket: Option<PathBuf>,
-    /// ...or straight from this S3 endpoint.
-    pub http: Option<String>,
-}
-
-/// The reader: connects and allocates, prints `ready`, waits for a line on
-/// stdin, reads the object into its buffer, prints `done SECONDS CRC32`.
-///
-/// # Errors
-/// Any failure to connect, allocate or read; a short read.
-pub(crate) async fn reader(o: ReaderOptions) -> anyhow::Result<()> {
-    let len = usize::try_from(o.bytes)?;
-    let mut go = BufReader::new(tokio::io::stdin()).lines();
-    let mut out = tokio::io::stdout();
-    let (secs, crc) = match (&o.socket, &o.http) {
-        (Some(socket), None) => {
-            let client = Client::connect_with(socket, crate::own_shim())
-                .await
-                .context("connecting to the host-shim")?;
-            let mut buf = client
-                .alloc_labeled(len, "fanout")
-                .await
-                .context("allocating the buffer")?;
-            // Touch the pages now, not while timed.
-            buf.as_mut_slice().fill(0);
-            ready(&mut out, &mut go).await?;
-            let t = Instant::now();
-            let got = client
-                .get_object_into(
-                    &o.bucket,
-                    &o.key,
-                    &mut buf,
-                    0,
-                    GetOptions {
-                        length: Some(o.bytes),
-                        ..GetOptions::default()
-                    },
-                )
-                .await
-                .context("s3dma GET")?;
-            let secs = t.elapsed().as_secs_f64();
-            if got.bytes_placed != o.bytes {
-                bail!("s3dma GET placed {} bytes", got.bytes_placed);
-            }
-            let crc = crc32fast::hash(buf.as_slice());
-            buf.release().await.context("releasing the buffer")?;
-            (secs, crc)
-        }
-        (None, Some(endpoint)) => {
-            let var = |n: &str| std::env::var(n).with_context(|| format!("${n} is not set"));
-            let s3 = s3_client(
-                endpoint,
-                Some(&var("AWS_REGION")?),
-                &var("AWS_ACCESS_KEY_ID")?,
-                &var("AWS_SECRET_ACCESS_KEY")?,
-            );
-            let mut dst = vec![0u8; len];
-            ready(&mut out, &mut go).await?;
-            let t = Instant::now();
-            let got = crate::bench::http_get_into_from(&s3, &o.bucket, &o.key, &mut dst)
-                .await
-                .context("HTTP GET")?;
-            let secs = t.elapsed().as_secs_f64();
-            if got != len {
-                bail!("HTTP GET read {got} bytes");
-            }
-            (secs, crc32fast::hash(&dst))
-        }
-        _ => bail!("a reader needs exactly one of --socket and --http"),
-    };
-    out.write_all(format!("done {secs} {crc}\n").as_bytes())
-        .await?;
-    out.flush().await?;
-    Ok(())
-}
-
-async fn ready(
-    out: &mut tokio::io::Stdout,
-    go: &mut tokio::io::Lines<BufReader<tokio::io::Stdin>>,
-) -> anyhow::Result<()> {
-    out.write_all(b"ready\n").await?;
-    out.flush().await?;
-    go.next_line()
-        .await?
-        .ok_or_else(|| anyhow!("the bench went away"))?;
-    Ok(())
+    Ok(run)
 }
 
 #[cfg(test)]

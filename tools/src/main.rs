@@ -22,12 +22,14 @@
 
 mod bench;
 mod fanout;
+mod limits;
 mod ml;
 mod procfs;
 mod report;
 mod soak;
 mod soak_check;
 mod stats;
+mod workers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -125,20 +127,6 @@ enum Cmd {
         #[arg(long, value_name = "URL", requires = "fanout")]
         upstream: Option<String>,
     },
-    /// One reader of `bench --fanout` (started by the bench itself).
-    #[command(hide = true)]
-    FanoutReader {
-        #[arg(long)]
-        bucket: String,
-        #[arg(long)]
-        key: String,
-        #[arg(long)]
-        bytes: u64,
-        #[arg(long)]
-        socket: Option<PathBuf>,
-        #[arg(long)]
-        http: Option<String>,
-    },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
     /// the services' memory and open fds; ends with `soak: PASS` or
@@ -157,6 +145,26 @@ enum Cmd {
         /// Seed of the clients' random choices [default: random, printed].
         #[arg(long, value_name = "N")]
         seed: Option<u64>,
+    },
+    /// One tenant process of `bench` (started by the bench itself).
+    #[command(hide = true)]
+    BenchWorker {
+        #[arg(long, value_enum)]
+        op: workers::WorkerOp,
+        #[arg(long)]
+        bucket: String,
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(long)]
+        http: Option<String>,
     },
 }
 
@@ -254,22 +262,29 @@ fn main() -> ExitCode {
                 false
             }
         },
-        Cmd::FanoutReader {
+        Cmd::BenchWorker {
+            op,
             bucket,
             key,
             bytes,
+            rounds,
+            seed,
             socket,
             http,
-        } => match rt.block_on(fanout::reader(fanout::ReaderOptions {
+        } => match rt.block_on(workers::worker(workers::WorkerOptions {
+            op,
             bucket,
             key,
             bytes,
+            rounds,
+            seed,
             socket,
             http,
+            shim_uid: cli.shim_uid,
         })) {
             Ok(()) => true,
             Err(e) => {
-                eprintln!("s3dma-tools: fanout-reader: {e:#}");
+                eprintln!("s3dma-tools: bench-worker: {e:#}");
                 false
             }
         },

@@ -13,6 +13,15 @@
 //!   `{op}_{size}_ops_{n}`, `{op}_{size}_p50_us_{n}`, `{op}_{size}_p99_us_{n}`,
 //!   the same with `http_` in front, `{op}_{size}_ops_{n}_vs_http`; and
 //!   `{op}_{size}_p50_us` / `_p99_us` (at 1 in flight);
+//! - the machine's limits, measured in the same run: `memcpy_gbps`,
+//!   `md5_gbps` (the store's MD5), `data_dir_write_fsync_gbps` (8 MiB writes
+//!   then fsync, in the store's data directory), `store_limit_gbps` (the
+//!   lower of MD5 and write+fsync: what a durable PUT can reach),
+//!   `put_{size}_vs_store_limit` and `get_{size}_vs_memcpy`;
+//! - tenant processes: `procs_{n}_get_gbps` / `procs_{n}_put_gbps` for n =
+//!   1, 2, 4, 8 processes on this host, each with its own lease, buffer and
+//!   object (`procs_object_bytes` each), aggregate over the wall time, and
+//!   `procs_{n}_get_vs_1` / `procs_{n}_put_vs_1`;
 //! - CPU (user + system) per GB moved by the large transfers and per request
 //!   of the small ones: `{proc}_cpu_s_per_gb`, `{proc}_cpu_us_per_req` for
 //!   `agent`, `shim`, `target` and `client` (this process) on the s3dma
@@ -203,6 +212,45 @@ pub(crate) struct Report {
     pub cpu_s3dma: PathCpu,
     /// CPU on the HTTP path (agent and shim are idle there).
     pub cpu_http: PathCpu,
+    /// The machine's limits.
+    pub limits: Limits,
+    /// Tenant processes on one host.
+    pub procs: Vec<ProcsRow>,
+    /// Each process's object in the `procs` rows.
+    pub procs_object_bytes: u64,
+}
+
+/// The machine's limits, measured in the same run (GB/s).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Limits {
+    /// memcpy between two buffers.
+    pub memcpy_gbps: Option<f64>,
+    /// The store's MD5.
+    pub md5_gbps: Option<f64>,
+    /// Writes then fsync in the data directory (none for an attached stack).
+    pub write_fsync_gbps: Option<f64>,
+}
+
+impl Limits {
+    /// What a durable PUT can reach: the lower of MD5 and write+fsync.
+    #[must_use]
+    pub(crate) fn store_gbps(&self) -> Option<f64> {
+        match (self.md5_gbps, self.write_fsync_gbps) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// Aggregate throughput of N tenant processes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ProcsRow {
+    /// Processes.
+    pub processes: usize,
+    /// GB/s of all GETs over the wall time.
+    pub get_gbps: Option<f64>,
+    /// GB/s of all PUTs over the wall time.
+    pub put_gbps: Option<f64>,
 }
 
 /// Picks one process's seconds out of a [`CpuSecs`].
@@ -234,6 +282,46 @@ impl Report {
             put(name.into(), Some(s.bytes as f64));
         }
         put("raw_tcp_gbps".into(), self.raw_tcp_gbps);
+        put("memcpy_gbps".into(), self.limits.memcpy_gbps);
+        put("md5_gbps".into(), self.limits.md5_gbps);
+        put(
+            "data_dir_write_fsync_gbps".into(),
+            self.limits.write_fsync_gbps,
+        );
+        put("store_limit_gbps".into(), self.limits.store_gbps());
+        for t in &self.throughput {
+            let k = format!("{}_{}", t.op.key(), t.size.key);
+            match t.op {
+                Op::Put => put(
+                    format!("{k}_vs_store_limit"),
+                    ratio(t.s3dma_gbps, self.limits.store_gbps()),
+                ),
+                Op::Get => put(
+                    format!("{k}_vs_memcpy"),
+                    ratio(t.s3dma_gbps, self.limits.memcpy_gbps),
+                ),
+            }
+        }
+        if !self.procs.is_empty() {
+            put(
+                "procs_object_bytes".into(),
+                Some(self.procs_object_bytes as f64),
+            );
+        }
+        let one = self.procs.iter().find(|r| r.processes == 1).copied();
+        for r in &self.procs {
+            let n = r.processes;
+            put(format!("procs_{n}_get_gbps"), r.get_gbps);
+            put(format!("procs_{n}_put_gbps"), r.put_gbps);
+            put(
+                format!("procs_{n}_get_vs_1"),
+                ratio(r.get_gbps, one.and_then(|o| o.get_gbps)),
+            );
+            put(
+                format!("procs_{n}_put_vs_1"),
+                ratio(r.put_gbps, one.and_then(|o| o.put_gbps)),
+            );
+        }
         for t in &self.throughput {
             let k = format!("{}_{}", t.op.key(), t.size.key);
             put(format!("{k}_gbps"), t.s3dma_gbps);
@@ -391,6 +479,53 @@ impl Report {
             "  raw loopback TCP (one stream, tokio): {} GB/s",
             fmt_num(self.raw_tcp_gbps)
         );
+        let _ = writeln!(
+            o,
+            "  limits in this run: memcpy {} GB/s, MD5 (the store's) {} GB/s, write+fsync in the data directory {} GB/s",
+            fmt_num(self.limits.memcpy_gbps),
+            fmt_num(self.limits.md5_gbps),
+            fmt_num(self.limits.write_fsync_gbps),
+        );
+        for t in &self.throughput {
+            let (what, r) = match t.op {
+                Op::Put => (
+                    "of the store limit (min of MD5, write+fsync)",
+                    ratio(t.s3dma_gbps, self.limits.store_gbps()),
+                ),
+                Op::Get => ("of memcpy", ratio(t.s3dma_gbps, self.limits.memcpy_gbps)),
+            };
+            let _ = writeln!(
+                o,
+                "  {} {}: s3dma {} {what}",
+                t.op.label(),
+                human_size(t.size.bytes),
+                fmt_ratio(r)
+            );
+        }
+        if !self.procs.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nTenant processes on this host (each its own lease, buffer and {} object), aggregate GB/s",
+                human_size(self.procs_object_bytes)
+            );
+            let _ = writeln!(
+                o,
+                "  {:>9} {:>8} {:>8} {:>8} {:>8}",
+                "processes", "GET", "vs 1", "PUT", "vs 1"
+            );
+            let one = self.procs.iter().find(|r| r.processes == 1).copied();
+            for r in &self.procs {
+                let _ = writeln!(
+                    o,
+                    "  {:>9} {:>8} {:>8} {:>8} {:>8}",
+                    r.processes,
+                    fmt_num(r.get_gbps),
+                    fmt_ratio(ratio(r.get_gbps, one.and_then(|o| o.get_gbps))),
+                    fmt_num(r.put_gbps),
+                    fmt_ratio(ratio(r.put_gbps, one.and_then(|o| o.put_gbps))),
+                );
+            }
+        }
 
         let _ = writeln!(o, "\nSmall objects: ops/s and latency (µs)");
         let _ = writeln!(
@@ -571,7 +706,45 @@ mod tests {
                 small_requests: 10_000,
             },
             cpu_http: PathCpu::default(),
+            limits: Limits {
+                memcpy_gbps: Some(12.0),
+                md5_gbps: Some(0.8),
+                write_fsync_gbps: Some(2.0),
+            },
+            procs: vec![
+                ProcsRow {
+                    processes: 1,
+                    get_gbps: Some(2.0),
+                    put_gbps: Some(0.5),
+                },
+                ProcsRow {
+                    processes: 8,
+                    get_gbps: Some(1.8),
+                    put_gbps: None,
+                },
+            ],
+            procs_object_bytes: 256 << 20,
         }
+    }
+
+    #[test]
+    fn limits_and_processes_in_json() {
+        let j = report().json();
+        let f = |k: &str| j.get(k).and_then(Value::as_f64);
+        assert_eq!(
+            f("store_limit_gbps"),
+            Some(0.8),
+            "the lower of MD5 and fsync"
+        );
+        assert_eq!(f("put_1g_vs_store_limit"), Some(1.25));
+        assert_eq!(f("get_1g_vs_memcpy"), Some(0.25));
+        assert_eq!(f("procs_8_get_vs_1"), Some(0.9));
+        assert_eq!(f("procs_1_put_vs_1"), Some(1.0));
+        assert_eq!(j.get("procs_8_put_vs_1"), Some(&Value::Null));
+        assert_eq!(f("procs_object_bytes"), Some(f64::from(256u32 << 20)));
+        let t = report().table();
+        assert!(t.contains("Tenant processes on this host"), "{t}");
+        assert!(t.contains("of the store limit"), "{t}");
     }
 
     #[test]

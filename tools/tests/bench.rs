@@ -74,6 +74,23 @@ fn bench_quick_reports_every_number() {
     for p in ["agent", "shim", "target"] {
         keys.push(format!("{p}_cpu_us_per_req"));
     }
+    // The machine's limits, and 1 to 8 tenant processes.
+    for k in [
+        "memcpy_gbps",
+        "md5_gbps",
+        "data_dir_write_fsync_gbps",
+        "store_limit_gbps",
+        "put_1g_vs_store_limit",
+        "get_1g_vs_memcpy",
+    ] {
+        keys.push(k.into());
+    }
+    for n in [1, 2, 4, 8] {
+        for op in ["get", "put"] {
+            keys.push(format!("procs_{n}_{op}_gbps"));
+            keys.push(format!("procs_{n}_{op}_vs_1"));
+        }
+    }
     keys.push("http_target_cpu_us_per_req".into());
     for k in &keys {
         let x = num(k);
@@ -109,6 +126,8 @@ fn bench_quick_reports_every_number() {
     }
     assert_eq!(num("quick"), 1.0);
     assert_eq!(num("large_object_bytes"), (64u64 << 20) as f64);
+    assert_eq!(num("procs_object_bytes"), (8u64 << 20) as f64);
+    assert_eq!(num("procs_1_get_vs_1"), 1.0);
 
     // The table, headline first, and a progress line per phase.
     assert!(stdout.contains("Headline"), "{stdout}");
@@ -122,6 +141,8 @@ fn bench_quick_reports_every_number() {
         "PUT 64 MiB over HTTP:",
         "GET 4 KiB x64:",
         "PUT 64 KiB x16:",
+        "limits: memcpy",
+        "8 tenant process(es): PUT",
     ] {
         assert!(stderr.contains(phase), "no {phase:?} in:\n{stderr}");
     }
