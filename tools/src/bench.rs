@@ -313,10 +313,94 @@ async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
         Err(e) => Err(e),
     };
     started.stop().await;
-    result.map(|mut r| {
-        r.fabric = opts.fabric.to_string();
-        r
-    })
+    let mut report = result?;
+    report.fabric = opts.fabric.to_string();
+    disk_put(opts, plan, &mut report).await?;
+    Ok(report)
+}
+
+/// PUT of the large object to a store on disk (a second stack with its data
+/// directory under `$TMPDIR`), s3dma and HTTP, beside that directory's
+/// write+fsync bandwidth (the main phases run on /dev/shm when it has room).
+async fn disk_put(opts: &Options, plan: &Plan, report: &mut Report) -> anyhow::Result<()> {
+    let disk = tempfile::Builder::new()
+        .prefix("s3dma-bench-disk-")
+        .tempdir()
+        .context("creating a data directory on disk")?;
+    let size = plan.sizes[1];
+    let label = human_size(size.bytes);
+    let on_disk = Options {
+        data_dir: Some(disk.path().to_path_buf()),
+        ..opts.clone()
+    };
+    let mut started = OwnStack::start(&on_disk, 0).await?;
+    let ctx = match Ctx::new(&started.stack, disk.path()).await {
+        Ok(c) => c,
+        Err(e) => {
+            started.stop().await;
+            return Err(e);
+        }
+    };
+    let result = async {
+        progress(&format!(
+            "PUT {label} to a store on disk ({}): write+fsync limit first",
+            disk.path().display()
+        ));
+        report.disk.write_fsync_gbps =
+            crate::limits::write_fsync_gbps(disk.path(), plan.limit_bytes)?;
+        let n = usize::try_from(size.bytes)?;
+        let mut src = ctx
+            .client
+            .alloc_labeled(n, "bench-disk")
+            .await
+            .context("allocating the source buffer")?;
+        fill_random(src.as_mut_slice(), 3);
+        let body = Bytes::copy_from_slice(src.as_slice());
+        let key = "large/disk";
+        let mut s3dma = Vec::new();
+        let mut http = Vec::new();
+        for _ in 0..plan.rounds {
+            let t = Instant::now();
+            ctx.client
+                .put_object_from(BUCKET, key, &src, 0..n, PutOptions::default())
+                .await
+                .with_context(|| format!("s3dma PUT {label} to disk"))?;
+            s3dma.extend(gbps(size.bytes, t.elapsed()));
+            let t = Instant::now();
+            ctx.s3
+                .put_object()
+                .bucket(BUCKET)
+                .key(key)
+                .content_length(i64::try_from(n)?)
+                .body(ByteStream::from(body.clone()))
+                .send()
+                .await
+                .map_err(|e| {
+                    anyhow!(
+                        "HTTP PUT {label} to disk: {}",
+                        aws_sdk_s3::error::DisplayErrorContext(e)
+                    )
+                })?;
+            http.extend(gbps(size.bytes, t.elapsed()));
+        }
+        src.release().await.context("releasing a buffer")?;
+        report.disk.put_gbps = median(&s3dma);
+        report.disk.http_put_gbps = median(&http);
+        report.disk.object_bytes = size.bytes;
+        progress(&format!(
+            "PUT {label} to disk: s3dma {} GB/s, HTTP {} GB/s, write+fsync {} GB/s",
+            crate::report::fmt_num(report.disk.put_gbps),
+            crate::report::fmt_num(report.disk.http_put_gbps),
+            crate::report::fmt_num(report.disk.write_fsync_gbps),
+        ));
+        anyhow::Ok(())
+    };
+    let r = tokio::select! {
+        r = result => r,
+        e = started.stack.any_exit() => Err(e.into()),
+    };
+    started.stop().await;
+    r
 }
 
 /// A stack the bench started, with the temporary directories it lives in.

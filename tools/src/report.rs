@@ -18,6 +18,10 @@
 //!   then fsync, in the store's data directory), `store_limit_gbps` (the
 //!   lower of MD5 and write+fsync: what a durable PUT can reach),
 //!   `put_{size}_vs_store_limit` and `get_{size}_vs_memcpy`;
+//! - a store on disk (a second stack, data under `$TMPDIR`): `put_1g_disk_gbps`,
+//!   `http_put_1g_disk_gbps`, `put_1g_disk_vs_http`, `disk_write_fsync_gbps`,
+//!   `disk_store_limit_gbps` (the lower of it and MD5) and
+//!   `put_1g_disk_vs_store_limit`;
 //! - tenant processes: `procs_{n}_get_gbps` / `procs_{n}_put_gbps` for n =
 //!   1, 2, 4, 8 processes on this host, each with its own lease, buffer and
 //!   object (`procs_object_bytes` each), aggregate over the wall time, and
@@ -218,6 +222,21 @@ pub(crate) struct Report {
     pub procs: Vec<ProcsRow>,
     /// Each process's object in the `procs` rows.
     pub procs_object_bytes: u64,
+    /// The large PUT to a store on disk (a second stack).
+    pub disk: DiskPut,
+}
+
+/// The large PUT to a data directory on disk, GB/s.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct DiskPut {
+    /// The object (0: not measured).
+    pub object_bytes: u64,
+    /// Through s3dma, median of the rounds.
+    pub put_gbps: Option<f64>,
+    /// aws-sdk-s3 to the same storage-target.
+    pub http_put_gbps: Option<f64>,
+    /// 8 MiB writes then fsync in that directory.
+    pub write_fsync_gbps: Option<f64>,
 }
 
 /// The machine's limits, measured in the same run (GB/s).
@@ -301,6 +320,24 @@ impl Report {
                     ratio(t.s3dma_gbps, self.limits.memcpy_gbps),
                 ),
             }
+        }
+        if self.disk.object_bytes > 0 {
+            let disk_limit = match (self.limits.md5_gbps, self.disk.write_fsync_gbps) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            put("disk_write_fsync_gbps".into(), self.disk.write_fsync_gbps);
+            put("disk_store_limit_gbps".into(), disk_limit);
+            put("put_1g_disk_gbps".into(), self.disk.put_gbps);
+            put("http_put_1g_disk_gbps".into(), self.disk.http_put_gbps);
+            put(
+                "put_1g_disk_vs_http".into(),
+                ratio(self.disk.put_gbps, self.disk.http_put_gbps),
+            );
+            put(
+                "put_1g_disk_vs_store_limit".into(),
+                ratio(self.disk.put_gbps, disk_limit),
+            );
         }
         if !self.procs.is_empty() {
             put(
@@ -500,6 +537,24 @@ impl Report {
                 t.op.label(),
                 human_size(t.size.bytes),
                 fmt_ratio(r)
+            );
+        }
+        if self.disk.object_bytes > 0 {
+            let _ = writeln!(
+                o,
+                "  PUT {} to a store on disk: s3dma {} GB/s, HTTP {} GB/s ({}); write+fsync there {} GB/s, s3dma {} of the lower of it and MD5",
+                human_size(self.disk.object_bytes),
+                fmt_num(self.disk.put_gbps),
+                fmt_num(self.disk.http_put_gbps),
+                fmt_ratio(ratio(self.disk.put_gbps, self.disk.http_put_gbps)),
+                fmt_num(self.disk.write_fsync_gbps),
+                fmt_ratio(ratio(
+                    self.disk.put_gbps,
+                    match (self.limits.md5_gbps, self.disk.write_fsync_gbps) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                )),
             );
         }
         if !self.procs.is_empty() {
@@ -724,6 +779,7 @@ mod tests {
                 },
             ],
             procs_object_bytes: 256 << 20,
+            disk: DiskPut::default(),
         }
     }
 

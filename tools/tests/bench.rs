@@ -82,6 +82,11 @@ fn bench_quick_reports_every_number() {
         "store_limit_gbps",
         "put_1g_vs_store_limit",
         "get_1g_vs_memcpy",
+        "put_1g_disk_gbps",
+        "http_put_1g_disk_gbps",
+        "put_1g_disk_vs_http",
+        "disk_write_fsync_gbps",
+        "put_1g_disk_vs_store_limit",
     ] {
         keys.push(k.into());
     }
@@ -143,6 +148,7 @@ fn bench_quick_reports_every_number() {
         "PUT 64 KiB x16:",
         "limits: memcpy",
         "8 tenant process(es): PUT",
+        "to disk: s3dma",
     ] {
         assert!(stderr.contains(phase), "no {phase:?} in:\n{stderr}");
     }
