@@ -691,6 +691,11 @@ impl Store {
 
     /// Streams `body` into a new temporary file, hashing it; returns the open
     /// file (positioned at the end of the data).
+    ///
+    /// The MD5 and the writes run on a blocking thread fed through a short
+    /// queue, so the next chunk is received while the last is hashed and
+    /// written (and the bytes are not copied again into tokio's file
+    /// buffer); the request's own checksums are checked here as they pass.
     async fn write_body<S>(
         &self,
         tmp: &TmpGuard,
@@ -700,34 +705,46 @@ impl Store {
     where
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     {
+        /// Chunks waiting for the writer: enough to cover a slow write.
+        const QUEUE: usize = 8;
         let path = tmp.path().to_owned();
-        let file = tokio::fs::File::from_std(
-            tokio::task::spawn_blocking(move || create_private_file(&path))
-                .await
-                .map_err(io::Error::other)??,
-        );
-        let mut w = tokio::io::BufWriter::with_capacity(IO_CHUNK, file);
-        let mut md5 = Md5::new();
-        let mut size = 0u64;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(StoreError::Body)?;
-            size += chunk.len() as u64;
-            if size > MAX_PUT_SIZE {
-                return Err(StoreError::EntityTooLarge);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(QUEUE);
+        let writer = tokio::task::spawn_blocking(move || -> io::Result<(File, String)> {
+            use std::io::Write as _;
+            let mut w = std::io::BufWriter::with_capacity(IO_CHUNK, create_private_file(&path)?);
+            let mut md5 = Md5::new();
+            while let Some(chunk) = rx.blocking_recv() {
+                md5.update(&chunk);
+                w.write_all(&chunk)?;
             }
-            md5.update(&chunk);
-            check.update(&chunk);
-            w.write_all(&chunk).await?;
+            let file = w
+                .into_inner()
+                .map_err(std::io::IntoInnerError::into_error)?;
+            Ok((file, hex::encode(md5.finalize())))
+        });
+        let mut size = 0u64;
+        let fed = async {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(StoreError::Body)?;
+                size += chunk.len() as u64;
+                if size > MAX_PUT_SIZE {
+                    return Err(StoreError::EntityTooLarge);
+                }
+                check.update(&chunk);
+                if tx.send(chunk).await.is_err() {
+                    // The writer stopped: its error says why.
+                    break;
+                }
+            }
+            Ok(())
         }
-        w.flush().await?;
+        .await;
+        drop(tx);
+        let written = writer.await.map_err(io::Error::other);
+        fed?;
+        let (file, md5_hex) = written??;
         check.finish()?;
-        Ok((
-            w.into_inner(),
-            Written {
-                size,
-                md5_hex: hex::encode(md5.finalize()),
-            },
-        ))
+        Ok((tokio::fs::File::from_std(file), Written { size, md5_hex }))
     }
 
     /// Appends the header to a data file and makes it durable.
