@@ -692,10 +692,9 @@ impl Store {
     /// Streams `body` into a new temporary file, hashing it; returns the open
     /// file (positioned at the end of the data).
     ///
-    /// The MD5 and the writes run on a blocking thread fed through a short
-    /// queue, so the next chunk is received while the last is hashed and
-    /// written (and the bytes are not copied again into tokio's file
-    /// buffer); the request's own checksums are checked here as they pass.
+    /// Bodies up to [`IO_CHUNK`] are hashed and written in one blocking
+    /// call; larger ones in two pipelined stages (below). The request's own
+    /// checksums are checked here as the bytes pass.
     async fn write_body<S>(
         &self,
         tmp: &TmpGuard,
@@ -705,33 +704,92 @@ impl Store {
     where
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     {
-        /// Chunks waiting for the writer: enough to cover a slow write.
+        /// Chunks waiting for each stage: enough to cover a slow write.
         const QUEUE: usize = 8;
+        // A small body (most requests) is gathered first, then hashed and
+        // written in one blocking call: starting two stages would cost more
+        // than it saves.
+        let mut head: Vec<Bytes> = Vec::new();
+        let mut size = 0u64;
+        let mut ended = false;
+        while size < IO_CHUNK as u64 {
+            let Some(chunk) = body.next().await else {
+                ended = true;
+                break;
+            };
+            let chunk = chunk.map_err(StoreError::Body)?;
+            size += chunk.len() as u64;
+            if size > MAX_PUT_SIZE {
+                return Err(StoreError::EntityTooLarge);
+            }
+            check.update(&chunk);
+            head.push(chunk);
+        }
         let path = tmp.path().to_owned();
+        if ended {
+            let (file, md5_hex) = blocking(move || {
+                use std::io::Write as _;
+                let mut f = create_private_file(&path)?;
+                let mut md5 = Md5::new();
+                for chunk in &head {
+                    md5.update(chunk);
+                }
+                if let [one] = head.as_slice() {
+                    f.write_all(one)?;
+                } else {
+                    // One write for many small frames.
+                    let mut all = BytesMut::with_capacity(usize::try_from(size).unwrap_or(0));
+                    for chunk in &head {
+                        all.extend_from_slice(chunk);
+                    }
+                    f.write_all(&all)?;
+                }
+                Ok((f, hex::encode(md5.finalize())))
+            })
+            .await?;
+            check.finish()?;
+            return Ok((tokio::fs::File::from_std(file), Written { size, md5_hex }));
+        }
+        // A large body: hashing and writing are two stages of their own, fed
+        // through short queues, so the next chunk is received while the last
+        // is hashed and written, and the write never waits for MD5 (the
+        // slowest step of a PUT).
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(QUEUE);
-        let writer = tokio::task::spawn_blocking(move || -> io::Result<(File, String)> {
+        let (htx, mut hrx) = tokio::sync::mpsc::channel::<Bytes>(QUEUE);
+        let hasher = tokio::task::spawn_blocking(move || {
+            let mut md5 = Md5::new();
+            while let Some(chunk) = hrx.blocking_recv() {
+                md5.update(&chunk);
+            }
+            hex::encode(md5.finalize())
+        });
+        let writer = tokio::task::spawn_blocking(move || -> io::Result<File> {
             use std::io::Write as _;
             let mut w = std::io::BufWriter::with_capacity(IO_CHUNK, create_private_file(&path)?);
-            let mut md5 = Md5::new();
             while let Some(chunk) = rx.blocking_recv() {
-                md5.update(&chunk);
                 w.write_all(&chunk)?;
             }
-            let file = w
-                .into_inner()
-                .map_err(std::io::IntoInnerError::into_error)?;
-            Ok((file, hex::encode(md5.finalize())))
+            w.into_inner().map_err(std::io::IntoInnerError::into_error)
         });
-        let mut size = 0u64;
         let fed = async {
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(StoreError::Body)?;
-                size += chunk.len() as u64;
-                if size > MAX_PUT_SIZE {
-                    return Err(StoreError::EntityTooLarge);
-                }
-                check.update(&chunk);
-                if tx.send(chunk).await.is_err() {
+            let mut pending = head.into_iter();
+            loop {
+                let chunk = match pending.next() {
+                    Some(c) => c,
+                    None => match body.next().await {
+                        None => break,
+                        Some(chunk) => {
+                            let chunk = chunk.map_err(StoreError::Body)?;
+                            size += chunk.len() as u64;
+                            if size > MAX_PUT_SIZE {
+                                return Err(StoreError::EntityTooLarge);
+                            }
+                            check.update(&chunk);
+                            chunk
+                        }
+                    },
+                };
+                if htx.send(chunk.clone()).await.is_err() || tx.send(chunk).await.is_err() {
                     // The writer stopped: its error says why.
                     break;
                 }
@@ -739,10 +797,11 @@ impl Store {
             Ok(())
         }
         .await;
-        drop(tx);
+        drop((tx, htx));
         let written = writer.await.map_err(io::Error::other);
+        let md5_hex = hasher.await.map_err(io::Error::other)?;
         fed?;
-        let (file, md5_hex) = written??;
+        let file = written??;
         check.finish()?;
         Ok((tokio::fs::File::from_std(file), Written { size, md5_hex }))
     }
