@@ -11,6 +11,10 @@
 //!   success or an [`OpError`] carrying a verbs-like [`OpStatus`]. An
 //!   in-flight operation owns its [`LocalSlice`] until it completes, so
 //!   dropping its [`Completion`] never frees memory the peer still uses.
+//!   [`Session::write_file`] sends a [`FileRange`] instead of registered
+//!   memory where the backend can ([`Session::sends_files`]: tcp, with
+//!   `sendfile(2)`), so a server's file data reaches the socket without a
+//!   staging copy.
 //! * [`token`] (re-exported from `s3dma-wire`, where every wire format
 //!   lives) is the `x-amz-rdma-token` codec and the mapping between a token
 //!   and an endpoint address plus remote buffer.
@@ -68,6 +72,7 @@ pub mod config;
 pub mod cuda;
 mod endpoint;
 mod error;
+mod file;
 mod handshake;
 mod listener;
 mod memory;
@@ -86,6 +91,7 @@ pub use backend::Backend;
 pub use completion::Completion;
 pub use endpoint::Endpoint;
 pub use error::{FabricError, OpError, Result};
+pub use file::FileRange;
 pub use memory::{Memory, MemoryKind};
 pub use options::{EndpointConfig, SessionConfig};
 pub use region::{Domain, LocalSlice, Region, Window};

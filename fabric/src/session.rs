@@ -9,6 +9,7 @@ use crate::completion::Completion;
 #[cfg(feature = "verbs")]
 use crate::error::FabricError;
 use crate::error::{OpError, OpStatus, Result};
+use crate::file::FileRange;
 use crate::memory::MemoryKind;
 use crate::options::SessionConfig;
 use crate::region::{Domain, LocalSlice};
@@ -90,9 +91,45 @@ impl Session {
             });
         }
         match &self.inner {
-            SessionImpl::Tcp(s) => s.post(kind, local, remote_addr, rkey),
+            SessionImpl::Tcp(s) => {
+                s.post(kind, tcp::session::Source::Memory(local), remote_addr, rkey)
+            }
             #[cfg(feature = "verbs")]
             SessionImpl::Verbs(s) => s.post(kind, local, remote_addr, rkey),
+        }
+    }
+
+    /// Whether [`Session::write_file`] works on this session: on tcp, where
+    /// the kernel sends file pages straight to the socket. Verbs needs
+    /// registered memory (callers stage the bytes instead).
+    pub fn sends_files(&self) -> bool {
+        matches!(self.inner, SessionImpl::Tcp(_))
+    }
+
+    /// Posts an RDMA WRITE of the file range `src` to `remote_addr` under
+    /// `rkey`, with the same ordering, completion and remote checks as
+    /// [`Session::write`]; the operation owns `src` until it completes. If
+    /// the file turns out shorter than the range, the operation completes
+    /// with [`OpStatus::LocalError`] (the remote bytes are then undefined,
+    /// as after any failed WRITE). On a session whose
+    /// [`sends_files`](Session::sends_files) is false it completes with
+    /// [`OpStatus::LocalError`] at once.
+    pub fn write_file(&self, src: FileRange, remote_addr: u64, rkey: u32) -> Completion {
+        match &self.inner {
+            SessionImpl::Tcp(s) => s.post(
+                OpKind::Write,
+                tcp::session::Source::File(src),
+                remote_addr,
+                rkey,
+            ),
+            #[cfg(feature = "verbs")]
+            SessionImpl::Verbs(_) => Completion::failed(OpError {
+                status: OpStatus::LocalError,
+                op: OpKind::Write.name(),
+                remote_addr,
+                rkey,
+                len: src.len(),
+            }),
         }
     }
 

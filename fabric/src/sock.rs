@@ -126,6 +126,54 @@ pub(crate) async unsafe fn send_all(
     Ok(())
 }
 
+/// Sends `len` bytes of `file` from `offset` with `sendfile(2)`: the kernel
+/// hands page-cache pages to the socket without a copy through user space.
+/// Returns the bytes sent, fewer than `len` only when the file ends first.
+pub(crate) async fn send_file(
+    stream: &TcpStream,
+    file: &std::fs::File,
+    offset: u64,
+    len: u64,
+) -> io::Result<u64> {
+    let sock = stream.as_raw_fd();
+    let src = file.as_raw_fd();
+    let mut done = 0u64;
+    while done < len {
+        stream.writable().await?;
+        // Linux moves at most 0x7ffff000 bytes per call.
+        let want = usize::try_from(len - done)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        let mut off = libc::off_t::try_from(offset + done)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
+        let r = stream.try_io(Interest::WRITABLE, || {
+            // SAFETY: `sock` and `src` are open descriptors borrowed for the
+            // call (the stream and the file outlive it); `off` is a valid
+            // off_t that the kernel reads and updates.
+            cvt(unsafe { libc::sendfile(sock, src, &mut off, want) })
+        });
+        match r {
+            Ok(0) => return Ok(done),
+            Ok(n) => done += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Sends `len` zero bytes (to keep a stream's framing when a file ended
+/// before the length its header announced).
+pub(crate) async fn send_zeros(stream: &TcpStream, mut len: u64) -> io::Result<()> {
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    while len > 0 {
+        let n = usize::try_from(len).unwrap_or(usize::MAX).min(ZEROS.len());
+        send_buf(stream, &ZEROS[..n]).await?;
+        len -= n as u64;
+    }
+    Ok(())
+}
+
 /// Sends a small buffer completely.
 pub(crate) async fn send_buf(stream: &TcpStream, buf: &[u8]) -> io::Result<()> {
     // SAFETY: an empty payload range is trivially valid.

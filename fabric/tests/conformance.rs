@@ -709,6 +709,76 @@ async fn shared_memory_regions(backend: Backend) {
     assert_eq!(got, [0x42; 100]);
 }
 
+/// A WRITE whose local source is a file range (`sendfile(2)` on tcp): the
+/// bytes land where a memory WRITE's would, across streams and pieces; the
+/// responder's window checks still apply; a file shorter than the range
+/// fails the operation (never reports it done) and the session goes on.
+/// A backend that cannot send files says so and fails the operation.
+async fn file_source(backend: Backend) {
+    use std::io::Write as _;
+    use std::sync::Arc;
+    let fx = Fixture::new(backend).await;
+    let size = 24 << 20;
+    let mut data = vec![0u8; size];
+    rand::rng().fill_bytes(&mut data);
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(&data).unwrap();
+    let file = Arc::new(f);
+    let remote = fx
+        .server
+        .alloc(size, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut cfg = SessionConfig::new(fx.key.clone());
+    cfg.streams = 3;
+    cfg.stripe = 1 << 20;
+    let s = fx.session_with(cfg).await;
+    let w = remote.window(0, size, Access::REMOTE_WRITE, None).unwrap();
+    let (off, len) = (12_345u64, (20 << 20) + 777);
+    let range = fabric::FileRange::new(file.clone(), off, len).unwrap();
+    if !s.sends_files() {
+        expect_status(
+            s.write_file(range, w.addr() + 100, w.rkey()),
+            OpStatus::LocalError,
+        )
+        .await;
+        return;
+    }
+    guard(s.write_file(range, w.addr() + 100, w.rkey()))
+        .await
+        .expect("write from a file");
+    let mut got = vec![0u8; len as usize];
+    remote.read_at(100, &mut got).unwrap();
+    assert!(
+        got == data[off as usize..(off + len) as usize],
+        "remote bytes differ from the file range"
+    );
+    // Outside the window: refused by the responder, nothing placed.
+    let small = remote.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
+    let range = fabric::FileRange::new(file.clone(), 0, 8192).unwrap();
+    expect_status(
+        s.write_file(range, small.addr(), small.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
+    // Past the end of the file: the operation fails locally.
+    let range = fabric::FileRange::new(file.clone(), size as u64 - 10, 4096).unwrap();
+    expect_status(
+        s.write_file(range, w.addr(), w.rkey()),
+        OpStatus::LocalError,
+    )
+    .await;
+    // The session still works, in posting order, for files and memory.
+    let range = fabric::FileRange::new(file.clone(), 0, 4096).unwrap();
+    guard(s.write_file(range, w.addr(), w.rkey()))
+        .await
+        .unwrap();
+    let mut head = [0u8; 4096];
+    remote.read_at(0, &mut head).unwrap();
+    assert!(head[..] == data[..4096]);
+    assert!(s.is_alive());
+    assert!(fabric::FileRange::new(file, u64::MAX - 1, 2).is_err());
+}
+
 /// Whether the verbs variants run here: inside the Soft-RoCE VM always (a
 /// missing device fails there), elsewhere when a verbs domain opens.
 fn verbs_here(case: &str) -> bool {
@@ -768,4 +838,5 @@ conformance!(
     ordering_same_bytes,
     multi_stream_large,
     shared_memory_regions,
+    file_source,
 );

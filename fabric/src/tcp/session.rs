@@ -22,6 +22,7 @@ use tracing::debug;
 
 use crate::completion::{Completion, OpResult};
 use crate::error::{FabricError, OpError, OpStatus, Result};
+use crate::file::FileRange;
 use crate::handshake::connect_handshake;
 use crate::options::SessionConfig;
 use crate::region::LocalSlice;
@@ -66,9 +67,25 @@ impl Completer {
     }
 }
 
+/// Where an operation's local bytes are: registered memory, or (WRITE
+/// only) a file range sent with `sendfile(2)`.
+pub(crate) enum Source {
+    Memory(LocalSlice),
+    File(FileRange),
+}
+
+impl Source {
+    fn len(&self) -> u64 {
+        match self {
+            Source::Memory(m) => m.len() as u64,
+            Source::File(f) => f.len(),
+        }
+    }
+}
+
 struct Op {
     kind: OpKind,
-    local: LocalSlice,
+    local: Source,
     remote_addr: u64,
     rkey: u32,
     seq: u64,
@@ -85,7 +102,16 @@ impl Op {
             op: self.kind.name(),
             remote_addr: self.remote_addr,
             rkey: self.rkey,
-            len: self.local.len() as u64,
+            len: self.local.len(),
+        }
+    }
+
+    /// Records a failure before the responder's completion arrives (the
+    /// first recorded status wins).
+    fn fail_piece(&self, st: OpStatus) {
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        if s.is_none() {
+            *s = Some(st);
         }
     }
 
@@ -118,9 +144,13 @@ struct Piece {
 }
 
 impl Piece {
-    fn local_ptr(&self) -> *mut u8 {
-        // SAFETY: local_off + len <= the slice length by construction.
-        unsafe { self.op.local.ptr().add(self.local_off) }
+    /// The piece's local memory; `None` for a file source.
+    fn local_ptr(&self) -> Option<*mut u8> {
+        match &self.op.local {
+            // SAFETY: local_off + len <= the slice length by construction.
+            Source::Memory(m) => Some(unsafe { m.ptr().add(self.local_off) }),
+            Source::File(_) => None,
+        }
     }
 }
 
@@ -258,12 +288,12 @@ impl TcpSession {
     pub(crate) fn post(
         &self,
         kind: OpKind,
-        local: LocalSlice,
+        local: Source,
         remote_addr: u64,
         rkey: u32,
     ) -> Completion {
         let sh = &self.shared;
-        let len = local.len() as u64;
+        let len = local.len();
         let (tx, rx) = oneshot::channel();
         let info = OpError {
             status: OpStatus::Flushed,
@@ -358,13 +388,26 @@ async fn writer(
             len: piece.len,
         }
         .encode();
-        let (ptr, n) = match piece.op.kind {
-            OpKind::Write => (piece.local_ptr() as usize, piece.len as usize),
-            OpKind::Read => (0, 0),
+        let (ptr, n, file) = match (piece.op.kind, &piece.op.local) {
+            (OpKind::Write, Source::File(f)) => (
+                0,
+                0,
+                Some((
+                    Arc::clone(f.file()),
+                    f.offset() + piece.local_off as u64,
+                    piece.len,
+                )),
+            ),
+            (OpKind::Write, Source::Memory(_)) => (
+                piece.local_ptr().map_or(0, |p| p as usize),
+                piece.len as usize,
+                None,
+            ),
+            (OpKind::Read, _) => (0, 0, None),
         };
         // Keeps the op (and so its local memory) alive while we send from it,
         // even if the reader completes it meanwhile.
-        let _keep = piece.op.clone();
+        let keep = piece.op.clone();
         {
             let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
             if q.closed {
@@ -378,11 +421,23 @@ async fn writer(
                 got_data: false,
             });
         }
-        // SAFETY: for a WRITE, [ptr, ptr+n) is the piece's part of the op's
-        // local slice; `_keep` owns the op and so keeps the region mapped
-        // until the send returns or is dropped. For a READ only the header
-        // is sent.
-        let send = unsafe { io::send_all(&stream, &head, ptr, n) };
+        let send = async {
+            // SAFETY: for a WRITE from memory, [ptr, ptr+n) is the piece's
+            // part of the op's local slice; `keep` owns the op and so keeps
+            // the region mapped until the send returns or is dropped. For a
+            // READ, or a WRITE from a file, only the header is sent here.
+            unsafe { io::send_all(&stream, &head, ptr, n) }.await?;
+            if let Some((file, off, len)) = &file {
+                let sent = io::send_file(&stream, file, *off, *len).await?;
+                if sent < *len {
+                    // The file ended early: keep the stream's framing with
+                    // zeros and fail the operation, never report it done.
+                    keep.fail_piece(OpStatus::LocalError);
+                    io::send_zeros(&stream, *len - sent).await?;
+                }
+            }
+            Ok::<(), std::io::Error>(())
+        };
         let r = tokio::select! {
             biased;
             _ = io::cancelled(&mut cancel) => break,
@@ -480,9 +535,12 @@ async fn read_loop(
                         ))
                         .into());
                     }
+                    let ptr = front.piece.local_ptr().ok_or_else(|| {
+                        FrameError::Unexpected("read data for a file-sourced operation".into())
+                    })?;
                     front.got_data = true;
                     (
-                        front.piece.local_ptr() as usize,
+                        ptr as usize,
                         front.piece.len as usize,
                         front.piece.op.clone(),
                     )

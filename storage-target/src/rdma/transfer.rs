@@ -1,7 +1,10 @@
 //! Pipelined transfers between the store and a client's memory.
 //!
-//! * GET ([`write_range`]): chunk `i+1` is read from disk into a staging
-//!   buffer while the RDMA WRITE of chunk `i` is in flight.
+//! * GET ([`write_range`]): on tcp, each chunk is sent from the object
+//!   file itself (`sendfile`, no staging copy), chunk `i+1` loaded into the
+//!   page cache while chunk `i` is in flight; on verbs, chunk `i+1` is read
+//!   from disk into a staging buffer while the RDMA WRITE of chunk `i` is in
+//!   flight.
 //! * PUT ([`read_stream`]): RDMA READs of the next chunks are in flight
 //!   while the store writes (and hashes) the previous chunk to disk.
 //!
@@ -158,7 +161,9 @@ pub async fn write_slice<T: Send + 'static>(
 }
 
 /// RDMA WRITEs `range` of the object into `remote` (which must be at least
-/// as long); returns the bytes transferred.
+/// as long); returns the bytes transferred. On a session that sends files
+/// (tcp) the chunks go from the object file to the socket without a
+/// staging copy; otherwise each is read into a registered staging buffer.
 ///
 /// # Errors
 /// Disk errors ([`RdmaError::Internal`]) or failed operations.
@@ -168,6 +173,9 @@ pub async fn write_range(
     range: std::ops::Range<u64>,
     remote: RemoteBuf,
 ) -> Result<u64, RdmaError> {
+    if ctx.session.session.sends_files() {
+        return write_range_from_file(ctx, reader, range, remote).await;
+    }
     let total = range.end - range.start;
     let chunk = ctx.pool.buf_size() as u64;
     let mut inflight: VecDeque<OpTask> = VecDeque::new();
@@ -209,6 +217,67 @@ pub async fn write_range(
         drop(join(t).await?);
     }
     Ok(total)
+}
+
+/// [`write_range`] without staging: each chunk is brought into the page
+/// cache on a blocking thread (so the send never waits on the disk inside
+/// the runtime), then posted as a WRITE from the file range. The next chunk
+/// is loaded while earlier ones are in flight; operations in flight are
+/// bounded by the same per-request depth, shares and permits as staged
+/// ones.
+async fn write_range_from_file(
+    ctx: &Ctx,
+    reader: &ObjectReader,
+    range: std::ops::Range<u64>,
+    remote: RemoteBuf,
+) -> Result<u64, RdmaError> {
+    let total = range.end - range.start;
+    let chunk = ctx.pool.buf_size() as u64;
+    let mut inflight: VecDeque<JoinHandle<Result<(), RdmaError>>> = VecDeque::new();
+    for (off, len) in chunks(total, chunk) {
+        while inflight.len() >= ctx.depth {
+            if let Some(t) = inflight.pop_front() {
+                join_write(t).await?;
+            }
+        }
+        // The chunk's bytes come from the file, but it still holds a
+        // staging buffer while in flight: the pool's user and session shares
+        // are what keep one stalled client from taking every operation slot.
+        let slot = ctx.shares.acquire(&ctx.pool, &ctx.metrics).await;
+        let src = fabric::FileRange::new(Arc::clone(reader.data_file()), range.start + off, len)
+            .map_err(|e| RdmaError::Internal(e.to_string()))?;
+        let loading = src.clone();
+        tokio::task::spawn_blocking(move || loading.prefetch())
+            .await
+            .map_err(|e| RdmaError::Internal(format!("disk read task failed: {e}")))?
+            .map_err(|e| RdmaError::Internal(format!("reading the object failed: {e}")))?;
+        let permits = permits(ctx).await;
+        // Cannot overflow: `RdmaToken::parse` refuses tokens whose memory
+        // range wraps, and the plan keeps `off + len` within the token.
+        let c = ctx
+            .session
+            .session
+            .write_file(src, remote.addr + off, remote.rkey);
+        let metrics = Arc::clone(&ctx.metrics);
+        let peer = ctx.session.session.peer();
+        inflight.push_back(tokio::spawn(async move {
+            let started = Instant::now();
+            let r = c.await;
+            metrics.rdma_op("write", started.elapsed());
+            drop(permits);
+            drop(slot);
+            r.map_err(|e| RdmaError::Op { peer, source: e })
+        }));
+    }
+    while let Some(t) = inflight.pop_front() {
+        join_write(t).await?;
+    }
+    Ok(total)
+}
+
+async fn join_write(t: JoinHandle<Result<(), RdmaError>>) -> Result<(), RdmaError> {
+    t.await
+        .map_err(|e| RdmaError::Internal(format!("transfer task failed: {e}")))?
 }
 
 /// A body stream that RDMA READs `len` bytes from `remote`, chunk by chunk,

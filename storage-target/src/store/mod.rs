@@ -1137,6 +1137,14 @@ impl ObjectReader {
         self.file.read_at(&mut buf[..n], offset)
     }
 
+    /// The opened version's file: its data is bytes `0..meta.size` (the
+    /// header follows). Published object files never change, so the
+    /// kernel may send straight from it (`sendfile`).
+    #[must_use]
+    pub fn data_file(&self) -> &Arc<File> {
+        &self.file
+    }
+
     /// Streams the bytes in `range` with a bounded buffer (one [`IO_CHUNK`]
     /// read ahead at a time).
     #[must_use]
