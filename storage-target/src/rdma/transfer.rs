@@ -243,31 +243,52 @@ async fn write_range_from_file(
         // The chunk's bytes come from the file, but it still holds a
         // staging buffer while in flight: the pool's user and session shares
         // are what keep one stalled client from taking every operation slot.
-        let slot = ctx.shares.acquire(&ctx.pool, &ctx.metrics).await;
-        let src = fabric::FileRange::new(Arc::clone(reader.data_file()), range.start + off, len)
-            .map_err(|e| RdmaError::Internal(e.to_string()))?;
-        let loading = src.clone();
-        tokio::task::spawn_blocking(move || loading.prefetch())
+        let slot = Arc::new(ctx.shares.acquire(&ctx.pool, &ctx.metrics).await);
+        let ranges = {
+            let reader = reader.clone();
+            let start = range.start + off;
+            tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                for (file, at, n) in reader.file_ranges(start..start + len)? {
+                    let r = fabric::FileRange::new(file, at, n).map_err(std::io::Error::other)?;
+                    r.prefetch()?;
+                    out.push(r);
+                }
+                Ok::<_, std::io::Error>(out)
+            })
             .await
             .map_err(|e| RdmaError::Internal(format!("disk read task failed: {e}")))?
-            .map_err(|e| RdmaError::Internal(format!("reading the object failed: {e}")))?;
-        let permits = permits(ctx).await;
-        // Cannot overflow: `RdmaToken::parse` refuses tokens whose memory
-        // range wraps, and the plan keeps `off + len` within the token.
-        let c = ctx
-            .session
-            .session
-            .write_file(src, remote.addr + off, remote.rkey);
-        let metrics = Arc::clone(&ctx.metrics);
-        let peer = ctx.session.session.peer();
-        inflight.push_back(tokio::spawn(async move {
-            let started = Instant::now();
-            let r = c.await;
-            metrics.rdma_op("write", started.elapsed());
-            drop(permits);
-            drop(slot);
-            r.map_err(|e| RdmaError::Op { peer, source: e })
-        }));
+            .map_err(|e| RdmaError::Internal(format!("reading the object failed: {e}")))?
+        };
+        if ranges.iter().map(fabric::FileRange::len).sum::<u64>() != len {
+            return Err(RdmaError::Internal(
+                "object shorter than its header says".into(),
+            ));
+        }
+        // A chunk is one WRITE, or one per part file it spans.
+        let mut at = off;
+        for src in ranges {
+            let permits = permits(ctx).await;
+            let n = src.len();
+            // Cannot overflow: `RdmaToken::parse` refuses tokens whose memory
+            // range wraps, and the plan keeps `off + len` within the token.
+            let c = ctx
+                .session
+                .session
+                .write_file(src, remote.addr + at, remote.rkey);
+            at += n;
+            let metrics = Arc::clone(&ctx.metrics);
+            let peer = ctx.session.session.peer();
+            let slot = Arc::clone(&slot);
+            inflight.push_back(tokio::spawn(async move {
+                let started = Instant::now();
+                let r = c.await;
+                metrics.rdma_op("write", started.elapsed());
+                drop(permits);
+                drop(slot);
+                r.map_err(|e| RdmaError::Op { peer, source: e })
+            }));
+        }
     }
     while let Some(t) = inflight.pop_front() {
         join_write(t).await?;

@@ -10,6 +10,12 @@
 //! Data starts at offset 0 (page aligned, ready for direct I/O or RDMA
 //! staging); the header follows the data because the ETag is only known once
 //! the data has been streamed.
+//!
+//! An object made by CompleteMultipartUpload holds no data of its own: its
+//! header carries a [`Manifest`] naming the part files (hard links of the
+//! uploaded parts under `.parts/<id>/`, each in this same format) whose data,
+//! in order, is the object's. Completing an upload so writes no object byte
+//! a second time, and the object file is still published with one rename.
 
 use std::collections::BTreeMap;
 
@@ -100,6 +106,33 @@ pub struct ObjectMeta {
     /// empty for other objects and for files written before parts were kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<PartMeta>,
+    /// Where the data is when it is not in this file: the part files of a
+    /// completed multipart upload. `None`: the data precedes the header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<Manifest>,
+}
+
+/// The part files holding a completed multipart object's data.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The directory under `.parts/` (32 lowercase hex digits, unique per
+    /// completion).
+    pub dir: String,
+    /// The part numbers of the files `part-NNNNN` in it, in object order;
+    /// their sizes are [`ObjectMeta::parts`]' (same length, same order).
+    pub part_numbers: Vec<u32>,
+}
+
+impl Manifest {
+    /// Whether `dir` is a well-formed manifest directory name (it becomes a
+    /// path component, so nothing else is accepted).
+    #[must_use]
+    pub fn valid_dir(dir: &str) -> bool {
+        dir.len() == 32
+            && dir
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    }
 }
 
 /// One part of a completed multipart object.
@@ -188,6 +221,22 @@ pub fn parse_header(header: &[u8], file_len: u64) -> Result<ObjectMeta, FormatEr
     let meta: ObjectMeta =
         serde_json::from_slice(header).map_err(|e| FormatError::BadHeader(e.to_string()))?;
     let data_len = file_len - TRAILER_LEN - header.len() as u64;
+    if let Some(m) = &meta.manifest {
+        let parts_len = meta
+            .parts
+            .iter()
+            .try_fold(0u64, |n, p| n.checked_add(p.size));
+        if !Manifest::valid_dir(&m.dir)
+            || m.part_numbers.len() != meta.parts.len()
+            || data_len != 0
+            || parts_len != Some(meta.size)
+        {
+            return Err(FormatError::BadHeader(
+                "manifest inconsistent with the object's parts and size".into(),
+            ));
+        }
+        return Ok(meta);
+    }
     if meta.size != data_len {
         return Err(FormatError::SizeMismatch {
             header: meta.size,
@@ -257,6 +306,61 @@ mod tests {
         let t = encode_trailer(&meta);
         let h = &t[..t.len() - 16];
         assert_eq!(parse_header(h, t.len() as u64).unwrap(), meta);
+    }
+
+    #[test]
+    fn manifests_round_trip_and_must_add_up() {
+        let meta = ObjectMeta {
+            key: "k".into(),
+            size: 7,
+            etag: "e-2".into(),
+            parts_count: Some(2),
+            parts: vec![
+                PartMeta {
+                    size: 5,
+                    checksum: None,
+                },
+                PartMeta {
+                    size: 2,
+                    checksum: None,
+                },
+            ],
+            manifest: Some(Manifest {
+                dir: "0123456789abcdef0123456789abcdef".into(),
+                part_numbers: vec![1, 3],
+            }),
+            ..Default::default()
+        };
+        let t = encode_trailer(&meta);
+        let h = &t[..t.len() - 16];
+        assert_eq!(parse_header(h, t.len() as u64).unwrap(), meta);
+        // Data in the file, sizes that do not add up, a path in the name,
+        // a part list of another length: all refused.
+        assert!(parse_header(h, t.len() as u64 + 1).is_err());
+        for bad in [
+            ObjectMeta {
+                size: 8,
+                ..meta.clone()
+            },
+            ObjectMeta {
+                manifest: Some(Manifest {
+                    dir: "../../../../etc/passwd0123456789a".into(),
+                    part_numbers: vec![1, 3],
+                }),
+                ..meta.clone()
+            },
+            ObjectMeta {
+                manifest: Some(Manifest {
+                    dir: "0123456789abcdef0123456789abcdef".into(),
+                    part_numbers: vec![1],
+                }),
+                ..meta.clone()
+            },
+        ] {
+            let t = encode_trailer(&bad);
+            let h = &t[..t.len() - 16];
+            assert!(parse_header(h, t.len() as u64).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! .tmp/<uuid>                       files being written; emptied at start-up
 //! .uploads/<upload-id>/upload.json  an in-progress multipart upload
 //! .uploads/<upload-id>/part-NNNNN   its parts (object file format)
+//! .parts/<id>/part-NNNNN            a completed multipart object's data:
+//!                                   hard links of its parts (see below)
 //! buckets/<bucket>/bucket.json      bucket metadata (creation time, owner)
 //! buckets/<bucket>/objects/<xx>/<sha256(key)>   one file per object
 //! buckets/<bucket>/objects/<xx>/<sha256(key)>.acl  an ACL set by PutObjectAcl
@@ -23,6 +25,14 @@
 //! or the new object, never a partial one, also after a crash. An in-memory
 //! ordered index per bucket, rebuilt at start-up, serves listings.
 //!
+//! CompleteMultipartUpload copies no data: it hard-links the chosen part
+//! files into a new `.parts/<id>/`, fsyncs it, then publishes an object
+//! file whose header is a [`Manifest`] of them (one rename, as for any
+//! object). A crash before the rename leaves an unreferenced `.parts`
+//! directory, removed at start-up, and the upload intact. When an object
+//! with a manifest is replaced or deleted its part files go too, once no
+//! open [`ObjectReader`] still uses them.
+//!
 //! The data path is transport-neutral: [`Store::put_object`] and
 //! [`Store::upload_part`] take any stream of [`Bytes`], and an
 //! [`ObjectReader`] serves any byte range with [`ObjectReader::read_at`] (into
@@ -33,6 +43,8 @@ pub mod conditions;
 pub mod etag;
 pub mod format;
 pub mod listing;
+#[cfg(test)]
+mod manifest_tests;
 mod multipart;
 
 use std::collections::BTreeMap;
@@ -42,7 +54,8 @@ use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
@@ -53,7 +66,7 @@ use sha2::Digest as _;
 use tokio::io::AsyncWriteExt as _;
 use tracing::{info, warn};
 
-pub use self::format::{FormatError, ObjectAttrs, ObjectMeta, PartMeta};
+pub use self::format::{FormatError, Manifest, ObjectAttrs, ObjectMeta, PartMeta};
 use crate::acl::Acl;
 
 /// Suffix of the file PutObjectAcl writes beside an object.
@@ -210,11 +223,15 @@ pub struct IndexEntry {
     /// The algorithm and type of the object's checksum, if it has one
     /// (listings show them).
     pub checksum: Option<(crate::checksum::Algorithm, crate::checksum::ChecksumType)>,
+    /// The `.parts` directory holding the data, for an object made by
+    /// CompleteMultipartUpload.
+    pub manifest: Option<String>,
 }
 
 impl From<&ObjectMeta> for IndexEntry {
     fn from(m: &ObjectMeta) -> Self {
         IndexEntry {
+            manifest: m.manifest.as_ref().map(|m| m.dir.clone()),
             size: m.size,
             etag: m.etag.clone(),
             last_modified_ms: m.last_modified_ms,
@@ -297,6 +314,77 @@ pub struct Store {
     buckets: RwLock<BTreeMap<String, Arc<Bucket>>>,
     uploads: Mutex<BTreeMap<String, Arc<multipart::Upload>>>,
     bucket_ops: Mutex<()>,
+    /// `.parts`: the data of completed multipart objects.
+    parts: Arc<PartsRegistry>,
+}
+
+/// The `.parts` directory and the pins open readers hold on its entries.
+#[derive(Debug)]
+struct PartsRegistry {
+    dir: PathBuf,
+    pins: Mutex<std::collections::HashMap<String, Weak<PartsPin>>>,
+}
+
+impl PartsRegistry {
+    /// Pins `.parts/<name>` for a reader (called under the bucket's index
+    /// lock, with the object that refers to it just opened).
+    fn pin(&self, name: &str) -> Arc<PartsPin> {
+        let mut pins = lock(&self.pins);
+        if let Some(p) = pins.get(name).and_then(Weak::upgrade) {
+            return p;
+        }
+        pins.retain(|_, w| w.strong_count() > 0);
+        let p = Arc::new(PartsPin {
+            dir: self.dir.join(name),
+            orphaned: AtomicBool::new(false),
+        });
+        pins.insert(name.to_owned(), Arc::downgrade(&p));
+        p
+    }
+
+    /// The object that referred to `.parts/<name>` is gone (called under the
+    /// bucket's index lock): returns the directory to remove now, or `None`
+    /// when readers still use it (the last one removes it).
+    fn release(&self, name: &str) -> Option<PathBuf> {
+        if !Manifest::valid_dir(name) {
+            return None;
+        }
+        let pin = lock(&self.pins).get(name).and_then(Weak::upgrade);
+        match pin {
+            Some(p) => {
+                p.orphaned.store(true, Ordering::Release);
+                None
+            }
+            None => Some(self.dir.join(name)),
+        }
+    }
+}
+
+/// Keeps a `.parts` directory on disk while readers use it: releasing the
+/// object that owns it then only marks the pin, and the last reader's drop
+/// removes the directory.
+#[derive(Debug)]
+struct PartsPin {
+    dir: PathBuf,
+    orphaned: AtomicBool,
+}
+
+impl Drop for PartsPin {
+    fn drop(&mut self) {
+        if self.orphaned.load(Ordering::Acquire) {
+            let dir = std::mem::take(&mut self.dir);
+            // Off the caller's thread: it may be an async worker.
+            std::thread::spawn(move || remove_parts_dir(&dir));
+        }
+    }
+}
+
+fn remove_parts_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        warn!(dir = %dir.display(), error = %e, "removing the parts of a replaced object failed");
+    }
 }
 
 /// Locks a std mutex, ignoring poisoning (the data stays consistent because
@@ -438,6 +526,10 @@ impl Store {
             buckets: RwLock::default(),
             uploads: Mutex::default(),
             bucket_ops: Mutex::default(),
+            parts: Arc::new(PartsRegistry {
+                dir: root.join(".parts"),
+                pins: Mutex::default(),
+            }),
         };
         let mut removed = 0usize;
         if store.tmp_dir.exists() {
@@ -454,6 +546,7 @@ impl Store {
         ensure_dir(&store.tmp_dir)?;
         ensure_dir(&store.buckets_dir)?;
         ensure_dir(&store.uploads_dir)?;
+        ensure_dir(&store.parts.dir)?;
         fsync_dir(&store.tmp_dir)?;
         if removed > 0 {
             info!(removed, "removed leftovers of interrupted writes");
@@ -484,6 +577,36 @@ impl Store {
             buckets.insert(name, Arc::new(bucket));
         }
         let nbuckets = buckets.len();
+        let referenced: std::collections::HashSet<String> = buckets
+            .values()
+            .flat_map(|b| {
+                read(&b.state)
+                    .index
+                    .values()
+                    .filter_map(|e| e.manifest.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut unreferenced = 0usize;
+        for e in std::fs::read_dir(&store.parts.dir)? {
+            let e = e?;
+            let name = e.file_name();
+            if !name.to_str().is_some_and(|n| referenced.contains(n)) {
+                let p = e.path();
+                if p.is_dir() {
+                    std::fs::remove_dir_all(&p)?;
+                } else {
+                    std::fs::remove_file(&p)?;
+                }
+                unreferenced += 1;
+            }
+        }
+        if unreferenced > 0 {
+            info!(
+                unreferenced,
+                "removed part files no object refers to (interrupted completions)"
+            );
+        }
         *write(&store.buckets) = buckets;
         let nuploads = store.load_uploads()?;
         info!(root = %root.display(), buckets = nbuckets, objects, uploads = nuploads, "store opened");
@@ -826,20 +949,27 @@ impl Store {
         let src = tmp.path().to_owned();
         tmp.disarm();
         let mut guard = TmpGuard(Some(src.clone()));
+        let this = Arc::clone(&self.parts);
         blocking(move || {
             let path = b.object_path(&key);
             let dir = path.parent().unwrap_or(Path::new("/")).to_owned();
             ensure_dir(&dir)?;
-            {
+            let released = {
                 let mut st = write(&b.state);
                 if st.deleted {
                     return Err(StoreError::NoSuchBucket);
                 }
                 std::fs::rename(&src, &path)?;
                 guard.disarm();
-                st.index.insert(key, entry);
-            }
+                st.index
+                    .insert(key, entry)
+                    .and_then(|old| old.manifest)
+                    .and_then(|m| this.release(&m))
+            };
             fsync_dir(&dir)?;
+            if let Some(p) = released {
+                remove_parts_dir(&p);
+            }
             Ok(())
         })
         .await
@@ -881,6 +1011,7 @@ impl Store {
             attrs,
             checksum: check.checksum(),
             parts: Vec::new(),
+            manifest: None,
         };
         Self::seal(file, &meta).await?;
         self.publish(b, tmp, &meta).await?;
@@ -895,8 +1026,12 @@ impl Store {
     pub async fn open_object(&self, bucket: &str, key: &str) -> StoreResult<ObjectReader> {
         let b = self.bucket(bucket)?;
         let key = key.to_owned();
+        let parts = Arc::clone(&self.parts);
         blocking(move || {
             let path = b.object_path(&key);
+            // Opened and pinned under the index lock, so that a delete or
+            // overwrite cannot remove the part files in between.
+            let _st = read(&b.state);
             let file = match File::open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NoSuchKey),
@@ -906,10 +1041,11 @@ impl Store {
             if meta.key != key {
                 return Err(StoreError::NoSuchKey);
             }
-            Ok(ObjectReader {
-                meta,
-                file: Arc::new(file),
-            })
+            let data = match &meta.manifest {
+                None => Data::File(Arc::new(file)),
+                Some(m) => Data::Parts(Arc::new(PartFiles::new(&meta, m, &parts))),
+            };
+            Ok(ObjectReader { meta, data })
         })
         .await
     }
@@ -921,13 +1057,14 @@ impl Store {
     pub async fn delete_object(&self, bucket: &str, key: &str) -> StoreResult<()> {
         let b = self.bucket(bucket)?;
         let key = key.to_owned();
+        let parts = Arc::clone(&self.parts);
         blocking(move || {
             let path = b.object_path(&key);
-            {
+            let released = {
                 let mut st = write(&b.state);
-                if st.index.remove(&key).is_none() {
+                let Some(old) = st.index.remove(&key) else {
                     return Ok(());
-                }
+                };
                 match std::fs::remove_file(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -938,9 +1075,13 @@ impl Store {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e.into()),
                 }
-            }
+                old.manifest.and_then(|m| parts.release(&m))
+            };
             if let Some(dir) = path.parent() {
                 fsync_dir(dir)?;
+            }
+            if let Some(p) = released {
+                remove_parts_dir(&p);
             }
             Ok(())
         })
@@ -975,17 +1116,26 @@ impl Store {
             attrs: attrs.unwrap_or_else(|| src.meta.attrs.clone()),
             checksum: src.meta.checksum.clone(),
             parts: src.meta.parts.clone(),
+            manifest: None,
         };
-        let from = Arc::clone(&src.file);
+        let from = src.clone();
         let to = tmp.path().to_owned();
         let size = src.meta.size;
         let computed = blocking(move || {
             let mut out = create_private_file(&to)?;
-            let mut input = from.try_clone()?;
-            input.seek(SeekFrom::Start(0))?;
-            let mut input = (&mut input).take(size);
-            let (n, sum) = match compute {
+            let mut input: Box<dyn io::Read> = match &from.data {
                 // std::io::copy uses copy_file_range between files.
+                Data::File(f) => {
+                    let mut f = f.try_clone()?;
+                    f.seek(SeekFrom::Start(0))?;
+                    Box::new(f.take(size))
+                }
+                Data::Parts(_) => Box::new(ReadCursor {
+                    reader: from.clone(),
+                    pos: 0,
+                }),
+            };
+            let (n, sum) = match compute {
                 None => (io::copy(&mut input, &mut out)?, None),
                 Some(a) => {
                     let mut h = crate::checksum::Hasher::new(a);
@@ -1118,12 +1268,83 @@ impl Store {
 pub struct ObjectReader {
     /// Metadata of the opened version.
     pub meta: ObjectMeta,
-    file: Arc<File>,
+    data: Data,
+}
+
+/// Where an open object's bytes are.
+#[derive(Debug, Clone)]
+enum Data {
+    /// Bytes `0..size` of the object file.
+    File(Arc<File>),
+    /// The part files of a completed multipart upload.
+    Parts(Arc<PartFiles>),
+}
+
+/// A multipart object's part files, opened on first use (an object may
+/// have 10,000), kept on disk by the pin while the reader lives.
+#[derive(Debug)]
+struct PartFiles {
+    dir: PathBuf,
+    numbers: Vec<u32>,
+    /// End offset of each part in the object.
+    ends: Vec<u64>,
+    files: Vec<OnceLock<Arc<File>>>,
+    _pin: Arc<PartsPin>,
+}
+
+impl PartFiles {
+    fn new(meta: &ObjectMeta, m: &Manifest, parts: &PartsRegistry) -> PartFiles {
+        let mut end = 0u64;
+        PartFiles {
+            dir: parts.dir.join(&m.dir),
+            numbers: m.part_numbers.clone(),
+            ends: meta
+                .parts
+                .iter()
+                .map(|p| {
+                    end += p.size;
+                    end
+                })
+                .collect(),
+            files: m.part_numbers.iter().map(|_| OnceLock::new()).collect(),
+            _pin: parts.pin(&m.dir),
+        }
+    }
+
+    /// The part holding object byte `offset`: its index and start offset.
+    fn locate(&self, offset: u64) -> (usize, u64) {
+        let i = self.ends.partition_point(|&e| e <= offset);
+        (i, if i == 0 { 0 } else { self.ends[i - 1] })
+    }
+
+    fn file(&self, i: usize) -> io::Result<&Arc<File>> {
+        if let Some(f) = self.files[i].get() {
+            return Ok(f);
+        }
+        let f = File::open(self.dir.join(multipart::part_file_name(self.numbers[i])))?;
+        let _ = self.files[i].set(Arc::new(f));
+        Ok(self.files[i].get().expect("just set"))
+    }
+}
+
+/// [`io::Read`] over an [`ObjectReader`] from a position.
+struct ReadCursor {
+    reader: ObjectReader,
+    pos: u64,
+}
+
+impl io::Read for ReadCursor {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.reader.read_at(self.pos, buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
 }
 
 impl ObjectReader {
     /// Reads object bytes at `offset` into `buf` (blocking `pread`); returns
-    /// the number of bytes read, 0 at the end of the data. Suited to filling
+    /// the number of bytes read, 0 at the end of the data (fewer than asked
+    /// at a part boundary of a multipart object). Suited to filling
     /// registered (RDMA) staging buffers.
     ///
     /// # Errors
@@ -1134,15 +1355,47 @@ impl ObjectReader {
         }
         let max = usize::try_from(self.meta.size - offset).unwrap_or(usize::MAX);
         let n = buf.len().min(max);
-        self.file.read_at(&mut buf[..n], offset)
+        match &self.data {
+            Data::File(f) => f.read_at(&mut buf[..n], offset),
+            Data::Parts(p) => {
+                let (i, start) = p.locate(offset);
+                let in_part = usize::try_from(p.ends[i] - offset).unwrap_or(usize::MAX);
+                p.file(i)?
+                    .read_at(&mut buf[..n.min(in_part)], offset - start)
+            }
+        }
     }
 
-    /// The opened version's file: its data is bytes `0..meta.size` (the
-    /// header follows). Published object files never change, so the
-    /// kernel may send straight from it (`sendfile`).
-    #[must_use]
-    pub fn data_file(&self) -> &Arc<File> {
-        &self.file
+    /// The files and file ranges that hold object bytes `range`, in order:
+    /// `(file, offset in the file, length)`. Published object and part files
+    /// never change, so the kernel may send straight from them
+    /// (`sendfile`). Blocking (opens part files on first use).
+    ///
+    /// # Errors
+    /// Opening a part file failed.
+    pub fn file_ranges(
+        &self,
+        range: std::ops::Range<u64>,
+    ) -> io::Result<Vec<(Arc<File>, u64, u64)>> {
+        let end = range.end.min(self.meta.size);
+        let mut pos = range.start.min(end);
+        let mut out = Vec::new();
+        match &self.data {
+            Data::File(f) => {
+                if end > pos {
+                    out.push((Arc::clone(f), pos, end - pos));
+                }
+            }
+            Data::Parts(p) => {
+                while pos < end {
+                    let (i, start) = p.locate(pos);
+                    let n = p.ends[i].min(end) - pos;
+                    out.push((Arc::clone(p.file(i)?), pos - start, n));
+                    pos += n;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Streams the bytes in `range` with a bounded buffer (one [`IO_CHUNK`]

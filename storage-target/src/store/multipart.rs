@@ -1,10 +1,11 @@
 //! Multipart uploads: parts live under `.uploads/<upload-id>/` (surviving
-//! restarts); Complete assembles them into one temporary object file and
-//! publishes it atomically.
+//! restarts); Complete hard-links the chosen parts into a new `.parts/<id>/`
+//! and publishes an object file that is a manifest of them, atomically,
+//! without copying any data.
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, Read as _};
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::format::{ObjectAttrs, ObjectMeta, PartMeta};
+use super::format::{Manifest, ObjectAttrs, ObjectMeta, PartMeta};
 use super::{
     BodyCheck, BodyError, MIN_PART_SIZE, Store, StoreError, StoreResult, TmpGuard, blocking, etag,
     fsync_dir, lock, now_ms, read_meta,
@@ -74,7 +75,7 @@ fn valid_upload_id(id: &str) -> bool {
             .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
 }
 
-fn part_file_name(n: u32) -> String {
+pub(super) fn part_file_name(n: u32) -> String {
     format!("part-{n:05}")
 }
 
@@ -223,6 +224,7 @@ impl Store {
             attrs: ObjectAttrs::default(),
             checksum: check.checksum(),
             parts: Vec::new(),
+            manifest: None,
         };
         Self::seal(file, &meta).await?;
         let gone = u.gone.lock().await;
@@ -434,30 +436,45 @@ impl Store {
             },
             checksum: object_sum,
             parts,
+            manifest: Some(Manifest {
+                dir: uuid::Uuid::new_v4().simple().to_string(),
+                part_numbers: chosen.iter().map(|p| p.part_number).collect(),
+            }),
         };
+        // The data stays where the parts were written: hard links of the
+        // chosen part files in a directory of the object's own, made
+        // durable before the manifest is published. Until then nothing
+        // refers to that directory, and start-up removes it after a crash.
         let tmp = self.tmp_path();
         let to = tmp.path().to_owned();
         let trailer = super::format::encode_trailer(&meta);
         let numbers: Vec<(u32, u64)> = chosen.iter().map(|p| (p.part_number, p.size)).collect();
+        let parts_root = self.parts.dir.clone();
+        let linked = parts_root.join(meta.manifest.as_ref().map_or("", |m| m.dir.as_str()));
+        let mut linked_guard = PartsDirGuard(Some(linked.clone()));
         blocking(move || {
-            let mut out = super::create_private_file(&to)?;
+            super::create_private_dir(&linked)?;
             for (n, size) in numbers {
-                let mut f = File::open(dir.join(part_file_name(n)))?;
-                // std::io::copy uses copy_file_range between files.
-                let copied = io::copy(&mut (&mut f).take(size), &mut out)?;
-                if copied != size {
+                let from = dir.join(part_file_name(n));
+                let have = std::fs::metadata(&from)?.len();
+                if have < size {
                     return Err(StoreError::Io(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         format!("part {n} is shorter than recorded"),
                     )));
                 }
+                std::fs::hard_link(&from, linked.join(part_file_name(n)))?;
             }
+            fsync_dir(&linked)?;
+            fsync_dir(&parts_root)?;
+            let mut out = super::create_private_file(&to)?;
             io::Write::write_all(&mut out, &trailer)?;
             out.sync_all()?;
             Ok(())
         })
         .await?;
         self.publish(b, tmp, &meta).await?;
+        linked_guard.0 = None;
         *gone = true;
         drop(gone);
         lock(&self.uploads).remove(upload_id);
@@ -477,6 +494,18 @@ impl Store {
             warn!(upload_id, error = %e, "cleaning up completed upload failed");
         }
         Ok(meta)
+    }
+}
+
+/// Removes a completion's `.parts` directory unless disarmed (Complete
+/// failed or was cancelled before publishing).
+struct PartsDirGuard(Option<PathBuf>);
+
+impl Drop for PartsDirGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
     }
 }
 
