@@ -406,8 +406,20 @@ async fn unblocked(f: impl std::future::Future<Output = Raw>) -> Raw {
 
 const IN_USE: &str = "s3dma_storage_target_rdma_staging_buffers_in_use";
 
+/// GETs of 64 KiB go through staging buffers; GETs of 1 MiB or more are sent
+/// from the object file but hold a buffer's share slot per chunk in flight,
+/// so the same caps apply to both.
 #[tokio::test]
 async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
+    stalled_client_case(64 << 10).await; // 16 chunks, staged
+}
+
+#[tokio::test]
+async fn a_stalled_client_cannot_take_the_whole_staging_pool_with_file_sends() {
+    stalled_client_case(2 << 20).await; // 512 chunks, sent from the file
+}
+
+async fn stalled_client_case(len: usize) {
     // Four 4 KiB buffers; the default share (one half) leaves each client
     // session and each S3 user two of them.
     let s = Server::start_with(|dir: &Path| {
@@ -420,8 +432,7 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
     });
     let admin = s.admin();
     admin.create_bucket().bucket("shared").send().await.unwrap();
-    const LEN: usize = 64 << 10; // 16 chunks
-    let obj = data(LEN, 7);
+    let obj = data(len, 7);
     admin
         .put_object()
         .bucket("shared")
@@ -437,8 +448,8 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
         "{m}"
     );
 
-    let stalled = Tenant::new(LEN * 8).await;
-    let other = Tenant::new(LEN * 4).await;
+    let stalled = Tenant::new(len * 8).await;
+    let other = Tenant::new(len * 4).await;
     let p1 = Proxy::start(stalled.endpoint.addr().addr).await;
     let p2 = Proxy::start(stalled.endpoint.addr().addr).await;
     // Open both proxied sessions while they still answer.
@@ -447,7 +458,7 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
             ADMIN,
             &s.endpoint,
             "/shared/big",
-            &stalled.token(LEN * i, LEN, Some(p)),
+            &stalled.token(len * i, len, Some(p)),
         )
         .await;
         assert_eq!(r.status, 200, "{}", r.text());
@@ -457,11 +468,11 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
     // endpoint hold the session's share (2), not the pool (4).
     p1.stall(true);
     let g1 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(LEN * 2, LEN, Some(&p1)));
+        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 2, len, Some(&p1)));
         tokio::spawn(async move { rdma_get_as(ADMIN, &ep, "/shared/big", &tok).await })
     };
     let g2 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(LEN * 3, LEN, Some(&p1)));
+        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 3, len, Some(&p1)));
         tokio::spawn(async move { rdma_get_as(OTHER, &ep, "/shared/big", &tok).await })
     };
     wait_metrics(&s, "the stalled session holds its share and waits", |m| {
@@ -477,11 +488,11 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
         READER,
         &s.endpoint,
         "/shared/big",
-        &other.token(0, LEN, None),
+        &other.token(0, len, None),
     ))
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(other.bytes(0, LEN) == obj, "the other client's GET differs");
+    assert!(other.bytes(0, len) == obj, "the other client's GET differs");
     assert!(!g1.is_finished() && !g2.is_finished());
     assert_eq!(metric(&scrape(&s).await, IN_USE), 2);
     p1.stall(false);
@@ -489,7 +500,7 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
         let r = g.await.unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(
-            stalled.bytes(LEN * (2 + i), LEN) == obj,
+            stalled.bytes(len * (2 + i), len) == obj,
             "stalled GET {i} differs"
         );
     }
@@ -499,11 +510,11 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
     p1.stall(true);
     p2.stall(true);
     let g1 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(LEN * 4, LEN, Some(&p1)));
+        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 4, len, Some(&p1)));
         tokio::spawn(async move { rdma_get_as(ADMIN, &ep, "/shared/big", &tok).await })
     };
     let g2 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(LEN * 5, LEN, Some(&p2)));
+        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 5, len, Some(&p2)));
         tokio::spawn(async move { rdma_get_as(ADMIN, &ep, "/shared/big", &tok).await })
     };
     wait_metrics(&s, "the stalled user holds its share and waits", |m| {
@@ -518,11 +529,11 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
         OTHER,
         &s.endpoint,
         "/shared/big",
-        &other.token(LEN, LEN, None),
+        &other.token(len, len, None),
     ))
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(other.bytes(LEN, LEN) == obj, "the other user's GET differs");
+    assert!(other.bytes(len, len) == obj, "the other user's GET differs");
     assert!(!g1.is_finished() && !g2.is_finished());
     p1.stall(false);
     p2.stall(false);
@@ -530,7 +541,7 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool() {
         let r = g.await.unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(
-            stalled.bytes(LEN * (4 + i), LEN) == obj,
+            stalled.bytes(len * (4 + i), len) == obj,
             "stalled GET {i} differs"
         );
     }

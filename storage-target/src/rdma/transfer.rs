@@ -1,10 +1,10 @@
 //! Pipelined transfers between the store and a client's memory.
 //!
-//! * GET ([`write_range`]): on tcp, each chunk is sent from the object
-//!   file itself (`sendfile`, no staging copy), chunk `i+1` loaded into the
-//!   page cache while chunk `i` is in flight; on verbs, chunk `i+1` is read
-//!   from disk into a staging buffer while the RDMA WRITE of chunk `i` is in
-//!   flight.
+//! * GET ([`write_range`]): on tcp, a range of 1 MiB or more is sent from
+//!   the object file itself (`sendfile`, no staging copy), chunk `i+1`
+//!   loaded into the page cache while chunk `i` is in flight; on verbs, and
+//!   for smaller ranges, chunk `i+1` is read from disk into a staging
+//!   buffer while the RDMA WRITE of chunk `i` is in flight.
 //! * PUT ([`read_stream`]): RDMA READs of the next chunks are in flight
 //!   while the store writes (and hashes) the previous chunk to disk.
 //!
@@ -173,7 +173,7 @@ pub async fn write_range(
     range: std::ops::Range<u64>,
     remote: RemoteBuf,
 ) -> Result<u64, RdmaError> {
-    if ctx.session.session.sends_files() {
+    if ctx.session.session.sends_files() && range.end - range.start >= FILE_SEND_MIN {
         return write_range_from_file(ctx, reader, range, remote).await;
     }
     let total = range.end - range.start;
@@ -218,6 +218,11 @@ pub async fn write_range(
     }
     Ok(total)
 }
+
+/// The smallest GET sent straight from the file: below it, copying the
+/// bytes into a staging buffer costs less than mapping the range to load
+/// it (and unmapping it, a TLB shootdown) and a second system call.
+const FILE_SEND_MIN: u64 = 1 << 20;
 
 /// [`write_range`] without staging: each chunk is brought into the page
 /// cache on a blocking thread (so the send never waits on the disk inside
