@@ -148,6 +148,17 @@ pub async fn write_slice<T: Send + 'static>(
         .session
         .session
         .write(local, remote.addr + off, remote.rkey);
+    await_write(ctx, c, permits, keep)
+}
+
+/// A task that awaits the posted WRITE `c`, records its time, and holds
+/// `permits` and `keep` (what owns its source) until it completes.
+fn await_write<T: Send + 'static>(
+    ctx: &Ctx,
+    c: fabric::Completion,
+    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    keep: T,
+) -> JoinHandle<Result<(), RdmaError>> {
     let metrics = Arc::clone(&ctx.metrics);
     let peer = ctx.session.session.peer();
     tokio::spawn(async move {
@@ -282,17 +293,7 @@ async fn write_range_from_file(
                 .session
                 .write_file(src, remote.addr + at, remote.rkey);
             at += n;
-            let metrics = Arc::clone(&ctx.metrics);
-            let peer = ctx.session.session.peer();
-            let slot = Arc::clone(&slot);
-            inflight.push_back(tokio::spawn(async move {
-                let started = Instant::now();
-                let r = c.await;
-                metrics.rdma_op("write", started.elapsed());
-                drop(permits);
-                drop(slot);
-                r.map_err(|e| RdmaError::Op { peer, source: e })
-            }));
+            inflight.push_back(await_write(ctx, c, permits, Arc::clone(&slot)));
         }
     }
     while let Some(t) = inflight.pop_front() {

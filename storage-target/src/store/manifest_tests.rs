@@ -76,6 +76,17 @@ async fn open_store(root: &Path) -> Arc<Store> {
     )
 }
 
+/// A fresh store in a temporary directory, with bucket `bkt`.
+async fn store_with_bucket() -> (tempfile::TempDir, Arc<Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path()).await;
+    store
+        .create_bucket("bkt", "me", "me-id", Acl::default())
+        .await
+        .unwrap();
+    (dir, store)
+}
+
 fn read_all(r: &ObjectReader, range: std::ops::Range<u64>) -> Vec<u8> {
     let mut out = vec![0u8; (range.end - range.start) as usize];
     let mut filled = 0;
@@ -109,12 +120,7 @@ fn wait_gone(p: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn complete_links_parts_and_reads_through() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(dir.path()).await;
-    store
-        .create_bucket("bkt", "me", "me-id", Acl::default())
-        .await
-        .unwrap();
+    let (dir, store) = store_with_bucket().await;
     let sizes = [MIN_PART_SIZE as usize, MIN_PART_SIZE as usize + 3, 12_345];
     let (data, meta) = multipart(&store, "k", &sizes).await;
     let m = meta.manifest.clone().expect("a manifest");
@@ -196,12 +202,7 @@ async fn complete_links_parts_and_reads_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn part_files_outlive_readers_not_their_object() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(dir.path()).await;
-    store
-        .create_bucket("bkt", "me", "me-id", Acl::default())
-        .await
-        .unwrap();
+    let (dir, store) = store_with_bucket().await;
     let sizes = [MIN_PART_SIZE as usize, 1000];
     let (data, meta) = multipart(&store, "k", &sizes).await;
     let parts = dir.path().join(".parts").join(&meta.manifest.unwrap().dir);
@@ -251,12 +252,7 @@ async fn part_files_outlive_readers_not_their_object() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupted_completions_leave_nothing_after_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(dir.path()).await;
-    store
-        .create_bucket("bkt", "me", "me-id", Acl::default())
-        .await
-        .unwrap();
+    let (dir, store) = store_with_bucket().await;
     let (data, meta) = multipart(&store, "k", &[MIN_PART_SIZE as usize, 7]).await;
     let live = meta.manifest.unwrap().dir;
     // What a crash between linking the parts and publishing leaves: a
