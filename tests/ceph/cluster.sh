@@ -101,8 +101,16 @@ CONF
   local id
   id=$(ceph -c "$conf" --connect-timeout 30 osd create 2>/dev/null) || die "the monitor does not answer (see $dir/log/mon.a.log)"
   [ "$id" = 0 ] || die "unexpected OSD id $id"
-  ceph -c "$conf" --connect-timeout 30 osd crush add osd.0 1.0 root=default host=localhost >/dev/null 2>&1 ||
-    die "placing the OSD in the CRUSH map failed (see $dir/log/mon.a.log)"
+  # A fresh client's first command can reach the monitor before the client
+  # knows the cluster's fsid; the monitor refuses it ("handle_command on
+  # fsid 0000... != ..."), nothing is changed, and the same command again
+  # succeeds. Adding the same item again is harmless too.
+  local tries=0
+  until ceph -c "$conf" --connect-timeout 30 osd crush add osd.0 1.0 root=default host=localhost >/dev/null 2>&1; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 5 ] || die "placing the OSD in the CRUSH map failed (see $dir/log/mon.a.log)"
+    sleep 1
+  done
   ceph-osd -c "$conf" -i 0 --mkfs >/dev/null 2>&1 || die "ceph-osd --mkfs failed (see $dir/log/osd.0.log)"
   ceph-osd -c "$conf" -i 0 >/dev/null 2>&1 || die "ceph-osd did not start (see $dir/log/osd.0.log)"
   radosgw -c "$conf" -n client.rgw || die "radosgw did not start (see $dir/log/client.rgw.log)"
