@@ -12,12 +12,14 @@
 //! * [`check_readable_file`]: a file a configuration names exists and is a
 //!   regular file.
 //! * [`check_endpoint_url`]: `http://host:port` or `https://host:port`.
+//! * [`RuntimeConfig`]: the `runtime:` section (worker threads).
 //! * [`ConfigError`]: `<file>: <field.path>: <problem>`, the one shape of a
 //!   configuration error in every service.
 
 mod endpoint;
 mod error;
 mod files;
+mod runtime;
 mod size;
 
 pub use endpoint::{EndpointUrl, EndpointUrlError, check_endpoint_url};
@@ -25,4 +27,5 @@ pub use error::ConfigError;
 pub use files::{
     FileError, Secret, check_private_file, check_readable_file, read_private_file, read_secret_file,
 };
+pub use runtime::{MAX_WORKER_THREADS, RuntimeConfig};
 pub use size::{ByteSize, SizeError, parse_size};

@@ -77,6 +77,9 @@ pub struct Config {
     /// The Prometheus endpoint. Optional; off by default.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The async runtime: `worker_threads` (optional; default one per CPU).
+    #[serde(default)]
+    pub runtime: s3dma_config::RuntimeConfig,
 }
 
 /// `listen:` — the gRPC endpoint host-shims connect to.
@@ -602,6 +605,9 @@ impl Config {
         v.shims(self)?;
         v.targets(&self.targets)?;
         v.metrics(self)?;
+        self.runtime
+            .check()
+            .map_err(|m| v.err("runtime.worker_threads", m))?;
         Ok(())
     }
 }
@@ -1272,6 +1278,18 @@ fabric:
 
     fn parse_err(text: &str) -> String {
         parse(p(), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn worker_threads_are_checked() {
+        assert_eq!(base().runtime.worker_threads, None);
+        let e = parse_err(&format!("{BASE}runtime:\n  worker_threads: 2000\n"));
+        assert!(
+            e.contains("runtime.worker_threads: 2000 worker threads: must be 1 to 1024"),
+            "{e}"
+        );
+        let c = parse(p(), &format!("{BASE}runtime:\n  worker_threads: 1\n")).unwrap();
+        assert_eq!(c.runtime.worker_threads, Some(1));
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct Config {
     /// Prometheus metrics; optional (off when absent).
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The async runtime: `worker_threads` (optional; default one per CPU).
+    #[serde(default)]
+    pub runtime: s3dma_config::RuntimeConfig,
 }
 
 /// `socket:`
@@ -415,6 +418,9 @@ impl Config {
             ));
         }
         parse_mode(&self.socket.mode).map_err(|m| v.err("socket.mode", m))?;
+        self.runtime
+            .check()
+            .map_err(|m| v.err("runtime.worker_threads", m))?;
 
         let a = &self.agent;
         let https = s3dma_config::check_endpoint_url(&a.endpoint)
@@ -686,6 +692,10 @@ tenants:
             (
                 BASE.replace("name: alice", "name: a/b"),
                 "tenants[0].name: must be",
+            ),
+            (
+                format!("runtime:\n  worker_threads: 0\n{BASE}"),
+                "shim.yaml: runtime.worker_threads: 0 worker threads: must be 1 to 1024",
             ),
             (
                 format!("{BASE}  - name: bob\n    uids: [1000]\n"),

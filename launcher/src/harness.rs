@@ -745,6 +745,7 @@ fn agent_config(spec: &AgentSpec, d: &Path) -> dpu_agent::config::Config {
             address: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             ..MetricsConfig::default()
         },
+        runtime: s3dma_config::RuntimeConfig::default(),
     }
 }
 

@@ -15,7 +15,8 @@
 //!
 //! fn main() -> std::process::ExitCode {
 //!     let cli = Cli::parse();
-//!     SERVICE.run(&cli.args, my_service::config::load, |cfg, shutdown| async move {
+//!     let threads = |cfg: &my_service::Config| cfg.runtime.worker_threads;
+//!     SERVICE.run(&cli.args, my_service::config::load, threads, |cfg, shutdown| async move {
 //!         let running = my_service::start(cfg).await?;
 //!         s3dma_service::skeleton::announce([format!("my-service listening on {}", running.addr)]);
 //!         shutdown.cancelled().await;
@@ -30,8 +31,10 @@
 //! stay plain text); the configuration is loaded and validated (an error is
 //! printed as `Error: <file>: <field.path>: <problem>` and the exit status is
 //! 1); with `--check`, `<file>: configuration is valid` and exit 0;
-//! otherwise a multi-threaded runtime runs `serve` with a token that
-//! SIGTERM or SIGINT cancels. `serve` prints its first lines with
+//! otherwise the runtime the configuration asks for (`runtime.worker_threads`:
+//! one thread per CPU when absent; `1` is tokio's single-threaded scheduler
+//! on the main thread) runs `serve` with a token that SIGTERM or SIGINT
+//! cancels. `serve` prints its first lines with
 //! [`announce`] once it listens (`<service> listening on ADDR`, then
 //! `metrics on ...`: tests and the launcher read them, so their text is
 //! fixed), and returns once it has shut down.
@@ -71,12 +74,15 @@ pub struct Service {
 impl Service {
     /// Runs the service: see the [module documentation](self).
     /// `load` reads and validates the configuration file (its error is
-    /// printed as is: it names the file); `serve` serves until the token is
-    /// cancelled, then shuts down and returns.
+    /// printed as is: it names the file); `worker_threads` picks the
+    /// configuration's `runtime.worker_threads` (validated by `load`);
+    /// `serve` serves until the token is cancelled, then shuts down and
+    /// returns.
     pub fn run<C, LE, SE, Fut>(
         self,
         args: &ServiceArgs,
         load: impl FnOnce(&Path) -> Result<C, LE>,
+        worker_threads: impl FnOnce(&C) -> Option<usize>,
         serve: impl FnOnce(C, CancellationToken) -> Fut,
     ) -> ExitCode
     where
@@ -93,12 +99,7 @@ impl Service {
             println!("{}: configuration is valid", args.config.display());
             return ExitCode::SUCCESS;
         }
-        let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-        let rt = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .enable_all()
-            .build()
-        {
+        let rt = match runtime(worker_threads(&cfg)) {
             Ok(rt) => rt,
             Err(e) => return fail(format_args!("starting the runtime: {e}")),
         };
@@ -137,6 +138,24 @@ pub fn init_tracing(default_filter: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
+}
+
+/// The runtime for `worker_threads` (absent: one per CPU). One thread is
+/// tokio's current-thread scheduler, not a multi-thread one with a single
+/// worker: that would still hand I/O and timer events between threads.
+fn runtime(worker_threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    let threads = worker_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, std::num::NonZero::get));
+    if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
 }
 
 /// Cancels `token` on the first SIGTERM or SIGINT (logged).

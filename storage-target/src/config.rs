@@ -67,6 +67,9 @@ pub struct Config {
     /// the section's defaults, i.e. `mode: disabled`.
     #[serde(default)]
     pub rdma: crate::rdma::RdmaConfig,
+    /// The async runtime: `worker_threads` (optional; default one per CPU).
+    #[serde(default)]
+    pub runtime: s3dma_config::RuntimeConfig,
 }
 
 /// The `metrics:` section: where `GET /metrics` is served. Metric labels
@@ -252,6 +255,7 @@ impl Config {
             max_clock_skew_secs: default_max_clock_skew_secs(),
             users: Vec::new(),
             rdma: crate::rdma::RdmaConfig::default(),
+            runtime: s3dma_config::RuntimeConfig::default(),
         }
     }
 }
@@ -327,6 +331,9 @@ impl Config {
         if self.region.is_empty() {
             return Err(invalid("region".into(), "must not be empty".into()));
         }
+        self.runtime
+            .check()
+            .map_err(|m| invalid("runtime.worker_threads".into(), m))?;
         match (self.store, &self.upstream) {
             (crate::gateway::StoreKind::Filesystem, None) => {
                 if self.data_dir.as_os_str().is_empty() {
@@ -606,6 +613,27 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.starts_with("t.yaml: "), "{msg}");
         assert!(msg.contains("bogus"), "{msg}");
+    }
+
+    #[test]
+    fn worker_threads_are_checked() {
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: b}]\nruntime: {worker_threads: 0}\n",
+        )
+        .unwrap();
+        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(
+            msg.starts_with("t.yaml: runtime.worker_threads: 0 worker threads: must be 1 to"),
+            "{msg}"
+        );
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: b}]\nruntime: {worker_threads: 1}\n",
+        )
+        .unwrap();
+        assert_eq!(c.runtime.worker_threads, Some(1));
+        c.validate("t.yaml").unwrap();
     }
 
     #[test]

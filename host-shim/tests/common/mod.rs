@@ -274,6 +274,11 @@ fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim
             },
             &opts.metrics_yaml,
         ),
+        // The single-threaded runtime, as a local stack on a small host runs
+        // it (the agent's suites cover the multi-threaded one).
+        runtime: s3dma_config::RuntimeConfig {
+            worker_threads: Some(1),
+        },
     }
 }
 
