@@ -129,6 +129,9 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
         key,
         Duration::from_millis(c.fabric.connect_timeout_ms),
         c.fabric.max_ops_per_session,
+        // The agent's own sessions carry the fallback path's staged bytes;
+        // one stream each (the targets' sessions carry the RDMA bulk).
+        1,
         observer,
     );
     sessions.spawn_reaper(Duration::from_secs(c.fabric.idle_session_secs));

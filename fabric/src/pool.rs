@@ -386,6 +386,7 @@ pub struct SessionPool {
     key: FabricKey,
     connect_timeout: Duration,
     max_ops: usize,
+    tcp_streams: usize,
     slots: Mutex<HashMap<EndpointAddr, Slot>>,
     observer: Arc<dyn PoolObserver>,
 }
@@ -402,13 +403,16 @@ impl fmt::Debug for SessionPool {
 impl SessionPool {
     /// A pool connecting on `domain` with `key`, each connect bounded by
     /// `connect_timeout`, at most `max_ops` (at least 1) operations in
-    /// flight per session.
+    /// flight per session, and `tcp_streams` (at least 1) TCP streams per
+    /// session on the tcp backend (operations striped over them; verbs
+    /// ignores it).
     #[must_use]
     pub fn new(
         domain: Domain,
         key: FabricKey,
         connect_timeout: Duration,
         max_ops: usize,
+        tcp_streams: usize,
         observer: Arc<dyn PoolObserver>,
     ) -> Arc<SessionPool> {
         Arc::new(SessionPool {
@@ -416,6 +420,7 @@ impl SessionPool {
             key,
             connect_timeout,
             max_ops: max_ops.max(1),
+            tcp_streams: tcp_streams.max(1),
             slots: Mutex::new(HashMap::new()),
             observer,
         })
@@ -454,6 +459,7 @@ impl SessionPool {
         }
         let mut cfg = SessionConfig::new(self.key.clone());
         cfg.connect_timeout = self.connect_timeout;
+        cfg.streams = self.tcp_streams;
         let started = Instant::now();
         let res = tokio::time::timeout(
             self.connect_timeout,
@@ -663,6 +669,7 @@ mod tests {
             key,
             Duration::from_secs(5),
             0,
+            2,
             Arc::clone(&rec) as Arc<dyn PoolObserver>,
         );
         assert_eq!(pool.max_ops(), 1);
