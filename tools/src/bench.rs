@@ -608,13 +608,24 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     };
 
     progress(&format!(
-        "raw loopback TCP for {} s",
+        "raw loopback TCP: {RAW_TCP_TRIES} runs of {} s",
         plan.raw_tcp.as_secs_f64()
     ));
-    report.raw_tcp_gbps = Some(raw_tcp(plan.raw_tcp).await.context("raw TCP")?);
+    // The best of a few runs: a limit is what the machine can do, and one
+    // run on a shared machine can land on a busy second (1 s runs measured
+    // 2.5 and 5.1 GB/s in two runs of one day).
+    let mut runs = Vec::with_capacity(RAW_TCP_TRIES);
+    for _ in 0..RAW_TCP_TRIES {
+        runs.push(raw_tcp(plan.raw_tcp).await.context("raw TCP")?);
+    }
+    report.raw_tcp_gbps = runs.iter().copied().reduce(f64::max);
     progress(&format!(
-        "raw loopback TCP: {:.2} GB/s",
-        report.raw_tcp_gbps.unwrap_or(0.0)
+        "raw loopback TCP: {:.2} GB/s (best of {})",
+        report.raw_tcp_gbps.unwrap_or(0.0),
+        runs.iter()
+            .map(|g| format!("{g:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     ));
 
     progress("machine limits: memcpy, MD5, write+fsync in the data directory");
@@ -919,6 +930,9 @@ pub(crate) async fn http_get_into_from(
 }
 
 /// One stream, large writes, for `dur`: GB/s received.
+/// Runs of [`raw_tcp`] the bench keeps the best of.
+const RAW_TCP_TRIES: usize = 3;
+
 pub(crate) async fn raw_tcp(dur: Duration) -> anyhow::Result<f64> {
     const CHUNK: usize = 4 << 20;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
