@@ -98,14 +98,19 @@ CONF
   monmaptool --create --fsid "$fsid" --addv a "[v1:127.0.0.1:$mon_port]" "$dir/monmap" >/dev/null
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" >/dev/null 2>&1 || die "ceph-mon --mkfs failed (see $dir/log)"
   ceph-mon -c "$conf" -i a || die "ceph-mon did not start (see $dir/log/mon.a.log)"
-  local id
-  id=$(ceph -c "$conf" --connect-timeout 30 osd create 2>/dev/null) || die "the monitor does not answer (see $dir/log/mon.a.log)"
-  [ "$id" = 0 ] || die "unexpected OSD id $id"
   # A fresh client's first command can reach the monitor before the client
   # knows the cluster's fsid; the monitor refuses it ("handle_command on
   # fsid 0000... != ..."), nothing is changed, and the same command again
-  # succeeds. Adding the same item again is harmless too.
-  local tries=0
+  # succeeds. So both commands are retried (a refused `osd create`
+  # allocates nothing; adding the same CRUSH item again is harmless).
+  local id tries=0
+  until id=$(ceph -c "$conf" --connect-timeout 30 osd create 2>/dev/null); do
+    tries=$((tries + 1))
+    [ "$tries" -lt 5 ] || die "the monitor does not answer (see $dir/log/mon.a.log)"
+    sleep 1
+  done
+  [ "$id" = 0 ] || die "unexpected OSD id $id"
+  tries=0
   until ceph -c "$conf" --connect-timeout 30 osd crush add osd.0 1.0 root=default host=localhost >/dev/null 2>&1; do
     tries=$((tries + 1))
     [ "$tries" -lt 5 ] || die "placing the OSD in the CRUSH map failed (see $dir/log/mon.a.log)"
