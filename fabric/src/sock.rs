@@ -220,6 +220,34 @@ pub(crate) async fn recv_exact(stream: &TcpStream, buf: &mut [u8]) -> io::Result
     Ok(true)
 }
 
+/// [`recv_exact`] for a responder that holds back completions: `pending`
+/// (encoded frames) is sent, and emptied, before the first wait for the
+/// socket to become readable, so completions wait only while the next
+/// request is already there to be read.
+pub(crate) async fn recv_exact_flushing(
+    stream: &TcpStream,
+    buf: &mut [u8],
+    pending: &mut Vec<u8>,
+) -> io::Result<bool> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        match stream.try_read(&mut buf[done..]) {
+            Ok(0) if done == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !pending.is_empty() {
+                    send_buf(stream, pending).await?;
+                    pending.clear();
+                }
+                stream.readable().await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
 /// Resolves once the flag in `rx` is true (or its sender is gone).
 pub(crate) async fn cancelled(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|c| *c).await;

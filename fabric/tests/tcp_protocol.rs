@@ -194,6 +194,97 @@ async fn refused_write_payload_is_drained_and_the_connection_survives() {
     );
 }
 
+/// Small operations sent back to back: the responder may hold their
+/// completions back while the next request is readable, but every answer
+/// comes, in posting order, a READ's data after the completions before it;
+/// and a lone operation is answered without anything following it.
+#[tokio::test]
+async fn pipelined_small_operations_are_answered_in_order() {
+    let key = FabricKey::random();
+    let (d, ep) = endpoint(&key).await;
+    let r = d
+        .alloc(1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut s = raw_connect(&ep, &key).await;
+    // 40 WRITEs (more than the responder holds back at once), one READ of
+    // the first WRITE's bytes, a refused WRITE, a large WRITE and 3 more
+    // small WRITEs, all in one send.
+    let write = |wr_id: u64, off: u64, len: u64, rkey: u32| RequestHeader {
+        op: OpKind::Write,
+        rkey,
+        wr_id,
+        addr: r.addr() + off,
+        len,
+    };
+    let mut batch = Vec::new();
+    for i in 0..40u64 {
+        batch.extend_from_slice(&write(i, i * 8, 8, r.rkey()).encode());
+        batch.extend_from_slice(&[i as u8; 8]);
+    }
+    batch.extend_from_slice(
+        &RequestHeader {
+            op: OpKind::Read,
+            rkey: r.rkey(),
+            wr_id: 40,
+            addr: r.addr(),
+            len: 16,
+        }
+        .encode(),
+    );
+    batch.extend_from_slice(&write(41, 0, 8, r.rkey() ^ 1).encode());
+    batch.extend_from_slice(&[0xee; 8]);
+    batch.extend_from_slice(&write(42, 4096, 200 << 10, r.rkey()).encode());
+    batch.extend(std::iter::repeat_n(0x42u8, 200 << 10));
+    for i in 43..46u64 {
+        batch.extend_from_slice(&write(i, 1000 + i, 1, r.rkey()).encode());
+        batch.push(i as u8);
+    }
+    s.write_all(&batch).await.unwrap();
+    let answers = async {
+        for i in 0..40u64 {
+            let c = read_response(&mut s).await;
+            assert_eq!(
+                (c.kind, c.wr_id, c.status, c.len),
+                (ResponseKind::Completion, i, None, 8)
+            );
+        }
+        let h = read_response(&mut s).await;
+        assert_eq!((h.kind, h.wr_id, h.len), (ResponseKind::ReadData, 40, 16));
+        let mut data = [0u8; 16];
+        s.read_exact(&mut data).await.unwrap();
+        assert_eq!(&data, &[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]);
+        let c = read_response(&mut s).await;
+        assert_eq!(
+            (c.kind, c.wr_id, c.status),
+            (ResponseKind::Completion, 40, None)
+        );
+        let c = read_response(&mut s).await;
+        assert_eq!((c.wr_id, c.status), (41, Some(OpStatus::RemoteAccess)));
+        for i in 42..46u64 {
+            let c = read_response(&mut s).await;
+            assert_eq!(
+                (c.kind, c.wr_id, c.status),
+                (ResponseKind::Completion, i, None)
+            );
+        }
+    };
+    tokio::time::timeout(GUARD, answers)
+        .await
+        .expect("an answer never came");
+    let mut big = vec![0u8; 200 << 10];
+    r.read_at(4096, &mut big).unwrap();
+    assert!(big.iter().all(|b| *b == 0x42));
+    // One more lone WRITE, nothing after it: answered all the same.
+    s.write_all(&write(46, 0, 1, r.rkey()).encode())
+        .await
+        .unwrap();
+    s.write_all(b"z").await.unwrap();
+    let c = tokio::time::timeout(GUARD, read_response(&mut s))
+        .await
+        .expect("a lone WRITE was never answered");
+    assert_eq!((c.wr_id, c.status), (46, None));
+}
+
 #[tokio::test]
 async fn an_impostor_endpoint_without_the_key_is_refused_by_the_requester() {
     let key = FabricKey::random();

@@ -103,12 +103,30 @@ pub(crate) struct Options {
     /// The S3 endpoint the fan-out's gateways stand in front of (default: a
     /// throw-away Ceph cluster).
     pub upstream: Option<String>,
+    /// Only these phases (`--only`; empty: all). The limits are always
+    /// measured.
+    pub only: Vec<Phase>,
+}
+
+/// A phase of the whole-stack bench, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Phase {
+    /// Large objects through s3dma and HTTP.
+    Large,
+    /// The large PUT to a store on disk (a second stack).
+    Disk,
+    /// 1, 2, 4 and 8 tenant processes.
+    Procs,
+    /// Small objects at 1, 16 and 64 in flight, with the CPU per request.
+    Small,
 }
 
 /// Sizes and durations derived from the options.
 #[derive(Debug, Clone)]
 struct Plan {
     quick: bool,
+    /// The phases to run (`--only`; empty: all).
+    only: Vec<Phase>,
     rounds: usize,
     cell: Duration,
     warmup: Duration,
@@ -159,6 +177,7 @@ impl Plan {
         };
         Ok(Plan {
             quick: o.quick,
+            only: o.only.clone(),
             rounds,
             cell,
             warmup: (cell / 5).min(Duration::from_millis(500)),
@@ -172,6 +191,11 @@ impl Plan {
             procs_rounds: if o.quick { 1 } else { 3 },
             limit_bytes: if o.quick { 64 << 20 } else { 256 << 20 },
         })
+    }
+
+    /// Whether `phase` runs.
+    fn runs(&self, phase: Phase) -> bool {
+        self.only.is_empty() || self.only.contains(&phase)
     }
 
     fn large_bytes(&self) -> usize {
@@ -315,7 +339,9 @@ async fn own_stack(opts: &Options, plan: &Plan) -> anyhow::Result<Report> {
     started.stop().await;
     let mut report = result?;
     report.fabric = opts.fabric.to_string();
-    disk_put(opts, plan, &mut report).await?;
+    if plan.runs(Phase::Disk) {
+        disk_put(opts, plan, &mut report).await?;
+    }
     Ok(report)
 }
 
@@ -658,7 +684,7 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     let src_bytes = Bytes::copy_from_slice(src.as_slice());
     let mut http_dst = vec![0u8; big];
 
-    for size in plan.sizes {
+    for size in plan.sizes.into_iter().filter(|_| plan.runs(Phase::Large)) {
         large(
             ctx,
             plan,
@@ -676,8 +702,12 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     dst.release().await.context("releasing a buffer")?;
     drop(src_bytes);
 
-    processes(ctx, plan, &mut report).await?;
-    small(ctx, plan, &src, &mut report).await?;
+    if plan.runs(Phase::Procs) {
+        processes(ctx, plan, &mut report).await?;
+    }
+    if plan.runs(Phase::Small) {
+        small(ctx, plan, &src, &mut report).await?;
+    }
     src.release().await.context("releasing a buffer")?;
     Ok(report)
 }

@@ -126,6 +126,11 @@ enum Cmd {
         /// a throw-away Ceph cluster started with tests/ceph/cluster.sh].
         #[arg(long, value_name = "URL", requires = "fanout")]
         upstream: Option<String>,
+        /// Only these phases of the whole-stack bench (comma-separated:
+        /// large, disk, procs, small) [default: all]; the machine's limits
+        /// are always measured.
+        #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout"])]
+        only: Vec<bench::Phase>,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
@@ -239,6 +244,7 @@ fn main() -> ExitCode {
             gateways,
             object_mib,
             upstream,
+            only,
         } => match rt.block_on(bench::run(bench::Options {
             quick,
             json,
@@ -255,6 +261,7 @@ fn main() -> ExitCode {
             gateways,
             object_mib,
             upstream,
+            only,
         })) {
             Ok(()) => true,
             Err(e) => {

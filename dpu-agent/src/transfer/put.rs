@@ -103,7 +103,7 @@ impl Drop for AbortGuard {
                 };
                 match r {
                     Ok(()) => debug!(bucket = %s3dma_service::Escaped(&bucket), "aborted multipart upload"),
-                    Err(e) => warn!(bucket = %s3dma_service::Escaped(&bucket), error = %s3dma_service::Escaped(&e.to_string()), "aborting a multipart upload failed; its parts stay on the target until it is aborted there"),
+                    Err(e) => warn!(id = %ctx.request_id, tenant = %ctx.tenant.name, bucket = %s3dma_service::Escaped(&bucket), error = %s3dma_service::Escaped(&e.to_string()), "aborting a multipart upload failed; its parts stay on the target until it is aborted there"),
                 }
             });
         }
@@ -179,7 +179,7 @@ impl Ctx {
                     debug!(target = %self.target.name, "target declined RDMA for PUT; sending over HTTP");
                 }
                 (RdmaReply::Ignored(other), _) => {
-                    warn!(target = %self.target.name, reply = ?other, "target ignored x-amz-rdma-token on PUT (it may have stored an empty object); rewriting over HTTP — configure it with rdma: false");
+                    warn!(id = %self.request_id, tenant = %self.tenant.name, target = %self.target.name, reply = ?other, "target ignored x-amz-rdma-token on PUT (it may have stored an empty object); rewriting over HTTP — configure it with rdma: false");
                 }
             }
         }

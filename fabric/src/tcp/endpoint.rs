@@ -25,6 +25,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const SCRATCH: usize = 256 * 1024;
 /// Bytes moved per system call while a placement guard is held.
 const GUARDED_CHUNK: usize = 4 << 20;
+/// Completions of operations up to this size are held back while the next
+/// request is already readable, and sent together (one `sendmsg` for many
+/// small WRITEs under load); a larger operation's completion, and any
+/// before it, go at once, so a requester streaming large pieces with few
+/// in flight is never kept waiting for an acknowledgement.
+const COALESCE_MAX_OP: u64 = 64 << 10;
+/// Most completions held back at once.
+const COALESCE_MAX_FRAMES: usize = 32;
 
 pub(crate) struct TcpEndpoint {
     listener: Listener,
@@ -99,8 +107,18 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
     let ioerr = |e| FabricError::io(format!("serving {peer}"), e);
     let mut scratch = Vec::new();
     let mut hb = [0u8; RequestHeader::LEN];
+    // Encoded completions not sent yet (see COALESCE_MAX_OP); always sent in
+    // order, before anything else this connection sends.
+    let mut pending: Vec<u8> = Vec::new();
     loop {
-        if !io::recv_exact(&stream, &mut hb).await.map_err(ioerr)? {
+        if !io::recv_exact_flushing(&stream, &mut hb, &mut pending)
+            .await
+            .map_err(ioerr)?
+        {
+            // The peer sends no more; it may still read what it was owed.
+            if !pending.is_empty() {
+                let _ = io::send_buf(&stream, &pending).await;
+            }
             return Ok(());
         }
         // The decision is the pure decoder's (fuzzed in wire/fuzz).
@@ -108,9 +126,13 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
             Incoming::Serve(req) => req,
             Incoming::TooLong(req) => {
                 // Payload of this size cannot be drained safely: answer and close.
-                complete(&stream, req.wr_id, 0, Some(OpStatus::RemoteInvalidRequest))
-                    .await
-                    .map_err(ioerr)?;
+                push_completion(
+                    &mut pending,
+                    req.wr_id,
+                    0,
+                    Some(OpStatus::RemoteInvalidRequest),
+                );
+                io::send_buf(&stream, &pending).await.map_err(ioerr)?;
                 return Err(FabricError::InvalidArgument(format!(
                     "{peer} sent a {} of {} bytes, above the {MAX_PIECE_LEN}-byte maximum",
                     req.op.name(),
@@ -144,6 +166,11 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
                 Some(st)
             }
             (OpKind::Read, Ok((entry, region, off))) => {
+                // The READ's data follows every completion before it.
+                if !pending.is_empty() {
+                    io::send_buf(&stream, &pending).await.map_err(ioerr)?;
+                    pending.clear();
+                }
                 serve_read(&stream, req.wr_id, &entry, &region, off, len, &mut scratch)
                     .await
                     .map_err(ioerr)?
@@ -153,25 +180,23 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
         if let Some(st) = status {
             debug!(%peer, op = req.op.name(), rkey = req.rkey, addr = req.addr, len = req.len, status = %st, "fabric request refused");
         }
-        complete(&stream, req.wr_id, req.len, status)
-            .await
-            .map_err(ioerr)?;
+        push_completion(&mut pending, req.wr_id, req.len, status);
+        if req.len > COALESCE_MAX_OP || pending.len() >= COALESCE_MAX_FRAMES * ResponseHeader::LEN {
+            io::send_buf(&stream, &pending).await.map_err(ioerr)?;
+            pending.clear();
+        }
     }
 }
 
-async fn complete(
-    stream: &TcpStream,
-    wr_id: u64,
-    len: u64,
-    status: Option<OpStatus>,
-) -> std::io::Result<()> {
+/// Appends an encoded completion to `pending`.
+fn push_completion(pending: &mut Vec<u8>, wr_id: u64, len: u64, status: Option<OpStatus>) {
     let h = ResponseHeader {
         kind: ResponseKind::Completion,
         status,
         wr_id,
         len,
     };
-    io::send_buf(stream, &h.encode()).await
+    pending.extend_from_slice(&h.encode());
 }
 
 async fn drain(stream: &TcpStream, mut len: usize, scratch: &mut [u8]) -> std::io::Result<()> {
