@@ -38,7 +38,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
 use crate::procfs;
-use crate::report::{Cell, CellStats, CpuSecs, Op, ProcsRow, Report, Size, Throughput, human_size};
+use crate::report::{
+    Cell, CellStats, CpuSecs, Layers, Op, ProcsRow, Report, Size, Throughput, human_size,
+};
 use crate::stats::{Latencies, gbps, median, per_second, ticks_to_secs};
 use crate::workers::{WorkerOp, WorkerOptions};
 use s3dma_launcher::{REGION, Stack, StackOptions};
@@ -468,7 +470,9 @@ impl OwnStack {
             socket: tmp.path().join("shim.sock"),
             own_socket_dir: true,
             bucket: BUCKET.into(),
-            metrics: false,
+            // Read around each small-object cell: where a request's time
+            // goes, from each service's own latency histogram.
+            metrics: true,
             who: "s3dma-tools bench",
             bin_dir: None,
             fabric: opts.fabric,
@@ -555,6 +559,48 @@ struct Ctx {
     socket: PathBuf,
     /// The uid the shim runs as (for the tenant processes).
     shim_uid: Option<u32>,
+    /// `/metrics` of host-shim, dpu-agent and storage-target (a stack the
+    /// bench started).
+    metrics: Option<[String; 3]>,
+}
+
+/// The latency histograms read for [`Layers`]: each service's metric, by
+/// its `op` label.
+const LAYER_METRICS: [&str; 3] = [
+    "s3dma_shim_request_seconds",
+    "s3dma_agent_request_seconds",
+    "s3dma_storage_target_request_duration_seconds",
+];
+
+/// `_sum` and `_count` of each of [`LAYER_METRICS`] for `op`.
+async fn layer_totals(addrs: &[String; 3], op: Op) -> anyhow::Result<[(f64, f64); 3]> {
+    let label = match op {
+        Op::Get => "GetObject",
+        Op::Put => "PutObject",
+    };
+    let mut out = [(0.0, 0.0); 3];
+    for ((addr, metric), slot) in addrs.iter().zip(LAYER_METRICS).zip(&mut out) {
+        let text = crate::fanout::scrape(addr).await?;
+        let want = Some(("op", label));
+        *slot = (
+            crate::fanout::sample_sum(&text, &format!("{metric}_sum"), want),
+            crate::fanout::sample_sum(&text, &format!("{metric}_count"), want),
+        );
+    }
+    Ok(out)
+}
+
+/// The mean µs per request in each layer between two [`layer_totals`].
+fn layers_between(before: [(f64, f64); 3], after: [(f64, f64); 3]) -> Layers {
+    let mean = |i: usize| {
+        let n = after[i].1 - before[i].1;
+        (n > 0.0).then(|| (after[i].0 - before[i].0) / n * 1e6)
+    };
+    Layers {
+        shim_us: mean(0),
+        agent_us: mean(1),
+        target_us: mean(2),
+    }
 }
 
 impl Ctx {
@@ -579,6 +625,10 @@ impl Ctx {
         .await?;
         ctx.data_path = Some(data_path.to_path_buf());
         ctx.shim_uid = Some(s3dma_service::private::current_uid());
+        ctx.metrics = match (&ep.shim_metrics, &ep.agent_metrics, &ep.target_metrics) {
+            (Some(s), Some(a), Some(t)) => Some([s.clone(), a.clone(), t.clone()]),
+            _ => None,
+        };
         Ok(ctx)
     }
 
@@ -613,6 +663,7 @@ impl Ctx {
             data_path: None,
             socket: socket.to_path_buf(),
             shim_uid: None,
+            metrics: None,
         })
     }
 }
@@ -1069,6 +1120,7 @@ where
         p50_us: lat.quantile_us(0.5),
         p99_us: lat.quantile_us(0.99),
         requests: lat.count(),
+        mean_us: lat.mean_us(),
     };
     Ok((states, stats, cpu))
 }
@@ -1110,6 +1162,10 @@ async fn small(ctx: &Ctx, plan: &Plan, src: &Buffer, report: &mut Report) -> any
                 // Through s3dma.
                 let mine: Vec<Buffer> = bufs.drain(..in_flight).collect();
                 let client = ctx.client.clone();
+                let totals_before = match &ctx.metrics {
+                    Some(m) => Some(layer_totals(m, op).await?),
+                    None => None,
+                };
                 let (back, s3dma, cpu) = cell(ctx, plan, mine, move |i, mut buf: Buffer| {
                     let client = client.clone();
                     async move {
@@ -1144,6 +1200,10 @@ async fn small(ctx: &Ctx, plan: &Plan, src: &Buffer, report: &mut Report) -> any
                 })
                 .await?;
                 bufs.splice(0..0, back);
+                let layers = match (&ctx.metrics, totals_before) {
+                    (Some(m), Some(before)) => layers_between(before, layer_totals(m, op).await?),
+                    _ => Layers::default(),
+                };
                 report.cpu_s3dma.small = report.cpu_s3dma.small.plus(cpu);
                 report.cpu_s3dma.small_requests += s3dma.requests;
 
@@ -1204,6 +1264,7 @@ async fn small(ctx: &Ctx, plan: &Plan, src: &Buffer, report: &mut Report) -> any
                     in_flight,
                     s3dma,
                     http,
+                    layers,
                 });
             }
         }

@@ -502,7 +502,7 @@ async fn gateway_counters(g: &Gateways) -> anyhow::Result<GatewayCounters> {
 }
 
 /// `GET /metrics` of the service at `addr` (`IP:PORT`).
-async fn scrape(addr: &str) -> anyhow::Result<String> {
+pub(crate) async fn scrape(addr: &str) -> anyhow::Result<String> {
     use http_body_util::BodyExt as _;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<Bytes>>();
@@ -527,7 +527,7 @@ async fn scrape(addr: &str) -> anyhow::Result<String> {
 
 /// The sum of the samples of `name` in Prometheus text, only those with
 /// label `want` when given.
-fn sample_sum(text: &str, name: &str, want: Option<(&str, &str)>) -> f64 {
+pub(crate) fn sample_sum(text: &str, name: &str, want: Option<(&str, &str)>) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

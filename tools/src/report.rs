@@ -12,7 +12,11 @@
 //! - small objects, size `4k`/`64k`, `n` requests in flight (1, 16, 64):
 //!   `{op}_{size}_ops_{n}`, `{op}_{size}_p50_us_{n}`, `{op}_{size}_p99_us_{n}`,
 //!   the same with `http_` in front, `{op}_{size}_ops_{n}_vs_http`; and
-//!   `{op}_{size}_p50_us` / `_p99_us` (at 1 in flight);
+//!   `{op}_{size}_p50_us` / `_p99_us` (at 1 in flight); the mean,
+//!   `{op}_{size}_mean_us_{n}` (and `http_…`), and the mean time the s3dma
+//!   requests spent in each service, from its own latency histogram:
+//!   `{op}_{size}_{shim,agent,target}_mean_us_{n}` (each includes the
+//!   services below it; `null` when the services' metrics were not read);
 //! - the machine's limits, measured in the same run: `memcpy_gbps`,
 //!   `md5_gbps` (the store's MD5), `data_dir_write_fsync_gbps` (8 MiB writes
 //!   then fsync, in the store's data directory), `store_limit_gbps` (the
@@ -111,6 +115,22 @@ pub(crate) struct CellStats {
     pub p99_us: Option<f64>,
     /// Requests completed.
     pub requests: u64,
+    /// Mean latency, µs.
+    pub mean_us: Option<f64>,
+}
+
+/// Where a small request's time went: the mean time each service took per
+/// request of the same op during a cell, from its own latency histogram
+/// (`_sum` / `_count` before and after the cell, warm-up included), µs.
+/// Each layer's time includes the layers below it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Layers {
+    /// host-shim (`s3dma_shim_request_seconds`).
+    pub shim_us: Option<f64>,
+    /// dpu-agent (`s3dma_agent_request_seconds`).
+    pub agent_us: Option<f64>,
+    /// storage-target (`s3dma_storage_target_request_duration_seconds`).
+    pub target_us: Option<f64>,
 }
 
 /// One small-object cell: an op, a size, a number of requests in flight.
@@ -126,6 +146,8 @@ pub(crate) struct Cell {
     pub s3dma: CellStats,
     /// aws-sdk-s3 over HTTP.
     pub http: CellStats,
+    /// The s3dma requests' time in each service (when its metrics were read).
+    pub layers: Layers,
 }
 
 /// CPU seconds (user + system) each process used during some phases.
@@ -389,6 +411,11 @@ impl Report {
                 format!("{k}_ops_{n}_vs_http"),
                 ratio(c.s3dma.ops_per_s, c.http.ops_per_s),
             );
+            put(format!("{k}_mean_us_{n}"), c.s3dma.mean_us);
+            put(format!("http_{k}_mean_us_{n}"), c.http.mean_us);
+            put(format!("{k}_shim_mean_us_{n}"), c.layers.shim_us);
+            put(format!("{k}_agent_mean_us_{n}"), c.layers.agent_us);
+            put(format!("{k}_target_mean_us_{n}"), c.layers.target_us);
         }
         let procs: [(&str, Pick); 4] = [
             ("agent", |c| c.agent),
@@ -605,6 +632,49 @@ impl Report {
             );
         }
 
+        if self.cells.iter().any(|c| c.layers != Layers::default()) {
+            let _ = writeln!(
+                o,
+                "\nWhere an s3dma request's time goes: mean µs per request in each service \
+                 (its own histogram; a layer includes those below it), and the difference \
+                 each hop adds"
+            );
+            let _ = writeln!(
+                o,
+                "  {:<7} {:<4} {:>6} | {:>7} {:>7} {:>7} {:>7} | {:>12} {:>11} {:>12} | {:>8}",
+                "object",
+                "op",
+                "flight",
+                "client",
+                "shim",
+                "agent",
+                "target",
+                "client-shim",
+                "shim-agent",
+                "agent-target",
+                "HTTP"
+            );
+            let minus = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
+            for c in &self.cells {
+                let l = c.layers;
+                let _ = writeln!(
+                    o,
+                    "  {:<7} {:<4} {:>6} | {:>7} {:>7} {:>7} {:>7} | {:>12} {:>11} {:>12} | {:>8}",
+                    human_size(c.size.bytes),
+                    c.op.label(),
+                    c.in_flight,
+                    fmt_num(c.s3dma.mean_us),
+                    fmt_num(l.shim_us),
+                    fmt_num(l.agent_us),
+                    fmt_num(l.target_us),
+                    fmt_num(minus(c.s3dma.mean_us, l.shim_us)),
+                    fmt_num(minus(l.shim_us, l.agent_us)),
+                    fmt_num(minus(l.agent_us, l.target_us)),
+                    fmt_num(c.http.mean_us),
+                );
+            }
+        }
+
         let _ = writeln!(
             o,
             "\nCPU (utime+stime from /proc/PID/stat): s per GB of the large transfers, \
@@ -697,6 +767,7 @@ mod tests {
             p50_us: Some(p50),
             p99_us: Some(p50 * 3.0),
             requests: 1000,
+            mean_us: Some(p50 + 40.0),
         };
         Report {
             quick: false,
@@ -735,6 +806,11 @@ mod tests {
                     in_flight: 1,
                     s3dma: stats(2000.0, 400.0),
                     http: stats(1000.0, 800.0),
+                    layers: Layers {
+                        shim_us: Some(300.0),
+                        agent_us: Some(200.0),
+                        target_us: Some(150.0),
+                    },
                 },
                 Cell {
                     op: Op::Get,
@@ -742,6 +818,7 @@ mod tests {
                     in_flight: 64,
                     s3dma: stats(9000.0, 6000.0),
                     http: stats(3000.0, 20000.0),
+                    layers: Layers::default(),
                 },
             ],
             cpu_s3dma: PathCpu {
@@ -800,6 +877,17 @@ mod tests {
         assert_eq!(f("procs_object_bytes"), Some(f64::from(256u32 << 20)));
         let t = report().table();
         assert!(t.contains("Tenant processes on this host"), "{t}");
+        // The layers: client 440, shim 300, agent 200, target 150 µs, so
+        // the hops add 140, 100 and 50.
+        let row = t
+            .lines()
+            .find(|l| l.contains("Where an s3dma request's time goes"))
+            .and_then(|_| t.lines().find(|l| l.contains("|") && l.contains(" 440 ")))
+            .unwrap_or_else(|| panic!("no layers row:\n{t}"));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        for want in ["300", "200", "150", "140", "100", "50.0"] {
+            assert!(cols.contains(&want), "{want} in {row}");
+        }
         assert!(t.contains("of the store limit"), "{t}");
     }
 
@@ -822,6 +910,11 @@ mod tests {
         assert_eq!(f("http_get_4k_ops_64"), Some(3000.0));
         assert_eq!(f("get_4k_ops_64_vs_http"), Some(3.0));
         assert_eq!(f("get_4k_p50_us_64"), Some(6000.0));
+        assert_eq!(f("get_4k_mean_us_1"), Some(440.0));
+        assert_eq!(f("get_4k_shim_mean_us_1"), Some(300.0));
+        assert_eq!(f("get_4k_agent_mean_us_1"), Some(200.0));
+        assert_eq!(f("get_4k_target_mean_us_1"), Some(150.0));
+        assert_eq!(j.get("get_4k_shim_mean_us_64"), Some(&Value::Null));
         assert_eq!(f("agent_cpu_us_per_req"), Some(100.0));
         assert_eq!(f("shim_cpu_us_per_req"), Some(50.0));
         assert_eq!(f("client_cpu_us_per_req"), Some(25.0));

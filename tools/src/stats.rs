@@ -54,6 +54,12 @@ impl Latencies {
         self.hist.len()
     }
 
+    /// The mean latency, µs; `None` when empty.
+    #[must_use]
+    pub(crate) fn mean_us(&self) -> Option<f64> {
+        (!self.hist.is_empty()).then(|| self.hist.mean())
+    }
+
     /// The latency at quantile `q` (0.5 = median), µs; `None` when empty.
     #[must_use]
     pub(crate) fn quantile_us(&self, q: f64) -> Option<f64> {
