@@ -67,6 +67,11 @@ fn bench_quick_reports_every_number() {
                     keys.push(format!("{p}{op}_{size}_ops_{n}"));
                     keys.push(format!("{p}{op}_{size}_p50_us_{n}"));
                     keys.push(format!("{p}{op}_{size}_p99_us_{n}"));
+                    keys.push(format!("{p}{op}_{size}_mean_us_{n}"));
+                }
+                // Where the time went, from the services' own histograms.
+                for layer in ["shim", "agent", "target"] {
+                    keys.push(format!("{op}_{size}_{layer}_mean_us_{n}"));
                 }
             }
         }
