@@ -333,6 +333,13 @@ mod tests {
         assert!(!auth.contains("very-secret"));
     }
 
+    /// A signer and headers holding only `host`, as the agent's requests start.
+    fn signer_and_host() -> (Signer, HeaderMap) {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("t:1"));
+        (Signer::new("AKID", "secret"), h)
+    }
+
     /// Both ways of signing, on copies of the same headers.
     fn both(
         s: &Signer,
@@ -352,9 +359,7 @@ mod tests {
 
     #[test]
     fn the_cached_key_follows_the_day_and_the_region() {
-        let s = Signer::new("AKID", "secret");
-        let mut h = HeaderMap::new();
-        h.insert("host", HeaderValue::from_static("t:1"));
+        let (s, h) = signer_and_host();
         // Same day, next day (the cached key must not be reused), back to
         // the first day, another region.
         for (secs, region) in [
@@ -375,9 +380,7 @@ mod tests {
 
     #[test]
     fn queries_go_through_aws_sigv4() {
-        let s = Signer::new("AKID", "secret");
-        let mut h = HeaderMap::new();
-        h.insert("host", HeaderValue::from_static("t:1"));
+        let (s, h) = signer_and_host();
         let (fast, reference) = both(
             &s,
             "GET",
@@ -391,9 +394,7 @@ mod tests {
 
     #[test]
     fn a_header_that_is_not_visible_ascii_is_refused() {
-        let s = Signer::new("AKID", "secret");
-        let mut h = HeaderMap::new();
-        h.insert("host", HeaderValue::from_static("t:1"));
+        let (s, mut h) = signer_and_host();
         h.insert(
             "x-amz-meta-a",
             HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
