@@ -231,8 +231,9 @@ pub async fn write_range(
 }
 
 /// The smallest GET sent straight from the file: below it, copying the
-/// bytes into a staging buffer costs less than mapping the range to load
-/// it (and unmapping it, a TLB shootdown) and a second system call.
+/// bytes into a staging buffer costs less than the page-cache check (a
+/// mapping, `mincore(2)`, and loading the range when it is cold) and a
+/// second system call.
 const FILE_SEND_MIN: u64 = 1 << 20;
 
 /// [`write_range`] without staging: each chunk is brought into the page
