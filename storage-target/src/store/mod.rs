@@ -478,24 +478,71 @@ fn read_meta(file: &File, path: &Path) -> StoreResult<ObjectMeta> {
 }
 
 /// Removes a temporary file when dropped unless disarmed (also when the
-/// request future is cancelled mid-write).
+/// request future is cancelled mid-write). A blocking task that creates the
+/// file does so through [`TmpGuard::creator`], since it may run after a
+/// cancelled request dropped the guard.
 #[derive(Debug)]
-struct TmpGuard(Option<PathBuf>);
+struct TmpGuard {
+    path: Option<PathBuf>,
+    /// Set when the guard removed the file: a creator that comes later
+    /// removes what it made.
+    removed: Arc<AtomicBool>,
+}
 
 impl TmpGuard {
+    fn new(path: PathBuf) -> TmpGuard {
+        TmpGuard {
+            path: Some(path),
+            removed: Arc::new(AtomicBool::new(false)),
+        }
+    }
     fn path(&self) -> &Path {
-        self.0.as_deref().unwrap_or(Path::new(""))
+        self.path.as_deref().unwrap_or(Path::new(""))
     }
     fn disarm(&mut self) {
-        self.0 = None;
+        self.path = None;
+    }
+    /// What a blocking task uses to create the file.
+    fn creator(&self) -> TmpCreator {
+        TmpCreator {
+            path: self.path().to_owned(),
+            removed: Arc::clone(&self.removed),
+        }
     }
 }
 
 impl Drop for TmpGuard {
     fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
+        if let Some(p) = self.path.take() {
+            self.removed.store(true, Ordering::SeqCst);
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// Creates a [`TmpGuard`]'s file from a blocking task. The spawned task
+/// outlives a cancelled request: when the guard has already removed the
+/// file (or removes it later), the file does not stay behind either way.
+#[derive(Debug)]
+struct TmpCreator {
+    path: PathBuf,
+    removed: Arc<AtomicBool>,
+}
+
+impl TmpCreator {
+    /// [`create_private_file`], undone when the guard is already gone.
+    fn create(&self) -> io::Result<File> {
+        let f = create_private_file(&self.path)?;
+        // The guard sets the flag before removing: if it is not set yet,
+        // the guard's removal comes after this file exists.
+        if self.removed.load(Ordering::SeqCst) {
+            let _ = std::fs::remove_file(&self.path);
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "the request was cancelled before its temporary file was made",
+            ));
+        }
+        Ok(f)
     }
 }
 
@@ -654,9 +701,7 @@ impl Store {
     }
 
     fn tmp_path(&self) -> TmpGuard {
-        TmpGuard(Some(
-            self.tmp_dir.join(uuid::Uuid::new_v4().simple().to_string()),
-        ))
+        TmpGuard::new(self.tmp_dir.join(uuid::Uuid::new_v4().simple().to_string()))
     }
 
     fn bucket(&self, name: &str) -> StoreResult<Arc<Bucket>> {
@@ -848,11 +893,11 @@ impl Store {
             check.update(&chunk);
             head.push(chunk);
         }
-        let path = tmp.path().to_owned();
+        let creator = tmp.creator();
         if ended {
             let (file, md5_hex) = blocking(move || {
                 use std::io::Write as _;
-                let mut f = create_private_file(&path)?;
+                let mut f = creator.create()?;
                 let mut md5 = Md5::new();
                 for chunk in &head {
                     md5.update(chunk);
@@ -888,7 +933,7 @@ impl Store {
         });
         let writer = tokio::task::spawn_blocking(move || -> io::Result<File> {
             use std::io::Write as _;
-            let mut w = std::io::BufWriter::with_capacity(IO_CHUNK, create_private_file(&path)?);
+            let mut w = std::io::BufWriter::with_capacity(IO_CHUNK, creator.create()?);
             while let Some(chunk) = rx.blocking_recv() {
                 w.write_all(&chunk)?;
             }
@@ -948,7 +993,7 @@ impl Store {
         let entry = IndexEntry::from(meta);
         let src = tmp.path().to_owned();
         tmp.disarm();
-        let mut guard = TmpGuard(Some(src.clone()));
+        let mut guard = TmpGuard::new(src.clone());
         let this = Arc::clone(&self.parts);
         blocking(move || {
             let path = b.object_path(&key);
@@ -1119,10 +1164,10 @@ impl Store {
             manifest: None,
         };
         let from = src.clone();
-        let to = tmp.path().to_owned();
+        let to = tmp.creator();
         let size = src.meta.size;
         let computed = blocking(move || {
-            let mut out = create_private_file(&to)?;
+            let mut out = to.create()?;
             let mut input: Box<dyn io::Read> = match &from.data {
                 // std::io::copy uses copy_file_range between files.
                 Data::File(f) => {
@@ -1480,5 +1525,42 @@ impl Stream for RangeStream {
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         (0, None)
+    }
+}
+
+#[cfg(test)]
+mod tmp_guard_tests {
+    use super::*;
+
+    /// A blocking task may create a request's temporary file before or
+    /// after the request is cancelled (its guard dropped): either way no
+    /// file stays; a disarmed guard keeps it.
+    #[test]
+    fn a_temporary_file_never_outlives_its_cancelled_request() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("t");
+
+        // Created after the guard is gone: undone at once.
+        let guard = TmpGuard::new(path.clone());
+        let late = guard.creator();
+        drop(guard);
+        let e = late.create().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::Interrupted);
+        assert!(!path.exists());
+
+        // Created first, then the guard goes (the file still open).
+        let guard = TmpGuard::new(path.clone());
+        let f = guard.creator().create().unwrap();
+        assert!(path.exists());
+        drop(guard);
+        assert!(!path.exists());
+        drop(f);
+
+        // Disarmed (published): kept.
+        let mut guard = TmpGuard::new(path.clone());
+        drop(guard.creator().create().unwrap());
+        guard.disarm();
+        drop(guard);
+        assert!(path.exists());
     }
 }

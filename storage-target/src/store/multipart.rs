@@ -235,7 +235,7 @@ impl Store {
         let src = tmp.path().to_owned();
         let mut tmp = tmp;
         tmp.disarm();
-        let mut guard = TmpGuard(Some(src.clone()));
+        let mut guard = TmpGuard::new(src.clone());
         blocking(move || {
             std::fs::rename(&src, dir.join(part_file_name(part_number)))?;
             guard.disarm();
@@ -446,7 +446,7 @@ impl Store {
         // durable before the manifest is published. Until then nothing
         // refers to that directory, and start-up removes it after a crash.
         let tmp = self.tmp_path();
-        let to = tmp.path().to_owned();
+        let to = tmp.creator();
         let trailer = super::format::encode_trailer(&meta);
         let numbers: Vec<(u32, u64)> = chosen.iter().map(|p| (p.part_number, p.size)).collect();
         let parts_root = self.parts.dir.clone();
@@ -467,7 +467,7 @@ impl Store {
             }
             fsync_dir(&linked)?;
             fsync_dir(&parts_root)?;
-            let mut out = super::create_private_file(&to)?;
+            let mut out = to.create()?;
             io::Write::write_all(&mut out, &trailer)?;
             out.sync_all()?;
             Ok(())
