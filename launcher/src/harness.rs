@@ -435,16 +435,25 @@ impl Moto {
             venv.display()
         );
         let port = free_port();
-        let child = Command::new(venv)
+        let mut child = Command::new(venv)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let endpoint = format!("http://127.0.0.1:{port}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        // Generous: in the Soft-RoCE VM (emulated CPUs) importing moto alone
+        // took over 30 s once. A moto that exits fails at once.
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "moto did not start");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("moto exited before it listened: {status}");
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("moto did not start in 180 s");
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
         Moto {
