@@ -58,12 +58,11 @@ impl FileRange {
     /// Call it on a blocking thread. Maps the range without populating it
     /// and asks `mincore(2)` which pages are cached: a range already in the
     /// page cache (the hot case, and always on tmpfs) costs a page-cache
-    /// lookup per page and no page-table work. Otherwise the range is mapped
-    /// again with `MAP_POPULATE`, so the kernel reads the pages without
-    /// copying them into user memory, and unmapped.
+    /// lookup per page and no page-table work. Otherwise the range is read
+    /// through a 1 MiB scratch buffer.
     ///
     /// # Errors
-    /// The `mmap(2)` or `mincore(2)` error.
+    /// The `mmap(2)`, `mincore(2)` or `pread(2)` error.
     pub fn prefetch(&self) -> std::io::Result<()> {
         if self.len == 0 {
             return Ok(());
@@ -83,14 +82,28 @@ impl FileRange {
             map.all_cached(page)?
         };
         if !cached {
-            Mapping::new(&self.file, len, off, libc::MAP_POPULATE)?;
+            // Read it (the disk dominates here, not the copy); unlike
+            // MAP_POPULATE this also loads it under qemu-user.
+            use std::os::unix::fs::FileExt as _;
+            let mut scratch = vec![0u8; 1 << 20];
+            let mut at = self.offset;
+            let end = self.offset + self.len;
+            while at < end {
+                let n = usize::try_from(end - at)
+                    .unwrap_or(usize::MAX)
+                    .min(scratch.len());
+                match self.file.read_at(&mut scratch[..n], at)? {
+                    0 => break, // the file ends first: the send reports it
+                    k => at += k as u64,
+                }
+            }
         }
         Ok(())
     }
 }
 
 /// A read-only shared mapping of a file range that is never dereferenced
-/// (only inspected with `mincore(2)` or populated by the kernel), unmapped
+/// (only inspected with `mincore(2)`), unmapped
 /// on drop.
 struct Mapping {
     addr: *mut libc::c_void,
