@@ -78,7 +78,7 @@ impl FileRange {
             return Err(std::io::Error::other("file offset too large to map"));
         };
         let cached = {
-            let map = Mapping::new(&self.file, len, off, 0)?;
+            let map = Mapping::new(&self.file, len, off)?;
             map.all_cached(page)?
         };
         if !cached {
@@ -103,20 +103,14 @@ impl FileRange {
 }
 
 /// A read-only shared mapping of a file range that is never dereferenced
-/// (only inspected with `mincore(2)`), unmapped
-/// on drop.
+/// (only inspected with `mincore(2)`), unmapped on drop.
 struct Mapping {
     addr: *mut libc::c_void,
     len: usize,
 }
 
 impl Mapping {
-    fn new(
-        file: &File,
-        len: usize,
-        off: libc::off_t,
-        flags: libc::c_int,
-    ) -> std::io::Result<Mapping> {
+    fn new(file: &File, len: usize, off: libc::off_t) -> std::io::Result<Mapping> {
         use std::os::fd::AsRawFd as _;
         // SAFETY: a fresh read-only shared mapping chosen by the kernel; it
         // aliases no Rust memory and is never dereferenced, only unmapped.
@@ -125,7 +119,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ,
-                libc::MAP_SHARED | flags,
+                libc::MAP_SHARED,
                 file.as_raw_fd(),
                 off,
             )
@@ -189,7 +183,7 @@ mod tests {
     }
 
     fn cached(file: &File, len: usize) -> bool {
-        Mapping::new(file, len, 0, 0)
+        Mapping::new(file, len, 0)
             .unwrap()
             .all_cached(page())
             .unwrap()
