@@ -59,6 +59,9 @@ pub enum StartError {
     /// The metrics endpoint could not be started.
     #[error("{0}")]
     Metrics(#[from] s3dma_service::metrics::MetricsError),
+    /// The caps need more file descriptors than `RLIMIT_NOFILE` allows.
+    #[error(transparent)]
+    FdLimit(#[from] s3dma_service::fds::FdLimitError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -212,6 +215,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     // the choice never depends on which rustls features the build unified
     // (an error only means one is installed already).
     let _ = rustls::crypto::ring::default_provider().install_default();
+    check_fd_limit(&cfg.config)?;
     let metrics = Arc::new(Metrics::new());
     let core = build_core(&cfg, Arc::clone(&metrics))?;
     let c = &cfg.config;
@@ -304,6 +308,39 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         shutdown,
         server,
     })
+}
+
+/// File descriptors the agent needs besides those its caps count (the
+/// listeners, fabric sessions and endpoint, logs).
+const FD_RESERVE: u64 = 512;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit and checks that the
+/// caps fit: `listen.max_connections` gRPC connections, a target
+/// connection per concurrent request of each tenant plus the idle ones
+/// kept per target, and each metrics listener's connection cap.
+fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
+    let metrics_listeners =
+        u64::from(c.metrics.address.is_some()) + u64::from(c.metrics.unix_socket.is_some());
+    let need = c.listen.max_connections as u64
+        + c.tenants
+            .iter()
+            .map(|t| t.quotas.max_concurrent_requests as u64)
+            .sum::<u64>()
+        + c.targets
+            .iter()
+            .map(|t| t.max_idle_connections as u64)
+            .sum::<u64>()
+        + metrics_listeners * s3dma_service::metrics::MAX_CONNECTIONS as u64
+        + FD_RESERVE;
+    s3dma_service::fds::check(
+        need,
+        &format!(
+            "the caps (listen.max_connections, the tenants' quotas.max_concurrent_requests, the targets' max_idle_connections, {} per metrics listener, plus {FD_RESERVE})",
+            s3dma_service::metrics::MAX_CONNECTIONS
+        ),
+        "listen.max_connections or the tenants' quotas.max_concurrent_requests",
+    )?;
+    Ok(())
 }
 
 /// Time a new connection has to open: send the whole HTTP/2 client preface

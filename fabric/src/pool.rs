@@ -22,8 +22,12 @@
 //!
 //! # Sessions
 //!
-//! One session per endpoint carries all of that endpoint's operations (a
-//! session multiplexes many outstanding operations), with at most
+//! One session per endpoint and owner carries all of that pair's operations
+//! (a session multiplexes many outstanding operations). The owner is a name
+//! the caller chooses ([`SessionPool::get_for`]; the storage-target passes
+//! the S3 user, so requests signed by one user never share a session, its
+//! queue and its streams, with another user's; [`SessionPool::get`] is the
+//! owner `""`), with at most
 //! `max_ops_per_session` in flight ([`SessionEntry::ops`]). Connecting is
 //! bounded by a timeout; a failed connect fails only the request that asked
 //! for it and is not cached, and a session that died is replaced by the next
@@ -387,9 +391,12 @@ pub struct SessionPool {
     connect_timeout: Duration,
     max_ops: usize,
     tcp_streams: usize,
-    slots: Mutex<HashMap<EndpointAddr, Slot>>,
+    slots: Mutex<HashMap<SessionKey, Slot>>,
     observer: Arc<dyn PoolObserver>,
 }
+
+/// What a pooled session is for: an endpoint and an owner.
+type SessionKey = (EndpointAddr, Box<str>);
 
 impl fmt::Debug for SessionPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -426,7 +433,7 @@ impl SessionPool {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointAddr, Slot>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Slot>> {
         self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -438,7 +445,8 @@ impl SessionPool {
         self.max_ops
     }
 
-    /// A live session to `peer`: the pooled one, or a new connection.
+    /// A live session to `peer` (owner `""`): the pooled one, or a new
+    /// connection.
     ///
     /// # Errors
     /// [`ConnectError`] when the endpoint cannot be reached in time.
@@ -446,7 +454,20 @@ impl SessionPool {
         &self,
         peer: EndpointAddr,
     ) -> std::result::Result<Arc<SessionEntry>, ConnectError> {
-        let slot = Arc::clone(self.lock().entry(peer).or_default());
+        self.get_for(peer, "").await
+    }
+
+    /// A live session to `peer` for `owner`: the one pooled for that pair,
+    /// or a new connection. Two owners never share a session.
+    ///
+    /// # Errors
+    /// [`ConnectError`] when the endpoint cannot be reached in time.
+    pub async fn get_for(
+        &self,
+        peer: EndpointAddr,
+        owner: &str,
+    ) -> std::result::Result<Arc<SessionEntry>, ConnectError> {
+        let slot = Arc::clone(self.lock().entry((peer, owner.into())).or_default());
         let mut guard = slot.lock().await;
         if let Some(e) = guard.as_ref() {
             if e.session.is_alive() {
@@ -518,7 +539,7 @@ impl SessionPool {
     pub fn reap(&self, idle: Duration) -> usize {
         let mut closed = 0;
         let mut map = self.lock();
-        map.retain(|peer, slot| {
+        map.retain(|(peer, _), slot| {
             let Ok(mut g) = slot.try_lock() else {
                 return true; // a request is connecting or using the slot
             };
@@ -679,8 +700,16 @@ mod tests {
         assert_eq!(pool.len(), 1);
         assert_eq!(*rec.connects.lock().unwrap(), ["ok"]);
         assert_eq!(a.in_flight(), 0);
+        // Another owner of the same endpoint gets a session of its own.
+        let c = pool.get_for(ep.addr(), "bob").await.unwrap();
+        let d = pool.get_for(ep.addr(), "bob").await.unwrap();
+        assert!(!Arc::ptr_eq(&a, &c), "one session per endpoint and owner");
+        assert!(Arc::ptr_eq(&c, &d));
+        assert_eq!(pool.len(), 2);
+        assert_eq!(*rec.connects.lock().unwrap(), ["ok", "ok"]);
+        drop((c, d));
         // Held by a request: not reaped.
-        assert_eq!(pool.reap(Duration::ZERO), 0);
+        assert_eq!(pool.reap(Duration::ZERO), 1);
         drop((a, b));
         assert_eq!(pool.reap(Duration::ZERO), 1);
         assert!(pool.is_empty());

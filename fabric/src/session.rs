@@ -157,6 +157,22 @@ impl Session {
         }
     }
 
+    /// Fails the session, as a lost connection would (e.g. when its peer
+    /// stopped completing operations): every outstanding operation
+    /// completes with an error once the transport no longer touches its
+    /// local memory (tcp: the streams stop and close; verbs: the queue pair
+    /// goes to the error state and the device flushes its work requests),
+    /// so the owner of that memory may reuse it after the completion, as
+    /// always. Later operations fail at once; [`Session::is_alive`] turns
+    /// false (pools replace the session).
+    pub fn fail(&self) {
+        match &self.inner {
+            SessionImpl::Tcp(s) => s.fail(),
+            #[cfg(feature = "verbs")]
+            SessionImpl::Verbs(s) => s.fail(),
+        }
+    }
+
     /// The endpoint this session talks to.
     pub fn peer(&self) -> EndpointAddr {
         match &self.inner {

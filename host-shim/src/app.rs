@@ -86,27 +86,27 @@ const MAX_HEADER_LIST: u32 = 16 << 10;
 /// the fabric endpoint and its connections, metrics, logs).
 const FD_RESERVE: u64 = 512;
 
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit, then checks that every
-/// tenant at its caps fits: a tenant holds at most `max_connections`
-/// connections (each may carry one fd in an unfinished lease frame) and
-/// `2 × max_buffers` fds (registered buffers and passed fds waiting for
-/// RegisterBuffer), so no tenant can starve another of descriptors.
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit
+/// ([`s3dma_service::fds`]), then checks that every tenant at its caps
+/// fits: a tenant holds at most `max_connections` connections (each may
+/// carry one fd in an unfinished lease frame) and `2 × max_buffers` fds
+/// (registered buffers and passed fds waiting for RegisterBuffer), so no
+/// tenant can starve another of descriptors; each metrics listener adds
+/// its connection cap.
 fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
-        .map_err(|e| StartError::FdLimit(format!("cannot read RLIMIT_NOFILE: {e}")))?;
-    let mut limit = soft;
-    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-        limit = hard;
-    }
+    let limit = s3dma_service::fds::raise_limit().map_err(|e| StartError::FdLimit(e.to_string()))?;
+    let metrics_listeners =
+        u64::from(c.metrics.address.is_some()) + u64::from(c.metrics.unix_socket.is_some());
     let need: u64 = FD_RESERVE
+        + metrics_listeners * s3dma_service::metrics::MAX_CONNECTIONS as u64
         + c.tenants
             .iter()
             .map(|t| 2 * u64::from(t.max_connections) + 2 * u64::from(t.max_buffers))
             .sum::<u64>();
     if need > limit {
         return Err(StartError::FdLimit(format!(
-            "the tenants' limits need up to {need} file descriptors (2 × max_connections + 2 × max_buffers each, plus {FD_RESERVE}) but RLIMIT_NOFILE is {limit}; raise it (LimitNOFILE= in the systemd unit, ulimit -n) or lower the tenants' max_connections / max_buffers"
+            "the tenants' limits need up to {need} file descriptors (2 × max_connections + 2 × max_buffers each, {} per metrics listener, plus {FD_RESERVE}) but RLIMIT_NOFILE is {limit}; raise it (LimitNOFILE= in the systemd unit, ulimit -n) or lower the tenants' max_connections / max_buffers",
+            s3dma_service::metrics::MAX_CONNECTIONS
         )));
     }
     Ok(())

@@ -11,10 +11,13 @@
 //!   calls in ahead of tonic's codec (a per-method size limit, a held mark).
 //! - [`skeleton`]: the one `main` (`--config`/`--check`, tracing, signals,
 //!   graceful shutdown, the "listening on" lines).
+//! - [`fds`]: the file-descriptor budget every service checks against
+//!   `RLIMIT_NOFILE` at start.
 //! - [`private`]: state and socket directories that belong to the user who
 //!   runs the service, and files created only its owner can read.
 
 pub mod escape;
+pub mod fds;
 pub mod grpc;
 pub mod metrics;
 pub mod private;

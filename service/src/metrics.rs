@@ -12,6 +12,10 @@
 //! gets 401 and no metric). Metric labels name tenants and their traffic,
 //! which other local users should not read: the Unix socket or the token
 //! keep them to the operator.
+//!
+//! Each listener serves at most [`MAX_CONNECTIONS`] connections at a time;
+//! beyond that a new connection is closed at accept (each service counts
+//! them in its file-descriptor budget, [`crate::fds`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,7 +32,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use s3dma_config::Secret;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+
+/// Most connections open at a time on each metrics listener (TCP, Unix
+/// socket): scrapers need one or two.
+pub const MAX_CONNECTIONS: usize = 32;
 
 /// Renders the service's metrics in Prometheus text format.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -108,12 +117,14 @@ impl MetricsServer {
                     .map_err(|source| MetricsError::Bind { addr, source })?,
             );
             let (render, token) = (Arc::clone(&render), token.clone());
+            let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
             tasks.push(tokio::spawn(async move {
                 loop {
                     match l.accept().await {
                         Ok((s, _)) => {
+                            let Some(slot) = slot(&slots) else { continue };
                             let _ = s.set_nodelay(true);
-                            spawn_conn(s, Arc::clone(&render), token.clone());
+                            spawn_conn(s, Arc::clone(&render), token.clone(), slot);
                         }
                         Err(e) => backoff(&e).await,
                     }
@@ -125,10 +136,12 @@ impl MetricsServer {
             let l = bind_unix(&path)?;
             let me = nix::unistd::geteuid().as_raw();
             let (render, token) = (Arc::clone(&render), token.clone());
+            let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
             tasks.push(tokio::spawn(async move {
                 loop {
                     match l.accept().await {
                         Ok((s, _)) => {
+                            let Some(slot) = slot(&slots) else { continue };
                             let uid = nix::sys::socket::getsockopt(
                                 &s.as_fd(),
                                 nix::sys::socket::sockopt::PeerCredentials,
@@ -136,7 +149,7 @@ impl MetricsServer {
                             .map(|c| c.uid());
                             match uid {
                                 Ok(uid) if uid == me || uid == 0 => {
-                                    spawn_conn(s, Arc::clone(&render), token.clone());
+                                    spawn_conn(s, Arc::clone(&render), token.clone(), slot);
                                 }
                                 Ok(uid) => tracing::debug!(uid, "metrics socket: peer refused"),
                                 Err(e) => tracing::debug!(error = %e, "metrics socket: no peer credentials"),
@@ -178,6 +191,19 @@ impl Drop for MetricsServer {
     }
 }
 
+/// A connection slot of a listener, or `None` (the connection, dropped by
+/// the caller, is closed) when [`MAX_CONNECTIONS`] are open.
+fn slot(slots: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+    let s = Arc::clone(slots).try_acquire_owned().ok();
+    if s.is_none() {
+        tracing::debug!(
+            max = MAX_CONNECTIONS,
+            "metrics: closing a connection, the listener's connections are all open"
+        );
+    }
+    s
+}
+
 async fn backoff(e: &std::io::Error) {
     // EMFILE and friends: back off instead of spinning.
     tracing::warn!(error = %e, "metrics accept failed");
@@ -214,11 +240,16 @@ fn bind_unix(path: &Path) -> Result<UnixListener, MetricsError> {
     Ok(l)
 }
 
-fn spawn_conn<S>(stream: S, render: Render, token: Option<Arc<Secret>>)
-where
+fn spawn_conn<S>(
+    stream: S,
+    render: Render,
+    token: Option<Arc<Secret>>,
+    slot: OwnedSemaphorePermit,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
+        let _slot = slot;
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             let resp = respond(&req, &render, token.as_deref());
             async move { Ok::<_, Infallible>(resp) }

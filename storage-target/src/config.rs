@@ -22,6 +22,22 @@ pub struct Config {
     /// Default `127.0.0.1:9000`.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// Most S3 connections open at a time on `listen`. At the cap, the
+    /// connection idle longest (no request in progress) is closed to make
+    /// room for a new one; when every one has a request in progress, the
+    /// new connection is closed at once. Counted in the file-descriptor
+    /// budget checked against `RLIMIT_NOFILE` at start. Default 1024;
+    /// between 1 and 1000000.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Largest chunk an aws-chunked request body (`x-amz-content-sha256:
+    /// STREAMING-...`) may declare; a larger one is refused with `400
+    /// InvalidRequest` before its bytes are read (the whole chunk is held in
+    /// memory to check its signature). Real clients send 64 KiB (AWS SDKs
+    /// for Rust and Go, minio-go) to 1 MiB (botocore, the aws CLI). Default
+    /// `8MiB`; between 64KiB and 256MiB.
+    #[serde(default = "default_max_aws_chunk_size")]
+    pub max_aws_chunk_size: s3dma_config::ByteSize,
     /// Region used for SigV4 verification and returned by GetBucketLocation.
     /// Default `us-east-1`; must not be empty.
     #[serde(default = "default_region")]
@@ -229,6 +245,14 @@ fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9000))
 }
 
+fn default_max_connections() -> usize {
+    1024
+}
+
+fn default_max_aws_chunk_size() -> s3dma_config::ByteSize {
+    s3dma_config::ByteSize(crate::server::DEFAULT_MAX_AWS_CHUNK)
+}
+
 fn default_region() -> String {
     "us-east-1".to_owned()
 }
@@ -245,6 +269,8 @@ impl Config {
     pub fn new(data_dir: PathBuf) -> Config {
         Config {
             listen: default_listen(),
+            max_connections: default_max_connections(),
+            max_aws_chunk_size: default_max_aws_chunk_size(),
             region: default_region(),
             data_dir,
             store: crate::gateway::StoreKind::Filesystem,
@@ -372,6 +398,19 @@ impl Config {
                     .map_err(|(f, m)| invalid(format!("cache.{f}"), m))?;
             }
         }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return Err(invalid(
+                "max_connections".into(),
+                format!("must be between 1 and 1000000, got {}", self.max_connections),
+            ));
+        }
+        let chunk = self.max_aws_chunk_size.0;
+        if !(64 << 10..=256 << 20).contains(&chunk) {
+            return Err(invalid(
+                "max_aws_chunk_size".into(),
+                format!("must be between 64KiB and 256MiB, got {chunk} bytes"),
+            ));
+        }
         self.rdma.validate(file)?;
         self.metrics_options(file)?;
         if self.users.is_empty() {
@@ -468,9 +507,34 @@ impl Config {
                 create_buckets: u.create_buckets,
             });
         }
+        for (i, t) in self.rdma.tenant_users.iter().enumerate() {
+            if !users.iter().any(|u| &u.access_key_id == t) {
+                return Err(invalid(
+                    format!("rdma.tenant_users[{i}]"),
+                    format!("{t:?} is not one of users[].access_key_id"),
+                ));
+            }
+        }
         Ok(users)
     }
+
+    /// File descriptors this configuration may need at its caps: each S3
+    /// connection and what its request opens (an object file, or an
+    /// upstream connection), each metrics connection, plus
+    /// [`FD_RESERVE`].
+    #[must_use]
+    pub fn fd_budget(&self) -> u64 {
+        let metrics_listeners = u64::from(self.metrics.address.or(self.metrics_listen).is_some())
+            + u64::from(self.metrics.unix_socket.is_some());
+        2 * self.max_connections as u64
+            + metrics_listeners * s3dma_service::metrics::MAX_CONNECTIONS as u64
+            + FD_RESERVE
+    }
 }
+
+/// File descriptors the target needs besides its connections' (listeners,
+/// the fabric's sessions to client endpoints, logs, the store's own files).
+pub const FD_RESERVE: u64 = 512;
 
 impl Config {
     /// Where to serve `/metrics` (`metrics:` and the older `metrics_listen`),
@@ -593,6 +657,35 @@ mod tests {
         assert!(msg.starts_with("t.yaml: rdma.fabric_key_file:"), "{msg}");
         let e = Config::parse("t.yaml", "data_dir: /x\nrdma: {bogus: 1}\n").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn connection_chunk_and_tenant_user_limits() {
+        let base = "data_dir: /x\nusers: [{access_key_id: a, secret: s}, {access_key_id: b, secret: t}]\n";
+        let c = Config::parse("t.yaml", base).unwrap();
+        assert_eq!(c.max_connections, 1024);
+        assert_eq!(c.max_aws_chunk_size, s3dma_config::ByteSize(8 << 20));
+        assert_eq!(c.fd_budget(), 2 * 1024 + FD_RESERVE);
+        c.validate("t.yaml").unwrap();
+        for (extra, want) in [
+            ("max_connections: 0\n", "t.yaml: max_connections: must be between 1 and 1000000"),
+            ("max_aws_chunk_size: 1KiB\n", "t.yaml: max_aws_chunk_size: must be between 64KiB and 256MiB"),
+            ("rdma: {tenant_users: [a, zed]}\n", "t.yaml: rdma.tenant_users[1]: \"zed\" is not one of users[].access_key_id"),
+        ] {
+            let c = Config::parse("t.yaml", &format!("{base}{extra}")).unwrap();
+            let msg = c.validate("t.yaml").unwrap_err().to_string();
+            assert!(msg.starts_with(want), "{extra}: {msg}");
+        }
+        let c = Config::parse(
+            "t.yaml",
+            &format!("{base}metrics: {{address: 127.0.0.1:0, unix_socket: /run/m.sock}}\nrdma: {{tenant_users: [b]}}\nmax_connections: 10\n"),
+        )
+        .unwrap();
+        c.validate("t.yaml").unwrap();
+        assert_eq!(
+            c.fd_budget(),
+            20 + 2 * s3dma_service::metrics::MAX_CONNECTIONS as u64 + FD_RESERVE
+        );
     }
 
     #[test]

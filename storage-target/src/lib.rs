@@ -64,6 +64,9 @@ pub enum StartError {
     /// The metrics socket's directory is not safe (others could replace it).
     #[error("metrics.unix_socket: {0}")]
     MetricsDir(s3dma_service::private::PrivateError),
+    /// The caps need more file descriptors than `RLIMIT_NOFILE` allows.
+    #[error(transparent)]
+    FdLimit(#[from] s3dma_service::fds::FdLimitError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -162,6 +165,15 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
         users,
         fabric_key: key,
     } = loaded;
+    s3dma_service::fds::check(
+        cfg.fd_budget(),
+        &format!(
+            "the caps (2 x max_connections, {} per metrics listener, plus {})",
+            s3dma_service::metrics::MAX_CONNECTIONS,
+            config::FD_RESERVE
+        ),
+        "max_connections",
+    )?;
     let metrics = Arc::new(metrics::Metrics::new());
     let rdma = Arc::new(rdma::RdmaService::start(
         &cfg.rdma,
@@ -186,7 +198,8 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
             (service, format!("data_dir {}", cfg.data_dir.display()))
         }
     };
-    let handler = server::Handler::new(service, Arc::clone(&metrics), &cfg.region);
+    let handler = server::Handler::new(service, Arc::clone(&metrics), &cfg.region)
+        .with_max_aws_chunk_size(cfg.max_aws_chunk_size.0);
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -217,7 +230,14 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
     let mut lines = vec![format!("storage-target listening on http://{addr}")];
     lines.extend(metrics_server.describe().map(|m| format!("metrics on {m}")));
     s3dma_service::skeleton::announce(lines);
-    server::serve(listener, handler, shutdown, Duration::from_secs(30)).await;
+    server::serve(
+        listener,
+        handler,
+        shutdown,
+        Duration::from_secs(30),
+        cfg.max_connections,
+    )
+    .await;
     drop(metrics_server);
     Ok(())
 }

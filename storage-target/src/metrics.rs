@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    Encoder as _, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry,
 };
 use tracing::warn;
 
@@ -25,6 +26,56 @@ pub struct Metrics {
     rdma_share_cap: IntGauge,
     rdma_share_waits: IntCounterVec,
     gateway: GatewayMetrics,
+    limits: LimitMetrics,
+}
+
+/// The caps on connections, request bodies and the RDMA shared class.
+#[derive(Debug, Clone)]
+struct LimitMetrics {
+    connections: IntGauge,
+    connections_refused: IntCounter,
+    chunks_refused: IntCounter,
+    shared_class_cap: IntGauge,
+    stalled_sessions: IntCounter,
+}
+
+impl LimitMetrics {
+    fn new() -> Self {
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        LimitMetrics {
+            connections: gauge(
+                "s3dma_storage_target_connections",
+                "Open S3 (HTTP) connections",
+            ),
+            connections_refused: counter(
+                "s3dma_storage_target_connections_refused_total",
+                "S3 connections closed at accept because max_connections were open",
+            ),
+            chunks_refused: counter(
+                "s3dma_storage_target_aws_chunks_refused_total",
+                "aws-chunked request bodies refused because a chunk declared more than max_aws_chunk_size bytes (or a malformed chunk header)",
+            ),
+            shared_class_cap: gauge(
+                "s3dma_storage_target_rdma_staging_shared_class_buffers",
+                "Most staging buffers all users not in rdma.tenant_users may hold together (rdma.max_shared_staging_share of the pool)",
+            ),
+            stalled_sessions: counter(
+                "s3dma_storage_target_rdma_stalled_sessions_total",
+                "Fabric sessions failed because an operation did not complete within rdma.progress_timeout_secs",
+            ),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.connections.clone()),
+            Box::new(self.connections_refused.clone()),
+            Box::new(self.chunks_refused.clone()),
+            Box::new(self.shared_class_cap.clone()),
+            Box::new(self.stalled_sessions.clone()),
+        ]
+    }
 }
 
 /// The gateway's metrics (`store: s3`): its chunk cache and its upstream.
@@ -240,6 +291,7 @@ impl Metrics {
         )
         .expect("valid metric");
         let gateway = GatewayMetrics::new();
+        let limits = LimitMetrics::new();
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -256,6 +308,7 @@ impl Metrics {
         ]
         .into_iter()
         .chain(gateway.collectors())
+        .chain(limits.collectors())
         {
             registry.register(m).expect("unique metric");
         }
@@ -274,6 +327,7 @@ impl Metrics {
             rdma_share_cap,
             rdma_share_waits,
             gateway,
+            limits,
         }
     }
 
@@ -365,8 +419,37 @@ impl Metrics {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Sets how many staging buffers the shared class may hold.
+    pub fn staging_shared_class_cap(&self, n: usize) {
+        self.limits.shared_class_cap.set(gauge_value(n));
+    }
+
+    /// Counts a fabric session failed for want of progress.
+    pub fn rdma_session_stalled(&self) {
+        self.limits.stalled_sessions.inc();
+    }
+
+    /// Counts an S3 connection opened (`true`) or closed (`false`).
+    pub fn connection(&self, open: bool) {
+        if open {
+            self.limits.connections.inc();
+        } else {
+            self.limits.connections.dec();
+        }
+    }
+
+    /// Counts an S3 connection closed at accept (`max_connections`).
+    pub fn connection_refused(&self) {
+        self.limits.connections_refused.inc();
+    }
+
+    /// Counts an aws-chunked body refused for its chunk header.
+    pub fn aws_chunk_refused(&self) {
+        self.limits.chunks_refused.inc();
+    }
+
     /// Counts a staging buffer request that waited for its `limit`'s share
-    /// (`session` | `user`).
+    /// (`session` (the endpoint) | `user` | `shared` (the shared class)).
     pub fn staging_share_wait(&self, limit: &str) {
         self.rdma_share_waits.with_label_values(&[limit]).inc();
     }

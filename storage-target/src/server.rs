@@ -2,9 +2,19 @@
 //! request id to every request (`x-amz-request-id`, `x-amz-id-2`, and the
 //! `<RequestId>` of XML error bodies, including errors s3s raises itself),
 //! counts bytes and records metrics; plus graceful shutdown.
+//!
+//! Caps, whatever clients do: at most `max_connections` connections are
+//! open (at the cap, the connection idle longest, i.e. with no request in
+//! progress, is closed to make room, and a new connection finds none idle
+//! is closed at once), and an aws-chunked request body
+//! (`x-amz-content-sha256: STREAMING-...`) whose chunk header declares more
+//! than `max_aws_chunk_size` bytes is refused before a byte of that chunk is
+//! read (s3s buffers a whole chunk to check its signature, so the chunk
+//! size the client declares would otherwise be memory the server holds).
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -164,14 +174,157 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The display text of a request body that timed out (see [`IDLE_TIMEOUT`]).
 pub(crate) const BODY_IDLE_MESSAGE: &str = "the client sent no request body bytes";
 
+/// The start of the message of a request body refused for its aws-chunked
+/// framing (mapped to `400 InvalidRequest` by the S3 front ends).
+pub(crate) const AWS_CHUNK_REFUSED: &str = "aws-chunked body refused";
+
+/// Default of `max_aws_chunk_size`: well above what real clients send per
+/// chunk (aws-sdk-rust, aws-sdk-go-v2 and minio-go 64 KiB, aws-sdk-java v2
+/// 128 KiB, botocore and the aws CLI 1 MiB).
+pub const DEFAULT_MAX_AWS_CHUNK: u64 = 8 << 20;
+
+/// Longest aws-chunked chunk header line (size, `;chunk-signature=` and 64
+/// hex digits, CRLF) the check follows; s3s refuses longer ones as well.
+const MAX_CHUNK_HEADER: usize = 1024;
+
+/// Follows the framing of an aws-chunked body (`hex-size[;ext]\r\n`,
+/// `size` bytes, `\r\n`, ..., a 0-size chunk, trailers) as its bytes pass,
+/// and refuses a chunk header that declares more than `max` bytes (or is
+/// malformed) as soon as its size digits show it.
+#[derive(Debug)]
+pub(crate) struct ChunkCheck {
+    max: u64,
+    state: Framing,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Framing {
+    /// In a chunk header line: the size so far, its hex digits, whether
+    /// the size field is still being read, the line's length so far.
+    Header {
+        size: u64,
+        digits: u8,
+        in_size: bool,
+        len: usize,
+    },
+    /// In a chunk's data and the CRLF after it: bytes left.
+    Data(u64),
+    /// After the final 0-size chunk: trailers (which s3s bounds).
+    Trailer,
+}
+
+const HEADER_START: Framing = Framing::Header {
+    size: 0,
+    digits: 0,
+    in_size: true,
+    len: 0,
+};
+
+impl ChunkCheck {
+    /// A check refusing chunks larger than `max` bytes.
+    pub(crate) fn new(max: u64) -> ChunkCheck {
+        ChunkCheck {
+            max,
+            state: HEADER_START,
+        }
+    }
+
+    /// Follows `b`, the next bytes of the body.
+    ///
+    /// # Errors
+    /// Why the body is refused (the message starts with [`AWS_CHUNK_REFUSED`]).
+    pub(crate) fn feed(&mut self, mut b: &[u8]) -> Result<(), String> {
+        let refuse = |why: String| Err(format!("{AWS_CHUNK_REFUSED}: {why}"));
+        while let Some((&c, rest)) = b.split_first() {
+            match self.state {
+                Framing::Trailer => return Ok(()),
+                Framing::Data(left) => {
+                    let n = left.min(b.len() as u64);
+                    b = &b[usize::try_from(n).unwrap_or(b.len())..];
+                    self.state = if left == n {
+                        HEADER_START
+                    } else {
+                        Framing::Data(left - n)
+                    };
+                }
+                Framing::Header {
+                    size,
+                    digits,
+                    in_size,
+                    len,
+                } => {
+                    b = rest;
+                    let len = len + 1;
+                    if len > MAX_CHUNK_HEADER {
+                        return refuse(format!(
+                            "a chunk header is longer than {MAX_CHUNK_HEADER} bytes"
+                        ));
+                    }
+                    if in_size {
+                        if c == b';' || c == b'\r' {
+                            if digits == 0 {
+                                return refuse("a chunk header has no size".into());
+                            }
+                            self.state = Framing::Header {
+                                size,
+                                digits,
+                                in_size: false,
+                                len,
+                            };
+                            continue;
+                        }
+                        let Some(d) = char::from(c).to_digit(16) else {
+                            return refuse("a chunk size is not hexadecimal".into());
+                        };
+                        if digits >= 8 {
+                            return refuse("a chunk size has more than 8 hex digits".into());
+                        }
+                        let size = size * 16 + u64::from(d);
+                        if size > self.max {
+                            return refuse(format!(
+                                "a chunk declares at least {size} bytes, more than this server's limit of {} bytes per chunk (max_aws_chunk_size); send smaller chunks",
+                                self.max
+                            ));
+                        }
+                        self.state = Framing::Header {
+                            size,
+                            digits: digits + 1,
+                            in_size,
+                            len,
+                        };
+                    } else if c == b'\n' {
+                        // The data, then its CRLF.
+                        self.state = if size == 0 {
+                            Framing::Trailer
+                        } else {
+                            Framing::Data(size + 2)
+                        };
+                    } else {
+                        self.state = Framing::Header {
+                            size,
+                            digits,
+                            in_size,
+                            len,
+                        };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Counts the bytes of a request body, and fails it once the client has
-/// sent none for [`IDLE_TIMEOUT`] while the server waits for them.
+/// sent none for [`IDLE_TIMEOUT`] while the server waits for them, or when
+/// its aws-chunked framing declares too large a chunk ([`ChunkCheck`]).
 struct CountingBody {
     inner: Incoming,
     metrics: Arc<Metrics>,
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Set once the body has been read to its end.
     ended: Arc<AtomicBool>,
+    /// The aws-chunked check, for a streaming (`STREAMING-...`) body.
+    chunks: Option<ChunkCheck>,
 }
 
 impl http_body::Body for CountingBody {
@@ -200,6 +353,15 @@ impl http_body::Body for CountingBody {
             && let Some(d) = f.data_ref()
         {
             self.metrics.add_bytes_in(d.len() as u64);
+            let checked = self.chunks.as_mut().map(|c| c.feed(d));
+            if let Some(Err(why)) = checked {
+                self.metrics.aws_chunk_refused();
+                debug!(error = %why, "request body refused");
+                return Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    why,
+                ))));
+            }
         }
         if matches!(r, Poll::Ready(None)) || self.inner.is_end_stream() {
             self.ended.store(true, Ordering::Relaxed);
@@ -225,6 +387,8 @@ pub struct ResponseBody {
     status: u16,
     start: Instant,
     recorded: bool,
+    /// Marks the connection busy until the response is sent or dropped.
+    _busy: Option<Busy>,
 }
 
 impl std::fmt::Debug for ResponseBody {
@@ -292,6 +456,10 @@ pub struct Handler {
     metrics: Arc<Metrics>,
     /// This server's region: SigV4 credential scopes must name it.
     region: Arc<str>,
+    /// Largest aws-chunked chunk accepted (bytes).
+    max_aws_chunk: u64,
+    /// The connection this handler serves (set per connection by [`serve`]).
+    conn: Option<Arc<Conn>>,
 }
 
 impl std::fmt::Debug for Handler {
@@ -308,10 +476,21 @@ impl Handler {
             s3,
             metrics,
             region: region.into(),
+            max_aws_chunk: DEFAULT_MAX_AWS_CHUNK,
+            conn: None,
         }
     }
 
+    /// Sets the largest aws-chunked chunk a request body may declare
+    /// (`max_aws_chunk_size`; default [`DEFAULT_MAX_AWS_CHUNK`]).
+    #[must_use]
+    pub fn with_max_aws_chunk_size(mut self, bytes: u64) -> Self {
+        self.max_aws_chunk = bytes;
+        self
+    }
+
     async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let busy = self.conn.as_ref().map(|c| Busy::new(Arc::clone(c)));
         let start = Instant::now();
         let request_id = new_request_id();
         let op = OpSlot::default();
@@ -351,11 +530,16 @@ impl Handler {
             parts.extensions.insert(RequestId(request_id.clone()));
             parts.extensions.insert(op.clone());
             let ended = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&body)));
+            let streaming = parts
+                .headers
+                .get("x-amz-content-sha256")
+                .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
             let body = s3s::Body::http_body_unsync(CountingBody {
                 inner: body,
                 metrics: Arc::clone(&self.metrics),
                 idle: None,
                 ended: Arc::clone(&ended),
+                chunks: streaming.then(|| ChunkCheck::new(self.max_aws_chunk)),
             });
             let outcome = match crate::precheck::precheck(&mut parts, &self.region) {
                 Ok(()) => self.s3.call(Request::from_parts(parts, body)).await,
@@ -440,6 +624,7 @@ impl Handler {
                     status: status.as_u16(),
                     start,
                     recorded: false,
+                    _busy: busy,
                 },
             )
         }
@@ -549,15 +734,117 @@ impl tokio::io::AsyncWrite for WriteDeadline {
     }
 }
 
+/// One open connection, for the cap: whether a request is in progress on
+/// it, since when it has been idle, and how to close it.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    busy: AtomicUsize,
+    idle_since: Mutex<Instant>,
+    close: CancellationToken,
+}
+
+/// A request in progress on a connection (it is not idle meanwhile).
+#[derive(Debug)]
+struct Busy(Arc<Conn>);
+
+impl Busy {
+    fn new(c: Arc<Conn>) -> Busy {
+        c.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(c)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self
+            .0
+            .idle_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The open connections and the slots they hold.
+struct Conns {
+    max: usize,
+    slots: Arc<tokio::sync::Semaphore>,
+    open: Mutex<HashMap<u64, Arc<Conn>>>,
+    next: AtomicU64,
+}
+
+impl Conns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A slot for a new connection: a free one, or the slot of the
+    /// connection idle longest, closed for it; `None` when every open
+    /// connection has a request in progress.
+    async fn slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Some(p);
+        }
+        let victim = self
+            .lock()
+            .values()
+            .filter(|c| c.busy.load(Ordering::SeqCst) == 0 && !c.close.is_cancelled())
+            .min_by_key(|c| {
+                *c.idle_since
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            })
+            .cloned()?;
+        victim.close.cancel();
+        // Its task ends at once and gives the slot back.
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            Arc::clone(&self.slots).acquire_owned(),
+        )
+        .await
+        .ok()?
+        .ok()
+    }
+}
+
+/// What an open connection holds; dropping it gives the slot back.
+struct Open {
+    id: u64,
+    conns: Arc<Conns>,
+    metrics: Arc<Metrics>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.conns.lock().remove(&self.id);
+        self.metrics.connection(false);
+    }
+}
+
 /// Serves HTTP/1.1 (keep-alive) on `listener` until `shutdown` is cancelled,
-/// then lets in-flight requests finish (up to `grace`).
+/// then lets in-flight requests finish (up to `grace`). At most
+/// `max_connections` (at least 1) connections are open: at the cap, the
+/// connection idle longest (no request in progress) is closed to make
+/// room, or, when every one has a request in progress, the new connection
+/// is closed at once.
 pub async fn serve(
     listener: TcpListener,
     handler: Handler,
     shutdown: CancellationToken,
     grace: Duration,
+    max_connections: usize,
 ) {
     let tracker = TaskTracker::new();
+    let max = max_connections.max(1);
+    let conns = Arc::new(Conns {
+        max,
+        slots: Arc::new(tokio::sync::Semaphore::new(max)),
+        open: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(0),
+    });
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -570,21 +857,47 @@ pub async fn serve(
                 }
             },
         };
+        let Some(slot) = conns.slot().await else {
+            handler.metrics.connection_refused();
+            debug!(%peer, max = conns.max, "closing a new connection: max_connections are open, each with a request in progress");
+            drop(stream);
+            continue;
+        };
+        let id = conns.next.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn {
+            busy: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+            close: CancellationToken::new(),
+        });
+        conns.lock().insert(id, Arc::clone(&conn));
+        handler.metrics.connection(true);
+        let open = Open {
+            id,
+            conns: Arc::clone(&conns),
+            metrics: Arc::clone(&handler.metrics),
+            _slot: slot,
+        };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
+        let mut handler = handler.clone();
+        handler.conn = Some(Arc::clone(&conn));
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
+            let _open = open;
+            let conn_io = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(WriteDeadline::new(stream)), handler);
-            tokio::pin!(conn);
+            tokio::pin!(conn_io);
             let res = tokio::select! {
-                r = conn.as_mut() => r,
+                r = conn_io.as_mut() => r,
+                () = conn.close.cancelled() => {
+                    debug!(%peer, "closing an idle connection to make room (max_connections)");
+                    return;
+                }
                 () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+                    conn_io.as_mut().graceful_shutdown();
+                    conn_io.await
                 }
             };
             if let Err(e) = res {
@@ -601,6 +914,37 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn check(max: u64, parts: &[&[u8]]) -> Result<(), String> {
+        let mut c = ChunkCheck::new(max);
+        parts.iter().try_for_each(|p| c.feed(p))
+    }
+
+    #[test]
+    fn aws_chunk_framing_is_followed_and_big_chunks_refused() {
+        let sig = format!(";chunk-signature={}\r\n", "0".repeat(64));
+        let body = format!("10{sig}{}\r\n4{sig}abcd\r\n0{sig}\r\n", "x".repeat(16));
+        check(16, &[body.as_bytes()]).unwrap();
+        // Byte by byte, as a slow client sends it.
+        let bytes: Vec<&[u8]> = body.as_bytes().chunks(1).collect();
+        check(16, &bytes).unwrap();
+        // Unsigned (trailer) framing, and trailers after the last chunk.
+        check(16, &[b"10\r\n0123456789abcdef\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n"]).unwrap();
+        // A chunk one byte over the limit, in its first or a later chunk;
+        // refused at its size digits, before its line ends.
+        let e = check(16, &[b"11"]).unwrap_err();
+        assert!(e.starts_with(AWS_CHUNK_REFUSED) && e.contains("max_aws_chunk_size"), "{e}");
+        let later = format!("10{sig}{}\r\n40000000", "x".repeat(16));
+        assert!(check(16, &[later.as_bytes()]).is_err());
+        // Data that looks like a header is data.
+        let fake = format!("4{sig}ffff\r\n0{sig}");
+        check(16, &[fake.as_bytes()]).unwrap();
+        // Malformed sizes: not hex, empty, more digits than s3s reads.
+        for bad in [&b"zz\r\n"[..], b";chunk-signature=", b"000000001\r\n"] {
+            assert!(check(u64::MAX, &[bad]).is_err(), "{bad:?}");
+        }
+        assert!(check(u64::MAX, &[&[b'1'; 2000]]).is_err());
+    }
 
     #[test]
     fn request_id_shape() {

@@ -421,12 +421,15 @@ async fn a_stalled_client_cannot_take_the_whole_staging_pool_with_file_sends() {
 
 async fn stalled_client_case(len: usize) {
     // Four 4 KiB buffers; the default share (one half) leaves each client
-    // session and each S3 user two of them.
+    // endpoint and each S3 user two of them. The shared class (no user here
+    // is a tenant user) may take the whole pool: this case is about the
+    // per-endpoint and per-user caps. Operations stall here on purpose, for
+    // longer than the default progress timeout on a loaded machine.
     let s = Server::start_with(|dir: &Path| {
         let kf = dir.join("fabric.key");
         write_private(&kf, format!("{KEY_HEX}\n"));
         format!(
-            "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 5000\n  staging_buffers: 4\n  staging_buffer_size: 4KiB\n",
+            "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 5000\n  staging_buffers: 4\n  staging_buffer_size: 4KiB\n  max_shared_staging_share: 1\n  progress_timeout_secs: 600\n",
             kf.display()
         )
     });
@@ -452,20 +455,21 @@ async fn stalled_client_case(len: usize) {
     let other = Tenant::new(len * 4).await;
     let p1 = Proxy::start(stalled.endpoint.addr().addr).await;
     let p2 = Proxy::start(stalled.endpoint.addr().addr).await;
-    // Open both proxied sessions while they still answer.
-    for (i, p) in [&p1, &p2].into_iter().enumerate() {
+    // Open the proxied sessions (one per user and endpoint) while they
+    // still answer.
+    for (user, at, p) in [(ADMIN, 0, &p1), (ADMIN, 1, &p2), (OTHER, 6, &p1)] {
         let r = rdma_get_as(
-            ADMIN,
+            user,
             &s.endpoint,
             "/shared/big",
-            &stalled.token(len * i, len, Some(p)),
+            &stalled.token(len * at, len, Some(p)),
         )
         .await;
         assert_eq!(r.status, 200, "{}", r.text());
     }
 
-    // (a) One session: two GETs signed by two users through the same stalled
-    // endpoint hold the session's share (2), not the pool (4).
+    // (a) One endpoint: two GETs signed by two users through the same
+    // stalled endpoint hold the endpoint's share (2), not the pool (4).
     p1.stall(true);
     let g1 = {
         let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 2, len, Some(&p1)));
@@ -797,4 +801,430 @@ async fn metrics_behind_a_bearer_token_and_on_a_private_unix_socket() {
     assert!(out.contains("s3dma_storage_target_requests_total"), "{out}");
     // The token never reaches the log.
     assert!(!s.log().contains(TOKEN));
+}
+
+// ---- 6. issue 30: staging classes, stalled sessions, bodies, connections ----
+
+/// A target serving RDMA from four 4 KiB staging buffers, with `extra`
+/// lines added to its `rdma:` section.
+fn rdma_server(extra: &str) -> Server {
+    let extra = extra.to_owned();
+    Server::start_with(move |dir: &Path| {
+        let kf = dir.join("fabric.key");
+        write_private(&kf, format!("{KEY_HEX}\n"));
+        format!(
+            "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 5000\n  staging_buffers: 4\n  staging_buffer_size: 4KiB\n{extra}",
+            kf.display()
+        )
+    })
+}
+
+/// Bucket `shared` with object `big` of `len` bytes; returns the bytes.
+async fn shared_object(s: &Server, len: usize) -> Vec<u8> {
+    let admin = s.admin();
+    admin.create_bucket().bucket("shared").send().await.unwrap();
+    let obj = data(len, 11);
+    admin
+        .put_object()
+        .bucket("shared")
+        .key("big")
+        .body(ByteStream::from(obj.clone()))
+        .send()
+        .await
+        .unwrap();
+    obj
+}
+
+/// Issue 30 finding 4: users that are no tenant users (here `other` and
+/// `reader`, each within its own per-user cap, through two stalled
+/// endpoints) together hold only the shared class's share of the staging
+/// pool, so a tenant user's GET is still served. Before, each took its own
+/// half and together they held every buffer: the tenant's GET waited.
+#[tokio::test]
+async fn issue30_non_tenant_users_with_stalled_sessions_cannot_starve_a_tenant_user() {
+    let len = 64 << 10; // 16 chunks of 4 KiB
+    let s = rdma_server("  tenant_users: [admin]\n  progress_timeout_secs: 600\n");
+    let obj = shared_object(&s, len).await;
+    let m = scrape(&s).await;
+    assert_eq!(
+        metric(&m, "s3dma_storage_target_rdma_staging_shared_class_buffers"),
+        2,
+        "{m}"
+    );
+    let stalled = Tenant::new(len * 4).await;
+    let tenant = Tenant::new(len).await;
+    let p1 = Proxy::start(stalled.endpoint.addr().addr).await;
+    let p2 = Proxy::start(stalled.endpoint.addr().addr).await;
+    // Each user's session through its proxy, opened while it answers.
+    for (user, at, p) in [(OTHER, 0, &p1), (READER, 1, &p2)] {
+        let r = rdma_get_as(
+            user,
+            &s.endpoint,
+            "/shared/big",
+            &stalled.token(len * at, len, Some(p)),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    p1.stall(true);
+    p2.stall(true);
+    let g1 = {
+        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 2, len, Some(&p1)));
+        tokio::spawn(async move { rdma_get_as(OTHER, &ep, "/shared/big", &tok).await })
+    };
+    let g2 = {
+        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 3, len, Some(&p2)));
+        tokio::spawn(async move { rdma_get_as(READER, &ep, "/shared/big", &tok).await })
+    };
+    wait_metrics(&s, "the shared class holds its share and waits", |m| {
+        metric(m, IN_USE) == 2
+            && metric(
+                m,
+                "s3dma_storage_target_rdma_staging_share_waits_total{limit=\"shared\"}",
+            ) >= 1
+    })
+    .await;
+    // The tenant user is served from the half the shared class cannot take.
+    let r = unblocked(rdma_get_as(
+        ADMIN,
+        &s.endpoint,
+        "/shared/big",
+        &tenant.token(0, len, None),
+    ))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(tenant.bytes(0, len) == obj, "the tenant user's GET differs");
+    assert!(!g1.is_finished() && !g2.is_finished());
+    p1.stall(false);
+    p2.stall(false);
+    for (i, g) in [g1, g2].into_iter().enumerate() {
+        let r = g.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(stalled.bytes(len * (2 + i), len) == obj, "GET {i} differs");
+    }
+    wait_metrics(&s, "every buffer back", |m| metric(m, IN_USE) == 0).await;
+}
+
+/// Issue 30 finding 4: an RDMA operation that does not complete within
+/// `rdma.progress_timeout_secs` (the client's endpoint stalled) fails its
+/// transfer with `RDMATransferFailed` and gives its staging buffers back
+/// while the endpoint still stalls (the session is failed, which completes
+/// its operations). Before, the request and its buffers waited for ever.
+#[tokio::test]
+async fn issue30_a_stalled_transfer_fails_and_frees_its_staging_buffers() {
+    let len = 64 << 10;
+    let s = rdma_server("  progress_timeout_secs: 5\n");
+    let obj = shared_object(&s, len).await;
+    let stalled = Tenant::new(len * 3).await;
+    let p = Proxy::start(stalled.endpoint.addr().addr).await;
+    let r = rdma_get_as(
+        ADMIN,
+        &s.endpoint,
+        "/shared/big",
+        &stalled.token(0, len, Some(&p)),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    p.stall(true);
+    let r = unblocked(rdma_get_as(
+        ADMIN,
+        &s.endpoint,
+        "/shared/big",
+        &stalled.token(len, len, Some(&p)),
+    ))
+    .await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"), "{}", r.text());
+    assert!(
+        r.text().contains("completed no operation within"),
+        "{}",
+        r.text()
+    );
+    // Still stalled, and every buffer is back.
+    wait_metrics(&s, "the stalled session's buffers back", |m| {
+        metric(m, IN_USE) == 0 && metric(m, "s3dma_storage_target_rdma_stalled_sessions_total") >= 1
+    })
+    .await;
+    // Once the endpoint answers again, a new session serves.
+    p.stall(false);
+    let r = rdma_get_as(
+        ADMIN,
+        &s.endpoint,
+        "/shared/big",
+        &stalled.token(len * 2, len, Some(&p)),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(stalled.bytes(len * 2, len) == obj);
+}
+
+/// Issue 30 finding 11: two S3 users whose tokens name the same client
+/// endpoint get a fabric session each, so one user's operations (made-up
+/// rkeys, bulk data) never queue on, or fail, the session of the other.
+/// Before, every user naming an endpoint shared one session to it.
+#[tokio::test]
+async fn issue30_two_users_naming_one_endpoint_get_separate_sessions() {
+    let len = 16 << 10;
+    let s = rdma_server("");
+    let obj = shared_object(&s, len).await;
+    let host = Tenant::new(len * 3).await;
+    for (user, at) in [(ADMIN, 0), (OTHER, 1), (ADMIN, 2)] {
+        let r = rdma_get_as(
+            user,
+            &s.endpoint,
+            "/shared/big",
+            &host.token(len * at, len, None),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(host.bytes(len * at, len) == obj);
+    }
+    let m = scrape(&s).await;
+    assert_eq!(
+        metric(
+            &m,
+            "s3dma_storage_target_rdma_session_connects_total{result=\"ok\"}"
+        ),
+        2,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "s3dma_storage_target_rdma_sessions"), 2, "{m}");
+}
+
+/// `VmRSS` of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// Open file descriptors of process `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// Issue 30 finding 5: a signed aws-chunked PUT whose chunk header declares
+/// 1 GiB is refused with `400 InvalidRequest` as soon as the header
+/// arrives, and the target does not buffer what the client goes on sending
+/// (its RSS grows by far less than what was sent). Before, s3s buffered the
+/// whole declared chunk to check its signature: memory grew by what the
+/// client sent, and the answer came only when the body stalled.
+#[tokio::test]
+async fn issue30_an_aws_chunk_declared_huge_is_refused_before_it_is_read() {
+    const DECLARED: u64 = 1 << 30;
+    const SEND: usize = 256 << 20;
+    let s = Server::start();
+    s.admin().create_bucket().bucket("chunky").send().await.unwrap();
+    let url = s.url("/chunky/huge");
+    let sig = format!(";chunk-signature={}\r\n", "0".repeat(64));
+    let head_line = format!("{DECLARED:x}{sig}");
+    let content_length = head_line.len() as u64 + DECLARED + 2 + format!("0{sig}\r\n").len() as u64;
+    let (cl, dl) = (content_length.to_string(), DECLARED.to_string());
+    let headers = sign_v4_as(
+        ADMIN,
+        "PUT",
+        &url,
+        &[
+            ("content-encoding", "aws-chunked"),
+            ("content-length", &cl),
+            ("x-amz-decoded-content-length", &dl),
+        ],
+        aws_sigv4::http_request::SignableBody::Precomputed(
+            "STREAMING-AWS4-HMAC-SHA256-PAYLOAD".into(),
+        ),
+        SystemTime::now(),
+    );
+    let mut head = "PUT /chunky/huge HTTP/1.1\r\n".to_owned();
+    for (k, v) in &headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head.push_str(&head_line);
+    let before = rss(s.pid());
+    let conn = TcpStream::connect(s.endpoint.strip_prefix("http://").unwrap())
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = conn.into_split();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let answered = std::sync::Arc::clone(&answered);
+        tokio::spawn(async move {
+            wr.write_all(head.as_bytes()).await.unwrap();
+            let zeros = vec![0u8; 64 << 10];
+            let mut sent = 0;
+            while sent < SEND && !answered.load(std::sync::atomic::Ordering::SeqCst) {
+                if wr.write_all(&zeros).await.is_err() {
+                    break; // the target closed the connection
+                }
+                sent += zeros.len();
+            }
+            (sent, wr)
+        })
+    };
+    let reader = {
+        let answered = std::sync::Arc::clone(&answered);
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                }
+                if String::from_utf8_lossy(&out).contains("</Error>") {
+                    break;
+                }
+            }
+            answered.store(true, std::sync::atomic::Ordering::SeqCst);
+            String::from_utf8_lossy(&out).into_owned()
+        })
+    };
+    // What the target holds once the client has sent what it would.
+    let (sent, _wr) = tokio::time::timeout(Duration::from_secs(120), writer)
+        .await
+        .expect("the client could not send")
+        .unwrap();
+    let after = rss(s.pid());
+    let reply = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("no answer to the PUT")
+        .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains("<Code>InvalidRequest</Code>"), "{reply}");
+    assert!(reply.contains("max_aws_chunk_size"), "{reply}");
+    let grown = after.saturating_sub(before);
+    assert!(
+        grown < 64 << 20,
+        "the target grew by {grown} bytes while the client sent {sent} of a declared {DECLARED}-byte chunk"
+    );
+    let m = scrape(&s).await;
+    assert!(metric(&m, "s3dma_storage_target_aws_chunks_refused_total") >= 1, "{m}");
+    // Nothing was stored, and a normal PUT still works.
+    let e = s
+        .admin()
+        .head_object()
+        .bucket("chunky")
+        .key("huge")
+        .send()
+        .await;
+    assert!(e.is_err());
+    s.admin()
+        .put_object()
+        .bucket("chunky")
+        .key("small")
+        .body(ByteStream::from(data(300 << 10, 3)))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// Issue 30 finding 6: connections beyond `max_connections` on the S3 port,
+/// and beyond the metrics listener's cap, leave the target's descriptors
+/// bounded, and a legitimate client is still served (the idle connections
+/// make room for it). Before, every held connection was a descriptor of
+/// the target, up to `RLIMIT_NOFILE`, after which it answered 500s.
+#[tokio::test]
+async fn issue30_held_connections_beyond_the_caps_keep_fds_bounded_and_serve() {
+    const CAP: usize = 16;
+    const HELD: usize = 200;
+    let s = Server::start_with(|_| format!("max_connections: {CAP}\n"));
+    s.admin().create_bucket().bucket("conns").send().await.unwrap();
+    let pid = s.pid();
+    let base = fds(pid);
+    let addr = s.endpoint.strip_prefix("http://").unwrap().to_owned();
+    let mut held = Vec::new();
+    for _ in 0..HELD {
+        held.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    // A legitimate client is served; connections are accepted in order,
+    // so by its answer every held one has been accepted.
+    s.admin()
+        .put_object()
+        .bucket("conns")
+        .key("k")
+        .body(ByteStream::from_static(b"still serving"))
+        .send()
+        .await
+        .unwrap();
+    let got = s
+        .admin()
+        .get_object()
+        .bucket("conns")
+        .key("k")
+        .send()
+        .await
+        .unwrap()
+        .body
+        .collect()
+        .await
+        .unwrap()
+        .into_bytes();
+    assert_eq!(&got[..], b"still serving");
+    let open = fds(pid);
+    assert!(
+        open <= base + CAP + 8,
+        "the target holds {open} descriptors (was {base}) with {HELD} S3 connections held"
+    );
+    let m = scrape(&s).await;
+    assert!(metric(&m, "s3dma_storage_target_connections") <= CAP as i64, "{m}");
+
+    // The metrics listener: held connections beyond its cap are closed.
+    let maddr = s
+        .metrics
+        .strip_prefix("http://")
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .to_owned();
+    let mut mheld = Vec::new();
+    for _ in 0..HELD {
+        mheld.push(TcpStream::connect(&maddr).await.unwrap());
+    }
+    // One more: closed at accept once the earlier ones are accepted.
+    let mut probe = TcpStream::connect(&maddr).await.unwrap();
+    let mut b = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(60), probe.read(&mut b))
+        .await
+        .expect("the connection beyond the metrics cap was not closed");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    let open = fds(pid);
+    assert!(
+        open <= base + CAP + s3dma_service::metrics::MAX_CONNECTIONS + 8,
+        "the target holds {open} descriptors (was {base}) with {HELD} S3 and {HELD} metrics connections held"
+    );
+    drop((held, mheld));
+}
+
+/// Issue 30 finding 6: a configuration whose connection caps need more
+/// descriptors than `RLIMIT_NOFILE` allows (here under `ulimit -n 1024`)
+/// refuses to start and says what to change.
+#[test]
+fn issue30_caps_beyond_the_fd_limit_refuse_to_start() {
+    let t = tempfile::tempdir().unwrap();
+    let cfg = minimal_config(
+        t.path(),
+        &t.path().join("data"),
+        "  - {access_key_id: a, secret: s}\nmax_connections: 4096\n",
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_storage-target"))
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("RLIMIT_NOFILE is 1024") && text.contains("max_connections"),
+        "{text}"
+    );
 }

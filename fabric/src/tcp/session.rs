@@ -281,6 +281,14 @@ impl TcpSession {
         !self.shared.completer.dead.load(Ordering::SeqCst)
     }
 
+    /// Fails the session as a lost connection would: the streams stop (no
+    /// byte more is sent from or received into an operation's memory),
+    /// every outstanding operation completes flushed, later ones fail at
+    /// once, and the connections close.
+    pub(crate) fn fail(&self) {
+        self.shared.completer.fail();
+    }
+
     pub(crate) fn peer(&self) -> EndpointAddr {
         self.shared.peer
     }

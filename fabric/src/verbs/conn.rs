@@ -221,6 +221,15 @@ impl VerbsSession {
         !self.req.is_dead()
     }
 
+    /// Moves the QP to ERR: the device flushes every outstanding work
+    /// request, and each completes (with a flush error) through the
+    /// completion loop once the device no longer touches its buffer.
+    pub(crate) fn fail(&self) {
+        if let Err(e) = self.req.qp.modify(super::qp::err_attr(), "ibv_modify_qp(ERR)") {
+            debug!(peer = %self.peer, error = %e, "failing a verbs session");
+        }
+    }
+
     pub(crate) fn peer(&self) -> EndpointAddr {
         self.peer
     }

@@ -43,6 +43,15 @@ pub fn init_attr(port: u8, access: u32) -> (ibv_qp_attr, i32) {
     )
 }
 
+/// Any state → ERR: the device stops the QP and completes every
+/// outstanding work request with a flush error.
+pub fn err_attr() -> (ibv_qp_attr, i32) {
+    // SAFETY: as in `init_attr`.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+    (a, mask(&[ibv_qp_attr_mask::IBV_QP_STATE]))
+}
+
 /// INIT → RTR: the remote QP, its GID (RoCE v2 needs a GRH), the path MTU.
 pub fn rtr_attr(port: u8, sgid_index: u8, mtu: u8, remote: &QpInfo) -> (ibv_qp_attr, i32) {
     // SAFETY: as in `init_attr`.

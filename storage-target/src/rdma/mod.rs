@@ -127,14 +127,36 @@ pub struct RdmaConfig {
     /// Default 60; at least 1.
     #[serde(default = "default_idle_session_secs")]
     pub idle_session_secs: u64,
-    /// Largest share of the staging buffers that one client session (one
-    /// client fabric endpoint) and, separately, one S3 user may hold at a
-    /// time, as a fraction in (0, 1]: `staging_buffers x max_staging_share`
-    /// buffers, rounded down, which must be at least one. Default 0.5, so
-    /// one slow or stalled client always leaves half the pool to others;
-    /// 1 disables the caps.
+    /// Largest share of the staging buffers that one client endpoint (all
+    /// its sessions) and, separately, one S3 user may hold at a time, as a
+    /// fraction in (0, 1]: `staging_buffers x max_staging_share` buffers,
+    /// rounded down, which must be at least one. Default 0.5, so one slow
+    /// or stalled client always leaves half the pool to others; 1 disables
+    /// the caps.
     #[serde(default = "default_max_staging_share")]
     pub max_staging_share: f64,
+    /// The S3 users (access key ids) that serve tenants: the dpu-agents'
+    /// users. Every other user, and an anonymous caller, is in the shared
+    /// class, which holds at most `max_shared_staging_share` of the pool in
+    /// total, so no number of such users can take the buffers the tenants'
+    /// requests need. Each entry must be one of `users[].access_key_id`.
+    /// Default: none (every user is in the shared class).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenant_users: Vec<String>,
+    /// Largest share of the staging buffers that all users not listed in
+    /// `tenant_users` (and anonymous callers) may hold together, as a
+    /// fraction in (0, 1], at least one buffer. Default 0.5; 1 lets the
+    /// shared class take the whole pool (the per-user cap still applies).
+    #[serde(default = "default_max_shared_staging_share")]
+    pub max_shared_staging_share: f64,
+    /// Seconds an RDMA operation may stay in flight: one that has not
+    /// completed by then means the client's endpoint stalled, and the
+    /// target fails that fabric session (every operation on it completes
+    /// with an error and its staging buffers come back once the transport
+    /// no longer touches them); the request fails with
+    /// `RDMATransferFailed`. Default 30; at least 1.
+    #[serde(default = "default_progress_timeout_secs")]
+    pub progress_timeout_secs: u64,
     /// TCP streams per fabric session to a client's endpoint (`backend:
     /// tcp`; verbs ignores it): a transfer's WRITEs and READs are striped
     /// over them in 4 MiB units of the client's memory, so sending and the
@@ -173,6 +195,12 @@ fn default_idle_session_secs() -> u64 {
 fn default_max_staging_share() -> f64 {
     0.5
 }
+fn default_max_shared_staging_share() -> f64 {
+    0.5
+}
+fn default_progress_timeout_secs() -> u64 {
+    30
+}
 
 impl Default for RdmaConfig {
     fn default() -> Self {
@@ -187,6 +215,9 @@ impl Default for RdmaConfig {
             connect_timeout_ms: default_connect_timeout_ms(),
             idle_session_secs: default_idle_session_secs(),
             max_staging_share: default_max_staging_share(),
+            tenant_users: Vec::new(),
+            max_shared_staging_share: default_max_shared_staging_share(),
+            progress_timeout_secs: default_progress_timeout_secs(),
             tcp_streams: default_tcp_streams(),
         }
     }
@@ -245,6 +276,25 @@ impl RdmaConfig {
                 ),
             );
         }
+        let shared = self.max_shared_staging_share;
+        if !(shared > 0.0 && shared <= 1.0) {
+            return bad(
+                "max_shared_staging_share",
+                format!("must be a fraction greater than 0 and at most 1, got {shared}"),
+            );
+        }
+        if share::cap(self.staging_buffers, shared).is_none() {
+            return bad(
+                "max_shared_staging_share",
+                format!(
+                    "{shared} of {} staging buffers is less than one buffer: raise staging_buffers or max_shared_staging_share",
+                    self.staging_buffers
+                ),
+            );
+        }
+        if self.progress_timeout_secs == 0 {
+            return bad("progress_timeout_secs", "must be at least 1".into());
+        }
         if !(1..=16).contains(&self.tcp_streams) {
             return bad(
                 "tcp_streams",
@@ -291,6 +341,17 @@ pub enum RdmaError {
         /// The operation's error.
         source: OpError,
     },
+    /// An operation did not complete within `rdma.progress_timeout_secs`:
+    /// the session was failed.
+    #[error(
+        "RDMA data transfer with {peer} failed: the endpoint completed no operation within {after:?}; the session was closed"
+    )]
+    Stalled {
+        /// The endpoint.
+        peer: EndpointAddr,
+        /// The progress timeout.
+        after: Duration,
+    },
     /// A server-side failure (disk, task).
     #[error("{0}")]
     Internal(String),
@@ -309,7 +370,7 @@ impl RdmaError {
                 StatusCode::BAD_REQUEST,
             ),
             RdmaError::Plan(_) => (S3ErrorCode::InvalidRequest, StatusCode::BAD_REQUEST),
-            RdmaError::Connect(_) => (
+            RdmaError::Connect(_) | RdmaError::Stalled { .. } => (
                 S3ErrorCode::Custom("RDMATransferFailed".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),
@@ -356,6 +417,7 @@ struct Fabric {
     put_budget: Arc<Semaphore>,
     depth: usize,
     shares: share::Shares,
+    progress: Duration,
 }
 
 /// The RDMA side of the target, shared by all requests.
@@ -421,7 +483,10 @@ impl RdmaService {
         );
         sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
         let cap = share::cap(cfg.staging_buffers, cfg.max_staging_share).unwrap_or(1);
+        let shared_cap =
+            share::cap(cfg.staging_buffers, cfg.max_shared_staging_share).unwrap_or(1);
         metrics.staging_share_cap(cap);
+        metrics.staging_shared_class_cap(shared_cap);
         let depth = cfg
             .max_ops_per_session
             .min(cfg.staging_buffers.div_ceil(2))
@@ -432,6 +497,8 @@ impl RdmaService {
             staging_buffers = cfg.staging_buffers,
             staging_buffer_size = size,
             staging_buffers_per_client = cap,
+            staging_buffers_shared_class = shared_cap,
+            tenant_users = cfg.tenant_users.len(),
             "RDMA serving enabled"
         );
         RdmaService {
@@ -442,7 +509,8 @@ impl RdmaService {
                 total_ops: Arc::new(Semaphore::new(cfg.max_ops_total)),
                 put_budget: Arc::new(Semaphore::new(cfg.staging_buffers)),
                 depth,
-                shares: share::Shares::new(cap),
+                shares: share::Shares::new(cap, shared_cap, cfg.tenant_users.iter().cloned()),
+                progress: Duration::from_secs(cfg.progress_timeout_secs),
             }),
             declined: "",
             metrics,
@@ -504,15 +572,15 @@ impl RdmaService {
     }
 
     /// What a transfer to or from `token`'s memory needs, for S3 user
-    /// `user`: the session to its endpoint (connected now if need be), the
-    /// permits and the user's share.
+    /// `user`: the user's own session to its endpoint (connected now if
+    /// need be; two users never share one), the permits and the shares.
     ///
     /// # Errors
     /// The fabric is off; the endpoint cannot be reached.
     pub async fn ctx(&self, token: &RdmaToken, user: &str) -> Result<transfer::Ctx, RdmaError> {
         let f = self.fabric()?;
         let endpoint = token.endpoint()?;
-        let session = f.sessions.get(endpoint).await?;
+        let session = f.sessions.get_for(endpoint, user).await?;
         Ok(transfer::Ctx {
             pool: Arc::clone(&f.pool),
             session,
@@ -520,6 +588,7 @@ impl RdmaService {
             put_budget: Arc::clone(&f.put_budget),
             depth: f.depth,
             shares: f.shares.for_request(endpoint, user),
+            progress: f.progress,
             metrics: Arc::clone(&self.metrics),
         })
     }
@@ -646,6 +715,19 @@ mod tests {
         let c: RdmaConfig =
             serde_yaml::from_str("staging_buffers: 1\nmax_staging_share: 1\n").unwrap();
         assert!(v(&c).is_ok());
+        let d = RdmaConfig::default();
+        assert_eq!(d.max_shared_staging_share, 0.5);
+        assert_eq!(d.progress_timeout_secs, 30);
+        assert!(d.tenant_users.is_empty());
+        for (bad, field) in [
+            ("max_shared_staging_share: 0", "rdma.max_shared_staging_share"),
+            ("max_shared_staging_share: 2", "rdma.max_shared_staging_share"),
+            ("staging_buffers: 2\nmax_shared_staging_share: 0.4", "rdma.max_shared_staging_share"),
+            ("progress_timeout_secs: 0", "rdma.progress_timeout_secs"),
+        ] {
+            let c: RdmaConfig = serde_yaml::from_str(bad).unwrap();
+            assert_eq!(v(&c).unwrap_err().0, field, "{bad}");
+        }
         assert_eq!(RdmaConfig::default().tcp_streams, 2);
         for bad in ["tcp_streams: 0", "tcp_streams: 17"] {
             let c: RdmaConfig = serde_yaml::from_str(bad).unwrap();

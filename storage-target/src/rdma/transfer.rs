@@ -19,15 +19,22 @@
 //! A PUT blocks on the budget only when it holds no undelivered chunk, and
 //! the store releases a chunk's permit when it asks for the next one, so
 //! the budget cannot deadlock either. A buffer is taken within the
-//! request's user and session shares of the pool ([`super::share`]), in
-//! the same order everywhere (user, session, pool, then operation permits),
+//! request's shares of the pool ([`super::share`]), in the same order
+//! everywhere (user, shared class, endpoint, pool, then operation permits),
 //! and all of them are given back with the buffer.
+//!
+//! An operation still in flight after `rdma.progress_timeout_secs` means
+//! the client's endpoint stopped completing operations (a stalled or
+//! hostile client): the task fails the whole session
+//! ([`fabric::Session::fail`]), which completes every operation on it once
+//! the transport no longer touches their memory, and only then gives the
+//! buffer back; the request fails with [`RdmaError::Stalled`].
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fabric::RemoteBuf;
@@ -56,8 +63,12 @@ pub struct Ctx {
     pub put_budget: Arc<Semaphore>,
     /// Operations in flight per request.
     pub depth: usize,
-    /// The caps of this request's user and session on staging buffers.
+    /// The caps of this request's user, class and endpoint on staging
+    /// buffers.
     pub shares: RequestShares,
+    /// How long one operation may stay in flight before the session is
+    /// failed (`rdma.progress_timeout_secs`).
+    pub progress: Duration,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -72,6 +83,34 @@ async fn permits(ctx: &Ctx) -> (OwnedSemaphorePermit, OwnedSemaphorePermit) {
         .await
         .expect("never closed");
     (s, t)
+}
+
+/// Awaits the completion of an operation posted on `session`. Past
+/// `progress`, fails the session and still awaits the completion (which
+/// the failure brings promptly), so that the caller frees the operation's
+/// memory only once the transport is done with it.
+async fn complete(
+    mut c: fabric::Completion,
+    session: &SessionEntry,
+    progress: Duration,
+    metrics: &Metrics,
+) -> Result<(), RdmaError> {
+    let peer = session.session.peer();
+    match tokio::time::timeout(progress, &mut c).await {
+        Ok(r) => r.map_err(|e| RdmaError::Op { peer, source: e }),
+        Err(_) => {
+            if session.session.is_alive() {
+                tracing::warn!(%peer, after = ?progress, "RDMA operation stalled: failing the fabric session");
+                metrics.rdma_session_stalled();
+            }
+            session.session.fail();
+            let _ = c.await;
+            Err(RdmaError::Stalled {
+                peer,
+                after: progress,
+            })
+        }
+    }
 }
 
 /// A posted operation: the task awaiting its completion. It owns the
@@ -101,13 +140,14 @@ fn post(
         ctx.session.session.read(local.clone(), addr, remote.rkey)
     };
     let metrics = Arc::clone(&ctx.metrics);
-    let peer = ctx.session.session.peer();
+    let session = Arc::clone(&ctx.session);
+    let progress = ctx.progress;
     Ok(tokio::spawn(async move {
         let started = Instant::now();
-        let r = c.await;
+        let r = complete(c, &session, progress, &metrics).await;
         metrics.rdma_op(if write { "write" } else { "read" }, started.elapsed());
         drop(permits);
-        r.map_err(|e| RdmaError::Op { peer, source: e })?;
+        r?;
         let out = if write {
             None
         } else {
@@ -160,14 +200,15 @@ fn await_write<T: Send + 'static>(
     keep: T,
 ) -> JoinHandle<Result<(), RdmaError>> {
     let metrics = Arc::clone(&ctx.metrics);
-    let peer = ctx.session.session.peer();
+    let session = Arc::clone(&ctx.session);
+    let progress = ctx.progress;
     tokio::spawn(async move {
         let started = Instant::now();
-        let r = c.await;
+        let r = complete(c, &session, progress, &metrics).await;
         metrics.rdma_op("write", started.elapsed());
         drop(permits);
         drop(keep);
-        r.map_err(|e| RdmaError::Op { peer, source: e })
+        r
     })
 }
 

@@ -244,6 +244,11 @@ impl Server {
         self.metrics = s.metrics.clone();
     }
 
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// The server's log so far.
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
