@@ -4,6 +4,7 @@
 use s3dma_wire::token::MAX_DCTN;
 use s3dma_wire::{EndpointAddr, RdmaToken, TokenError};
 
+
 use crate::backend::Backend;
 use crate::error::{FabricError, Result};
 use crate::options::EndpointConfig;
@@ -36,50 +37,35 @@ impl Endpoint {
                 config.responder
             )));
         }
-        let (inner, mut addr) = match domain.backend() {
+        let (inner, addr) = match domain.backend() {
             Backend::Tcp => {
                 let ep = tcp::endpoint::TcpEndpoint::listen(
                     domain.clone(),
-                    config.bind,
-                    config.fabric_key.clone(),
-                    config.responder,
+                    &config,
                     tcp::io_tuning(config.socket_buffer, None),
                 )
                 .await?;
-                let addr = ep.local_addr();
+                let addr = ep.identity();
                 (EndpointImpl::Tcp(ep), addr)
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs => {
-                let ep = verbs::conn::VerbsEndpoint::listen(
-                    domain.clone(),
-                    config.bind,
-                    config.fabric_key.clone(),
-                    config.responder,
-                )
-                .await?;
-                let addr = ep.local_addr();
+                let ep = verbs::conn::VerbsEndpoint::listen(domain.clone(), &config).await?;
+                let addr = ep.identity();
                 (EndpointImpl::Verbs(ep), addr)
             }
             #[cfg(not(feature = "verbs"))]
             Backend::Verbs => return Err(crate::backend::verbs_not_built()),
         };
-        if addr.ip().is_unspecified()
-            && let Some(ip) = config.advertise
-        {
-            addr.set_ip(ip);
-        }
         Ok(Endpoint {
             inner,
-            addr: EndpointAddr {
-                addr,
-                responder: config.responder,
-            },
+            addr,
             _domain: domain.clone(),
         })
     }
 
-    /// Where peers reach this endpoint (what tokens carry).
+    /// Where peers reach this endpoint (what tokens carry, and the identity
+    /// requesters must name in the handshake).
     pub fn addr(&self) -> EndpointAddr {
         self.addr
     }

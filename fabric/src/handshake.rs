@@ -1,6 +1,8 @@
 //! The authenticated handshake on a connection, both sides: every tcp
 //! fabric stream and every verbs out-of-band connection opens with it. The
-//! frames and proofs are [`s3dma_wire::frame`] and [`s3dma_wire::handshake`].
+//! frames and proofs are [`s3dma_wire::frame`] and [`s3dma_wire::handshake`];
+//! the proofs cover the endpoint the requester dialled, so a handshake
+//! relayed to another endpoint fails on both ends.
 
 use std::net::SocketAddr;
 
@@ -19,20 +21,52 @@ fn protocol(peer: SocketAddr, source: FrameError) -> FabricError {
     }
 }
 
-/// The responder side of the authenticated handshake .
+/// The responder side of the authenticated handshake, by the endpoint `me`
+/// (its advertised address and responder number, what its tokens carry).
+/// Returns the requester's hello once it proved the key for `me`.
 pub(crate) async fn accept_handshake(
     stream: &TcpStream,
     peer: SocketAddr,
     key: &FabricKey,
-    responder: u32,
-) -> Result<()> {
+    me: &EndpointAddr,
+) -> Result<Hello> {
     let ioerr = |e| FabricError::io(format!("handshake with {peer}"), e);
+    let refused = |reason: String| FabricError::Handshake {
+        peer: peer.to_string(),
+        reason,
+    };
+    // Every version's hello starts with the same 64 bytes; version 2 and
+    // later carry the target address after them. Nothing is allocated per
+    // connection before the proof: these buffers are on the stack.
     let mut b = [0u8; Hello::LEN];
-    if !io::recv_exact(stream, &mut b).await.map_err(ioerr)? {
-        return Err(FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: "closed before hello".into(),
-        });
+    if !io::recv_exact(stream, &mut b[..Hello::PREFIX_LEN])
+        .await
+        .map_err(ioerr)?
+    {
+        return Err(refused("closed before hello".into()));
+    }
+    let ext = Hello::extension_len(&b[..Hello::PREFIX_LEN]).map_err(|e| protocol(peer, e))?;
+    if ext == 0 {
+        // A version-1 requester: say so (version 0), refuse, and close.
+        let (min, max) = Hello::offered(&b[..Hello::PREFIX_LEN]).map_err(|e| protocol(peer, e))?;
+        let challenge = Challenge {
+            version: 0,
+            nonce: handshake::nonce(),
+            mac: [0; 32],
+        };
+        io::send_buf(stream, &challenge.encode())
+            .await
+            .map_err(ioerr)?;
+        warn!(%peer, min, max, "fabric peer refused: it speaks only protocol versions before {VERSION} (upgrade it)");
+        return Err(refused(format!(
+            "the peer speaks protocol versions {min}..={max}, this endpoint {VERSION}; upgrade the peer"
+        )));
+    }
+    if !io::recv_exact(stream, &mut b[Hello::PREFIX_LEN..])
+        .await
+        .map_err(ioerr)?
+    {
+        return Err(refused("closed during hello".into()));
     }
     let hello = Hello::decode(&b).map_err(|e| protocol(peer, e))?;
     let version = hello.negotiate().unwrap_or(0);
@@ -40,40 +74,29 @@ pub(crate) async fn accept_handshake(
     let challenge = Challenge {
         version,
         nonce,
-        mac: key.responder_proof(&hello, version, &nonce),
+        mac: key.responder_proof(&hello, me, version, &nonce),
     };
     io::send_buf(stream, &challenge.encode())
         .await
         .map_err(ioerr)?;
     let mut a = [0u8; Auth::LEN];
     if !io::recv_exact(stream, &mut a).await.map_err(ioerr)? {
-        return Err(FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: "closed before authenticating (wrong fabric key?)".into(),
-        });
+        return Err(refused(
+            "closed before authenticating (wrong fabric key, or it dialled another endpoint?)"
+                .into(),
+        ));
     }
     let auth = Auth::decode(&a).map_err(|e| protocol(peer, e))?;
-    let verdict = if !key.verify_requester(&hello, &challenge, &auth.mac) {
-        Verdict::BadKey
-    } else if version == 0 {
-        Verdict::Version
-    } else if hello.responder != responder {
-        Verdict::WrongResponder
-    } else {
-        Verdict::Accepted
-    };
+    let verdict = key.verdict(&hello, &challenge, me, &auth.mac);
     io::send_buf(stream, &verdict.encode())
         .await
         .map_err(ioerr)?;
     if verdict != Verdict::Accepted {
-        warn!(%peer, reason = verdict.describe(), "fabric peer refused");
-        return Err(FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: verdict.describe().into(),
-        });
+        warn!(%peer, reason = verdict.describe(), named = %hello.target, this = %me, "fabric peer refused");
+        return Err(refused(verdict.describe().into()));
     }
     debug!(%peer, session = hello.session, stream = hello.stream, "fabric peer authenticated");
-    Ok(())
+    Ok(hello)
 }
 
 /// The requester side of the authenticated handshake (also used by the
@@ -94,7 +117,7 @@ pub(crate) async fn connect_handshake(
     let hello = Hello {
         version_min: VERSION,
         version_max: VERSION,
-        responder: target.responder,
+        target,
         session,
         stream: index,
         streams,
@@ -109,9 +132,14 @@ pub(crate) async fn connect_handshake(
         peer: target.to_string(),
         source: e,
     })?;
+    if challenge.version == 0 {
+        return Err(hs_err(format!(
+            "the endpoint speaks no protocol version in common with this build ({VERSION}); upgrade the endpoint"
+        )));
+    }
     if !key.verify_responder(&hello, &challenge) {
         return Err(hs_err(
-            "the endpoint could not prove it holds the fabric key (wrong key on one side?)".into(),
+            "the endpoint could not prove it holds the fabric key and is the endpoint dialled (wrong key on one side, an endpoint advertised under another address, or a relayed connection)".into(),
         ));
     }
     let auth = Auth {

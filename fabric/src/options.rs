@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use s3dma_wire::FabricKey;
+use s3dma_wire::{EndpointAddr, FabricKey};
 
 /// How an endpoint listens.
 #[derive(Debug, Clone)]
@@ -18,10 +18,34 @@ pub struct EndpointConfig {
     pub advertise: Option<IpAddr>,
     /// `SO_SNDBUF`/`SO_RCVBUF`; `None` keeps the kernel's autotuning.
     pub socket_buffer: Option<usize>,
+    /// Most connections held at once, authenticated or not; one more is
+    /// closed as soon as it is accepted. Count it in the process's
+    /// descriptor budget.
+    pub max_connections: usize,
+    /// Most connections held at once from one peer IP address.
+    pub max_connections_per_address: usize,
+    /// Time a connection has to complete the handshake.
+    pub handshake_timeout: Duration,
+    /// An authenticated tcp connection whose session (all its streams from
+    /// that address) sent no request for this long is closed; `None` never
+    /// closes one. (A verbs out-of-band connection does not see the
+    /// operations the NIC serves, so it is never idle.)
+    pub idle_timeout: Option<Duration>,
 }
 
 impl EndpointConfig {
-    /// Listen on `bind` with `fabric_key`, responder number 1.
+    /// Default of [`EndpointConfig::max_connections`].
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+    /// Default of [`EndpointConfig::max_connections_per_address`].
+    pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+    /// Default of [`EndpointConfig::handshake_timeout`].
+    pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default of [`EndpointConfig::idle_timeout`].
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+    /// Listen on `bind` with `fabric_key`, responder number 1, the default
+    /// caps (1024 connections, 256 per address) and timeouts (handshake
+    /// 10 s, idle 300 s).
     pub fn new(bind: SocketAddr, fabric_key: FabricKey) -> EndpointConfig {
         EndpointConfig {
             bind,
@@ -29,6 +53,33 @@ impl EndpointConfig {
             responder: 1,
             advertise: None,
             socket_buffer: None,
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: Self::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
+            idle_timeout: Some(Self::DEFAULT_IDLE_TIMEOUT),
+        }
+    }
+
+    /// The endpoint's identity for a bound address `local`: what its
+    /// tokens carry and what requesters must name in the handshake
+    /// (`advertise` replaces an unspecified bind address).
+    pub(crate) fn identity(&self, local: SocketAddr) -> EndpointAddr {
+        let mut addr = local;
+        if addr.ip().is_unspecified()
+            && let Some(ip) = self.advertise
+        {
+            addr.set_ip(ip);
+        }
+        EndpointAddr {
+            addr,
+            responder: self.responder,
+        }
+    }
+
+    pub(crate) fn caps(&self) -> crate::listener::Caps {
+        crate::listener::Caps {
+            total: self.max_connections,
+            per_ip: self.max_connections_per_address,
         }
     }
 }

@@ -220,19 +220,33 @@ pub(crate) async fn recv_exact(stream: &TcpStream, buf: &mut [u8]) -> io::Result
     Ok(true)
 }
 
+/// How [`recv_exact_flushing`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recv {
+    /// The buffer is full.
+    Done,
+    /// A clean EOF before the first byte.
+    Eof,
+    /// The connection was idle past its timeout.
+    Idle,
+}
+
 /// [`recv_exact`] for a responder that holds back completions: `pending`
 /// (encoded frames) is sent, and emptied, before the first wait for the
 /// socket to become readable, so completions wait only while the next
-/// request is already there to be read.
+/// request is already there to be read. While it waits, `idle_left` says
+/// how long the connection may stay idle (`None`: for ever); when that is
+/// zero it ends with [`Recv::Idle`].
 pub(crate) async fn recv_exact_flushing(
     stream: &TcpStream,
     buf: &mut [u8],
     pending: &mut Vec<u8>,
-) -> io::Result<bool> {
+    idle_left: &mut impl FnMut() -> Option<Duration>,
+) -> io::Result<Recv> {
     let mut done = 0usize;
     while done < buf.len() {
         match stream.try_read(&mut buf[done..]) {
-            Ok(0) if done == 0 => return Ok(false),
+            Ok(0) if done == 0 => return Ok(Recv::Eof),
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -240,12 +254,26 @@ pub(crate) async fn recv_exact_flushing(
                     send_buf(stream, pending).await?;
                     pending.clear();
                 }
-                stream.readable().await?;
+                loop {
+                    match idle_left() {
+                        None => {
+                            stream.readable().await?;
+                            break;
+                        }
+                        Some(left) if left.is_zero() => return Ok(Recv::Idle),
+                        Some(left) => {
+                            if let Ok(r) = tokio::time::timeout(left, stream.readable()).await {
+                                r?;
+                                break;
+                            }
+                        }
+                    }
+                }
             }
             Err(e) => return Err(e),
         }
     }
-    Ok(true)
+    Ok(Recv::Done)
 }
 
 /// Resolves once the flag in `rx` is true (or its sender is gone).

@@ -14,13 +14,14 @@ use tokio::net::TcpStream;
 const GUARD: Duration = Duration::from_secs(60);
 
 async fn endpoint(key: &FabricKey) -> (Domain, Endpoint) {
+    endpoint_with(key, |_| {}).await
+}
+
+async fn endpoint_with(key: &FabricKey, tweak: impl FnOnce(&mut EndpointConfig)) -> (Domain, Endpoint) {
     let d = Domain::tcp();
-    let ep = Endpoint::listen(
-        &d,
-        EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone()),
-    )
-    .await
-    .unwrap();
+    let mut cfg = EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone());
+    tweak(&mut cfg);
+    let ep = Endpoint::listen(&d, cfg).await.unwrap();
     (d, ep)
 }
 
@@ -30,7 +31,7 @@ async fn raw_connect(ep: &Endpoint, key: &FabricKey) -> TcpStream {
     let hello = Hello {
         version_min: VERSION,
         version_max: VERSION,
-        responder: ep.addr().responder,
+        target: ep.addr(),
         session: 1,
         stream: 0,
         streams: 1,
@@ -405,15 +406,20 @@ fn helper_endpoint_process() {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peer_process_killed_mid_transfer() {
+/// The endpoint process of [`helper_endpoint_process`]; killed on drop.
+struct Helper(std::process::Child);
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts [`helper_endpoint_process`] with `key_hex` and a region of `size`
+/// bytes; returns it, its endpoint, and the region's address and rkey.
+async fn start_helper(key_hex: &str, size: usize) -> (Helper, fabric::EndpointAddr, u64, u32) {
     use std::io::BufRead;
-    // 4 GiB of traffic through one 16 MiB remote slot: far more than can be
-    // in flight when the peer dies right after the first completion.
-    const OPS: usize = 256;
-    const SZ: usize = 16 << 20;
-    let key_bytes: [u8; 32] = rand::random();
-    let key_hex: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -422,21 +428,13 @@ async fn peer_process_killed_mid_transfer() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("FABRIC_HELPER_KEY", &key_hex)
-        .env("FABRIC_HELPER_SIZE", SZ.to_string())
+        .env("FABRIC_HELPER_KEY", key_hex)
+        .env("FABRIC_HELPER_SIZE", size.to_string())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Kill the helper even if an assertion below fails.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let stdout = child.stdout.take().unwrap();
-    let mut child = KillOnDrop(child);
+    let child = Helper(child);
     let line = tokio::task::spawn_blocking(move || {
         std::io::BufReader::new(stdout)
             .lines()
@@ -451,7 +449,18 @@ async fn peer_process_killed_mid_transfer() {
         addr: f[1].parse().unwrap(),
         responder: f[2].parse().unwrap(),
     };
-    let (raddr, rkey): (u64, u32) = (f[3].parse().unwrap(), f[4].parse().unwrap());
+    (child, target, f[3].parse().unwrap(), f[4].parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_process_killed_mid_transfer() {
+    // 4 GiB of traffic through one 16 MiB remote slot: far more than can be
+    // in flight when the peer dies right after the first completion.
+    const OPS: usize = 256;
+    const SZ: usize = 16 << 20;
+    let key_bytes: [u8; 32] = rand::random();
+    let key_hex: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let (mut child, target, raddr, rkey) = start_helper(&key_hex, SZ).await;
 
     let c = Domain::tcp();
     let l = c.alloc(SZ, Access::LOCAL_WRITE).unwrap();
@@ -494,4 +503,283 @@ async fn peer_process_killed_mid_transfer() {
         );
     }
     assert!(!s.is_alive());
+}
+
+// ---------------------------------------------------------------------------
+// Issue 30: relays, idle connections and connection caps.
+
+/// A peer without the key that requesters dial (its address is in their
+/// tokens): it relays every byte between each requester and `upstream`, and
+/// records what `upstream` sent back.
+struct Relay {
+    addr: fabric::EndpointAddr,
+    from_upstream: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(upstream: std::net::SocketAddr) -> Relay {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = fabric::EndpointAddr {
+            addr: l.local_addr().unwrap(),
+            responder: 1,
+        };
+        let from_upstream = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let rec = from_upstream.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = l.accept().await {
+                let rec = rec.clone();
+                tokio::spawn(async move {
+                    let up = TcpStream::connect(upstream).await.unwrap();
+                    let (mut dr, mut dw) = down.into_split();
+                    let (mut ur, mut uw) = up.into_split();
+                    let to_up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut dr, &mut uw).await;
+                    });
+                    let mut b = [0u8; 4096];
+                    loop {
+                        match ur.read(&mut b).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                rec.lock().unwrap().extend_from_slice(&b[..n]);
+                                if dw.write_all(&b[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    to_up.abort();
+                });
+            }
+        });
+        Relay {
+            addr,
+            from_upstream,
+            task,
+        }
+    }
+
+    /// Whether `upstream` ever sent an accepting verdict (the 8 bytes after
+    /// its challenge).
+    fn upstream_accepted(&self) -> bool {
+        let b = self.from_upstream.lock().unwrap();
+        b.len() >= Challenge::LEN + Verdict::LEN
+            && Verdict::decode(&b[Challenge::LEN..Challenge::LEN + Verdict::LEN])
+                == Ok(Verdict::Accepted)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Issue 30 finding 3: a peer without the key gets a requester with the key
+/// to dial it and relays the handshake to another endpoint, to keep the
+/// authenticated connection and send its own operations. The requester
+/// refuses the endpoint's proof (it was made by an endpoint other than the
+/// one dialled), the endpoint never accepts the relayed connection, and a
+/// requester proof made for the relay's address is refused by the endpoint.
+#[tokio::test]
+async fn a_relayed_handshake_fails_on_both_ends() {
+    let key = FabricKey::random();
+    let (d, ep) = endpoint(&key).await;
+    let r = d.alloc(8, Access::REMOTE_READ).unwrap();
+    r.write_at(0, b"secret!!").unwrap();
+    let relay = Relay::start(ep.addr().addr).await;
+    // The real requester, dialling the relay (as a token naming it says).
+    let c = Domain::tcp();
+    let l = c.alloc(8, Access::LOCAL_WRITE).unwrap();
+    match Session::connect(&c, relay.addr, SessionConfig::new(key.clone())).await {
+        Err(e) => assert!(e.to_string().contains("relayed"), "{e}"),
+        Ok(s) => {
+            // (The unbound handshake: the relay now holds an authenticated
+            // connection to the endpoint.)
+            let read = s.read(l.as_slice(), r.addr(), r.rkey()).await;
+            panic!("a relayed handshake was accepted (read through it: {read:?})");
+        }
+    }
+    assert!(!relay.upstream_accepted(), "the endpoint accepted a relayed handshake");
+    // A requester proof made for the relay's address, sent on by the relay
+    // (a requester that went ahead): refused as made for another endpoint.
+    let mut s = TcpStream::connect(relay.addr.addr).await.unwrap();
+    let hello = Hello {
+        version_min: VERSION,
+        version_max: VERSION,
+        target: relay.addr,
+        session: 1,
+        stream: 0,
+        streams: 1,
+        nonce: rand::random(),
+    };
+    s.write_all(&hello.encode()).await.unwrap();
+    let mut b = [0u8; Challenge::LEN];
+    s.read_exact(&mut b).await.unwrap();
+    let ch = Challenge::decode(&b).unwrap();
+    assert!(!key.verify_responder(&hello, &ch));
+    s.write_all(&Auth { mac: key.requester_proof(&hello, &ch) }.encode())
+        .await
+        .unwrap();
+    let mut v = [0u8; Verdict::LEN];
+    s.read_exact(&mut v).await.unwrap();
+    assert_eq!(Verdict::decode(&v), Ok(Verdict::WrongResponder));
+    assert_closed(&mut s).await;
+    assert!(!relay.upstream_accepted());
+    // Dialled directly, the endpoint serves as before.
+    still_serves(&d, &ep, &key).await;
+}
+
+/// Issue 30 finding 3: an authenticated connection that sends nothing is
+/// closed after the idle timeout (it held a scratch buffer and a descriptor
+/// for ever), while a session's stream that carries no operations is kept
+/// as long as a sibling stream of its session works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_authenticated_connections_are_closed() {
+    let key = FabricKey::random();
+    let (d, ep) = endpoint_with(&key, |c| c.idle_timeout = Some(Duration::from_secs(1))).await;
+    let r = d
+        .alloc(8 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    // A lone authenticated connection that used its scratch buffer (a
+    // refused WRITE is drained through it), then went quiet.
+    let mut s = raw_connect(&ep, &key).await;
+    let bad = RequestHeader {
+        op: OpKind::Write,
+        rkey: r.rkey() ^ 1,
+        wr_id: 1,
+        addr: r.addr(),
+        len: 100,
+    };
+    s.write_all(&bad.encode()).await.unwrap();
+    s.write_all(&[0; 100]).await.unwrap();
+    assert_eq!(read_response(&mut s).await.status, Some(OpStatus::RemoteAccess));
+    assert_closed(&mut s).await;
+    // A two-stream session whose operations all go to stream 0 (the first
+    // 4 MiB stripe) for three idle timeouts: stream 1 is not closed.
+    let c = Domain::tcp();
+    let l = c.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    let mut cfg = SessionConfig::new(key.clone());
+    cfg.streams = 2;
+    let sess = Session::connect(&c, ep.addr(), cfg).await.unwrap();
+    let busy = tokio::time::Instant::now();
+    while busy.elapsed() < Duration::from_secs(3) {
+        tokio::time::timeout(GUARD, sess.write(l.as_slice(), r.addr(), r.rkey()))
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(sess.is_alive(), "a busy session lost its quiet stream");
+    tokio::time::timeout(GUARD, sess.write(l.as_slice(), r.addr() + (4 << 20), r.rkey()))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// Issue 30 finding 6: connections past the endpoint's caps (per peer
+/// address, and in all) are closed as soon as they are accepted, while the
+/// ones held are served; a place freed is taken again.
+#[tokio::test]
+async fn connections_past_the_caps_are_closed_at_once() {
+    let key = FabricKey::random();
+    let (d, ep) = endpoint_with(&key, |c| {
+        c.max_connections_per_address = 3;
+        c.max_connections = 5;
+    })
+    .await;
+    let from = |ip: &str| {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        sock
+    };
+    // Three authenticated connections from 127.0.0.1 fill its share.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(raw_connect(&ep, &key).await);
+    }
+    let mut over = from("127.0.0.1").connect(ep.addr().addr).await.unwrap();
+    assert_closed(&mut over).await;
+    // Two from 127.0.0.2 fill the endpoint; a third address gets nothing.
+    let mut other = Vec::new();
+    for _ in 0..2 {
+        let s = from("127.0.0.2").connect(ep.addr().addr).await.unwrap();
+        other.push(s);
+    }
+    let mut over = from("127.0.0.3").connect(ep.addr().addr).await.unwrap();
+    assert_closed(&mut over).await;
+    // The held connections are served.
+    let mut s = held.pop().unwrap();
+    let rd = RequestHeader {
+        op: OpKind::Read,
+        rkey: 1,
+        wr_id: 9,
+        addr: 0,
+        len: 1,
+    };
+    s.write_all(&rd.encode()).await.unwrap();
+    assert_eq!(read_response(&mut s).await.wr_id, 9);
+    // One closed: its place is taken again, by a real session.
+    drop(s);
+    drop(other.pop());
+    let c = Domain::tcp();
+    let mut ok = None;
+    for _ in 0..100 {
+        // (The endpoint notices the close asynchronously.)
+        match Session::connect(&c, ep.addr(), SessionConfig::new(key.clone())).await {
+            Ok(s) => {
+                ok = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(ok.is_some(), "a freed place was not given again");
+    drop(d);
+}
+
+/// Issue 30 finding 3: connections that have not completed the handshake
+/// cost no scratch buffer (it is allocated after authentication, when an
+/// operation needs it): many half-open ones grow the endpoint's process by
+/// far less than a 256 KiB scratch buffer each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_connections_allocate_no_scratch() {
+    // (Within the default cap of 256 connections per address.)
+    const N: usize = 120;
+    const SCRATCH: u64 = 256 << 10;
+    let key_bytes: [u8; 32] = rand::random();
+    let key_hex: String = key_bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let key = FabricKey::new(key_bytes.to_vec()).unwrap();
+    let (helper, target, _, _) = start_helper(&key_hex, 4096).await;
+    let rss = || {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", helper.0.id())).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap()
+            * 1024
+    };
+    // (One session first, so the endpoint's own start-up is behind us.)
+    let c = Domain::tcp();
+    drop(Session::connect(&c, target, SessionConfig::new(key.clone())).await.unwrap());
+    let before = rss();
+    let mut conns = Vec::new();
+    for i in 0..N {
+        let mut s = TcpStream::connect(target.addr).await.unwrap();
+        // Half a hello (or nothing), then silence.
+        if i % 2 == 0 {
+            s.write_all(&[b'S'; 20]).await.unwrap();
+        }
+        conns.push(s);
+    }
+    // The endpoint has taken them all in: a session after them still gets
+    // through.
+    drop(Session::connect(&c, target, SessionConfig::new(key)).await.unwrap());
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < N as u64 * SCRATCH / 4,
+        "{N} unauthenticated connections grew the endpoint by {grown} bytes"
+    );
+    drop(conns);
 }

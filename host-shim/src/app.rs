@@ -82,8 +82,8 @@ impl Running {
 /// Bytes of request headers one call may send (gRPC needs a few hundred).
 const MAX_HEADER_LIST: u32 = 16 << 10;
 
-/// File descriptors the shim needs besides the tenants' (the agent link,
-/// the fabric endpoint and its connections, metrics, logs).
+/// File descriptors the shim needs besides the tenants' and the fabric
+/// endpoint's connections (the agent link, listeners, metrics, logs).
 const FD_RESERVE: u64 = 512;
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit
@@ -91,21 +91,23 @@ const FD_RESERVE: u64 = 512;
 /// fits: a tenant holds at most `max_connections` connections (each may
 /// carry one fd in an unfinished lease frame) and `2 × max_buffers` fds
 /// (registered buffers and passed fds waiting for RegisterBuffer), so no
-/// tenant can starve another of descriptors; each metrics listener adds
-/// its connection cap.
+/// tenant can starve another of descriptors; the fabric endpoint holds at
+/// most `fabric.max_connections`, so peers on the network cannot starve the
+/// tenants either; each metrics listener adds its connection cap.
 fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
     let limit = s3dma_service::fds::raise_limit().map_err(|e| StartError::FdLimit(e.to_string()))?;
     let metrics_listeners =
         u64::from(c.metrics.address.is_some()) + u64::from(c.metrics.unix_socket.is_some());
     let need: u64 = FD_RESERVE
         + metrics_listeners * s3dma_service::metrics::MAX_CONNECTIONS as u64
+        + u64::from(c.fabric.max_connections)
         + c.tenants
             .iter()
             .map(|t| 2 * u64::from(t.max_connections) + 2 * u64::from(t.max_buffers))
             .sum::<u64>();
     if need > limit {
         return Err(StartError::FdLimit(format!(
-            "the tenants' limits need up to {need} file descriptors (2 × max_connections + 2 × max_buffers each, {} per metrics listener, plus {FD_RESERVE}) but RLIMIT_NOFILE is {limit}; raise it (LimitNOFILE= in the systemd unit, ulimit -n) or lower the tenants' max_connections / max_buffers",
+            "the tenants' and the fabric endpoint's limits need up to {need} file descriptors (2 × max_connections + 2 × max_buffers per tenant, plus fabric.max_connections, {} per metrics listener, plus {FD_RESERVE}) but RLIMIT_NOFILE is {limit}; raise it (LimitNOFILE= in the systemd unit, ulimit -n) or lower the tenants' max_connections / max_buffers or fabric.max_connections",
             s3dma_service::metrics::MAX_CONNECTIONS
         )));
     }
@@ -124,6 +126,10 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let domain = Domain::open(c.fabric.backend)?;
     let mut ep_cfg = EndpointConfig::new(c.fabric.listen, cfg.fabric_key.clone());
     ep_cfg.advertise = c.fabric.advertise;
+    ep_cfg.max_connections = c.fabric.max_connections as usize;
+    ep_cfg.max_connections_per_address = c.fabric.max_connections_per_address as usize;
+    ep_cfg.handshake_timeout = Duration::from_secs(c.fabric.handshake_timeout_secs);
+    ep_cfg.idle_timeout = Some(Duration::from_secs(c.fabric.idle_timeout_secs));
     let endpoint = Arc::new(Endpoint::listen(&domain, ep_cfg).await?);
     let fabric_addr = format!("{:?}", endpoint.addr());
 

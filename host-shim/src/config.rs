@@ -128,6 +128,44 @@ pub struct FabricConfig {
     pub advertise: Option<IpAddr>,
     /// Pre-shared fabric key file (hex), the same as the agent's and targets'.
     pub fabric_key_file: PathBuf,
+    /// Most connections the fabric endpoint holds at once (authenticated or
+    /// not); one more is closed as soon as it is accepted. Counted in the
+    /// shim's descriptor budget. Default 1024; 1 to 1048576.
+    #[serde(default = "default_fabric_max_connections")]
+    pub max_connections: u32,
+    /// Most fabric connections held at once from one IP address (each
+    /// storage target and agent holds a few per session). Default 256; 1 to
+    /// `max_connections`.
+    #[serde(default = "default_fabric_max_connections_per_address")]
+    pub max_connections_per_address: u32,
+    /// Seconds a fabric connection has to complete the authenticated
+    /// handshake. Default 10; 1 to 600.
+    #[serde(default = "default_fabric_handshake_timeout_secs")]
+    pub handshake_timeout_secs: u64,
+    /// An authenticated tcp fabric connection whose session sent no request
+    /// for this many seconds is closed (keep it above the agent's and the
+    /// targets' `idle_session_secs`, default 60, so they close idle sessions
+    /// first). Default 300; 1 to 86400.
+    #[serde(default = "default_fabric_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+}
+
+impl FabricConfig {
+    /// The tcp backend on `listen` with the key in `fabric_key_file`, no
+    /// advertised address, and the default caps and timeouts.
+    #[must_use]
+    pub fn new(listen: SocketAddr, fabric_key_file: PathBuf) -> FabricConfig {
+        FabricConfig {
+            backend: default_backend(),
+            listen,
+            advertise: None,
+            fabric_key_file,
+            max_connections: default_fabric_max_connections(),
+            max_connections_per_address: default_fabric_max_connections_per_address(),
+            handshake_timeout_secs: default_fabric_handshake_timeout_secs(),
+            idle_timeout_secs: default_fabric_idle_timeout_secs(),
+        }
+    }
 }
 
 /// One entry of `tenants:`.
@@ -303,6 +341,18 @@ fn default_backoff_max_ms() -> u64 {
 fn default_backend() -> Backend {
     Backend::Tcp
 }
+fn default_fabric_max_connections() -> u32 {
+    1024
+}
+fn default_fabric_max_connections_per_address() -> u32 {
+    256
+}
+fn default_fabric_handshake_timeout_secs() -> u64 {
+    10
+}
+fn default_fabric_idle_timeout_secs() -> u64 {
+    300
+}
 fn default_max_buffers() -> u32 {
     256
 }
@@ -465,6 +515,26 @@ impl Config {
                 "is required when fabric.listen is 0.0.0.0 or :: (the address the agent and targets reach this host on)",
             ));
         }
+        let fab = &self.fabric;
+        v.range(
+            "fabric.max_connections",
+            u64::from(fab.max_connections),
+            1,
+            1 << 20,
+        )?;
+        v.range(
+            "fabric.max_connections_per_address",
+            u64::from(fab.max_connections_per_address),
+            1,
+            u64::from(fab.max_connections),
+        )?;
+        v.range(
+            "fabric.handshake_timeout_secs",
+            fab.handshake_timeout_secs,
+            1,
+            600,
+        )?;
+        v.range("fabric.idle_timeout_secs", fab.idle_timeout_secs, 1, 86_400)?;
 
         if self.tenants.is_empty() {
             return Err(v.err("tenants", "at least one tenant is required"));
@@ -650,6 +720,10 @@ tenants:
         assert_eq!(c.leases.fd_handle_ttl_secs, 60);
         assert!(c.metrics.address.is_none());
         assert_eq!(c.fabric.backend, Backend::Tcp);
+        assert_eq!(c.fabric.max_connections, 1024);
+        assert_eq!(c.fabric.max_connections_per_address, 256);
+        assert_eq!(c.fabric.handshake_timeout_secs, 10);
+        assert_eq!(c.fabric.idle_timeout_secs, 300);
     }
 
     #[test]
@@ -684,6 +758,28 @@ tenants:
             (
                 BASE.replace("127.0.0.1:0", "0.0.0.0:0"),
                 "fabric.advertise: is required",
+            ),
+            (
+                BASE.replace("  fabric_key_file", "  max_connections: 0\n  fabric_key_file"),
+                "fabric.max_connections: must be between 1",
+            ),
+            (
+                BASE.replace(
+                    "  fabric_key_file",
+                    "  max_connections: 10\n  max_connections_per_address: 11\n  fabric_key_file",
+                ),
+                "fabric.max_connections_per_address: must be between 1 and 10",
+            ),
+            (
+                BASE.replace("  fabric_key_file", "  idle_timeout_secs: 0\n  fabric_key_file"),
+                "fabric.idle_timeout_secs: must be between 1",
+            ),
+            (
+                BASE.replace(
+                    "  fabric_key_file",
+                    "  handshake_timeout_secs: 601\n  fabric_key_file",
+                ),
+                "fabric.handshake_timeout_secs: must be between 1 and 600",
             ),
             (
                 BASE.replace("uids: [1000]", "uids: []"),

@@ -40,6 +40,8 @@
 //! (`host-shim/tests/e2e.rs`).
 
 mod common;
+#[path = "hostile/fabric.rs"]
+mod fabric_endpoint;
 #[path = "hostile/isolation.rs"]
 mod isolation;
 
@@ -647,7 +649,10 @@ async fn fabric_connect(
         let hello = Hello {
             version_min: versions.0,
             version_max: versions.1,
-            responder,
+            target: fabric::EndpointAddr {
+                addr,
+                responder,
+            },
             session: rand::random(),
             stream: 0,
             streams: 1,
@@ -1637,7 +1642,10 @@ async fn hostile_input_on_every_socket_leaves_the_stack_serving() {
         let mut t = Hello {
             version_min: VERSION,
             version_max: VERSION,
-            responder: 1,
+            target: fabric::EndpointAddr {
+                addr: fabric_addr,
+                responder: 1,
+            },
             session: 7,
             stream: 0,
             streams: 1,

@@ -159,9 +159,7 @@ pub fn host_shim(
         agent,
         fabric: FabricConfig {
             backend: l.fabric,
-            listen: loopback_any_port(),
-            advertise: None,
-            fabric_key_file: l.fabric_key_file.clone(),
+            ..FabricConfig::new(loopback_any_port(), l.fabric_key_file.clone())
         },
         tenants: vec![tenant],
         leases: LeaseConfig::default(),

@@ -17,6 +17,7 @@ use common::{ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, sign_v4_as, w
 use fabric::{
     Access, Domain, Endpoint, EndpointAddr, EndpointConfig, FabricKey, RdmaToken, Region,
 };
+use s3dma_wire::frame::{Auth, Challenge, Hello, VERSION, Verdict};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -299,28 +300,84 @@ impl Tenant {
     }
 }
 
-/// A TCP proxy in front of a tenant's endpoint that can hold back what the
+/// A proxy in front of a tenant's endpoint that can hold back what the
 /// endpoint answers (its completions), so the target's operations on that
 /// session stay in flight, their staging buffers held: a stalled client.
+/// The fabric handshake names the endpoint dialled, so the proxy holds the
+/// fabric key and is an endpoint of its own: it answers the target's
+/// handshake as itself and makes its own to the tenant's endpoint, then
+/// passes the operation frames through.
 struct Proxy {
     addr: std::net::SocketAddr,
     hold: watch::Sender<bool>,
 }
 
+/// The proxy's side of the handshake with the target, as the endpoint
+/// `me`; returns the target's hello.
+async fn proxy_accept(s: &mut TcpStream, me: EndpointAddr) -> Option<Hello> {
+    let mut b = [0u8; Hello::LEN];
+    s.read_exact(&mut b).await.ok()?;
+    let hello = Hello::decode(&b).ok()?;
+    let nonce: [u8; 32] = rand::random();
+    let c = Challenge {
+        version: VERSION,
+        nonce,
+        mac: key().responder_proof(&hello, &me, VERSION, &nonce),
+    };
+    s.write_all(&c.encode()).await.ok()?;
+    let mut a = [0u8; Auth::LEN];
+    s.read_exact(&mut a).await.ok()?;
+    let v = key().verdict(&hello, &c, &me, &Auth::decode(&a).ok()?.mac);
+    s.write_all(&v.encode()).await.ok()?;
+    (v == Verdict::Accepted).then_some(hello)
+}
+
+/// The proxy's own handshake with the tenant's endpoint `to`.
+async fn proxy_connect(to: EndpointAddr, like: &Hello) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(to.addr).await.ok()?;
+    let hello = Hello {
+        target: to,
+        nonce: rand::random(),
+        ..*like
+    };
+    s.write_all(&hello.encode()).await.ok()?;
+    let mut b = [0u8; Challenge::LEN];
+    s.read_exact(&mut b).await.ok()?;
+    let c = Challenge::decode(&b).ok()?;
+    if !key().verify_responder(&hello, &c) {
+        return None;
+    }
+    let mac = key().requester_proof(&hello, &c);
+    s.write_all(&Auth { mac }.encode()).await.ok()?;
+    let mut v = [0u8; Verdict::LEN];
+    s.read_exact(&mut v).await.ok()?;
+    (Verdict::decode(&v) == Ok(Verdict::Accepted)).then_some(s)
+}
+
 impl Proxy {
-    async fn start(to: std::net::SocketAddr) -> Proxy {
+    async fn start(to: EndpointAddr) -> Proxy {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
+        let me = EndpointAddr {
+            addr,
+            responder: to.responder,
+        };
         let (hold, held) = watch::channel(false);
         tokio::spawn(async move {
-            while let Ok((a, _)) = l.accept().await {
-                let Ok(b) = TcpStream::connect(to).await else {
-                    continue;
-                };
-                let (ar, aw) = a.into_split();
-                let (br, bw) = b.into_split();
-                tokio::spawn(pipe(ar, bw, None));
-                tokio::spawn(pipe(br, aw, Some(held.clone())));
+            while let Ok((mut a, _)) = l.accept().await {
+                let held = held.clone();
+                tokio::spawn(async move {
+                    let Some(hello) = proxy_accept(&mut a, me).await else {
+                        return;
+                    };
+                    let Some(b) = proxy_connect(to, &hello).await else {
+                        return;
+                    };
+                    let (ar, aw) = a.into_split();
+                    let (br, bw) = b.into_split();
+                    tokio::spawn(pipe(ar, bw, None));
+                    tokio::spawn(pipe(br, aw, Some(held)));
+                });
             }
         });
         Proxy { addr, hold }
@@ -453,8 +510,8 @@ async fn stalled_client_case(len: usize) {
 
     let stalled = Tenant::new(len * 8).await;
     let other = Tenant::new(len * 4).await;
-    let p1 = Proxy::start(stalled.endpoint.addr().addr).await;
-    let p2 = Proxy::start(stalled.endpoint.addr().addr).await;
+    let p1 = Proxy::start(stalled.endpoint.addr()).await;
+    let p2 = Proxy::start(stalled.endpoint.addr()).await;
     // Open the proxied sessions (one per user and endpoint) while they
     // still answer.
     for (user, at, p) in [(ADMIN, 0, &p1), (ADMIN, 1, &p2), (OTHER, 6, &p1)] {
@@ -853,8 +910,8 @@ async fn issue30_non_tenant_users_with_stalled_sessions_cannot_starve_a_tenant_u
     );
     let stalled = Tenant::new(len * 4).await;
     let tenant = Tenant::new(len).await;
-    let p1 = Proxy::start(stalled.endpoint.addr().addr).await;
-    let p2 = Proxy::start(stalled.endpoint.addr().addr).await;
+    let p1 = Proxy::start(stalled.endpoint.addr()).await;
+    let p2 = Proxy::start(stalled.endpoint.addr()).await;
     // Each user's session through its proxy, opened while it answers.
     for (user, at, p) in [(OTHER, 0, &p1), (READER, 1, &p2)] {
         let r = rdma_get_as(
@@ -916,7 +973,7 @@ async fn issue30_a_stalled_transfer_fails_and_frees_its_staging_buffers() {
     let s = rdma_server("  progress_timeout_secs: 5\n");
     let obj = shared_object(&s, len).await;
     let stalled = Tenant::new(len * 3).await;
-    let p = Proxy::start(stalled.endpoint.addr().addr).await;
+    let p = Proxy::start(stalled.endpoint.addr()).await;
     let r = rdma_get_as(
         ADMIN,
         &s.endpoint,

@@ -25,10 +25,15 @@
 //! and then one `COMPLETION`. Requests are served strictly in order per
 //! connection, like an RC queue pair, so responses come back in request order.
 
-use crate::status::OpStatus;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-/// Protocol version spoken by this build.
-pub const VERSION: u16 = 1;
+use crate::status::OpStatus;
+use crate::token::EndpointAddr;
+
+/// Protocol version spoken by this build. Version 2 binds the handshake to
+/// the endpoint the requester dialled ([`Hello::target`]); version 1 did
+/// not, and is no longer spoken.
+pub const VERSION: u16 = 2;
 /// Magic that opens [`Hello`] and [`Challenge`].
 pub const MAGIC: [u8; 8] = *b"S3DMAFAB";
 /// Largest single operation piece on the wire; sessions split bigger operations.
@@ -239,14 +244,30 @@ impl ResponseHeader {
 }
 
 /// First handshake message, requester → responder.
+///
+/// Version 2 (this build) is 88 bytes: the 64 bytes every version starts
+/// with, then the address the requester dialled (the endpoint it means to
+/// reach, as a token names it), which both proofs cover, so a handshake
+/// relayed to another endpoint fails:
+///
+/// ```text
+/// 0  magic "S3DMAFAB" | 8 version_min u16 | 10 version_max u16 | 12 responder u32
+/// 16 session u64 | 24 stream u16 | 26 streams u16 | 28 reserved u32 | 32 nonce [32]
+/// 64 target IP [16] (IPv4 as IPv4-mapped IPv6, like the token's gid)
+/// 80 target port u16 | 82 reserved [6]
+/// ```
+///
+/// A hello whose `version_max` is below 2 (a version-1 peer) ends after 64
+/// bytes ([`Hello::extension_len`]); there is then no version in common.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
     /// Lowest protocol version the requester speaks.
     pub version_min: u16,
     /// Highest protocol version the requester speaks.
     pub version_max: u16,
-    /// The responder number the requester expects (token `dctn`).
-    pub responder: u32,
+    /// The endpoint the requester means to reach (address and responder
+    /// number, as its token names it).
+    pub target: EndpointAddr,
     /// Requester-chosen session identifier (for logs).
     pub session: u64,
     /// Index of this stream in the session.
@@ -257,9 +278,14 @@ pub struct Hello {
     pub nonce: [u8; NONCE_LEN],
 }
 
+/// The first handshake version whose [`Hello`] carries the target address.
+const TARGET_SINCE: u16 = 2;
+
 impl Hello {
+    /// Bytes every version's hello starts with (all of a version-1 hello).
+    pub const PREFIX_LEN: usize = 64;
     /// Encoded size.
-    pub const LEN: usize = 64;
+    pub const LEN: usize = 88;
 
     /// Encodes the message.
     pub fn encode(&self) -> [u8; Self::LEN] {
@@ -267,29 +293,61 @@ impl Hello {
         b[0..8].copy_from_slice(&MAGIC);
         b[8..10].copy_from_slice(&self.version_min.to_be_bytes());
         b[10..12].copy_from_slice(&self.version_max.to_be_bytes());
-        b[12..16].copy_from_slice(&self.responder.to_be_bytes());
+        b[12..16].copy_from_slice(&self.target.responder.to_be_bytes());
         b[16..24].copy_from_slice(&self.session.to_be_bytes());
         b[24..26].copy_from_slice(&self.stream.to_be_bytes());
         b[26..28].copy_from_slice(&self.streams.to_be_bytes());
         b[32..64].copy_from_slice(&self.nonce);
+        b[64..80].copy_from_slice(&ip_bytes(self.target.addr.ip()));
+        b[80..82].copy_from_slice(&self.target.addr.port().to_be_bytes());
         b
     }
 
-    /// Decodes the message.
-    pub fn decode(b: &[u8]) -> Result<Hello, FrameError> {
-        need(b, Self::LEN)?;
-        if b[0..8] != MAGIC {
+    /// How many bytes follow the [`Hello::PREFIX_LEN`] bytes in `prefix`:
+    /// `LEN - PREFIX_LEN` when the requester offers version 2 or later, 0
+    /// for a version-1 requester (whose hello is the prefix alone).
+    pub fn extension_len(prefix: &[u8]) -> Result<usize, FrameError> {
+        need(prefix, Self::PREFIX_LEN)?;
+        if prefix[0..8] != MAGIC {
             return Err(FrameError::BadMagic);
         }
-        if be32(b, 28) != 0 {
+        Ok(if be16(prefix, 10) >= TARGET_SINCE {
+            Self::LEN - Self::PREFIX_LEN
+        } else {
+            0
+        })
+    }
+
+    /// The versions a hello's first [`Hello::PREFIX_LEN`] bytes offer, as
+    /// `(min, max)`.
+    pub fn offered(prefix: &[u8]) -> Result<(u16, u16), FrameError> {
+        Self::extension_len(prefix)?;
+        Ok((be16(prefix, 8), be16(prefix, 10)))
+    }
+
+    /// Decodes the message (a hello of version 2 or later).
+    pub fn decode(b: &[u8]) -> Result<Hello, FrameError> {
+        if Self::extension_len(b)? == 0 {
+            return Err(FrameError::UnsupportedVersion {
+                min: be16(b, 8),
+                max: be16(b, 10),
+            });
+        }
+        need(b, Self::LEN)?;
+        if be32(b, 28) != 0 || b[82..88].iter().any(|&x| x != 0) {
             return Err(FrameError::Reserved("hello"));
         }
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(&b[32..64]);
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&b[64..80]);
         Ok(Hello {
             version_min: be16(b, 8),
             version_max: be16(b, 10),
-            responder: be32(b, 12),
+            target: EndpointAddr {
+                addr: SocketAddr::new(ip_from_bytes(ip), be16(b, 80)),
+                responder: be32(b, 12),
+            },
             session: be64(b, 16),
             stream: be16(b, 24),
             streams: be16(b, 26),
@@ -307,6 +365,23 @@ impl Hello {
                 max: self.version_max,
             })
         }
+    }
+}
+
+/// An IP address as 16 bytes, IPv4 as IPv4-mapped IPv6 (the token's gid).
+pub(crate) fn ip_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The inverse of [`ip_bytes`]: an IPv4-mapped address is IPv4.
+pub(crate) fn ip_from_bytes(b: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(b);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
     }
 }
 
@@ -389,7 +464,9 @@ pub enum Verdict {
     Accepted,
     /// The requester's proof did not verify: it lacks the fabric key.
     BadKey,
-    /// The requester asked for another responder number.
+    /// The requester named another endpoint (another address or responder
+    /// number) than this one: a stale token, an endpoint advertised under
+    /// another address, or a handshake relayed from another endpoint.
     WrongResponder,
     /// No protocol version in common.
     Version,
@@ -432,7 +509,7 @@ impl Verdict {
             Verdict::Accepted => "accepted",
             Verdict::BadKey => "refused: the fabric key does not match",
             Verdict::WrongResponder => {
-                "refused: no such responder number at this address (stale token or endpoint restarted)"
+                "refused: this endpoint is not the one the requester named (stale token, endpoint restarted or advertised under another address, or a relayed connection)"
             }
             Verdict::Version => "refused: no protocol version in common",
         }
@@ -602,7 +679,10 @@ mod tests {
         let hello = Hello {
             version_min: 1,
             version_max: 3,
-            responder: 7,
+            target: EndpointAddr {
+                addr: "10.1.2.3:7000".parse().unwrap(),
+                responder: 7,
+            },
             session: 99,
             stream: 1,
             streams: 4,
@@ -610,14 +690,46 @@ mod tests {
         };
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
         assert_eq!(hello.negotiate(), Ok(VERSION));
-        let old = Hello {
-            version_min: 2,
+        let v6 = Hello {
+            target: EndpointAddr {
+                addr: "[fd00::1]:9".parse().unwrap(),
+                responder: 0,
+            },
             ..hello
         };
-        assert!(old.negotiate().is_err());
+        assert_eq!(Hello::decode(&v6.encode()), Ok(v6));
+        let newer = Hello {
+            version_min: VERSION + 1,
+            ..hello
+        };
+        assert!(newer.negotiate().is_err());
         let mut b = hello.encode();
         b[0] = b'X';
         assert_eq!(Hello::decode(&b), Err(FrameError::BadMagic));
+        let mut b = hello.encode();
+        b[85] = 1;
+        assert_eq!(Hello::decode(&b), Err(FrameError::Reserved("hello")));
+        // The target address follows the 64 bytes every version starts with.
+        let b = hello.encode();
+        assert_eq!(
+            Hello::extension_len(&b[..Hello::PREFIX_LEN]),
+            Ok(Hello::LEN - Hello::PREFIX_LEN)
+        );
+        assert_eq!(Hello::offered(&b[..Hello::PREFIX_LEN]), Ok((1, 3)));
+        // A version-1 hello (64 bytes, versions 1..=1) has no extension, and
+        // does not decode: no version in common, said as such.
+        let mut v1 = [0u8; Hello::PREFIX_LEN];
+        v1.copy_from_slice(&b[..Hello::PREFIX_LEN]);
+        v1[8..12].copy_from_slice(&[0, 1, 0, 1]);
+        assert_eq!(Hello::extension_len(&v1), Ok(0));
+        assert_eq!(
+            Hello::decode(&v1),
+            Err(FrameError::UnsupportedVersion { min: 1, max: 1 })
+        );
+        assert!(matches!(
+            Hello::decode(&b[..70]),
+            Err(FrameError::Truncated { .. })
+        ));
         let c = Challenge {
             version: 1,
             nonce: [1; 32],

@@ -1,14 +1,15 @@
 //! The tcp responder: accepts authenticated connections and serves one-sided
 //! operations on the domain's regions.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
-use tracing::debug;
+use tracing::{debug, info};
 
-use s3dma_wire::FabricKey;
+use s3dma_wire::{EndpointAddr, FabricKey};
 use s3dma_wire::frame::{
     FrameError, Incoming, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader, ResponseKind,
 };
@@ -18,10 +19,10 @@ use crate::error::{FabricError, OpStatus, Result};
 use crate::handshake::accept_handshake;
 use crate::listener::Listener;
 use crate::memory::MemoryKind;
+use crate::options::EndpointConfig;
 use crate::region::{Domain, KeyEntry, RegionInner};
 use crate::sock::{self as io, Tuning};
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const SCRATCH: usize = 256 * 1024;
 /// Bytes moved per system call while a placement guard is held.
 const GUARDED_CHUNK: usize = 4 << 20;
@@ -36,12 +37,14 @@ const COALESCE_MAX_FRAMES: usize = 32;
 
 pub(crate) struct TcpEndpoint {
     listener: Listener,
+    identity: EndpointAddr,
 }
 
 impl std::fmt::Debug for TcpEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpEndpoint")
             .field("local", &self.listener.local_addr())
+            .field("identity", &self.identity)
             .finish()
     }
 }
@@ -49,33 +52,108 @@ impl std::fmt::Debug for TcpEndpoint {
 struct Ctx {
     domain: Domain,
     key: FabricKey,
-    responder: u32,
+    /// What tokens carry; requesters must name it in the handshake.
+    identity: EndpointAddr,
     tuning: Tuning,
+    handshake_timeout: Duration,
+    idle_timeout: Option<Duration>,
+    sessions: Sessions,
+}
+
+/// When each session (all authenticated connections with one session id
+/// from one address: a session's streams) last sent a request, so that a
+/// stream that carries no operations is not idle while its siblings work.
+#[derive(Default)]
+struct Sessions {
+    map: Mutex<HashMap<(IpAddr, u64), Weak<Activity>>>,
+}
+
+struct Activity {
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+}
+
+/// A connection's share of its session's [`Activity`]; forgets the session
+/// when its last connection ends.
+struct SessionRef<'a> {
+    sessions: &'a Sessions,
+    key: (IpAddr, u64),
+    activity: Option<Arc<Activity>>,
+}
+
+impl Sessions {
+    fn join(&self, ip: IpAddr, session: u64) -> SessionRef<'_> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (ip, session);
+        let activity = match map.get(&key).and_then(Weak::upgrade) {
+            Some(a) => a,
+            None => {
+                let a = Arc::new(Activity {
+                    last: Mutex::new(Instant::now()),
+                });
+                map.insert(key, Arc::downgrade(&a));
+                a
+            }
+        };
+        activity.touch();
+        SessionRef {
+            sessions: self,
+            key,
+            activity: Some(activity),
+        }
+    }
+}
+
+impl Drop for SessionRef<'_> {
+    fn drop(&mut self) {
+        drop(self.activity.take());
+        let mut map = self.sessions.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
+            map.remove(&self.key);
+        }
+    }
 }
 
 impl TcpEndpoint {
     pub(crate) async fn listen(
         domain: Domain,
-        bind: SocketAddr,
-        key: FabricKey,
-        responder: u32,
+        config: &EndpointConfig,
         tuning: Tuning,
     ) -> Result<TcpEndpoint> {
-        let ctx = Arc::new(Ctx {
-            domain,
-            key,
-            responder,
-            tuning,
-        });
-        let listener = Listener::bind(bind, "fabric endpoint", move |stream, peer| {
-            serve(stream, peer, Arc::clone(&ctx))
+        let mut identity = None;
+        let listener = Listener::bind(config.bind, "fabric endpoint", config.caps(), |local| {
+            let ctx = Arc::new(Ctx {
+                domain,
+                key: config.fabric_key.clone(),
+                identity: config.identity(local),
+                tuning,
+                handshake_timeout: config.handshake_timeout,
+                idle_timeout: config.idle_timeout,
+                sessions: Sessions::default(),
+            });
+            identity = Some(ctx.identity);
+            move |stream, peer| serve(stream, peer, Arc::clone(&ctx))
         })
         .await?;
-        Ok(TcpEndpoint { listener })
+        let identity = identity.expect("the listener made its server");
+        Ok(TcpEndpoint { listener, identity })
     }
 
-    pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr()
+    /// What tokens carry (the bound address, or the advertised one).
+    pub(crate) fn identity(&self) -> EndpointAddr {
+        self.identity
     }
 
     /// Stops accepting and drops every connection at once (outstanding
@@ -92,35 +170,60 @@ fn protocol(peer: SocketAddr, source: FrameError) -> FabricError {
     }
 }
 
-async fn handshake(stream: &TcpStream, peer: SocketAddr, ctx: &Ctx) -> Result<()> {
-    accept_handshake(stream, peer, &ctx.key, ctx.responder).await
+/// The scratch buffer, allocated on first use (after the handshake, and
+/// only by an operation that needs it: a refused WRITE's payload, CUDA
+/// memory, a READ revoked midway).
+fn scratch(buf: &mut Vec<u8>) -> &mut [u8] {
+    if buf.is_empty() {
+        *buf = vec![0u8; SCRATCH];
+    }
+    buf
 }
 
 async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()> {
     io::tune(&stream, ctx.tuning).map_err(|e| FabricError::io("tune fabric socket", e))?;
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&stream, peer, &ctx))
-        .await
-        .map_err(|_| FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: "timed out".into(),
-        })??;
+    let hello = tokio::time::timeout(
+        ctx.handshake_timeout,
+        accept_handshake(&stream, peer, &ctx.key, &ctx.identity),
+    )
+    .await
+    .map_err(|_| FabricError::Handshake {
+        peer: peer.to_string(),
+        reason: "timed out".into(),
+    })??;
+    let session = ctx.sessions.join(peer.ip(), hello.session);
+    let activity = session.activity.as_deref().expect("joined");
     let ioerr = |e| FabricError::io(format!("serving {peer}"), e);
-    let mut scratch = Vec::new();
+    let mut scratch_buf = Vec::new();
     let mut hb = [0u8; RequestHeader::LEN];
     // Encoded completions not sent yet (see COALESCE_MAX_OP); always sent in
     // order, before anything else this connection sends.
     let mut pending: Vec<u8> = Vec::new();
     loop {
-        if !io::recv_exact_flushing(&stream, &mut hb, &mut pending)
+        // Idle: the whole session sent nothing for idle_timeout (nothing is
+        // in flight on this connection while it waits for a request).
+        let mut left = || {
+            ctx.idle_timeout
+                .map(|t| t.saturating_sub(activity.idle_for()))
+        };
+        match io::recv_exact_flushing(&stream, &mut hb, &mut pending, &mut left)
             .await
             .map_err(ioerr)?
         {
-            // The peer sends no more; it may still read what it was owed.
-            if !pending.is_empty() {
-                let _ = io::send_buf(&stream, &pending).await;
+            io::Recv::Done => {}
+            io::Recv::Eof => {
+                // The peer sends no more; it may still read what it was owed.
+                if !pending.is_empty() {
+                    let _ = io::send_buf(&stream, &pending).await;
+                }
+                return Ok(());
             }
-            return Ok(());
+            io::Recv::Idle => {
+                info!(%peer, session = hello.session, idle_timeout = ?ctx.idle_timeout, "closing an idle fabric connection");
+                return Ok(());
+            }
         }
+        activity.touch();
         // The decision is the pure decoder's (fuzzed in wire/fuzz).
         let req = match Incoming::decode(&hb).map_err(|e| protocol(peer, e))? {
             Incoming::Serve(req) => req,
@@ -140,9 +243,6 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
                 )));
             }
         };
-        if scratch.is_empty() {
-            scratch = vec![0u8; SCRATCH];
-        }
         let need = match req.op {
             OpKind::Write => Access::REMOTE_WRITE,
             OpKind::Read => Access::REMOTE_READ,
@@ -157,12 +257,14 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
         let len = req.len as usize;
         let status = match (req.op, auth) {
             (OpKind::Write, Ok((entry, region, off))) => {
-                place_write(&stream, &entry, &region, off, len, &mut scratch)
+                place_write(&stream, &entry, &region, off, len, &mut scratch_buf)
                     .await
                     .map_err(ioerr)?
             }
             (OpKind::Write, Err(st)) => {
-                drain(&stream, len, &mut scratch).await.map_err(ioerr)?;
+                drain(&stream, len, &mut scratch_buf)
+                    .await
+                    .map_err(ioerr)?;
                 Some(st)
             }
             (OpKind::Read, Ok((entry, region, off))) => {
@@ -171,12 +273,21 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
                     io::send_buf(&stream, &pending).await.map_err(ioerr)?;
                     pending.clear();
                 }
-                serve_read(&stream, req.wr_id, &entry, &region, off, len, &mut scratch)
-                    .await
-                    .map_err(ioerr)?
+                serve_read(
+                    &stream,
+                    req.wr_id,
+                    &entry,
+                    &region,
+                    off,
+                    len,
+                    &mut scratch_buf,
+                )
+                .await
+                .map_err(ioerr)?
             }
             (OpKind::Read, Err(st)) => Some(st),
         };
+        activity.touch();
         if let Some(st) = status {
             debug!(%peer, op = req.op.name(), rkey = req.rkey, addr = req.addr, len = req.len, status = %st, "fabric request refused");
         }
@@ -199,7 +310,11 @@ fn push_completion(pending: &mut Vec<u8>, wr_id: u64, len: u64, status: Option<O
     pending.extend_from_slice(&h.encode());
 }
 
-async fn drain(stream: &TcpStream, mut len: usize, scratch: &mut [u8]) -> std::io::Result<()> {
+async fn drain(stream: &TcpStream, mut len: usize, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let scratch = scratch(buf);
     while len > 0 {
         let n = len.min(scratch.len());
         // SAFETY: scratch is a live, exclusively borrowed buffer of >= n bytes.
@@ -218,7 +333,7 @@ async fn place_write(
     region: &Arc<RegionInner>,
     off: usize,
     len: usize,
-    scratch: &mut [u8],
+    buf: &mut Vec<u8>,
 ) -> std::io::Result<Option<OpStatus>> {
     let base = region.mem.as_ptr() as usize + off;
     let host = region.mem.kind() == MemoryKind::Host;
@@ -228,7 +343,7 @@ async fn place_write(
         let want = (len - done).min(GUARDED_CHUNK);
         let r = if host {
             let Some(_guard) = entry.enter() else {
-                drain(stream, len - done, scratch).await?;
+                drain(stream, len - done, buf).await?;
                 return Ok(Some(OpStatus::RemoteAccess));
             };
             // SAFETY: `authorize` checked that [off, off+len) lies inside the
@@ -240,6 +355,7 @@ async fn place_write(
             unsafe { io::recv_once(stream, (base + done) as *mut u8, want) }
         } else {
             // CUDA memory: bounce through host scratch, then copy to the device.
+            let scratch = scratch(buf);
             // SAFETY: scratch is an exclusively borrowed host buffer.
             let r = unsafe { io::recv_once(stream, scratch.as_mut_ptr(), want.min(scratch.len())) };
             if let Ok(n) = r
@@ -252,7 +368,7 @@ async fn place_write(
                     None => Some(OpStatus::RemoteAccess),
                 };
                 if let Some(st) = failed {
-                    drain(stream, len - done - n, scratch).await?;
+                    drain(stream, len - done - n, buf).await?;
                     return Ok(Some(st));
                 }
             }
@@ -278,7 +394,7 @@ async fn serve_read(
     region: &Arc<RegionInner>,
     off: usize,
     len: usize,
-    scratch: &mut [u8],
+    buf: &mut Vec<u8>,
 ) -> std::io::Result<Option<OpStatus>> {
     if len == 0 {
         return Ok(None);
@@ -300,6 +416,7 @@ async fn serve_read(
         let want = (len - done).min(GUARDED_CHUNK);
         let h = &head[sent_head..];
         let r = if status.is_some() {
+            let scratch = scratch(buf);
             scratch.fill(0);
             // SAFETY: scratch is a live host buffer of at least the given length.
             unsafe { io::send_once(stream, h, scratch.as_ptr(), want.min(scratch.len())) }
@@ -316,6 +433,7 @@ async fn serve_read(
                     io::send_once(stream, h, (base + done) as *const u8, want)
                 },
                 Some(_guard) => {
+                    let scratch = scratch(buf);
                     let n = want.min(scratch.len());
                     if crate::region::cuda_copy_out(&region.mem, off + done, &mut scratch[..n])
                         .is_err()

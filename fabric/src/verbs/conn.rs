@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -21,6 +22,7 @@ use crate::completion::Completion;
 use crate::error::{FabricError, OpError, OpStatus, Result};
 use crate::handshake::{accept_handshake, connect_handshake};
 use crate::listener::Listener;
+use crate::options::EndpointConfig;
 use crate::region::{Domain, LocalSlice};
 use crate::sock as io;
 
@@ -61,33 +63,46 @@ fn local_info(v: &VerbsDomain, qp: &QueuePair, psn: u32) -> QpInfo {
 /// responder QP per session. The NIC serves the one-sided operations.
 pub(crate) struct VerbsEndpoint {
     listener: Listener,
+    identity: EndpointAddr,
 }
 
 impl std::fmt::Debug for VerbsEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VerbsEndpoint")
             .field("local", &self.listener.local_addr())
+            .field("identity", &self.identity)
             .finish()
     }
 }
 
 impl VerbsEndpoint {
-    pub(crate) async fn listen(
-        domain: Domain,
-        bind: SocketAddr,
-        key: FabricKey,
-        responder: u32,
-    ) -> Result<VerbsEndpoint> {
+    pub(crate) async fn listen(domain: Domain, config: &EndpointConfig) -> Result<VerbsEndpoint> {
         verbs_of(&domain)?;
-        let listener = Listener::bind(bind, "verbs endpoint", move |stream, peer| {
-            serve(stream, peer, domain.clone(), key.clone(), responder)
+        let key = config.fabric_key.clone();
+        let handshake_timeout = config.handshake_timeout;
+        let mut identity = None;
+        let listener = Listener::bind(config.bind, "verbs endpoint", config.caps(), |local| {
+            let me = config.identity(local);
+            identity = Some(me);
+            move |stream, peer| {
+                serve(
+                    stream,
+                    peer,
+                    domain.clone(),
+                    key.clone(),
+                    me,
+                    handshake_timeout,
+                )
+            }
         })
         .await?;
-        Ok(VerbsEndpoint { listener })
+        let identity = identity.expect("the listener made its server");
+        Ok(VerbsEndpoint { listener, identity })
     }
 
-    pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr()
+    /// What tokens carry (the bound address, or the advertised one).
+    pub(crate) fn identity(&self) -> EndpointAddr {
+        self.identity
     }
 
     pub(crate) async fn shutdown(self) {
@@ -100,13 +115,27 @@ async fn serve(
     peer: SocketAddr,
     domain: Domain,
     key: FabricKey,
-    responder: u32,
+    me: EndpointAddr,
+    handshake_timeout: Duration,
 ) -> Result<()> {
-    accept_handshake(&stream, peer, &key, responder).await?;
+    tokio::time::timeout(handshake_timeout, accept_handshake(&stream, peer, &key, &me))
+        .await
+        .map_err(|_| FabricError::Handshake {
+            peer: peer.to_string(),
+            reason: "timed out".into(),
+        })??;
     let v = verbs_of(&domain)?;
     let qp = QueuePair::create(v.context(), v.pd(), false)?;
     let psn = rand::random::<u32>() & 0x00ff_ffff;
-    let remote = exchange(&stream, &local_info(v, &qp, psn), &peer.to_string()).await?;
+    let remote = tokio::time::timeout(
+        handshake_timeout,
+        exchange(&stream, &local_info(v, &qp, psn), &peer.to_string()),
+    )
+    .await
+    .map_err(|_| FabricError::Handshake {
+        peer: peer.to_string(),
+        reason: "timed out in the queue-pair exchange".into(),
+    })??;
     qp.connect(
         v.port.port,
         v.port.gid.index,

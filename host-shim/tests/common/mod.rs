@@ -54,6 +54,8 @@ pub(crate) struct ShimOpts {
     pub alice_yaml: String,
     /// Extra YAML lines under `metrics:`.
     pub metrics_yaml: String,
+    /// Extra YAML lines under `fabric:`.
+    pub fabric_yaml: String,
     /// Extra environment variables of the shim process.
     pub env: Vec<(String, String)>,
 }
@@ -259,12 +261,16 @@ fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim
     Config {
         socket: overlay(&socket, &opts.socket_yaml),
         agent: overlay(&agent_cfg, &opts.agent_yaml),
-        fabric: FabricConfig {
-            backend: agent::backend(),
-            listen: std::net::SocketAddr::new(fabric_ip, 0),
-            advertise: None,
-            fabric_key_file: dir.join("fabric.key"),
-        },
+        fabric: overlay(
+            &FabricConfig {
+                backend: agent::backend(),
+                ..FabricConfig::new(
+                    std::net::SocketAddr::new(fabric_ip, 0),
+                    dir.join("fabric.key"),
+                )
+            },
+            &opts.fabric_yaml,
+        ),
         tenants: vec![overlay(&alice, &opts.alice_yaml), bob],
         leases: LeaseConfig::default(),
         metrics: overlay(
