@@ -298,6 +298,8 @@ impl Head {
     /// read when the ranged read's answer names the same version:
     /// `fetch_chunk`.)
     fn settling(&self, settle_after: u64) -> (bool, Option<Duration>) {
+        // `CacheConfig::check` allows no more.
+        let settle_after = settle_after.min(3600);
         let settle = i64::try_from(settle_after).unwrap_or(i64::MAX);
         let (Some(d), Some(s)) = (self.date, self.id.last_modified) else {
             return (true, None);
@@ -586,7 +588,7 @@ impl Gateway {
                 key: key.into(),
                 id: Arc::clone(&head.id),
                 need_settled,
-                settled_at: wait.map(|w| head.received + w),
+                settled_at: wait.and_then(|w| head.received.checked_add(w)),
             };
             let remote = token.remote();
             let depth = ctx.depth.max(1);
