@@ -329,6 +329,20 @@ async fn a_fan_out_reads_the_upstream_about_once() {
     assert!(ratio >= 1.0);
 }
 
+async fn enable_versioning(direct: &aws_sdk_s3::Client, bucket: &str) {
+    direct
+        .put_bucket_versioning()
+        .bucket(bucket)
+        .versioning_configuration(
+            aws_sdk_s3::types::VersioningConfiguration::builder()
+                .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
 /// A TCP relay the test can cut: the upstream "goes down".
 struct Relay {
     addr: String,
@@ -646,9 +660,12 @@ async fn a_gateway_killed_mid_read_costs_no_bytes() {
 }
 
 /// `cache.write_allocate_max`: an RDMA PutObject up to the limit is kept in
-/// the cache under the ETag Ceph acknowledged, so the first read of a
+/// the cache under the version Ceph acknowledged, so the first read of a
 /// checkpoint just written hits (after the usual upstream confirmation,
 /// which still refuses a user the cluster denies); a larger one is not.
+/// The bucket is versioned: the version id pins the kept chunks for good
+/// (in an unversioned bucket they serve only until `settle_after` after
+/// the write's second, see the MD5-collision tests below).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_allocated_object_is_read_from_the_cache() {
     let ceph = ceph();
@@ -665,6 +682,7 @@ async fn a_write_allocated_object_is_read_from_the_cache() {
         .send()
         .await
         .unwrap();
+    enable_versioning(&direct, "gw-write-alloc").await;
     let shim = agent.client().await;
     let mem = Memory::new(7 << 20).await;
     for (len, kept) in [((5 << 20) + 3, true), (7 << 20, false)] {
@@ -796,4 +814,311 @@ async fn an_overwrite_during_a_read_never_mixes_versions() {
         sha256(&new),
         "the next read sees the new object"
     );
+}
+
+/// Wang and Yu's 2004 MD5 collision: two 128-byte blocks with the same MD5
+/// (79054025255fb1a26e4bc422aef54eb4). The same suffix after each keeps the
+/// MD5s equal, so two bodies of any size collide, and a single-part PUT of
+/// either gets the same ETag.
+const MD5_COLLISION: [&str; 2] = [
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab58712467eab4004583eb8fb7f89\
+     55ad340609f4b30283e488832571415a085125e8f7cdc99fd91dbdf280373c5b\
+     d8823e3156348f5bae6dacd436c919c6dd53e2b487da03fd02396306d248cda0\
+     e99f33420f577ee8ce54b67080a80d1ec69821bcb6a8839396f9652b6ff72a70",
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab50712467eab4004583eb8fb7f89\
+     55ad340609f4b30283e4888325f1415a085125e8f7cdc99fd91dbd7280373c5b\
+     d8823e3156348f5bae6dacd436c919c6dd53e23487da03fd02396306d248cda0\
+     e99f33420f577ee8ce54b67080280d1ec69821bcb6a8839396f965ab6ff72a70",
+];
+
+/// Two different bodies of `len` bytes with the same MD5: the collision
+/// blocks, then the same bytes. Checked here, so a wrong constant fails
+/// the test instead of passing it.
+fn colliding_bodies(len: usize) -> (Vec<u8>, Vec<u8>) {
+    use md5::Digest as _;
+    let suffix = data(len - 128, 30);
+    let [a, b] = MD5_COLLISION.map(|h| {
+        let mut v: Vec<u8> = (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect();
+        v.extend_from_slice(&suffix);
+        v
+    });
+    assert_ne!(a, b, "the bodies differ");
+    assert_eq!(a.len(), b.len());
+    assert_eq!(
+        md5::Md5::digest(&a),
+        md5::Md5::digest(&b),
+        "the bodies collide"
+    );
+    (a, b)
+}
+
+/// The cluster's clock: the `Date` of an answer from radosgw, in seconds.
+async fn cluster_now(endpoint: &str) -> i64 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let host = endpoint.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    s.write_all(format!("HEAD / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).await.unwrap();
+    let date = reply
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("date").then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no Date in {reply:?}"));
+    let t = httpdate::parse_http_date(&date).unwrap();
+    i64::try_from(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()).unwrap()
+}
+
+/// Waits until the cluster's clock is at least `at`.
+async fn cluster_clock_reaches(endpoint: &str, at: i64) {
+    while cluster_now(endpoint).await < at {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for the cluster's next second to begin: what follows soon after
+/// most likely happens within one second.
+async fn next_cluster_second(endpoint: &str) {
+    let now = cluster_now(endpoint).await;
+    cluster_clock_reaches(endpoint, now + 1).await;
+}
+
+/// The ETag, Last-Modified second and version id of `key`, straight from
+/// the cluster.
+async fn identity(
+    direct: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+) -> (String, i64, Option<String>) {
+    let h = direct
+        .head_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .unwrap();
+    (
+        h.e_tag().unwrap().to_owned(),
+        h.last_modified().unwrap().secs(),
+        h.version_id().map(str::to_owned),
+    )
+}
+
+/// An MD5-collision overwrite that the identity can tell apart (another
+/// Last-Modified second, or another version id) must be seen by the next
+/// read; one it cannot (the same second, unversioned) may be missed only
+/// until `settle_after` (1 s) after that second: a read then returns the
+/// cluster's body. Returns whether the overwrite landed in the same second.
+async fn a_collision_is_seen(
+    shim: &Shim,
+    endpoint: &str,
+    bucket: &str,
+    key: &str,
+    (old, new): (&[u8], &[u8]),
+    (first, second): ((String, i64, Option<String>), (String, i64, Option<String>)),
+) -> bool {
+    assert_eq!(first.0, second.0, "the premise: Ceph gave both the same ETag");
+    let len = new.len();
+    let mem = Memory::new(len).await;
+    let read = || async {
+        mem.clear(0);
+        let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+        let r = shim.get("alice", bucket, key, None, &tok).await;
+        drop(w);
+        r.map(|_| mem.read(0, len))
+    };
+    let same_second = first.1 == second.1;
+    let told_apart = !same_second || second.2.is_some();
+    match read().await {
+        Ok(got) if got == new => {}
+        Ok(got) => {
+            assert_eq!(got, old, "neither body");
+            assert!(
+                !told_apart,
+                "{bucket}: the gateway served the colliding old body from its cache after \
+                 the cluster took the new one ({first:?} then {second:?})"
+            );
+        }
+        Err(e) => panic!("{bucket}: {e:?}"),
+    }
+    // After the settle time, every read returns what the cluster holds.
+    cluster_clock_reaches(endpoint, second.1 + 2).await;
+    for round in 0..2 {
+        let got = read().await.unwrap();
+        assert!(
+            got == new,
+            "{bucket}: round {round} after the settle time served the old colliding body \
+             ({first:?} then {second:?})"
+        );
+    }
+    same_second
+}
+
+/// Issue 30 finding 8: the gateway cache took the ETag as the identity of
+/// a version, and a single-part ETag is an MD5. A writer with a colliding
+/// pair (here Wang and Yu's) lets readers fill the gateways' caches with
+/// one body, then overwrites it straight in the cluster with the other:
+/// the same ETag and size, so the gateways served the first body forever
+/// while the cluster held the second. Now the identity also has the
+/// Last-Modified second, the version id and the kept checksums, and a read
+/// caches nothing of a version before its second plus `settle_after` has
+/// passed (it waits): an overwrite in a later second, or in a versioned
+/// bucket, is seen by the next read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn md5_collision_after_a_read_fill_is_never_served_for_long() {
+    let ceph = ceph();
+    let cache = CacheConfig {
+        size: s3dma_config::ByteSize(4 << 20),
+        chunk_size: s3dma_config::ByteSize(64 << 10),
+        prefetch_chunks: 0,
+        ..CacheConfig::default()
+    };
+    let buckets = vec!["gw-collide", "gw-collide-versioned"];
+    let (_gw, agent) = stack(&ceph.endpoint, cache, buckets.clone());
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    for b in &buckets {
+        direct.create_bucket().bucket(*b).send().await.unwrap();
+    }
+    enable_versioning(&direct, "gw-collide-versioned").await;
+    let shim = agent.client().await;
+    let (c1, c2) = colliding_bodies((100 << 10) + 128);
+    let put = |bucket: &'static str, body: &[u8]| {
+        direct
+            .put_object()
+            .bucket(bucket)
+            .key("k")
+            .body(body.to_vec().into())
+            .send()
+    };
+    for bucket in buckets {
+        // A later second first (the Last-Modified tells the bodies apart),
+        // then as quickly as possible (a read of a version in its first
+        // second waits until it settled before it fetches, so the
+        // overwrite lands in a later second anyway).
+        for quick in [false, true] {
+            if quick {
+                next_cluster_second(&ceph.endpoint).await;
+            }
+            put(bucket, &c1).await.unwrap();
+            let first = identity(&direct, bucket, "k").await;
+            // Readers fill the gateway's cache with c1.
+            let mem = Memory::new(c1.len()).await;
+            let (w, tok) = mem.window(0, c1.len(), Access::REMOTE_WRITE);
+            shim.get("alice", bucket, "k", None, &tok).await.unwrap();
+            drop(w);
+            assert_eq!(mem.read(0, c1.len()), c1);
+            if !quick {
+                cluster_clock_reaches(&ceph.endpoint, first.1 + 1).await;
+            }
+            // The writer swaps the body behind the gateway's back.
+            put(bucket, &c2).await.unwrap();
+            let second = identity(&direct, bucket, "k").await;
+            assert_eq!(sdk_get(&direct, bucket, "k").await, c2);
+            let same = a_collision_is_seen(
+                &shim,
+                &ceph.endpoint,
+                bucket,
+                "k",
+                (&c1, &c2),
+                (first, second),
+            )
+            .await;
+            println!("{bucket}: overwrite in the same second: {same}");
+            // Back to c1 for the next round, in a later second.
+            cluster_clock_reaches(&ceph.endpoint, cluster_now(&ceph.endpoint).await + 1).await;
+        }
+    }
+}
+
+/// Issue 30 finding 8, through write-allocation: a writer PUTs one body
+/// of a colliding pair through the gateway (kept in its cache under the
+/// ETag the cluster acknowledged) and then the other straight to the
+/// cluster. The gateway served the first body to every reader while the
+/// cluster held the second; now write-allocated chunks are published
+/// under the identity a HEAD after the PUT confirms (so an overwrite in a
+/// later second, or in a versioned bucket, is seen by the next read), and
+/// trusted past the version's own second plus `settle_after` only when a
+/// version id or kept SHA-256 pins them (so one in the same second is seen
+/// by every read after that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn md5_collision_after_a_write_allocation_is_never_served_for_long() {
+    let ceph = ceph();
+    let cache = CacheConfig {
+        size: s3dma_config::ByteSize(4 << 20),
+        chunk_size: s3dma_config::ByteSize(64 << 10),
+        prefetch_chunks: 0,
+        write_allocate_max: s3dma_config::ByteSize(1 << 20),
+        ..CacheConfig::default()
+    };
+    let buckets = vec!["gw-collide-alloc", "gw-collide-alloc-versioned"];
+    let (gw, agent) = stack(&ceph.endpoint, cache, buckets.clone());
+    let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    for b in &buckets {
+        direct.create_bucket().bucket(*b).send().await.unwrap();
+    }
+    enable_versioning(&direct, "gw-collide-alloc-versioned").await;
+    let shim = agent.client().await;
+    let (c1, c2) = colliding_bodies((100 << 10) + 128);
+    let mem = Memory::new(c1.len()).await;
+    let mut kept = 0.0;
+    for bucket in buckets {
+        // A later second first (the Last-Modified tells the bodies apart),
+        // then as quickly as possible, until the overwrite lands in the
+        // write's own second (tries at most 5; the chunks are then served
+        // only until the settle time, or not at all in the versioned bucket).
+        for round in 0..6 {
+            let quick = round > 0;
+            if quick {
+                next_cluster_second(&ceph.endpoint).await;
+            }
+            mem.fill(0, &c1);
+            let (w, tok) = mem.window(0, c1.len(), Access::REMOTE_READ);
+            shim.put("alice", bucket, "k", &tok).await.unwrap();
+            drop(w);
+            kept += 1.0;
+            let first = identity(&direct, bucket, "k").await;
+            assert_eq!(
+                metric(
+                    &gw,
+                    r#"s3dma_storage_target_cache_write_allocated_total{outcome="kept"}"#
+                )
+                .await,
+                kept,
+                "the PUT was write-allocated"
+            );
+            if !quick {
+                cluster_clock_reaches(&ceph.endpoint, first.1 + 1).await;
+            }
+            direct
+                .put_object()
+                .bucket(bucket)
+                .key("k")
+                .body(c2.clone().into())
+                .send()
+                .await
+                .unwrap();
+            let second = identity(&direct, bucket, "k").await;
+            let same = a_collision_is_seen(
+                &shim,
+                &ceph.endpoint,
+                bucket,
+                "k",
+                (&c1, &c2),
+                (first, second),
+            )
+            .await;
+            println!("{bucket}: overwrite in the same second: {same}");
+            cluster_clock_reaches(&ceph.endpoint, cluster_now(&ceph.endpoint).await + 1).await;
+            if same {
+                break;
+            }
+        }
+    }
 }

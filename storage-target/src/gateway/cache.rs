@@ -2,9 +2,21 @@
 //! that a hit is one RDMA WRITE from the cache straight into the tenant's
 //! window, with no copy.
 //!
-//! * Keyed by bucket, key, ETag and chunk index: a new version of an object
-//!   has a new ETag, so its chunks are new entries and a read never mixes
-//!   versions (its upstream fetches carry `If-Match` with the ETag).
+//! * Keyed by bucket, key, the version's [`Identity`] (ETag, size,
+//!   Last-Modified, version id, the checksums the upstream keeps) and chunk
+//!   index: a new version of an object is new entries, and a read never
+//!   mixes versions (its upstream fetches carry `If-Match` and their
+//!   answers must show the same identity).
+//! * The ETag alone is no identity: a single-part ETag is an MD5, and a
+//!   writer with a colliding pair can store a second body under the same
+//!   ETag and size. A chunk is therefore [`Chunk::settled`] only when its
+//!   bytes are bound to the identity beyond doubt (a version id pins them,
+//!   the upstream keeps the SHA-256 the gateway computed over them, or they
+//!   were read after the end of the version's Last-Modified second, so no
+//!   later write can have the same identity); an unsettled chunk serves
+//!   only reads that ask for no settled chunks (reads confirmed before that
+//!   second's end plus `cache.settle_after`), and a read that needs a
+//!   settled chunk fetches it again, replacing it.
 //! * Bounded: one slot per chunk in one registered region (`cache.size`);
 //!   a miss takes a free slot or evicts by the [`super::policy`] (S3-FIFO
 //!   by default).
@@ -27,6 +39,45 @@ use tokio::sync::{Notify, OnceCell};
 use super::policy::{Policy, PolicyKind};
 use crate::metrics::Metrics;
 
+/// What the upstream says identifies one version of an object: every
+/// field a HEAD answers with that a different body under the same ETag
+/// could change.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// The ETag (as the upstream sent it, quotes included).
+    pub etag: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Last-Modified, in whole seconds since the epoch (HTTP dates carry
+    /// no more); `None` when the upstream sent none.
+    pub last_modified: Option<i64>,
+    /// The version id, in a versioned bucket (`null` counts as none).
+    pub version_id: Option<String>,
+    /// The checksums the upstream keeps for the object, as
+    /// `algorithm=value`, sorted; empty when it keeps none (Ceph before
+    /// Squid, for one).
+    pub checksums: Vec<String>,
+}
+
+impl Identity {
+    /// Whether the identity names one write and no other: a version id is
+    /// never given to two writes, so chunks under it are settled whenever
+    /// they were read.
+    #[must_use]
+    pub fn pinned(&self) -> bool {
+        self.version_id.is_some()
+    }
+
+    /// The checksum of `algorithm` (`sha256`, `crc32`, ...), if kept.
+    #[must_use]
+    pub fn checksum(&self, algorithm: &str) -> Option<&str> {
+        self.checksums.iter().find_map(|c| {
+            c.strip_prefix(algorithm)
+                .and_then(|rest| rest.strip_prefix('='))
+        })
+    }
+}
+
 /// Which chunk of which object version.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ChunkKey {
@@ -34,8 +85,8 @@ pub struct ChunkKey {
     pub bucket: Arc<str>,
     /// Object key.
     pub key: Arc<str>,
-    /// The version's ETag (as the upstream sent it, quotes included).
-    pub etag: Arc<str>,
+    /// The version.
+    pub id: Arc<Identity>,
     /// Chunk index (byte offset / chunk size).
     pub index: u64,
 }
@@ -46,13 +97,22 @@ pub struct ChunkKey {
 pub struct Chunk {
     buf: StagingBuf,
     len: usize,
+    settled: bool,
 }
 
 impl Chunk {
-    /// A slot filled with `len` bytes.
+    /// A slot filled with `len` bytes; `settled` when the bytes are bound
+    /// to their key's identity beyond doubt (see the module documentation).
     #[must_use]
-    pub fn new(buf: StagingBuf, len: usize) -> Self {
-        Chunk { buf, len }
+    pub fn new(buf: StagingBuf, len: usize, settled: bool) -> Self {
+        Chunk { buf, len, settled }
+    }
+
+    /// Whether the bytes are bound to the identity beyond doubt: only such
+    /// chunks are served to reads that need them settled.
+    #[must_use]
+    pub fn settled(&self) -> bool {
+        self.settled
     }
 
     /// The object bytes in the chunk.
@@ -105,7 +165,24 @@ type Flight = Arc<OnceCell<Arc<Chunk>>>;
 struct State {
     chunks: HashMap<ChunkKey, Arc<Chunk>>,
     policy: Policy<ChunkKey>,
+    /// Fetches in flight.
     flights: HashMap<ChunkKey, Flight>,
+}
+
+impl State {
+    /// Puts `chunk` in as `key` unless a chunk at least as settled is there
+    /// (a settled chunk replaces an unsettled one); whether it went in.
+    fn put(&mut self, key: ChunkKey, chunk: Arc<Chunk>) -> bool {
+        if let Some(old) = self.chunks.get(&key) {
+            if old.settled || !chunk.settled {
+                return false;
+            }
+            self.policy.remove(&key);
+        }
+        self.chunks.insert(key.clone(), chunk);
+        self.policy.insert(key);
+        true
+    }
 }
 
 /// The cache.
@@ -161,75 +238,96 @@ impl ChunkCache {
 
     /// The chunk `key`: from the cache, from another request's fetch of it,
     /// or from `fetch`, which fills a free slot and returns the chunk (and
-    /// whose result is then cached).
+    /// whose result is then cached). With `need_settled`, a cached chunk
+    /// that is not [`Chunk::settled`] counts as a miss (the fetch's chunk
+    /// then replaces it).
     ///
     /// # Errors
     /// `fetch`'s error (the chunk is then not cached).
-    pub async fn get<F, Fut, E>(&self, key: ChunkKey, fetch: F) -> Result<(Arc<Chunk>, Source), E>
+    pub async fn get<F, Fut, E>(
+        &self,
+        key: ChunkKey,
+        need_settled: bool,
+        fetch: F,
+    ) -> Result<(Arc<Chunk>, Source), E>
     where
-        F: FnOnce(StagingBuf) -> Fut,
+        F: FnMut(StagingBuf) -> Fut,
         Fut: Future<Output = Result<Chunk, E>>,
     {
-        let flight = {
-            let mut st = self.lock();
-            if let Some(c) = st.chunks.get(&key).cloned() {
-                st.policy.hit(&key);
-                drop(st);
-                self.metrics.cache_lookup(Source::Cache);
-                return Ok((c, Source::Cache));
-            }
-            match st.flights.get(&key) {
-                Some(f) => Arc::clone(f),
-                None => {
-                    let f: Flight = Arc::new(OnceCell::new());
-                    st.flights.insert(key.clone(), Arc::clone(&f));
-                    f
+        let mut fetch = fetch;
+        loop {
+            let flight = {
+                let mut st = self.lock();
+                if let Some(c) = st.chunks.get(&key).cloned()
+                    && (c.settled || !need_settled)
+                {
+                    st.policy.hit(&key);
+                    drop(st);
+                    self.metrics.cache_lookup(Source::Cache);
+                    return Ok((c, Source::Cache));
+                }
+                match st.flights.get(&key) {
+                    Some(f) => Arc::clone(f),
+                    None => {
+                        let f: Flight = Arc::new(OnceCell::new());
+                        st.flights.insert(key.clone(), Arc::clone(&f));
+                        f
+                    }
+                }
+            };
+            let mut fetched = false;
+            let r = flight
+                .get_or_try_init(|| {
+                    fetched = true;
+                    let fetch = &mut fetch;
+                    async move {
+                        let buf = self.slot().await;
+                        fetch(buf).await.map(Arc::new)
+                    }
+                })
+                .await
+                .cloned();
+            // Whoever runs the fetch is the one that fetched: usually the
+            // request that opened the flight, but one that joined it may get
+            // there first (then the opener waits for it).
+            let source = if fetched {
+                Source::Upstream
+            } else {
+                Source::SingleFlight
+            };
+            if fetched {
+                let mut st = self.lock();
+                if st
+                    .flights
+                    .get(&key)
+                    .is_some_and(|f| Arc::ptr_eq(f, &flight))
+                {
+                    st.flights.remove(&key);
+                }
+                if let Ok(c) = &r
+                    && st.put(key.clone(), Arc::clone(c))
+                {
+                    let n = st.chunks.len();
+                    drop(st);
+                    self.metrics.cache_resident(n);
+                    self.inserted.notify_waiters();
                 }
             }
-        };
-        let mut fetched = false;
-        let r = flight
-            .get_or_try_init(|| {
-                fetched = true;
-                async {
-                    let buf = self.slot().await;
-                    fetch(buf).await.map(Arc::new)
-                }
-            })
-            .await
-            .cloned();
-        // Whoever runs the fetch is the one that fetched: usually the
-        // request that opened the flight, but one that joined it may get
-        // there first (then the opener waits for it).
-        let source = if fetched {
-            Source::Upstream
-        } else {
-            Source::SingleFlight
-        };
-        if fetched {
-            let mut st = self.lock();
-            if st
-                .flights
-                .get(&key)
-                .is_some_and(|f| Arc::ptr_eq(f, &flight))
-            {
-                st.flights.remove(&key);
-            }
+            // A read that needs a settled chunk and joined a fetch that
+            // brought an unsettled one fetches its own (then it fetched:
+            // what it fetches itself is what the upstream gave it now).
             if let Ok(c) = &r
-                && !st.chunks.contains_key(&key)
+                && !fetched
+                && need_settled
+                && !c.settled
             {
-                st.chunks.insert(key.clone(), Arc::clone(c));
-                st.policy.insert(key);
-                let n = st.chunks.len();
-                drop(st);
-                self.metrics.cache_resident(n);
-                self.inserted.notify_waiters();
+                continue;
             }
+            if r.is_ok() {
+                self.metrics.cache_lookup(source);
+            }
+            return r.map(|c| (c, source));
         }
-        if r.is_ok() {
-            self.metrics.cache_lookup(source);
-        }
-        r.map(|c| (c, source))
     }
 
     /// A free slot: a free one, else one freed by evicting a chunk, else
@@ -285,30 +383,28 @@ impl ChunkCache {
         self.pool.try_acquire()
     }
 
-    /// Puts `chunk` in the cache as `key` unless it is there already (a
-    /// write allocation: the bytes a tenant just wrote, under the ETag the
-    /// upstream gave them).
+    /// Puts `chunk` in the cache as `key` unless a chunk at least as
+    /// settled is there already (a write allocation: the bytes a tenant
+    /// just wrote, under the identity the upstream confirmed for them).
     pub fn insert(&self, key: ChunkKey, chunk: Chunk) {
         let mut st = self.lock();
-        if st.chunks.contains_key(&key) {
+        if !st.put(key, Arc::new(chunk)) {
             return;
         }
-        st.chunks.insert(key.clone(), Arc::new(chunk));
-        st.policy.insert(key);
         let n = st.chunks.len();
         drop(st);
         self.metrics.cache_resident(n);
         self.inserted.notify_waiters();
     }
 
-    /// Drops every cached chunk of `bucket`/`key` whose ETag is not `etag`
-    /// (a newer version was seen): they can never be served again.
-    pub fn forget_other_versions(&self, bucket: &str, key: &str, etag: &str) {
+    /// Drops every cached chunk of `bucket`/`key` whose identity is not
+    /// `id` (a newer version was seen): they can never be served again.
+    pub fn forget_other_versions(&self, bucket: &str, key: &str, id: &Identity) {
         let mut st = self.lock();
         let stale: Vec<ChunkKey> = st
             .chunks
             .keys()
-            .filter(|k| &*k.bucket == bucket && &*k.key == key && &*k.etag != etag)
+            .filter(|k| &*k.bucket == bucket && &*k.key == key && *k.id != *id)
             .cloned()
             .collect();
         if stale.is_empty() {
@@ -337,30 +433,46 @@ mod tests {
         Arc::new(ChunkCache::new(pool, policy, Arc::new(Metrics::new())))
     }
 
+    fn id(etag: &str, last_modified: i64) -> Arc<Identity> {
+        Arc::new(Identity {
+            etag: etag.into(),
+            size: 100,
+            last_modified: Some(last_modified),
+            version_id: None,
+            checksums: Vec::new(),
+        })
+    }
+
     fn key(index: u64) -> ChunkKey {
         ChunkKey {
             bucket: "b".into(),
             key: "k".into(),
-            etag: "\"e1\"".into(),
+            id: id("\"e1\"", 1000),
             index,
         }
     }
 
-    async fn fill(buf: StagingBuf, byte: u8) -> Result<Chunk, String> {
+    async fn fill_as(buf: StagingBuf, byte: u8, settled: bool) -> Result<Chunk, String> {
         buf.copy_in(0, &[byte; 100]).unwrap();
-        Ok(Chunk::new(buf, 100))
+        Ok(Chunk::new(buf, 100, settled))
+    }
+
+    async fn fill(buf: StagingBuf, byte: u8) -> Result<Chunk, String> {
+        fill_as(buf, byte, true).await
+    }
+
+    async fn not_called(_: StagingBuf) -> Result<Chunk, String> {
+        Err("not called".into())
     }
 
     #[tokio::test]
     async fn hit_after_miss_and_bytes_are_kept() {
         let c = cache(4, PolicyKind::S3fifo);
-        let (a, s) = c.get(key(0), |b| fill(b, 7)).await.unwrap();
+        let (a, s) = c.get(key(0), true, |b| fill(b, 7)).await.unwrap();
         assert_eq!(s, Source::Upstream);
         assert_eq!(a.len(), 100);
         let (b, s) = c
-            .get(key(0), |_| async {
-                Err::<Chunk, String>("not called".into())
-            })
+            .get(key(0), true, not_called)
             .await
             .unwrap();
         assert_eq!(s, Source::Cache);
@@ -376,12 +488,10 @@ mod tests {
         let (a, b) = (c.try_slot().unwrap(), c.try_slot().unwrap());
         assert!(c.try_slot().is_none(), "no slot free and nothing to evict");
         a.copy_in(0, &[9; 100]).unwrap();
-        c.insert(key(0), Chunk::new(a, 100));
+        c.insert(key(0), Chunk::new(a, 100, true));
         drop(b);
         let (got, s) = c
-            .get(key(0), |_| async {
-                Err::<Chunk, String>("not called".into())
-            })
+            .get(key(0), true, not_called)
             .await
             .unwrap();
         assert_eq!(s, Source::Cache);
@@ -396,14 +506,14 @@ mod tests {
     async fn failed_fetch_is_not_cached() {
         let c = cache(2, PolicyKind::S3fifo);
         let e = c
-            .get(key(0), |_| async {
+            .get(key(0), true, |_| async {
                 Err::<Chunk, String>("upstream down".into())
             })
             .await
             .unwrap_err();
         assert_eq!(e, "upstream down");
         assert!(c.is_empty());
-        let (_, s) = c.get(key(0), |b| fill(b, 1)).await.unwrap();
+        let (_, s) = c.get(key(0), true, |b| fill(b, 1)).await.unwrap();
         assert_eq!(s, Source::Upstream);
     }
 
@@ -415,10 +525,13 @@ mod tests {
         for _ in 0..8 {
             let (c, calls) = (Arc::clone(&c), Arc::clone(&calls));
             tasks.push(tokio::spawn(async move {
-                c.get(key(3), |b| async move {
+                c.get(key(3), true, |b| {
+                    let calls = Arc::clone(&calls);
+                    async move {
                     calls.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     fill(b, 3).await
+                    }
                 })
                 .await
                 .map(|(_, s)| s)
@@ -438,12 +551,12 @@ mod tests {
     #[tokio::test]
     async fn full_cache_evicts_and_held_chunks_stay_valid() {
         let c = cache(2, PolicyKind::Lru);
-        let (held, _) = c.get(key(0), |b| fill(b, 10)).await.unwrap();
-        c.get(key(1), |b| fill(b, 11)).await.unwrap();
+        let (held, _) = c.get(key(0), true, |b| fill(b, 10)).await.unwrap();
+        c.get(key(1), true, |b| fill(b, 11)).await.unwrap();
         // A third chunk evicts the least recent (key 0), which a "WRITE"
         // still holds: its slot is not reused until it is dropped.
         let c2 = Arc::clone(&c);
-        let t = tokio::spawn(async move { c2.get(key(2), |b| fill(b, 12)).await.map(|(x, _)| x) });
+        let t = tokio::spawn(async move { c2.get(key(2), true, |b| fill(b, 12)).await.map(|(x, _)| x) });
         let third = tokio::time::timeout(std::time::Duration::from_secs(5), t)
             .await
             .expect("evicting key 1 frees a slot")
@@ -461,14 +574,57 @@ mod tests {
     #[tokio::test]
     async fn stale_versions_are_dropped() {
         let c = cache(4, PolicyKind::S3fifo);
-        c.get(key(0), |b| fill(b, 1)).await.unwrap();
+        c.get(key(0), true, |b| fill(b, 1)).await.unwrap();
         let mut k2 = key(0);
-        k2.etag = "\"e2\"".into();
-        c.get(k2.clone(), |b| fill(b, 2)).await.unwrap();
+        k2.id = id("\"e2\"", 1000);
+        c.get(k2.clone(), true, |b| fill(b, 2)).await.unwrap();
         assert_eq!(c.len(), 2);
-        c.forget_other_versions("b", "k", "\"e2\"");
+        c.forget_other_versions("b", "k", &k2.id);
         assert_eq!(c.len(), 1);
-        let (_, s) = c.get(k2, |b| fill(b, 3)).await.unwrap();
+        let (_, s) = c.get(k2, true, |b| fill(b, 3)).await.unwrap();
         assert_eq!(s, Source::Cache);
+    }
+
+    /// Issue 30 finding 8: the same ETag with another Last-Modified (an
+    /// MD5-colliding body written later) is another version: a miss.
+    #[tokio::test]
+    async fn the_same_etag_at_another_time_is_another_version() {
+        let c = cache(4, PolicyKind::S3fifo);
+        c.get(key(0), true, |b| fill(b, 1)).await.unwrap();
+        let mut later = key(0);
+        later.id = id("\"e1\"", 1001);
+        let (got, s) = c.get(later, true, |b| fill(b, 2)).await.unwrap();
+        assert_eq!(s, Source::Upstream);
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
+    }
+
+    /// Issue 30 finding 8: an unsettled chunk serves reads that accept one,
+    /// and a read that needs a settled chunk fetches it again; the settled
+    /// chunk replaces it, and an unsettled fetch never replaces a settled
+    /// chunk.
+    #[tokio::test]
+    async fn unsettled_chunks_are_replaced_when_a_read_needs_them_settled() {
+        let c = cache(4, PolicyKind::S3fifo);
+        let (_, s) = c
+            .get(key(0), false, |b| fill_as(b, 1, false))
+            .await
+            .unwrap();
+        assert_eq!(s, Source::Upstream);
+        let (got, s) = c.get(key(0), false, not_called).await.unwrap();
+        assert_eq!((s, got.settled()), (Source::Cache, false));
+        drop(got);
+        let (got, s) = c.get(key(0), true, |b| fill(b, 2)).await.unwrap();
+        assert_eq!((s, got.settled()), (Source::Upstream, true));
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
+        assert_eq!(c.len(), 1);
+        let (got, s) = c.get(key(0), true, not_called).await.unwrap();
+        assert_eq!(s, Source::Cache);
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
+        // An unsettled insert leaves the settled chunk.
+        let b = c.try_slot().unwrap();
+        b.copy_in(0, &[3; 100]).unwrap();
+        c.insert(key(0), Chunk::new(b, 100, false));
+        let (got, _) = c.get(key(0), false, not_called).await.unwrap();
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
     }
 }

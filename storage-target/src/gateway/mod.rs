@@ -13,9 +13,12 @@
 //!   window. Every read first confirms upstream, as the user, that the user
 //!   may read the object and which version (ETag) is current (a HEAD), or
 //!   takes that confirmation from the last `cache.revalidate_after` seconds
-//!   (default 0: every read asks). Chunks are cached per ETag and fetched
-//!   with `If-Match`, so a read never mixes versions, and bytes a user could
-//!   not read upstream are never served to that user.
+//!   (default 0: every read asks). Chunks are cached per version identity
+//!   (ETag, size, Last-Modified, version id, kept checksums; an MD5 ETag
+//!   alone can be forged with a colliding body) and fetched with `If-Match`
+//!   and `If-Unmodified-Since`, their answers checked against that
+//!   identity, so a read never mixes versions, and bytes a user could not
+//!   read upstream are never served to that user.
 //! * Writes over RDMA stream through to the upstream (PutObject,
 //!   UploadPart): the tenant's bytes are RDMA READ and sent on as the body;
 //!   the request succeeds only when the upstream acknowledged it, and a
@@ -51,7 +54,7 @@ use crate::auth::{Need, Users, grants_give, need_of};
 use crate::rdma::plan::{check_fits, reply_headers};
 use crate::rdma::{Decision, RdmaService, transfer};
 use crate::server::OpSlot;
-use cache::{Chunk, ChunkCache, ChunkKey, Source};
+use cache::{Chunk, ChunkCache, ChunkKey, Identity, Source};
 use fabric::pool::StagingBuf;
 use policy::PolicyKind;
 pub use upstream::{Upstream, UpstreamConfig, UpstreamError};
@@ -109,6 +112,18 @@ pub struct CacheConfig {
     /// uploads are not allocated.
     #[serde(default)]
     pub write_allocate_max: ByteSize,
+    /// Seconds, on the upstream's clock (its `Date` header), after the end
+    /// of an object version's Last-Modified second before which nothing
+    /// read of it is cached for later reads. A single-part ETag is an MD5:
+    /// a writer with a colliding pair can store a second body with the same
+    /// ETag and size in the same second, which no HEAD tells apart. Reads
+    /// of a version younger than that wait for it before fetching (at most
+    /// `settle_after` + 2 s); write-allocated chunks serve only until then,
+    /// and are fetched again once after, unless a version id or a kept
+    /// SHA-256 pins them. Covers clock differences between the upstream's
+    /// endpoints. Default 1; at most 3600.
+    #[serde(default = "default_settle_after")]
+    pub settle_after: u64,
 }
 
 fn default_cache_size() -> ByteSize {
@@ -123,6 +138,10 @@ fn default_prefetch_chunks() -> u32 {
     2
 }
 
+fn default_settle_after() -> u64 {
+    1
+}
+
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
@@ -132,6 +151,7 @@ impl Default for CacheConfig {
             revalidate_after: 0.0,
             prefetch_chunks: default_prefetch_chunks(),
             write_allocate_max: ByteSize(0),
+            settle_after: default_settle_after(),
         }
     }
 }
@@ -165,6 +185,9 @@ impl CacheConfig {
         if self.prefetch_chunks > 64 {
             return Err(("prefetch_chunks".into(), "must be at most 64".into()));
         }
+        if self.settle_after > 3600 {
+            return Err(("settle_after".into(), "must be at most 3600".into()));
+        }
         if self.write_allocate_max.0 > self.size.0 / 2 {
             return Err((
                 "write_allocate_max".into(),
@@ -183,8 +206,11 @@ impl CacheConfig {
 /// and the headers a GET answers with.
 #[derive(Debug, Clone)]
 struct Head {
-    etag: String,
-    size: u64,
+    id: Arc<Identity>,
+    /// The answer's `Date` (the upstream's clock, whole seconds).
+    date: Option<i64>,
+    /// When the answer came.
+    received: Instant,
     last_modified: Option<Timestamp>,
     content_type: Option<String>,
     metadata: Option<Metadata>,
@@ -195,7 +221,10 @@ struct Head {
 }
 
 impl Head {
-    fn from_upstream(out: &aws_sdk_s3::operation::head_object::HeadObjectOutput) -> S3Result<Head> {
+    fn from_upstream(
+        out: &aws_sdk_s3::operation::head_object::HeadObjectOutput,
+        date: Option<i64>,
+    ) -> S3Result<Head> {
         let etag = out.e_tag().filter(|e| !e.is_empty()).ok_or_else(|| {
             s3_error!(
                 InternalError,
@@ -211,9 +240,23 @@ impl Head {
                     "the upstream S3 endpoint answered HeadObject without a Content-Length"
                 )
             })?;
+        let checksums = checksums([
+            ("crc32", out.checksum_crc32()),
+            ("crc32c", out.checksum_crc32_c()),
+            ("crc64nvme", out.checksum_crc64_nvme()),
+            ("sha1", out.checksum_sha1()),
+            ("sha256", out.checksum_sha256()),
+        ]);
         Ok(Head {
-            etag: etag.to_owned(),
-            size,
+            id: Arc::new(Identity {
+                etag: etag.to_owned(),
+                size,
+                last_modified: out.last_modified().map(aws_sdk_s3::primitives::DateTime::secs),
+                version_id: version_id(out.version_id()),
+                checksums,
+            }),
+            date,
+            received: Instant::now(),
             last_modified: out.last_modified().and_then(|t| {
                 time::OffsetDateTime::from_unix_timestamp_nanos(
                     i128::from(t.secs()) * 1_000_000_000 + i128::from(t.subsec_nanos()),
@@ -231,8 +274,63 @@ impl Head {
     }
 
     fn etag_dto(&self) -> Option<ETag> {
-        ETag::parse_http_header(self.etag.as_bytes()).ok()
+        ETag::parse_http_header(self.id.etag.as_bytes()).ok()
     }
+
+    /// How chunks of this version settle for a read confirmed by this
+    /// answer: whether the read may be served only settled chunks, and how
+    /// long after the answer came its fetches wait so that what they read
+    /// is settled (`None`: they do not wait, and their chunks are not).
+    ///
+    /// A write that gives a version the same identity (an MD5-colliding
+    /// body of the same size) must happen within its Last-Modified second
+    /// `s`. Bytes read once the upstream's clock reached `s + 1 +
+    /// settle_after` (`settle_after` covers the differences between its
+    /// endpoints' clocks) are therefore the version's last word: settled.
+    /// The answer was made at `Date` `d` or later, so that point is at
+    /// most `s + 1 + settle_after - d` seconds after it arrived; a fetch
+    /// waits that long (at most `2 + settle_after` s; a longer wait, from
+    /// clocks further apart, is not made and leaves the chunk unsettled).
+    /// A read confirmed before that point may take unsettled chunks too (it
+    /// races the writer, as a read straight from the cluster would); later
+    /// reads need settled ones. Without a `Date` or Last-Modified nothing
+    /// settles by time. (A version id pins a chunk however early it was
+    /// read when the ranged read's answer names the same version:
+    /// `fetch_chunk`.)
+    fn settling(&self, settle_after: u64) -> (bool, Option<Duration>) {
+        // `CacheConfig::check` allows no more.
+        let settle_after = settle_after.min(3600);
+        let settle = i64::try_from(settle_after).unwrap_or(i64::MAX);
+        let (Some(d), Some(s)) = (self.date, self.id.last_modified) else {
+            return (true, None);
+        };
+        let at = s.saturating_add(1).saturating_add(settle);
+        if d >= at {
+            return (true, Some(Duration::ZERO));
+        }
+        let wait = u64::try_from(at - d).unwrap_or(u64::MAX);
+        if wait <= settle_after.saturating_add(2) {
+            (false, Some(Duration::from_secs(wait)))
+        } else {
+            (false, None)
+        }
+    }
+}
+
+/// The checksums an upstream answer carries, as `algorithm=value`, sorted.
+fn checksums<'a>(all: impl IntoIterator<Item = (&'a str, Option<&'a str>)>) -> Vec<String> {
+    let mut v: Vec<String> = all
+        .into_iter()
+        .filter_map(|(a, c)| c.filter(|c| !c.is_empty()).map(|c| format!("{a}={c}")))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A version id as an identity holds it: `null` (an unversioned write in a
+/// versioned bucket, reused by the next one) is none.
+fn version_id(v: Option<&str>) -> Option<String> {
+    v.filter(|v| !v.is_empty() && *v != "null").map(str::to_owned)
 }
 
 /// Who read what: (user, bucket, key).
@@ -245,6 +343,7 @@ pub struct Gateway {
     cache: Option<Arc<ChunkCache>>,
     rdma: Arc<RdmaService>,
     revalidate_after: Duration,
+    settle_after: u64,
     prefetch: u64,
     write_allocate_max: u64,
     /// Recent upstream confirmations, by (user, bucket, key), when
@@ -301,6 +400,7 @@ impl Gateway {
             cache: cache_,
             rdma,
             revalidate_after: Duration::from_secs_f64(cache.revalidate_after),
+            settle_after: cache.settle_after,
             prefetch: u64::from(cache.prefetch_chunks),
             write_allocate_max: cache.write_allocate_max.0,
             confirmed: Mutex::new(HashMap::new()),
@@ -401,6 +501,7 @@ impl Gateway {
         };
         let (ims, ius) = (date(if_modified_since), date(if_unmodified_since));
         let asked = Instant::now();
+        let date = upstream::DateOfAnswer::default();
         let out = self
             .upstream
             .call(user, "HeadObject", |c| {
@@ -411,11 +512,14 @@ impl Gateway {
                     .set_if_none_match(if_none_match.clone())
                     .set_if_modified_since(ims)
                     .set_if_unmodified_since(ius)
+                    .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+                    .customize()
+                    .interceptor(date.clone())
                     .send()
             })
             .await?;
         self.upstream.metrics().revalidation("upstream");
-        let head = Head::from_upstream(&out)?;
+        let head = Head::from_upstream(&out, date.get())?;
         if !self.revalidate_after.is_zero() {
             let mut m = self
                 .confirmed
@@ -460,13 +564,14 @@ impl Gateway {
         }
         let (bucket, key) = (input.bucket.as_str(), input.key.as_str());
         let head = self.confirm(&user, bucket, key, &req.headers).await?;
+        let size = head.id.size;
         let (range, content_range) = match input.range {
-            None => (0..head.size, None),
+            None => (0..size, None),
             Some(r) => {
-                let r = crate::s3::byte_range(r).resolve(head.size).map_err(|_| {
+                let r = crate::s3::byte_range(r).resolve(size).map_err(|_| {
                     s3_error!(InvalidRange, "The requested range is not satisfiable")
                 })?;
-                let cr = s3dma_wire::range::content_range(&r, head.size);
+                let cr = s3dma_wire::range::content_range(&r, size);
                 (r, Some(cr))
             }
         };
@@ -477,11 +582,13 @@ impl Gateway {
             let ctx = self.rdma.ctx(token, &user).await.map_err(|e| e.to_s3())?;
             let cs = cache.chunk_size() as u64;
             let (first, last) = (range.start / cs, (range.end - 1) / cs);
+            let (need_settled, wait) = head.settling(self.settle_after);
             let obj = ObjectVersion {
                 bucket: bucket.into(),
                 key: key.into(),
-                etag: head.etag.as_str().into(),
-                size: head.size,
+                id: Arc::clone(&head.id),
+                need_settled,
+                settled_at: wait.and_then(|w| head.received.checked_add(w)),
             };
             let remote = token.remote();
             let depth = ctx.depth.max(1);
@@ -544,7 +651,7 @@ impl Gateway {
     }
 
     /// Chunk `i` of `obj` from the cache, or from the upstream as `user`
-    /// (with `If-Match` on the confirmed ETag).
+    /// (conditional on the confirmed identity, and checked against it).
     async fn chunk(
         &self,
         cache: &ChunkCache,
@@ -554,16 +661,12 @@ impl Gateway {
     ) -> S3Result<(Arc<Chunk>, Source)> {
         let cs = cache.chunk_size() as u64;
         let start = i * cs;
-        let len = cs.min(obj.size - start);
-        let key = ChunkKey {
-            bucket: Arc::clone(&obj.bucket),
-            key: Arc::clone(&obj.key),
-            etag: Arc::clone(&obj.etag),
-            index: i,
-        };
+        let len = cs.min(obj.id.size - start);
         let upstream = &self.upstream;
         cache
-            .get(key, |buf| fetch_chunk(upstream, user, obj, start, len, buf))
+            .get(obj.chunk_key(i), obj.need_settled, |buf| {
+                fetch_chunk(upstream, user, obj, start, len, buf)
+            })
             .await
     }
 
@@ -571,7 +674,7 @@ impl Gateway {
     /// the background (a sequential reader's next read then hits).
     fn prefetch_after(&self, cache: &Arc<ChunkCache>, obj: &ObjectVersion, last: u64, user: &str) {
         let cs = cache.chunk_size() as u64;
-        let chunks = obj.size.div_ceil(cs);
+        let chunks = obj.id.size.div_ceil(cs);
         let end = (last + 1 + self.prefetch).min(chunks);
         if last + 1 >= end {
             return;
@@ -585,15 +688,9 @@ impl Gateway {
         tokio::spawn(async move {
             for i in last + 1..end {
                 let start = i * cs;
-                let len = cs.min(obj.size - start);
-                let key = ChunkKey {
-                    bucket: Arc::clone(&obj.bucket),
-                    key: Arc::clone(&obj.key),
-                    etag: Arc::clone(&obj.etag),
-                    index: i,
-                };
+                let len = cs.min(obj.id.size - start);
                 let r = cache
-                    .get(key, |buf| {
+                    .get(obj.chunk_key(i), obj.need_settled, |buf| {
                         fetch_chunk(&upstream, &user, &obj, start, len, buf)
                     })
                     .await;
@@ -660,6 +757,57 @@ impl Gateway {
         )))))
     }
 
+    /// Publishes a write allocation of an acknowledged PUT: only under the
+    /// identity a HEAD after the PUT confirms for what was acknowledged (the
+    /// PUT's answer has no Last-Modified), and settled only when a version
+    /// id or the kept SHA-256 of exactly these bytes pins it (a colliding
+    /// body written in the same second would otherwise have the same
+    /// identity); the metric's outcome.
+    async fn publish(&self, a: WriteAllocation, cache: &ChunkCache, acked: &Acked<'_>) -> &'static str {
+        if a.gave_up {
+            return "no_slot";
+        }
+        if u64::try_from(acked.len).ok() != Some(a.total) {
+            return "failed";
+        }
+        let out = match self
+            .upstream
+            .call(acked.user, "HeadObject", |c| {
+                c.head_object()
+                    .bucket(acked.bucket)
+                    .key(acked.key)
+                    .if_match(acked.etag)
+                    .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+                    .send()
+            })
+            .await
+        {
+            Ok(out) => out,
+            Err(e) if *e.code() == S3ErrorCode::PreconditionFailed => return "superseded",
+            Err(_) => return "failed",
+        };
+        let Ok(head) = Head::from_upstream(&out, None) else {
+            return "failed";
+        };
+        let id = &head.id;
+        let later = matches!((id.last_modified, acked.date), (Some(s), Some(d)) if s > d);
+        if id.etag != acked.etag
+            || Some(id.size) != u64::try_from(acked.len).ok()
+            || (acked.version_id.is_some() && id.version_id != acked.version_id)
+            || later
+        {
+            return "superseded";
+        }
+        let sha256 = a.sha256();
+        if id.checksum("sha256").is_some_and(|c| c != sha256) {
+            return "superseded";
+        }
+        let settled = (id.pinned() && acked.version_id.is_some())
+            || id.checksum("sha256") == Some(sha256.as_str());
+        a.publish(cache, acked.bucket, acked.key, &head.id, settled);
+        "kept"
+    }
+
     fn put_reply(&self, op: &str, len: i64) -> HeaderMap {
         let m = self.rdma.metrics();
         m.path_request(op, "rdma");
@@ -670,15 +818,30 @@ impl Gateway {
     }
 }
 
+/// What the upstream acknowledged for an RDMA PutObject.
+#[derive(Debug)]
+struct Acked<'a> {
+    user: &'a str,
+    bucket: &'a str,
+    key: &'a str,
+    etag: &'a str,
+    version_id: Option<String>,
+    /// The answer's `Date`: the write's Last-Modified is no later.
+    date: Option<i64>,
+    len: i64,
+}
+
 /// The bytes of an RDMA PutObject copied into cache slots as they stream
-/// to the upstream; published under the acknowledged ETag, dropped (the
-/// slots return to the pool) on any failure.
+/// to the upstream, with their SHA-256; published under the identity
+/// confirmed after the PUT, dropped (the slots return to the pool) on any
+/// failure.
 #[derive(Debug, Default)]
 struct WriteAllocation {
     cache: Option<Arc<ChunkCache>>,
     /// Filled slots and how many bytes of each are the object's.
     chunks: Vec<(StagingBuf, usize)>,
     total: u64,
+    sha256: sha2::Sha256,
     /// No slot was free without waiting: the PUT goes on uncached.
     gave_up: bool,
 }
@@ -719,55 +882,67 @@ impl WriteAllocation {
             }
             *filled += n;
             self.total += n as u64;
+            sha2::Digest::update(&mut self.sha256, &data[..n]);
             data = &data[n..];
         }
     }
 
-    /// Puts the chunks in the cache as `bucket`/`key` at `etag` when they
-    /// hold exactly the `len` bytes acknowledged; the metric's outcome.
-    fn publish(
-        self,
-        cache: &ChunkCache,
-        bucket: &str,
-        key: &str,
-        etag: &str,
-        len: i64,
-    ) -> &'static str {
-        if self.gave_up {
-            return "no_slot";
-        }
-        if u64::try_from(len).ok() != Some(self.total) {
-            return "failed";
-        }
-        let (bucket, key, etag): (Arc<str>, Arc<str>, Arc<str>) =
-            (bucket.into(), key.into(), etag.into());
+    /// The SHA-256 of the bytes, base64 (as `x-amz-checksum-sha256`).
+    fn sha256(&self) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .encode(sha2::Digest::finalize(self.sha256.clone()))
+    }
+
+    /// Puts the chunks in the cache as `bucket`/`key` at `id`.
+    fn publish(self, cache: &ChunkCache, bucket: &str, key: &str, id: &Arc<Identity>, settled: bool) {
+        let (bucket, key): (Arc<str>, Arc<str>) = (bucket.into(), key.into());
         for (index, (buf, n)) in (0u64..).zip(self.chunks) {
             cache.insert(
                 ChunkKey {
                     bucket: Arc::clone(&bucket),
                     key: Arc::clone(&key),
-                    etag: Arc::clone(&etag),
+                    id: Arc::clone(id),
                     index,
                 },
-                Chunk::new(buf, n),
+                Chunk::new(buf, n, settled),
             );
         }
-        cache.forget_other_versions(&bucket, &key, &etag);
-        "kept"
+        cache.forget_other_versions(&bucket, &key, id);
     }
 }
 
-/// The object version a read serves.
+/// The object version a read serves, and how its chunks settle
+/// ([`Head::settling`]).
 #[derive(Debug, Clone)]
 struct ObjectVersion {
     bucket: Arc<str>,
     key: Arc<str>,
-    etag: Arc<str>,
-    size: u64,
+    id: Arc<Identity>,
+    /// Only settled chunks may be served.
+    need_settled: bool,
+    /// When this read's fetches may start so that their chunks are
+    /// settled; `None`: they start at once and their chunks are not.
+    settled_at: Option<Instant>,
+}
+
+impl ObjectVersion {
+    fn chunk_key(&self, index: u64) -> ChunkKey {
+        ChunkKey {
+            bucket: Arc::clone(&self.bucket),
+            key: Arc::clone(&self.key),
+            id: Arc::clone(&self.id),
+            index,
+        }
+    }
 }
 
 /// Fetches `[start, start+len)` of `obj` from the upstream as `user` into
-/// `buf` (`If-Match`: a newer version fails instead of mixing in).
+/// `buf`: conditional on the identity as far as S3 allows (`If-Match` on
+/// the ETag, `If-Unmodified-Since` on Last-Modified), and the answer's own
+/// ETag, Last-Modified, total size, version id and checksums (when it
+/// sends them) must be the identity's, so a newer version fails the read
+/// instead of mixing in or being cached under the old identity.
 async fn fetch_chunk(
     upstream: &Upstream,
     user: &str,
@@ -777,26 +952,57 @@ async fn fetch_chunk(
     buf: fabric::pool::StagingBuf,
 ) -> S3Result<Chunk> {
     let range = format!("bytes={}-{}", start, start + len - 1);
+    let id = &obj.id;
+    if let Some(at) = obj.settled_at {
+        tokio::time::sleep_until(at.into()).await;
+    }
+    let unmodified_since = id
+        .last_modified
+        .map(aws_sdk_s3::primitives::DateTime::from_secs);
     let out = upstream
         .call(user, "GetObject", |c| {
             c.get_object()
                 .bucket(&*obj.bucket)
                 .key(&*obj.key)
                 .range(&range)
-                .if_match(&*obj.etag)
+                .if_match(&id.etag)
+                .set_if_unmodified_since(unmodified_since)
                 .send()
         })
         .await
         .map_err(|e| {
             if *e.code() == S3ErrorCode::PreconditionFailed {
-                s3_error!(
-                    ServiceUnavailable,
-                    "the object was overwritten upstream during the read (its ETag changed); nothing of the new version was mixed in; retry"
-                )
+                overwritten("its ETag or Last-Modified changed")
             } else {
                 e
             }
         })?;
+    let total = out
+        .content_range()
+        .and_then(|r| r.rsplit_once('/'))
+        .and_then(|(_, t)| t.parse::<u64>().ok());
+    // A version id that the answer names too pins the bytes; an answer that
+    // names none (radosgw names it only when asked for a version) leaves
+    // them to settle by time.
+    let answered_version = version_id(out.version_id());
+    let pinned = id.pinned() && answered_version == id.version_id;
+    let answered = checksums([
+        ("crc32", out.checksum_crc32()),
+        ("crc32c", out.checksum_crc32_c()),
+        ("crc64nvme", out.checksum_crc64_nvme()),
+        ("sha1", out.checksum_sha1()),
+        ("sha256", out.checksum_sha256()),
+    ]);
+    if out.e_tag() != Some(id.etag.as_str())
+        || out.last_modified().map(aws_sdk_s3::primitives::DateTime::secs) != id.last_modified
+        || total != Some(id.size)
+        || (answered_version.is_some() && answered_version != id.version_id)
+        || (!answered.is_empty() && answered != id.checksums)
+    {
+        return Err(overwritten(
+            "the ranged read answered another version than the HEAD"
+        ));
+    }
     let mut body = out.body;
     let mut filled = 0usize;
     let want = to_usize(len);
@@ -820,7 +1026,16 @@ async fn fetch_chunk(
         )));
     }
     upstream.metrics().upstream_bytes("in", len);
-    Ok(Chunk::new(buf, want))
+    Ok(Chunk::new(buf, want, obj.settled_at.is_some() || pinned))
+}
+
+fn overwritten(why: &str) -> S3Error {
+    S3Error::with_message(
+        S3ErrorCode::ServiceUnavailable,
+        format!(
+            "the object was overwritten upstream during the read ({why}); nothing of the new version was mixed in; retry"
+        ),
+    )
 }
 
 fn to_usize(n: u64) -> usize {
@@ -937,6 +1152,7 @@ impl S3 for Gateway {
         };
         let user = access_key(&req);
         let i = req.input;
+        let put_date = upstream::DateOfAnswer::default();
         let out = self
             .upstream
             .call_once(&user, "PutObject", |c| {
@@ -960,12 +1176,24 @@ impl S3 for Gateway {
                     .set_checksum_crc64_nvme(i.checksum_crc64nvme.clone())
                     .set_if_match(i.if_match.as_ref().map(etag_condition))
                     .set_if_none_match(i.if_none_match.as_ref().map(etag_condition));
-                b.customize().disable_payload_signing().send()
+                b.customize()
+                    .disable_payload_signing()
+                    .interceptor(put_date.clone())
+                    .send()
             })
             .await?;
         if let (Some(alloc), Some(cache), Some(etag)) = (alloc, &self.cache, out.e_tag()) {
             let a = std::mem::take(&mut *alloc.lock().unwrap_or_else(PoisonError::into_inner));
-            let outcome = a.publish(cache, &i.bucket, &i.key, etag, len);
+            let acked = Acked {
+                user: &user,
+                bucket: &i.bucket,
+                key: &i.key,
+                etag,
+                version_id: version_id(out.version_id()),
+                date: put_date.get(),
+                len,
+            };
+            let outcome = self.publish(a, cache, &acked).await;
             self.rdma.metrics().cache_write_allocation(outcome);
         }
         let reply = self.put_reply("PutObject", len);
@@ -1139,6 +1367,10 @@ mod tests {
         let mut c = ok.clone();
         c.prefetch_chunks = 65;
         assert_eq!(c.check().unwrap_err().0, "prefetch_chunks");
+        let mut c = ok.clone();
+        assert_eq!(c.settle_after, 1);
+        c.settle_after = 3601;
+        assert_eq!(c.check().unwrap_err().0, "settle_after");
         let mut c = ok;
         c.write_allocate_max = ByteSize(c.size.0 / 2);
         assert!(c.check().is_ok());
@@ -1162,6 +1394,79 @@ mod tests {
         let mut c = ok;
         c.region = Some(String::new());
         assert_eq!(c.check().unwrap_err().0, "region");
+    }
+
+    fn head(date: Option<i64>, last_modified: Option<i64>, version: Option<&str>) -> Head {
+        Head {
+            id: Arc::new(Identity {
+                etag: "\"e\"".into(),
+                size: 1,
+                last_modified,
+                version_id: version_id(version),
+                checksums: Vec::new(),
+            }),
+            date,
+            received: Instant::now(),
+            last_modified: None,
+            content_type: None,
+            metadata: None,
+            cache_control: None,
+            content_disposition: None,
+            content_encoding: None,
+            content_language: None,
+        }
+    }
+
+    /// Issue 30 finding 8: chunks settle only once no write can have the
+    /// version's identity any more (after its Last-Modified second plus
+    /// `settle_after`, on the upstream's clock), or when a version id pins
+    /// them; without the clocks, never by time.
+    #[test]
+    fn chunks_settle_after_the_last_modified_second() {
+        let lm = Some(1000);
+        let secs = |n| Some(Duration::from_secs(n));
+        // (need_settled, wait before fetching for a settled chunk)
+        assert_eq!(head(Some(1000), lm, None).settling(1), (false, secs(2)));
+        assert_eq!(head(Some(1001), lm, None).settling(1), (false, secs(1)));
+        assert_eq!(head(Some(1002), lm, None).settling(1), (true, secs(0)));
+        assert_eq!(head(Some(1001), lm, None).settling(0), (true, secs(0)));
+        assert_eq!(head(Some(1000), lm, None).settling(0), (false, secs(1)));
+        // An answer dated before the version (clocks apart): a wait of
+        // more than settle_after + 2 s is not made.
+        assert_eq!(head(Some(999), lm, None).settling(1), (false, secs(3)));
+        assert_eq!(head(Some(998), lm, None).settling(1), (false, None));
+        assert_eq!(head(Some(1000), lm, Some("v1")).settling(1), (false, secs(2)));
+        assert_eq!(head(None, lm, None).settling(1), (true, None));
+        assert_eq!(head(Some(5000), None, None).settling(1), (true, None));
+        assert_eq!(
+            head(Some(0), Some(i64::MAX), None).settling(u64::MAX),
+            (false, None)
+        );
+    }
+
+    #[test]
+    fn identities_hold_the_kept_checksums() {
+        let c = checksums([
+            ("sha256", Some("abc=")),
+            ("crc32", Some("x")),
+            ("sha1", None),
+            ("crc32c", Some("")),
+        ]);
+        assert_eq!(c, vec!["crc32=x".to_owned(), "sha256=abc=".to_owned()]);
+        let id = Identity {
+            etag: "\"e\"".into(),
+            size: 1,
+            last_modified: None,
+            version_id: None,
+            checksums: c,
+        };
+        assert_eq!(id.checksum("sha256"), Some("abc="));
+        assert_eq!(id.checksum("crc32"), Some("x"));
+        assert_eq!(id.checksum("crc32c"), None);
+        assert_eq!(id.checksum("sha1"), None);
+        assert_eq!(version_id(Some("null")), None);
+        assert_eq!(version_id(Some("")), None);
+        assert_eq!(version_id(Some("v")), Some("v".into()));
     }
 
     #[test]

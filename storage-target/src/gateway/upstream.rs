@@ -421,3 +421,41 @@ where
     err.set_source(Box::new(e));
     err
 }
+
+/// An interceptor that keeps the `Date` of the upstream's answer (whole
+/// seconds since the epoch, the upstream's clock): the SDK's outputs do not
+/// carry it. Clones share the value; the last answer of a retried request
+/// wins.
+#[derive(Debug, Clone, Default)]
+pub struct DateOfAnswer(Arc<std::sync::Mutex<Option<i64>>>);
+
+impl DateOfAnswer {
+    /// The answer's `Date`, if one came with a parseable value.
+    #[must_use]
+    pub fn get(&self) -> Option<i64> {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for DateOfAnswer {
+    fn name(&self) -> &'static str {
+        "DateOfAnswer"
+    }
+
+    fn read_before_deserialization(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextRef<'_>,
+        _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let date = context
+            .response()
+            .headers()
+            .get("date")
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|d| i64::try_from(d.as_secs()).ok());
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = date;
+        Ok(())
+    }
+}
