@@ -186,7 +186,15 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
             (service, format!("data_dir {}", cfg.data_dir.display()))
         }
     };
-    let handler = server::Handler::new(service, Arc::clone(&metrics), &cfg.region);
+    let handler = server::Handler::new(
+        service,
+        Arc::clone(&metrics),
+        &cfg.region,
+        precheck::AuthOptions {
+            allow_sigv2: cfg.allow_sigv2,
+            max_clock_skew_secs: cfg.max_clock_skew_secs,
+        },
+    );
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

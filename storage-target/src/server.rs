@@ -292,6 +292,8 @@ pub struct Handler {
     metrics: Arc<Metrics>,
     /// This server's region: SigV4 credential scopes must name it.
     region: Arc<str>,
+    /// The operator's authentication choices (SigV2, clock skew).
+    auth: crate::precheck::AuthOptions,
 }
 
 impl std::fmt::Debug for Handler {
@@ -301,13 +303,20 @@ impl std::fmt::Debug for Handler {
 }
 
 impl Handler {
-    /// Wraps an s3s service of a server in `region`.
+    /// Wraps an s3s service of a server in `region`, authenticating
+    /// requests as `auth` says.
     #[must_use]
-    pub fn new(s3: S3Service, metrics: Arc<Metrics>, region: &str) -> Self {
+    pub fn new(
+        s3: S3Service,
+        metrics: Arc<Metrics>,
+        region: &str,
+        auth: crate::precheck::AuthOptions,
+    ) -> Self {
         Handler {
             s3,
             metrics,
             region: region.into(),
+            auth,
         }
     }
 
@@ -357,7 +366,7 @@ impl Handler {
                 idle: None,
                 ended: Arc::clone(&ended),
             });
-            let outcome = match crate::precheck::precheck(&mut parts, &self.region) {
+            let outcome = match crate::precheck::precheck(&mut parts, &self.region, self.auth) {
                 Ok(()) => self.s3.call(Request::from_parts(parts, body)).await,
                 Err(mut e) => {
                     e.set_request_id(request_id.clone());
