@@ -93,7 +93,7 @@ for c in "${CHARTS[@]}"; do
   declare -a sets=("default|" "example|-f $HELM_DIR/examples/$c-values.yaml"
                    "monitoring|--set metrics.serviceMonitor.enabled=true")
   case $c in
-    storage-target) sets+=("rdma-nopvc|--set rdma.enabled=true --set persistence.enabled=false --set service.type=NodePort --set service.nodePort=30900") ;;
+    storage-target) sets+=("rdma-nopvc|--set rdma.enabled=true --set rdma.allowedClientNetworks={10.0.0.0/8} --set persistence.enabled=false --set service.type=NodePort --set service.nodePort=30900") ;;
     dpu-agent) sets+=("tls-nohostnet|--set config.listen.tls.enabled=true --set hostNetwork=false --set serviceDaemonSet.upgradeStrategy.type=OnDelete --set-json serviceDaemonSet.updateStrategy=null")
                for v in "$OUT"/dpf-values/*.values.yaml; do [[ -e $v ]] && sets+=("$(basename "$v" .values.yaml)|-f $v"); done ;;
     host-shim) sets+=("tls|--set agent.endpoint=https://192.168.100.2:7000 --set agent.tls.enabled=true --set agent.tls.certSecretKey=shim.crt --set agent.tls.keySecretKey=shim.key --set socket.group=s3dma-tenants") ;;

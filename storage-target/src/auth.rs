@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
-use s3s::dto::{CopyObjectInput, UploadPartCopyInput};
+use s3s::dto::{CopyObjectInput, PostObjectInput, UploadPartCopyInput};
 use s3s::path::S3Path;
 use s3s::{S3Request, S3Result, s3_error};
 
@@ -241,6 +241,22 @@ fn denied() -> s3s::S3Error {
     s3_error!(AccessDenied, "Access Denied")
 }
 
+/// `x-amz-expected-bucket-owner` (and `x-amz-source-expected-bucket-owner`
+/// for a copy's source): when the caller names the owner it expects, a
+/// bucket owned by anyone else answers 403 AccessDenied, as AWS does. AWS
+/// compares account ids; s3dma has no accounts, so the value is compared
+/// with the bucket owner's canonical id (64 hex digits, as ACLs and
+/// ListBuckets show it).
+///
+/// # Errors
+/// `AccessDenied` when `expected` is given and is not `owner`.
+pub fn check_expected_owner(expected: Option<&str>, owner: &str) -> S3Result<()> {
+    match expected {
+        Some(e) if e.trim() != owner => Err(denied()),
+        _ => Ok(()),
+    }
+}
+
 #[async_trait::async_trait]
 impl S3Auth for Users {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
@@ -301,6 +317,12 @@ impl S3Access for AccessCheck {
                 )
             }
         })?;
+        check_expected_owner(
+            cx.headers()
+                .get("x-amz-expected-bucket-owner")
+                .map(|v| v.to_str().unwrap_or("")),
+            &self.users.bucket_owner(&info),
+        )?;
         let allowed = match need {
             Need::Nothing | Need::Create => false,
             Need::Object => true,
@@ -322,6 +344,11 @@ impl S3Access for AccessCheck {
 
     async fn upload_part_copy(&self, _req: &mut S3Request<UploadPartCopyInput>) -> S3Result<()> {
         Ok(())
+    }
+
+    // A POST form is signed in its body: refuse SigV2 there too.
+    async fn post_object(&self, req: &mut S3Request<PostObjectInput>) -> S3Result<()> {
+        crate::precheck::check_post_form(req)
     }
 }
 

@@ -75,6 +75,17 @@ pub struct Config {
     /// server clock, in seconds. Default 900 (15 minutes, as S3).
     #[serde(default = "default_max_clock_skew_secs")]
     pub max_clock_skew_secs: u32,
+    /// Accept AWS Signature Version 2 (`Authorization: AWS key:signature`,
+    /// presigned `AWSAccessKeyId`/`Signature`/`Expires`, SigV2 POST forms)
+    /// besides SigV4. Default false: SigV2 requests are refused with
+    /// `400 InvalidRequest`. When enabled they are held to SigV4's limits
+    /// (a presigned `Expires` at most a week ahead, a signed `Date` or
+    /// `x-amz-date` within `max_clock_skew_secs`), but SigV2 never signs
+    /// the payload: whoever captures a SigV2 PUT can replay it with another
+    /// body until its date leaves the skew window. Never used for RDMA
+    /// (`x-amz-rdma-token` must be among SigV4 signed headers).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_sigv2: bool,
     /// The users allowed to access the server. At least one is required
     /// (anonymous access is not supported); no default.
     #[serde(default)]
@@ -140,7 +151,9 @@ pub struct UserConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canonical_id: Option<String>,
     /// The display name shown with the canonical id (ListBuckets owner,
-    /// ACLs). Default: the access key id.
+    /// object owners in listings, ACLs), to whoever may read those,
+    /// anonymous readers of public buckets included. Default: the
+    /// canonical id (the access key id is never shown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display_name: Option<String>,
     /// Whether the user may create buckets whose name none of its write
@@ -279,6 +292,7 @@ impl Config {
             metrics_listen: None,
             metrics: MetricsConfig::default(),
             max_clock_skew_secs: default_max_clock_skew_secs(),
+            allow_sigv2: false,
             users: Vec::new(),
             rdma: crate::rdma::RdmaConfig::default(),
             runtime: s3dma_config::RuntimeConfig::default(),
@@ -297,7 +311,7 @@ pub struct User {
     pub buckets: Vec<BucketGrant>,
     /// The canonical id (configured or derived).
     pub canonical_id: String,
-    /// The display name (configured, or the access key id).
+    /// The display name (configured, or the canonical id).
     pub display_name: String,
     /// May create buckets beyond its write grants.
     pub create_buckets: bool,
@@ -491,7 +505,7 @@ impl Config {
             let display_name = u
                 .display_name
                 .clone()
-                .unwrap_or_else(|| u.access_key_id.clone());
+                .unwrap_or_else(|| canonical_id.clone());
             if display_name.is_empty() || display_name.chars().any(char::is_control) {
                 return Err(invalid(
                     at("display_name"),
@@ -633,6 +647,7 @@ mod tests {
         let c = Config::parse("storage-target.example.yaml", EXAMPLE).unwrap();
         assert_eq!(c.region, "us-east-1");
         assert_eq!(c.max_clock_skew_secs, 900);
+        assert!(!c.allow_sigv2);
         assert!(c.metrics_listen.is_some());
         let m = c.metrics_options("storage-target.example.yaml").unwrap();
         assert_eq!(m.address, Some("127.0.0.1:9100".parse().unwrap()));
@@ -881,7 +896,9 @@ mod tests {
         assert!(users[0].create_buckets && !users[1].create_buckets);
         assert_eq!(users[1].canonical_id, default_canonical_id("b"));
         assert!(valid_canonical_id(&users[1].canonical_id));
-        assert_eq!(users[1].display_name, "b");
+        // Issue 30 finding 12: the default display name is the canonical
+        // id, never the access key id (shown to anonymous readers too).
+        assert_eq!(users[1].display_name, users[1].canonical_id);
         for (yaml, field) in [
             (
                 "users: [{access_key_id: a, secret: s, canonical_id: ABC}]".to_owned(),

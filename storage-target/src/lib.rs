@@ -198,8 +198,16 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
             (service, format!("data_dir {}", cfg.data_dir.display()))
         }
     };
-    let handler = server::Handler::new(service, Arc::clone(&metrics), &cfg.region)
-        .with_max_aws_chunk_size(cfg.max_aws_chunk_size.0);
+    let handler = server::Handler::new(
+        service,
+        Arc::clone(&metrics),
+        &cfg.region,
+        precheck::AuthOptions {
+            allow_sigv2: cfg.allow_sigv2,
+            max_clock_skew_secs: cfg.max_clock_skew_secs,
+        },
+    )
+    .with_max_aws_chunk_size(cfg.max_aws_chunk_size.0);
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

@@ -56,9 +56,7 @@ impl S3Store {
 
     /// How to serve a GetObject/PutObject/UploadPart.
     fn rdma_decision<T>(&self, req: &S3Request<T>) -> S3Result<Decision> {
-        self.rdma
-            .decide(&req.headers, &req.uri)
-            .map_err(|e| e.to_s3())
+        self.rdma.decide(req).map_err(|e| e.to_s3())
     }
 
     /// The body of a PutObject/UploadPart: the HTTP body, or RDMA READs of
@@ -183,6 +181,7 @@ impl S3Store {
         &self,
         caller: Option<&User>,
         source: &CopySource,
+        expected_owner: Option<&str>,
         conds: Conditions,
     ) -> S3Result<(String, ObjectReader)> {
         let CopySource::Bucket {
@@ -198,6 +197,7 @@ impl S3Store {
         };
         check_version_id(version_id.as_deref())?;
         let info = self.store.head_bucket(bucket).map_err(store_error)?;
+        crate::auth::check_expected_owner(expected_owner, &self.users.bucket_owner(&info))?;
         let reader = self
             .open_checked(caller, &info, key, Permission::Read)
             .await?;
@@ -1255,6 +1255,7 @@ impl S3 for S3Store {
             .open_copy_source(
                 caller,
                 &input.copy_source,
+                input.expected_source_bucket_owner.as_deref(),
                 Conditions {
                     if_match: input.copy_source_if_match.map(etag_cond),
                     if_none_match: input.copy_source_if_none_match.map(etag_cond),
@@ -1814,6 +1815,7 @@ impl S3 for S3Store {
             .open_copy_source(
                 caller,
                 &input.copy_source,
+                input.expected_source_bucket_owner.as_deref(),
                 Conditions {
                     if_match: input.copy_source_if_match.map(etag_cond),
                     if_none_match: input.copy_source_if_none_match.map(etag_cond),

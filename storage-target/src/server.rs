@@ -460,6 +460,8 @@ pub struct Handler {
     max_aws_chunk: u64,
     /// The connection this handler serves (set per connection by [`serve`]).
     conn: Option<Arc<Conn>>,
+    /// The operator's authentication choices (SigV2, clock skew).
+    auth: crate::precheck::AuthOptions,
 }
 
 impl std::fmt::Debug for Handler {
@@ -469,15 +471,22 @@ impl std::fmt::Debug for Handler {
 }
 
 impl Handler {
-    /// Wraps an s3s service of a server in `region`.
+    /// Wraps an s3s service of a server in `region`, authenticating
+    /// requests as `auth` says.
     #[must_use]
-    pub fn new(s3: S3Service, metrics: Arc<Metrics>, region: &str) -> Self {
+    pub fn new(
+        s3: S3Service,
+        metrics: Arc<Metrics>,
+        region: &str,
+        auth: crate::precheck::AuthOptions,
+    ) -> Self {
         Handler {
             s3,
             metrics,
             region: region.into(),
             max_aws_chunk: DEFAULT_MAX_AWS_CHUNK,
             conn: None,
+            auth,
         }
     }
 
@@ -541,7 +550,7 @@ impl Handler {
                 ended: Arc::clone(&ended),
                 chunks: streaming.then(|| ChunkCheck::new(self.max_aws_chunk)),
             });
-            let outcome = match crate::precheck::precheck(&mut parts, &self.region) {
+            let outcome = match crate::precheck::precheck(&mut parts, &self.region, self.auth) {
                 Ok(()) => self.s3.call(Request::from_parts(parts, body)).await,
                 Err(mut e) => {
                     e.set_request_id(request_id.clone());

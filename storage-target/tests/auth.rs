@@ -771,3 +771,365 @@ async fn upload_part_copy_and_retried_complete() {
         .unwrap_err();
     assert_eq!(code(other).0, "NoSuchUpload");
 }
+
+/// Whether `bucket/key` exists (HEAD as the admin).
+async fn exists(s: &Server, bucket: &str, key: &str) -> bool {
+    s.admin()
+        .head_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .is_ok()
+}
+
+/// Issue 30 finding 1: a presigned PUT or UploadPart URL signs `host` only;
+/// its holder adds `x-amz-copy-source` (to copy any object the signer may
+/// read) or `x-amz-acl` / `x-amz-grant-*` (to publish what it uploads).
+/// Every `x-amz-*` header must be signed: 403 and nothing stored or copied,
+/// for presigned and header-signed requests alike.
+#[tokio::test]
+async fn issue30_unsigned_amz_headers_cannot_widen_a_signed_request() {
+    let s = setup().await;
+    let c = s.admin();
+    let cfg = || PresigningConfig::expires_in(Duration::from_secs(300)).unwrap();
+    let put_url = c
+        .put_object()
+        .bucket("shared")
+        .key("upload")
+        .presigned(cfg())
+        .await
+        .unwrap();
+    for (h, v) in [
+        ("x-amz-copy-source", "/private/obj"),
+        ("x-amz-acl", "public-read"),
+        (
+            "x-amz-grant-read",
+            "uri=\"http://acs.amazonaws.com/groups/global/AllUsers\"",
+        ),
+    ] {
+        let r = raw("PUT", put_url.uri(), &[(h, v)], Bytes::from_static(b"x")).await;
+        assert_eq!(r.status, 403, "{h}: {}", r.text());
+        assert_eq!(r.xml("Code").as_deref(), Some("AccessDenied"), "{h}");
+        assert!(r.text().contains("not signed"), "{}", r.text());
+        assert_ids_match(&r);
+        assert!(!exists(&s, "shared", "upload").await, "{h}");
+    }
+    // The same URL as signed still works, and stays private.
+    let r = raw("PUT", put_url.uri(), &[], Bytes::from_static(b"mine")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let anon = raw("GET", &s.url("/shared/upload"), &[], Bytes::new()).await;
+    assert_eq!(anon.status, 403);
+
+    // UploadPart turned into UploadPartCopy of another bucket's object.
+    let up = c
+        .create_multipart_upload()
+        .bucket("shared")
+        .key("mp")
+        .send()
+        .await
+        .unwrap();
+    let part_url = c
+        .upload_part()
+        .bucket("shared")
+        .key("mp")
+        .upload_id(up.upload_id().unwrap())
+        .part_number(1)
+        .presigned(cfg())
+        .await
+        .unwrap();
+    let r = raw(
+        "PUT",
+        part_url.uri(),
+        &[("x-amz-copy-source", "/private/obj")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let parts = c
+        .list_parts()
+        .bucket("shared")
+        .key("mp")
+        .upload_id(up.upload_id().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert!(parts.parts().is_empty(), "{parts:?}");
+
+    // Header auth: an x-amz-* header added after signing is refused too.
+    let url = s.url("/shared/hdr");
+    let headers = sign_v4(
+        "PUT",
+        &url,
+        &[],
+        aws_sigv4::http_request::SignableBody::UnsignedPayload,
+        SystemTime::now(),
+    );
+    let mut hs: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| k != "host")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    hs.push(("x-amz-acl", "public-read"));
+    let r = raw("PUT", &url, &hs, Bytes::from_static(b"x")).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("AccessDenied"));
+    assert!(!exists(&s, "shared", "hdr").await);
+    hs.pop();
+    hs.push(("x-amz-copy-source", "/private/obj"));
+    let r = raw("PUT", &url, &hs, Bytes::new()).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(!exists(&s, "shared", "hdr").await);
+    // Signed, the same headers work (the admin may copy and publish).
+    let headers = sign_v4(
+        "PUT",
+        &url,
+        &[("x-amz-acl", "public-read")],
+        aws_sigv4::http_request::SignableBody::UnsignedPayload,
+        SystemTime::now(),
+    );
+    let hs: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| k != "host")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let r = raw("PUT", &url, &hs, Bytes::from_static(b"x")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// HMAC-SHA1, base64: a SigV2 signature.
+fn hmac_sha1_b64(key: &[u8], msg: &str) -> String {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let pad = |b: u8| k.iter().map(|x| x ^ b).collect::<Vec<u8>>();
+    let mut inner = sha1::Sha1::new();
+    inner.update(pad(0x36));
+    inner.update(msg.as_bytes());
+    let mut outer = sha1::Sha1::new();
+    outer.update(pad(0x5c));
+    outer.update(inner.finalize());
+    base64::engine::general_purpose::STANDARD.encode(outer.finalize())
+}
+
+/// A SigV2 presigned GET URL of `path` as the admin, valid until `expires`
+/// (seconds since the epoch).
+fn v2_presigned(s: &Server, path: &str, expires: u64) -> String {
+    let sig = hmac_sha1_b64(ADMIN.1.as_bytes(), &format!("GET\n\n\n{expires}\n{path}"));
+    let sig: String =
+        percent_encoding::utf8_percent_encode(&sig, percent_encoding::NON_ALPHANUMERIC).collect();
+    s.url(&format!(
+        "{path}?AWSAccessKeyId={}&Expires={expires}&Signature={sig}",
+        ADMIN.0
+    ))
+}
+
+/// A SigV2 header-signed GET of `path` as the admin, dated `date`.
+async fn v2_get(s: &Server, path: &str, date: SystemTime) -> Raw {
+    let date = httpdate::fmt_http_date(date);
+    let sig = hmac_sha1_b64(ADMIN.1.as_bytes(), &format!("GET\n\n\n{date}\n{path}"));
+    let auth = format!("AWS {}:{sig}", ADMIN.0);
+    raw(
+        "GET",
+        &s.url(path),
+        &[("date", &date), ("authorization", &auth)],
+        Bytes::new(),
+    )
+    .await
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Issue 30 finding 9: SigV2 was accepted, undocumented: a presigned URL
+/// valid for 100 years, header-signed requests with no clock-skew check.
+/// Now refused unless `allow_sigv2: true`, and then held to SigV4's limits.
+#[tokio::test]
+async fn issue30_sigv2_is_refused_by_default_and_limited_when_allowed() {
+    let s = setup().await;
+    let century = unix_now() + 100 * 365 * 86_400;
+    let r = raw(
+        "GET",
+        &v2_presigned(&s, "/shared/obj", century),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    assert!(r.text().contains("AWS4-HMAC-SHA256"), "{}", r.text());
+    let r = raw(
+        "GET",
+        &v2_presigned(&s, "/shared/obj", unix_now() + 60),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    let r = v2_get(&s, "/shared/obj", SystemTime::now()).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    assert_ne!(&r.body[..], b"secret data");
+
+    // Allowed by the operator: the SigV4 limits apply.
+    let s = Server::start_with(|_| "allow_sigv2: true\n".to_owned());
+    s.admin()
+        .create_bucket()
+        .bucket("shared")
+        .send()
+        .await
+        .unwrap();
+    s.admin()
+        .put_object()
+        .bucket("shared")
+        .key("obj")
+        .body(ByteStream::from_static(b"secret data"))
+        .send()
+        .await
+        .unwrap();
+    let r = raw(
+        "GET",
+        &v2_presigned(&s, "/shared/obj", unix_now() + 60),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(&r.body[..], b"secret data");
+    let r = raw(
+        "GET",
+        &v2_presigned(&s, "/shared/obj", century),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("AccessDenied"));
+    let r = v2_get(&s, "/shared/obj", SystemTime::now()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = v2_get(
+        &s,
+        "/shared/obj",
+        SystemTime::now() - Duration::from_secs(3600),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.xml("Code").as_deref(), Some("RequestTimeTooSkewed"));
+}
+
+/// Issue 30 finding 12: `x-amz-expected-bucket-owner` was ignored. A
+/// bucket owned by someone else than the caller expects answers 403
+/// (compared with the owner's canonical id), for the bucket of a request
+/// and for the source of a copy.
+#[tokio::test]
+async fn issue30_expected_bucket_owner_mismatch_is_denied() {
+    let s = setup().await;
+    let c = s.admin();
+    let admin_id = default_canonical_id(ADMIN.0);
+    let other_id = default_canonical_id(OWNER_B.0);
+    let (e, st) = code(
+        c.get_object()
+            .bucket("shared")
+            .key("obj")
+            .expected_bucket_owner(&other_id)
+            .send()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.as_str(), st), ("AccessDenied", 403));
+    let got = c
+        .get_object()
+        .bucket("shared")
+        .key("obj")
+        .expected_bucket_owner(&admin_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes().as_ref(),
+        b"secret data"
+    );
+    let (e, _) = code(
+        c.put_object()
+            .bucket("shared")
+            .key("nope")
+            .expected_bucket_owner("123456789012")
+            .body(ByteStream::from_static(b"x"))
+            .send()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e, "AccessDenied");
+    assert!(!exists(&s, "shared", "nope").await);
+    let (e, _) = code(
+        c.list_objects_v2()
+            .bucket("shared")
+            .expected_bucket_owner(&other_id)
+            .send()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e, "AccessDenied");
+    let (e, _) = code(
+        c.copy_object()
+            .bucket("shared")
+            .key("copy")
+            .copy_source("private/obj")
+            .expected_source_bucket_owner(&other_id)
+            .send()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e, "AccessDenied");
+    assert!(!exists(&s, "shared", "copy").await);
+    c.copy_object()
+        .bucket("shared")
+        .key("copy")
+        .copy_source("private/obj")
+        .expected_bucket_owner(&admin_id)
+        .expected_source_bucket_owner(&admin_id)
+        .send()
+        .await
+        .unwrap();
+}
+
+/// Issue 30 finding 12: anonymous listings and ACL reads showed writers'
+/// access key ids as display names. A user without a configured
+/// `display_name` is shown by canonical id only.
+#[tokio::test]
+async fn issue30_public_listings_and_acls_show_no_access_key_id() {
+    use aws_sdk_s3::types::BucketCannedAcl;
+    let s = Server::start();
+    let b = s.client(OWNER_B);
+    b.create_bucket()
+        .bucket("pub30")
+        .acl(BucketCannedAcl::PublicRead)
+        .send()
+        .await
+        .unwrap();
+    b.put_object()
+        .bucket("pub30")
+        .key("k")
+        .grant_read("uri=\"http://acs.amazonaws.com/groups/global/AllUsers\"")
+        .grant_read_acp("uri=\"http://acs.amazonaws.com/groups/global/AllUsers\"")
+        .body(ByteStream::from_static(b"public"))
+        .send()
+        .await
+        .unwrap();
+    let b_id = default_canonical_id(OWNER_B.0);
+    for path in [
+        "/pub30",
+        "/pub30?list-type=2&fetch-owner=true",
+        "/pub30/k?acl",
+    ] {
+        let r = raw("GET", &s.url(path), &[], Bytes::new()).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert!(r.text().contains(&b_id), "{path}: {}", r.text());
+        assert!(!r.text().contains(OWNER_B.0), "{path}: {}", r.text());
+    }
+}

@@ -1062,3 +1062,210 @@ async fn tiny_pool_serves_many_concurrent_puts_and_gets() {
         "{m}"
     );
 }
+
+/// A TCP listener the test owns: counts the connections it accepts; with
+/// `reply`, writes it to each connection and closes it, otherwise holds
+/// each one open and silent.
+struct Watcher {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Watcher {
+    async fn start(reply: Option<&'static [u8]>) -> Watcher {
+        use tokio::io::AsyncWriteExt as _;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = std::sync::Arc::clone(&accepted);
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut c, _)) = l.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                match reply {
+                    Some(bytes) => {
+                        let _ = c.write_all(bytes).await;
+                    }
+                    None => held.push(c),
+                }
+            }
+        });
+        Watcher { port, accepted }
+    }
+
+    fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// `token` with its endpoint's port replaced by `port` (same address).
+fn at_port(token: &str, port: u16) -> String {
+    let mut t: fabric::RdmaToken = token.parse().unwrap();
+    t.lid = port;
+    t.to_string()
+}
+
+/// Issue 30 finding 2: a request without `X-Amz-Signature` is anonymous,
+/// but the token check read `X-Amz-SignedHeaders` from the query: an
+/// unsigned GET of a public-read object (or PUT into a public-read-write
+/// bucket) with `X-Amz-Algorithm` and `X-Amz-SignedHeaders` naming the
+/// token was served over RDMA, the target connecting wherever the token
+/// said. Now refused, and the target never connects.
+#[tokio::test]
+async fn issue30_anonymous_requests_never_get_rdma() {
+    use aws_sdk_s3::types::{BucketCannedAcl, ObjectCannedAcl};
+    let s = rdma_server("");
+    let c = s.admin();
+    c.create_bucket()
+        .bucket("pub")
+        .acl(BucketCannedAcl::PublicReadWrite)
+        .send()
+        .await
+        .unwrap();
+    c.put_object()
+        .bucket("pub")
+        .key("k")
+        .acl(ObjectCannedAcl::PublicRead)
+        .body(ByteStream::from(data(4096, 3)))
+        .send()
+        .await
+        .unwrap();
+    // Anonymous HTTP reads and writes work: the bucket is public.
+    let r = raw("GET", &s.url("/pub/k"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let t = Tenant::new(1 << 20).await;
+    t.clear(0);
+    let w = t.window(0, 1 << 20, Access::REMOTE_WRITE | Access::REMOTE_READ);
+    let real = t.token(&w);
+    let watcher = Watcher::start(None).await;
+    let scan = at_port(&real, watcher.port);
+    let trick = "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-SignedHeaders=host%3Bx-amz-rdma-token";
+    for tok in [&real, &scan] {
+        for (method, path) in [("GET", "/pub/k"), ("PUT", "/pub/anon-rdma")] {
+            for url in [s.url(&format!("{path}?{trick}")), s.url(path)] {
+                let r = raw(
+                    method,
+                    &url,
+                    &[
+                        ("x-amz-rdma-token", tok.as_str()),
+                        ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+                    ],
+                    Bytes::new(),
+                )
+                .await;
+                assert!(
+                    r.status == 400 || r.status == 403,
+                    "{method} {url}: {} {}",
+                    r.status,
+                    r.text()
+                );
+                assert!(r.header("x-amz-rdma-reply").is_none(), "{url}");
+            }
+        }
+    }
+    assert!(t.bytes(0, 4096).iter().all(|&b| b == 0), "bytes landed");
+    assert!(!exists(&s, "pub", "anon-rdma").await);
+    assert_eq!(watcher.connections(), 0, "the target connected");
+    // A signed request with the same token is served (the path works).
+    let r = rdma_get(&s, "/pub/k", &real, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(t.bytes(0, 4096), data(4096, 3));
+}
+
+/// Issue 30 finding 2: any signed user could make the target connect to
+/// any address. It now connects only to endpoints inside
+/// `rdma.allowed_client_networks`; a token naming another address is
+/// refused before any connection.
+#[tokio::test]
+async fn issue30_tokens_outside_the_allowed_networks_are_refused() {
+    let s = rdma_server("  allowed_client_networks: [192.0.2.0/24]\n");
+    create_bucket(&s, "net").await;
+    s.admin()
+        .put_object()
+        .bucket("net")
+        .key("k")
+        .body(ByteStream::from(data(4096, 5)))
+        .send()
+        .await
+        .unwrap();
+    let t = Tenant::new(1 << 20).await;
+    t.clear(0);
+    let w = t.window(0, 1 << 20, Access::REMOTE_WRITE | Access::REMOTE_READ);
+    let real = t.token(&w);
+    let watcher = Watcher::start(None).await;
+    for tok in [real.clone(), at_port(&real, watcher.port)] {
+        let r = rdma_get(&s, "/net/k", &tok, &[]).await;
+        assert_eq!(r.status, 403, "{}", r.text());
+        assert_eq!(r.xml("Code").as_deref(), Some("AccessDenied"));
+        assert!(r.text().contains("allowed_client_networks"), "{}", r.text());
+        let r = rdma_put(&s, "/net/put", &tok, &[]).await;
+        assert_eq!(r.status, 403, "{}", r.text());
+    }
+    assert!(!exists(&s, "net", "put").await);
+    assert!(t.bytes(0, 4096).iter().all(|&b| b == 0));
+    assert_eq!(watcher.connections(), 0, "the target connected");
+}
+
+/// Issue 30 finding 2: the target's errors told open, closed and non-fabric
+/// ports apart (a port scanner). A failed connect now answers the same
+/// status, code and message whatever the port did; the cause is only
+/// logged.
+#[tokio::test]
+async fn issue30_connect_errors_do_not_tell_a_ports_state() {
+    let s = rdma_server("");
+    create_bucket(&s, "scan").await;
+    s.admin()
+        .put_object()
+        .bucket("scan")
+        .key("k")
+        .body(ByteStream::from(data(4096, 6)))
+        .send()
+        .await
+        .unwrap();
+    let t = Tenant::new(1 << 20).await;
+    let w = t.window(0, 1 << 20, Access::REMOTE_WRITE);
+    let real = t.token(&w);
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let silent = Watcher::start(None).await;
+    let http = Watcher::start(Some(
+        b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+    ))
+    .await;
+    let stranger = Tenant::with_key(1 << 20, FabricKey::random()).await;
+    let sw = stranger.window(0, 1 << 20, Access::REMOTE_WRITE);
+    let mut answers = Vec::new();
+    for (what, tok) in [
+        ("closed port", at_port(&real, closed)),
+        ("silent open port", at_port(&real, silent.port)),
+        ("non-fabric port", at_port(&real, http.port)),
+        ("fabric endpoint with another key", stranger.token(&sw)),
+    ] {
+        let r = rdma_get(&s, "/scan/k", &tok, &[]).await;
+        answers.push((
+            what,
+            r.status,
+            r.xml("Code").unwrap_or_default(),
+            r.xml("Message").unwrap_or_default(),
+        ));
+    }
+    let first = &answers[0];
+    assert_eq!(first.2, "RDMATransferFailed", "{answers:?}");
+    for a in &answers[1..] {
+        assert_eq!(
+            (a.1, &a.2, &a.3),
+            (first.1, &first.2, &first.3),
+            "{answers:?}"
+        );
+    }
+    assert!(silent.connections() > 0 && http.connections() > 0);
+    // The causes are in the target's log.
+    let log = s.log();
+    assert!(
+        log.contains("connecting to the client's fabric endpoint failed"),
+        "{log}"
+    );
+}

@@ -74,8 +74,8 @@ def canonical_id(user: str) -> str:
 
 def owner(user: str) -> dict[str, str]:
     """``{"ID", "DisplayName"}`` as S3 shows a session user (the display
-    name defaults to the access key id)."""
-    return {"ID": canonical_id(user), "DisplayName": "Erin" if user == "erin" else USERS[user].access_key}
+    name defaults to the canonical id: access key ids are never shown)."""
+    return {"ID": canonical_id(user), "DisplayName": "Erin" if user == "erin" else canonical_id(user)}
 
 
 def _die_with_parent():  # runs in the child between fork and exec

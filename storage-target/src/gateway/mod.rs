@@ -710,11 +710,7 @@ impl Gateway {
         req: &S3Request<T>,
         tap: Option<&Arc<Mutex<WriteAllocation>>>,
     ) -> S3Result<Option<(ByteStream, i64)>> {
-        let token = match self
-            .rdma
-            .decide(&req.headers, &req.uri)
-            .map_err(|e| e.to_s3())?
-        {
+        let token = match self.rdma.decide(req).map_err(|e| e.to_s3())? {
             Decision::Http => return Ok(None),
             Decision::Decline => return Err(self.rdma.declined_put()),
             Decision::Rdma(t) => t,
@@ -745,7 +741,7 @@ impl Gateway {
         if self.write_allocate_max == 0 {
             return None;
         }
-        let Ok(Decision::Rdma(token)) = self.rdma.decide(&req.headers, &req.uri) else {
+        let Ok(Decision::Rdma(token)) = self.rdma.decide(req) else {
             return None;
         };
         if u64::from(token.size) > self.write_allocate_max {
@@ -1117,10 +1113,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let decision = self
-            .rdma
-            .decide(&req.headers, &req.uri)
-            .map_err(|e| e.to_s3())?;
+        let decision = self.rdma.decide(&req).map_err(|e| e.to_s3())?;
         match decision {
             Decision::Rdma(token) => self.rdma_get(req, &token).await,
             Decision::Http | Decision::Decline => {
@@ -1326,6 +1319,11 @@ impl S3Access for GatewayAccess {
 
     async fn upload_part_copy(&self, req: &mut S3Request<UploadPartCopyInput>) -> S3Result<()> {
         self.copy_source(req.credentials.as_ref(), &req.input.copy_source)
+    }
+
+    // A POST form is signed in its body: refuse SigV2 there too.
+    async fn post_object(&self, req: &mut S3Request<s3s::dto::PostObjectInput>) -> S3Result<()> {
+        crate::precheck::check_post_form(req)
     }
 }
 

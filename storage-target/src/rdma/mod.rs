@@ -51,6 +51,7 @@
 //! to [`Metrics`] through [`fabric::pool::PoolObserver`]; sizes are read
 //! with [`s3dma_config`] and the fabric key file with [`fabric::config`].
 
+pub mod networks;
 pub mod plan;
 pub mod share;
 pub mod transfer;
@@ -61,7 +62,7 @@ use std::time::Duration;
 
 use fabric::pool::{ConnectError, SessionPool, StagingPool};
 use fabric::{Backend, Domain, EndpointAddr, FabricKey, OpError, OpStatus, RdmaToken, TokenError};
-use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use s3dma_config::{ByteSize, ConfigError};
 use s3s::{S3Error, S3ErrorCode};
 use serde::Deserialize;
@@ -165,6 +166,17 @@ pub struct RdmaConfig {
     /// 2.35 to 3.27 GB/s with 2).
     #[serde(default = "default_tcp_streams")]
     pub tcp_streams: usize,
+    /// The networks (CIDR, e.g. `10.0.0.0/8`, `fd00::/8`, or single
+    /// addresses) of the client fabric endpoints this target may connect
+    /// to. A token naming an address outside them is refused with `403
+    /// AccessDenied` before any connection is tried, so that a signed
+    /// request cannot make the target connect anywhere else (a port scan
+    /// from the storage network). The unspecified address and multicast
+    /// are never allowed. Default: loopback only (`127.0.0.0/8`,
+    /// `::1/128`), which suits the local stack; a deployment lists its
+    /// fabric networks.
+    #[serde(default = "networks::default_allowed")]
+    pub allowed_client_networks: Vec<networks::Cidr>,
 }
 
 fn default_tcp_streams() -> usize {
@@ -219,6 +231,7 @@ impl Default for RdmaConfig {
             max_shared_staging_share: default_max_shared_staging_share(),
             progress_timeout_secs: default_progress_timeout_secs(),
             tcp_streams: default_tcp_streams(),
+            allowed_client_networks: networks::default_allowed(),
         }
     }
 }
@@ -327,12 +340,22 @@ pub enum RdmaError {
     /// The token does not parse.
     #[error("The provided RDMA token is invalid: {0}")]
     InvalidToken(#[from] TokenError),
+    /// The token names an endpoint outside `rdma.allowed_client_networks`.
+    #[error(
+        "the fabric endpoint named by x-amz-rdma-token is not on a network this server may connect to (rdma.allowed_client_networks); nothing was transferred"
+    )]
+    EndpointNotAllowed,
     /// The request does not fit the protocol or the token.
     #[error(transparent)]
     Plan(#[from] PlanError),
-    /// The client's endpoint could not be reached.
-    #[error("RDMA data transfer failed: {0}")]
-    Connect(#[from] ConnectError),
+    /// The client's endpoint could not be reached. The reply says only
+    /// that (the same words whether the port was closed, timed out, or
+    /// answered as something other than a fabric endpoint with our key),
+    /// so that it tells nothing about the port; the cause is logged.
+    #[error(
+        "RDMA data transfer failed: could not connect to the fabric endpoint named by x-amz-rdma-token; nothing was transferred"
+    )]
+    Connect(#[source] ConnectError),
     /// An operation failed.
     #[error("RDMA data transfer with {peer} failed: {source}")]
     Op {
@@ -363,7 +386,9 @@ impl RdmaError {
     pub fn to_s3(&self) -> S3Error {
         let msg = self.to_string();
         let (code, status) = match self {
-            RdmaError::NotSigned => (S3ErrorCode::AccessDenied, StatusCode::FORBIDDEN),
+            RdmaError::NotSigned | RdmaError::EndpointNotAllowed => {
+                (S3ErrorCode::AccessDenied, StatusCode::FORBIDDEN)
+            }
             RdmaError::InvalidToken(_)
             | RdmaError::Plan(PlanError::DuplicateToken(_) | PlanError::TokenNotAscii) => (
                 S3ErrorCode::Custom("InvalidRDMAToken".into()),
@@ -426,6 +451,8 @@ pub struct RdmaService {
     fabric: Option<Fabric>,
     declined: &'static str,
     metrics: Arc<Metrics>,
+    /// `rdma.allowed_client_networks`.
+    allowed_networks: Vec<networks::Cidr>,
 }
 
 impl RdmaService {
@@ -436,6 +463,7 @@ impl RdmaService {
             fabric: None,
             declined: "RDMA is disabled on this server",
             metrics,
+            allowed_networks: Vec::new(),
         }
     }
 
@@ -452,6 +480,7 @@ impl RdmaService {
             fabric: None,
             declined: "the RDMA fabric is unavailable on this server",
             metrics,
+            allowed_networks: Vec::new(),
         };
         let domain = match Domain::open(backend) {
             Ok(d) => d,
@@ -514,6 +543,7 @@ impl RdmaService {
             }),
             declined: "",
             metrics,
+            allowed_networks: cfg.allowed_client_networks.clone(),
         }
     }
 
@@ -523,23 +553,46 @@ impl RdmaService {
         &self.metrics
     }
 
-    /// Decides how to serve a request from its headers: refuses an unsigned
-    /// token (whatever the mode) and a malformed one (when RDMA is on).
+    /// Decides how to serve a request: refuses a token that is not among
+    /// the SigV4 signed headers s3s verified (anonymous and SigV2 requests
+    /// never sign one), whatever the mode; when RDMA is on, a malformed
+    /// token and one naming an endpoint outside
+    /// `rdma.allowed_client_networks`.
     ///
     /// # Errors
-    /// [`RdmaError::NotSigned`], [`RdmaError::InvalidToken`], duplicate tokens.
-    pub fn decide(&self, headers: &HeaderMap, uri: &Uri) -> Result<Decision, RdmaError> {
+    /// [`RdmaError::NotSigned`], [`RdmaError::InvalidToken`],
+    /// [`RdmaError::EndpointNotAllowed`], duplicate tokens.
+    pub fn decide<T>(&self, req: &s3s::S3Request<T>) -> Result<Decision, RdmaError> {
+        let signed =
+            crate::precheck::verified_signed_headers(req.credentials.as_ref(), &req.extensions);
+        self.decide_signed(&req.headers, signed)
+    }
+
+    /// [`RdmaService::decide`] for a request whose verified SigV4 signed
+    /// headers are `signed` (empty: not signed with SigV4).
+    ///
+    /// # Errors
+    /// As [`RdmaService::decide`].
+    pub fn decide_signed(
+        &self,
+        headers: &HeaderMap,
+        signed: &[String],
+    ) -> Result<Decision, RdmaError> {
         let Some(text) = plan::token_header(headers)? else {
             return Ok(Decision::Http);
         };
-        if !plan::token_is_signed(headers, uri) {
+        if !plan::token_is_signed(signed) {
             return Err(RdmaError::NotSigned);
         }
         if self.fabric.is_none() {
             return Ok(Decision::Decline);
         }
         let token = RdmaToken::parse(text)?;
-        token.endpoint()?;
+        let endpoint = token.endpoint()?;
+        if !networks::allowed(&self.allowed_networks, endpoint.addr.ip()) {
+            warn!(peer = %endpoint, "RDMA token names an endpoint outside rdma.allowed_client_networks: refused");
+            return Err(RdmaError::EndpointNotAllowed);
+        }
         Ok(Decision::Rdma(token))
     }
 
@@ -580,7 +633,15 @@ impl RdmaService {
     pub async fn ctx(&self, token: &RdmaToken, user: &str) -> Result<transfer::Ctx, RdmaError> {
         let f = self.fabric()?;
         let endpoint = token.endpoint()?;
-        let session = f.sessions.get_for(endpoint, user).await?;
+        let session = f.sessions.get_for(endpoint, user).await.map_err(|e| {
+            let error = e.to_string();
+            warn!(
+                peer = %endpoint,
+                error = %s3dma_service::escape::Escaped(&error),
+                "RDMA: connecting to the client's fabric endpoint failed"
+            );
+            RdmaError::Connect(e)
+        })?;
         Ok(transfer::Ctx {
             pool: Arc::clone(&f.pool),
             session,
@@ -801,23 +862,64 @@ mod tests {
     fn decisions() {
         let m = Arc::new(Metrics::new());
         let svc = RdmaService::disabled(m);
-        let uri: Uri = "/b/k".parse().unwrap();
+        let signed = vec!["host".to_owned(), plan::RDMA_TOKEN.to_owned()];
         assert!(matches!(
-            svc.decide(&HeaderMap::new(), &uri),
+            svc.decide_signed(&HeaderMap::new(), &[]),
             Ok(Decision::Http)
         ));
         let mut h = HeaderMap::new();
         h.insert(plan::RDMA_TOKEN, HeaderValue::from_static("x"));
-        assert!(matches!(svc.decide(&h, &uri), Err(RdmaError::NotSigned)));
-        h.insert(
-            http::header::AUTHORIZATION,
-            HeaderValue::from_static(
-                "AWS4-HMAC-SHA256 Credential=a/1/r/s3/aws4_request, SignedHeaders=host;x-amz-rdma-token, Signature=s",
-            ),
-        );
-        assert!(matches!(svc.decide(&h, &uri), Ok(Decision::Decline)));
+        assert!(matches!(
+            svc.decide_signed(&h, &[]),
+            Err(RdmaError::NotSigned)
+        ));
+        assert!(matches!(
+            svc.decide_signed(&h, &signed),
+            Ok(Decision::Decline)
+        ));
         let e = svc.declined_put();
         assert_eq!(e.status_code(), Some(StatusCode::OK));
         assert_eq!(e.code().as_str(), "RDMANotSupported");
+    }
+
+    #[test]
+    fn connect_errors_say_nothing_about_the_port() {
+        let peer = |port| EndpointAddr {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            responder: 1,
+        };
+        let timeout = RdmaError::Connect(ConnectError::Timeout {
+            peer: peer(1),
+            after: Duration::from_secs(2),
+        })
+        .to_s3();
+        let refused = RdmaError::Connect(ConnectError::Failed {
+            peer: peer(2),
+            source: fabric::FabricError::Io {
+                what: "connect".into(),
+                source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            },
+        })
+        .to_s3();
+        assert_eq!(timeout.message(), refused.message());
+        assert_eq!(timeout.code(), refused.code());
+        assert_eq!(timeout.status_code(), refused.status_code());
+        assert!(!timeout.message().unwrap_or("").contains("127.0.0.1"));
+        let e = RdmaError::EndpointNotAllowed.to_s3();
+        assert_eq!(e.status_code(), Some(StatusCode::FORBIDDEN));
+    }
+
+    #[test]
+    fn allowed_networks_config() {
+        assert_eq!(
+            RdmaConfig::default().allowed_client_networks,
+            networks::default_allowed()
+        );
+        let c: RdmaConfig =
+            serde_yaml::from_str("allowed_client_networks: [10.0.0.0/8, 'fd00::/8']\n").unwrap();
+        assert_eq!(c.allowed_client_networks.len(), 2);
+        let e = serde_yaml::from_str::<RdmaConfig>("allowed_client_networks: [10.0.0.0/40]\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("CIDR"), "{e}");
     }
 }
