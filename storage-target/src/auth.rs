@@ -15,6 +15,13 @@
 //! GetObjectAttributes, the object ACL calls, the source of a copy) need the
 //! object's owner and ACL, so the handlers in [`crate::s3`] check them with
 //! [`Users::object_allows`] when they open the object.
+//!
+//! Some operations are the owner's alone, whatever the ACL grants (as in
+//! AWS): DeleteBucket needs the bucket's owner (or an operator read-write
+//! grant), and an in-progress multipart upload is used (UploadPart,
+//! UploadPartCopy, Complete, Abort, ListParts) only by its initiator or the
+//! bucket's owner, which the handlers check beyond the WRITE (or READ)
+//! checked here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +49,10 @@ pub enum Need {
     Bucket(Permission),
     /// Checked by the handler against the object (the bucket must exist).
     Object,
+    /// The bucket's owner (or an operator read-write grant on it): no ACL
+    /// grant suffices, not even FULL_CONTROL (as AWS: only the owner may
+    /// delete a bucket).
+    Owner,
 }
 
 /// Classifies an S3 operation (by s3s operation name).
@@ -71,7 +82,8 @@ pub fn need_of(op: &str) -> Need {
         "GetObject" | "HeadObject" | "GetObjectAttributes" | "GetObjectAcl" | "PutObjectAcl" => {
             Need::Object
         }
-        // DeleteBucket, and everything else (bucket configuration we do not
+        "DeleteBucket" => Need::Owner,
+        // Everything else (bucket configuration we do not
         // implement): the owner, or an operator read-write grant.
         _ => Need::Bucket(Permission::FullControl),
     }
@@ -327,6 +339,10 @@ impl S3Access for AccessCheck {
             Need::Nothing | Need::Create => false,
             Need::Object => true,
             Need::Bucket(p) => self.users.bucket_allows(caller, &info, p),
+            Need::Owner => caller.is_some_and(|u| {
+                u.canonical_id == self.users.bucket_owner(&info)
+                    || grants_give(&u.buckets, &info.name, Permission::FullControl)
+            }),
         };
         if !allowed {
             return Err(denied());
@@ -397,10 +413,7 @@ mod tests {
             need_of("PutBucketPolicy"),
             Need::Bucket(Permission::FullControl)
         );
-        assert_eq!(
-            need_of("DeleteBucket"),
-            Need::Bucket(Permission::FullControl)
-        );
+        assert_eq!(need_of("DeleteBucket"), Need::Owner);
         assert_eq!(need_of("ListBuckets"), Need::Nothing);
     }
 }

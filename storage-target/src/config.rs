@@ -94,6 +94,12 @@ pub struct Config {
     /// the section's defaults, i.e. `mode: disabled`.
     #[serde(default)]
     pub rdma: crate::rdma::RdmaConfig,
+    /// Per-user caps on in-progress multipart uploads and the sweep of
+    /// those never completed (`store: filesystem`). Default: the section's
+    /// defaults (1000 uploads, 100000 parts and 1TiB per user; uploads
+    /// aborted 7 days after initiation).
+    #[serde(default)]
+    pub multipart: crate::store::MultipartConfig,
     /// The async runtime: `worker_threads` (optional; default one per CPU).
     #[serde(default)]
     pub runtime: s3dma_config::RuntimeConfig,
@@ -295,6 +301,7 @@ impl Config {
             allow_sigv2: false,
             users: Vec::new(),
             rdma: crate::rdma::RdmaConfig::default(),
+            multipart: crate::store::MultipartConfig::default(),
             runtime: s3dma_config::RuntimeConfig::default(),
         }
     }
@@ -426,6 +433,9 @@ impl Config {
             ));
         }
         self.rdma.validate(file)?;
+        self.multipart
+            .check()
+            .map_err(|(f, m)| invalid(format!("multipart.{f}"), m))?;
         self.metrics_options(file)?;
         if self.users.is_empty() {
             return Err(invalid(
@@ -659,6 +669,26 @@ mod tests {
         assert_eq!(c.rdma.mode, crate::rdma::RdmaMode::Disabled);
         assert_eq!(c.rdma.staging_buffer_size, s3dma_config::ByteSize(4 << 20));
         assert_eq!(c.rdma.connect_timeout_ms, 2000);
+        assert_eq!(c.multipart, crate::store::MultipartConfig::default());
+    }
+
+    #[test]
+    fn multipart_errors_name_the_field() {
+        let c = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s}]\nmultipart: {max_open_uploads_per_user: 0}\n",
+        )
+        .unwrap();
+        let e = c.validate("t.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("t.yaml") && e.contains("multipart.max_open_uploads_per_user"),
+            "{e}"
+        );
+        let unknown = Config::parse(
+            "t.yaml",
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s}]\nmultipart: {max_uploads: 1}\n",
+        );
+        assert!(unknown.is_err());
     }
 
     #[test]

@@ -153,6 +153,34 @@ pub fn load(config_path: &Path) -> Result<Loaded, StartError> {
     })
 }
 
+/// Aborts, periodically, the multipart uploads older than
+/// `multipart.abort_incomplete_after` (none when it is 0), until `shutdown`.
+fn spawn_upload_sweeper(
+    store: &Arc<store::Store>,
+    cfg: &store::MultipartConfig,
+    shutdown: CancellationToken,
+) {
+    let (Some(age), Some(every)) = (cfg.abort_after(), cfg.sweep_interval()) else {
+        return;
+    };
+    let store = Arc::clone(store);
+    let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let n = store
+                .sweep_uploads(store::now_ms().saturating_sub(age_ms))
+                .await;
+            if n > 0 {
+                info!(aborted = n, "swept incomplete multipart uploads");
+            }
+        }
+    });
+}
+
 /// Opens the store, binds the listeners, prints the bound addresses on
 /// stdout and serves until `shutdown` is cancelled.
 ///
@@ -191,10 +219,14 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
         }
         _ => {
             let data_dir = cfg.data_dir.clone();
-            let store = tokio::task::spawn_blocking(move || store::Store::open(&data_dir))
-                .await
-                .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
-            let service = build_service(Arc::new(store), &cfg, users, rdma);
+            let limits = cfg.multipart;
+            let store =
+                tokio::task::spawn_blocking(move || store::Store::open_with(&data_dir, limits))
+                    .await
+                    .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
+            let store = Arc::new(store);
+            spawn_upload_sweeper(&store, &cfg.multipart, shutdown.clone());
+            let service = build_service(store, &cfg, users, rdma);
             (service, format!("data_dir {}", cfg.data_dir.display()))
         }
     };

@@ -25,6 +25,7 @@ pub struct Metrics {
     rdma_connects: IntCounterVec,
     rdma_share_cap: IntGauge,
     rdma_share_waits: IntCounterVec,
+    listing_visited: IntCounterVec,
     gateway: GatewayMetrics,
     limits: LimitMetrics,
 }
@@ -290,6 +291,14 @@ impl Metrics {
             &["limit"],
         )
         .expect("valid metric");
+        let listing_visited = IntCounterVec::new(
+            Opts::new(
+                "s3dma_storage_target_listing_entries_visited_total",
+                "Index entries (keys, or uploads) that listings read, by operation: at most max-keys + 1 per request, however many keys a bucket or a common prefix holds",
+            ),
+            &["op"],
+        )
+        .expect("valid metric");
         let gateway = GatewayMetrics::new();
         let limits = LimitMetrics::new();
         for m in [
@@ -305,6 +314,7 @@ impl Metrics {
             Box::new(rdma_connects.clone()),
             Box::new(rdma_share_cap.clone()),
             Box::new(rdma_share_waits.clone()),
+            Box::new(listing_visited.clone()),
         ]
         .into_iter()
         .chain(gateway.collectors())
@@ -326,9 +336,17 @@ impl Metrics {
             rdma_connects,
             rdma_share_cap,
             rdma_share_waits,
+            listing_visited,
             gateway,
             limits,
         }
+    }
+
+    /// Counts the index entries one listing read.
+    pub fn listing_visited(&self, op: &str, n: usize) {
+        self.listing_visited
+            .with_label_values(&[op])
+            .inc_by(n as u64);
     }
 
     /// Sets the cache's size: slots and bytes per slot.

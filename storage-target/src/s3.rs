@@ -24,8 +24,8 @@ use crate::rdma::{Decision, RdmaError, RdmaService, plan::reply_headers};
 use crate::store::conditions::{Conditions, EtagCondition, Verdict};
 use crate::store::listing::{self, ListParams};
 use crate::store::{
-    BucketInfo, IndexEntry, ObjectAttrs, ObjectMeta, ObjectReader, RangeStream, Store, StoreError,
-    etag, format::new_instance,
+    BucketInfo, IndexEntry, MAX_PUT_SIZE, ObjectAttrs, ObjectMeta, ObjectReader, RangeStream,
+    Store, StoreError, UploadInfo, etag, format::new_instance,
 };
 use s3dma_wire::range::{ByteRange, content_range};
 
@@ -208,6 +208,55 @@ impl S3Store {
             ));
         }
         Ok((bucket.to_string(), reader))
+    }
+
+    /// An in-progress upload the caller may act on (UploadPart,
+    /// UploadPartCopy, CompleteMultipartUpload, AbortMultipartUpload,
+    /// ListParts): as in AWS, only its initiator and the bucket's owner (or
+    /// an operator read-write grant on the bucket) may; another writer of
+    /// the bucket gets AccessDenied and the upload is untouched.
+    fn upload_for(
+        &self,
+        checked: &http::Extensions,
+        caller: Option<&User>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> S3Result<UploadInfo> {
+        let upload = self
+            .store
+            .upload_info(bucket, key, upload_id)
+            .map_err(store_error)?;
+        let info = self.bucket_info(checked, bucket)?;
+        let initiator_id = upload.initiator_id.clone().unwrap_or_else(|| {
+            self.users.get(&upload.initiator).map_or_else(
+                || crate::config::default_canonical_id(&upload.initiator),
+                |i| i.canonical_id.clone(),
+            )
+        });
+        let anonymous = upload.initiator.is_empty();
+        if self.may_use_upload(caller, &info, (!anonymous).then_some(&*initiator_id)) {
+            Ok(upload)
+        } else {
+            Err(access_denied())
+        }
+    }
+
+    /// Whether `caller` is the initiator (canonical id `initiator`; `None`:
+    /// an anonymous caller started it, and anonymous callers are one
+    /// principal) or owns the bucket (see [`S3Store::upload_for`]).
+    fn may_use_upload(
+        &self,
+        caller: Option<&User>,
+        info: &BucketInfo,
+        initiator: Option<&str>,
+    ) -> bool {
+        let Some(u) = caller else {
+            return initiator.is_none();
+        };
+        initiator == Some(u.canonical_id.as_str())
+            || u.canonical_id == self.users.bucket_owner(info)
+            || crate::auth::grants_give(&u.buckets, &info.name, Permission::FullControl)
     }
 
     /// The ACL in force on an object instance: PutObjectAcl's, else the one
@@ -454,6 +503,10 @@ pub fn store_error(e: StoreError) -> S3Error {
         StoreError::InvalidArgument(_) => C::InvalidArgument,
         StoreError::InvalidRequest(_) => C::InvalidRequest,
         StoreError::IncompleteBody(_) => C::IncompleteBody,
+        StoreError::QuotaExceeded(_) => {
+            return S3Error::with_message(C::Custom("QuotaExceeded".into()), msg)
+                .with_status(http::StatusCode::FORBIDDEN);
+        }
         StoreError::Body(inner) => {
             if let Some(r) = inner.downcast_ref::<RdmaError>() {
                 return r.to_s3();
@@ -1218,11 +1271,26 @@ impl S3 for S3Store {
         let mut deleted = Vec::new();
         let mut errors = Vec::new();
         for o in input.delete.objects {
+            // Buckets are unversioned: each key has the one version `null`.
+            // Any other version id names nothing, and the current object
+            // stays (AWS answers NoSuchVersion for it).
+            if let Some(v) = o.version_id.as_deref()
+                && v != "null"
+            {
+                errors.push(Error {
+                    code: Some("NoSuchVersion".to_owned()),
+                    key: Some(o.key),
+                    message: Some("The specified version does not exist.".to_owned()),
+                    version_id: o.version_id,
+                });
+                continue;
+            }
             match self.store.delete_object(&input.bucket, &o.key).await {
                 Ok(()) => {
                     if !quiet {
                         deleted.push(DeletedObject {
                             key: Some(o.key),
+                            version_id: o.version_id,
                             ..Default::default()
                         });
                     }
@@ -1233,7 +1301,7 @@ impl S3 for S3Store {
                         code: Some(e.code().as_str().to_owned()),
                         key: Some(o.key),
                         message: e.message().map(str::to_owned),
-                        version_id: None,
+                        version_id: o.version_id,
                     });
                 }
             }
@@ -1344,6 +1412,9 @@ impl S3 for S3Store {
                 },
             )
             .map_err(store_error)?;
+        self.rdma
+            .metrics()
+            .listing_visited("ListObjectsV2", page.visited);
         let url = is_url(input.encoding_type.as_ref());
         let bucket_owner = self
             .users
@@ -1392,6 +1463,9 @@ impl S3 for S3Store {
                 },
             )
             .map_err(store_error)?;
+        self.rdma
+            .metrics()
+            .listing_visited("ListObjects", page.visited);
         let url = is_url(input.encoding_type.as_ref());
         let bucket_owner = self
             .users
@@ -1442,7 +1516,13 @@ impl S3 for S3Store {
         )?;
         let info = self
             .store
-            .create_upload(&input.bucket, &input.key, attrs, &who, sum)
+            .create_upload(
+                &input.bucket,
+                &input.key,
+                attrs,
+                (&who, caller.map(|c| c.canonical_id.as_str())),
+                sum,
+            )
             .await
             .map_err(store_error)?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
@@ -1461,13 +1541,28 @@ impl S3 for S3Store {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let rdma = self.rdma_decision(&req)?;
         let user = request_user(&req);
-        // The upload's checksum algorithm, which its parts must carry; a
-        // missing upload is NoSuchUpload from the store, as before.
+        // Only the initiator or the bucket owner; the upload's checksum
+        // algorithm, which its parts must carry.
         let upload_sum = self
-            .store
-            .upload_info(&req.input.bucket, &req.input.key, &req.input.upload_id)
-            .ok()
-            .and_then(|u| u.checksum);
+            .upload_for(
+                &req.extensions,
+                self.caller(&req),
+                &req.input.bucket,
+                &req.input.key,
+                &req.input.upload_id,
+            )?
+            .checksum;
+        // The size the request declares, held against the initiator's byte
+        // cap before the body is read.
+        let declared = match &rdma {
+            Decision::Rdma(token) => Some(u64::from(token.size)),
+            _ => req
+                .headers
+                .get("x-amz-decoded-content-length")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .or_else(|| req.input.content_length.and_then(|n| u64::try_from(n).ok())),
+        };
         let mut check =
             RequestChecksum::for_part(&req.headers, req.trailing_headers.clone(), upload_sum)?;
         let headers = req.headers;
@@ -1484,6 +1579,7 @@ impl S3 for S3Store {
                 &input.key,
                 &input.upload_id,
                 n,
+                declared,
                 body,
                 md5.as_deref(),
                 &mut check,
@@ -1505,6 +1601,21 @@ impl S3 for S3Store {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let caller = self.caller(&req);
+        // Only the initiator or the bucket owner. A retry of a completion
+        // whose upload is gone is checked against the object it made.
+        let retry = match self.upload_for(
+            &req.extensions,
+            caller,
+            &req.input.bucket,
+            &req.input.key,
+            &req.input.upload_id,
+        ) {
+            Ok(_) => false,
+            Err(e) if e.code() == &S3ErrorCode::NoSuchUpload => true,
+            Err(e) => return Err(e),
+        };
+        let checked = req.extensions;
         let mut input = req.input;
         let listed = input
             .multipart_upload
@@ -1533,6 +1644,14 @@ impl S3 for S3Store {
             .complete_upload(&input.bucket, &input.key, &input.upload_id, &parts, &sums)
             .await
             .map_err(store_error)?;
+        if retry {
+            // The object records its initiator as its owner.
+            let info = self.bucket_info(&checked, &input.bucket)?;
+            if caller.is_none() || !self.may_use_upload(caller, &info, meta.attrs.owner.as_deref())
+            {
+                return Err(access_denied());
+            }
+        }
         let mut out = CompleteMultipartUploadOutput {
             bucket: Some(input.bucket.clone()),
             key: Some(input.key.clone()),
@@ -1550,6 +1669,13 @@ impl S3 for S3Store {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.upload_for(
+            &req.extensions,
+            self.caller(&req),
+            &req.input.bucket,
+            &req.input.key,
+            &req.input.upload_id,
+        )?;
         let input = req.input;
         self.store
             .abort_upload(&input.bucket, &input.key, &input.upload_id)
@@ -1562,6 +1688,13 @@ impl S3 for S3Store {
         &self,
         req: S3Request<ListPartsInput>,
     ) -> S3Result<S3Response<ListPartsOutput>> {
+        self.upload_for(
+            &req.extensions,
+            self.caller(&req),
+            &req.input.bucket,
+            &req.input.key,
+            &req.input.upload_id,
+        )?;
         let input = req.input;
         let (info, parts) = self
             .store
@@ -1635,10 +1768,6 @@ impl S3 for S3Store {
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         let input = req.input;
-        let all = self
-            .store
-            .list_uploads(&input.bucket)
-            .map_err(store_error)?;
         let max = match input.max_uploads {
             None => 1000,
             Some(n) if n < 0 => {
@@ -1650,60 +1779,22 @@ impl S3 for S3Store {
             Some(n) => usize::try_from(n).unwrap_or(0).min(1000),
         };
         let prefix = input.prefix.clone().unwrap_or_default();
-        let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
         let key_marker = input.key_marker.clone().unwrap_or_default();
-        let id_marker = input.upload_id_marker.clone();
-        let mut uploads = Vec::new();
-        let mut cps: Vec<String> = Vec::new();
-        let mut truncated = false;
-        let mut next: Option<(String, Option<String>)> = None;
-        let mut passed_id_marker = id_marker.is_none();
-        for u in all {
-            if !u.key.starts_with(&prefix) {
-                continue;
-            }
-            if !key_marker.is_empty() {
-                if u.key.as_str() < key_marker.as_str() {
-                    continue;
-                }
-                if u.key == key_marker {
-                    match &id_marker {
-                        None => continue,
-                        Some(m) => {
-                            if !passed_id_marker {
-                                if &u.upload_id == m {
-                                    passed_id_marker = true;
-                                }
-                                continue;
-                            }
-                        }
-                    }
-                }
-            }
-            let cp = delimiter
-                .as_deref()
-                .and_then(|d| listing::common_prefix_of(&u.key, &prefix, d))
-                .map(str::to_owned);
-            if let Some(cp) = &cp
-                && cps.last() == Some(cp)
-            {
-                continue;
-            }
-            if uploads.len() + cps.len() == max {
-                truncated = true;
-                break;
-            }
-            match cp {
-                Some(cp) => {
-                    next = Some((cp.clone(), None));
-                    cps.push(cp);
-                }
-                None => {
-                    next = Some((u.key.clone(), Some(u.upload_id.clone())));
-                    uploads.push(u);
-                }
-            }
-        }
+        let page = self
+            .store
+            .list_uploads(
+                &input.bucket,
+                &prefix,
+                input.delimiter.as_deref(),
+                (&key_marker, input.upload_id_marker.as_deref()),
+                max,
+            )
+            .map_err(store_error)?;
+        self.rdma
+            .metrics()
+            .listing_visited("ListMultipartUploads", page.visited);
+        let (uploads, cps, truncated) = (page.uploads, page.common_prefixes, page.is_truncated);
+        let next = page.next;
         let url = is_url(input.encoding_type.as_ref());
         let (next_key, next_id) = if truncated {
             next.unwrap_or_default()
@@ -1765,6 +1856,9 @@ impl S3 for S3Store {
                 },
             )
             .map_err(store_error)?;
+        self.rdma
+            .metrics()
+            .listing_visited("ListObjectVersions", page.visited);
         let url = is_url(input.encoding_type.as_ref());
         let bucket_owner = self
             .users
@@ -1809,6 +1903,17 @@ impl S3 for S3Store {
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let caller = self.caller(&req);
+        // Only the initiator or the bucket owner, before the source is
+        // read; the upload's checksum algorithm.
+        let upload_sum = self
+            .upload_for(
+                &req.extensions,
+                caller,
+                &req.input.bucket,
+                &req.input.key,
+                &req.input.upload_id,
+            )?
+            .checksum;
         let input = req.input;
         let n = part_number(input.part_number)?;
         let (_, reader) = self
@@ -1825,16 +1930,20 @@ impl S3 for S3Store {
             )
             .await?;
         let range = copy_source_range(input.copy_source_range.as_deref(), reader.meta.size)?;
+        // A copied part is a part: at most 5 GiB, and its bytes count
+        // against the initiator's caps before any is copied.
+        let len = range.end - range.start;
+        if len > MAX_PUT_SIZE {
+            return Err(s3_error!(
+                InvalidRequest,
+                "The specified copy source is larger than the maximum allowable size for a copy source: 5368709120"
+            ));
+        }
         let body = futures::StreamExt::map(reader.stream(range), |r| {
             r.map_err(|e| Box::new(e) as StdError)
         });
         // A part of an upload with a checksum algorithm gets its checksum
         // computed over the copied bytes.
-        let upload_sum = self
-            .store
-            .upload_info(&input.bucket, &input.key, &input.upload_id)
-            .ok()
-            .and_then(|u| u.checksum);
         let mut check = RequestChecksum::computing(upload_sum.map(|u| u.algorithm));
         let part = self
             .store
@@ -1843,6 +1952,7 @@ impl S3 for S3Store {
                 &input.key,
                 &input.upload_id,
                 n,
+                Some(len),
                 Box::pin(body),
                 None,
                 &mut check,

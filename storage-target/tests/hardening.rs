@@ -1,9 +1,12 @@
 //! Hostile-review regressions against the real binary: private local state,
 //! private secret files, fair sharing of the RDMA staging pool, log lines a
 //! client cannot forge, and metrics behind a bearer token or on a Unix
-//! socket.
+//! socket. The filesystem store's listings, multipart caps and ownership
+//! rules: `hardening/store.rs`.
 
 mod common;
+#[path = "hardening/store.rs"]
+mod store;
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};

@@ -1280,6 +1280,8 @@ impl GatewayAccess {
             Need::Nothing => true,
             Need::Create => u.create_buckets || grants_give(&u.buckets, bucket, Permission::Write),
             Need::Bucket(p) => grants_give(&u.buckets, bucket, p),
+            // The gateway knows no bucket owners: an operator read-write grant.
+            Need::Owner => grants_give(&u.buckets, bucket, Permission::FullControl),
             Need::Object => grants_give(&u.buckets, bucket, Permission::Read),
         }
     }

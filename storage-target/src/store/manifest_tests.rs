@@ -30,7 +30,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 /// Uploads `sizes` as parts 1, 3, 5, ... and completes; returns the data.
 async fn multipart(store: &Arc<Store>, key: &str, sizes: &[usize]) -> (Vec<u8>, ObjectMeta) {
     let up = store
-        .create_upload("bkt", key, ObjectAttrs::default(), "me", None)
+        .create_upload("bkt", key, ObjectAttrs::default(), ("me", None), None)
         .await
         .unwrap();
     let mut all = Vec::new();
@@ -44,6 +44,7 @@ async fn multipart(store: &Arc<Store>, key: &str, sizes: &[usize]) -> (Vec<u8>, 
                 key,
                 &up.upload_id,
                 number,
+                Some(data.len() as u64),
                 body(&data),
                 None,
                 &mut NoCheck,

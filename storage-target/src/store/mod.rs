@@ -71,7 +71,7 @@ use crate::acl::Acl;
 
 /// Suffix of the file PutObjectAcl writes beside an object.
 const ACL_SUFFIX: &str = ".acl";
-pub use self::multipart::{PartInfo, UploadInfo};
+pub use self::multipart::{MultipartConfig, PartInfo, UploadInfo, UploadsPage};
 
 /// A boxed error from a body stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -140,6 +140,9 @@ pub enum StoreError {
     /// Another invalid argument.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A per-user cap on multipart uploads is reached (403 `QuotaExceeded`).
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// A request S3 refuses as `InvalidRequest` (checksum rules).
     #[error("{0}")]
     InvalidRequest(String),
@@ -312,7 +315,9 @@ pub struct Store {
     buckets_dir: PathBuf,
     uploads_dir: PathBuf,
     buckets: RwLock<BTreeMap<String, Arc<Bucket>>>,
-    uploads: Mutex<BTreeMap<String, Arc<multipart::Upload>>>,
+    uploads: Mutex<multipart::Uploads>,
+    /// Caps on in-progress uploads.
+    multipart: MultipartConfig,
     bucket_ops: Mutex<()>,
     /// `.parts`: the data of completed multipart objects.
     parts: Arc<PartsRegistry>,
@@ -561,6 +566,14 @@ impl Store {
     /// # Errors
     /// I/O errors on the data directory.
     pub fn open(root: &Path) -> StoreResult<Store> {
+        Self::open_with(root, MultipartConfig::default())
+    }
+
+    /// [`Store::open`] with the given caps on multipart uploads.
+    ///
+    /// # Errors
+    /// I/O errors on the data directory.
+    pub fn open_with(root: &Path, multipart: MultipartConfig) -> StoreResult<Store> {
         // Stored objects are nobody else's business: the data directory is
         // made 0700 (created so, or tightened when it is ours), refused when
         // another user owns it or it is a symlink.
@@ -572,6 +585,7 @@ impl Store {
             uploads_dir: root.join(".uploads"),
             buckets: RwLock::default(),
             uploads: Mutex::default(),
+            multipart,
             bucket_ops: Mutex::default(),
             parts: Arc::new(PartsRegistry {
                 dir: root.join(".parts"),
@@ -841,6 +855,7 @@ impl Store {
             std::fs::remove_dir_all(tmp.path())?;
             info!(bucket = %s3dma_service::Escaped(&name), "bucket deleted");
             Ok(lock(&this.uploads)
+                .by_id
                 .values()
                 .filter(|u| u.info.bucket == name)
                 .map(|u| u.info.upload_id.clone())
@@ -1293,7 +1308,9 @@ impl Store {
         .await
     }
 
-    /// One page of a bucket listing.
+    /// One page of a bucket listing. The index lock is held for one page's
+    /// work: at most `max_keys + 1` entries read, each one ordered-map step
+    /// or seek (see [`listing::list`]), however many keys the bucket holds.
     ///
     /// # Errors
     /// `NoSuchBucket`.

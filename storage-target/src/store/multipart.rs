@@ -3,11 +3,12 @@
 //! and publishes an object file that is a manifest of them, atomically,
 //! without copying any data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
@@ -15,14 +16,123 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::format::{Manifest, ObjectAttrs, ObjectMeta, PartMeta};
+use super::listing;
 use super::{
-    BodyCheck, BodyError, MIN_PART_SIZE, Store, StoreError, StoreResult, TmpGuard, blocking, etag,
-    fsync_dir, lock, now_ms, read_meta,
+    BodyCheck, BodyError, MAX_PUT_SIZE, MIN_PART_SIZE, Store, StoreError, StoreResult, TmpGuard,
+    blocking, etag, fsync_dir, lock, now_ms, read_meta,
 };
 use crate::checksum::{self, CompleteRequest, PartSum, StoredChecksum, UploadChecksum};
 
 /// Highest part number S3 allows.
 pub(super) const MAX_PART_NUMBER: u32 = 10_000;
+
+/// The `multipart:` section (filesystem store): what one user's
+/// in-progress multipart uploads may hold, and when an upload nobody
+/// completes is aborted. A user's uploads are those they initiated, in any
+/// bucket; parts anyone uploads into them (the bucket owner may) count
+/// there. Beyond a cap the request is refused with 403 `QuotaExceeded`
+/// before its body is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MultipartConfig {
+    /// Most uploads one user may have in progress, across all buckets.
+    /// Default 1000; at least 1.
+    #[serde(default = "default_max_open_uploads_per_user")]
+    pub max_open_uploads_per_user: usize,
+    /// Most parts stored in one user's in-progress uploads together (a
+    /// part uploaded again under the same number counts once). Default
+    /// 100000; at least 1.
+    #[serde(default = "default_max_parts_per_user")]
+    pub max_parts_per_user: usize,
+    /// Most bytes stored in one user's in-progress uploads together, parts
+    /// written by UploadPart and UploadPartCopy alike (bytes, or e.g.
+    /// `500GiB`). A part whose declared size does not fit is refused before
+    /// its body is read. Default `1TiB`; at least `5MiB`.
+    #[serde(default = "default_max_bytes_per_user")]
+    pub max_bytes_per_user: s3dma_config::ByteSize,
+    /// Seconds after its initiation when an upload still in progress is
+    /// aborted and its parts deleted (as S3's lifecycle rule
+    /// AbortIncompleteMultipartUpload), checked periodically (every quarter
+    /// of this, at most hourly). 0 turns the sweep off. Default 604800
+    /// (7 days).
+    #[serde(default = "default_abort_incomplete_after")]
+    pub abort_incomplete_after: f64,
+}
+
+fn default_max_open_uploads_per_user() -> usize {
+    1000
+}
+
+fn default_max_parts_per_user() -> usize {
+    100_000
+}
+
+fn default_max_bytes_per_user() -> s3dma_config::ByteSize {
+    s3dma_config::ByteSize(1 << 40)
+}
+
+fn default_abort_incomplete_after() -> f64 {
+    7.0 * 24.0 * 3600.0
+}
+
+impl Default for MultipartConfig {
+    fn default() -> Self {
+        MultipartConfig {
+            max_open_uploads_per_user: default_max_open_uploads_per_user(),
+            max_parts_per_user: default_max_parts_per_user(),
+            max_bytes_per_user: default_max_bytes_per_user(),
+            abort_incomplete_after: default_abort_incomplete_after(),
+        }
+    }
+}
+
+impl MultipartConfig {
+    /// Checks the values; `Err((field, message))` names the first bad one
+    /// (relative to the section).
+    ///
+    /// # Errors
+    /// A cap of 0 (or bytes below 5 MiB), a negative or non-finite age.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        if self.max_open_uploads_per_user == 0 {
+            return Err((
+                "max_open_uploads_per_user".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if self.max_parts_per_user == 0 {
+            return Err(("max_parts_per_user".into(), "must be at least 1".into()));
+        }
+        if self.max_bytes_per_user.0 < MIN_PART_SIZE {
+            return Err((
+                "max_bytes_per_user".into(),
+                "must be at least 5MiB (one part)".into(),
+            ));
+        }
+        if !self.abort_incomplete_after.is_finite() || self.abort_incomplete_after < 0.0 {
+            return Err((
+                "abort_incomplete_after".into(),
+                "must be a number of seconds, 0 (off) or more".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The age after which uploads are swept, `None` when off.
+    #[must_use]
+    pub fn abort_after(&self) -> Option<Duration> {
+        (self.abort_incomplete_after > 0.0)
+            .then(|| Duration::try_from_secs_f64(self.abort_incomplete_after).ok())
+            .flatten()
+    }
+
+    /// How often the sweep runs: a quarter of the age, between 100 ms and
+    /// an hour.
+    #[must_use]
+    pub fn sweep_interval(&self) -> Option<Duration> {
+        self.abort_after()
+            .map(|a| (a / 4).clamp(Duration::from_millis(100), Duration::from_secs(3600)))
+    }
+}
 
 /// An in-progress multipart upload, stored in `upload.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,8 +145,12 @@ pub struct UploadInfo {
     pub key: String,
     /// Initiation time, Unix milliseconds.
     pub initiated_ms: i64,
-    /// Access key id of the initiator.
+    /// Access key id of the initiator (empty: anonymous).
     pub initiator: String,
+    /// Canonical id of the initiator (absent in uploads created before it
+    /// was recorded: then the user with access key `initiator`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initiator_id: Option<String>,
     /// Attributes the completed object will carry.
     pub attrs: ObjectAttrs,
     /// The checksum algorithm and type chosen at creation (every part must
@@ -66,6 +180,115 @@ pub(super) struct Upload {
     /// `true` once completed or aborted; held while parts are published and
     /// while Complete assembles, so neither races the other.
     gone: tokio::sync::Mutex<bool>,
+    /// The size of each stored part, by number (what the upload counts
+    /// against its initiator's caps); changed under the store's uploads
+    /// lock.
+    sizes: Mutex<BTreeMap<u32, u64>>,
+}
+
+impl Upload {
+    fn new(info: UploadInfo, sizes: BTreeMap<u32, u64>) -> Arc<Upload> {
+        Arc::new(Upload {
+            info,
+            gone: tokio::sync::Mutex::new(false),
+            sizes: Mutex::new(sizes),
+        })
+    }
+}
+
+/// What one user's in-progress uploads hold, reservations of parts being
+/// written included.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Usage {
+    uploads: usize,
+    parts: usize,
+    bytes: u64,
+}
+
+/// The in-progress uploads: by id, in ListMultipartUploads order, and
+/// what each user's hold.
+#[derive(Debug, Default)]
+pub(super) struct Uploads {
+    pub(super) by_id: BTreeMap<String, Arc<Upload>>,
+    /// (bucket, key, initiation time, id) of every upload.
+    ordered: BTreeSet<(String, String, i64, String)>,
+    usage: HashMap<String, Usage>,
+}
+
+fn order_key(i: &UploadInfo) -> (String, String, i64, String) {
+    (
+        i.bucket.clone(),
+        i.key.clone(),
+        i.initiated_ms,
+        i.upload_id.clone(),
+    )
+}
+
+impl Uploads {
+    fn insert(&mut self, u: Arc<Upload>) {
+        let sizes = lock(&u.sizes);
+        let usage = self.usage.entry(u.info.initiator.clone()).or_default();
+        usage.uploads += 1;
+        usage.parts += sizes.len();
+        usage.bytes += sizes.values().sum::<u64>();
+        drop(sizes);
+        self.ordered.insert(order_key(&u.info));
+        self.by_id.insert(u.info.upload_id.clone(), u);
+    }
+
+    /// Removes an upload, releasing what it counted against its initiator.
+    pub(super) fn remove(&mut self, id: &str) -> Option<Arc<Upload>> {
+        let u = self.by_id.remove(id)?;
+        self.ordered.remove(&order_key(&u.info));
+        let sizes = lock(&u.sizes);
+        if let Some(usage) = self.usage.get_mut(&u.info.initiator) {
+            usage.uploads = usage.uploads.saturating_sub(1);
+            usage.parts = usage.parts.saturating_sub(sizes.len());
+            usage.bytes = usage.bytes.saturating_sub(sizes.values().sum::<u64>());
+            if *usage == Usage::default() {
+                self.usage.remove(&u.info.initiator);
+            }
+        }
+        drop(sizes);
+        Some(u)
+    }
+}
+
+/// A part being written: its declared bytes (and a part slot, for a new
+/// part number) held against the initiator's caps until the part is
+/// stored or fails.
+#[derive(Debug)]
+struct Reservation<'a> {
+    uploads: &'a Mutex<Uploads>,
+    user: String,
+    bytes: u64,
+    parts: usize,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut ups = lock(self.uploads);
+        if let Some(u) = ups.usage.get_mut(&self.user) {
+            u.bytes = u.bytes.saturating_sub(self.bytes);
+            u.parts = u.parts.saturating_sub(self.parts);
+        }
+    }
+}
+
+/// One page of ListMultipartUploads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UploadsPage {
+    /// Uploads in (key, initiation time) order.
+    pub uploads: Vec<UploadInfo>,
+    /// Common prefixes, in order.
+    pub common_prefixes: Vec<String>,
+    /// Whether more follow.
+    pub is_truncated: bool,
+    /// Where the next page starts: key and upload id (none after a common
+    /// prefix).
+    pub next: Option<(String, Option<String>)>,
+    /// Uploads the listing read (at most `max + 1`).
+    pub visited: usize,
 }
 
 fn valid_upload_id(id: &str) -> bool {
@@ -77,6 +300,26 @@ fn valid_upload_id(id: &str) -> bool {
 
 pub(super) fn part_file_name(n: u32) -> String {
     format!("part-{n:05}")
+}
+
+/// The file size of each `part-NNNNN` in `dir` (what an upload whose part
+/// headers cannot be read counts).
+fn part_file_sizes(dir: &std::path::Path) -> BTreeMap<u32, u64> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let n = e
+                .file_name()
+                .to_str()?
+                .strip_prefix("part-")?
+                .parse::<u32>()
+                .ok()?;
+            Some((n, e.metadata().ok()?.len()))
+        })
+        .collect()
 }
 
 impl Store {
@@ -93,13 +336,15 @@ impl Store {
                 .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()));
             match info {
                 Ok(info) if valid_upload_id(&info.upload_id) => {
-                    map.insert(
-                        info.upload_id.clone(),
-                        Arc::new(Upload {
-                            info,
-                            gone: tokio::sync::Mutex::new(false),
-                        }),
-                    );
+                    // What the upload counts against its initiator's caps.
+                    let sizes = match Self::read_parts(&dir) {
+                        Ok(parts) => parts.into_iter().map(|(n, p)| (n, p.size)).collect(),
+                        Err(e) => {
+                            warn!(dir = %dir.display(), error = %e, "reading the parts of a multipart upload failed; counting their file sizes");
+                            part_file_sizes(&dir)
+                        }
+                    };
+                    map.insert(info.upload_id.clone(), Upload::new(info, sizes));
                 }
                 Ok(_) | Err(_) => {
                     warn!(dir = %dir.display(), "removing malformed multipart upload directory");
@@ -108,7 +353,11 @@ impl Store {
             }
         }
         let n = map.len();
-        *lock(&self.uploads) = map;
+        let mut ups = Uploads::default();
+        for u in map.into_values() {
+            ups.insert(u);
+        }
+        *lock(&self.uploads) = ups;
         Ok(n)
     }
 
@@ -118,6 +367,7 @@ impl Store {
         }
         self.bucket(bucket)?;
         let u = lock(&self.uploads)
+            .by_id
             .get(id)
             .cloned()
             .ok_or(StoreError::NoSuchUpload)?;
@@ -136,16 +386,18 @@ impl Store {
         Ok(self.upload(bucket, key, upload_id)?.info.clone())
     }
 
-    /// Starts a multipart upload; returns its id.
+    /// Starts a multipart upload for the user with access key `initiator`
+    /// and canonical id `initiator_id`; returns its id.
     ///
     /// # Errors
-    /// `NoSuchBucket`, I/O.
+    /// `NoSuchBucket`, `QuotaExceeded` (the initiator has
+    /// `max_open_uploads_per_user` uploads in progress), I/O.
     pub async fn create_upload(
         self: &Arc<Self>,
         bucket: &str,
         key: &str,
         attrs: ObjectAttrs,
-        initiator: &str,
+        (initiator, initiator_id): (&str, Option<&str>),
         checksum: Option<UploadChecksum>,
     ) -> StoreResult<UploadInfo> {
         self.bucket(bucket)?;
@@ -155,11 +407,30 @@ impl Store {
             key: key.to_owned(),
             initiated_ms: now_ms(),
             initiator: initiator.to_owned(),
+            initiator_id: initiator_id.map(str::to_owned),
             attrs,
             checksum,
         };
+        // Counted at once (a slot held while the upload is made), so that
+        // concurrent creations cannot pass the cap together.
+        let max = self.multipart.max_open_uploads_per_user;
+        {
+            let mut ups = lock(&self.uploads);
+            let usage = ups.usage.entry(info.initiator.clone()).or_default();
+            if usage.uploads >= max {
+                return Err(StoreError::QuotaExceeded(format!(
+                    "You have {} multipart uploads in progress, the most this server allows one user (multipart.max_open_uploads_per_user); complete or abort some first.",
+                    usage.uploads
+                )));
+            }
+            usage.uploads += 1;
+        }
+        let slot = UploadSlot {
+            uploads: &self.uploads,
+            user: info.initiator.clone(),
+        };
         let this = Arc::clone(self);
-        blocking(move || {
+        let made = blocking(move || {
             let tmp = this.tmp_path();
             super::create_private_dir(tmp.path())?;
             let mut f = super::create_private_file(&tmp.path().join("upload.json"))?;
@@ -170,30 +441,33 @@ impl Store {
             let mut tmp = tmp;
             tmp.disarm();
             fsync_dir(&this.uploads_dir)?;
-            lock(&this.uploads).insert(
-                info.upload_id.clone(),
-                Arc::new(Upload {
-                    info: info.clone(),
-                    gone: tokio::sync::Mutex::new(false),
-                }),
-            );
+            // Here, not after the await: an upload made by a request that
+            // was cancelled meanwhile is known (and counted) all the same.
+            lock(&this.uploads).insert(Upload::new(info.clone(), BTreeMap::new()));
             Ok(info)
         })
-        .await
+        .await;
+        // The upload counts itself now (or was not made).
+        drop(slot);
+        made
     }
 
     /// Stores one part from any byte source (replacing an earlier upload of
-    /// the same part number).
+    /// the same part number). `declared` is the body's size as the request
+    /// states it, if it does: it is held against the initiator's byte cap
+    /// before the body is read; the stored size is checked again at the end.
     ///
     /// # Errors
-    /// `NoSuchUpload`, `InvalidArgument` (part number), `BadDigest`, `Body`, I/O.
+    /// `NoSuchUpload`, `InvalidArgument` (part number), `QuotaExceeded`,
+    /// `EntityTooLarge`, `BadDigest`, `Body`, I/O.
     #[allow(clippy::too_many_arguments)]
     pub async fn upload_part<S>(
-        &self,
+        self: &Arc<Self>,
         bucket: &str,
         key: &str,
         upload_id: &str,
         part_number: u32,
+        declared: Option<u64>,
         body: S,
         content_md5_hex: Option<&str>,
         check: &mut dyn BodyCheck,
@@ -206,7 +480,11 @@ impl Store {
                 "Part number must be an integer between 1 and {MAX_PART_NUMBER}, inclusive"
             )));
         }
+        if declared.is_some_and(|n| n > MAX_PUT_SIZE) {
+            return Err(StoreError::EntityTooLarge);
+        }
         let u = self.upload(bucket, key, upload_id)?;
+        let reservation = self.reserve_part(&u, part_number, declared.unwrap_or(0))?;
         let tmp = self.tmp_path();
         let (file, written) = self.write_body(&tmp, body, check).await?;
         if let Some(expect) = content_md5_hex
@@ -231,18 +509,42 @@ impl Store {
         if *gone {
             return Err(StoreError::NoSuchUpload);
         }
+        self.check_part_fits(&u, &reservation, part_number, meta.size)?;
         let dir = self.upload_dir(upload_id);
         let src = tmp.path().to_owned();
         let mut tmp = tmp;
         tmp.disarm();
         let mut guard = TmpGuard::new(src.clone());
+        let this = Arc::clone(self);
+        let upload = Arc::clone(&u);
+        let size = meta.size;
         blocking(move || {
             std::fs::rename(&src, dir.join(part_file_name(part_number)))?;
             guard.disarm();
+            // The part counts as stored from here, also when the request
+            // is cancelled meanwhile; unless the upload went (aborted while
+            // a cancelled request's rename was still running).
+            let mut ups = lock(&this.uploads);
+            let u = upload;
+            if ups
+                .by_id
+                .get(&u.info.upload_id)
+                .is_some_and(|x| Arc::ptr_eq(x, &u))
+            {
+                let old = lock(&u.sizes).insert(part_number, size);
+                let usage = ups.usage.entry(u.info.initiator.clone()).or_default();
+                usage.bytes = (usage.bytes + size).saturating_sub(old.unwrap_or(0));
+                if old.is_none() {
+                    usage.parts += 1;
+                }
+            }
+            drop(ups);
             fsync_dir(&dir)?;
             Ok(())
         })
         .await?;
+        // The stored part replaces its reservation.
+        drop(reservation);
         drop(gone);
         Ok(PartInfo {
             part_number,
@@ -298,25 +600,185 @@ impl Store {
         Ok((u.info.clone(), parts.into_values().collect()))
     }
 
-    /// In-progress uploads of a bucket, ordered by key then initiation time.
+    /// One page of a bucket's in-progress uploads, ordered by key then
+    /// initiation time (ListMultipartUploads): those under `prefix`, after
+    /// `key_marker` (and, for that key, after `id_marker`), with keys rolled
+    /// up at `delimiter` into common prefixes. Like an object listing, the
+    /// walk seeks past a common prefix, reading at most `max + 1` uploads.
     ///
     /// # Errors
     /// `NoSuchBucket`.
-    pub fn list_uploads(&self, bucket: &str) -> StoreResult<Vec<UploadInfo>> {
+    pub fn list_uploads(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        delimiter: Option<&str>,
+        (key_marker, id_marker): (&str, Option<&str>),
+        max: usize,
+    ) -> StoreResult<UploadsPage> {
+        use std::ops::Bound;
         self.bucket(bucket)?;
-        let mut v: Vec<UploadInfo> = lock(&self.uploads)
+        let delimiter = delimiter.filter(|d| !d.is_empty());
+        let mut page = UploadsPage::default();
+        if max == 0 {
+            return Ok(page);
+        }
+        let at = |key: String| (bucket.to_owned(), key, i64::MIN, String::new());
+        // Where the walk starts: at the prefix, or after the marker key
+        // (or after the marker's upload of that key; an unknown id starts
+        // after the key).
+        let mut from: Bound<(String, String, i64, String)> = Bound::Included(at(prefix.to_owned()));
+        if !key_marker.is_empty() && key_marker >= prefix {
+            let group = delimiter
+                .and_then(|d| listing::common_prefix_of(key_marker, prefix, d))
+                .filter(|cp| *cp == key_marker);
+            from = match group {
+                // A marker that is a common prefix (a page ended there):
+                // after every key under it.
+                Some(cp) => match listing::prefix_successor(cp) {
+                    Some(next) => Bound::Included(at(next)),
+                    None => return Ok(page),
+                },
+                // The smallest key after the marker.
+                None => Bound::Included(at(format!("{key_marker}\0"))),
+            };
+            if let Some(id) = id_marker
+                && group.is_none()
+            {
+                let ups = lock(&self.uploads);
+                if let Some(u) = ups
+                    .by_id
+                    .get(id)
+                    .filter(|u| u.info.bucket == bucket && u.info.key == key_marker)
+                {
+                    from = Bound::Excluded(order_key(&u.info));
+                }
+            }
+        }
+        let ups = lock(&self.uploads);
+        'seek: loop {
+            let range = ups.ordered.range((from.clone(), Bound::Unbounded));
+            for (b, key, _, id) in range {
+                page.visited += 1;
+                if b != bucket || !key.starts_with(prefix) {
+                    break 'seek;
+                }
+                if page.uploads.len() + page.common_prefixes.len() == max {
+                    page.is_truncated = true;
+                    break 'seek;
+                }
+                match delimiter.and_then(|d| listing::common_prefix_of(key, prefix, d)) {
+                    Some(cp) => {
+                        page.common_prefixes.push(cp.to_owned());
+                        page.next = Some((cp.to_owned(), None));
+                        match listing::prefix_successor(cp) {
+                            Some(next) => {
+                                from = Bound::Included(at(next));
+                                continue 'seek;
+                            }
+                            None => break 'seek,
+                        }
+                    }
+                    None => {
+                        if let Some(u) = ups.by_id.get(id) {
+                            page.next = Some((key.clone(), Some(id.clone())));
+                            page.uploads.push(u.info.clone());
+                        }
+                    }
+                }
+            }
+            break;
+        }
+        if !page.is_truncated {
+            page.next = None;
+        }
+        Ok(page)
+    }
+
+    /// Aborts the uploads initiated before `cutoff_ms` (Unix milliseconds),
+    /// deleting their parts; returns how many went.
+    pub async fn sweep_uploads(&self, cutoff_ms: i64) -> usize {
+        let old: Vec<String> = lock(&self.uploads)
+            .by_id
             .values()
-            .filter(|u| u.info.bucket == bucket)
-            .map(|u| u.info.clone())
+            .filter(|u| u.info.initiated_ms < cutoff_ms)
+            .map(|u| u.info.upload_id.clone())
             .collect();
-        v.sort_by(|a, b| {
-            (a.key.as_str(), a.initiated_ms, a.upload_id.as_str()).cmp(&(
-                b.key.as_str(),
-                b.initiated_ms,
-                b.upload_id.as_str(),
-            ))
-        });
-        Ok(v)
+        let mut n = 0;
+        for id in old {
+            match self.remove_upload(&id).await {
+                Ok(()) => {
+                    info!(upload_id = %id, "aborted an incomplete multipart upload past multipart.abort_incomplete_after");
+                    n += 1;
+                }
+                // Completed or aborted meanwhile.
+                Err(StoreError::NoSuchUpload) => {}
+                Err(e) => {
+                    warn!(upload_id = %id, error = %e, "aborting an expired multipart upload failed")
+                }
+            }
+        }
+        n
+    }
+
+    /// Holds a part's declared bytes (beyond those of the part it replaces)
+    /// and, for a new part number, a part slot against the upload's
+    /// initiator's caps.
+    fn reserve_part(
+        &self,
+        u: &Upload,
+        part_number: u32,
+        bytes: u64,
+    ) -> StoreResult<Reservation<'_>> {
+        let cfg = &self.multipart;
+        let mut ups = lock(&self.uploads);
+        let old = lock(&u.sizes).get(&part_number).copied();
+        let new_part = old.is_none();
+        // A part replacing one of the same number needs only what it adds.
+        let bytes = bytes.saturating_sub(old.unwrap_or(0));
+        let usage = ups.usage.entry(u.info.initiator.clone()).or_default();
+        if new_part && usage.parts >= cfg.max_parts_per_user {
+            return Err(StoreError::QuotaExceeded(format!(
+                "The initiator of this upload has {} parts in multipart uploads in progress, the most this server allows one user (multipart.max_parts_per_user); complete or abort some uploads first.",
+                usage.parts
+            )));
+        }
+        if usage.bytes.saturating_add(bytes) > cfg.max_bytes_per_user.0 {
+            return Err(bytes_quota(usage.bytes, bytes, cfg.max_bytes_per_user.0));
+        }
+        usage.bytes += bytes;
+        usage.parts += usize::from(new_part);
+        Ok(Reservation {
+            uploads: &self.uploads,
+            user: u.info.initiator.clone(),
+            bytes,
+            parts: usize::from(new_part),
+        })
+    }
+
+    /// Whether a part of `size` bytes, now written, still fits its
+    /// initiator's byte cap (its declared size was reserved; a body of
+    /// undeclared size is counted here).
+    fn check_part_fits(
+        &self,
+        u: &Upload,
+        reservation: &Reservation<'_>,
+        part_number: u32,
+        size: u64,
+    ) -> StoreResult<()> {
+        let ups = lock(&self.uploads);
+        let old = lock(&u.sizes).get(&part_number).copied().unwrap_or(0);
+        let held = ups
+            .usage
+            .get(&u.info.initiator)
+            .map_or(0, |x| x.bytes)
+            .saturating_sub(reservation.bytes)
+            .saturating_sub(old);
+        let cap = self.multipart.max_bytes_per_user.0;
+        if held.saturating_add(size) > cap {
+            return Err(bytes_quota(held, size, cap));
+        }
+        Ok(())
     }
 
     /// Aborts an upload and deletes its parts.
@@ -329,7 +791,7 @@ impl Store {
     }
 
     pub(super) async fn remove_upload(&self, upload_id: &str) -> StoreResult<()> {
-        let Some(u) = lock(&self.uploads).get(upload_id).cloned() else {
+        let Some(u) = lock(&self.uploads).by_id.get(upload_id).cloned() else {
             return Err(StoreError::NoSuchUpload);
         };
         let mut gone = u.gone.lock().await;
@@ -497,6 +959,29 @@ impl Store {
     }
 }
 
+/// The open-upload count [`Store::create_upload`] takes before the upload
+/// exists, given back when dropped (the upload, once made, counts itself).
+#[derive(Debug)]
+struct UploadSlot<'a> {
+    uploads: &'a Mutex<Uploads>,
+    user: String,
+}
+
+impl Drop for UploadSlot<'_> {
+    fn drop(&mut self) {
+        let mut ups = lock(self.uploads);
+        if let Some(u) = ups.usage.get_mut(&self.user) {
+            u.uploads = u.uploads.saturating_sub(1);
+        }
+    }
+}
+
+fn bytes_quota(held: u64, more: u64, cap: u64) -> StoreError {
+    StoreError::QuotaExceeded(format!(
+        "The initiator of this upload holds {held} bytes in multipart uploads in progress; {more} more would pass {cap}, the most this server allows one user (multipart.max_bytes_per_user). Complete or abort some uploads first."
+    ))
+}
+
 /// Removes a completion's `.parts` directory unless disarmed (Complete
 /// failed or was cancelled before publishing).
 struct PartsDirGuard(Option<PathBuf>);
@@ -630,6 +1115,67 @@ mod tests {
             select_parts(&up, &req(&[(3, "e3"), (4, "e4")])),
             Err(StoreError::EntityTooSmall { part: 3, .. })
         ));
+    }
+
+    /// `upload.json` files written before the initiator's canonical id was
+    /// recorded still load (without it), and the field round-trips.
+    #[test]
+    fn older_upload_files_stay_readable() {
+        let old = r#"{"upload_id":"0123456789abcdef0123456789abcdef","bucket":"b","key":"k","initiated_ms":1,"initiator":"alice","attrs":{}}"#;
+        let info: UploadInfo = serde_json::from_str(old).unwrap();
+        assert_eq!(info.initiator, "alice");
+        assert_eq!(info.initiator_id, None);
+        let with_id = UploadInfo {
+            initiator_id: Some("c0ffee".into()),
+            ..info
+        };
+        let back: UploadInfo =
+            serde_json::from_slice(&serde_json::to_vec(&with_id).unwrap()).unwrap();
+        assert_eq!(back, with_id);
+    }
+
+    #[test]
+    fn config_checks() {
+        assert!(MultipartConfig::default().check().is_ok());
+        assert_eq!(
+            MultipartConfig::default().abort_after(),
+            Some(Duration::from_secs(7 * 24 * 3600))
+        );
+        let off = MultipartConfig {
+            abort_incomplete_after: 0.0,
+            ..MultipartConfig::default()
+        };
+        assert_eq!(off.abort_after(), None);
+        assert_eq!(off.sweep_interval(), None);
+        let fast = MultipartConfig {
+            abort_incomplete_after: 0.01,
+            ..MultipartConfig::default()
+        };
+        assert_eq!(fast.sweep_interval(), Some(Duration::from_millis(100)));
+        for bad in [
+            MultipartConfig {
+                max_open_uploads_per_user: 0,
+                ..MultipartConfig::default()
+            },
+            MultipartConfig {
+                max_parts_per_user: 0,
+                ..MultipartConfig::default()
+            },
+            MultipartConfig {
+                max_bytes_per_user: s3dma_config::ByteSize(1),
+                ..MultipartConfig::default()
+            },
+            MultipartConfig {
+                abort_incomplete_after: -1.0,
+                ..MultipartConfig::default()
+            },
+            MultipartConfig {
+                abort_incomplete_after: f64::NAN,
+                ..MultipartConfig::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -1,0 +1,613 @@
+//! Issue 30, the filesystem store: listings whose work is bounded by the
+//! page, per-user caps on multipart uploads and their sweep, and the AWS
+//! rules on who may use an upload, delete a bucket or name a version.
+
+use std::path::Path;
+use std::time::Duration;
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use storage_target::config::default_canonical_id;
+
+use super::common::{OWNER_A, OWNER_B, Server, data, err, raw};
+
+const VISITED: &str = "s3dma_storage_target_listing_entries_visited_total";
+
+async fn visited(s: &Server, op: &str) -> i64 {
+    let text = raw("GET", &s.metrics, &[], Bytes::new()).await.text();
+    super::metric(&text, &format!("{VISITED}{{op=\"{op}\"}}"))
+}
+
+async fn put(c: &Client, bucket: &str, key: &str, body: Vec<u8>) {
+    c.put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(ByteStream::from(body))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// A bucket of `a` (owner) where `b` may write and read (bucket ACL).
+async fn shared_bucket(a: &Client, name: &str) {
+    a.create_bucket().bucket(name).send().await.unwrap();
+    a.put_bucket_acl()
+        .bucket(name)
+        .grant_full_control(format!("id=\"{}\"", default_canonical_id(OWNER_A.0)))
+        .grant_write(format!("id=\"{}\"", default_canonical_id(OWNER_B.0)))
+        .grant_read(format!("id=\"{}\"", default_canonical_id(OWNER_B.0)))
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn start_upload(c: &Client, bucket: &str, key: &str) -> String {
+    c.create_multipart_upload()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .unwrap()
+        .upload_id()
+        .unwrap()
+        .to_owned()
+}
+
+async fn part(
+    c: &Client,
+    bucket: &str,
+    key: &str,
+    id: &str,
+    n: i32,
+    body: Vec<u8>,
+) -> Result<String, (String, u16)> {
+    c.upload_part()
+        .bucket(bucket)
+        .key(key)
+        .upload_id(id)
+        .part_number(n)
+        .body(ByteStream::from(body))
+        .send()
+        .await
+        .map(|o| o.e_tag().unwrap().to_owned())
+        .map_err(err)
+}
+
+async fn copy_part(
+    c: &Client,
+    bucket: &str,
+    key: &str,
+    id: &str,
+    n: i32,
+    source: &str,
+) -> Result<String, (String, u16)> {
+    c.upload_part_copy()
+        .bucket(bucket)
+        .key(key)
+        .upload_id(id)
+        .part_number(n)
+        .copy_source(source)
+        .send()
+        .await
+        .map(|o| o.copy_part_result().unwrap().e_tag().unwrap().to_owned())
+        .map_err(err)
+}
+
+async fn part_numbers(c: &Client, bucket: &str, key: &str, id: &str) -> Vec<i32> {
+    c.list_parts()
+        .bucket(bucket)
+        .key(key)
+        .upload_id(id)
+        .send()
+        .await
+        .unwrap()
+        .parts()
+        .iter()
+        .map(|p| p.part_number().unwrap())
+        .collect()
+}
+
+fn completed(parts: &[(i32, &str)]) -> CompletedMultipartUpload {
+    let mut b = CompletedMultipartUpload::builder();
+    for (n, e) in parts {
+        b = b.parts(CompletedPart::builder().part_number(*n).e_tag(*e).build());
+    }
+    b.build()
+}
+
+/// Issue 30 finding 7: a delimiter listing of a bucket whose keys roll up
+/// into one common prefix reads a page's worth of index entries, not every
+/// key under the prefix (which, read under the bucket's index lock on the
+/// async runtime, delayed every other user's writes as the bucket grew).
+/// Counted deterministically by the listings' visited-entries metric.
+#[tokio::test]
+async fn issue30_f7_delimiter_listings_do_not_walk_a_rolled_up_prefix() {
+    const KEYS: usize = 3000;
+    let s = Server::start();
+    let a = s.client(OWNER_A);
+    a.create_bucket().bucket("wide").send().await.unwrap();
+    futures::stream::iter(0..KEYS)
+        .map(|i| {
+            let a = a.clone();
+            async move { put(&a, "wide", &format!("big/{i:05}"), Vec::new()).await }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    put(&a, "wide", "after", Vec::new()).await;
+    put(&a, "wide", "zz/1", Vec::new()).await;
+
+    // ListObjectsV2: two common prefixes and a key, 3002 keys in the bucket.
+    let before = visited(&s, "ListObjectsV2").await;
+    let out = a
+        .list_objects_v2()
+        .bucket("wide")
+        .delimiter("/")
+        .send()
+        .await
+        .unwrap();
+    let cps: Vec<_> = out
+        .common_prefixes()
+        .iter()
+        .map(|p| p.prefix().unwrap())
+        .collect();
+    assert_eq!(cps, ["big/", "zz/"]);
+    assert_eq!(out.contents().len(), 1);
+    let n = visited(&s, "ListObjectsV2").await - before;
+    assert!((3..=4).contains(&n), "ListObjectsV2 read {n} entries");
+
+    // Paging one entry at a time (max-keys 1): each page reads at most 2.
+    let before = visited(&s, "ListObjectsV2").await;
+    let mut token = None;
+    let mut pages = 0;
+    loop {
+        let out = a
+            .list_objects_v2()
+            .bucket("wide")
+            .delimiter("/")
+            .max_keys(1)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .unwrap();
+        pages += 1;
+        token = out.next_continuation_token().map(str::to_owned);
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(pages, 3);
+    let n = visited(&s, "ListObjectsV2").await - before;
+    assert!((3..=6).contains(&n), "3 pages read {n} entries");
+
+    // ListObjects (v1) and ListObjectVersions likewise.
+    let before = visited(&s, "ListObjects").await;
+    let out = a
+        .list_objects()
+        .bucket("wide")
+        .delimiter("/")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.common_prefixes().len(), 2);
+    let n = visited(&s, "ListObjects").await - before;
+    assert!((3..=4).contains(&n), "ListObjects read {n} entries");
+    let before = visited(&s, "ListObjectVersions").await;
+    let out = a
+        .list_object_versions()
+        .bucket("wide")
+        .delimiter("/")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.common_prefixes().len(), 2);
+    let n = visited(&s, "ListObjectVersions").await - before;
+    assert!((3..=4).contains(&n), "ListObjectVersions read {n} entries");
+
+    // ListMultipartUploads: 200 uploads under one prefix.
+    futures::stream::iter(0..200)
+        .map(|i| {
+            let a = a.clone();
+            async move { start_upload(&a, "wide", &format!("up/{i:03}")).await }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<String>>()
+        .await;
+    start_upload(&a, "wide", "top").await;
+    let before = visited(&s, "ListMultipartUploads").await;
+    let out = a
+        .list_multipart_uploads()
+        .bucket("wide")
+        .delimiter("/")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.common_prefixes().len(), 1);
+    assert_eq!(out.uploads().len(), 1);
+    let n = visited(&s, "ListMultipartUploads").await - before;
+    assert!(
+        (2..=3).contains(&n),
+        "ListMultipartUploads read {n} uploads"
+    );
+}
+
+/// Issue 30 finding 12: an in-progress upload is its initiator's and the
+/// bucket owner's, as in AWS. Another user who may write (and read) the
+/// bucket cannot upload into it, copy into it, list its parts (with their
+/// checksums), complete or abort it; the initiator's upload stays intact.
+#[tokio::test]
+async fn issue30_f12_another_writer_cannot_use_someone_elses_upload() {
+    let s = Server::start();
+    let (a, b) = (s.client(OWNER_A), s.client(OWNER_B));
+    shared_bucket(&a, "mpu-shared").await;
+    put(&a, "mpu-shared", "src", data(1024, 1)).await;
+    a.put_object_acl()
+        .bucket("mpu-shared")
+        .key("src")
+        .grant_read(format!("id=\"{}\"", default_canonical_id(OWNER_B.0)))
+        .send()
+        .await
+        .unwrap();
+
+    // The owner's upload: b writes the bucket but did not start it.
+    let id = start_upload(&a, "mpu-shared", "a-key").await;
+    let e1 = part(&a, "mpu-shared", "a-key", &id, 1, data(1000, 2))
+        .await
+        .unwrap();
+    let denied = |r: Result<String, (String, u16)>, what: &str| {
+        assert_eq!(
+            r.unwrap_err(),
+            ("AccessDenied".to_owned(), 403),
+            "b {what} a's upload"
+        );
+    };
+    denied(
+        part(&b, "mpu-shared", "a-key", &id, 1, data(10, 3)).await,
+        "replaced a part of",
+    );
+    denied(
+        part(&b, "mpu-shared", "a-key", &id, 2, data(10, 3)).await,
+        "added a part to",
+    );
+    denied(
+        copy_part(&b, "mpu-shared", "a-key", &id, 2, "mpu-shared/src").await,
+        "copied a part into",
+    );
+    let listed = b
+        .list_parts()
+        .bucket("mpu-shared")
+        .key("a-key")
+        .upload_id(&id)
+        .send()
+        .await;
+    assert_eq!(err(listed.unwrap_err()), ("AccessDenied".to_owned(), 403));
+    let done = b
+        .complete_multipart_upload()
+        .bucket("mpu-shared")
+        .key("a-key")
+        .upload_id(&id)
+        .multipart_upload(completed(&[(1, &e1)]))
+        .send()
+        .await;
+    assert_eq!(err(done.unwrap_err()), ("AccessDenied".to_owned(), 403));
+    let aborted = b
+        .abort_multipart_upload()
+        .bucket("mpu-shared")
+        .key("a-key")
+        .upload_id(&id)
+        .send()
+        .await;
+    assert_eq!(err(aborted.unwrap_err()), ("AccessDenied".to_owned(), 403));
+    // Intact: a's part, a's to complete.
+    let parts = a
+        .list_parts()
+        .bucket("mpu-shared")
+        .key("a-key")
+        .upload_id(&id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(parts.parts().len(), 1);
+    assert_eq!(parts.parts()[0].e_tag(), Some(e1.as_str()));
+    a.complete_multipart_upload()
+        .bucket("mpu-shared")
+        .key("a-key")
+        .upload_id(&id)
+        .multipart_upload(completed(&[(1, &e1)]))
+        .send()
+        .await
+        .unwrap();
+    let got = a
+        .get_object()
+        .bucket("mpu-shared")
+        .key("a-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes(),
+        data(1000, 2)
+    );
+
+    // b's own upload: b uses it, and so may the bucket's owner.
+    let id = start_upload(&b, "mpu-shared", "b-key").await;
+    part(&b, "mpu-shared", "b-key", &id, 1, data(10, 4))
+        .await
+        .unwrap();
+    copy_part(&b, "mpu-shared", "b-key", &id, 2, "mpu-shared/src")
+        .await
+        .unwrap();
+    assert_eq!(part_numbers(&b, "mpu-shared", "b-key", &id).await, [1, 2]);
+    part(&a, "mpu-shared", "b-key", &id, 3, data(10, 5))
+        .await
+        .unwrap();
+    assert_eq!(
+        part_numbers(&a, "mpu-shared", "b-key", &id).await,
+        [1, 2, 3]
+    );
+    a.abort_multipart_upload()
+        .bucket("mpu-shared")
+        .key("b-key")
+        .upload_id(&id)
+        .send()
+        .await
+        .unwrap();
+    let gone = b
+        .list_parts()
+        .bucket("mpu-shared")
+        .key("b-key")
+        .upload_id(&id)
+        .send()
+        .await;
+    assert_eq!(err(gone.unwrap_err()).0, "NoSuchUpload");
+}
+
+/// Issue 30 finding 12: only the bucket's owner deletes a bucket, as in
+/// AWS; a FULL_CONTROL grant in the bucket's ACL does not let another user.
+#[tokio::test]
+async fn issue30_f12_a_full_control_grantee_cannot_delete_the_bucket() {
+    let s = Server::start();
+    let (a, b) = (s.client(OWNER_A), s.client(OWNER_B));
+    a.create_bucket().bucket("a-owns").send().await.unwrap();
+    a.put_bucket_acl()
+        .bucket("a-owns")
+        .grant_full_control(format!("id=\"{}\"", default_canonical_id(OWNER_B.0)))
+        .send()
+        .await
+        .unwrap();
+    // The grant is real: b writes and reads the ACL.
+    put(&b, "a-owns", "k", b"x".to_vec()).await;
+    b.delete_object()
+        .bucket("a-owns")
+        .key("k")
+        .send()
+        .await
+        .unwrap();
+    b.get_bucket_acl().bucket("a-owns").send().await.unwrap();
+    let e = b.delete_bucket().bucket("a-owns").send().await.unwrap_err();
+    assert_eq!(err(e), ("AccessDenied".to_owned(), 403));
+    a.head_bucket().bucket("a-owns").send().await.unwrap();
+    a.delete_bucket().bucket("a-owns").send().await.unwrap();
+}
+
+/// Issue 30 finding 12: DeleteObjects naming a version the store does not
+/// have (buckets are unversioned: only `null` exists) answers NoSuchVersion
+/// for that entry and leaves the current object alone; `null` deletes it.
+#[tokio::test]
+async fn issue30_f12_delete_objects_with_a_bogus_version_keeps_the_object() {
+    let s = Server::start();
+    let a = s.client(OWNER_A);
+    a.create_bucket().bucket("versions").send().await.unwrap();
+    put(&a, "versions", "k", b"keep me".to_vec()).await;
+    put(&a, "versions", "n", b"null goes".to_vec()).await;
+    let id = |k: &str, v: Option<&str>| {
+        ObjectIdentifier::builder()
+            .key(k)
+            .set_version_id(v.map(str::to_owned))
+            .build()
+            .unwrap()
+    };
+    let out = a
+        .delete_objects()
+        .bucket("versions")
+        .delete(
+            Delete::builder()
+                .objects(id("k", Some("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY")))
+                .objects(id("n", Some("null")))
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.errors().len(), 1, "{out:?}");
+    let e = &out.errors()[0];
+    assert_eq!(
+        (e.key(), e.code()),
+        (Some("k"), Some("NoSuchVersion")),
+        "{e:?}"
+    );
+    assert_eq!(e.version_id(), Some("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY"));
+    assert_eq!(out.deleted().len(), 1);
+    assert_eq!(out.deleted()[0].key(), Some("n"));
+    a.head_object()
+        .bucket("versions")
+        .key("k")
+        .send()
+        .await
+        .unwrap();
+    let gone = a.head_object().bucket("versions").key("n").send().await;
+    assert_eq!(err(gone.unwrap_err()).1, 404);
+}
+
+fn caps(max_uploads: usize, max_bytes: &str, abort_after: &str) -> impl FnOnce(&Path) -> String {
+    let yaml = format!(
+        "multipart:\n  max_open_uploads_per_user: {max_uploads}\n  max_bytes_per_user: {max_bytes}\n  abort_incomplete_after: {abort_after}\n"
+    );
+    move |_| yaml
+}
+
+/// Issue 30 finding 10: one user's in-progress uploads are capped across
+/// buckets (`multipart.max_open_uploads_per_user`), also after a restart;
+/// other users are not affected, and aborting frees a slot.
+#[tokio::test]
+async fn issue30_f10_open_uploads_per_user_are_capped() {
+    let mut s = Server::start_with(caps(3, "1GiB", "0"));
+    let (a, b) = (s.client(OWNER_A), s.client(OWNER_B));
+    a.create_bucket().bucket("caps-1").send().await.unwrap();
+    a.create_bucket().bucket("caps-2").send().await.unwrap();
+    b.create_bucket().bucket("caps-b").send().await.unwrap();
+    let first = start_upload(&a, "caps-1", "k").await;
+    start_upload(&a, "caps-1", "k").await;
+    start_upload(&a, "caps-2", "k").await;
+    let over = |c: Client, bucket: &'static str| async move {
+        c.create_multipart_upload()
+            .bucket(bucket)
+            .key("k")
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(err)
+    };
+    assert_eq!(
+        over(a.clone(), "caps-2").await.unwrap_err(),
+        ("QuotaExceeded".to_owned(), 403)
+    );
+    start_upload(&b, "caps-b", "k").await;
+    s.restart();
+    let (a, b) = (s.client(OWNER_A), s.client(OWNER_B));
+    assert_eq!(
+        over(a.clone(), "caps-1").await.unwrap_err(),
+        ("QuotaExceeded".to_owned(), 403),
+        "the count survives a restart"
+    );
+    start_upload(&b, "caps-b", "k2").await;
+    a.abort_multipart_upload()
+        .bucket("caps-1")
+        .key("k")
+        .upload_id(&first)
+        .send()
+        .await
+        .unwrap();
+    over(a.clone(), "caps-1").await.unwrap();
+    let listed = a
+        .list_multipart_uploads()
+        .bucket("caps-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.uploads().len(), 2);
+}
+
+/// Issue 30 finding 10: UploadPartCopy stores a whole part per small
+/// request, so its bytes count against the initiator's byte cap
+/// (`multipart.max_bytes_per_user`) like UploadPart's, checked before any
+/// byte is copied: repeated copies of a large object stop at the cap,
+/// nothing of the refused part is kept, and completing the upload frees it.
+#[tokio::test]
+async fn issue30_f10_upload_part_copy_counts_against_the_byte_cap() {
+    const MIB: usize = 1 << 20;
+    let s = Server::start_with(caps(10, "12MiB", "0"));
+    let a = s.client(OWNER_A);
+    a.create_bucket().bucket("copies").send().await.unwrap();
+    put(&a, "copies", "big", data(5 * MIB, 9)).await;
+    let id = start_upload(&a, "copies", "dst").await;
+    let e1 = copy_part(&a, "copies", "dst", &id, 1, "copies/big")
+        .await
+        .unwrap();
+    let e2 = copy_part(&a, "copies", "dst", &id, 2, "copies/big")
+        .await
+        .unwrap();
+    // 10 MiB held: a third 5 MiB copy passes 12 MiB.
+    assert_eq!(
+        copy_part(&a, "copies", "dst", &id, 3, "copies/big")
+            .await
+            .unwrap_err(),
+        ("QuotaExceeded".to_owned(), 403)
+    );
+    // So does an UploadPart of 3 MiB, into another upload of the same user.
+    let other = start_upload(&a, "copies", "other").await;
+    assert_eq!(
+        part(&a, "copies", "other", &other, 1, data(3 * MIB, 1))
+            .await
+            .unwrap_err(),
+        ("QuotaExceeded".to_owned(), 403)
+    );
+    part(&a, "copies", "other", &other, 1, data(MIB, 1))
+        .await
+        .unwrap();
+    // Replacing a part counts its new size only.
+    let e2 = {
+        let again = copy_part(&a, "copies", "dst", &id, 2, "copies/big")
+            .await
+            .unwrap();
+        assert_eq!(again, e2);
+        again
+    };
+    assert_eq!(part_numbers(&a, "copies", "dst", &id).await, [1, 2]);
+    // Nothing of the refused parts stays on disk (only the source object,
+    // the two copied parts and the 1 MiB part).
+    let on_disk: u64 = super::common::files_under(&s.data_dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
+    assert!(
+        on_disk < (16 * MIB + 64 * 1024) as u64,
+        "{on_disk} bytes stored"
+    );
+    // Completing moves the parts into an object: the cap is free again.
+    a.complete_multipart_upload()
+        .bucket("copies")
+        .key("dst")
+        .upload_id(&id)
+        .multipart_upload(completed(&[(1, &e1), (2, &e2)]))
+        .send()
+        .await
+        .unwrap();
+    let id = start_upload(&a, "copies", "dst2").await;
+    copy_part(&a, "copies", "dst2", &id, 1, "copies/big")
+        .await
+        .unwrap();
+    copy_part(&a, "copies", "dst2", &id, 2, "copies/big")
+        .await
+        .unwrap();
+}
+
+/// Issue 30 finding 10: uploads nobody completes are aborted once older
+/// than `multipart.abort_incomplete_after`, their parts deleted; an upload
+/// of a server without the sweep stays (the default sweep is 7 days).
+#[tokio::test]
+async fn issue30_f10_incomplete_uploads_are_swept() {
+    let s = Server::start_with(caps(10, "1GiB", "1"));
+    let a = s.client(OWNER_A);
+    a.create_bucket().bucket("sweep").send().await.unwrap();
+    let id = start_upload(&a, "sweep", "k").await;
+    part(&a, "sweep", "k", &id, 1, data(1000, 1)).await.unwrap();
+    let uploads = s.data_dir.join(".uploads");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = a
+            .list_multipart_uploads()
+            .bucket("sweep")
+            .send()
+            .await
+            .unwrap();
+        if listed.uploads().is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upload was never swept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(std::fs::read_dir(&uploads).unwrap().count(), 0);
+    let e = part(&a, "sweep", "k", &id, 2, data(10, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.0, "NoSuchUpload");
+    assert!(s.log().contains("abort_incomplete_after"), "{}", s.log());
+}
