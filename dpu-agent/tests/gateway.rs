@@ -924,7 +924,10 @@ async fn a_collision_is_seen(
     (old, new): (&[u8], &[u8]),
     (first, second): ((String, i64, Option<String>), (String, i64, Option<String>)),
 ) -> bool {
-    assert_eq!(first.0, second.0, "the premise: Ceph gave both the same ETag");
+    assert_eq!(
+        first.0, second.0,
+        "the premise: Ceph gave both the same ETag"
+    );
     let len = new.len();
     let mem = Memory::new(len).await;
     let read = || async {
