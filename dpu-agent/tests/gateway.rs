@@ -890,13 +890,13 @@ async fn next_cluster_second(endpoint: &str) {
     cluster_clock_reaches(endpoint, now + 1).await;
 }
 
+/// An object's ETag, Last-Modified second and version id, as the cluster
+/// answers a HEAD.
+type VersionSeen = (String, i64, Option<String>);
+
 /// The ETag, Last-Modified second and version id of `key`, straight from
 /// the cluster.
-async fn identity(
-    direct: &aws_sdk_s3::Client,
-    bucket: &str,
-    key: &str,
-) -> (String, i64, Option<String>) {
+async fn identity(direct: &aws_sdk_s3::Client, bucket: &str, key: &str) -> VersionSeen {
     let h = direct
         .head_object()
         .bucket(bucket)
@@ -922,9 +922,12 @@ async fn a_collision_is_seen(
     bucket: &str,
     key: &str,
     (old, new): (&[u8], &[u8]),
-    (first, second): ((String, i64, Option<String>), (String, i64, Option<String>)),
+    (first, second): (VersionSeen, VersionSeen),
 ) -> bool {
-    assert_eq!(first.0, second.0, "the premise: Ceph gave both the same ETag");
+    assert_eq!(
+        first.0, second.0,
+        "the premise: Ceph gave both the same ETag"
+    );
     let len = new.len();
     let mem = Memory::new(len).await;
     let read = || async {

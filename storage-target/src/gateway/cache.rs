@@ -471,10 +471,7 @@ mod tests {
         let (a, s) = c.get(key(0), true, |b| fill(b, 7)).await.unwrap();
         assert_eq!(s, Source::Upstream);
         assert_eq!(a.len(), 100);
-        let (b, s) = c
-            .get(key(0), true, not_called)
-            .await
-            .unwrap();
+        let (b, s) = c.get(key(0), true, not_called).await.unwrap();
         assert_eq!(s, Source::Cache);
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(b.slice(0, 100).unwrap().to_vec().unwrap(), vec![7; 100]);
@@ -490,10 +487,7 @@ mod tests {
         a.copy_in(0, &[9; 100]).unwrap();
         c.insert(key(0), Chunk::new(a, 100, true));
         drop(b);
-        let (got, s) = c
-            .get(key(0), true, not_called)
-            .await
-            .unwrap();
+        let (got, s) = c.get(key(0), true, not_called).await.unwrap();
         assert_eq!(s, Source::Cache);
         assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![9; 100]);
         drop(got);
@@ -528,9 +522,9 @@ mod tests {
                 c.get(key(3), true, |b| {
                     let calls = Arc::clone(&calls);
                     async move {
-                    calls.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    fill(b, 3).await
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        fill(b, 3).await
                     }
                 })
                 .await
@@ -556,7 +550,9 @@ mod tests {
         // A third chunk evicts the least recent (key 0), which a "WRITE"
         // still holds: its slot is not reused until it is dropped.
         let c2 = Arc::clone(&c);
-        let t = tokio::spawn(async move { c2.get(key(2), true, |b| fill(b, 12)).await.map(|(x, _)| x) });
+        let t = tokio::spawn(
+            async move { c2.get(key(2), true, |b| fill(b, 12)).await.map(|(x, _)| x) },
+        );
         let third = tokio::time::timeout(std::time::Duration::from_secs(5), t)
             .await
             .expect("evicting key 1 frees a slot")

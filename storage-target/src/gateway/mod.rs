@@ -251,7 +251,9 @@ impl Head {
             id: Arc::new(Identity {
                 etag: etag.to_owned(),
                 size,
-                last_modified: out.last_modified().map(aws_sdk_s3::primitives::DateTime::secs),
+                last_modified: out
+                    .last_modified()
+                    .map(aws_sdk_s3::primitives::DateTime::secs),
                 version_id: version_id(out.version_id()),
                 checksums,
             }),
@@ -330,7 +332,8 @@ fn checksums<'a>(all: impl IntoIterator<Item = (&'a str, Option<&'a str>)>) -> V
 /// A version id as an identity holds it: `null` (an unversioned write in a
 /// versioned bucket, reused by the next one) is none.
 fn version_id(v: Option<&str>) -> Option<String> {
-    v.filter(|v| !v.is_empty() && *v != "null").map(str::to_owned)
+    v.filter(|v| !v.is_empty() && *v != "null")
+        .map(str::to_owned)
 }
 
 /// Who read what: (user, bucket, key).
@@ -759,7 +762,12 @@ impl Gateway {
     /// id or the kept SHA-256 of exactly these bytes pins it (a colliding
     /// body written in the same second would otherwise have the same
     /// identity); the metric's outcome.
-    async fn publish(&self, a: WriteAllocation, cache: &ChunkCache, acked: &Acked<'_>) -> &'static str {
+    async fn publish(
+        &self,
+        a: WriteAllocation,
+        cache: &ChunkCache,
+        acked: &Acked<'_>,
+    ) -> &'static str {
         if a.gave_up {
             return "no_slot";
         }
@@ -891,7 +899,14 @@ impl WriteAllocation {
     }
 
     /// Puts the chunks in the cache as `bucket`/`key` at `id`.
-    fn publish(self, cache: &ChunkCache, bucket: &str, key: &str, id: &Arc<Identity>, settled: bool) {
+    fn publish(
+        self,
+        cache: &ChunkCache,
+        bucket: &str,
+        key: &str,
+        id: &Arc<Identity>,
+        settled: bool,
+    ) {
         let (bucket, key): (Arc<str>, Arc<str>) = (bucket.into(), key.into());
         for (index, (buf, n)) in (0u64..).zip(self.chunks) {
             cache.insert(
@@ -990,13 +1005,16 @@ async fn fetch_chunk(
         ("sha256", out.checksum_sha256()),
     ]);
     if out.e_tag() != Some(id.etag.as_str())
-        || out.last_modified().map(aws_sdk_s3::primitives::DateTime::secs) != id.last_modified
+        || out
+            .last_modified()
+            .map(aws_sdk_s3::primitives::DateTime::secs)
+            != id.last_modified
         || total != Some(id.size)
         || (answered_version.is_some() && answered_version != id.version_id)
         || (!answered.is_empty() && answered != id.checksums)
     {
         return Err(overwritten(
-            "the ranged read answered another version than the HEAD"
+            "the ranged read answered another version than the HEAD",
         ));
     }
     let mut body = out.body;
@@ -1435,7 +1453,10 @@ mod tests {
         // more than settle_after + 2 s is not made.
         assert_eq!(head(Some(999), lm, None).settling(1), (false, secs(3)));
         assert_eq!(head(Some(998), lm, None).settling(1), (false, None));
-        assert_eq!(head(Some(1000), lm, Some("v1")).settling(1), (false, secs(2)));
+        assert_eq!(
+            head(Some(1000), lm, Some("v1")).settling(1),
+            (false, secs(2))
+        );
         assert_eq!(head(None, lm, None).settling(1), (true, None));
         assert_eq!(head(Some(5000), None, None).settling(1), (true, None));
         assert_eq!(

@@ -433,7 +433,10 @@ impl DateOfAnswer {
     /// The answer's `Date`, if one came with a parseable value.
     #[must_use]
     pub fn get(&self) -> Option<i64> {
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -455,7 +458,10 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for DateOfAnswer {
             .and_then(|d| httpdate::parse_http_date(d).ok())
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .and_then(|d| i64::try_from(d.as_secs()).ok());
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = date;
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = date;
         Ok(())
     }
 }
