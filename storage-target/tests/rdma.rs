@@ -835,7 +835,7 @@ async fn disabled_rdma_answers_501() {
     let id = up.upload_id().unwrap();
     let r = rdma_put(
         &s,
-        &format!("/dis/mp?partNumber=1&uploadId={id}"),
+        &format!("/dis/mpu?partNumber=1&uploadId={id}"),
         &tok,
         &[],
     )
