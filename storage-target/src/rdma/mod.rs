@@ -483,8 +483,7 @@ impl RdmaService {
         );
         sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
         let cap = share::cap(cfg.staging_buffers, cfg.max_staging_share).unwrap_or(1);
-        let shared_cap =
-            share::cap(cfg.staging_buffers, cfg.max_shared_staging_share).unwrap_or(1);
+        let shared_cap = share::cap(cfg.staging_buffers, cfg.max_shared_staging_share).unwrap_or(1);
         metrics.staging_share_cap(cap);
         metrics.staging_shared_class_cap(shared_cap);
         let depth = cfg
@@ -720,9 +719,18 @@ mod tests {
         assert_eq!(d.progress_timeout_secs, 30);
         assert!(d.tenant_users.is_empty());
         for (bad, field) in [
-            ("max_shared_staging_share: 0", "rdma.max_shared_staging_share"),
-            ("max_shared_staging_share: 2", "rdma.max_shared_staging_share"),
-            ("staging_buffers: 2\nmax_shared_staging_share: 0.4", "rdma.max_shared_staging_share"),
+            (
+                "max_shared_staging_share: 0",
+                "rdma.max_shared_staging_share",
+            ),
+            (
+                "max_shared_staging_share: 2",
+                "rdma.max_shared_staging_share",
+            ),
+            (
+                "staging_buffers: 2\nmax_shared_staging_share: 0.4",
+                "rdma.max_shared_staging_share",
+            ),
             ("progress_timeout_secs: 0", "rdma.progress_timeout_secs"),
         ] {
             let c: RdmaConfig = serde_yaml::from_str(bad).unwrap();

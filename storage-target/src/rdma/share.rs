@@ -106,9 +106,7 @@ impl Shares {
     pub fn for_request(&self, endpoint: EndpointAddr, user: &str) -> RequestShares {
         RequestShares {
             user: entry(&self.users, user.to_owned(), self.cap),
-            class: self
-                .is_shared_class(user)
-                .then(|| Arc::clone(&self.shared)),
+            class: self.is_shared_class(user).then(|| Arc::clone(&self.shared)),
             session: entry(&self.sessions, endpoint, self.cap),
         }
     }
