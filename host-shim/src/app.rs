@@ -95,7 +95,8 @@ const FD_RESERVE: u64 = 512;
 /// most `fabric.max_connections`, so peers on the network cannot starve the
 /// tenants either; each metrics listener adds its connection cap.
 fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
-    let limit = s3dma_service::fds::raise_limit().map_err(|e| StartError::FdLimit(e.to_string()))?;
+    let limit =
+        s3dma_service::fds::raise_limit().map_err(|e| StartError::FdLimit(e.to_string()))?;
     let metrics_listeners =
         u64::from(c.metrics.address.is_some()) + u64::from(c.metrics.unix_socket.is_some());
     let need: u64 = FD_RESERVE

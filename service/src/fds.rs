@@ -68,9 +68,13 @@ mod tests {
     fn a_budget_over_the_limit_is_refused_with_what_to_change() {
         let limit = raise_limit().unwrap();
         assert_eq!(check(limit, "x", "y").unwrap(), limit);
-        let e = check(limit + 1, "the caps (2 × max_connections)", "max_connections")
-            .unwrap_err()
-            .to_string();
+        let e = check(
+            limit + 1,
+            "the caps (2 × max_connections)",
+            "max_connections",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with(&format!(
                 "the caps (2 × max_connections) need up to {} file descriptors but RLIMIT_NOFILE is {limit}",

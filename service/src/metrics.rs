@@ -240,12 +240,8 @@ fn bind_unix(path: &Path) -> Result<UnixListener, MetricsError> {
     Ok(l)
 }
 
-fn spawn_conn<S>(
-    stream: S,
-    render: Render,
-    token: Option<Arc<Secret>>,
-    slot: OwnedSemaphorePermit,
-) where
+fn spawn_conn<S>(stream: S, render: Render, token: Option<Arc<Secret>>, slot: OwnedSemaphorePermit)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     tokio::spawn(async move {

@@ -422,7 +422,10 @@ impl Config {
         if !(1..=1_000_000).contains(&self.max_connections) {
             return Err(invalid(
                 "max_connections".into(),
-                format!("must be between 1 and 1000000, got {}", self.max_connections),
+                format!(
+                    "must be between 1 and 1000000, got {}",
+                    self.max_connections
+                ),
             ));
         }
         let chunk = self.max_aws_chunk_size.0;
@@ -706,16 +709,26 @@ mod tests {
 
     #[test]
     fn connection_chunk_and_tenant_user_limits() {
-        let base = "data_dir: /x\nusers: [{access_key_id: a, secret: s}, {access_key_id: b, secret: t}]\n";
+        let base =
+            "data_dir: /x\nusers: [{access_key_id: a, secret: s}, {access_key_id: b, secret: t}]\n";
         let c = Config::parse("t.yaml", base).unwrap();
         assert_eq!(c.max_connections, 1024);
         assert_eq!(c.max_aws_chunk_size, s3dma_config::ByteSize(8 << 20));
         assert_eq!(c.fd_budget(), 2 * 1024 + FD_RESERVE);
         c.validate("t.yaml").unwrap();
         for (extra, want) in [
-            ("max_connections: 0\n", "t.yaml: max_connections: must be between 1 and 1000000"),
-            ("max_aws_chunk_size: 1KiB\n", "t.yaml: max_aws_chunk_size: must be between 64KiB and 256MiB"),
-            ("rdma: {tenant_users: [a, zed]}\n", "t.yaml: rdma.tenant_users[1]: \"zed\" is not one of users[].access_key_id"),
+            (
+                "max_connections: 0\n",
+                "t.yaml: max_connections: must be between 1 and 1000000",
+            ),
+            (
+                "max_aws_chunk_size: 1KiB\n",
+                "t.yaml: max_aws_chunk_size: must be between 64KiB and 256MiB",
+            ),
+            (
+                "rdma: {tenant_users: [a, zed]}\n",
+                "t.yaml: rdma.tenant_users[1]: \"zed\" is not one of users[].access_key_id",
+            ),
         ] {
             let c = Config::parse("t.yaml", &format!("{base}{extra}")).unwrap();
             let msg = c.validate("t.yaml").unwrap_err().to_string();

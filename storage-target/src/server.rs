@@ -12,8 +12,8 @@
 //! read (s3s buffers a whole chunk to check its signature, so the chunk
 //! size the client declares would otherwise be memory the server holds).
 
-use std::pin::Pin;
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -938,11 +938,18 @@ mod tests {
         let bytes: Vec<&[u8]> = body.as_bytes().chunks(1).collect();
         check(16, &bytes).unwrap();
         // Unsigned (trailer) framing, and trailers after the last chunk.
-        check(16, &[b"10\r\n0123456789abcdef\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n"]).unwrap();
+        check(
+            16,
+            &[b"10\r\n0123456789abcdef\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n"],
+        )
+        .unwrap();
         // A chunk one byte over the limit, in its first or a later chunk;
         // refused at its size digits, before its line ends.
         let e = check(16, &[b"11"]).unwrap_err();
-        assert!(e.starts_with(AWS_CHUNK_REFUSED) && e.contains("max_aws_chunk_size"), "{e}");
+        assert!(
+            e.starts_with(AWS_CHUNK_REFUSED) && e.contains("max_aws_chunk_size"),
+            "{e}"
+        );
         let later = format!("10{sig}{}\r\n40000000", "x".repeat(16));
         assert!(check(16, &[later.as_bytes()]).is_err());
         // Data that looks like a header is data.

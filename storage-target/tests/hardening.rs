@@ -994,7 +994,12 @@ async fn issue30_a_stalled_transfer_fails_and_frees_its_staging_buffers() {
     ))
     .await;
     assert_eq!(r.status, 500, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"), "{}", r.text());
+    assert_eq!(
+        r.xml("Code").as_deref(),
+        Some("RDMATransferFailed"),
+        "{}",
+        r.text()
+    );
     assert!(
         r.text().contains("completed no operation within"),
         "{}",
@@ -1065,7 +1070,9 @@ fn rss(pid: u32) -> u64 {
 
 /// Open file descriptors of process `pid`.
 fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// Issue 30 finding 5: a signed aws-chunked PUT whose chunk header declares
@@ -1079,7 +1086,12 @@ async fn issue30_an_aws_chunk_declared_huge_is_refused_before_it_is_read() {
     const DECLARED: u64 = 1 << 30;
     const SEND: usize = 256 << 20;
     let s = Server::start();
-    s.admin().create_bucket().bucket("chunky").send().await.unwrap();
+    s.admin()
+        .create_bucket()
+        .bucket("chunky")
+        .send()
+        .await
+        .unwrap();
     let url = s.url("/chunky/huge");
     let sig = format!(";chunk-signature={}\r\n", "0".repeat(64));
     let head_line = format!("{DECLARED:x}{sig}");
@@ -1163,7 +1175,10 @@ async fn issue30_an_aws_chunk_declared_huge_is_refused_before_it_is_read() {
         "the target grew by {grown} bytes while the client sent {sent} of a declared {DECLARED}-byte chunk"
     );
     let m = scrape(&s).await;
-    assert!(metric(&m, "s3dma_storage_target_aws_chunks_refused_total") >= 1, "{m}");
+    assert!(
+        metric(&m, "s3dma_storage_target_aws_chunks_refused_total") >= 1,
+        "{m}"
+    );
     // Nothing was stored, and a normal PUT still works.
     let e = s
         .admin()
@@ -1193,7 +1208,12 @@ async fn issue30_held_connections_beyond_the_caps_keep_fds_bounded_and_serve() {
     const CAP: usize = 16;
     const HELD: usize = 200;
     let s = Server::start_with(|_| format!("max_connections: {CAP}\n"));
-    s.admin().create_bucket().bucket("conns").send().await.unwrap();
+    s.admin()
+        .create_bucket()
+        .bucket("conns")
+        .send()
+        .await
+        .unwrap();
     let pid = s.pid();
     let base = fds(pid);
     let addr = s.endpoint.strip_prefix("http://").unwrap().to_owned();
@@ -1231,7 +1251,10 @@ async fn issue30_held_connections_beyond_the_caps_keep_fds_bounded_and_serve() {
         "the target holds {open} descriptors (was {base}) with {HELD} S3 connections held"
     );
     let m = scrape(&s).await;
-    assert!(metric(&m, "s3dma_storage_target_connections") <= CAP as i64, "{m}");
+    assert!(
+        metric(&m, "s3dma_storage_target_connections") <= CAP as i64,
+        "{m}"
+    );
 
     // The metrics listener: held connections beyond its cap are closed.
     let maddr = s

@@ -254,7 +254,11 @@ impl VerbsSession {
     /// request, and each completes (with a flush error) through the
     /// completion loop once the device no longer touches its buffer.
     pub(crate) fn fail(&self) {
-        if let Err(e) = self.req.qp.modify(super::qp::err_attr(), "ibv_modify_qp(ERR)") {
+        if let Err(e) = self
+            .req
+            .qp
+            .modify(super::qp::err_attr(), "ibv_modify_qp(ERR)")
+        {
             debug!(peer = %self.peer, error = %e, "failing a verbs session");
         }
     }

@@ -146,8 +146,9 @@ pub struct RdmaConfig {
     pub tenant_users: Vec<String>,
     /// Largest share of the staging buffers that all users not listed in
     /// `tenant_users` (and anonymous callers) may hold together, as a
-    /// fraction in (0, 1], at least one buffer. Default 0.5; 1 lets the
-    /// shared class take the whole pool (the per-user cap still applies).
+    /// fraction in (0, 1] (rounded down, at least one buffer). Default 0.5;
+    /// 1 lets the shared class take the whole pool (the per-user cap still
+    /// applies).
     #[serde(default = "default_max_shared_staging_share")]
     pub max_shared_staging_share: f64,
     /// Seconds an RDMA operation may stay in flight: one that has not
@@ -294,15 +295,6 @@ impl RdmaConfig {
             return bad(
                 "max_shared_staging_share",
                 format!("must be a fraction greater than 0 and at most 1, got {shared}"),
-            );
-        }
-        if share::cap(self.staging_buffers, shared).is_none() {
-            return bad(
-                "max_shared_staging_share",
-                format!(
-                    "{shared} of {} staging buffers is less than one buffer: raise staging_buffers or max_shared_staging_share",
-                    self.staging_buffers
-                ),
             );
         }
         if self.progress_timeout_secs == 0 {
@@ -512,8 +504,7 @@ impl RdmaService {
         );
         sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
         let cap = share::cap(cfg.staging_buffers, cfg.max_staging_share).unwrap_or(1);
-        let shared_cap =
-            share::cap(cfg.staging_buffers, cfg.max_shared_staging_share).unwrap_or(1);
+        let shared_cap = share::cap(cfg.staging_buffers, cfg.max_shared_staging_share).unwrap_or(1);
         metrics.staging_share_cap(cap);
         metrics.staging_shared_class_cap(shared_cap);
         let depth = cfg
@@ -781,9 +772,14 @@ mod tests {
         assert_eq!(d.progress_timeout_secs, 30);
         assert!(d.tenant_users.is_empty());
         for (bad, field) in [
-            ("max_shared_staging_share: 0", "rdma.max_shared_staging_share"),
-            ("max_shared_staging_share: 2", "rdma.max_shared_staging_share"),
-            ("staging_buffers: 2\nmax_shared_staging_share: 0.4", "rdma.max_shared_staging_share"),
+            (
+                "max_shared_staging_share: 0",
+                "rdma.max_shared_staging_share",
+            ),
+            (
+                "max_shared_staging_share: 2",
+                "rdma.max_shared_staging_share",
+            ),
             ("progress_timeout_secs: 0", "rdma.progress_timeout_secs"),
         ] {
             let c: RdmaConfig = serde_yaml::from_str(bad).unwrap();

@@ -18,10 +18,11 @@
 //!   label calls `session`), whatever S3 users sign its requests (each user
 //!   has its own fabric session to it): `rdma.max_staging_share`.
 //!
-//! A request waits for its user's share first, then its class's (shared
-//! class only), then its endpoint's, then the pool; it never holds a share
-//! permit while waiting for something an operation in flight needs, so the
-//! caps add no deadlock (see [`super::transfer`]).
+//! A request waits for its user's share first, then its endpoint's, then
+//! its class's (shared class only: a request waiting for a stalled
+//! endpoint's share holds none of the class's), then the pool; it never
+//! holds a share permit while waiting for something an operation in flight
+//! needs, so the caps add no deadlock (see [`super::transfer`]).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -105,9 +106,7 @@ impl Shares {
     pub fn for_request(&self, endpoint: EndpointAddr, user: &str) -> RequestShares {
         RequestShares {
             user: entry(&self.users, user.to_owned(), self.cap),
-            class: self
-                .is_shared_class(user)
-                .then(|| Arc::clone(&self.shared)),
+            class: self.is_shared_class(user).then(|| Arc::clone(&self.shared)),
             session: entry(&self.sessions, endpoint, self.cap),
         }
     }
@@ -145,15 +144,15 @@ async fn take(sem: &Arc<Semaphore>, metrics: &Metrics, limit: &str) -> OwnedSema
 }
 
 impl RequestShares {
-    /// Waits for the user's share, the shared class's (if the user is in
-    /// it), the endpoint's, then a buffer.
+    /// Waits for the user's share, the endpoint's, the shared class's (if
+    /// the user is in it), then a buffer.
     pub async fn acquire(&self, pool: &Arc<StagingPool>, metrics: &Metrics) -> SharedBuf {
         let user = take(&self.user, metrics, "user").await;
+        let session = take(&self.session, metrics, "session").await;
         let class = match &self.class {
             Some(c) => Some(take(c, metrics, "shared").await),
             None => None,
         };
-        let session = take(&self.session, metrics, "session").await;
         SharedBuf {
             buf: pool.acquire().await,
             _user: user,

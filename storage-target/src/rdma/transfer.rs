@@ -20,7 +20,7 @@
 //! the store releases a chunk's permit when it asks for the next one, so
 //! the budget cannot deadlock either. A buffer is taken within the
 //! request's shares of the pool ([`super::share`]), in the same order
-//! everywhere (user, shared class, endpoint, pool, then operation permits),
+//! everywhere (user, endpoint, shared class, pool, then operation permits),
 //! and all of them are given back with the buffer.
 //!
 //! An operation still in flight after `rdma.progress_timeout_secs` means
