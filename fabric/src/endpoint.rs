@@ -4,7 +4,6 @@
 use s3dma_wire::token::MAX_DCTN;
 use s3dma_wire::{EndpointAddr, RdmaToken, TokenError};
 
-
 use crate::backend::Backend;
 use crate::error::{FabricError, Result};
 use crate::options::EndpointConfig;

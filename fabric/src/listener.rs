@@ -72,7 +72,11 @@ impl Drop for Held {
 }
 
 /// Takes a place for a connection from `ip`, or says which cap is full.
-fn admit(counts: &Arc<Mutex<Counts>>, caps: Caps, ip: IpAddr) -> std::result::Result<Held, &'static str> {
+fn admit(
+    counts: &Arc<Mutex<Counts>>,
+    caps: Caps,
+    ip: IpAddr,
+) -> std::result::Result<Held, &'static str> {
     let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
     if c.total >= caps.total {
         return Err("the endpoint's connection cap");

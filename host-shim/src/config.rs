@@ -760,7 +760,10 @@ tenants:
                 "fabric.advertise: is required",
             ),
             (
-                BASE.replace("  fabric_key_file", "  max_connections: 0\n  fabric_key_file"),
+                BASE.replace(
+                    "  fabric_key_file",
+                    "  max_connections: 0\n  fabric_key_file",
+                ),
                 "fabric.max_connections: must be between 1",
             ),
             (
@@ -771,7 +774,10 @@ tenants:
                 "fabric.max_connections_per_address: must be between 1 and 10",
             ),
             (
-                BASE.replace("  fabric_key_file", "  idle_timeout_secs: 0\n  fabric_key_file"),
+                BASE.replace(
+                    "  fabric_key_file",
+                    "  idle_timeout_secs: 0\n  fabric_key_file",
+                ),
                 "fabric.idle_timeout_secs: must be between 1",
             ),
             (

@@ -649,10 +649,7 @@ async fn fabric_connect(
         let hello = Hello {
             version_min: versions.0,
             version_max: versions.1,
-            target: fabric::EndpointAddr {
-                addr,
-                responder,
-            },
+            target: fabric::EndpointAddr { addr, responder },
             session: rand::random(),
             stream: 0,
             streams: 1,

@@ -275,7 +275,10 @@ mod tests {
             ..h
         };
         let c = challenge(&k, &rewritten, &s_addr);
-        assert!(!k.verify_responder(&h, &c), "T accepted a proof for A's hello");
+        assert!(
+            !k.verify_responder(&h, &c),
+            "T accepted a proof for A's hello"
+        );
         let t_proof = k.requester_proof(&h, &c);
         assert!(!k.verify_requester(&rewritten, &c, &s_addr, &t_proof));
         assert_eq!(

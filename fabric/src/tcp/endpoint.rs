@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tracing::{debug, info};
 
-use s3dma_wire::{EndpointAddr, FabricKey};
 use s3dma_wire::frame::{
     FrameError, Incoming, MAX_PIECE_LEN, OpKind, RequestHeader, ResponseHeader, ResponseKind,
 };
+use s3dma_wire::{EndpointAddr, FabricKey};
 
 use crate::access::Access;
 use crate::error::{FabricError, OpStatus, Result};
@@ -262,9 +262,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
                     .map_err(ioerr)?
             }
             (OpKind::Write, Err(st)) => {
-                drain(&stream, len, &mut scratch_buf)
-                    .await
-                    .map_err(ioerr)?;
+                drain(&stream, len, &mut scratch_buf).await.map_err(ioerr)?;
                 Some(st)
             }
             (OpKind::Read, Ok((entry, region, off))) => {

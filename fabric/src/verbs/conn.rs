@@ -118,12 +118,15 @@ async fn serve(
     me: EndpointAddr,
     handshake_timeout: Duration,
 ) -> Result<()> {
-    tokio::time::timeout(handshake_timeout, accept_handshake(&stream, peer, &key, &me))
-        .await
-        .map_err(|_| FabricError::Handshake {
-            peer: peer.to_string(),
-            reason: "timed out".into(),
-        })??;
+    tokio::time::timeout(
+        handshake_timeout,
+        accept_handshake(&stream, peer, &key, &me),
+    )
+    .await
+    .map_err(|_| FabricError::Handshake {
+        peer: peer.to_string(),
+        reason: "timed out".into(),
+    })??;
     let v = verbs_of(&domain)?;
     let qp = QueuePair::create(v.context(), v.pd(), false)?;
     let psn = rand::random::<u32>() & 0x00ff_ffff;

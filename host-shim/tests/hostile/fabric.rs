@@ -225,7 +225,11 @@ async fn fabric_connections_are_capped_and_idle_ones_closed() {
     .await;
     let fabric = shim_fabric_addr(&stack);
     let pid = stack.shim.pid().unwrap();
-    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
     let c = stack.client().await;
     let before = fds();
     // Silent connections (the handshake deadline is far) from two
@@ -257,7 +261,10 @@ async fn fabric_connections_are_capped_and_idle_ones_closed() {
             Err(_) => open += 1,
         }
     }
-    println!("hostile: fabric caps: {open} held, {closed} closed, fds {before} -> {}", fds());
+    println!(
+        "hostile: fabric caps: {open} held, {closed} closed, fds {before} -> {}",
+        fds()
+    );
     assert!(open <= 2 * CAP, "{open} connections held past the caps");
     assert!(closed >= 2 * (ATTEMPTS - CAP), "only {closed} closed");
     assert!(
@@ -280,13 +287,17 @@ async fn fabric_connections_are_capped_and_idle_ones_closed() {
     assert_eq!(dst.as_slice(), &payload[..]);
     drop(held);
     // An authenticated connection that sends nothing is closed.
-    let (mut s, v) = fabric_connect(fabric, 1, Some(&agent::fabric_key()), (VERSION, VERSION)).await;
+    let (mut s, v) =
+        fabric_connect(fabric, 1, Some(&agent::fabric_key()), (VERSION, VERSION)).await;
     assert_eq!(v, Verdict::Accepted);
     let mut b = [0u8; 16];
     let n = guard("the idle fabric connection to close", s.read(&mut b)).await;
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     assert!(
-        stack.shim.log().contains("closing an idle fabric connection"),
+        stack
+            .shim
+            .log()
+            .contains("closing an idle fabric connection"),
         "{}",
         stack.shim.log()
     );
