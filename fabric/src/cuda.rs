@@ -7,12 +7,22 @@
 //! `cuMemFree`, `cuMemcpyHtoD/DtoH` (the tcp backend's bounce path),
 //! `cuMemGetAddressRange`, `cuPointerGetAttribute`,
 //! `cuMemGetHandleForAddressRange` (a dma-buf fd for `ibv_reg_dmabuf_mr`) and
-//! `cuIpcGetMemHandle/OpenMemHandle/CloseMemHandle` (memory shared between
-//! processes).
+//! `cuIpcGetMemHandle/OpenMemHandle/CloseMemHandle` (legacy memory sharing
+//! between processes), and the virtual memory management entry points
+//! `cuMemCreate`, `cuMemRelease`, `cuMemExportToShareableHandle`,
+//! `cuMemImportFromShareableHandle`, `cuMemGetAllocationPropertiesFromHandle`,
+//! `cuMemGetAllocationGranularity`, `cuMemAddressReserve/Free`,
+//! `cuMemMap/Unmap` and `cuMemSetAccess` (memory shared as a POSIX file
+//! descriptor, `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+//!
+//! Sharing by file descriptor is what the host-shim takes from tenants: the
+//! fd is a kernel object that only a process holding it can pass on
+//! (`SCM_RIGHTS`), whereas a legacy `CUipcMemHandle` is 64 bytes that anyone
+//! who learns them can open.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::fmt;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd as _, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
 use crate::error::{FabricError, Result};
@@ -30,6 +40,61 @@ const MEMORYTYPE_DEVICE: c_uint = 2;
 const RANGE_HANDLE_DMA_BUF_FD: c_int = 1;
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`.
 const IPC_LAZY_PEER_ACCESS: c_uint = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const HANDLE_TYPE_POSIX_FD: c_int = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const ACCESS_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+const GRANULARITY_MINIMUM: c_int = 0;
+
+type MemHandle = u64;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MemLocation {
+    kind: c_int,
+    id: c_int,
+}
+
+/// `CUmemAllocationProp` (cuda.h layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AllocationProp {
+    kind: c_int,
+    requested_handle_types: c_int,
+    location: MemLocation,
+    win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`: compressionType, gpuDirectRDMACapable, usage (u16),
+    /// reserved[4].
+    alloc_flags: [u8; 8],
+}
+
+impl AllocationProp {
+    fn device(ordinal: CuDevice, handle_types: c_int) -> AllocationProp {
+        AllocationProp {
+            kind: ALLOCATION_TYPE_PINNED,
+            requested_handle_types: handle_types,
+            location: MemLocation {
+                kind: LOCATION_TYPE_DEVICE,
+                id: ordinal,
+            },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        }
+    }
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+struct AccessDesc {
+    location: MemLocation,
+    flags: c_int,
+}
 
 /// A CUDA IPC memory handle (`CUipcMemHandle`, 64 opaque bytes).
 #[repr(C)]
@@ -60,6 +125,18 @@ struct Api {
     ipc_open: unsafe extern "C" fn(*mut CuDevicePtr, IpcMemHandle, c_uint) -> CuResult,
     ipc_close: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
     ipc_get: unsafe extern "C" fn(*mut IpcMemHandle, CuDevicePtr) -> CuResult,
+    mem_create:
+        unsafe extern "C" fn(*mut MemHandle, usize, *const AllocationProp, u64) -> CuResult,
+    mem_release: unsafe extern "C" fn(MemHandle) -> CuResult,
+    mem_export: unsafe extern "C" fn(*mut c_void, MemHandle, c_int, u64) -> CuResult,
+    mem_import: unsafe extern "C" fn(*mut MemHandle, *mut c_void, c_int) -> CuResult,
+    mem_properties: unsafe extern "C" fn(*mut AllocationProp, MemHandle) -> CuResult,
+    mem_granularity: unsafe extern "C" fn(*mut usize, *const AllocationProp, c_int) -> CuResult,
+    address_reserve: unsafe extern "C" fn(*mut CuDevicePtr, usize, usize, CuDevicePtr, u64) -> CuResult,
+    address_free: unsafe extern "C" fn(CuDevicePtr, usize) -> CuResult,
+    mem_map: unsafe extern "C" fn(CuDevicePtr, usize, usize, MemHandle, u64) -> CuResult,
+    mem_unmap: unsafe extern "C" fn(CuDevicePtr, usize) -> CuResult,
+    mem_set_access: unsafe extern "C" fn(CuDevicePtr, usize, *const AccessDesc, usize) -> CuResult,
     error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
 }
 
@@ -100,6 +177,17 @@ fn load() -> std::result::Result<Api, String> {
         ipc_open: sym!(b"cuIpcOpenMemHandle_v2\0"),
         ipc_close: sym!(b"cuIpcCloseMemHandle\0"),
         ipc_get: sym!(b"cuIpcGetMemHandle\0"),
+        mem_create: sym!(b"cuMemCreate\0"),
+        mem_release: sym!(b"cuMemRelease\0"),
+        mem_export: sym!(b"cuMemExportToShareableHandle\0"),
+        mem_import: sym!(b"cuMemImportFromShareableHandle\0"),
+        mem_properties: sym!(b"cuMemGetAllocationPropertiesFromHandle\0"),
+        mem_granularity: sym!(b"cuMemGetAllocationGranularity\0"),
+        address_reserve: sym!(b"cuMemAddressReserve\0"),
+        address_free: sym!(b"cuMemAddressFree\0"),
+        mem_map: sym!(b"cuMemMap\0"),
+        mem_unmap: sym!(b"cuMemUnmap\0"),
+        mem_set_access: sym!(b"cuMemSetAccess\0"),
         error_string: sym!(b"cuGetErrorString\0"),
         _lib: lib,
     };
@@ -159,10 +247,19 @@ pub fn init() -> Result<()> {
 enum Owner {
     Alloc,
     Ipc,
+    /// A VMM mapping of `mapped` bytes at `dptr` (the whole reservation);
+    /// `handle` is kept for allocations of ours (to export them), released
+    /// at once for imports (the mapping holds the memory).
+    Vmm {
+        handle: Option<MemHandle>,
+        mapped: usize,
+    },
 }
 
-/// Device memory in the primary context of one GPU: allocated by us or
-/// opened from another process's IPC handle. Freed / closed on drop.
+/// Device memory in the primary context of one GPU: allocated by us (with
+/// `cuMemAlloc`, or with `cuMemCreate` to share it as a file descriptor),
+/// opened from another process's legacy IPC handle, or imported from its
+/// file descriptor. Freed / closed / unmapped on drop.
 pub struct DeviceMemory {
     dptr: CuDevicePtr,
     len: usize,
@@ -185,6 +282,18 @@ impl fmt::Debug for DeviceMemory {
             .field("device", &self.device)
             .finish()
     }
+}
+
+/// `len` rounded up to the minimum granularity of allocations like `prop`.
+fn round_to_granularity(api: &Api, prop: &AllocationProp, len: usize) -> Result<usize> {
+    let mut gran: usize = 0;
+    // SAFETY: out-pointer valid; `prop` is a valid CUmemAllocationProp.
+    let rc = unsafe { (api.mem_granularity)(&mut gran, prop, GRANULARITY_MINIMUM) };
+    check(api, rc, "cuMemGetAllocationGranularity")?;
+    let gran = gran.max(1);
+    len.div_ceil(gran)
+        .checked_mul(gran)
+        .ok_or_else(|| FabricError::InvalidArgument(format!("{len} bytes cannot be mapped")))
 }
 
 fn primary_ctx(api: &Api, ordinal: i32) -> Result<(CuDevice, CuContext)> {
@@ -248,12 +357,185 @@ impl DeviceMemory {
     pub fn ipc_handle(&self) -> Result<IpcMemHandle> {
         let api = api()?;
         self.make_current()?;
+        if matches!(self.owner, Owner::Vmm { .. }) {
+            return Err(FabricError::InvalidArgument(
+                "VMM memory is shared with export_fd, not a legacy IPC handle".into(),
+            ));
+        }
         let mut handle = IpcMemHandle([0; 64]);
         // SAFETY: `handle` is a valid out-pointer of the API's 64-byte type
         // (repr(C)); `dptr` is this allocation's base pointer.
         let rc = unsafe { (api.ipc_get)(&mut handle, self.dptr) };
         check(api, rc, "cuIpcGetMemHandle")?;
         Ok(handle)
+    }
+
+    /// Allocates `len` bytes on GPU `ordinal` that can be shared as a POSIX
+    /// file descriptor ([`DeviceMemory::export_fd`]): `cuMemCreate` with
+    /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, mapped here read-write.
+    /// The allocation is `len` rounded up to the driver's granularity.
+    pub fn alloc_shareable(ordinal: i32, len: usize) -> Result<DeviceMemory> {
+        let api = api()?;
+        let (device, ctx) = primary_ctx(api, ordinal)?;
+        let mut dm = DeviceMemory {
+            dptr: 0,
+            len,
+            device,
+            ctx,
+            owner: Owner::Vmm {
+                handle: None,
+                mapped: 0,
+            },
+        };
+        dm.make_current()?;
+        let prop = AllocationProp::device(device, HANDLE_TYPE_POSIX_FD);
+        let size = round_to_granularity(api, &prop, len.max(1))?;
+        let mut handle: MemHandle = 0;
+        // SAFETY: out-pointer valid; `prop` is a valid CUmemAllocationProp.
+        let rc = unsafe { (api.mem_create)(&mut handle, size, &prop, 0) };
+        check(api, rc, "cuMemCreate")?;
+        dm.owner = Owner::Vmm {
+            handle: Some(handle),
+            mapped: 0,
+        };
+        dm.map_vmm(api, handle, size)?;
+        Ok(dm)
+    }
+
+    /// Imports device memory that another process exported as a POSIX file
+    /// descriptor (`cuMemExportToShareableHandle` with
+    /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`; the host-shim's path for
+    /// tenant GPU buffers) and maps its first `len` bytes (rounded up to the
+    /// driver's granularity) read-write on GPU `ordinal`. The driver keeps
+    /// its own reference: `fd` may be closed afterwards.
+    ///
+    /// # Errors
+    /// [`FabricError::Cuda`]: the fd is no CUDA shareable handle, the
+    /// allocation is on another device, or it is smaller than `len`.
+    pub fn import_fd(ordinal: i32, fd: BorrowedFd<'_>, len: usize) -> Result<DeviceMemory> {
+        let api = api()?;
+        let (device, ctx) = primary_ctx(api, ordinal)?;
+        let mut dm = DeviceMemory {
+            dptr: 0,
+            len,
+            device,
+            ctx,
+            owner: Owner::Vmm {
+                handle: None,
+                mapped: 0,
+            },
+        };
+        dm.make_current()?;
+        let mut handle: MemHandle = 0;
+        // SAFETY: out-pointer valid; for POSIX fds the API takes the fd
+        // number as the pointer value, and `fd` is open for this call.
+        let rc = unsafe {
+            (api.mem_import)(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut c_void,
+                HANDLE_TYPE_POSIX_FD,
+            )
+        };
+        check(api, rc, "cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)")?;
+        // From here the handle is ours to release, mapped or not.
+        let mapped = dm.map_import(api, handle, ordinal);
+        // SAFETY: releasing the imported handle once; a mapping made from
+        // it keeps the memory until cuMemUnmap.
+        unsafe { (api.mem_release)(handle) };
+        mapped.map(|()| dm)
+    }
+
+    /// Maps the first `self.len` bytes of the imported allocation `handle`,
+    /// which must be on this memory's device.
+    fn map_import(&mut self, api: &Api, handle: MemHandle, ordinal: i32) -> Result<()> {
+        let len = self.len;
+        let mut prop = AllocationProp::device(0, 0);
+        // SAFETY: out-pointer of the API's struct type; `handle` is live.
+        let rc = unsafe { (api.mem_properties)(&mut prop, handle) };
+        check(api, rc, "cuMemGetAllocationPropertiesFromHandle")?;
+        if prop.location.kind != LOCATION_TYPE_DEVICE || prop.location.id != self.device {
+            return Err(FabricError::Cuda(format!(
+                "the shared allocation is on device {} (location type {}), not device {ordinal}",
+                prop.location.id, prop.location.kind
+            )));
+        }
+        let size = round_to_granularity(api, &prop, len.max(1))?;
+        self.map_vmm(api, handle, size).map_err(|e| {
+            FabricError::Cuda(format!(
+                "{e}: the shared allocation has fewer than the {len} bytes asked \
+                 (mapped as {size}, the driver's granularity)"
+            ))
+        })
+    }
+
+    /// Reserves `size` bytes of device address space, maps `handle` there
+    /// and grants this device read-write access. On failure nothing stays
+    /// reserved or mapped.
+    fn map_vmm(&mut self, api: &Api, handle: MemHandle, size: usize) -> Result<()> {
+        let mut ptr: CuDevicePtr = 0;
+        // SAFETY: out-pointer valid; no fixed address asked (0).
+        let rc = unsafe { (api.address_reserve)(&mut ptr, size, 0, 0, 0) };
+        check(api, rc, "cuMemAddressReserve")?;
+        // SAFETY: `ptr` is a fresh reservation of `size` bytes.
+        let rc = unsafe { (api.mem_map)(ptr, size, 0, handle, 0) };
+        if let Err(e) = check(api, rc, "cuMemMap") {
+            // SAFETY: freeing the reservation just made, with nothing mapped.
+            unsafe { (api.address_free)(ptr, size) };
+            return Err(e);
+        }
+        let desc = AccessDesc {
+            location: MemLocation {
+                kind: LOCATION_TYPE_DEVICE,
+                id: self.device,
+            },
+            flags: ACCESS_READWRITE,
+        };
+        // SAFETY: `[ptr, ptr+size)` is mapped; one descriptor is passed.
+        let rc = unsafe { (api.mem_set_access)(ptr, size, &desc, 1) };
+        if let Err(e) = check(api, rc, "cuMemSetAccess") {
+            // SAFETY: undoing the mapping and reservation just made.
+            unsafe {
+                (api.mem_unmap)(ptr, size);
+                (api.address_free)(ptr, size);
+            }
+            return Err(e);
+        }
+        self.dptr = ptr;
+        if let Owner::Vmm { mapped, .. } = &mut self.owner {
+            *mapped = size;
+        }
+        Ok(())
+    }
+
+    /// Exports this allocation as a POSIX file descriptor
+    /// (`cuMemExportToShareableHandle`): what a tenant passes the host-shim,
+    /// over its lease, to register GPU memory. Only for memory from
+    /// [`DeviceMemory::alloc_shareable`].
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        let api = api()?;
+        let Owner::Vmm {
+            handle: Some(handle),
+            ..
+        } = self.owner
+        else {
+            return Err(FabricError::InvalidArgument(
+                "only memory from DeviceMemory::alloc_shareable can be exported as an fd".into(),
+            ));
+        };
+        self.make_current()?;
+        let mut fd: c_int = -1;
+        // SAFETY: `fd` is a valid out-location for an int handle.
+        let rc = unsafe {
+            (api.mem_export)(
+                (&mut fd as *mut c_int).cast(),
+                handle,
+                HANDLE_TYPE_POSIX_FD,
+                0,
+            )
+        };
+        check(api, rc, "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)")?;
+        // SAFETY: the driver returned a fresh fd that we now own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     fn make_current(&self) -> Result<()> {
@@ -374,8 +656,21 @@ impl Drop for DeviceMemory {
                 match self.owner {
                     Owner::Alloc => (api.mem_free)(self.dptr),
                     Owner::Ipc => (api.ipc_close)(self.dptr),
+                    Owner::Vmm { mapped, .. } => {
+                        (api.mem_unmap)(self.dptr, mapped);
+                        (api.address_free)(self.dptr, mapped)
+                    }
                 };
             }
+        }
+        if let Owner::Vmm {
+            handle: Some(handle),
+            ..
+        } = self.owner
+        {
+            // SAFETY: releasing our allocation's handle once (its mapping,
+            // if any, is gone above).
+            unsafe { (api.mem_release)(handle) };
         }
         // SAFETY: releasing the primary-context reference we retained.
         unsafe { (api.primary_ctx_release)(self.device) };

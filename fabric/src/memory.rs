@@ -304,10 +304,20 @@ impl Memory {
         Ok(Memory::from_cuda(dm))
     }
 
-    /// Device memory another process exported with `cuIpcGetMemHandle`.
+    /// Device memory another process exported with `cuIpcGetMemHandle`
+    /// (legacy IPC; anyone who learns the handle's bytes can open it).
     #[cfg(feature = "cuda")]
     pub fn cuda_ipc(device: i32, handle: crate::cuda::IpcMemHandle, len: usize) -> Result<Memory> {
         let dm = crate::cuda::DeviceMemory::open_ipc(device, handle, len)?;
+        Ok(Memory::from_cuda(dm))
+    }
+
+    /// The first `len` bytes of device memory another process exported as a
+    /// POSIX file descriptor (`cuMemExportToShareableHandle`), mapped on
+    /// `device` ([`crate::cuda::DeviceMemory::import_fd`]).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_fd(device: i32, fd: std::os::fd::BorrowedFd<'_>, len: usize) -> Result<Memory> {
+        let dm = crate::cuda::DeviceMemory::import_fd(device, fd, len)?;
         Ok(Memory::from_cuda(dm))
     }
 

@@ -438,3 +438,82 @@ fn verbs_registers_gpu_memory_with_dmabuf() {
         .unwrap();
     assert_ne!(r.rkey(), 0);
 }
+
+/// Memory from `cuMemCreate` exported as a POSIX fd maps the same bytes
+/// where the fd is imported (here the same process, as the fd would arrive
+/// in another one; the host-shim's tests/cuda.rs pass it between processes
+/// over the lease). The import keeps the allocation: the exporter may free
+/// its handle and close the fd.
+#[test]
+fn shareable_memory_exported_as_an_fd_imports_the_same_bytes() {
+    if !driver("shareable_memory_exported_as_an_fd_imports_the_same_bytes") {
+        return;
+    }
+    let len = (3 << 20) + 5;
+    let m = DeviceMemory::alloc_shareable(0, len).unwrap();
+    assert_eq!(m.len(), len);
+    assert!(m.is_device_memory().unwrap());
+    let data = pattern(len, 3);
+    m.copy_from_host(0, &data).unwrap();
+    let fd = m.export_fd().unwrap();
+    let imported = DeviceMemory::import_fd(0, std::os::fd::AsFd::as_fd(&fd), len).unwrap();
+    drop(fd);
+    assert!(imported.is_device_memory().unwrap());
+    assert_ne!(imported.dptr(), m.dptr(), "a mapping of its own");
+    assert!(device_bytes(&imported) == data);
+    // Writes through either side are seen on the other.
+    let patch = pattern(7000, 77);
+    imported.copy_from_host(100, &patch).unwrap();
+    let mut back = vec![0u8; 7000];
+    m.copy_to_host(100, &mut back).unwrap();
+    assert_eq!(back, patch);
+    drop(m);
+    let mut want = data;
+    want[100..7100].copy_from_slice(&patch);
+    assert!(device_bytes(&imported) == want, "the import holds the memory");
+    // A fabric memory source like any other device memory.
+    let mem = Memory::from_cuda(imported);
+    assert_eq!((mem.kind(), mem.len()), (MemoryKind::Cuda, len));
+}
+
+/// Only CUDA shareable handles import: a pipe, /dev/null and a plain memfd
+/// are the driver's errors, as are a size past the allocation and memory
+/// exported any other way.
+#[test]
+fn fds_that_are_not_cuda_allocations_do_not_import() {
+    if !driver("fds_that_are_not_cuda_allocations_do_not_import") {
+        return;
+    }
+    let (pipe, _w) = std::io::pipe().unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let memfd = Memory::memfd("plain", 2 << 20).unwrap();
+    use std::os::fd::AsFd as _;
+    for fd in [pipe.as_fd(), null.as_fd(), memfd.fd().unwrap()] {
+        match DeviceMemory::import_fd(0, fd, 4096) {
+            Err(FabricError::Cuda(msg)) => {
+                assert!(msg.contains("cuMemImportFromShareableHandle"), "{msg}")
+            }
+            other => panic!("expected a CUDA error, got {other:?}"),
+        }
+    }
+    let m = DeviceMemory::alloc_shareable(0, 1 << 20).unwrap();
+    let fd = m.export_fd().unwrap();
+    match DeviceMemory::import_fd(0, fd.as_fd(), 1 << 30) {
+        Err(FabricError::Cuda(msg)) => assert!(msg.contains("fewer than"), "{msg}"),
+        other => panic!("expected a CUDA error, got {other:?}"),
+    }
+    match DeviceMemory::import_fd(7, fd.as_fd(), 4096) {
+        Err(FabricError::Cuda(msg)) => assert!(msg.contains("cuDeviceGet"), "{msg}"),
+        other => panic!("expected a CUDA error, got {other:?}"),
+    }
+    // cuMemAlloc memory has no fd to export; VMM memory no legacy handle.
+    let legacy = DeviceMemory::alloc(0, 4096).unwrap();
+    assert!(matches!(
+        legacy.export_fd(),
+        Err(FabricError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        m.ipc_handle(),
+        Err(FabricError::InvalidArgument(_))
+    ));
+}

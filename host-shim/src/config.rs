@@ -31,6 +31,9 @@ pub struct Config {
     /// Lease (fd passing) limits; optional.
     #[serde(default)]
     pub leases: LeaseConfig,
+    /// CUDA device memory from tenants (feature `cuda`); optional.
+    #[serde(default)]
+    pub cuda: CudaConfig,
     /// Prometheus metrics; optional (off when absent).
     #[serde(default)]
     pub metrics: MetricsConfig,
@@ -235,6 +238,26 @@ impl Default for LeaseConfig {
             max_leases_per_tenant: default_max_leases_per_tenant(),
         }
     }
+}
+
+/// `cuda:`
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CudaConfig {
+    /// Whether RegisterBuffer takes legacy CUDA IPC handles
+    /// (`cuIpcGetMemHandle`, `CudaMemory.ipc_handle`; default false). Such
+    /// a handle is 64 bytes that open the memory for whoever presents them:
+    /// nothing ties it to the tenant's own processes, so with this on, a
+    /// tenant that learns another's handle registers (reads and writes) the
+    /// other's GPU memory. Turn it on only where every tenant of the shim
+    /// trusts the others. The supported way, always on, is a POSIX fd from
+    /// `cuMemExportToShareableHandle` passed over the tenant's own lease.
+    #[serde(default = "default_allow_legacy_ipc_handles")]
+    pub allow_legacy_ipc_handles: bool,
+}
+
+fn default_allow_legacy_ipc_handles() -> bool {
+    false
 }
 
 /// `metrics:`

@@ -8,6 +8,13 @@
 //!
 //! A buffer's memory is registered with [`fabric::Domain::register_windows_only`]:
 //! peers can reach it only through the per-request windows the service mints.
+//!
+//! Memory comes only as something the kernel vouches the tenant holds: a
+//! file descriptor passed over the tenant's own lease (`SCM_RIGHTS`), a
+//! sealed memfd for host memory or a CUDA shareable handle (a POSIX fd from
+//! `cuMemExportToShareableHandle`) for device memory. Legacy CUDA IPC
+//! handles, 64 bytes that open the memory for whoever presents them, are
+//! refused unless `cuda.allow_legacy_ipc_handles` is set.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -19,7 +26,7 @@ use fabric::{Access, Domain, Memory, Region};
 use s3dma_proto::lease::Id;
 use tokio::sync::Semaphore;
 
-use crate::config::{Config, LeaseConfig};
+use crate::config::{Config, CudaConfig, LeaseConfig};
 use crate::error::ShimError;
 use crate::metrics::Metrics;
 
@@ -163,8 +170,17 @@ pub struct Lease {
 #[derive(Debug)]
 struct PendingFd {
     fd: OwnedFd,
-    size: u64,
+    kind: FdKind,
     expires: Instant,
+}
+
+/// What a passed fd was sent as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FdKind {
+    /// A sealed memfd of this many bytes (an `FD` frame).
+    Host { size: u64 },
+    /// A CUDA shareable handle (a `CU` frame), imported at RegisterBuffer.
+    Cuda,
 }
 
 /// Everything the service and the lease handler share.
@@ -175,6 +191,7 @@ pub struct Registry {
     by_gid: HashMap<u32, usize>,
     domain: Domain,
     leases: LeaseConfig,
+    cuda: CudaConfig,
     metrics: Arc<Metrics>,
 }
 
@@ -216,6 +233,7 @@ impl Registry {
             by_gid,
             domain,
             leases: config.leases.clone(),
+            cuda: config.cuda.clone(),
             metrics,
         }
     }
@@ -305,7 +323,8 @@ impl Registry {
         }
     }
 
-    /// Takes a passed fd into `tenant`'s `lease` and returns its handle.
+    /// Takes a passed fd (host memory, an `FD` frame) into `tenant`'s
+    /// `lease` and returns its handle.
     ///
     /// A waiting fd is a descriptor of this process, whose table all tenants
     /// share: a lease may hold `leases.max_pending_fds` of them, and a tenant,
@@ -317,6 +336,34 @@ impl Registry {
     /// too many.
     pub fn add_fd(&self, tenant: &Tenant, lease: &Lease, fd: OwnedFd) -> Result<Id, ShimError> {
         let size = check_shared_memory_fd(&fd)?;
+        self.add_pending(tenant, lease, fd, FdKind::Host { size })
+    }
+
+    /// Takes a passed CUDA shareable handle (a POSIX fd from
+    /// `cuMemExportToShareableHandle`, a `CU` frame) into `tenant`'s `lease`
+    /// and returns its handle, counted as [`Registry::add_fd`] counts fds.
+    /// The driver judges the fd when RegisterBuffer imports it.
+    ///
+    /// # Errors
+    /// This shim cannot use CUDA (built without the `cuda` feature, or no
+    /// usable driver), or the lease or the tenant holds too many fds.
+    pub fn add_cuda_fd(
+        &self,
+        tenant: &Tenant,
+        lease: &Lease,
+        fd: OwnedFd,
+    ) -> Result<Id, ShimError> {
+        cuda_usable()?;
+        self.add_pending(tenant, lease, fd, FdKind::Cuda)
+    }
+
+    fn add_pending(
+        &self,
+        tenant: &Tenant,
+        lease: &Lease,
+        fd: OwnedFd,
+        kind: FdKind,
+    ) -> Result<Id, ShimError> {
         let now = Instant::now();
         // Lock order: the tenant's state, then pending maps.
         let st = lock(&tenant.state);
@@ -349,7 +396,7 @@ impl Registry {
             handle,
             PendingFd {
                 fd,
-                size,
+                kind,
                 expires: now + Duration::from_secs(self.leases.fd_handle_ttl_secs),
             },
         );
@@ -406,6 +453,28 @@ impl Registry {
         })
     }
 
+    /// Removes the fd `fd_handle` names from `lease` (single use).
+    fn take_pending(&self, lease: &Lease, fd_handle: &[u8]) -> Result<PendingFd, ShimError> {
+        let handle = Id::from_slice(fd_handle).ok_or_else(|| {
+            ShimError::InvalidArgument(format!(
+                "fd_handle must be the 16 bytes the lease returned, not {} bytes",
+                fd_handle.len()
+            ))
+        })?;
+        let pending = lock(&lease.pending).remove(&handle).ok_or_else(|| {
+            ShimError::NoSuchLease(
+                "no such fd handle on this lease (already used, expired, or never passed)".into(),
+            )
+        })?;
+        if pending.expires <= Instant::now() {
+            return Err(ShimError::NoSuchLease(format!(
+                "the fd handle expired (it is valid for {} s after the fd is passed)",
+                self.leases.fd_handle_ttl_secs
+            )));
+        }
+        Ok(pending)
+    }
+
     /// Registers a passed memfd as a buffer.
     ///
     /// # Errors
@@ -419,29 +488,20 @@ impl Registry {
         label: &str,
     ) -> Result<Arc<Buffer>, ShimError> {
         let lease = self.lease(tenant, lease)?;
-        let handle = Id::from_slice(fd_handle).ok_or_else(|| {
-            ShimError::InvalidArgument("fd_handle must be the 16 bytes the lease returned".into())
-        })?;
         if size == 0 {
             return Err(ShimError::InvalidArgument(
                 "a buffer needs at least one byte".into(),
             ));
         }
-        let pending = lock(&lease.pending).remove(&handle).ok_or_else(|| {
-            ShimError::NoSuchLease(
-                "no such fd handle on this lease (already used, expired, or never passed)".into(),
-            )
-        })?;
-        if pending.expires <= Instant::now() {
-            return Err(ShimError::NoSuchLease(format!(
-                "the fd handle expired (it is valid for {} s after the fd is passed)",
-                self.leases.fd_handle_ttl_secs
-            )));
-        }
-        if size > pending.size {
+        let pending = self.take_pending(&lease, fd_handle)?;
+        let FdKind::Host { size: file_size } = pending.kind else {
+            return Err(ShimError::InvalidArgument(
+                "this fd handle names a CUDA shareable handle (passed in a CU frame): register it as cuda memory (CudaMemory.fd_handle)".into(),
+            ));
+        };
+        if size > file_size {
             return Err(ShimError::OutOfBounds(format!(
-                "size {size} is larger than the {} bytes of the passed memfd",
-                pending.size
+                "size {size} is larger than the {file_size} bytes of the passed memfd"
             )));
         }
         let len = usize::try_from(size)
@@ -460,18 +520,23 @@ impl Registry {
         }
     }
 
-    /// Registers CUDA memory exported with `cuIpcGetMemHandle`.
+    /// Registers CUDA device memory: the CUDA shareable handle (POSIX fd)
+    /// passed on `lease` that `memory`'s fd handle names, imported with
+    /// `cuMemImportFromShareableHandle` and mapped; or, only where
+    /// `cuda.allow_legacy_ipc_handles` is set, a legacy IPC handle opened
+    /// with `cuIpcOpenMemHandle`.
     ///
     /// # Errors
-    /// Unsupported without the `cuda` feature or a usable CUDA driver; a
-    /// handle that does not open (garbage, or its memory freed) or a size
-    /// past its allocation is `BadBuffer`; else as [`Registry::register_host`].
-    #[allow(unused_variables)]
+    /// Unsupported without the `cuda` feature or a usable CUDA driver, and
+    /// for legacy handles unless allowed; neither or both of the handles
+    /// set is `InvalidArgument`; an fd or handle that does not open (not a
+    /// CUDA allocation, its memory freed) or a size past its allocation is
+    /// `BadBuffer`; else as [`Registry::register_host`].
     pub fn register_cuda(
         &self,
         tenant: &Tenant,
         lease: &[u8],
-        ipc_handle: &[u8],
+        memory: CudaHandle<'_>,
         device: i32,
         size: u64,
         label: &str,
@@ -482,43 +547,73 @@ impl Registry {
                 "a buffer needs at least one byte".into(),
             ));
         }
-        let handle: [u8; 64] = ipc_handle.try_into().map_err(|_| {
-            ShimError::InvalidArgument(format!(
-                "ipc_handle must be the 64-byte CUipcMemHandle, not {} bytes",
-                ipc_handle.len()
-            ))
-        })?;
-        #[cfg(feature = "cuda")]
-        {
-            // A shim that cannot use CUDA at all says so: no handle would do.
-            fabric::cuda::init().map_err(|e| {
-                ShimError::Unsupported(format!(
-                    "this host-shim cannot use CUDA ({e}); register host memory instead"
-                ))
-            })?;
-            let len = usize::try_from(size).map_err(|_| {
-                ShimError::OutOfBounds(format!("size {size} does not fit in memory"))
-            })?;
-            self.reserve(tenant, size)?;
-            let registered = Memory::cuda_ipc(device, fabric::cuda::IpcMemHandle(handle), len)
-                .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
-            match registered {
-                Ok(region) => self.insert(tenant, region, lease.id, label),
-                Err(e) => {
-                    self.unreserve(tenant, size);
-                    Err(ShimError::BadBuffer(format!(
-                        "cannot open and register the CUDA IPC handle on device {device}: {e}"
-                    )))
+        let len = usize::try_from(size)
+            .map_err(|_| ShimError::OutOfBounds(format!("size {size} does not fit in memory")))?;
+        match memory {
+            CudaHandle::Fd(fd_handle) => {
+                let pending = self.take_pending(&lease, fd_handle)?;
+                if pending.kind != FdKind::Cuda {
+                    return Err(ShimError::InvalidArgument(
+                        "this fd handle names host memory (a memfd passed in an FD frame): register it as host memory, or pass the CUDA fd in a CU frame".into(),
+                    ));
+                }
+                // A shim that cannot use CUDA at all says so: no fd would do.
+                cuda_usable()?;
+                self.reserve(tenant, size)?;
+                #[cfg(feature = "cuda")]
+                let registered = {
+                    use std::os::fd::AsFd as _;
+                    Memory::cuda_fd(device, pending.fd.as_fd(), len)
+                        .and_then(|m| self.domain.register_windows_only(m, Access::ALL))
+                };
+                #[cfg(not(feature = "cuda"))]
+                let registered: Result<Region, fabric::FabricError> = {
+                    let _ = (pending, len);
+                    Err(fabric::FabricError::Cuda("no `cuda` feature".into()))
+                };
+                match registered {
+                    Ok(region) => self.insert(tenant, region, lease.id, label),
+                    Err(e) => {
+                        self.unreserve(tenant, size);
+                        Err(ShimError::BadBuffer(format!(
+                            "cannot import and register the CUDA fd on device {device} (it must come from cuMemExportToShareableHandle with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, of an allocation of at least {size} bytes on that device): {e}"
+                        )))
+                    }
                 }
             }
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (lease, handle);
-            Err(ShimError::Unsupported(
-                "this host-shim was built without the `cuda` feature; register host memory instead"
-                    .into(),
-            ))
+            CudaHandle::LegacyIpc(ipc_handle) => {
+                cuda_usable()?;
+                if !self.cuda.allow_legacy_ipc_handles {
+                    return Err(ShimError::Unsupported(
+                        "legacy CUDA IPC handles (CudaMemory.ipc_handle) are refused: their 64 bytes open the memory for whoever presents them, so they cannot show the memory is yours (cuda.allow_legacy_ipc_handles is false). Allocate with cuMemCreate requesting CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, export it with cuMemExportToShareableHandle, pass the fd over your lease in a CU frame and register its fd handle as CudaMemory.fd_handle (Python: Client.alloc_cuda or Client.register_cuda_fd)".into(),
+                    ));
+                }
+                let handle: [u8; 64] = ipc_handle.try_into().map_err(|_| {
+                    ShimError::InvalidArgument(format!(
+                        "ipc_handle must be the 64-byte CUipcMemHandle, not {} bytes",
+                        ipc_handle.len()
+                    ))
+                })?;
+                self.reserve(tenant, size)?;
+                #[cfg(feature = "cuda")]
+                let registered =
+                    Memory::cuda_ipc(device, fabric::cuda::IpcMemHandle(handle), len)
+                        .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
+                #[cfg(not(feature = "cuda"))]
+                let registered: Result<Region, fabric::FabricError> = {
+                    let _ = handle;
+                    Err(fabric::FabricError::Cuda("no `cuda` feature".into()))
+                };
+                match registered {
+                    Ok(region) => self.insert(tenant, region, lease.id, label),
+                    Err(e) => {
+                        self.unreserve(tenant, size);
+                        Err(ShimError::BadBuffer(format!(
+                            "cannot open and register the CUDA IPC handle on device {device}: {e}"
+                        )))
+                    }
+                }
+            }
         }
     }
 
@@ -631,6 +726,39 @@ impl Registry {
         m.buffer_bytes
             .with_label_values(&[&tenant.name])
             .set(i64::try_from(st.buffer_bytes).unwrap_or(i64::MAX));
+    }
+}
+
+/// How RegisterBuffer names CUDA memory.
+#[derive(Debug, Clone, Copy)]
+pub enum CudaHandle<'a> {
+    /// The fd handle of a CUDA shareable handle passed on the lease.
+    Fd(&'a [u8]),
+    /// A legacy `CUipcMemHandle` (refused unless
+    /// `cuda.allow_legacy_ipc_handles`).
+    LegacyIpc(&'a [u8]),
+}
+
+/// Whether this shim can use CUDA at all.
+///
+/// # Errors
+/// [`ShimError::Unsupported`] naming why: no `cuda` feature, or the driver
+/// does not load or initialise.
+fn cuda_usable() -> Result<(), ShimError> {
+    #[cfg(feature = "cuda")]
+    {
+        fabric::cuda::init().map_err(|e| {
+            ShimError::Unsupported(format!(
+                "this host-shim cannot use CUDA ({e}); register host memory instead"
+            ))
+        })
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(ShimError::Unsupported(
+            "this host-shim was built without the `cuda` feature; register host memory instead"
+                .into(),
+        ))
     }
 }
 

@@ -37,7 +37,7 @@ use crate::admission::Admitted;
 use crate::agent_link::AgentLink;
 use crate::error::ShimError;
 use crate::metrics::Metrics;
-use crate::registry::{Buffer, InUse, Peer, Registry, Tenant, WindowSlot};
+use crate::registry::{Buffer, CudaHandle, InUse, Peer, Registry, Tenant, WindowSlot};
 use crate::socket::ConnInfo;
 
 /// Extra life of a window past the request's deadline (a guard only: the
@@ -382,14 +382,29 @@ impl api::tenant_server::Tenant for TenantService {
                 self.registry
                     .register_host(&call.tenant, &r.lease, &h.fd_handle, h.size, &r.label)
             }
-            Some(api::register_buffer_request::Memory::Cuda(c)) => self.registry.register_cuda(
-                &call.tenant,
-                &r.lease,
-                &c.ipc_handle,
-                c.device,
-                c.size,
-                &r.label,
-            ),
+            Some(api::register_buffer_request::Memory::Cuda(c)) => {
+                match (c.fd_handle.is_empty(), c.ipc_handle.is_empty()) {
+                    (false, false) | (true, true) => Err(ShimError::InvalidArgument(
+                        "cuda memory needs exactly one of fd_handle (a CUDA fd passed on the lease; the supported way) and ipc_handle (legacy)".into(),
+                    )),
+                    (false, true) => self.registry.register_cuda(
+                        &call.tenant,
+                        &r.lease,
+                        CudaHandle::Fd(&c.fd_handle),
+                        c.device,
+                        c.size,
+                        &r.label,
+                    ),
+                    (true, false) => self.registry.register_cuda(
+                        &call.tenant,
+                        &r.lease,
+                        CudaHandle::LegacyIpc(&c.ipc_handle),
+                        c.device,
+                        c.size,
+                        &r.label,
+                    ),
+                }
+            }
             None => Err(ShimError::InvalidArgument(
                 "memory (host or cuda) is required".into(),
             )),

@@ -5,7 +5,8 @@
 //! a process that is no tenant, or a tenant already at its
 //! `max_connections`, is closed at once, holding nothing. A connection
 //! that starts with the lease magic is served here (fds arrive as
-//! `SCM_RIGHTS`, received with rustix so they are owned from the first
+//! `SCM_RIGHTS`, in `FD` frames for host memory and `CU` frames for CUDA
+//! shareable handles, received with rustix so they are owned from the first
 //! instant; a frame must complete within [`LEASE_FRAME_TIMEOUT`] and its fds
 //! count against the tenant's fd budget meanwhile); anything else goes to
 //! tonic as an HTTP/2 connection that carries its [`ConnInfo`] as connect
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use s3dma_proto::lease::{self, FdRequest, Reply};
+use s3dma_proto::lease::{self, Reply, Request};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, Interest, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -429,7 +430,7 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
                     break;
                 }
             };
-            let (seq, result) = match FdRequest::decode(&frame) {
+            let (seq, result) = match Request::decode(&frame) {
                 Err(e) => {
                     // A stream we cannot parse cannot be resynchronised.
                     let _ = send_reply(
@@ -443,8 +444,8 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
                     break;
                 }
                 Ok(req) => match refused {
-                    Some(message) => (req.seq, Err(message)),
-                    None => (req.seq, accept_fds(registry, &tenant, &lease, fds)),
+                    Some(message) => (req.seq(), Err(message)),
+                    None => (req.seq(), accept_fds(registry, &tenant, &lease, req, fds)),
                 },
             };
             let reply = match result {
@@ -464,6 +465,7 @@ fn accept_fds(
     registry: &Registry,
     tenant: &crate::registry::Tenant,
     lease: &crate::registry::Lease,
+    req: Request,
     mut fds: Vec<OwnedFd>,
 ) -> Result<lease::Id, String> {
     if fds.len() != 1 {
@@ -474,9 +476,11 @@ fn accept_fds(
         ));
     }
     let fd = fds.pop().ok_or("no fd")?;
-    registry
-        .add_fd(tenant, lease, fd)
-        .map_err(|e| e.to_string())
+    match req {
+        Request::Fd(_) => registry.add_fd(tenant, lease, fd),
+        Request::CudaFd(_) => registry.add_cuda_fd(tenant, lease, fd),
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// Reads one 8-byte request frame and the fds that came with it. `None` at

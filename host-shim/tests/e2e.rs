@@ -708,6 +708,7 @@ async fn hostile_lease_frames_and_bad_memory_are_refused() {
                         ipc_handle: vec![0; 64],
                         device: 0,
                         size: 4096,
+                        ..Default::default()
                     },
                 )),
                 label: String::new(),

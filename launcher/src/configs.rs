@@ -146,7 +146,7 @@ pub fn host_shim(
     metrics: bool,
 ) -> host_shim::config::Config {
     use host_shim::config::{
-        AgentConfig, Config, FabricConfig, LeaseConfig, MetricsConfig, SocketConfig, TenantConfig,
+        AgentConfig, Config, CudaConfig, FabricConfig, LeaseConfig, MetricsConfig, SocketConfig, TenantConfig,
     };
     let mut sock = SocketConfig::new(socket.to_path_buf());
     sock.mode = "0600".to_owned();
@@ -163,6 +163,7 @@ pub fn host_shim(
         },
         tenants: vec![tenant],
         leases: LeaseConfig::default(),
+        cuda: CudaConfig::default(),
         metrics: MetricsConfig {
             address: metrics.then(loopback_any_port),
             ..MetricsConfig::default()

@@ -45,6 +45,32 @@
  *    behaviour in CUDA; here the importer's mapping stays valid but the
  *    exporter fills the bytes with 0xDD first (the contents are gone), and
  *    the handle is stale from then on.
+ *  - Virtual memory management (the VMM API) with POSIX fd shareable handles:
+ *    cuMemGetAllocationGranularity answers 2 MiB (minimum and recommended,
+ *    as on current GPUs); cuMemCreate takes a multiple of it on device 0
+ *    (pinned, requestedHandleTypes 0 or POSIX_FILE_DESCRIPTOR) and backs it
+ *    with a memfd named s3dma-cuda-standin:PID:vmm-GEN:DEVICE, sealed so it
+ *    can neither shrink nor grow. cuMemExportToShareableHandle(POSIX_FD)
+ *    answers a new fd of that memfd (only for allocations created with that
+ *    handle type requested: else CUDA_ERROR_INVALID_VALUE), so another
+ *    process that receives it (SCM_RIGHTS) maps the same bytes.
+ *    cuMemImportFromShareableHandle(POSIX_FD) takes the fd as the pointer
+ *    value (as CUDA does), accepts only such a memfd (by its name and seals;
+ *    anything else: CUDA_ERROR_INVALID_HANDLE; a negative fd or another
+ *    handle type: CUDA_ERROR_INVALID_VALUE) and keeps its own reference, so
+ *    the fd may be closed at once. cuMemGetAllocationPropertiesFromHandle
+ *    answers type, location and requested handle types. cuMemAddressReserve
+ *    reserves PROT_NONE address space (a multiple of the granularity);
+ *    cuMemMap maps a whole allocation or its first part (offset 0, size a
+ *    multiple of the granularity, within the allocation and a reservation,
+ *    else CUDA_ERROR_INVALID_VALUE); the mapping is device memory for every
+ *    entry point above, but copies fail with CUDA_ERROR_INVALID_VALUE until
+ *    cuMemSetAccess grants READWRITE on the device. cuMemUnmap takes a
+ *    mapping's base and size; cuMemAddressFree refuses a reservation that
+ *    still has mappings. An allocation lives while its handle (cuMemRelease
+ *    drops it) or a mapping holds it; an exported fd holds its bytes, not
+ *    the handle. None of this belongs to a context: a context reset leaves
+ *    VMM allocations and mappings alone.
  *  - cuMemGetHandleForAddressRange (dma-buf export for GPUDirect RDMA)
  *    answers CUDA_ERROR_NOT_SUPPORTED, as on a GPU or driver without dma-buf.
  *  - cuGetErrorString knows the codes it returns (others: INVALID_VALUE and
@@ -87,6 +113,27 @@ typedef struct CUctx_st *CUcontext;
 typedef struct {
     char reserved[64];
 } CUipcMemHandle;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type; /* CUmemLocationType */
+    int id;
+} CUmemLocation;
+typedef struct {
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+    CUmemLocation location;
+    int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
 
 /* cuda.h error codes. */
 enum {
@@ -116,6 +163,13 @@ enum {
     CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
     CU_MEMORYTYPE_DEVICE = 2,
     CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
+    CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+    CU_MEM_HANDLE_TYPE_NONE = 0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+    CU_MEM_LOCATION_TYPE_DEVICE = 1,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
 };
 
 #define DEVICES 1
@@ -124,6 +178,7 @@ enum {
 #define HANDLE_MAGIC "s3dmaCSI"
 #define HANDLE_VERSION 1u
 #define MEMFD_PREFIX "s3dma-cuda-standin"
+#define VMM_GRANULARITY ((size_t)2 << 20)
 
 struct CUctx_st {
     CUdevice device;
@@ -144,6 +199,27 @@ struct block {
     uint64_t gen;     /* the exporter's generation of the allocation */
     uint64_t ino;     /* the memfd's inode */
     struct CUctx_st *ctx;
+    struct vmm *vmm;  /* VMM mappings (cuMemMap): the allocation mapped */
+    int access;       /* VMM mappings: cuMemSetAccess granted READWRITE */
+};
+
+/* A VMM allocation (cuMemCreate or cuMemImportFromShareableHandle). */
+struct vmm {
+    CUmemGenericAllocationHandle handle; /* 0 once released */
+    int fd;          /* its memfd (this process's own descriptor) */
+    size_t size;
+    int device;
+    int handle_types;
+    int imported;
+    unsigned maps;   /* mappings of it */
+    struct vmm *next;
+};
+
+/* Address space reserved with cuMemAddressReserve. */
+struct reservation {
+    uintptr_t base;
+    size_t size;
+    struct reservation *next;
 };
 
 /* The wire form of an IPC handle: exactly 64 bytes. */
@@ -169,6 +245,9 @@ static struct block *blocks;
 static size_t nblocks, cap_blocks;
 static uint64_t next_gen = 1;
 static size_t allocated, memory_limit;
+static struct vmm *vmms;
+static struct reservation *reservations;
+static CUmemGenericAllocationHandle next_vmm_handle = 1;
 static __thread struct CUctx_st *current;
 
 #define TRACE(...)                                                                                 \
@@ -212,6 +291,11 @@ static struct block *find(uintptr_t p, size_t n)
 static void unmap_block(struct block *b)
 {
     munmap(b->bytes, b->map_len);
+    if (b->vmm) {
+        /* The address space stays reserved (cuMemAddressFree gives it back). */
+        mmap((void *)b->dptr, b->map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        return;
+    }
     munmap((void *)b->dptr, b->map_len);
     if (b->fd >= 0)
         close(b->fd);
@@ -345,7 +429,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         /* The last reference resets the context: its memory goes. */
         size_t i = 0;
         while (i < nblocks) {
-            if (blocks[i].ctx == ctx) {
+            if (blocks[i].ctx == ctx && !blocks[i].vmm) {
                 TRACE("context reset frees %#llx (%zu bytes)", (CUdeviceptr)blocks[i].dptr,
                       blocks[i].size);
                 drop_block(i);
@@ -436,7 +520,7 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr)
     rc = CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < nblocks; i++) {
         struct block *b = &blocks[i];
-        if (b->dptr == dptr && !b->imported) {
+        if (b->dptr == dptr && !b->imported && !b->vmm) {
             if (b->exported) /* another process may still map it: its bytes are gone */
                 memset(b->bytes, POISON_FREED, b->size);
             drop_block(i);
@@ -460,6 +544,8 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     struct block *b = find((uintptr_t)dst, n);
+    if (b && b->vmm && !b->access)
+        b = NULL; /* no access granted: a fault on a GPU */
     if (b)
         memcpy(b->bytes + (dst - b->dptr), src, n);
     pthread_mutex_unlock(&lock);
@@ -478,6 +564,8 @@ API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     struct block *b = find((uintptr_t)src, n);
+    if (b && b->vmm && !b->access)
+        b = NULL; /* no access granted: a fault on a GPU */
     if (b)
         memcpy(dst, b->bytes + (src - b->dptr), n);
     pthread_mutex_unlock(&lock);
@@ -569,7 +657,7 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     struct block *b = find((uintptr_t)dptr, 0);
-    int ok = b && !b->imported;
+    int ok = b && !b->imported && !b->vmm;
     struct wire_handle w;
     memset(&w, 0, sizeof w);
     if (ok) {
@@ -681,9 +769,368 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     rc = CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < nblocks; i++) {
         struct block *b = &blocks[i];
-        if (b->dptr == dptr && b->imported) {
+        if (b->dptr == dptr && b->imported && !b->vmm) {
             if (--b->refs == 0)
                 drop_block(i);
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* ---- Virtual memory management with POSIX fd shareable handles ---- */
+
+/* The live VMM allocation of `handle` (lock held). */
+static struct vmm *find_vmm(CUmemGenericAllocationHandle handle)
+{
+    for (struct vmm *v = vmms; v; v = v->next)
+        if (v->handle == handle && handle != 0)
+            return v;
+    return NULL;
+}
+
+/* Frees `v` once neither its handle nor a mapping holds it (lock held). */
+static void maybe_free_vmm(struct vmm *v)
+{
+    if (v->handle != 0 || v->maps != 0)
+        return;
+    for (struct vmm **p = &vmms; *p; p = &(*p)->next) {
+        if (*p == v) {
+            *p = v->next;
+            break;
+        }
+    }
+    close(v->fd);
+    if (!v->imported)
+        allocated -= v->size;
+    free(v);
+}
+
+static int check_prop(const CUmemAllocationProp *prop)
+{
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+           prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+           prop->location.id < DEVICES &&
+           (prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE ||
+            prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+}
+
+API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                           int option)
+{
+    TRACE("cuMemGetAllocationGranularity(%d)", option);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (!granularity || !check_prop(prop) ||
+        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                         const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    TRACE("cuMemCreate(%zu)", size);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (!handle || size == 0 || size % VMM_GRANULARITY != 0 || flags != 0 || !check_prop(prop))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    if (allocated > memory_limit || size > memory_limit - allocated) {
+        pthread_mutex_unlock(&lock);
+        free(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    char name[96];
+    snprintf(name, sizeof name, MEMFD_PREFIX ":%d:vmm-%llu:%d", (int)getpid(),
+             (unsigned long long)next_gen++, prop->location.id);
+    v->fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (v->fd < 0 || ftruncate(v->fd, (off_t)size) != 0 ||
+        fcntl(v->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        if (v->fd >= 0)
+            close(v->fd);
+        pthread_mutex_unlock(&lock);
+        free(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    unsigned char *bytes = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
+    if (bytes != MAP_FAILED) {
+        memset(bytes, POISON_FRESH, size);
+        munmap(bytes, size);
+    }
+    v->size = size;
+    v->device = prop->location.id;
+    v->handle_types = prop->requestedHandleTypes;
+    v->handle = next_vmm_handle++;
+    v->next = vmms;
+    vmms = v;
+    allocated += size;
+    *handle = v->handle;
+    pthread_mutex_unlock(&lock);
+    TRACE("cuMemCreate -> handle %llu", *handle);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    TRACE("cuMemRelease(%llu)", handle);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&lock);
+    struct vmm *v = find_vmm(handle);
+    if (v) {
+        v->handle = 0;
+        maybe_free_vmm(v);
+    }
+    pthread_mutex_unlock(&lock);
+    return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+API CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                          int handle_type, unsigned long long flags)
+{
+    TRACE("cuMemExportToShareableHandle(%llu, %d)", handle, handle_type);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (!shareable || flags != 0 || handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct vmm *v = find_vmm(handle);
+    int fd = -1;
+    if (v && v->handle_types == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    pthread_mutex_unlock(&lock);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                            int handle_type)
+{
+    int fd = (int)(intptr_t)os_handle;
+    TRACE("cuMemImportFromShareableHandle(fd %d, %d)", fd, handle_type);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (!handle || handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Only a memfd that cuMemCreate made (by its name) and sealed as it
+     * seals them: a GPU driver's exported fd is its own kind of file too. */
+    char path[64], link[256];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n < 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    link[n] = '\0';
+    int pid, device, used = 0;
+    unsigned long long gen;
+    if (sscanf(link, "/memfd:" MEMFD_PREFIX ":%d:vmm-%llu:%d%n", &pid, &gen, &device, &used) != 3 ||
+        (link[used] != '\0' && link[used] != ' ') || device < 0 || device >= DEVICES)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    int want = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        (size_t)st.st_size % VMM_GRANULARITY != 0 || seals < 0 || (seals & want) != want)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    v->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (v->fd < 0) {
+        free(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    v->size = (size_t)st.st_size;
+    v->device = device;
+    v->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    v->imported = 1;
+    pthread_mutex_lock(&lock);
+    v->handle = next_vmm_handle++;
+    v->next = vmms;
+    vmms = v;
+    *handle = v->handle;
+    pthread_mutex_unlock(&lock);
+    TRACE("cuMemImportFromShareableHandle -> handle %llu (%zu bytes)", *handle, v->size);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                    CUmemGenericAllocationHandle handle)
+{
+    TRACE("cuMemGetAllocationPropertiesFromHandle(%llu)", handle);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct vmm *v = find_vmm(handle);
+    if (v) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requestedHandleTypes = v->handle_types;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = v->device;
+    }
+    pthread_mutex_unlock(&lock);
+    return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                 unsigned long long flags)
+{
+    TRACE("cuMemAddressReserve(%zu)", size);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (!ptr || size == 0 || size % VMM_GRANULARITY != 0 || flags != 0 ||
+        (alignment != 0 && alignment % (size_t)sysconf(_SC_PAGESIZE) != 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    (void)addr; /* a hint */
+    struct reservation *r = calloc(1, sizeof *r);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *res = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED) {
+        free(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r->base = (uintptr_t)res;
+    r->size = size;
+    pthread_mutex_lock(&lock);
+    r->next = reservations;
+    reservations = r;
+    pthread_mutex_unlock(&lock);
+    *ptr = (CUdeviceptr)r->base;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    TRACE("cuMemAddressFree(%#llx, %zu)", ptr, size);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&lock);
+    rc = CUDA_ERROR_INVALID_VALUE;
+    for (struct reservation **p = &reservations; *p; p = &(*p)->next) {
+        struct reservation *r = *p;
+        if (r->base != ptr || r->size != size)
+            continue;
+        int mapped = 0;
+        for (size_t i = 0; i < nblocks; i++)
+            mapped |= blocks[i].vmm && blocks[i].dptr >= r->base && blocks[i].dptr - r->base < r->size;
+        if (!mapped) {
+            *p = r->next;
+            munmap((void *)r->base, r->size);
+            free(r);
+            rc = CUDA_SUCCESS;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long flags)
+{
+    TRACE("cuMemMap(%#llx, %zu, %zu, %llu)", ptr, size, offset, handle);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (size == 0 || size % VMM_GRANULARITY != 0 || offset != 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct vmm *v = find_vmm(handle);
+    int in_reservation = 0;
+    for (struct reservation *r = reservations; r; r = r->next)
+        in_reservation |= ptr >= r->base && ptr - r->base <= r->size && size <= r->size - (ptr - r->base);
+    int overlaps = 0;
+    for (size_t i = 0; i < nblocks; i++)
+        overlaps |= blocks[i].vmm && blocks[i].dptr < ptr + size && ptr < blocks[i].dptr + blocks[i].map_len;
+    if (!v || size > v->size || !in_reservation || overlaps) {
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct block b = {.dptr = (uintptr_t)ptr,
+                      .size = size,
+                      .map_len = size,
+                      .fd = -1,
+                      .pid = getpid(),
+                      .ctx = &contexts[v->device],
+                      .vmm = v};
+    void *bytes = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
+    if (bytes == MAP_FAILED) {
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    b.bytes = bytes;
+    if (add_block(&b) != 0) {
+        munmap(bytes, size);
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    v->maps++;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    TRACE("cuMemSetAccess(%#llx, %zu, %zu)", ptr, size, count);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    if (!desc || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int grant = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+            desc[i].location.id >= DEVICES)
+            return CUDA_ERROR_INVALID_DEVICE;
+        grant |= desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    pthread_mutex_lock(&lock);
+    /* The range must be exactly covered by mappings: one, here. */
+    struct block *b = find((uintptr_t)ptr, size);
+    rc = CUDA_ERROR_INVALID_VALUE;
+    if (b && b->vmm) {
+        b->access = grant;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    TRACE("cuMemUnmap(%#llx, %zu)", ptr, size);
+    CUresult rc = need_init();
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&lock);
+    rc = CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < nblocks; i++) {
+        struct block *b = &blocks[i];
+        if (b->vmm && b->dptr == ptr && b->map_len == size) {
+            struct vmm *v = b->vmm;
+            drop_block(i);
+            v->maps--;
+            maybe_free_vmm(v);
             rc = CUDA_SUCCESS;
             break;
         }

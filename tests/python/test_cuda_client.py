@@ -1,10 +1,12 @@
-"""CUDA device memory through the Python client: ``Client.register_cuda``
-with an IPC handle, GETs into device memory and PUTs from it through
-`s3dma local` (host-shim, dpu-agent, storage-target processes).
+"""CUDA device memory through the Python client: ``Client.register_cuda_fd``
+with the POSIX fd of a ``cuMemCreate`` allocation and ``Client.alloc_cuda``,
+GETs into device memory and PUTs from it through `s3dma local` (host-shim,
+dpu-agent, storage-target processes); legacy IPC handles
+(``Client.register_cuda``) refused by the default shim.
 
 The test process is the tenant: it allocates device memory with the driver
-API (ctypes on ``libcuda.so.1``), exports it with ``cuIpcGetMemHandle`` and
-checks the bytes with ``cuMemcpyDtoH``. The driver is whichever
+API (ctypes on ``libcuda.so.1``), exports it with
+``cuMemExportToShareableHandle`` and checks the bytes with ``cuMemcpyDtoH``. The driver is whichever
 ``libcuda.so.1`` loads: the real one on a GPU host, or the test-only
 stand-in that ``.ci/cuda-standin.sh`` builds and puts on
 ``LD_LIBRARY_PATH`` (with a host-shim built with the ``cuda`` feature).
@@ -43,6 +45,7 @@ class Driver:
         ctx = ctypes.c_void_p()
         self._ok(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
         self._ok(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self._keep = []
 
     def _ok(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -57,6 +60,14 @@ class Driver:
 
     def free(self, ptr: int) -> None:
         self._ok(self.lib.cuMemFree_v2(ctypes.c_uint64(ptr)), "cuMemFree")
+
+    def alloc_shareable(self, n: int):
+        """(ptr, fd, size): cuMemCreate with a POSIX fd handle type, mapped here."""
+        from s3dma import cuda
+
+        a = cuda.ShareableAllocation(n, 0)
+        self._keep.append(a)
+        return a.ptr, a.export_fd(), a
 
     def ipc_handle(self, ptr: int) -> bytes:
         handle = (ctypes.c_char * 64)()
@@ -109,7 +120,24 @@ def test_a_handle_that_names_no_memory_is_a_clear_error(client):
     assert len(client.list_buffers()) == before
 
 
+def test_legacy_ipc_handles_are_refused_naming_the_fd_way(client):
+    """Issue 30 finding 13: a legacy handle is refused by a default shim,
+    with the supported way named; nothing is registered."""
+    drv = need_driver()
+    dptr = drv.alloc(MIB)
+    try:
+        before = len(client.list_buffers())
+        with pytest.raises(s3dma.Unsupported) as e:
+            client.register_cuda(drv.ipc_handle(dptr), MIB)
+        assert "cuMemExportToShareableHandle" in str(e.value) and "alloc_cuda" in str(e.value), e.value
+        assert len(client.list_buffers()) == before
+    finally:
+        drv.free(dptr)
+
+
 def test_get_into_and_put_from_device_memory(client):
+    """Issue 30 finding 13: the fd way registers device memory; GETs land
+    in it and PUTs read from it (bytes checked through the driver)."""
     drv = need_driver()
     n = 4 * MIB
     key = f"py-cuda-{uuid.uuid4().hex[:10]}"
@@ -118,11 +146,13 @@ def test_get_into_and_put_from_device_memory(client):
         host.memoryview()[:] = payload
         client.put_object_from(BUCKET, key, host)
 
-    dptr = drv.alloc(n)
+    dptr, fd, alloc = drv.alloc_shareable(n)
     try:
         fill = b"\xa5" * n
         drv.to_device(dptr, fill)
-        with client.register_cuda(drv.ipc_handle(dptr), n, label="py-cuda") as cbuf:
+        cbuf = client.register_cuda_fd(fd, n, label="py-cuda")
+        os.close(fd)  # the shim holds its own reference
+        with cbuf:
             assert cbuf.id in [b.id for b in client.list_buffers() if b.kind == "cuda"]
             # At an offset: the bytes land there and nothing around them moves.
             off = 4096 + 3
@@ -154,19 +184,49 @@ def test_get_into_and_put_from_device_memory(client):
         client.delete(BUCKET, key)
         client.delete(BUCKET, back_key)
     finally:
-        drv.free(dptr)
+        alloc.free()
 
 
-def test_freed_device_memory_no_longer_registers(client):
+def test_alloc_cuda_owns_its_allocation(client):
     drv = need_driver()
-    dptr = drv.alloc(MIB)
-    handle = drv.ipc_handle(dptr)
-    drv.free(dptr)
-    with pytest.raises(s3dma.S3dmaError):
-        client.register_cuda(handle, MIB)
+    key = f"py-cuda-alloc-{uuid.uuid4().hex[:10]}"
+    payload = os.urandom(MIB + 1)
+    with client.alloc(len(payload)) as host:
+        host.memoryview()[:] = payload
+        client.put_object_from(BUCKET, key, host)
+    with client.alloc_cuda(2 * MIB, label="owned") as cbuf:
+        assert cbuf.ptr and cbuf.__cuda_array_interface__["data"][0] == cbuf.ptr
+        client.get_object_into(BUCKET, key, cbuf, offset=5)
+        assert drv.to_host(cbuf.ptr + 5, len(payload)) == payload
+    # Released at the shim; the allocation lives as long as the object.
+    assert cbuf.released
+    assert all(b.kind != "cuda" for b in client.list_buffers())
+    assert drv.to_host(cbuf.ptr + 5, len(payload)) == payload
+    cbuf.free()
+    assert cbuf.ptr == 0
+    client.delete(BUCKET, key)
 
 
-def test_torch_cuda_tensors_register_by_their_storage(client):
+def test_fds_that_are_not_cuda_memory_are_refused(client):
+    """Issue 30 finding 13: a memfd or a pipe passed as a CUDA fd does not
+    register; nothing is held."""
+    need_driver()
+    before = len(client.list_buffers())
+    memfd = os.memfd_create("not-cuda")
+    os.ftruncate(memfd, 2 * MIB)
+    r, w = os.pipe()
+    try:
+        for fd in (memfd, r):
+            with pytest.raises(s3dma.S3dmaError) as e:
+                client.register_cuda_fd(fd, MIB)
+            assert "cuMemImportFromShareableHandle" in str(e.value), e.value
+    finally:
+        for fd in (memfd, r, w):
+            os.close(fd)
+    assert len(client.list_buffers()) == before
+
+
+def test_torch_views_device_memory_from_alloc_cuda(client):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no GPU (the stand-in serves the driver API only); runs on a GPU host")
@@ -175,14 +235,17 @@ def test_torch_cuda_tensors_register_by_their_storage(client):
     with client.alloc(len(payload)) as host:
         host.memoryview()[:] = payload
         client.put_object_from(BUCKET, key, host)
-    t = torch.zeros(2 * MIB, dtype=torch.uint8, device="cuda")
-    view = t[4096:]
-    cbuf, off = client.register_cuda_tensor(view, label="torch")
+    cbuf = client.alloc_cuda(2 * MIB, label="torch")
+    t = torch.as_tensor(cbuf, device="cuda")
     try:
-        client.get_object_into(BUCKET, key, cbuf, offset=off, length=len(payload))
+        t.zero_()
         torch.cuda.synchronize()
-        assert bytes(view[: len(payload)].cpu().numpy()) == payload
+        client.get_object_into(BUCKET, key, cbuf, offset=4096, length=len(payload))
+        assert bytes(t[4096 : 4096 + len(payload)].cpu().numpy()) == payload
         assert int(t[:4096].sum()) == 0
     finally:
         cbuf.release()
         client.delete(BUCKET, key)
+    # The tensor keeps the allocation after the registration ends.
+    del cbuf
+    assert int(t[:4096].sum()) == 0

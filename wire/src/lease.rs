@@ -5,8 +5,10 @@
 //! A connection to the host-shim's socket that starts with [`MAGIC`] is a
 //! lease rather than HTTP/2 (whose preface starts `PRI * HT`). The shim
 //! answers the magic with a [`Reply`] carrying the lease id; then every
-//! [`FdRequest`] (8 bytes plus one attached fd) gets a [`Reply`] with the same
-//! `seq` carrying an fd handle, or an error message. Buffers registered under
+//! [`FdRequest`] (8 bytes plus one attached fd: host memory, a memfd) or
+//! [`CudaFdRequest`] (the same with a CUDA shareable handle, a POSIX fd from
+//! `cuMemExportToShareableHandle`) gets a [`Reply`] with the same `seq`
+//! carrying an fd handle, or an error message. Buffers registered under
 //! a lease are released when the lease connection closes. The full contract
 //! is in `proto/s3dma/tenant/v1/tenant.proto`.
 
@@ -77,6 +79,64 @@ impl FdRequest {
         Ok(FdRequest {
             seq: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
         })
+    }
+}
+
+/// Client → shim: "here is one CUDA shareable handle", a POSIX file
+/// descriptor from `cuMemExportToShareableHandle`
+/// (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`) riding as `SCM_RIGHTS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaFdRequest {
+    /// Echoed in the reply.
+    pub seq: u32,
+}
+
+impl CudaFdRequest {
+    /// The 8 bytes on the wire: `C`, `U`, 0, 0, seq (u32 LE).
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[0] = b'C';
+        b[1] = b'U';
+        b[4..8].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+}
+
+/// Any request frame a lease carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// `FD`: host memory (a sealed memfd).
+    Fd(FdRequest),
+    /// `CU`: CUDA device memory (a POSIX fd shareable handle).
+    CudaFd(CudaFdRequest),
+}
+
+impl Request {
+    /// Parses a frame of either kind.
+    ///
+    /// # Errors
+    /// [`FrameError`] for an unknown kind or non-zero reserved bytes.
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Request, FrameError> {
+        if b[0..2] != *b"FD" && b[0..2] != *b"CU" {
+            return Err(FrameError::UnknownRequest([b[0], b[1]]));
+        }
+        if b[2] != 0 || b[3] != 0 {
+            return Err(FrameError::Reserved);
+        }
+        let seq = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        Ok(if b[0] == b'F' {
+            Request::Fd(FdRequest { seq })
+        } else {
+            Request::CudaFd(CudaFdRequest { seq })
+        })
+    }
+
+    /// The request's seq.
+    pub fn seq(&self) -> u32 {
+        match self {
+            Request::Fd(r) => r.seq,
+            Request::CudaFd(r) => r.seq,
+        }
     }
 }
 
@@ -179,8 +239,8 @@ pub struct ReplyHeader {
 /// A malformed frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    /// Not an `FD` request.
-    #[error("unknown lease request {0:02x?} (expected \"FD\")")]
+    /// Not an `FD` (or, for [`Request::decode`], `CU`) request.
+    #[error("unknown lease request {0:02x?} (expected \"FD\" or \"CU\")")]
     UnknownRequest([u8; 2]),
     /// Reserved bytes were not zero.
     #[error("reserved bytes of a lease frame are not zero")]
@@ -224,6 +284,30 @@ mod tests {
         assert_eq!(
             FdRequest::decode(b"FD\x00\x01\x00\x00\x00\x00"),
             Err(FrameError::Reserved)
+        );
+    }
+
+    #[test]
+    fn requests_of_both_kinds_round_trip() {
+        for seq in [0, 7, u32::MAX] {
+            let fd = FdRequest { seq };
+            let cu = CudaFdRequest { seq };
+            assert_eq!(Request::decode(&fd.encode()), Ok(Request::Fd(fd)));
+            assert_eq!(Request::decode(&cu.encode()), Ok(Request::CudaFd(cu)));
+            assert_eq!(Request::decode(&cu.encode()).unwrap().seq(), seq);
+            // The host-memory parser does not take CUDA frames.
+            assert_eq!(
+                FdRequest::decode(&cu.encode()),
+                Err(FrameError::UnknownRequest(*b"CU"))
+            );
+        }
+        assert_eq!(
+            Request::decode(b"CU\x01\x00\x00\x00\x00\x00"),
+            Err(FrameError::Reserved)
+        );
+        assert_eq!(
+            Request::decode(b"XY\x00\x00\x00\x00\x00\x00"),
+            Err(FrameError::UnknownRequest(*b"XY"))
         );
     }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::sys::socket::{ControlMessage, MsgFlags};
-use s3dma_proto::lease::{FdRequest, Id, MAGIC, REPLY_HEADER_LEN, Reply};
+use s3dma_proto::lease::{CudaFdRequest, FdRequest, Id, MAGIC, REPLY_HEADER_LEN, Reply};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::Mutex;
@@ -85,11 +85,22 @@ impl Lease {
         self.id
     }
 
-    /// Passes `fd` to the shim and returns the fd handle it answered with.
+    /// Passes `fd` (host memory, a sealed memfd) to the shim and returns the
+    /// fd handle it answered with.
     ///
     /// The exchange runs in its own task, so a caller that gives up half-way
     /// cannot leave a half-read reply on the stream.
     pub(crate) async fn pass_fd(self: &Arc<Self>, fd: BorrowedFd<'_>) -> Result<Id, Error> {
+        self.pass(fd, false).await
+    }
+
+    /// Passes a CUDA shareable handle (the POSIX fd of
+    /// `cuMemExportToShareableHandle`) in a `CU` frame; as [`Lease::pass_fd`].
+    pub(crate) async fn pass_cuda_fd(self: &Arc<Self>, fd: BorrowedFd<'_>) -> Result<Id, Error> {
+        self.pass(fd, true).await
+    }
+
+    async fn pass(self: &Arc<Self>, fd: BorrowedFd<'_>, cuda: bool) -> Result<Id, Error> {
         let fd = fd.try_clone_to_owned().map_err(|e| {
             Error::new(
                 ErrorKind::Other,
@@ -98,7 +109,7 @@ impl Lease {
             )
         })?;
         let lease = Arc::clone(self);
-        match tokio::spawn(async move { lease.exchange(fd).await }).await {
+        match tokio::spawn(async move { lease.exchange(fd, cuda).await }).await {
             Ok(r) => r,
             Err(e) => Err(Error::new(
                 ErrorKind::Other,
@@ -108,7 +119,7 @@ impl Lease {
         }
     }
 
-    async fn exchange(&self, fd: OwnedFd) -> Result<Id, Error> {
+    async fn exchange(&self, fd: OwnedFd, cuda: bool) -> Result<Id, Error> {
         let mut conn = self.conn.lock().await;
         if conn.broken {
             return Err(Error::shim_unavailable(
@@ -120,7 +131,12 @@ impl Lease {
         conn.next_seq = conn.next_seq.checked_add(1).unwrap_or(1);
         // Until the reply is read in full, a failure loses the framing.
         conn.broken = true;
-        send_fd(&mut conn.stream, &FdRequest { seq }.encode(), &fd)
+        let frame = if cuda {
+            CudaFdRequest { seq }.encode()
+        } else {
+            FdRequest { seq }.encode()
+        };
+        send_fd(&mut conn.stream, &frame, &fd)
             .await
             .map_err(|e| lease_io(&self.socket, "passing a buffer fd", &e))?;
         drop(fd);

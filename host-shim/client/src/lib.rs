@@ -43,6 +43,13 @@
 //! # }
 //! ```
 //!
+//! GPU memory is registered the same way: the tenant allocates it with
+//! `cuMemCreate` (requesting `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`),
+//! exports it with `cuMemExportToShareableHandle` and hands the fd to
+//! [`Client::register_cuda_fd`], which passes it over the lease; GETs and
+//! PUTs then name the [`CudaBuffer`] ([`Client::get_object_into_cuda`],
+//! [`Client::put_object_from_cuda`]).
+//!
 //! Errors are one type, [`Error`], with an [`ErrorKind`] to branch on, the
 //! S3 error code or shim reason, and the agent's request id.
 //!
@@ -80,6 +87,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::ops::Range;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -522,6 +530,121 @@ impl Client {
         })
     }
 
+    /// Registers CUDA device memory: `fd` is the POSIX file descriptor
+    /// `cuMemExportToShareableHandle` (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`)
+    /// returned for an allocation of at least `size` bytes on GPU `device`
+    /// (made with `cuMemCreate` requesting that handle type). The fd is
+    /// passed over this client's lease and stays the caller's (it may be
+    /// closed afterwards); the shim maps the allocation until the buffer is
+    /// released or the lease ends, and GETs into the buffer land in device
+    /// memory. Legacy IPC handles (`cuIpcGetMemHandle`) are not taken: they
+    /// are not bound to the process that presents them.
+    pub async fn register_cuda_fd(
+        &self,
+        fd: BorrowedFd<'_>,
+        device: i32,
+        size: u64,
+        label: &str,
+    ) -> Result<CudaBuffer, Error> {
+        if size == 0 {
+            return Err(Error::invalid("a buffer needs at least one byte"));
+        }
+        let handle = self.inner.lease.pass_cuda_fd(fd).await?;
+        let req = tenant::RegisterBufferRequest {
+            lease: self.inner.lease.id().0.to_vec(),
+            memory: Some(tenant::register_buffer_request::Memory::Cuda(
+                tenant::CudaMemory {
+                    fd_handle: handle.0.to_vec(),
+                    device,
+                    size,
+                    ..Default::default()
+                },
+            )),
+            label: label.to_owned(),
+        };
+        let mut g = self.grpc();
+        let r = self
+            .call(g.register_buffer(self.request(req)))
+            .await?
+            .into_inner();
+        Ok(CudaBuffer {
+            id: r.buffer_id,
+            size,
+            device,
+            client: self.clone(),
+            released: false,
+        })
+    }
+
+    /// Reads an object (or `opts.range` of it) into device memory `buf`,
+    /// starting at `offset`.
+    pub async fn get_object_into_cuda(
+        &self,
+        bucket: &str,
+        key: &str,
+        buf: &CudaBuffer,
+        offset: u64,
+        opts: GetOptions,
+    ) -> Result<GetOutput, Error> {
+        let room = buf.size.checked_sub(offset).ok_or_else(|| {
+            Error::invalid(format!(
+                "offset {offset} is past the end of the {}-byte CUDA buffer {}",
+                buf.size, buf.id
+            ))
+        })?;
+        if let Some(l) = opts.length
+            && l > room
+        {
+            return Err(Error::invalid(format!(
+                "{l} bytes at offset {offset} do not fit the {}-byte CUDA buffer {}",
+                buf.size, buf.id
+            )));
+        }
+        let req = tenant::GetObjectRequest {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            range: opts.range.map(Into::into),
+            destination: Some(tenant::BufferSlice {
+                buffer_id: buf.id,
+                offset,
+                length: opts.length,
+            }),
+            if_match: opts.if_match.unwrap_or_default(),
+        };
+        let mut g = self.grpc();
+        let r = self.call(g.get_object(self.request(req))).await?;
+        Ok(get_output(r.into_inner()))
+    }
+
+    /// Writes the bytes `range` of device memory `buf` as the object
+    /// `bucket/key`.
+    pub async fn put_object_from_cuda(
+        &self,
+        bucket: &str,
+        key: &str,
+        buf: &CudaBuffer,
+        range: Range<u64>,
+        opts: PutOptions,
+    ) -> Result<PutOutput, Error> {
+        if range.start > range.end || range.end > buf.size {
+            return Err(Error::invalid(format!(
+                "range {range:?} is not within the {}-byte CUDA buffer {}",
+                buf.size, buf.id
+            )));
+        }
+        self.put_slice(
+            bucket,
+            key,
+            tenant::BufferSlice {
+                buffer_id: buf.id,
+                offset: range.start,
+                length: Some(range.end - range.start),
+            },
+            opts,
+        )
+        .await
+    }
+
     /// Releases a buffer by id (what [`Buffer::release`] and dropping a
     /// [`Buffer`] do).
     async fn release_buffer(&self, buffer_id: u64) -> Result<(), Error> {
@@ -653,14 +776,30 @@ impl Client {
                 buf.id()
             )));
         }
-        let req = tenant::PutObjectRequest {
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            source: Some(tenant::BufferSlice {
+        self.put_slice(
+            bucket,
+            key,
+            tenant::BufferSlice {
                 buffer_id: buf.id(),
                 offset: range.start as u64,
                 length: Some((range.end - range.start) as u64),
-            }),
+            },
+            opts,
+        )
+        .await
+    }
+
+    async fn put_slice(
+        &self,
+        bucket: &str,
+        key: &str,
+        source: tenant::BufferSlice,
+        opts: PutOptions,
+    ) -> Result<PutOutput, Error> {
+        let req = tenant::PutObjectRequest {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            source: Some(source),
             content_type: opts.content_type.unwrap_or_default(),
             metadata: opts.metadata,
         };
@@ -851,6 +990,64 @@ impl Drop for Buffer {
             rt.spawn(async move {
                 if let Err(e) = client.release_buffer(id).await {
                     tracing::debug!(buffer = id, error = %e, "releasing a dropped buffer failed");
+                }
+            });
+        }
+    }
+}
+
+/// CUDA device memory registered with the shim
+/// ([`Client::register_cuda_fd`]), named by [`CudaBuffer::id`] in requests.
+/// The allocation stays the caller's: free it only after the buffer is
+/// released. Dropping the value releases it as [`Buffer`] does.
+#[derive(Debug)]
+pub struct CudaBuffer {
+    id: u64,
+    size: u64,
+    device: i32,
+    client: Client,
+    released: bool,
+}
+
+impl CudaBuffer {
+    /// The buffer's id at the shim.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether it has no bytes (never: the shim refuses empty buffers).
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The GPU it is on.
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// Releases the buffer at the shim (which unmaps the device memory).
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.released = true;
+        self.client.release_buffer(self.id).await
+    }
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let id = self.id;
+            rt.spawn(async move {
+                if let Err(e) = client.release_buffer(id).await {
+                    tracing::debug!(buffer = id, error = %e, "releasing a dropped CUDA buffer failed");
                 }
             });
         }

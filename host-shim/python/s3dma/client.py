@@ -237,17 +237,35 @@ class Buffer:
 
 
 class CudaBuffer:
-    """CUDA device memory registered with the shim (:meth:`Client.register_cuda`).
+    """CUDA device memory registered with the shim (:meth:`Client.alloc_cuda`,
+    :meth:`Client.register_cuda_fd`, or the legacy :meth:`Client.register_cuda`).
     Use it (or its id) as the buffer of GETs and PUTs; there is no host
-    view of it here."""
+    view of it here. One from :meth:`Client.alloc_cuda` owns its allocation:
+    :attr:`ptr` is its device pointer in this process, and it has
+    ``__cuda_array_interface__`` (``torch.as_tensor(buf, device="cuda")``
+    views the same memory, and keeps this object, so the memory, alive).
+    The allocation is freed when this object is garbage collected, or by
+    :meth:`free`; :meth:`release` ends only the registration."""
 
-    def __init__(self, client: "Client", buffer_id: int, size: int, label: str, device: int):
+    def __init__(self, client: "Client", buffer_id: int, size: int, label: str, device: int, allocation=None):
         self._client = client
         self.id = buffer_id
         self.size = size
         self.label = label
         self.device = device
         self.released = False
+        self._allocation = allocation
+
+    @property
+    def ptr(self) -> int:
+        """The device pointer of an allocation this buffer owns (0 otherwise)."""
+        return self._allocation.ptr if self._allocation is not None else 0
+
+    @property
+    def __cuda_array_interface__(self):
+        if self._allocation is None or not self._allocation.ptr:
+            raise AttributeError("__cuda_array_interface__: this CudaBuffer owns no allocation here")
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self._allocation.ptr, False), "version": 3}
 
     def __len__(self) -> int:
         return self.size
@@ -257,12 +275,23 @@ class CudaBuffer:
         return f"<s3dma.CudaBuffer id={self.id} size={self.size} device={self.device} label={self.label!r}{state}>"
 
     def release(self) -> None:
-        """Releases the registration (the shim closes its IPC mapping; the
-        allocation stays yours). Idempotent."""
+        """Releases the registration (the shim unmaps the memory; the
+        allocation stays, yours or this object's). Idempotent."""
         if self.released:
             return
         self._client._release(self.id)
         self.released = True
+
+    def free(self) -> None:
+        """Releases the registration and frees an allocation this buffer
+        owns (:meth:`Client.alloc_cuda`) now, rather than when the object is
+        collected: no view of it (torch, cupy) may be used afterwards."""
+        try:
+            if not self._client.closed:
+                self.release()
+        finally:
+            if self._allocation is not None:
+                self._allocation.free()
 
     def __enter__(self) -> "CudaBuffer":
         return self
@@ -489,14 +518,78 @@ class Client:
         self._buffers[buf.id] = buf
         return buf
 
+    def alloc_cuda(self, size: int, device: int = 0, label: str = "") -> "CudaBuffer":
+        """Allocates ``size`` bytes of device memory on GPU ``device`` that the
+        shim can map (``cuMemCreate`` with a POSIX fd shareable handle,
+        see :mod:`s3dma.cuda`), registers it with :meth:`register_cuda_fd`
+        and returns the buffer, which owns the allocation (:attr:`CudaBuffer.ptr`,
+        ``__cuda_array_interface__``). Needs a CUDA driver in this process."""
+        from . import cuda
+
+        self._check()
+        try:
+            alloc = cuda.ShareableAllocation(size, device)
+        except cuda.CudaError as e:
+            raise errors.Unsupported(str(e), code="CudaUnavailable", domain=errors.CLIENT_DOMAIN) from None
+        try:
+            fd = alloc.export_fd()
+            try:
+                buf = self.register_cuda_fd(fd, size, device, label)
+            finally:
+                cuda.close_fd(fd)  # the shim holds its own reference
+        except BaseException:
+            alloc.free()
+            raise
+        buf._allocation = alloc
+        return buf
+
+    def register_cuda_fd(self, fd: int, size: int, device: int = 0, label: str = "") -> "CudaBuffer":
+        """Registers CUDA device memory by its POSIX file descriptor: ``fd``
+        is what ``cuMemExportToShareableHandle`` (handle type
+        ``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR``) returned for an
+        allocation of at least ``size`` bytes on ``device`` (made with
+        ``cuMemCreate`` requesting that handle type). The fd goes over this
+        client's lease and stays yours (close it when you like); the shim
+        maps the allocation until :meth:`CudaBuffer.release` or the end of
+        the lease, and keeps it alive meanwhile. GETs into the buffer land
+        in device memory; PUTs read from it."""
+        self._check()
+        if not isinstance(fd, int) or fd < 0:
+            raise ValueError(f"fd must be an open file descriptor, not {fd!r}")
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size must be a positive integer, not {size!r}")
+        try:
+            handle = self._lease.pass_fd(fd, cuda=True)
+        except LeaseError as e:
+            msg = e.shim_message or str(e)
+            if "cannot use CUDA" in msg or "without the `cuda` feature" in msg:
+                raise errors.Unsupported(str(e), code="Unsupported", domain=errors.CLIENT_DOMAIN) from None
+            raise errors.LeaseRefused(str(e), code="LeaseRefused", domain=errors.CLIENT_DOMAIN) from None
+        except OSError as e:
+            raise errors.ShimUnavailable(
+                f"passing a CUDA fd to the host-shim {self.socket} failed: {e}",
+                code="ShimUnavailable",
+                domain=errors.CLIENT_DOMAIN,
+            ) from None
+        r = self._call(
+            "RegisterBuffer",
+            tenant_pb2.RegisterBufferRequest(
+                lease=self._lease.id,
+                cuda=tenant_pb2.CudaMemory(fd_handle=handle, device=device, size=size),
+                label=label,
+            ),
+        )
+        return CudaBuffer(self, r.buffer_id, r.size or size, label, device)
+
     def register_cuda(self, ipc_handle: bytes, size: int, device: int = 0, label: str = "") -> "CudaBuffer":
-        """Registers CUDA device memory with the shim by its 64-byte
+        """Registers CUDA device memory by a legacy 64-byte
         ``CUipcMemHandle`` (``cuIpcGetMemHandle`` of an allocation of at
-        least ``size`` bytes on ``device``). GETs into the returned buffer
-        land in device memory; PUTs read from it. The shim opens the handle
-        itself, so the allocation must stay alive until :meth:`release`
-        (or the end of the lease). With torch, :meth:`register_cuda_tensor`
-        finds the handle for you."""
+        least ``size`` bytes on ``device``). Such a handle opens the memory
+        for whoever presents it, so shims refuse it (:class:`s3dma.Unsupported`)
+        unless their ``cuda.allow_legacy_ipc_handles`` is set; use
+        :meth:`alloc_cuda` or :meth:`register_cuda_fd`. Where it is taken,
+        the shim opens the handle itself, so the allocation must stay alive
+        until :meth:`CudaBuffer.release` (or the end of the lease)."""
         self._check()
         if not isinstance(ipc_handle, (bytes, bytearray)) or len(ipc_handle) != 64:
             raise ValueError("ipc_handle must be the 64 bytes of a CUipcMemHandle")
@@ -513,10 +606,15 @@ class Client:
         return CudaBuffer(self, r.buffer_id, r.size or size, label, device)
 
     def register_cuda_tensor(self, tensor, label: str = "") -> Tuple["CudaBuffer", int]:
-        """Registers the CUDA allocation behind a torch tensor's storage.
-        Returns the buffer and the byte offset of the tensor's first element
-        in it (torch's caching allocator hands out pieces of larger blocks,
-        and IPC handles name whole blocks)."""
+        """Registers the CUDA allocation behind a torch tensor's storage by
+        its legacy IPC handle (torch's caching allocator memory has no fd to
+        share). Returns the buffer and the byte offset of the tensor's first
+        element in it (torch's caching allocator hands out pieces of larger
+        blocks, and IPC handles name whole blocks). Shims refuse legacy
+        handles by default (:class:`s3dma.Unsupported`, on which s3dma's
+        torch helpers stage through host memory); for device memory any
+        shim takes, use :meth:`alloc_cuda` and view it with
+        ``torch.as_tensor(buf, device="cuda")``."""
         if not getattr(tensor, "is_cuda", False):
             raise ValueError("register_cuda_tensor needs a CUDA tensor (tensor.is_cuda)")
         storage = tensor.untyped_storage()

@@ -1,8 +1,10 @@
-"""The lease protocol: passing memfds to the host-shim (not gRPC).
+"""The lease protocol: passing memfds (and CUDA fds) to the host-shim (not gRPC).
 
 A connection to the shim's socket that starts with :data:`MAGIC` is a
 *lease*. The shim answers the magic with the lease id; then every
-:func:`encode_fd_request` frame, sent with exactly one fd attached
+:func:`encode_fd_request` frame (host memory: a sealed memfd) or
+:func:`encode_cuda_fd_request` frame (device memory: the POSIX fd of
+``cuMemExportToShareableHandle``), sent with exactly one fd attached
 (``SCM_RIGHTS``), is answered with the same ``seq`` and an *fd handle* that
 RegisterBuffer accepts. Buffers registered under a lease are released when
 the lease connection closes (the process exits or dies; after a fork, when
@@ -10,7 +12,8 @@ the last process holding it closes it).
 
 Frames (mirrors ``proto/src/lease.rs``)::
 
-    request  8 bytes:  b"FD" 0 0  seq u32 LE            (+ 1 fd)
+    request  8 bytes:  b"FD" 0 0  seq u32 LE            (+ 1 memfd)
+                       b"CU" 0 0  seq u32 LE            (+ 1 CUDA fd)
     reply   24 bytes:  status u8 (0 ok, 1 error)  reserved u8 (0)
                        message_len u16 LE  seq u32 LE  id [16]u8
                        then message_len bytes of UTF-8 (errors only)
@@ -59,6 +62,14 @@ def encode_fd_request(seq: int) -> bytes:
     if not 0 <= seq <= 0xFFFFFFFF:
         raise ValueError(f"seq {seq} is not a u32")
     return _REQ.pack(b"FD", 0, seq)
+
+
+def encode_cuda_fd_request(seq: int) -> bytes:
+    """The 8-byte frame that carries one CUDA shareable handle (a POSIX fd
+    from ``cuMemExportToShareableHandle``): ``C`` ``U`` 0 0 seq (u32 LE)."""
+    if not 0 <= seq <= 0xFFFFFFFF:
+        raise ValueError(f"seq {seq} is not a u32")
+    return _REQ.pack(b"CU", 0, seq)
 
 
 def decode_fd_request(b: bytes) -> int:
@@ -207,14 +218,15 @@ class Lease:
         msg = _recv_exact(self._sock, h.message_len, what) if h.message_len else b""
         return finish_reply(h, msg)
 
-    def pass_fd(self, fd: int) -> bytes:
-        """Sends ``fd`` to the shim; returns the 16-byte fd handle."""
+    def pass_fd(self, fd: int, cuda: bool = False) -> bytes:
+        """Sends ``fd`` to the shim (a memfd, or with ``cuda`` a CUDA
+        shareable handle); returns the 16-byte fd handle."""
         with self._lock:
             if self._sock.fileno() < 0:
                 raise LeaseError("the lease is closed")
             self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
             seq = self._seq
-            frame = encode_fd_request(seq)
+            frame = encode_cuda_fd_request(seq) if cuda else encode_fd_request(seq)
             sent = socket.send_fds(self._sock, [frame], [fd])
             if sent != len(frame):  # a stream socket sends 8 bytes whole in practice
                 self._sock.sendall(frame[sent:])

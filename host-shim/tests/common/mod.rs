@@ -56,6 +56,8 @@ pub(crate) struct ShimOpts {
     pub metrics_yaml: String,
     /// Extra YAML lines under `fabric:`.
     pub fabric_yaml: String,
+    /// Extra YAML lines under `cuda:`.
+    pub cuda_yaml: String,
     /// Extra environment variables of the shim process.
     pub env: Vec<(String, String)>,
 }
@@ -232,8 +234,8 @@ impl Stack {
 /// 4 buffers, 64MiB), metrics on loopback (then `opts.metrics_yaml`).
 fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim::config::Config {
     use host_shim::config::{
-        AgentConfig, ByteSize, Config, FabricConfig, LeaseConfig, MetricsConfig, SocketConfig,
-        TenantConfig,
+        AgentConfig, ByteSize, Config, CudaConfig, FabricConfig, LeaseConfig, MetricsConfig,
+        SocketConfig, TenantConfig,
     };
     use s3dma_launcher::harness::overlay;
     let mut socket = SocketConfig::new(dir.join("shim.sock"));
@@ -273,6 +275,7 @@ fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim
         ),
         tenants: vec![overlay(&alice, &opts.alice_yaml), bob],
         leases: LeaseConfig::default(),
+        cuda: overlay(&CudaConfig::default(), &opts.cuda_yaml),
         metrics: overlay(
             &MetricsConfig {
                 address: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
