@@ -125,14 +125,14 @@ struct Api {
     ipc_open: unsafe extern "C" fn(*mut CuDevicePtr, IpcMemHandle, c_uint) -> CuResult,
     ipc_close: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
     ipc_get: unsafe extern "C" fn(*mut IpcMemHandle, CuDevicePtr) -> CuResult,
-    mem_create:
-        unsafe extern "C" fn(*mut MemHandle, usize, *const AllocationProp, u64) -> CuResult,
+    mem_create: unsafe extern "C" fn(*mut MemHandle, usize, *const AllocationProp, u64) -> CuResult,
     mem_release: unsafe extern "C" fn(MemHandle) -> CuResult,
     mem_export: unsafe extern "C" fn(*mut c_void, MemHandle, c_int, u64) -> CuResult,
     mem_import: unsafe extern "C" fn(*mut MemHandle, *mut c_void, c_int) -> CuResult,
     mem_properties: unsafe extern "C" fn(*mut AllocationProp, MemHandle) -> CuResult,
     mem_granularity: unsafe extern "C" fn(*mut usize, *const AllocationProp, c_int) -> CuResult,
-    address_reserve: unsafe extern "C" fn(*mut CuDevicePtr, usize, usize, CuDevicePtr, u64) -> CuResult,
+    address_reserve:
+        unsafe extern "C" fn(*mut CuDevicePtr, usize, usize, CuDevicePtr, u64) -> CuResult,
     address_free: unsafe extern "C" fn(CuDevicePtr, usize) -> CuResult,
     mem_map: unsafe extern "C" fn(CuDevicePtr, usize, usize, MemHandle, u64) -> CuResult,
     mem_unmap: unsafe extern "C" fn(CuDevicePtr, usize) -> CuResult,
@@ -436,7 +436,11 @@ impl DeviceMemory {
                 HANDLE_TYPE_POSIX_FD,
             )
         };
-        check(api, rc, "cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)")?;
+        check(
+            api,
+            rc,
+            "cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)",
+        )?;
         // From here the handle is ours to release, mapped or not.
         let mapped = dm.map_import(api, handle, ordinal);
         // SAFETY: releasing the imported handle once; a mapping made from
@@ -533,7 +537,11 @@ impl DeviceMemory {
                 0,
             )
         };
-        check(api, rc, "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)")?;
+        check(
+            api,
+            rc,
+            "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)",
+        )?;
         // SAFETY: the driver returned a fresh fd that we now own.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }

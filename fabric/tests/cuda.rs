@@ -470,7 +470,10 @@ fn shareable_memory_exported_as_an_fd_imports_the_same_bytes() {
     drop(m);
     let mut want = data;
     want[100..7100].copy_from_slice(&patch);
-    assert!(device_bytes(&imported) == want, "the import holds the memory");
+    assert!(
+        device_bytes(&imported) == want,
+        "the import holds the memory"
+    );
     // A fabric memory source like any other device memory.
     let mem = Memory::from_cuda(imported);
     assert_eq!((mem.kind(), mem.len()), (MemoryKind::Cuda, len));

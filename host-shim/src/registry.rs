@@ -596,9 +596,8 @@ impl Registry {
                 })?;
                 self.reserve(tenant, size)?;
                 #[cfg(feature = "cuda")]
-                let registered =
-                    Memory::cuda_ipc(device, fabric::cuda::IpcMemHandle(handle), len)
-                        .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
+                let registered = Memory::cuda_ipc(device, fabric::cuda::IpcMemHandle(handle), len)
+                    .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
                 #[cfg(not(feature = "cuda"))]
                 let registered: Result<Region, fabric::FabricError> = {
                     let _ = handle;

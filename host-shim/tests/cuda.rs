@@ -131,7 +131,12 @@ fn legacy_allowed() -> ShimOpts {
 /// Passes `fd` over the lease `s` in a `CU` frame (a CUDA shareable
 /// handle); the fd handle, or the shim's error message.
 async fn pass_cuda_fd(s: &mut UnixStream, fd: BorrowedFd<'_>) -> Result<Vec<u8>, String> {
-    pass_frame(s, &s3dma_proto::lease::CudaFdRequest { seq: 9 }.encode(), fd).await
+    pass_frame(
+        s,
+        &s3dma_proto::lease::CudaFdRequest { seq: 9 }.encode(),
+        fd,
+    )
+    .await
 }
 
 /// Passes `fd` over the lease `s` in an `FD` frame (host memory).
@@ -139,7 +144,11 @@ async fn pass_host_fd(s: &mut UnixStream, fd: BorrowedFd<'_>) -> Result<Vec<u8>,
     pass_frame(s, &s3dma_proto::lease::FdRequest { seq: 9 }.encode(), fd).await
 }
 
-async fn pass_frame(s: &mut UnixStream, frame: &[u8], fd: BorrowedFd<'_>) -> Result<Vec<u8>, String> {
+async fn pass_frame(
+    s: &mut UnixStream,
+    frame: &[u8],
+    fd: BorrowedFd<'_>,
+) -> Result<Vec<u8>, String> {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     s.writable().await.unwrap();
     let iov = [std::io::IoSlice::new(frame)];
@@ -731,7 +740,12 @@ async fn issue30_legacy_ipc_handles_are_refused_by_default_naming_the_fd_way() {
             })
             .await
             .unwrap_err();
-        assert_status(&st, Code::InvalidArgument, "InvalidArgument", &["exactly one"]);
+        assert_status(
+            &st,
+            Code::InvalidArgument,
+            "InvalidArgument",
+            &["exactly one"],
+        );
     }
 }
 
@@ -794,7 +808,12 @@ async fn child_bob_presents_alices_ipc_handle() {
     let st = register_raw(&mut raw, &h[8..24], handle, 0, 1 << 20)
         .await
         .unwrap_err();
-    assert_status(&st, Code::Unimplemented, "Unsupported", &["legacy CUDA IPC"]);
+    assert_status(
+        &st,
+        Code::Unimplemented,
+        "Unsupported",
+        &["legacy CUDA IPC"],
+    );
     let i = info(&mut raw).await;
     assert_eq!((i.buffers, i.buffer_bytes), (0, 0));
 }
@@ -815,14 +834,18 @@ async fn issue30_forged_and_non_cuda_fds_are_refused() {
     let mut raw = raw_tenant_client(&stack.shim.socket).await;
     let (mut lease, lease_id) = open_lease(&stack.shim).await;
     let pid = stack.shim.pid().unwrap();
-    let fds_before = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let fds_before = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
 
     let (pipe_r, _pipe_w) = std::io::pipe().unwrap();
     let null = std::fs::File::open("/dev/null").unwrap();
     let host = fabric::Memory::memfd("host", 4 << 20).unwrap();
-    let forged =
-        rustix::fs::memfd_create("s3dma-cuda-standin:1:vmm-1:0", rustix::fs::MemfdFlags::empty())
-            .unwrap();
+    let forged = rustix::fs::memfd_create(
+        "s3dma-cuda-standin:1:vmm-1:0",
+        rustix::fs::MemfdFlags::empty(),
+    )
+    .unwrap();
     rustix::fs::ftruncate(&forged, 2 << 20).unwrap();
     let candidates: [(&str, BorrowedFd<'_>); 4] = [
         ("a pipe", pipe_r.as_fd()),
@@ -849,7 +872,12 @@ async fn issue30_forged_and_non_cuda_fds_are_refused() {
     let st = register_fd(&mut raw, &lease_id, host_handle, 0, 4096)
         .await
         .unwrap_err();
-    assert_status(&st, Code::InvalidArgument, "InvalidArgument", &["host memory"]);
+    assert_status(
+        &st,
+        Code::InvalidArgument,
+        "InvalidArgument",
+        &["host memory"],
+    );
     let (gpu, fd) = shareable(2 << 20);
     let cuda_handle = pass_cuda_fd(&mut lease, fd.as_fd()).await.unwrap();
     let st = raw
@@ -889,7 +917,10 @@ async fn issue30_forged_and_non_cuda_fds_are_refused() {
     assert_eq!((i.buffers, i.buffer_bytes), (0, 0));
     assert_eq!(standin_mappings_in(&stack.shim), 0);
     eventually("the shim closes the refused fds", async || {
-        std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() <= fds_before
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+            <= fds_before
     })
     .await;
 
@@ -901,8 +932,13 @@ async fn issue30_forged_and_non_cuda_fds_are_refused() {
         .await
         .unwrap();
     let h = pass_cuda_fd(&mut lease, fd.as_fd()).await.unwrap();
-    let buffer = register_fd(&mut raw, &lease_id, h, 0, 2 << 20).await.unwrap();
-    assert_eq!(get_into(&mut raw, "f", buffer, 7, None).await.unwrap(), 5000);
+    let buffer = register_fd(&mut raw, &lease_id, h, 0, 2 << 20)
+        .await
+        .unwrap();
+    assert_eq!(
+        get_into(&mut raw, "f", buffer, 7, None).await.unwrap(),
+        5000
+    );
     let mut back = vec![0u8; 5000];
     gpu.copy_to_host(7, &mut back).unwrap();
     assert!(back == data(5000, 3));
@@ -921,14 +957,22 @@ async fn an_imported_fd_holds_the_memory_until_the_lease_ends() {
     let payload = data(100_000, 8);
     let mut src = c.alloc(payload.len()).await.unwrap();
     src.as_mut_slice().copy_from_slice(&payload);
-    c.put_object_from("alice-data", "p", &src, 0..payload.len(), PutOptions::default())
-        .await
-        .unwrap();
+    c.put_object_from(
+        "alice-data",
+        "p",
+        &src,
+        0..payload.len(),
+        PutOptions::default(),
+    )
+    .await
+    .unwrap();
     let mut raw = raw_tenant_client(&stack.shim.socket).await;
     let (mut lease, lease_id) = open_lease(&stack.shim).await;
     let (gpu, fd) = shareable(1 << 20);
     let h = pass_cuda_fd(&mut lease, fd.as_fd()).await.unwrap();
-    let buffer = register_fd(&mut raw, &lease_id, h, 0, 1 << 20).await.unwrap();
+    let buffer = register_fd(&mut raw, &lease_id, h, 0, 1 << 20)
+        .await
+        .unwrap();
     let standin = standin_mappings_in(&stack.shim) > 0;
     drop((gpu, fd));
     // The shim's mapping still takes and gives bytes.
@@ -952,7 +996,10 @@ async fn an_imported_fd_holds_the_memory_until_the_lease_ends() {
     assert!(stored == payload);
     drop(lease);
     eventually("the lease's buffer is released", async || {
-        buffers(&mut raw).await.iter().all(|b| b.buffer_id != buffer)
+        buffers(&mut raw)
+            .await
+            .iter()
+            .all(|b| b.buffer_id != buffer)
     })
     .await;
     shim_unmaps(standin, &stack.shim, "the shim unmaps the lease's buffer").await;
@@ -970,9 +1017,15 @@ async fn the_rust_client_registers_device_memory_by_fd() {
     let payload = data(300_000, 21);
     let mut src = c.alloc(payload.len()).await.unwrap();
     src.as_mut_slice().copy_from_slice(&payload);
-    c.put_object_from("alice-data", "rc", &src, 0..payload.len(), PutOptions::default())
-        .await
-        .unwrap();
+    c.put_object_from(
+        "alice-data",
+        "rc",
+        &src,
+        0..payload.len(),
+        PutOptions::default(),
+    )
+    .await
+    .unwrap();
     let size = 3 << 20;
     let (gpu, fd) = shareable(size);
     gpu.copy_from_host(0, &vec![0x11; size]).unwrap();
@@ -984,9 +1037,18 @@ async fn the_rust_client_registers_device_memory_by_fd() {
     assert_eq!((cbuf.len(), cbuf.device()), (size as u64, 0));
     let listed = c.list_buffers().await.unwrap();
     let ours = listed.iter().find(|b| b.buffer_id == cbuf.id()).unwrap();
-    assert_eq!((ours.kind.as_str(), ours.label.as_str()), ("cuda", "rust-gpu"));
+    assert_eq!(
+        (ours.kind.as_str(), ours.label.as_str()),
+        ("cuda", "rust-gpu")
+    );
     let got = c
-        .get_object_into_cuda("alice-data", "rc", &cbuf, 99, s3dma_client::GetOptions::default())
+        .get_object_into_cuda(
+            "alice-data",
+            "rc",
+            &cbuf,
+            99,
+            s3dma_client::GetOptions::default(),
+        )
         .await
         .unwrap();
     assert_eq!(got.bytes_placed, payload.len() as u64);
@@ -1008,10 +1070,22 @@ async fn the_rust_client_registers_device_memory_by_fd() {
     assert!(stored == payload);
     // Checked on this side before any request.
     let e = c
-        .put_object_from_cuda("alice-data", "x", &cbuf, 0..size as u64 + 1, PutOptions::default())
+        .put_object_from_cuda(
+            "alice-data",
+            "x",
+            &cbuf,
+            0..size as u64 + 1,
+            PutOptions::default(),
+        )
         .await
         .unwrap_err();
     assert!(e.to_string().contains("not within"), "{e}");
     cbuf.release().await.unwrap();
-    assert!(c.list_buffers().await.unwrap().iter().all(|b| b.kind != "cuda"));
+    assert!(
+        c.list_buffers()
+            .await
+            .unwrap()
+            .iter()
+            .all(|b| b.kind != "cuda")
+    );
 }

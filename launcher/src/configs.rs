@@ -146,7 +146,8 @@ pub fn host_shim(
     metrics: bool,
 ) -> host_shim::config::Config {
     use host_shim::config::{
-        AgentConfig, Config, CudaConfig, FabricConfig, LeaseConfig, MetricsConfig, SocketConfig, TenantConfig,
+        AgentConfig, Config, CudaConfig, FabricConfig, LeaseConfig, MetricsConfig, SocketConfig,
+        TenantConfig,
     };
     let mut sock = SocketConfig::new(socket.to_path_buf());
     sock.mode = "0600".to_owned();
