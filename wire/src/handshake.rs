@@ -17,7 +17,7 @@
 //!    `HMAC(K, "s3dma-fabric v2 requester" ‖ id(T) ‖ hello ‖ challenge)`;
 //!    the responder checks it with `id(E)` in constant time, so a peer
 //!    without `K` is refused, and so is a proof made for another endpoint;
-//! 4. responder → requester: [`Verdict`](crate::frame::Verdict)
+//! 4. responder → requester: [`Verdict`]
 //!    ([`FabricKey::verdict`]).
 //!
 //! Both nonces are fresh per connection, so a recorded exchange cannot be
