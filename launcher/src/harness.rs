@@ -243,6 +243,16 @@ impl Target {
         cfg.rdma.fabric_key_file = Some(key);
         cfg.rdma.backend = backend();
         cfg.rdma.connect_timeout_ms = 2000;
+        // A target in a test's own network namespace serves clients on its
+        // /24 (the veth pair): let it connect there as well as loopback.
+        if let std::net::IpAddr::V4(v4) = ip
+            && !v4.is_loopback()
+        {
+            let [a, b, c, _] = v4.octets();
+            if let Ok(net) = format!("{a}.{b}.{c}.0/24").parse() {
+                cfg.rdma.allowed_client_networks.push(net);
+            }
+        }
         if let Some(up) = upstream {
             cfg.store = storage_target::gateway::StoreKind::S3;
             cfg.upstream = Some(up);
