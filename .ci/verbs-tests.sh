@@ -4,8 +4,9 @@
 #
 #   bash .ci/verbs-tests.sh
 #
-# Here (on the host) it builds the test binaries with cargo, then runs itself
-# inside the VM, which runs those binaries (no compiling under emulation):
+# Here (on the host) it lists the test binaries cargo built (building them
+# if needed), then runs itself inside the VM, which runs those binaries (no
+# compiling under emulation):
 #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
 #   - storage-target: the RDMA GET/PUT/UploadPart suite, target and tenant on verbs;
 #   - dpu-agent: transfers and the HTTP fallback, agent, target and tenant
@@ -22,31 +23,42 @@ LIST="target/rdma-vm/verbs-tests.list"
 
 if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   mkdir -p target/rdma-vm
-  : >"$LIST"
-  # build FILTER -- CARGO_TEST_ARGS...: builds and appends "DIR|FILTER|EXE"
-  # for each test binary cargo reports.
-  build() {
-    local filter="$1"
-    shift 2
-    cargo test --locked --no-run --message-format=json-render-diagnostics "$@" |
-      python3 -c '
+  # The test binaries of the workspace's one feature set (as .ci/test.sh:
+  # nothing is rebuilt after its `cargo test`), one "DIR|FILTERS|EXE" line
+  # for each binary that has verbs suites, with the libtest filters it runs:
+  #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
+  #   - storage-target: the RDMA GET/PUT/UploadPart suite;
+  #   - dpu-agent: transfers and the HTTP fallback (Ceph's radosgw is reached
+  #     over HTTP only: its fallback test runs on the host, not under the
+  #     VM's emulated CPUs);
+  #   - host-shim: the whole stack through the Rust client.
+  cargo test --workspace --all-features --locked --no-run --message-format=json-render-diagnostics |
+    python3 -c '
 import json, os, sys
-flt = sys.argv[1]
+filters = {
+    ("fabric", "fabric"): "verbs::",
+    ("fabric", "it"): "conformance::verbs::",
+    ("storage-target", "it"): "rdma::",
+    ("dpu-agent", "it"): "transfers:: fallback:: --skip ceph",
+    ("host-shim", "it"): "e2e::",
+}
 for line in sys.stdin:
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print("|".join([os.path.dirname(m["manifest_path"]), flt, m["executable"]]))
-' "$filter" >>"$LIST"
-  }
-  build "verbs::" -- -p fabric --features verbs --lib --test conformance
-  build "" -- -p storage-target --test rdma
-  # Ceph's radosgw is reached over HTTP only: its fallback test runs on the
-  # host, not under the VM's emulated CPUs.
-  build "--skip ceph" -- -p dpu-agent --test transfers --test fallback
-  build "" -- -p host-shim --test e2e
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    d = os.path.dirname(m["manifest_path"])
+    key = (os.path.basename(d), m["target"]["name"])
+    if key in filters:
+        print("|".join([d, filters[key], m["executable"]]))
+' >"$LIST"
+  if [ "$(wc -l <"$LIST")" -ne 5 ]; then
+    echo "verbs-tests: expected 5 test binaries, found:" >&2
+    cat "$LIST" >&2
+    exit 1
+  fi
   echo "verbs-tests: $(wc -l <"$LIST") test binaries built; booting the VM"
   S3DMA_VM_TIMEOUT="${S3DMA_VM_TIMEOUT:-2700}" exec bash .ci/rdma-vm.sh bash .ci/verbs-tests.sh
 fi

@@ -6,7 +6,7 @@
 //! `cargo bench -p storage-target --bench rdma_vs_http` (add `-- --quick`
 //! for one repetition each). Prints a table and, as the last line, JSON.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::Path;

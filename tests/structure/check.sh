@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The layout rules the architecture doc promises, checked against the code:
 # the crate map matches cargo metadata, the pure wire crate has no runtime
-# or socket dependency, a tenant application's client library builds
-# without libibverbs, and fabric's (and wire's) modules form no cycle.
+# or socket dependency, what a tenant builds (the client library and the
+# `s3dma` CLI) needs no libibverbs, and no crate's modules import each other
+# in a circle.
 # Every check runs; the script fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
@@ -22,14 +23,24 @@ else
   echo "s3dma-wire: no tokio, mio, socket2, hyper or tonic among its $(wc -l <<<"$wire_deps") dependencies"
 fi
 
-client_deps=$(deps s3dma-client) || fail=1
-if grep -qx rdma-sys <<<"$client_deps"; then
-  echo "s3dma-client depends on rdma-sys: a tenant application would need libibverbs to build" >&2
-  cargo tree --locked -e normal -p s3dma-client -i rdma-sys >&2
-  fail=1
-else
-  echo "s3dma-client: no rdma-sys among its $(wc -l <<<"$client_deps") dependencies"
-fi
+# What a tenant machine builds: the client library and the `s3dma` CLI
+# (local mode starts the services' binaries; it uses only their config
+# types, without their `verbs` feature).
+for tenant_crate in s3dma-client s3dma-cli; do
+  tenant_deps=$(deps "$tenant_crate") || fail=1
+  if grep -qx rdma-sys <<<"$tenant_deps"; then
+    echo "$tenant_crate depends on rdma-sys: a tenant machine would need libibverbs to build it" >&2
+    cargo tree --locked -e normal -p "$tenant_crate" -i rdma-sys >&2
+    fail=1
+  else
+    echo "$tenant_crate: no rdma-sys among its $(wc -l <<<"$tenant_deps") dependencies"
+  fi
+done
 
-python3 tests/structure/module_cycles.py fabric/src wire/src || fail=1
+# Every crate of the workspace: the directory of each member's Cargo.toml.
+mapfile -t crate_srcs < <(cargo metadata --locked --no-deps --format-version 1 |
+  python3 -c 'import json, os, sys
+for p in json.load(sys.stdin)["packages"]:
+    print(os.path.join(os.path.relpath(os.path.dirname(p["manifest_path"])), "src"))')
+python3 tests/structure/module_cycles.py "${crate_srcs[@]}" || fail=1
 exit "$fail"

@@ -6,12 +6,11 @@
 //! Not run in the Soft-RoCE VM (the cluster is HTTP only; the gateway's
 //! RDMA side is the target's, covered there).
 
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use fabric::Access;
 use pb::byte_range::Kind;
 use s3dma_launcher::harness::{CacheConfig, TargetOpts};

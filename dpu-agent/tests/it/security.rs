@@ -4,14 +4,13 @@
 //! errors, replies), and configuration errors that name the file and the
 //! field but never a secret.
 
-mod common;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use fabric::Access;
 use futures::StreamExt as _;
 use rcgen::{

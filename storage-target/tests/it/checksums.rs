@@ -5,7 +5,6 @@
 //! COMPOSITE and FULL_OBJECT uploads, ListParts, GetObjectAttributes,
 //! CopyObject, and values that survive a restart.
 
-mod common;
 
 use std::time::SystemTime;
 
@@ -18,7 +17,7 @@ use aws_sdk_s3::types::{
 };
 use base64::Engine as _;
 use bytes::Bytes;
-use common::{ADMIN, Server, data, err, raw, sign_v4};
+use crate::common::{ADMIN, Server, data, err, raw, sign_v4};
 use sha2::Digest as _;
 
 fn b64(b: &[u8]) -> String {

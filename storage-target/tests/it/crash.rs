@@ -2,7 +2,6 @@
 //! old object is intact with its old ETag, no partial object is visible and
 //! no leftover files remain.
 
-mod common;
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use common::{Server, data, files_under, md5_hex};
+use crate::common::{Server, data, files_under, md5_hex};
 use futures::SinkExt as _;
 use http_body::Frame;
 

@@ -426,7 +426,7 @@ async fn start_helper(key_hex: &str, size: usize) -> (Helper, fabric::EndpointAd
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_endpoint_process",
+            "tcp_protocol::helper_endpoint_process",
             "--ignored",
             "--nocapture",
             "--test-threads=1",

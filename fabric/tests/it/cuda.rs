@@ -225,8 +225,10 @@ const IPC_LEN: usize = (3 << 20) + 77;
 /// Runs this test binary's test `name` in a new process with `env`; returns
 /// its output, panicking (with it) unless the child test passed.
 fn run_child(name: &str, env: &[(&str, String)]) -> String {
+    // Test names in the one test binary carry this module's path.
+    let name = format!("cuda::{name}");
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .unwrap();

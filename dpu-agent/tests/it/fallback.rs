@@ -5,9 +5,8 @@
 //! bytes between HTTP bodies and the tenant's window through its own
 //! registered staging memory; the tenant sees the same API.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use fabric::Access;
 use pb::byte_range::Kind;
 use s3dma_proto::agent::v1 as pb;

@@ -1,9 +1,8 @@
 //! GET and PUT through the real dpu-agent and storage-target processes: a
 //! tenant holds tcp-fabric memory and calls the agent's gRPC API.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use fabric::Access;
 use pb::byte_range::{Bounded, Kind};
 use s3dma_proto::agent::v1 as pb;

@@ -4,8 +4,6 @@
 //! socket. The filesystem store's listings, multipart caps and ownership
 //! rules: `hardening/store.rs`.
 
-mod common;
-#[path = "hardening/store.rs"]
 mod store;
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -16,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
-use common::{ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, sign_v4_as, write_private};
+use crate::common::{ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, sign_v4_as, write_private};
 use fabric::{
     Access, Domain, Endpoint, EndpointAddr, EndpointConfig, FabricKey, RdmaToken, Region,
 };

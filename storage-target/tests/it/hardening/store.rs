@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use storage_target::config::default_canonical_id;
 
-use super::common::{OWNER_A, OWNER_B, Server, data, err, raw};
+use crate::common::{OWNER_A, OWNER_B, Server, data, err, raw};
 
 const VISITED: &str = "s3dma_storage_target_listing_entries_visited_total";
 
@@ -550,7 +550,7 @@ async fn issue30_f10_upload_part_copy_counts_against_the_byte_cap() {
     assert_eq!(part_numbers(&a, "copies", "dst", &id).await, [1, 2]);
     // Nothing of the refused parts stays on disk (only the source object,
     // the two copied parts and the 1 MiB part).
-    let on_disk: u64 = super::common::files_under(&s.data_dir)
+    let on_disk: u64 = crate::common::files_under(&s.data_dir)
         .iter()
         .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
         .sum();

@@ -1,0 +1,12 @@
+//! storage-target's integration tests, one binary (`cargo test -p storage-target --test it`;
+//! one suite: `... --test it auth::`). Each module starts the real
+//! `storage-target` binary on free loopback ports (`common`) and drives it
+//! with real S3 clients.
+
+mod common;
+mod auth;
+mod checksums;
+mod crash;
+mod hardening;
+mod rdma;
+mod s3_api;
