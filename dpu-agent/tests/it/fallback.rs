@@ -5,7 +5,6 @@
 //! bytes between HTTP bodies and the tenant's window through its own
 //! registered staging memory; the tenant sees the same API.
 
-
 use crate::common::*;
 use fabric::Access;
 use pb::byte_range::Kind;

@@ -6,7 +6,6 @@
 //! Not run in the Soft-RoCE VM (the cluster is HTTP only; the gateway's
 //! RDMA side is the target's, covered there).
 
-
 use std::sync::Arc;
 use std::time::Duration;
 

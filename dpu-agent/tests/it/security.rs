@@ -4,7 +4,6 @@
 //! errors, replies), and configuration errors that name the file and the
 //! field but never a secret.
 
-
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

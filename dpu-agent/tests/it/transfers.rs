@@ -1,7 +1,6 @@
 //! GET and PUT through the real dpu-agent and storage-target processes: a
 //! tenant holds tcp-fabric memory and calls the agent's gRPC API.
 
-
 use crate::common::*;
 use fabric::Access;
 use pb::byte_range::{Bounded, Kind};

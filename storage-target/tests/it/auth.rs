@@ -2,14 +2,15 @@
 //! and presigned, payload modes, wrong/unknown keys, anonymous requests,
 //! per-bucket rights, and request ids on errors s3s raises itself.
 
-
 use crate::common;
 use std::time::{Duration, SystemTime};
 
+use crate::common::{
+    ADMIN, OWNER_A, OWNER_B, READER, Raw, Server, err as code, md5_hex, raw, sign_v4,
+};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use crate::common::{ADMIN, OWNER_A, OWNER_B, READER, Raw, Server, err as code, md5_hex, raw, sign_v4};
 use storage_target::config::default_canonical_id;
 
 /// Checks that an error response carries the same request id in the header and the XML body.

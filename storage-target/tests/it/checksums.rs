@@ -5,9 +5,9 @@
 //! COMPOSITE and FULL_OBJECT uploads, ListParts, GetObjectAttributes,
 //! CopyObject, and values that survive a restart.
 
-
 use std::time::SystemTime;
 
+use crate::common::{ADMIN, Server, data, err, raw, sign_v4};
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, RequestChecksumCalculation};
 use aws_sdk_s3::primitives::ByteStream;
@@ -17,7 +17,6 @@ use aws_sdk_s3::types::{
 };
 use base64::Engine as _;
 use bytes::Bytes;
-use crate::common::{ADMIN, Server, data, err, raw, sign_v4};
 use sha2::Digest as _;
 
 fn b64(b: &[u8]) -> String {

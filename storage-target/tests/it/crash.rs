@@ -2,14 +2,13 @@
 //! old object is intact with its old ETag, no partial object is visible and
 //! no leftover files remain.
 
-
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
+use crate::common::{Server, data, files_under, md5_hex};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use crate::common::{Server, data, files_under, md5_hex};
 use futures::SinkExt as _;
 use http_body::Frame;
 

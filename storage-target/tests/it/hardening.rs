@@ -11,10 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
+use crate::common::{
+    ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, sign_v4_as, write_private,
+};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
-use crate::common::{ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, sign_v4_as, write_private};
 use fabric::{
     Access, Domain, Endpoint, EndpointAddr, EndpointConfig, FabricKey, RdmaToken, Region,
 };

@@ -3,9 +3,9 @@
 //! `storage-target` binary on free loopback ports (`common`) and drives it
 //! with real S3 clients.
 
-mod common;
 mod auth;
 mod checksums;
+mod common;
 mod crash;
 mod hardening;
 mod rdma;

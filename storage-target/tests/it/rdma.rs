@@ -2,15 +2,14 @@
 //! a tenant holds memory on the tcp fabric, mints a window per request and
 //! signs requests (SigV4, token among the signed headers) with aws-sigv4.
 
-
 use crate::common;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
+use crate::common::{Raw, Server, data, md5_hex, raw, sign_v4};
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
 use bytes::Bytes;
-use crate::common::{Raw, Server, data, md5_hex, raw, sign_v4};
 use fabric::{Access, Backend, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
 use s3s::crypto::Checksum as _;
 use sha2::Digest as _;

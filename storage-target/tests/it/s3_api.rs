@@ -1,8 +1,8 @@
 //! Drives the real storage-target binary with aws-sdk-s3: every supported
 //! operation, metadata, ranges, conditionals, listings and multipart.
 
-
 use crate::common;
+use crate::common::{ADMIN, OTHER, Server, data, err, md5_hex, raw};
 use aws_sdk_s3::operation::RequestId as _;
 use aws_sdk_s3::primitives::{ByteStream, DateTime};
 use aws_sdk_s3::types::{
@@ -10,7 +10,6 @@ use aws_sdk_s3::types::{
     ObjectIdentifier,
 };
 use bytes::Bytes;
-use crate::common::{ADMIN, OTHER, Server, data, err, md5_hex, raw};
 
 async fn put(c: &aws_sdk_s3::Client, b: &str, k: &str, body: &[u8]) -> String {
     c.put_object()
