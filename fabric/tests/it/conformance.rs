@@ -4,8 +4,8 @@
 //! `tcp` (always) and on `verbs` where an RDMA device exists. Without one the
 //! verbs variants print why they were skipped, except inside the Soft-RoCE VM
 //! (`S3DMA_RDMA_VM`, set by `.ci/rdma-vm.sh`), where a missing device is a
-//! failure: `bash .ci/rdma-vm.sh cargo test -p fabric --features verbs --test
-//! conformance verbs::`.
+//! failure: `bash .ci/rdma-vm.sh cargo test --workspace --all-features --test it --
+//! conformance::verbs::`.
 
 use std::time::Duration;
 

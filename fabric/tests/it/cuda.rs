@@ -4,7 +4,7 @@
 //! tests with it on `LD_LIBRARY_PATH`). Without a driver each test prints
 //! why it is skipped and passes, unless `S3DMA_REQUIRE_CUDA=1` makes that a
 //! failure. On a GPU host: `S3DMA_REQUIRE_CUDA=1 cargo test -p fabric
-//! --features verbs,cuda --test cuda` (add `-- --include-ignored` on a host
+//! --all-features --test it cuda::` (add `-- --include-ignored` on a host
 //! with an RDMA NIC and GPUDirect RDMA for the dma-buf registration test).
 #![cfg(feature = "cuda")]
 
@@ -432,7 +432,7 @@ fn bad_device_ordinals_are_clear_errors() {
 #[test]
 #[ignore = "needs an RDMA NIC and an NVIDIA GPU with GPUDirect RDMA (dma-buf), which the \
             stand-in cannot give; on such a host: S3DMA_REQUIRE_CUDA=1 cargo test -p fabric \
-            --features verbs,cuda --test cuda -- --include-ignored"]
+            --all-features --test it cuda:: -- --include-ignored"]
 fn verbs_registers_gpu_memory_with_dmabuf() {
     let d = Domain::open(fabric::Backend::Verbs).unwrap();
     let r = d
@@ -443,7 +443,7 @@ fn verbs_registers_gpu_memory_with_dmabuf() {
 
 /// Memory from `cuMemCreate` exported as a POSIX fd maps the same bytes
 /// where the fd is imported (here the same process, as the fd would arrive
-/// in another one; the host-shim's tests/cuda.rs pass it between processes
+/// in another one; the host-shim's `cuda::` tests pass it between processes
 /// over the lease). The import keeps the allocation: the exporter may free
 /// its handle and close the fd.
 #[test]
