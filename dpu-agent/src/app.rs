@@ -439,3 +439,43 @@ async fn h2_opening(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
+
+/// The agent, as [`s3dma_service::skeleton::main`] runs it.
+#[derive(Debug)]
+pub struct Agent;
+
+impl s3dma_service::skeleton::Program for Agent {
+    const NAME: &'static str = "dpu-agent";
+    type Config = LoadedConfig;
+    type LoadError = s3dma_config::ConfigError;
+    type StartError = StartError;
+    type Running = Running;
+
+    fn load(path: &std::path::Path) -> Result<LoadedConfig, s3dma_config::ConfigError> {
+        crate::config::load(path)
+    }
+
+    fn worker_threads(cfg: &LoadedConfig) -> Option<usize> {
+        cfg.config.runtime.worker_threads
+    }
+
+    async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
+        start(cfg).await
+    }
+}
+
+impl s3dma_service::skeleton::Running for Running {
+    fn ready_lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("dpu-agent listening on {}", self.grpc_addr)];
+        lines.extend(self.metrics_server.describe().map(|m| format!("metrics on {m}")));
+        lines
+    }
+
+    async fn wait(&mut self) -> Result<(), s3dma_service::skeleton::ServerStopped> {
+        Running::wait(self).await
+    }
+
+    async fn shutdown(self) {
+        Running::shutdown(self).await;
+    }
+}
