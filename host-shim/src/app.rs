@@ -10,7 +10,7 @@ use s3dma_service::metrics::{MetricsOptions, MetricsServer};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::{AdmissionLayer, MethodLimits};
+use crate::admission::{AdmissionLayer, method_limits};
 use crate::agent_link::{AgentLink, LinkSettings};
 use crate::config::LoadedConfig;
 use crate::metrics::Metrics;
@@ -176,14 +176,14 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     });
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
-    let limits = MethodLimits::new(
+    let limits = method_limits(
         c.tenants
             .iter()
             .map(|t| t.max_batch_items)
             .max()
             .unwrap_or(1),
     );
-    let max_message = limits.max();
+    let max_message = limits.largest();
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))

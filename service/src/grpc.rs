@@ -207,7 +207,10 @@ mod tests {
         assert_eq!(l.of("RegisterBuffer"), 4096);
         assert_eq!(l.of("Info"), 1024);
         assert_eq!(l.of("GetObjects"), 1024 + 8 * 1280);
-        assert_eq!(l.for_path("/s3dma.tenant.v1.Tenant/GetObjects"), 1024 + 8 * 1280);
+        assert_eq!(
+            l.for_path("/s3dma.tenant.v1.Tenant/GetObjects"),
+            1024 + 8 * 1280
+        );
         assert_eq!(l.for_path("GetObjects"), 1024);
         assert_eq!(l.largest(), 1024 + 8 * 1280);
         assert_eq!(MethodLimits::batch(1, usize::MAX, 2), usize::MAX);

@@ -116,7 +116,7 @@ pub struct About<'a> {
     /// (empty: none).
     pub object: &'a str,
     /// The caller's process, when known.
-    pub pid: Option<u32>,
+    pub pid: Option<i32>,
 }
 
 /// One request: see the [module documentation](self).
@@ -234,8 +234,7 @@ impl Envelope {
         match result {
             Ok(v) => {
                 metrics.request(about.tenant, about.op, self.style.ok, elapsed);
-                self.span
-                    .in_scope(|| tracing::debug!(?elapsed, "done"));
+                self.span.in_scope(|| tracing::debug!(?elapsed, "done"));
                 Ok(v)
             }
             Err(e) => {

@@ -106,18 +106,23 @@ pub fn main<P: Program>(args: &ServiceArgs) -> ExitCode {
         default_log_filter: P::LOG_FILTER,
     };
     let config = args.config.clone();
-    service.run(args, P::load, P::worker_threads, |cfg, shutdown| async move {
-        let mut running = P::start(cfg)
-            .await
-            .map_err(|e| P::start_error(&config, &e))?;
-        announce(running.ready_lines());
-        tokio::select! {
-            r = running.wait() => r.map_err(|e| report(&e))?,
-            () = shutdown.cancelled() => {}
-        }
-        running.shutdown().await;
-        Ok::<(), String>(())
-    })
+    service.run(
+        args,
+        P::load,
+        P::worker_threads,
+        |cfg, shutdown| async move {
+            let mut running = P::start(cfg)
+                .await
+                .map_err(|e| P::start_error(&config, &e))?;
+            announce(running.ready_lines());
+            tokio::select! {
+                r = running.wait() => r.map_err(|e| report(&e))?,
+                () = shutdown.cancelled() => {}
+            }
+            running.shutdown().await;
+            Ok::<(), String>(())
+        },
+    )
 }
 
 /// The command line every service takes: `--config FILE [--check]`.
