@@ -279,3 +279,64 @@ impl Envelope {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Counted(Mutex<Vec<(String, String, String)>>);
+
+    impl RequestMetrics for Counted {
+        fn request(&self, tenant: &str, op: &str, status: &str, _elapsed: Duration) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((tenant.into(), op.into(), status.into()));
+        }
+    }
+
+    const STYLE: Style = Style {
+        span: Level::DEBUG,
+        client_failure: Level::INFO,
+        ok: "OK",
+    };
+
+    #[test]
+    fn client_ids_are_cut_and_escaped() {
+        assert_eq!(client_request_id(None), "");
+        assert_eq!(client_request_id(Some(b"abc")), "abc");
+        assert_eq!(client_request_id(Some(b"a\tb\x9b")), "a\\x09b\\x9b");
+        let long = [b'x'; 300];
+        assert_eq!(client_request_id(Some(&long)).len(), CLIENT_REQUEST_ID_MAX);
+    }
+
+    #[test]
+    fn finish_counts_and_returns_the_error() {
+        let m = Counted::default();
+        let env = Envelope::new(STYLE, "rid-1".into(), String::new());
+        assert_eq!(env.id(), "rid-1");
+        let about = About {
+            tenant: "alice",
+            op: "GetObject",
+            ..About::default()
+        };
+        assert_eq!(env.finish(&m, about, Ok::<_, tonic::Status>(7)).unwrap(), 7);
+        let e = env
+            .finish(
+                &m,
+                about,
+                Err::<(), _>(tonic::Status::not_found("no such key")),
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+        assert_eq!(
+            *m.0.lock().unwrap(),
+            [
+                ("alice".into(), "GetObject".into(), "OK".into()),
+                ("alice".into(), "GetObject".into(), "NOT_FOUND".into()),
+            ]
+        );
+    }
+}
