@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::auth::ShimAuth;
 use crate::config::LoadedConfig;
-use crate::gate::{ConnTimeouts, Gate, GatedStream, MethodLimits};
+use crate::gate::{ConnTimeouts, Gate, GatedStream, method_limits};
 use crate::metrics::Metrics;
 use crate::plan::PutPolicy;
 use crate::policy::TenantPolicy;
@@ -271,7 +271,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         builder = builder.tls_config(tls_cfg).map_err(StartError::Tls)?;
     }
     let service = AgentService::new(Arc::clone(&core));
-    let limits = MethodLimits::new(c.transfer.max_batch_items);
+    let limits = method_limits(c.transfer.max_batch_items);
     let gate = Gate::new(
         s3dma_proto::agent::v1::agent_server::AgentServer::new(service)
             .max_decoding_message_size(limits.largest()),
@@ -437,5 +437,49 @@ async fn h2_opening(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
         // Part of the preface so far (peek returns at once while bytes
         // wait): look again shortly.
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The agent, as [`s3dma_service::skeleton::main`] runs it.
+#[derive(Debug)]
+pub struct Agent;
+
+impl s3dma_service::skeleton::Program for Agent {
+    const NAME: &'static str = "dpu-agent";
+    type Config = LoadedConfig;
+    type LoadError = s3dma_config::ConfigError;
+    type StartError = StartError;
+    type Running = Running;
+
+    fn load(path: &std::path::Path) -> Result<LoadedConfig, s3dma_config::ConfigError> {
+        crate::config::load(path)
+    }
+
+    fn worker_threads(cfg: &LoadedConfig) -> Option<usize> {
+        cfg.config.runtime.worker_threads
+    }
+
+    async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
+        start(cfg).await
+    }
+}
+
+impl s3dma_service::skeleton::Running for Running {
+    fn ready_lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("dpu-agent listening on {}", self.grpc_addr)];
+        lines.extend(
+            self.metrics_server
+                .describe()
+                .map(|m| format!("metrics on {m}")),
+        );
+        lines
+    }
+
+    async fn wait(&mut self) -> Result<(), s3dma_service::skeleton::ServerStopped> {
+        Running::wait(self).await
+    }
+
+    async fn shutdown(self) {
+        Running::shutdown(self).await;
     }
 }

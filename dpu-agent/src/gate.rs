@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use s3dma_service::grpc::MethodLimits;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
@@ -49,40 +50,15 @@ pub const UNARY_MESSAGE_LIMIT: usize = 64 << 10;
 /// name, a range and a token fit in well under this).
 pub const BATCH_ITEM_LIMIT: usize = 4 << 10;
 
-/// Request body bounds per gRPC method.
-#[derive(Debug, Clone, Copy)]
-pub struct MethodLimits {
-    /// Any method but GetObjects.
-    pub unary: usize,
-    /// GetObjects.
-    pub batch: usize,
-}
-
-impl MethodLimits {
-    /// The limits for batches of at most `max_batch_items` items.
-    #[must_use]
-    pub fn new(max_batch_items: usize) -> MethodLimits {
-        MethodLimits {
-            unary: UNARY_MESSAGE_LIMIT,
-            batch: max_batch_items
-                .saturating_mul(BATCH_ITEM_LIMIT)
-                .saturating_add(UNARY_MESSAGE_LIMIT),
-        }
-    }
-
-    /// The largest message any method accepts (tonic's own decoding limit).
-    #[must_use]
-    pub fn largest(&self) -> usize {
-        self.unary.max(self.batch)
-    }
-
-    fn for_path(&self, path: &str) -> usize {
-        if path.ends_with("/GetObjects") {
-            self.batch
-        } else {
-            self.unary
-        }
-    }
+/// Request body bounds per gRPC method for batches of at most
+/// `max_batch_items` items: [`UNARY_MESSAGE_LIMIT`] for any method but
+/// GetObjects, which may add [`BATCH_ITEM_LIMIT`] per item.
+#[must_use]
+pub fn method_limits(max_batch_items: usize) -> MethodLimits {
+    MethodLimits::new(UNARY_MESSAGE_LIMIT).with(
+        MethodLimits::batch(UNARY_MESSAGE_LIMIT, BATCH_ITEM_LIMIT, max_batch_items),
+        &["GetObjects"],
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -312,7 +288,7 @@ pub struct Gate<S> {
     inner: S,
     auth: Arc<ShimAuth>,
     metrics: Arc<Metrics>,
-    limits: MethodLimits,
+    limits: Arc<MethodLimits>,
 }
 
 impl<S> Gate<S> {
@@ -322,7 +298,7 @@ impl<S> Gate<S> {
             inner,
             auth,
             metrics,
-            limits,
+            limits: Arc::new(limits),
         }
     }
 }

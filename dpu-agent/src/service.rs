@@ -4,20 +4,24 @@
 //! ([`crate::gate`]); here: check that the shim may act for the named
 //! tenant, validate the request, check the tenant's
 //! policy, admit it under the tenant's quota, run it under the request
-//! deadline in a `tracing` span carrying the request id, and record
-//! metrics. Errors become statuses with S3 codes ([`AgentError::to_status`]).
+//! deadline in the request's envelope ([`s3dma_service::request`]: the
+//! agent's own id, the shim's id escaped, a `debug` span, metrics, the
+//! failure line). Errors become statuses with S3 codes and the agent's id
+//! ([`AgentError::to_status`]).
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fabric::RdmaToken;
 use futures::{Stream, StreamExt as _};
 use s3dma_proto::agent::v1 as pb;
 use tonic::{Request, Response, Status};
-use tracing::{Instrument as _, debug, debug_span, warn};
+use tracing::{Level, debug};
 
 use s3dma_service::Escaped;
+use s3dma_service::request::{About, Envelope, Failure, RequestMetrics, Style};
 
 use crate::auth::AuthError;
 use crate::error::AgentError;
@@ -53,32 +57,55 @@ fn new_request_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-/// Longest client-supplied request id kept for the logs (bytes; longer ones
-/// are cut).
-const SHIM_REQUEST_ID_MAX: usize = 128;
+/// The agent's envelopes: a `debug` span (at the default `info` level a
+/// span per request cost a few per cent of the agent's CPU: its fields are
+/// formatted when it opens; the failure line carries the same fields), the
+/// failures of the shim's requests at `debug` too.
+const STYLE: Style = Style {
+    span: Level::DEBUG,
+    client_failure: Level::DEBUG,
+    ok: "ok",
+};
 
-/// The `x-request-id` the shim sent, kept only for the logs
-/// (`client_request_id`, escaped when logged): client-supplied, so never the
-/// agent's own id. Empty when absent.
-fn shim_request_id<T>(req: &Request<T>) -> String {
-    let Some(v) = req.metadata().get("x-request-id") else {
-        return String::new();
-    };
-    let b = v.as_bytes();
-    let b = &b[..b.len().min(SHIM_REQUEST_ID_MAX)];
-    s3dma_service::escape::EscapedBytes(b).to_string()
+/// A call's envelope: the agent's own id, and the `x-request-id` the shim
+/// sent, kept only for the logs (`client_request_id`, escaped): client-
+/// supplied, so never the agent's own id.
+fn envelope<T>(req: &Request<T>) -> Envelope {
+    let shim = req.metadata().get("x-request-id").map(|v| v.as_bytes());
+    Envelope::new(
+        STYLE,
+        new_request_id(),
+        s3dma_service::request::client_request_id(shim),
+    )
 }
 
-/// Ids of one call: the agent's own and the one the shim sent.
-struct Ids {
-    rid: String,
-    shim: String,
+impl RequestMetrics for crate::metrics::Metrics {
+    fn request(&self, tenant: &str, op: &str, status: &str, elapsed: Duration) {
+        crate::metrics::Metrics::request(self, tenant, op, status, elapsed);
+    }
 }
 
-fn ids<T>(req: &Request<T>) -> Ids {
-    Ids {
-        rid: new_request_id(),
-        shim: shim_request_id(req),
+impl Failure for AgentError {
+    type Reply = Status;
+
+    fn status(&self) -> Cow<'static, str> {
+        Cow::Borrowed(self.metric_label())
+    }
+
+    fn server_fault(&self) -> bool {
+        matches!(
+            self.grpc_code(),
+            tonic::Code::Internal | tonic::Code::Unavailable
+        )
+    }
+
+    /// Messages may quote keys and prefixes: the envelope escapes them.
+    fn message(&self) -> Cow<'_, str> {
+        Cow::Owned(self.to_string())
+    }
+
+    fn reply(self, request_id: &str) -> Status {
+        self.to_status(request_id)
     }
 }
 
@@ -179,84 +206,52 @@ impl AgentService {
         }
     }
 
-    /// Runs `work` for `tenant` as operation `op`: quota admission (one
-    /// concurrency slot, held until `work` ends), deadline, span, metrics.
+    /// Runs `work` for `tenant` as operation `op` in its envelope: quota
+    /// admission (one concurrency slot, held until `work` ends), deadline,
+    /// span, metrics, failure line.
     async fn run<T, F>(
         &self,
+        env: &Envelope,
         tenant: &Arc<Tenant>,
         op: &'static str,
-        ids: &Ids,
         bucket: &str,
         work: F,
     ) -> Result<T, Status>
     where
         F: Future<Output = Result<T, AgentError>>,
     {
-        let rid = ids.rid.as_str();
-        let started = Instant::now();
-        // A debug span: at the default `info` level a span per request
-        // cost a few per cent of the agent's CPU (its fields are formatted
-        // when it opens); the failure line below carries the same fields.
-        let span = debug_span!(
-            "request",
-            id = %rid,
-            client_request_id = %ids.shim,
-            tenant = %tenant.name,
-            op,
-            bucket = %Escaped(bucket),
-        );
+        env.record_client_id()
+            .record("tenant", &tenant.name)
+            .record("op", op)
+            .record("bucket", Escaped(bucket));
         let core = &self.core;
-        let res = async {
-            core.metrics.queued(&tenant.name, tenant.quota.queued() + 1);
-            let admitted = tenant.quota.admit().await;
-            core.metrics.queued(&tenant.name, tenant.quota.queued());
-            let _permit = admitted.map_err(|e| AgentError::SlowDown(e.to_string()))?;
-            core.metrics.in_flight(&tenant.name, 1);
-            let _guard = InFlight {
-                core: Arc::clone(core),
-                tenant: tenant.name.clone(),
-            };
-            let deadline = core.settings.request_timeout;
-            match tokio::time::timeout(deadline, work).await {
-                Ok(r) => r,
-                Err(_) => Err(AgentError::DeadlineExceeded(format!(
-                    "the request did not finish within {deadline:?} (transfer.request_timeout_secs)"
-                ))),
-            }
-        }
-        .instrument(span.clone())
-        .await;
-        let elapsed = started.elapsed();
-        match res {
-            Ok(v) => {
-                core.metrics.request(&tenant.name, op, "ok", elapsed);
-                span.in_scope(|| debug!(?elapsed, "done"));
-                Ok(v)
-            }
-            Err(e) => {
-                core.metrics
-                    .request(&tenant.name, op, e.metric_label(), elapsed);
-                // Messages may quote keys and prefixes: escaped.
-                let msg = e.to_string();
-                if matches!(
-                    e.grpc_code(),
-                    tonic::Code::Internal | tonic::Code::Unavailable
-                ) {
-                    warn!(
-                        id = %rid,
-                        client_request_id = %ids.shim,
-                        tenant = %tenant.name,
-                        op,
-                        bucket = %Escaped(bucket),
-                        error = %Escaped(&msg),
-                        "request failed"
-                    );
-                } else {
-                    span.in_scope(|| debug!(error = %Escaped(&msg), "request failed"));
+        let res = env
+            .run(async {
+                core.metrics.queued(&tenant.name, tenant.quota.queued() + 1);
+                let admitted = tenant.quota.admit().await;
+                core.metrics.queued(&tenant.name, tenant.quota.queued());
+                let _permit = admitted.map_err(|e| AgentError::SlowDown(e.to_string()))?;
+                core.metrics.in_flight(&tenant.name, 1);
+                let _guard = InFlight {
+                    core: Arc::clone(core),
+                    tenant: tenant.name.clone(),
+                };
+                let deadline = core.settings.request_timeout;
+                match tokio::time::timeout(deadline, work).await {
+                    Ok(r) => r,
+                    Err(_) => Err(AgentError::DeadlineExceeded(format!(
+                        "the request did not finish within {deadline:?} (transfer.request_timeout_secs)"
+                    ))),
                 }
-                Err(e.to_status(rid))
-            }
-        }
+            })
+            .await;
+        let about = About {
+            tenant: &tenant.name,
+            op,
+            object: bucket,
+            pid: None,
+        };
+        env.finish(&*core.metrics, about, res)
     }
 
     /// A request on `bucket` (and `key`: with a group of targets, the
@@ -356,15 +351,15 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::GetObjectRequest>,
     ) -> Result<Response<pb::GetObjectResponse>, Status> {
-        let ids = ids(&request);
-        let tenant = self.tenant(&request, &request.get_ref().tenant, &ids.rid)?;
+        let env = envelope(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, env.id())?;
         let r = request.into_inner();
         let bucket = r.bucket.clone();
-        self.run(&tenant, "GetObject", &ids, &bucket, async {
+        self.run(&env, &tenant, "GetObject", &bucket, async {
             get_one(
                 self,
                 &tenant,
-                &ids.rid,
+                env.id(),
                 pb::GetObjectsItem {
                     bucket: r.bucket,
                     key: r.key,
@@ -385,8 +380,8 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::GetObjectsRequest>,
     ) -> Result<Response<Self::GetObjectsStream>, Status> {
-        let ids = ids(&request);
-        let rid = ids.rid.clone();
+        let env = envelope(&request);
+        let rid = env.id().to_owned();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
         if r.items.is_empty() {
@@ -421,16 +416,17 @@ impl pb::agent_server::Agent for AgentService {
         let handle = tokio::spawn(async move {
             let mut items = futures::stream::iter(r.items.into_iter().enumerate())
                 .map(|(i, it)| {
-                    let (svc, tenant) = (&svc, &tenant);
-                    let item_ids = Ids {
-                        rid: format!("{}-{i}", ids.rid),
-                        shim: ids.shim.clone(),
-                    };
+                    let (svc, tenant, env) = (&svc, &tenant, &env);
                     async move {
+                        let item = Envelope::new(
+                            STYLE,
+                            format!("{}-{i}", env.id()),
+                            env.client_id().to_owned(),
+                        );
                         let bucket = it.bucket.clone();
                         let res = svc
-                            .run(tenant, "GetObjects", &item_ids, &bucket, async {
-                                get_one(svc, tenant, &item_ids.rid, it, "").await
+                            .run(&item, tenant, "GetObjects", &bucket, async {
+                                get_one(svc, tenant, item.id(), it, "").await
                             })
                             .await;
                         match res {
@@ -438,7 +434,7 @@ impl pb::agent_server::Agent for AgentService {
                                 index: u32::try_from(i).unwrap_or(u32::MAX),
                                 result: Some(pb::get_objects_reply::Result::Ok(ok)),
                             },
-                            Err(status) => item_error(i, &status, item_ids.rid),
+                            Err(status) => item_error(i, &status, item.id().to_owned()),
                         }
                     }
                 })
@@ -461,12 +457,12 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::PutObjectRequest>,
     ) -> Result<Response<pb::PutObjectResponse>, Status> {
-        let ids = ids(&request);
-        let rid = ids.rid.clone();
+        let env = envelope(&request);
+        let rid = env.id().to_owned();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
         let bucket = r.bucket.clone();
-        self.run(&tenant, "PutObject", &ids, &bucket, async {
+        self.run(&env, &tenant, "PutObject", &bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             let src = parse_token("source", &r.source)?;
@@ -504,11 +500,11 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::HeadObjectRequest>,
     ) -> Result<Response<pb::HeadObjectResponse>, Status> {
-        let ids = ids(&request);
-        let rid = ids.rid.clone();
+        let env = envelope(&request);
+        let rid = env.id().to_owned();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
-        self.run(&tenant, "HeadObject", &ids, &r.bucket, async {
+        self.run(&env, &tenant, "HeadObject", &r.bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Read, "read")?;
@@ -528,11 +524,11 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::ListObjectsRequest>,
     ) -> Result<Response<pb::ListObjectsResponse>, Status> {
-        let ids = ids(&request);
-        let rid = ids.rid.clone();
+        let env = envelope(&request);
+        let rid = env.id().to_owned();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
-        self.run(&tenant, "ListObjects", &ids, &r.bucket, async {
+        self.run(&env, &tenant, "ListObjects", &r.bucket, async {
             check_bucket(&r.bucket)?;
             if !tenant.policy.allows_list(&r.bucket, &r.prefix) {
                 return Err(AgentError::AccessDenied(format!(
@@ -566,11 +562,11 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::DeleteObjectRequest>,
     ) -> Result<Response<pb::DeleteObjectResponse>, Status> {
-        let ids = ids(&request);
-        let rid = ids.rid.clone();
+        let env = envelope(&request);
+        let rid = env.id().to_owned();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
-        self.run(&tenant, "DeleteObject", &ids, &r.bucket, async {
+        self.run(&env, &tenant, "DeleteObject", &r.bucket, async {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Write, "delete")?;

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use s3dma_service::grpc::MethodLimits;
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::body::Body;
 
@@ -29,40 +30,28 @@ const SERVICE_PREFIX: &str = "/s3dma.tenant.v1.Tenant/";
 pub const BATCH_ITEM_BYTES: usize = 1280;
 
 /// The largest request message (with its 5-byte gRPC prefix) each method
-/// may send.
-#[derive(Debug, Clone)]
-pub struct MethodLimits {
-    /// GetObjects, from the largest `max_batch_items` of any tenant.
-    pub batch: usize,
-}
-
-impl MethodLimits {
-    /// Limits for tenants whose largest batch is `max_batch_items`.
-    #[must_use]
-    pub fn new(max_batch_items: u32) -> MethodLimits {
-        MethodLimits {
-            batch: 1024 + max_batch_items as usize * BATCH_ITEM_BYTES,
-        }
-    }
-
-    /// The body limit of `method` (the last segment of the path).
-    #[must_use]
-    pub fn of(&self, method: &str) -> usize {
-        match method {
-            "Info" | "ListBuffers" | "ReleaseBuffer" => 1024,
-            "RegisterBuffer" => 4096,
-            // Key (1 KiB), bucket, range, slice; user metadata up to 2 KiB.
-            "GetObject" | "PutObject" | "HeadObject" | "DeleteObject" | "ListObjects" => 16 << 10,
-            "GetObjects" => self.batch,
-            _ => 1024,
-        }
-    }
-
-    /// The largest of all (tonic's own decoding limit).
-    #[must_use]
-    pub fn max(&self) -> usize {
-        self.batch.max(16 << 10)
-    }
+/// of the tenant API may send, for tenants whose largest batch is
+/// `max_batch_items`: a registration is a few hundred bytes; single-object
+/// calls carry a key (1 KiB), a bucket, a range, a slice and user metadata
+/// up to 2 KiB; a GetObjects batch up to [`BATCH_ITEM_BYTES`] per item.
+#[must_use]
+pub fn method_limits(max_batch_items: u32) -> MethodLimits {
+    MethodLimits::new(1024)
+        .with(4096, &["RegisterBuffer"])
+        .with(
+            16 << 10,
+            &[
+                "GetObject",
+                "PutObject",
+                "HeadObject",
+                "DeleteObject",
+                "ListObjects",
+            ],
+        )
+        .with(
+            MethodLimits::batch(1024, BATCH_ITEM_BYTES, max_batch_items as usize),
+            &["GetObjects"],
+        )
 }
 
 /// The call's request permit, for the handler to take (and, for a batch,
@@ -203,13 +192,13 @@ mod tests {
 
     #[test]
     fn limits_per_method() {
-        let l = MethodLimits::new(1024);
+        let l = method_limits(1024);
         assert_eq!(l.of("RegisterBuffer"), 4096);
         assert_eq!(l.of("Info"), 1024);
         assert_eq!(l.of("GetObject"), 16 << 10);
         assert_eq!(l.of("GetObjects"), 1024 + 1024 * BATCH_ITEM_BYTES);
         assert_eq!(l.of("Nope"), 1024);
-        assert!(l.max() >= l.of("GetObjects"));
+        assert!(l.largest() >= l.of("GetObjects"));
         assert_eq!(known_op("GetObjects"), "GetObjects");
         assert_eq!(known_op("x\ny"), "other");
     }

@@ -10,7 +10,7 @@ use s3dma_service::metrics::{MetricsOptions, MetricsServer};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::{AdmissionLayer, MethodLimits};
+use crate::admission::{AdmissionLayer, method_limits};
 use crate::agent_link::{AgentLink, LinkSettings};
 use crate::config::LoadedConfig;
 use crate::metrics::Metrics;
@@ -176,14 +176,14 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     });
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
-    let limits = MethodLimits::new(
+    let limits = method_limits(
         c.tenants
             .iter()
             .map(|t| t.max_batch_items)
             .max()
             .unwrap_or(1),
     );
-    let max_message = limits.max();
+    let max_message = limits.largest();
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -211,4 +211,53 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         accept,
         endpoint,
     })
+}
+
+/// The shim, as [`s3dma_service::skeleton::main`] runs it.
+#[derive(Debug)]
+pub struct Shim;
+
+impl s3dma_service::skeleton::Program for Shim {
+    const NAME: &'static str = "host-shim";
+    type Config = LoadedConfig;
+    type LoadError = s3dma_config::ConfigError;
+    type StartError = StartError;
+    type Running = Running;
+
+    fn load(path: &std::path::Path) -> Result<LoadedConfig, s3dma_config::ConfigError> {
+        crate::config::load(path)
+    }
+
+    fn worker_threads(cfg: &LoadedConfig) -> Option<usize> {
+        cfg.config.runtime.worker_threads
+    }
+
+    async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
+        start(cfg).await
+    }
+}
+
+impl s3dma_service::skeleton::Running for Running {
+    fn ready_lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("host-shim listening on {}", self.socket.display())];
+        lines.extend(
+            self.metrics_addr
+                .map(|m| format!("metrics on http://{m}/metrics")),
+        );
+        lines.extend(
+            self.metrics_server
+                .unix_socket
+                .as_ref()
+                .map(|p| format!("metrics socket {}", p.display())),
+        );
+        lines
+    }
+
+    async fn wait(&mut self) -> Result<(), s3dma_service::skeleton::ServerStopped> {
+        Running::wait(self).await
+    }
+
+    async fn shutdown(self) {
+        Running::shutdown(self).await;
+    }
 }

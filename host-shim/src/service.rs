@@ -17,18 +17,21 @@
 //!
 //! Request ids: the shim always makes its own (`shim-<hex>`), sends it to
 //! the agent and returns it in errors; a tenant's `x-request-id` is only
-//! logged, escaped, as `client_request_id`.
+//! logged, escaped, as `client_request_id`. Each call runs in an envelope
+//! ([`s3dma_service::request`]): the ids, a `debug` span, the requests
+//! counter and latency histogram, and the failure line (`info`, `warn`
+//! when the shim or the agent is at fault).
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fabric::{Access, Endpoint, Window};
 use futures::{Stream, StreamExt as _};
 use s3dma_proto::agent::v1 as agent;
 use s3dma_proto::agent::v1::agent_client::AgentClient;
 use s3dma_proto::tenant::v1 as api;
-use s3dma_service::Escaped;
+use s3dma_service::request::{About, Envelope, RequestMetrics, Style};
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -58,17 +61,31 @@ pub struct TenantService {
     max_timeout: Duration,
 }
 
+/// The shim's envelopes: a `debug` span; a failed call logged at `info`.
+const STYLE: Style = Style {
+    span: tracing::Level::DEBUG,
+    client_failure: tracing::Level::INFO,
+    ok: "OK",
+};
+
+impl RequestMetrics for Metrics {
+    fn request(&self, tenant: &str, op: &str, status: &str, elapsed: Duration) {
+        self.requests.with_label_values(&[tenant, op, status]).inc();
+        self.latency
+            .with_label_values(&[op])
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
 /// One call in progress.
 struct Call {
+    /// The shim's own id, the tenant's (escaped, logged only), span, start.
+    env: Envelope,
     tenant: Arc<Tenant>,
     peer: Peer,
-    request_id: String,
     timeout: Duration,
     op: &'static str,
-    started: Instant,
-    /// The tenant's own request id, escaped (logged only).
-    client_request_id: String,
-    /// `bucket/key` the call names, escaped (logged only).
+    /// `bucket/key` the call names (logged only, escaped).
     object: String,
     _permit: OwnedSemaphorePermit,
 }
@@ -76,7 +93,12 @@ struct Call {
 impl Call {
     /// Notes the object a call names, for its log line.
     fn on(&mut self, bucket: &str, key: &str) {
-        self.object = format!("{}/{}", Escaped(bucket), Escaped(key));
+        self.object = format!("{bucket}/{key}");
+    }
+
+    /// The shim's own id of the call.
+    fn request_id(&self) -> &str {
+        self.env.id()
     }
 }
 
@@ -117,61 +139,49 @@ impl TenantService {
     /// Identifies the caller, takes the permit admission gave the call and
     /// fixes its deadline.
     fn begin<T>(&self, req: &Request<T>, op: &'static str) -> Result<Call, Status> {
-        let request_id = format!("shim-{:016x}", rand::random::<u64>());
-        let client_request_id = client_request_id(req)
-            .map(|c| Escaped(c).to_string())
-            .unwrap_or_default();
+        let client = req.metadata().get("x-request-id").map(|v| v.as_bytes());
+        let env = Envelope::new(
+            STYLE,
+            format!("shim-{:016x}", rand::random::<u64>()),
+            s3dma_service::request::client_request_id(client),
+        );
         let conn = req.extensions().get::<ConnInfo>();
         let permit = req.extensions().get::<Admitted>().and_then(Admitted::take);
         let (Some(conn), Some(permit)) = (conn, permit) else {
             return Err(ShimError::Internal(
                 "the call was not admitted on a tenant connection".into(),
             )
-            .into_status(&request_id));
+            .into_status(env.id()));
         };
         let (peer, tenant) = (conn.peer, Arc::clone(&conn.tenant));
+        env.record_client_id()
+            .record("tenant", &tenant.name)
+            .record("op", op);
         let timeout =
             grpc_timeout(req.metadata()).map_or(self.max_timeout, |t| t.min(self.max_timeout));
         Ok(Call {
+            env,
             tenant,
             peer,
-            request_id,
             timeout,
             op,
-            started: Instant::now(),
-            client_request_id,
             object: String::new(),
             _permit: permit,
         })
     }
 
-    /// Records the outcome of a call.
+    /// Records the outcome of a call (its errors carry the shim's id or,
+    /// from the agent, the agent's).
     fn finish<R>(&self, call: &Call, result: Result<R, Status>) -> Result<Response<R>, Status> {
-        let code = match &result {
-            Ok(_) => tonic::Code::Ok,
-            Err(s) => s.code(),
+        let about = About {
+            tenant: &call.tenant.name,
+            op: call.op,
+            object: &call.object,
+            pid: Some(call.peer.pid),
         };
-        self.metrics
-            .requests
-            .with_label_values(&[&call.tenant.name, call.op, code_name(code)])
-            .inc();
-        self.metrics
-            .latency
-            .with_label_values(&[call.op])
-            .observe(call.started.elapsed().as_secs_f64());
-        match &result {
-            Ok(_) => tracing::debug!(
-                request_id = %call.request_id, client_request_id = %call.client_request_id,
-                tenant = %call.tenant.name, op = call.op, object = %call.object,
-                pid = call.peer.pid, "ok"
-            ),
-            Err(s) => tracing::info!(
-                request_id = %call.request_id, client_request_id = %call.client_request_id,
-                tenant = %call.tenant.name, op = call.op, object = %call.object,
-                pid = call.peer.pid, code = ?s.code(), message = %Escaped(s.message()), "failed"
-            ),
-        }
-        result.map(Response::new)
+        call.env
+            .finish(&*self.metrics, about, result)
+            .map(Response::new)
     }
 
     /// Forwards a call that names no buffer and records its outcome.
@@ -183,13 +193,13 @@ impl TenantService {
     {
         let result = self
             .agent
-            .call(msg, &call.request_id, call.timeout, f)
+            .call(msg, call.request_id(), call.timeout, f)
             .await;
         self.finish(call, result)
     }
 
     fn err(&self, call: &Call, e: ShimError) -> Status {
-        e.into_status(&call.request_id)
+        e.into_status(call.request_id())
     }
 
     /// Mints a window over `[offset, offset+len)` of `buffer`, living at
@@ -493,9 +503,12 @@ impl api::tenant_server::Tenant for TenantService {
             };
             let resp = self
                 .agent
-                .call(msg, &call.request_id, call.timeout, |mut c, m| async move {
-                    c.get_object(m).await
-                })
+                .call(
+                    msg,
+                    call.request_id(),
+                    call.timeout,
+                    |mut c, m| async move { c.get_object(m).await },
+                )
                 .await;
             // Revoke before answering: nothing lands once the tenant reads.
             drop(window);
@@ -549,7 +562,7 @@ impl api::tenant_server::Tenant for TenantService {
         let me = self.clone();
         let deadline = tokio::time::Instant::now() + call.timeout;
         let tenant = Arc::clone(&call.tenant);
-        let request_id = call.request_id.clone();
+        let request_id = call.request_id().to_owned();
         let timeout = call.timeout;
         let queue = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
             items,
@@ -641,9 +654,12 @@ impl api::tenant_server::Tenant for TenantService {
             };
             let resp = self
                 .agent
-                .call(msg, &call.request_id, call.timeout, |mut c, m| async move {
-                    c.put_object(m).await
-                })
+                .call(
+                    msg,
+                    call.request_id(),
+                    call.timeout,
+                    |mut c, m| async move { c.put_object(m).await },
+                )
                 .await;
             drop(window);
             let resp = resp?;
@@ -718,17 +734,6 @@ impl api::tenant_server::Tenant for TenantService {
     }
 }
 
-/// The caller's own `x-request-id`, if any (at most 128 bytes of it): only
-/// ever logged, escaped, next to the shim's id.
-fn client_request_id<T>(req: &Request<T>) -> Option<&str> {
-    let v = req.metadata().get("x-request-id")?.to_str().ok()?;
-    let mut end = v.len().min(128);
-    while !v.is_char_boundary(end) {
-        end -= 1;
-    }
-    Some(&v[..end])
-}
-
 /// The tenant's deadline from `grpc-timeout` (e.g. `100m`, `5S`).
 fn grpc_timeout(meta: &tonic::metadata::MetadataMap) -> Option<Duration> {
     parse_grpc_timeout(meta.get("grpc-timeout")?.to_str().ok()?)
@@ -753,29 +758,6 @@ fn parse_grpc_timeout(s: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
-}
-
-fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code as C;
-    match code {
-        C::Ok => "OK",
-        C::Cancelled => "CANCELLED",
-        C::Unknown => "UNKNOWN",
-        C::InvalidArgument => "INVALID_ARGUMENT",
-        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        C::NotFound => "NOT_FOUND",
-        C::AlreadyExists => "ALREADY_EXISTS",
-        C::PermissionDenied => "PERMISSION_DENIED",
-        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        C::FailedPrecondition => "FAILED_PRECONDITION",
-        C::Aborted => "ABORTED",
-        C::OutOfRange => "OUT_OF_RANGE",
-        C::Unimplemented => "UNIMPLEMENTED",
-        C::Internal => "INTERNAL",
-        C::Unavailable => "UNAVAILABLE",
-        C::DataLoss => "DATA_LOSS",
-        C::Unauthenticated => "UNAUTHENTICATED",
-    }
 }
 
 #[cfg(test)]

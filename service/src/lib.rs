@@ -8,9 +8,13 @@
 //! - [`metrics`]: the one `/metrics` server, on loopback TCP (the default),
 //!   a Unix socket only its owner can open, and/or behind a bearer token.
 //! - [`grpc`]: the request and response bodies both gRPC services wrap
-//!   calls in ahead of tonic's codec (a per-method size limit, a held mark).
-//! - [`skeleton`]: the one `main` (`--config`/`--check`, tracing, signals,
-//!   graceful shutdown, the "listening on" lines).
+//!   calls in ahead of tonic's codec (a per-method size limit,
+//!   [`grpc::MethodLimits`], a held mark).
+//! - [`request`]: the envelope every request runs in (the service's own
+//!   id, the caller's id escaped, a span, latency and outcome metrics, the
+//!   failure line, the id on every error).
+//! - [`skeleton`]: the one `main` (`--config`/`--check`, tracing, start,
+//!   the "listening on" lines, signals, graceful shutdown).
 //! - [`fds`]: the file-descriptor budget every service checks against
 //!   `RLIMIT_NOFILE` at start.
 //! - [`private`]: state and socket directories that belong to the user who
@@ -21,6 +25,7 @@ pub mod fds;
 pub mod grpc;
 pub mod metrics;
 pub mod private;
+pub mod request;
 pub mod skeleton;
 
 pub use escape::Escaped;

@@ -3,10 +3,12 @@
 //! stderr, the runtime, SIGTERM/SIGINT and graceful shutdown, and the
 //! machine-read first lines on stdout.
 //!
-//! A service's `main` is
+//! A service implements [`Program`] (how to load its configuration and
+//! start it) and [`Running`] (its first lines, and how it fails and stops);
+//! its `main` is then
 //!
 //! ```ignore
-//! #[derive(clap::Parser)]
+//! #[derive(Debug, clap::Parser)]
 //! #[command(version, about)]
 //! struct Cli {
 //!     #[command(flatten)]
@@ -14,15 +16,7 @@
 //! }
 //!
 //! fn main() -> std::process::ExitCode {
-//!     let cli = Cli::parse();
-//!     let threads = |cfg: &my_service::Config| cfg.runtime.worker_threads;
-//!     SERVICE.run(&cli.args, my_service::config::load, threads, |cfg, shutdown| async move {
-//!         let running = my_service::start(cfg).await?;
-//!         s3dma_service::skeleton::announce([format!("my-service listening on {}", running.addr)]);
-//!         shutdown.cancelled().await;
-//!         running.stop().await;
-//!         Ok::<(), my_service::StartError>(())
-//!     })
+//!     s3dma_service::skeleton::main::<my_service::app::MyService>(&Cli::parse().args)
 //! }
 //! ```
 //!
@@ -34,10 +28,12 @@
 //! otherwise the runtime the configuration asks for (`runtime.worker_threads`:
 //! one thread per CPU when absent; `1` is tokio's single-threaded scheduler
 //! on the main thread) runs `serve` with a token that SIGTERM or SIGINT
-//! cancels. `serve` prints its first lines with
-//! [`announce`] once it listens (`<service> listening on ADDR`, then
-//! `metrics on ...`: tests and the launcher read them, so their text is
-//! fixed), and returns once it has shut down.
+//! cancels. [`main`] starts the service ([`Program::start`]; an error is
+//! printed as [`Program::start_error`] says, exit status 1), prints its
+//! first lines ([`Running::ready_lines`], with [`announce`]: `<service>
+//! listening on ADDR`, then `metrics on ...`: tests and the launcher read
+//! them, so their text is fixed), waits for the token or for the service
+//! to fail ([`Running::wait`]), and shuts it down ([`Running::shutdown`]).
 
 use std::fmt::Display;
 use std::future::Future;
@@ -50,6 +46,85 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+/// A service, as [`main`] runs it.
+pub trait Program {
+    /// The program's name, in log lines.
+    const NAME: &'static str;
+    /// The tracing filter when `RUST_LOG` is not set.
+    const LOG_FILTER: &'static str = "info";
+    /// The loaded, validated configuration.
+    type Config;
+    /// Why the configuration cannot be loaded (printed as is: it names the
+    /// file).
+    type LoadError: Display;
+    /// Why the service cannot start.
+    type StartError: std::error::Error + 'static;
+    /// The started service.
+    type Running: Running;
+
+    /// Reads and validates the configuration file (and what it names, such
+    /// as secret files), binding nothing: all `--check` runs.
+    ///
+    /// # Errors
+    /// The file's problem, naming the file and the field.
+    fn load(path: &Path) -> Result<Self::Config, Self::LoadError>;
+
+    /// The configuration's `runtime.worker_threads`.
+    fn worker_threads(cfg: &Self::Config) -> Option<usize>;
+
+    /// Starts the service: it listens, and serves, once this returns.
+    fn start(cfg: Self::Config) -> impl Future<Output = Result<Self::Running, Self::StartError>>;
+
+    /// How a start error reads after `Error: `: by default the file, then
+    /// the error and its sources ([`report`]).
+    fn start_error(config: &Path, e: &Self::StartError) -> String {
+        format!("{}: {}", config.display(), report(e))
+    }
+}
+
+/// A started service.
+pub trait Running {
+    /// Its first lines on stdout: `<service> listening on ADDR`, then
+    /// where metrics are served.
+    fn ready_lines(&self) -> Vec<String>;
+
+    /// Resolves only when the service stops on its own (it fails).
+    ///
+    /// # Errors
+    /// Why it stopped.
+    fn wait(&mut self) -> impl Future<Output = Result<(), ServerStopped>>;
+
+    /// Stops serving, lets running requests finish (within the service's
+    /// grace) and releases what the service holds.
+    fn shutdown(self) -> impl Future<Output = ()>;
+}
+
+/// The `main` of a service: see the [module documentation](self).
+pub fn main<P: Program>(args: &ServiceArgs) -> ExitCode {
+    let service = Service {
+        name: P::NAME,
+        default_log_filter: P::LOG_FILTER,
+    };
+    let config = args.config.clone();
+    service.run(
+        args,
+        P::load,
+        P::worker_threads,
+        |cfg, shutdown| async move {
+            let mut running = P::start(cfg)
+                .await
+                .map_err(|e| P::start_error(&config, &e))?;
+            announce(running.ready_lines());
+            tokio::select! {
+                r = running.wait() => r.map_err(|e| report(&e))?,
+                () = shutdown.cancelled() => {}
+            }
+            running.shutdown().await;
+            Ok::<(), String>(())
+        },
+    )
+}
+
 /// The command line every service takes: `--config FILE [--check]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServiceArgs {
@@ -61,7 +136,8 @@ pub struct ServiceArgs {
     pub check: bool,
 }
 
-/// What differs between the services' `main`s.
+/// What differs between the services' `main`s, for [`Service::run`]
+/// (which [`main`] calls).
 #[derive(Debug, Clone, Copy)]
 pub struct Service {
     /// The program's name, in log lines.
@@ -210,6 +286,9 @@ pub enum ServerStopped {
     /// Its task panicked or was aborted.
     #[error("gRPC server task ended: {0}")]
     Task(#[source] tokio::task::JoinError),
+    /// The HTTP server's task panicked or was aborted.
+    #[error("HTTP server task ended: {0}")]
+    HttpTask(#[source] tokio::task::JoinError),
 }
 
 /// Waits for a gRPC server task (it does not end on its own unless it

@@ -135,7 +135,7 @@ pub struct Loaded {
     pub fabric_key: Option<fabric::FabricKey>,
 }
 
-/// Reads and validates everything [`serve`] needs from the configuration
+/// Reads and validates everything [`start`] needs from the configuration
 /// file (YAML, every field, the users' secrets, the fabric key file),
 /// without opening the store or binding any socket: what
 /// `storage-target --check` runs.
@@ -181,12 +181,88 @@ fn spawn_upload_sweeper(
     });
 }
 
-/// Opens the store, binds the listeners, prints the bound addresses on
-/// stdout and serves until `shutdown` is cancelled.
+/// A running storage-target: serving until [`Running::shutdown`].
+#[derive(Debug)]
+pub struct Running {
+    /// Where S3 clients connect.
+    pub addr: std::net::SocketAddr,
+    /// The metrics server (stops when dropped); `describe()` says where it
+    /// serves.
+    pub metrics_server: s3dma_service::metrics::MetricsServer,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting connections, lets in-flight requests finish (up to
+    /// 30 s), stops the background tasks and the metrics server.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        if !self.server.is_finished() {
+            let _ = (&mut self.server).await;
+        }
+    }
+}
+
+impl s3dma_service::skeleton::Running for Running {
+    fn ready_lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("storage-target listening on http://{}", self.addr)];
+        lines.extend(
+            self.metrics_server
+                .describe()
+                .map(|m| format!("metrics on {m}")),
+        );
+        lines
+    }
+
+    async fn wait(&mut self) -> Result<(), s3dma_service::skeleton::ServerStopped> {
+        (&mut self.server)
+            .await
+            .map_err(s3dma_service::skeleton::ServerStopped::HttpTask)
+    }
+
+    async fn shutdown(self) {
+        Running::shutdown(self).await;
+    }
+}
+
+/// The storage-target, as [`s3dma_service::skeleton::main`] runs it.
+#[derive(Debug)]
+pub struct Target;
+
+impl s3dma_service::skeleton::Program for Target {
+    const NAME: &'static str = "storage-target";
+    const LOG_FILTER: &'static str = "info,s3s=off";
+    type Config = Loaded;
+    type LoadError = StartError;
+    type StartError = StartError;
+    type Running = Running;
+
+    fn load(path: &Path) -> Result<Loaded, StartError> {
+        load(path)
+    }
+
+    fn worker_threads(loaded: &Loaded) -> Option<usize> {
+        loaded.config.runtime.worker_threads
+    }
+
+    async fn start(loaded: Loaded) -> Result<Running, StartError> {
+        start(loaded).await
+    }
+
+    /// The error as it is: those about the configuration name the file.
+    fn start_error(_config: &Path, e: &StartError) -> String {
+        e.to_string()
+    }
+}
+
+/// Opens the store, binds the listeners and starts serving, until
+/// [`Running::shutdown`].
 ///
 /// # Errors
 /// [`StartError`] if anything fails before serving starts.
-pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), StartError> {
+pub async fn start(loaded: Loaded) -> Result<Running, StartError> {
+    let shutdown = CancellationToken::new();
     let Loaded {
         path: config_path,
         config: cfg,
@@ -266,18 +342,17 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
         s3dma_service::metrics::MetricsServer::start(opts, Arc::new(move || render_from.render()))
             .await?;
     info!(%addr, region = %cfg.region, store = %serving, "storage-target ready");
-    // The first lines are machine-read by tests and the launcher.
-    let mut lines = vec![format!("storage-target listening on http://{addr}")];
-    lines.extend(metrics_server.describe().map(|m| format!("metrics on {m}")));
-    s3dma_service::skeleton::announce(lines);
-    server::serve(
+    let server = tokio::spawn(server::serve(
         listener,
         handler,
-        shutdown,
+        shutdown.clone(),
         Duration::from_secs(30),
         cfg.max_connections,
-    )
-    .await;
-    drop(metrics_server);
-    Ok(())
+    ));
+    Ok(Running {
+        addr,
+        metrics_server,
+        shutdown,
+        server,
+    })
 }

@@ -7,26 +7,15 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::Parser;
-use s3dma_service::skeleton::{Service, ServiceArgs};
 
 /// S3-compatible object server of s3dma.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
     #[command(flatten)]
-    args: ServiceArgs,
+    args: s3dma_service::skeleton::ServiceArgs,
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    let service = Service {
-        name: "storage-target",
-        default_log_filter: "info,s3s=off",
-    };
-    service.run(
-        &cli.args,
-        storage_target::load,
-        |loaded| loaded.config.runtime.worker_threads,
-        storage_target::serve,
-    )
+    s3dma_service::skeleton::main::<storage_target::Target>(&Cli::parse().args)
 }

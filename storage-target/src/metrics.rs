@@ -492,12 +492,7 @@ impl Metrics {
 
     /// Records one finished request.
     pub fn observe(&self, op: &str, status: u16, elapsed: Duration) {
-        self.requests
-            .with_label_values(&[op, &status.to_string()])
-            .inc();
-        self.duration
-            .with_label_values(&[op])
-            .observe(elapsed.as_secs_f64());
+        s3dma_service::request::RequestMetrics::request(self, "", op, &status.to_string(), elapsed);
     }
 
     /// Counts body bytes received.
@@ -545,6 +540,18 @@ impl fabric::pool::PoolObserver for Metrics {
     /// Counts a session connect attempt by result (`ok`, `timeout`, `error`).
     fn connect(&self, result: &'static str) {
         self.rdma_connects.with_label_values(&[result]).inc();
+    }
+}
+
+/// The requests counter (by op and HTTP status) and the duration
+/// histogram (by op) behind the request envelope; the target has no
+/// tenants.
+impl s3dma_service::request::RequestMetrics for Metrics {
+    fn request(&self, _tenant: &str, op: &str, status: &str, elapsed: Duration) {
+        self.requests.with_label_values(&[op, status]).inc();
+        self.duration
+            .with_label_values(&[op])
+            .observe(elapsed.as_secs_f64());
     }
 }
 

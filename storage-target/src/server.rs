@@ -1,7 +1,9 @@
-//! HTTP/1.1 serving: a hyper service around the s3s service that assigns a
-//! request id to every request (`x-amz-request-id`, `x-amz-id-2`, and the
-//! `<RequestId>` of XML error bodies, including errors s3s raises itself),
-//! counts bytes and records metrics; plus graceful shutdown.
+//! HTTP/1.1 serving: a hyper service around the s3s service that runs every
+//! request in its envelope ([`s3dma_service::request`]): the target's own
+//! request id (`x-amz-request-id`, `x-amz-id-2`, and the `<RequestId>` of
+//! XML error bodies, including errors s3s raises itself), the client's id
+//! escaped, an `info` span, the requests counter and duration histogram;
+//! it counts bytes and logs one line per request; plus graceful shutdown.
 //!
 //! Caps, whatever clients do: at most `max_connections` connections are
 //! open (at the cap, the connection idle longest, i.e. with no request in
@@ -30,11 +32,11 @@ use s3s::service::S3Service;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument as _, debug, error, info, info_span, warn};
+use tracing::{Instrument as _, Level, debug, error, info, warn};
 
 use crate::metrics::Metrics;
 use s3dma_service::Escaped;
-use s3dma_service::escape::EscapedBytes;
+use s3dma_service::request::{Envelope, Style};
 
 /// The request id of the current request, in the request extensions.
 #[derive(Debug, Clone)]
@@ -69,8 +71,13 @@ impl OpSlot {
 /// `client_request_id` (first one present wins).
 const CLIENT_REQUEST_ID_HEADERS: [&str; 2] = ["x-s3dma-request-id", "x-request-id"];
 
-/// Longest client-supplied request id logged (bytes; the rest is cut).
-const CLIENT_REQUEST_ID_MAX: usize = 128;
+/// The target's envelopes: an `info` span per request (its line is the
+/// access log).
+const STYLE: Style = Style {
+    span: Level::INFO,
+    client_failure: Level::INFO,
+    ok: "200",
+};
 
 /// A status a handler sets on its response where s3s would drop it
 /// (s3s ignores `S3Response::status` for some operations, e.g. HeadObject).
@@ -385,7 +392,8 @@ pub struct ResponseBody {
     metrics: Arc<Metrics>,
     op: OpSlot,
     status: u16,
-    start: Instant,
+    /// The request's envelope (its id, span and start).
+    env: Envelope,
     recorded: bool,
     /// Marks the connection busy until the response is sent or dropped.
     _busy: Option<Busy>,
@@ -403,8 +411,8 @@ impl ResponseBody {
     fn record(&mut self) {
         if !self.recorded {
             self.recorded = true;
-            self.metrics
-                .observe(&self.op.get(), self.status, self.start.elapsed());
+            self.env
+                .observe(&*self.metrics, "", &self.op.get(), &self.status.to_string());
         }
     }
 }
@@ -500,8 +508,6 @@ impl Handler {
 
     async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
         let busy = self.conn.as_ref().map(|c| Busy::new(Arc::clone(c)));
-        let start = Instant::now();
-        let request_id = new_request_id();
         let op = OpSlot::default();
         let method = req.method().clone();
         // The path decoded, so that a key reads as the client wrote it, and
@@ -510,33 +516,29 @@ impl Handler {
         let path = percent_encoding::percent_decode_str(req.uri().path())
             .decode_utf8_lossy()
             .into_owned();
-        let span = info_span!(
-            "request",
-            id = %request_id,
-            %method,
-            path = %Escaped(&path),
-            client_request_id = tracing::field::Empty,
-        );
         // A request id the client chose (a dpu-agent names its own in
         // `x-s3dma-request-id`, so one tenant request can be followed from
         // shim to agent to target; other clients may send `x-request-id`)
         // is kept, escaped and cut to a bounded length, in its own field
         // marked client-supplied: it never replaces this server's `id`.
-        if let Some(v) = CLIENT_REQUEST_ID_HEADERS
+        let client = CLIENT_REQUEST_ID_HEADERS
             .iter()
             .find_map(|h| req.headers().get(*h))
-        {
-            let b = v.as_bytes();
-            let b = &b[..b.len().min(CLIENT_REQUEST_ID_MAX)];
-            span.record(
-                "client_request_id",
-                tracing::field::display(EscapedBytes(b)),
-            );
+            .map(HeaderValue::as_bytes);
+        let env = Envelope::new(
+            STYLE,
+            new_request_id(),
+            s3dma_service::request::client_request_id(client),
+        );
+        env.record("method", &method).record("path", Escaped(&path));
+        if client.is_some() {
+            env.record_client_id();
         }
+        let span = env.span().clone();
         async move {
             let (mut parts, body) = req.into_parts();
             let payload = payload_mode(&parts.headers);
-            parts.extensions.insert(RequestId(request_id.clone()));
+            parts.extensions.insert(RequestId(env.id().to_owned()));
             parts.extensions.insert(op.clone());
             let ended = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&body)));
             let streaming = parts
@@ -553,7 +555,7 @@ impl Handler {
             let outcome = match crate::precheck::precheck(&mut parts, &self.region, self.auth) {
                 Ok(()) => self.s3.call(Request::from_parts(parts, body)).await,
                 Err(mut e) => {
-                    e.set_request_id(request_id.clone());
+                    e.set_request_id(env.id().to_owned());
                     e.to_http_response()
                         .map_err(|e| s3s::HttpError::new(Box::new(e)))
                 }
@@ -566,7 +568,7 @@ impl Handler {
                         s3s::S3ErrorCode::InternalError,
                         "We encountered an internal error. Please try again.",
                     );
-                    err.set_request_id(request_id.clone());
+                    err.set_request_id(env.id().to_owned());
                     err.to_http_response().unwrap_or_else(|_| {
                         let mut r = Response::new(s3s::Body::empty());
                         *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
@@ -585,7 +587,7 @@ impl Handler {
                 parts.headers.remove(http::header::CONTENT_TYPE);
             } else if (status.is_client_error() || status.is_server_error())
                 && let Some(bytes) = body.bytes()
-                && let Some(new) = set_error_request_id(&bytes, &request_id)
+                && let Some(new) = set_error_request_id(&bytes, env.id())
             {
                 parts
                     .headers
@@ -596,11 +598,11 @@ impl Handler {
                     body = s3s::Body::from(Bytes::from(new));
                 }
             }
-            if let Ok(v) = HeaderValue::from_str(&request_id) {
+            if let Ok(v) = HeaderValue::from_str(env.id()) {
                 parts.headers.insert("x-amz-request-id", v);
             }
             let id2 = base64::engine::general_purpose::STANDARD
-                .encode(format!("{request_id}{:016x}", rand::random::<u64>()));
+                .encode(format!("{}{:016x}", env.id(), rand::random::<u64>()));
             if let Ok(v) = HeaderValue::from_str(&id2) {
                 parts.headers.insert("x-amz-id-2", v);
             }
@@ -631,7 +633,7 @@ impl Handler {
                     metrics: Arc::clone(&self.metrics),
                     op,
                     status: status.as_u16(),
-                    start,
+                    env,
                     recorded: false,
                     _busy: busy,
                 },
