@@ -26,14 +26,10 @@
 //! leaves the shim's mapping valid. A legacy handle's memory must not be
 //! freed before that (CUDA leaves it undefined; the shim cannot notice), and
 //! a legacy handle whose memory was freed no longer registers.
-#![cfg(feature = "cuda")]
-
-mod common;
-
 use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
-use common::*;
+use crate::common::*;
 use fabric::cuda::DeviceMemory;
 use s3dma_client::PutOptions;
 use s3dma_proto::tenant::v1 as api;
@@ -774,7 +770,7 @@ async fn issue30_another_tenants_legacy_ipc_handle_is_refused() {
     ];
     let dir = stack.dir.path().to_owned();
     tokio::task::spawn_blocking(move || {
-        run_test_as(&dir, BOB_UID, "child_bob_presents_alices_ipc_handle", &env)
+        run_test_as(&dir, BOB_UID, "cuda::child_bob_presents_alices_ipc_handle", &env)
     })
     .await
     .unwrap();

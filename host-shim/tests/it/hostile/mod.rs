@@ -39,10 +39,8 @@
 //! from his own uid, and hostile lease frames one by one
 //! (`host-shim/tests/e2e.rs`).
 
-mod common;
-#[path = "hostile/fabric.rs"]
+#[path = "fabric.rs"]
 mod fabric_endpoint;
-#[path = "hostile/isolation.rs"]
 mod isolation;
 
 use std::collections::HashSet;
@@ -51,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use fabric::{FabricKey, OpStatus, RdmaToken};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
@@ -2382,7 +2380,7 @@ async fn hostile_input_on_every_socket_leaves_the_stack_serving() {
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut child = tokio::process::Command::new(&copy)
         .args([
-            "child_bob_holds_a_buffer",
+            "hostile::child_bob_holds_a_buffer",
             "--exact",
             "--ignored",
             "--nocapture",
