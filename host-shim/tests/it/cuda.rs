@@ -770,7 +770,12 @@ async fn issue30_another_tenants_legacy_ipc_handle_is_refused() {
     ];
     let dir = stack.dir.path().to_owned();
     tokio::task::spawn_blocking(move || {
-        run_test_as(&dir, BOB_UID, "cuda::child_bob_presents_alices_ipc_handle", &env)
+        run_test_as(
+            &dir,
+            BOB_UID,
+            "cuda::child_bob_presents_alices_ipc_handle",
+            &env,
+        )
     })
     .await
     .unwrap();

@@ -418,9 +418,11 @@ async fn two_tenants_are_isolated() {
         .await
         .unwrap();
     let refused_before = stack.shim.metric("s3dma_shim_connections_refused_total");
-    tokio::task::spawn_blocking(move || run_test_as(&dir, STRANGER_UID, "e2e::child_as_stranger", &env))
-        .await
-        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        run_test_as(&dir, STRANGER_UID, "e2e::child_as_stranger", &env)
+    })
+    .await
+    .unwrap();
     // Every connection the stranger made was refused at accept.
     assert!(
         stack.shim.metric("s3dma_shim_connections_refused_total") >= refused_before + 3.0,

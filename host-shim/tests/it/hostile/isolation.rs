@@ -213,7 +213,12 @@ async fn connections_are_capped_per_tenant_and_the_other_tenant_gets_in() {
     let dir = stack.dir.path().to_owned();
     let env = [("E2E_SOCKET", stack.shim.socket.display().to_string())];
     tokio::task::spawn_blocking(move || {
-        run_test_as(&dir, BOB_UID, "hostile::isolation::child_bob_registers", &env)
+        run_test_as(
+            &dir,
+            BOB_UID,
+            "hostile::isolation::child_bob_registers",
+            &env,
+        )
     })
     .await
     .unwrap();
