@@ -454,7 +454,7 @@ async fn client_chosen_names_and_ids_cannot_forge_log_lines() {
 async fn metrics_can_require_a_token_and_live_on_an_owner_only_socket() {
     let extra = tempfile::tempdir().unwrap();
     let token = extra.path().join("metrics.token");
-    write_secret(&token, "scrape-secret-123");
+    agent::write_private(&token, "scrape-secret-123");
     let sock = extra.path().join("metrics.sock");
     let stack = Stack::start_opts(
         |_| {},
