@@ -6,7 +6,7 @@
 #   - fabric's tests/cuda.rs: device memory, IPC across processes, memory
 #     exported and imported as a POSIX fd, the tcp fabric's bounce path into
 #     device memory;
-#   - host-shim's tests/cuda.rs: a tenant registering device memory by a
+#   - host-shim's tests/it/cuda.rs: a tenant registering device memory by a
 #     POSIX fd passed over its lease and GETting into / PUTting from it
 #     through host-shim, dpu-agent and storage-target processes, forged fds
 #     and legacy IPC handles refused (also another uid's), and, on a shim
@@ -37,7 +37,7 @@ run() {
         S3DMA_REQUIRE_CUDA=1 "$@"
 }
 run cargo test -p fabric --features verbs,cuda --locked --test cuda -- "$@"
-run cargo test -p host-shim --features cuda --locked --test cuda -- "$@"
+run cargo test -p host-shim --features cuda --locked --test it -- cuda:: "$@"
 # The Python client's CUDA registration (Client.register_cuda_fd) through
 # `s3dma local`, whose host-shim the line above rebuilt with the feature.
 cargo build --locked -p host-shim --features cuda --bins

@@ -46,7 +46,7 @@ for line in sys.stdin:
   # Ceph's radosgw is reached over HTTP only: its fallback test runs on the
   # host, not under the VM's emulated CPUs.
   build "--skip ceph" -- -p dpu-agent --test transfers --test fallback
-  build "" -- -p host-shim --test e2e
+  build "e2e::" -- -p host-shim --test it
   echo "verbs-tests: $(wc -l <"$LIST") test binaries built; booting the VM"
   S3DMA_VM_TIMEOUT="${S3DMA_VM_TIMEOUT:-2700}" exec bash .ci/rdma-vm.sh bash .ci/verbs-tests.sh
 fi

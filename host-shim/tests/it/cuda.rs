@@ -14,10 +14,10 @@
 //! `LD_LIBRARY_PATH`). Without a driver each test prints why it is skipped
 //! and passes, unless `S3DMA_REQUIRE_CUDA=1` makes that a failure. The shim
 //! under test is `target/<profile>/host-shim`, which must be built with the
-//! feature: `cargo test -p host-shim --features cuda --test cuda` builds it
-//! so (on a GPU host: `S3DMA_REQUIRE_CUDA=1 cargo test -p host-shim
-//! --features cuda --test cuda`, after `cargo build --bins` for the other
-//! two binaries).
+//! feature: `cargo test -p host-shim --features cuda --test it -- cuda::`
+//! builds it so (on a GPU host: `S3DMA_REQUIRE_CUDA=1 cargo test -p
+//! host-shim --features cuda --test it -- cuda::`, after `cargo build
+//! --bins` for the other two binaries).
 //!
 //! Lifetime rules these tests pin down: a CUDA buffer lives until
 //! ReleaseBuffer or until its lease ends, and then the shim unmaps it

@@ -695,7 +695,7 @@ async fn hostile_lease_frames_and_bad_memory_are_refused() {
         reason(&st),
         (tonic::Code::InvalidArgument, "InvalidArgument".into())
     );
-    // CUDA memory needs the `cuda` feature (tests/cuda.rs has the GPU test).
+    // CUDA memory needs the `cuda` feature (`cuda.rs` has the GPU test).
     if cfg!(not(feature = "cuda")) {
         let mut lease = tokio::net::UnixStream::connect(sock).await.unwrap();
         lease.write_all(&s3dma_proto::lease::MAGIC).await.unwrap();
