@@ -8,7 +8,6 @@ use super::*;
 /// Phase 5: another tenant's buffer, named with spoofed metadata: not
 /// found.
 pub(super) async fn another_tenants_buffer(w: &mut World, raw: &mut RawTenant) {
-    // ---- 5. Another tenant's buffer, named with spoofed metadata.
     let exe = std::env::current_exe().unwrap();
     let copy = w.stack.dir.path().join("test-bin-hostile");
     std::fs::copy(&exe, &copy).unwrap();
@@ -179,9 +178,6 @@ pub(super) async fn another_tenants_buffer(w: &mut World, raw: &mut RawTenant) {
 /// cannot make the shim hold more than the buffers it may have: the shim's
 /// descriptor table is shared by every tenant.
 pub(super) async fn fd_flood(w: &World) {
-    // ---- One tenant passing fds on many leases (and never registering
-    // them) cannot make the shim hold more than the buffers it may have: the
-    // shim's descriptor table is shared by every tenant.
     let shim = w.procs[2];
     let before = shim.fds().len();
     let memfd = fabric::Memory::memfd("hostile-flood", 4096).unwrap();
