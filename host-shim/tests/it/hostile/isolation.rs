@@ -213,7 +213,12 @@ async fn connections_are_capped_per_tenant_and_the_other_tenant_gets_in() {
     let dir = stack.dir.path().to_owned();
     let env = [("E2E_SOCKET", stack.shim.socket.display().to_string())];
     tokio::task::spawn_blocking(move || {
-        run_test_as(&dir, BOB_UID, "isolation::child_bob_registers", &env)
+        run_test_as(
+            &dir,
+            BOB_UID,
+            "hostile::isolation::child_bob_registers",
+            &env,
+        )
     })
     .await
     .unwrap();
@@ -449,7 +454,7 @@ async fn client_chosen_names_and_ids_cannot_forge_log_lines() {
 async fn metrics_can_require_a_token_and_live_on_an_owner_only_socket() {
     let extra = tempfile::tempdir().unwrap();
     let token = extra.path().join("metrics.token");
-    write_secret(&token, "scrape-secret-123");
+    agent::write_private(&token, "scrape-secret-123");
     let sock = extra.path().join("metrics.sock");
     let stack = Stack::start_opts(
         |_| {},

@@ -5,12 +5,10 @@
 //!
 //! Needs the workspace's binaries (`cargo test --workspace` builds them).
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use s3dma_client::{ByteRange, Client, ErrorKind, GetOptions, PutOptions};
 use s3dma_proto::tenant::v1 as api;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -416,13 +414,15 @@ async fn two_tenants_are_isolated() {
     let dir = stack.dir.path().to_owned();
     let d = dir.clone();
     let e = env.clone();
-    tokio::task::spawn_blocking(move || run_test_as(&d, BOB_UID, "child_as_bob", &e))
+    tokio::task::spawn_blocking(move || run_test_as(&d, BOB_UID, "e2e::child_as_bob", &e))
         .await
         .unwrap();
     let refused_before = stack.shim.metric("s3dma_shim_connections_refused_total");
-    tokio::task::spawn_blocking(move || run_test_as(&dir, STRANGER_UID, "child_as_stranger", &env))
-        .await
-        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        run_test_as(&dir, STRANGER_UID, "e2e::child_as_stranger", &env)
+    })
+    .await
+    .unwrap();
     // Every connection the stranger made was refused at accept.
     assert!(
         stack.shim.metric("s3dma_shim_connections_refused_total") >= refused_before + 3.0,
@@ -471,7 +471,7 @@ async fn a_dead_process_releases_its_buffers() {
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(std::env::current_exe().unwrap())
             .args([
-                "child_allocates_and_exits",
+                "e2e::child_allocates_and_exits",
                 "--exact",
                 "--ignored",
                 "--nocapture",
@@ -695,7 +695,7 @@ async fn hostile_lease_frames_and_bad_memory_are_refused() {
         reason(&st),
         (tonic::Code::InvalidArgument, "InvalidArgument".into())
     );
-    // CUDA memory needs the `cuda` feature (tests/cuda.rs has the GPU test).
+    // CUDA memory needs the `cuda` feature (`cuda.rs` has the GPU test).
     if cfg!(not(feature = "cuda")) {
         let mut lease = tokio::net::UnixStream::connect(sock).await.unwrap();
         lease.write_all(&s3dma_proto::lease::MAGIC).await.unwrap();

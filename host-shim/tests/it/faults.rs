@@ -26,14 +26,12 @@
 //!
 //! Root-only cases skip when not root, except under `CI`, where they fail.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::agent::{self, TargetOpts};
-use common::netns::NetnsPair;
-use common::*;
+use crate::common::agent::{self, TargetOpts};
+use crate::common::netns::NetnsPair;
+use crate::common::*;
 use s3dma_client::{Buffer, Client, ErrorKind, GetOptions, PutOptions};
 
 /// The agent's `transfer.request_timeout_secs` in these tests.

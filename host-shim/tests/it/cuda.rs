@@ -14,10 +14,10 @@
 //! `LD_LIBRARY_PATH`). Without a driver each test prints why it is skipped
 //! and passes, unless `S3DMA_REQUIRE_CUDA=1` makes that a failure. The shim
 //! under test is `target/<profile>/host-shim`, which must be built with the
-//! feature: `cargo test -p host-shim --features cuda --test cuda` builds it
-//! so (on a GPU host: `S3DMA_REQUIRE_CUDA=1 cargo test -p host-shim
-//! --features cuda --test cuda`, after `cargo build --bins` for the other
-//! two binaries).
+//! feature: `cargo test -p host-shim --features cuda --test it -- cuda::`
+//! builds it so (on a GPU host: `S3DMA_REQUIRE_CUDA=1 cargo test -p
+//! host-shim --features cuda --test it -- cuda::`, after `cargo build
+//! --bins` for the other two binaries).
 //!
 //! Lifetime rules these tests pin down: a CUDA buffer lives until
 //! ReleaseBuffer or until its lease ends, and then the shim unmaps it
@@ -26,14 +26,10 @@
 //! leaves the shim's mapping valid. A legacy handle's memory must not be
 //! freed before that (CUDA leaves it undefined; the shim cannot notice), and
 //! a legacy handle whose memory was freed no longer registers.
-#![cfg(feature = "cuda")]
-
-mod common;
-
 use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
-use common::*;
+use crate::common::*;
 use fabric::cuda::DeviceMemory;
 use s3dma_client::PutOptions;
 use s3dma_proto::tenant::v1 as api;
@@ -774,7 +770,12 @@ async fn issue30_another_tenants_legacy_ipc_handle_is_refused() {
     ];
     let dir = stack.dir.path().to_owned();
     tokio::task::spawn_blocking(move || {
-        run_test_as(&dir, BOB_UID, "child_bob_presents_alices_ipc_handle", &env)
+        run_test_as(
+            &dir,
+            BOB_UID,
+            "cuda::child_bob_presents_alices_ipc_handle",
+            &env,
+        )
     })
     .await
     .unwrap();

@@ -6,10 +6,9 @@
 
 pub(crate) use s3dma_launcher::harness as agent;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 pub(crate) use agent::{ALICE, Agent, AgentSpec, Target, data, sha256};
@@ -72,8 +71,8 @@ impl Shim {
     /// A shim as [`Shim::start`] with `opts`.
     pub(crate) fn start_opts(dir: &Path, agent: &Agent, opts: ShimOpts) -> Shim {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        write_secret(&dir.join("fabric.key"), agent::FABRIC_KEY_HEX);
-        write_secret(&dir.join("shim.token"), agent::SHIM_TOKEN);
+        agent::write_private(&dir.join("fabric.key"), agent::FABRIC_KEY_HEX);
+        agent::write_private(&dir.join("shim.token"), agent::SHIM_TOKEN);
         let me = nix::unistd::getuid().as_raw();
         let cfg = shim_config(dir, agent, &opts, me);
         let config = dir.join("shim.yaml");
@@ -97,44 +96,24 @@ impl Shim {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let bin = agent::bin_dir().join("host-shim");
-        let mut child = agent::wrapped(&self.wrap, &bin)
-            .arg("--config")
+        let mut cmd = agent::wrapped(&self.wrap, &agent::bin_dir().join("host-shim"));
+        cmd.arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "info")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("host-shim binary (cargo build -p host-shim)");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        let mut metrics = None;
-        let mut listening = false;
-        while metrics.is_none() || !listening {
-            line.clear();
-            if out.read_line(&mut line).unwrap() == 0 {
-                panic!("host-shim exited early; its log:\n{}", self.log());
-            }
-            if line.starts_with("host-shim listening on ") {
-                listening = true;
-            }
-            if let Some(m) = line.trim().strip_prefix("metrics on ") {
-                metrics = Some(m.to_owned());
-            }
-        }
-        std::thread::spawn(move || for _ in out.lines() {});
-        self.metrics = metrics.unwrap();
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        let (child, mut lines) = agent::spawn_service(
+            &mut cmd,
+            "host-shim",
+            &self.log,
+            &["host-shim listening on ", "metrics on "],
+            None,
+        );
+        self.metrics = lines.pop().unwrap();
         self.child = Some(child);
     }
 
     pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        agent::read_log(&self.log)
     }
 
     /// The process id (None once killed).
@@ -143,10 +122,7 @@ impl Shim {
     }
 
     pub(crate) fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        agent::stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
     }
 
     /// One metric's value (summed over its label sets), from `/metrics`.
@@ -289,12 +265,6 @@ fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim
             worker_threads: Some(1),
         },
     }
-}
-
-/// Writes a secret file as the services require it: mode 0600.
-pub(crate) fn write_secret(path: &Path, contents: &str) {
-    std::fs::write(path, contents).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// Runs this test binary's `#[ignore]`d test `name` as `uid`, with `env`;
