@@ -1,17 +1,19 @@
-//! Spawns the real `storage-target` binary for integration tests and builds
-//! clients for it.
+//! Starts the real `storage-target` binary for integration tests, through
+//! the launcher's process harness (`s3dma_launcher::harness`), on a config
+//! built from the real config types, and builds clients for it.
 
 #![allow(dead_code)]
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::SystemTime;
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
+use s3dma_launcher::harness;
+use storage_target::config::Config;
 
 /// Users in every test config.
 pub(crate) const ADMIN: (&str, &str) = ("admin", "admin-secret");
@@ -41,13 +43,9 @@ where
     (code, status)
 }
 
-/// Writes a secret file (a user's secret, a fabric key, a token) mode 0600:
-/// the storage-target refuses secret files group or others can read.
-pub(crate) fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::write(path, contents).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
+/// Writes a secret file mode 0600 (the storage-target refuses secret files
+/// group or others can read).
+pub(crate) use s3dma_launcher::harness::write_private;
 
 /// How to launch the process beyond its config.
 #[derive(Debug, Clone, Copy, Default)]
@@ -71,54 +69,57 @@ pub(crate) struct Server {
     _tmp: Option<tempfile::TempDir>,
 }
 
-fn write_config(dir: &Path, data_dir: &Path) -> PathBuf {
+/// The config every test server starts from, built from the real config
+/// types: the users above, loopback, a fresh data directory.
+fn base_config(dir: &Path, data_dir: &Path) -> Config {
+    use storage_target::config::{Access, BucketGrant, UserConfig};
     let secret_file = dir.join("other.key");
     write_private(&secret_file, format!("{}\n", OTHER.1));
-    let cfg = format!(
-        r#"listen: 127.0.0.1:0
-region: us-east-1
-data_dir: {data}
-metrics_listen: 127.0.0.1:0
-max_clock_skew_secs: 900
-users:
-  - access_key_id: {ak}
-    secret: {sk}
-    buckets:
-      - name: "*"
-        access: read-write
-  - access_key_id: {oak}
-    secret_file: {sf}
-    buckets:
-      - name: "*"
-        access: read-write
-  - access_key_id: {rak}
-    secret: {rsk}
-    buckets:
-      - name: shared
-        access: read
-  - access_key_id: {a_ak}
-    secret: {a_sk}
-    display_name: Owner A
-    create_buckets: true
-  - access_key_id: {b_ak}
-    secret: {b_sk}
-    create_buckets: true
-"#,
-        data = data_dir.display(),
-        ak = ADMIN.0,
-        sk = ADMIN.1,
-        oak = OTHER.0,
-        sf = secret_file.display(),
-        rak = READER.0,
-        rsk = READER.1,
-        a_ak = OWNER_A.0,
-        a_sk = OWNER_A.1,
-        b_ak = OWNER_B.0,
-        b_sk = OWNER_B.1,
-    );
-    let path = dir.join("storage-target.yaml");
-    std::fs::write(&path, cfg).unwrap();
-    path
+    let user = |(ak, sk): (&str, &str), buckets: Vec<BucketGrant>| UserConfig {
+        access_key_id: ak.into(),
+        secret: Some(sk.into()),
+        secret_file: None,
+        buckets,
+        canonical_id: None,
+        display_name: None,
+        create_buckets: false,
+    };
+    let all = |access| {
+        vec![BucketGrant {
+            name: "*".into(),
+            access,
+        }]
+    };
+    let mut cfg = Config::new(data_dir.to_path_buf());
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.region = "us-east-1".into();
+    cfg.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.max_clock_skew_secs = 900;
+    cfg.users = vec![
+        user(ADMIN, all(Access::ReadWrite)),
+        UserConfig {
+            secret: None,
+            secret_file: Some(secret_file),
+            ..user(OTHER, all(Access::ReadWrite))
+        },
+        user(
+            READER,
+            vec![BucketGrant {
+                name: "shared".into(),
+                access: Access::Read,
+            }],
+        ),
+        UserConfig {
+            display_name: Some("Owner A".into()),
+            create_buckets: true,
+            ..user(OWNER_A, Vec::new())
+        },
+        UserConfig {
+            create_buckets: true,
+            ..user(OWNER_B, Vec::new())
+        },
+    ];
+    cfg
 }
 
 impl Server {
@@ -138,24 +139,17 @@ impl Server {
     pub(crate) fn launch(extra: impl FnOnce(&Path) -> String, launch: Launch) -> Server {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
-        let config = write_config(tmp.path(), &data);
-        let more = extra(tmp.path());
-        if !more.is_empty() {
-            let mut text = std::fs::read_to_string(&config).unwrap();
-            text.push_str(&more);
-            std::fs::write(&config, text).unwrap();
-        }
+        let base = base_config(tmp.path(), &data);
+        // The test's YAML replaces whole top-level sections of the base.
+        let cfg = harness::overlay(&base, &extra(tmp.path()));
+        let config = tmp.path().join("storage-target.yaml");
+        s3dma_launcher::configs::write(&config, &cfg).unwrap();
         let mut s = Server::spawn(config, data, tmp.path().join("stderr.log"), launch);
         s._tmp = Some(tmp);
         s
     }
 
     fn spawn(config: PathBuf, data_dir: PathBuf, stderr_log: PathBuf, launch: Launch) -> Server {
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&stderr_log)
-            .unwrap();
         let bin = env!("CARGO_BIN_EXE_storage-target");
         let mut cmd = match launch.umask {
             None => Command::new(bin),
@@ -167,41 +161,21 @@ impl Server {
                 c
             }
         };
-        let mut child = cmd
-            .arg("--config")
+        cmd.arg("--config")
             .arg(&config)
-            .env("RUST_LOG", "info,s3s=warn")
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let endpoint = line
-            .trim()
-            .strip_prefix("storage-target listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "unexpected first line {line:?}; stderr:\n{}",
-                    std::fs::read_to_string(&stderr_log).unwrap_or_default()
-                )
-            })
-            .to_owned();
-        line.clear();
-        out.read_line(&mut line).unwrap();
+            .env("RUST_LOG", "info,s3s=warn");
+        let (child, lines) = harness::spawn_service(
+            &mut cmd,
+            "storage-target",
+            &stderr_log,
+            &["storage-target listening on ", "metrics on "],
+            None,
+        );
         // "metrics on http://IP:PORT/metrics[ and unix:PATH]"
-        let metrics = line
-            .trim()
-            .strip_prefix("metrics on ")
-            .unwrap_or_else(|| panic!("unexpected second line {line:?}"))
-            .split(" and ")
-            .next()
-            .unwrap_or_default()
-            .to_owned();
+        let metrics = lines[1].split(" and ").next().unwrap_or_default().to_owned();
         Server {
             child: Some(child),
-            endpoint,
+            endpoint: lines[0].clone(),
             metrics,
             data_dir,
             config,
@@ -213,11 +187,7 @@ impl Server {
 
     /// SIGKILLs the process and waits for it.
     pub(crate) fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap());
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-            c.wait().unwrap();
-        }
+        harness::stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
     }
 
     /// Sends SIGTERM and waits for a clean exit; returns whether it exited 0.
@@ -251,7 +221,7 @@ impl Server {
 
     /// The server's log so far.
     pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+        harness::read_log(&self.stderr_log)
     }
 
     /// An SDK client (path style, static credentials).
@@ -272,10 +242,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        harness::stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
     }
 }
 
