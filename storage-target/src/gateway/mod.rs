@@ -41,166 +41,21 @@ use std::time::{Duration, Instant};
 use aws_sdk_s3::primitives::ByteStream;
 use futures::{StreamExt as _, TryStreamExt as _};
 use http::HeaderMap;
-use s3dma_config::ByteSize;
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::dto::*;
 use s3s::path::S3Path;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
-use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::acl::Permission;
 use crate::auth::{Need, Users, grants_give, need_of};
+pub use crate::config::gateway::{CacheConfig, StoreKind, UpstreamConfig};
 use crate::rdma::plan::{check_fits, reply_headers};
 use crate::rdma::{Decision, RdmaService, transfer};
 use crate::server::OpSlot;
 use cache::{Chunk, ChunkCache, ChunkKey, Identity, Source};
 use fabric::pool::StagingBuf;
-use policy::PolicyKind;
-pub use upstream::{Upstream, UpstreamConfig, UpstreamError};
-
-/// Where a storage-target keeps its objects (`store`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreKind {
-    /// Files under `data_dir` (the default).
-    #[default]
-    Filesystem,
-    /// An existing S3 endpoint (`upstream`), with a read cache (`cache`).
-    S3,
-}
-
-/// The `cache:` section (`store: s3`): the read cache in registered memory.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CacheConfig {
-    /// Memory of the cache, registered with the fabric (bytes, or e.g.
-    /// `8GiB`); at least 4 chunks. Default `1GiB`. Allocated when RDMA is
-    /// enabled (the cache serves RDMA reads).
-    #[serde(default = "default_cache_size")]
-    pub size: ByteSize,
-    /// Size of one cached chunk, which is also the unit of the gateway's
-    /// ranged reads from the upstream; between `64KiB` and `256MiB`.
-    /// Default `4MiB`.
-    #[serde(default = "default_chunk_size")]
-    pub chunk_size: ByteSize,
-    /// Which chunk to evict: `s3fifo` (default; keeps chunks that are read
-    /// again, such as a checkpoint being fanned out, while one-pass scans
-    /// stream through) or `lru`.
-    #[serde(default)]
-    pub policy: PolicyKind,
-    /// For how long, in seconds, the upstream's confirmation that a user may
-    /// read an object, and of its current version, is reused for that
-    /// user's next reads of it. Default 0: every read is confirmed upstream
-    /// (one HEAD). A read that starts more than this after an upstream
-    /// overwrite returns the new object.
-    #[serde(default)]
-    pub revalidate_after: f64,
-    /// Chunks after the end of a read fetched ahead into the cache (the
-    /// next read of a sequential reader then hits). Default 2; 0 turns it
-    /// off. Set 0 on gateways that share a bucket in a dpu-agent target
-    /// group: the agent sends the next chunks of an object to the other
-    /// gateways, so fetching them here reads them upstream twice.
-    #[serde(default = "default_prefetch_chunks")]
-    pub prefetch_chunks: u32,
-    /// Write-allocate: an RDMA PutObject of at most this many bytes is also
-    /// kept in the cache, under the ETag the upstream acknowledged it with,
-    /// so the first reads of a checkpoint written once and read by many hit
-    /// (every read is still confirmed upstream for its user). Default 0
-    /// (off); at most half of `size`. Slots are taken only when free or
-    /// evictable at once; otherwise the PUT goes through uncached. Multipart
-    /// uploads are not allocated.
-    #[serde(default)]
-    pub write_allocate_max: ByteSize,
-    /// Seconds, on the upstream's clock (its `Date` header), after the end
-    /// of an object version's Last-Modified second before which nothing
-    /// read of it is cached for later reads. A single-part ETag is an MD5:
-    /// a writer with a colliding pair can store a second body with the same
-    /// ETag and size in the same second, which no HEAD tells apart. Reads
-    /// of a version younger than that wait for it before fetching (at most
-    /// `settle_after` + 2 s); write-allocated chunks serve only until then,
-    /// and are fetched again once after, unless a version id or a kept
-    /// SHA-256 pins them. Covers clock differences between the upstream's
-    /// endpoints. Default 1; at most 3600.
-    #[serde(default = "default_settle_after")]
-    pub settle_after: u64,
-}
-
-fn default_cache_size() -> ByteSize {
-    ByteSize(1 << 30)
-}
-
-fn default_chunk_size() -> ByteSize {
-    ByteSize(4 << 20)
-}
-
-fn default_prefetch_chunks() -> u32 {
-    2
-}
-
-fn default_settle_after() -> u64 {
-    1
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        CacheConfig {
-            size: default_cache_size(),
-            chunk_size: default_chunk_size(),
-            policy: PolicyKind::default(),
-            revalidate_after: 0.0,
-            prefetch_chunks: default_prefetch_chunks(),
-            write_allocate_max: ByteSize(0),
-            settle_after: default_settle_after(),
-        }
-    }
-}
-
-impl CacheConfig {
-    /// Checks the values; `Err((field, message))` names the first bad one
-    /// (relative to the section).
-    ///
-    /// # Errors
-    /// Sizes out of range, a negative or non-finite `revalidate_after`.
-    pub fn check(&self) -> Result<(), (String, String)> {
-        let chunk = self.chunk_size.0;
-        if !(64 << 10..=256 << 20).contains(&chunk) {
-            return Err((
-                "chunk_size".into(),
-                "must be between 64KiB and 256MiB".into(),
-            ));
-        }
-        if self.size.0 < chunk.saturating_mul(4) {
-            return Err((
-                "size".into(),
-                format!("must hold at least 4 chunks ({} bytes)", chunk * 4),
-            ));
-        }
-        if !self.revalidate_after.is_finite() || self.revalidate_after < 0.0 {
-            return Err((
-                "revalidate_after".into(),
-                "must be a number of seconds, 0 or more".into(),
-            ));
-        }
-        if self.prefetch_chunks > 64 {
-            return Err(("prefetch_chunks".into(), "must be at most 64".into()));
-        }
-        if self.settle_after > 3600 {
-            return Err(("settle_after".into(), "must be at most 3600".into()));
-        }
-        if self.write_allocate_max.0 > self.size.0 / 2 {
-            return Err((
-                "write_allocate_max".into(),
-                format!("must be at most half of size ({} bytes)", self.size.0 / 2),
-            ));
-        }
-        Ok(())
-    }
-
-    fn slots(&self) -> usize {
-        usize::try_from(self.size.0 / self.chunk_size.0).unwrap_or(usize::MAX)
-    }
-}
+pub use upstream::{Upstream, UpstreamError};
 
 /// What the upstream confirmed about an object for one user: its version
 /// and the headers a GET answers with.
@@ -1365,54 +1220,6 @@ impl GatewayAccess {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cache_config_checks() {
-        let ok = CacheConfig::default();
-        assert!(ok.check().is_ok());
-        assert_eq!(ok.slots(), 256);
-        let mut c = ok.clone();
-        c.chunk_size = ByteSize(1024);
-        assert_eq!(c.check().unwrap_err().0, "chunk_size");
-        let mut c = ok.clone();
-        c.size = ByteSize(3 * (4 << 20));
-        assert_eq!(c.check().unwrap_err().0, "size");
-        let mut c = ok.clone();
-        c.revalidate_after = -1.0;
-        assert_eq!(c.check().unwrap_err().0, "revalidate_after");
-        c.revalidate_after = f64::NAN;
-        assert_eq!(c.check().unwrap_err().0, "revalidate_after");
-        let mut c = ok.clone();
-        c.prefetch_chunks = 65;
-        assert_eq!(c.check().unwrap_err().0, "prefetch_chunks");
-        let mut c = ok.clone();
-        assert_eq!(c.settle_after, 1);
-        c.settle_after = 3601;
-        assert_eq!(c.check().unwrap_err().0, "settle_after");
-        let mut c = ok;
-        c.write_allocate_max = ByteSize(c.size.0 / 2);
-        assert!(c.check().is_ok());
-        c.write_allocate_max = ByteSize(c.size.0 / 2 + 1);
-        assert_eq!(c.check().unwrap_err().0, "write_allocate_max");
-    }
-
-    #[test]
-    fn upstream_config_checks() {
-        let ok = UpstreamConfig::new("http://127.0.0.1:7480");
-        assert!(ok.check().is_ok());
-        let mut c = ok.clone();
-        c.endpoints.clear();
-        assert_eq!(c.check().unwrap_err().0, "endpoints");
-        let mut c = ok.clone();
-        c.endpoints.push("ftp://x:1".into());
-        assert_eq!(c.check().unwrap_err().0, "endpoints[1]");
-        let mut c = ok.clone();
-        c.read_timeout_ms = 0;
-        assert_eq!(c.check().unwrap_err().0, "read_timeout_ms");
-        let mut c = ok;
-        c.region = Some(String::new());
-        assert_eq!(c.check().unwrap_err().0, "region");
-    }
 
     fn head(date: Option<i64>, last_modified: Option<i64>, version: Option<&str>) -> Head {
         Head {

@@ -38,7 +38,6 @@
 //! [`ObjectReader`] serves any byte range with [`ObjectReader::read_at`] (into
 //! any buffer, e.g. RDMA staging memory) or [`ObjectReader::stream`].
 
-pub mod bucket_name;
 pub mod conditions;
 pub mod etag;
 pub mod format;
@@ -71,15 +70,15 @@ use crate::acl::Acl;
 
 /// Suffix of the file PutObjectAcl writes beside an object.
 const ACL_SUFFIX: &str = ".acl";
-pub use self::multipart::{MultipartConfig, PartInfo, UploadInfo, UploadsPage};
+pub use self::multipart::{PartInfo, UploadInfo, UploadsPage};
+pub use crate::config::bucket_name;
+pub use crate::config::multipart::{MIN_PART_SIZE, MultipartConfig};
 
 /// A boxed error from a body stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Largest object accepted by a single PutObject (and largest part): 5 GiB.
 pub const MAX_PUT_SIZE: u64 = 5 << 30;
-/// Smallest size of every multipart part but the last: 5 MiB.
-pub const MIN_PART_SIZE: u64 = 5 << 20;
 /// Read/write buffer size of the streaming paths.
 pub const IO_CHUNK: usize = 1 << 20;
 
