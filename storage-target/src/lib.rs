@@ -208,26 +208,28 @@ pub async fn serve(loaded: Loaded, shutdown: CancellationToken) -> Result<(), St
         key,
         Arc::clone(&metrics),
     ));
-    let (service, serving) = match (&cfg.store, &cfg.upstream) {
-        (gateway::StoreKind::S3, Some(up)) => {
-            let g = gateway::Gateway::new(up, &cfg.cache, &cfg.region, &users, rdma)?;
-            let upstream = up.endpoints.join(",");
+    let (service, serving) = match cfg.backend(&config_path.display().to_string())? {
+        config::StoreBackend::S3 { upstream, cache } => {
+            let g = gateway::Gateway::new(upstream, cache, &cfg.region, &users, rdma)?;
+            let upstream = upstream.endpoints.join(",");
             (
                 build_gateway_service(g, &cfg, users),
                 format!("upstream {upstream}"),
             )
         }
-        _ => {
-            let data_dir = cfg.data_dir.clone();
-            let limits = cfg.multipart;
-            let store =
-                tokio::task::spawn_blocking(move || store::Store::open_with(&data_dir, limits))
-                    .await
-                    .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
+        config::StoreBackend::Filesystem {
+            data_dir,
+            multipart,
+        } => {
+            let dir = data_dir.to_owned();
+            let limits = *multipart;
+            let store = tokio::task::spawn_blocking(move || store::Store::open_with(&dir, limits))
+                .await
+                .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
             let store = Arc::new(store);
-            spawn_upload_sweeper(&store, &cfg.multipart, shutdown.clone());
+            spawn_upload_sweeper(&store, multipart, shutdown.clone());
             let service = build_service(store, &cfg, users, rdma);
-            (service, format!("data_dir {}", cfg.data_dir.display()))
+            (service, format!("data_dir {}", data_dir.display()))
         }
     };
     let handler = server::Handler::new(

@@ -323,6 +323,26 @@ impl Config {
     }
 }
 
+/// Where the objects live, validated ([`Config::backend`]): each backend
+/// with its own sections.
+#[derive(Debug, Clone, Copy)]
+pub enum StoreBackend<'a> {
+    /// `store: filesystem`: files under `data_dir`.
+    Filesystem {
+        /// The data directory.
+        data_dir: &'a Path,
+        /// The multipart caps and sweep.
+        multipart: &'a multipart::MultipartConfig,
+    },
+    /// `store: s3`: the gateway in front of `upstream`.
+    S3 {
+        /// The upstream endpoint(s).
+        upstream: &'a gateway::UpstreamConfig,
+        /// The read cache.
+        cache: &'a gateway::CacheConfig,
+    },
+}
+
 /// A user after validation, with the secret resolved.
 #[derive(Clone)]
 pub struct User {
@@ -397,44 +417,7 @@ impl Config {
         self.runtime
             .check()
             .map_err(|m| invalid("runtime.worker_threads".into(), m))?;
-        match (self.store, &self.upstream) {
-            (gateway::StoreKind::Filesystem, None) => {
-                if self.data_dir.as_os_str().is_empty() {
-                    return Err(invalid(
-                        "data_dir".into(),
-                        "required (the directory of the filesystem store)".into(),
-                    ));
-                }
-            }
-            (gateway::StoreKind::Filesystem, Some(_)) => {
-                return Err(invalid(
-                    "upstream".into(),
-                    "only for `store: s3` (the gateway); add `store: s3` or remove the section"
-                        .into(),
-                ));
-            }
-            (gateway::StoreKind::S3, None) => {
-                return Err(invalid(
-                    "upstream".into(),
-                    "required with `store: s3`: the S3 endpoint(s) the gateway stands in front of"
-                        .into(),
-                ));
-            }
-            (gateway::StoreKind::S3, Some(up)) => {
-                if !self.data_dir.as_os_str().is_empty() {
-                    return Err(invalid(
-                        "data_dir".into(),
-                        "not used by `store: s3` (the gateway keeps nothing on disk); remove it"
-                            .into(),
-                    ));
-                }
-                up.check()
-                    .map_err(|(f, m)| invalid(format!("upstream.{f}"), m))?;
-                self.cache
-                    .check()
-                    .map_err(|(f, m)| invalid(format!("cache.{f}"), m))?;
-            }
-        }
+        self.backend(file)?;
         if !(1..=1_000_000).contains(&self.max_connections) {
             return Err(invalid(
                 "max_connections".into(),
@@ -561,6 +544,62 @@ impl Config {
         Ok(users)
     }
 
+    /// The validated store backend: `store:` with the sections it needs
+    /// (`data_dir` for `filesystem`; `upstream:` and `cache:` for `s3`),
+    /// and none that belong to the other one. (`store:` takes no other
+    /// value: an unknown one fails [`Config::parse`], naming the field.)
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the missing or misplaced field.
+    pub fn backend(&self, file: &str) -> Result<StoreBackend<'_>, ConfigError> {
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            field,
+            message,
+        };
+        match (self.store, &self.upstream) {
+            (gateway::StoreKind::Filesystem, None) => {
+                if self.data_dir.as_os_str().is_empty() {
+                    return Err(invalid(
+                        "data_dir".into(),
+                        "required (the directory of the filesystem store)".into(),
+                    ));
+                }
+                Ok(StoreBackend::Filesystem {
+                    data_dir: &self.data_dir,
+                    multipart: &self.multipart,
+                })
+            }
+            (gateway::StoreKind::Filesystem, Some(_)) => Err(invalid(
+                "upstream".into(),
+                "only for `store: s3` (the gateway); add `store: s3` or remove the section".into(),
+            )),
+            (gateway::StoreKind::S3, None) => Err(invalid(
+                "upstream".into(),
+                "required with `store: s3`: the S3 endpoint(s) the gateway stands in front of"
+                    .into(),
+            )),
+            (gateway::StoreKind::S3, Some(up)) => {
+                if !self.data_dir.as_os_str().is_empty() {
+                    return Err(invalid(
+                        "data_dir".into(),
+                        "not used by `store: s3` (the gateway keeps nothing on disk); remove it"
+                            .into(),
+                    ));
+                }
+                up.check()
+                    .map_err(|(f, m)| invalid(format!("upstream.{f}"), m))?;
+                self.cache
+                    .check()
+                    .map_err(|(f, m)| invalid(format!("cache.{f}"), m))?;
+                Ok(StoreBackend::S3 {
+                    upstream: up,
+                    cache: &self.cache,
+                })
+            }
+        }
+    }
+
     /// File descriptors this configuration may need at its caps: each S3
     /// connection and what its request opens (an object file, or an
     /// upstream connection), each metrics connection, plus
@@ -669,6 +708,27 @@ mod tests {
             .unwrap()
             .validate("t.yaml")
             .unwrap();
+    }
+
+    #[test]
+    fn store_backend_is_validated() {
+        let base = "users: [{access_key_id: a, secret: s}]\n";
+        let e = Config::parse("t.yaml", &format!("store: ceph\ndata_dir: /x\n{base}")).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("t.yaml: "), "{msg}");
+        assert!(msg.contains("store") && msg.contains("ceph"), "{msg}");
+        assert!(msg.contains("filesystem") && msg.contains("s3"), "{msg}");
+        let c = Config::parse("t.yaml", &format!("data_dir: /x\n{base}")).unwrap();
+        assert!(matches!(
+            c.backend("t.yaml").unwrap(),
+            StoreBackend::Filesystem { data_dir, .. } if data_dir == Path::new("/x")
+        ));
+        let up = "upstream: {endpoints: ['http://h:1']}\n";
+        let c = Config::parse("t.yaml", &format!("store: s3\n{up}{base}")).unwrap();
+        assert!(matches!(
+            c.backend("t.yaml").unwrap(),
+            StoreBackend::S3 { upstream, .. } if upstream.endpoints == ["http://h:1"]
+        ));
     }
 
     #[test]
