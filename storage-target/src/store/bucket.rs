@@ -1,26 +1,14 @@
 //! Bucket operations: create, head, ACL, list, delete.
 
-#![allow(unused_imports)]
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::future::Future as _;
-use std::io::{self, Read as _, Seek as _, SeekFrom};
-use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::task::{Context, Poll, ready};
+use std::sync::{Arc, RwLock};
 
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt as _};
-use s3s::crypto::{Checksum as _, Md5};
-use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
-use tokio::io::AsyncWriteExt as _;
 use tracing::{info, warn};
 
-use super::*;
+use super::{
+    Bucket, BucketInfo, Store, StoreError, StoreResult, blocking, bucket_name, create_private_dir,
+    create_private_file, fsync_dir, lock, now_ms, read, write,
+};
+use crate::acl::Acl;
 
 /// Buckets.
 impl Store {

@@ -1,27 +1,10 @@
 //! Store errors ([`StoreError`]), mapped to S3 errors in one place
 //! (`s3::store_error`).
 
-#![allow(unused_imports)]
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::future::Future as _;
-use std::io::{self, Read as _, Seek as _, SeekFrom};
-use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::task::{Context, Poll, ready};
+use std::io::{self};
+use std::path::PathBuf;
 
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt as _};
-use s3s::crypto::{Checksum as _, Md5};
-use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
-use tokio::io::AsyncWriteExt as _;
-use tracing::{info, warn};
-
-use super::*;
+use super::FormatError;
 
 /// A boxed error from a body stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync + 'static>;

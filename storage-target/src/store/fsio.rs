@@ -2,27 +2,14 @@
 //! fsyncs, blocking work off the runtime, reading an object file's header,
 //! and [`TmpGuard`]: a file under `.tmp` never outlives its request.
 
-#![allow(unused_imports)]
-use std::collections::BTreeMap;
 use std::fs::File;
-use std::future::Future as _;
-use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::io;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::task::{Context, Poll, ready};
+use std::sync::{Arc, Mutex, RwLock};
 
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt as _};
-use s3s::crypto::{Checksum as _, Md5};
-use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
-use tokio::io::AsyncWriteExt as _;
-use tracing::{info, warn};
-
-use super::*;
+use super::{FormatError, ObjectMeta, StoreError, StoreResult, format};
 
 /// Locks a std mutex, ignoring poisoning (the data stays consistent because
 /// every critical section is a few infallible map updates plus a rename).

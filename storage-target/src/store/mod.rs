@@ -61,8 +61,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tracing::{info, warn};
 
-use crate::acl::Acl;
-
 pub use self::error::{BodyError, StoreError, StoreResult};
 pub use self::format::{FormatError, Manifest, ObjectAttrs, ObjectMeta, PartMeta};
 pub use self::fsio::now_ms;

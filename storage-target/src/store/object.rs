@@ -1,27 +1,16 @@
 //! Object operations besides writes: open, delete, the ACL override,
 //! listing.
 
-#![allow(unused_imports)]
-use std::collections::BTreeMap;
 use std::fs::File;
-use std::future::Future as _;
-use std::io::{self, Read as _, Seek as _, SeekFrom};
-use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::task::{Context, Poll, ready};
+use std::io;
+use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt as _};
-use s3s::crypto::{Checksum as _, Md5};
-use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
-use tokio::io::AsyncWriteExt as _;
-use tracing::{info, warn};
-
-use super::*;
+use super::{
+    AclOverride, Data, IndexEntry, ObjectMeta, ObjectReader, PartFiles, Store, StoreError,
+    StoreResult, blocking, create_private_file, fsync_dir, listing, read, read_meta,
+    remove_parts_dir, write,
+};
+use crate::acl::Acl;
 
 /// Opening, deleting and listing objects; object ACLs.
 impl Store {

@@ -2,27 +2,14 @@
 //! readers hold on its entries (a replaced object's parts go once no
 //! reader uses them).
 
-#![allow(unused_imports)]
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::future::Future as _;
-use std::io::{self, Read as _, Seek as _, SeekFrom};
-use std::os::unix::fs::FileExt as _;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::task::{Context, Poll, ready};
+use std::sync::{Arc, Mutex, Weak};
 
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt as _};
-use s3s::crypto::{Checksum as _, Md5};
-use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
-use tokio::io::AsyncWriteExt as _;
-use tracing::{info, warn};
+use tracing::warn;
 
-use super::*;
+use super::{Manifest, lock};
 
 /// The `.parts` directory and the pins open readers hold on its entries.
 #[derive(Debug)]

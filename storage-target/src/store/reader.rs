@@ -2,27 +2,19 @@
 //! version (single file or multipart parts) into any buffer, or as a
 //! [`RangeStream`].
 
-#![allow(unused_imports)]
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::future::Future as _;
-use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::io;
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt as _};
-use s3s::crypto::{Checksum as _, Md5};
-use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
-use tokio::io::AsyncWriteExt as _;
-use tracing::{info, warn};
+use futures::Stream;
 
-use super::*;
+use super::{IO_CHUNK, Manifest, ObjectMeta, PartsPin, PartsRegistry, multipart};
 
 /// An open object: its metadata and a handle on the exact version opened.
 #[derive(Debug, Clone)]

@@ -2,27 +2,21 @@
 //! checked as it is written), sealed, fsynced and published by one rename;
 //! PutObject and CopyObject.
 
-#![allow(unused_imports)]
-use std::collections::BTreeMap;
 use std::fs::File;
-use std::future::Future as _;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
-use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::task::{Context, Poll, ready};
+use std::path::Path;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt as _};
 use s3s::crypto::{Checksum as _, Md5};
-use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
 use tokio::io::AsyncWriteExt as _;
-use tracing::{info, warn};
 
-use super::*;
+use super::{
+    BodyError, Bucket, Data, IO_CHUNK, IndexEntry, MAX_PUT_SIZE, ObjectAttrs, ObjectMeta,
+    ObjectReader, ReadCursor, Store, StoreError, StoreResult, TmpGuard, blocking, ensure_dir,
+    format, fsync_dir, now_ms, remove_parts_dir, write,
+};
 
 /// Observes the body bytes of a write and may veto the write at the end
 /// (checksums, trailers). [`NoCheck`] accepts everything.
