@@ -60,7 +60,7 @@ pub enum StoreError {
         /// Its size.
         size: u64,
     },
-    /// The body exceeds [`MAX_PUT_SIZE`].
+    /// The body exceeds [`MAX_PUT_SIZE`](super::MAX_PUT_SIZE).
     #[error("Your proposed upload exceeds the maximum allowed object size.")]
     EntityTooLarge,
     /// Another invalid argument.

@@ -34,7 +34,7 @@
 //! open [`ObjectReader`] still uses them.
 //!
 //! The data path is transport-neutral: [`Store::put_object`] and
-//! [`Store::upload_part`] take any stream of [`Bytes`], and an
+//! [`Store::upload_part`] take any stream of [`Bytes`](bytes::Bytes), and an
 //! [`ObjectReader`] serves any byte range with [`ObjectReader::read_at`] (into
 //! any buffer, e.g. RDMA staging memory) or [`ObjectReader::stream`].
 
