@@ -2,12 +2,15 @@
 //! with a crash-safe filesystem store.
 //!
 //! Modules, outside in:
-//! - [`config`]: the YAML configuration file.
+//! - [`config`]: the YAML configuration file, with every section (a leaf:
+//!   it imports no other module of the crate).
 //! - [`server`]: hyper serving, request ids, metrics wrapping, graceful shutdown.
 //! - [`auth`]: users (SigV4 secrets), bucket owners, ACLs and operator
 //!   grants: who may do what.
 //! - [`acl`]: the ACL model, canned ACLs, grant headers (pure).
-//! - [`s3`]: the `s3s::S3` implementation, DTOs to store calls, store errors to S3 errors.
+//! - [`s3`]: the `s3s::S3` implementation of the filesystem store (a thin
+//!   `impl S3` delegating to one module per concern), DTOs to store calls,
+//!   store errors to S3 errors.
 //! - [`attributes`]: GetObjectAttributes from stored metadata.
 //! - [`checksum`]: S3 flexible checksums (CRC32, CRC32C, CRC64NVME, SHA1,
 //!   SHA256): request checks, stored values, multipart COMPOSITE and

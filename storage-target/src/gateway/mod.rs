@@ -26,6 +26,14 @@
 //! * Everything else (HTTP GET/PUT, listings, multipart bookkeeping,
 //!   deletes, copies, buckets) is forwarded as is with `s3s-aws`.
 //!
+//! Modules: [`upstream`] (the endpoints and their clients), [`cache`] and
+//! [`policy`] (the read cache and its eviction); privately, `read` (GetObject
+//! over RDMA: confirmation, chunks, prefetch), `write` (PutObject and
+//! UploadPart over RDMA, write-allocate), `forward` (everything passed on as
+//! it is, and the errors of an unanswered upstream) and `access`
+//! ([`GatewayAccess`]). The configuration sections are
+//! [`crate::config::gateway`]'s.
+//!
 //! Not passed through yet: versioning (`versionId`), SSE-C keys on RDMA
 //! requests, `partNumber` on RDMA GETs, lifecycle and bucket configuration
 //! calls, ACL calls.

@@ -37,6 +37,13 @@
 //! [`Store::upload_part`] take any stream of [`Bytes`](bytes::Bytes), and an
 //! [`ObjectReader`] serves any byte range with [`ObjectReader::read_at`] (into
 //! any buffer, e.g. RDMA staging memory) or [`ObjectReader::stream`].
+//!
+//! Modules: [`format`] (the object file), [`listing`], [`conditions`],
+//! [`etag`] (pure helpers); privately, `write` (the write pipeline,
+//! PutObject, CopyObject), `reader` ([`ObjectReader`], [`RangeStream`]),
+//! `object` (open, delete, object ACLs, listing), `bucket`, `multipart`,
+//! `index` (buckets in memory), `parts` (`.parts` and its pins), `fsio`
+//! (private files, fsyncs, temporary files) and `error` ([`StoreError`]).
 
 mod bucket;
 pub mod conditions;
