@@ -16,7 +16,7 @@ use super::cache::{Chunk, ChunkCache, ChunkKey, Identity, Source};
 use super::forward::{access_key, internal, to_usize, unreachable};
 use super::{Gateway, upstream, upstream::Upstream};
 use crate::rdma::plan::{check_fits, reply_headers};
-use crate::rdma::{Decision, transfer};
+use crate::rdma::transfer;
 
 /// What the upstream confirmed about an object for one user: its version
 /// and the headers a GET answers with.
@@ -162,22 +162,18 @@ impl Gateway {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let decision = self.rdma.decide(&req).map_err(|e| e.to_s3())?;
-        match decision {
-            Decision::Rdma(token) => self.rdma_get(req, &token).await,
-            Decision::Http | Decision::Decline => {
-                let declined = matches!(decision, Decision::Decline);
-                let mut r = self
-                    .forward(req, |p, r| async move { p.get_object(r).await })
-                    .await?;
-                let m = self.rdma.metrics();
-                m.path_request("GetObject", "http");
-                if declined {
-                    r.headers.extend(reply_headers(501, None));
-                }
-                Ok(r)
-            }
+        let path = self.rdma.data_path(&req)?;
+        if let Some(token) = path.token() {
+            return self.rdma_get(req, token).await;
         }
+        let mut r = self
+            .forward(req, |p, r| async move { p.get_object(r).await })
+            .await?;
+        let m = self.rdma.metrics();
+        m.path_request("GetObject", "http");
+        // `x-amz-rdma-reply: 501` when declined.
+        r.headers.extend(path.get_reply(false, 0));
+        Ok(r)
     }
 
     /// The upstream's confirmation that `user` may read `bucket`/`key`, and

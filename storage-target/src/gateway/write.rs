@@ -15,8 +15,7 @@ use super::cache::{Chunk, ChunkCache, ChunkKey, Identity};
 use super::forward::access_key;
 use super::read::{Head, version_id};
 use super::{Gateway, upstream};
-use crate::rdma::Decision;
-use crate::rdma::plan::reply_headers;
+use crate::rdma::DataPath;
 use fabric::pool::StagingBuf;
 
 impl Gateway {
@@ -27,8 +26,9 @@ impl Gateway {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let alloc = self.write_allocation(&req);
-        let Some((body, len)) = self.rdma_body(&req, alloc.as_ref()).await? else {
+        let path = self.rdma.data_path(&req)?;
+        let alloc = self.write_allocation(&path);
+        let Some((body, len)) = self.rdma_body(&req, &path, alloc.as_ref()).await? else {
             let r = self
                 .forward_once(req, |p, r| async move { p.put_object(r).await })
                 .await?;
@@ -81,7 +81,7 @@ impl Gateway {
             let outcome = self.publish(a, cache, &acked).await;
             self.rdma.metrics().cache_write_allocation(outcome);
         }
-        let reply = self.put_reply("PutObject", len);
+        let reply = self.put_reply(&path, "PutObject", len);
         let o = PutObjectOutput {
             e_tag: out
                 .e_tag()
@@ -97,7 +97,8 @@ impl Gateway {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let Some((body, len)) = self.rdma_body(&req, None).await? else {
+        let path = self.rdma.data_path(&req)?;
+        let Some((body, len)) = self.rdma_body(&req, &path, None).await? else {
             let r = self
                 .forward_once(req, |p, r| async move { p.upload_part(r).await })
                 .await?;
@@ -127,7 +128,7 @@ impl Gateway {
                     .send()
             })
             .await?;
-        let reply = self.put_reply("UploadPart", len);
+        let reply = self.put_reply(&path, "UploadPart", len);
         let o = UploadPartOutput {
             e_tag: out
                 .e_tag()
@@ -144,18 +145,12 @@ impl Gateway {
     async fn rdma_body<T>(
         &self,
         req: &S3Request<T>,
+        path: &DataPath<'_>,
         tap: Option<&Arc<Mutex<WriteAllocation>>>,
     ) -> S3Result<Option<(ByteStream, i64)>> {
-        let token = match self.rdma.decide(req).map_err(|e| e.to_s3())? {
-            Decision::Http => return Ok(None),
-            Decision::Decline => return Err(self.rdma.declined_put()),
-            Decision::Rdma(t) => t,
+        let Some((body, size)) = path.put_body(&req.headers).await? else {
+            return Ok(None);
         };
-        let body = self
-            .rdma
-            .put_body(&token, &req.headers, &access_key(req))
-            .await
-            .map_err(|e| e.to_s3())?;
         let tap = tap.cloned();
         let frames = body.map_ok(move |b| {
             if let Some(t) = &tap {
@@ -166,20 +161,18 @@ impl Gateway {
         let body = http_body_util::StreamBody::new(frames);
         Ok(Some((
             ByteStream::from_body_1_x(body),
-            i64::from(token.size),
+            i64::try_from(size).unwrap_or(i64::MAX),
         )))
     }
 
     /// A write allocation for an RDMA PutObject when `write_allocate_max`
     /// allows its size (from the token; the body is exactly that long).
-    fn write_allocation<T>(&self, req: &S3Request<T>) -> Option<Arc<Mutex<WriteAllocation>>> {
+    fn write_allocation(&self, path: &DataPath<'_>) -> Option<Arc<Mutex<WriteAllocation>>> {
         let cache = self.cache.as_ref()?;
         if self.write_allocate_max == 0 {
             return None;
         }
-        let Ok(Decision::Rdma(token)) = self.rdma.decide(req) else {
-            return None;
-        };
+        let token = path.token()?;
         if u64::from(token.size) > self.write_allocate_max {
             self.rdma.metrics().cache_write_allocation("too_large");
             return None;
@@ -245,13 +238,11 @@ impl Gateway {
         "kept"
     }
 
-    fn put_reply(&self, op: &str, len: i64) -> HeaderMap {
-        let m = self.rdma.metrics();
-        m.path_request(op, "rdma");
+    fn put_reply(&self, path: &DataPath<'_>, op: &str, len: i64) -> HeaderMap {
         let n = u64::try_from(len).unwrap_or(0);
-        m.path_bytes("rdma", "in", n);
+        let reply = path.rdma_put_done(op, n).unwrap_or_default();
         self.upstream.metrics().upstream_bytes("out", n);
-        reply_headers(200, None)
+        reply
     }
 }
 

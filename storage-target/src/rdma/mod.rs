@@ -45,12 +45,15 @@
 //! * [`plan`]: pure helpers (signed-header check, request shape, sizes,
 //!   chunking, reply headers).
 //! * [`transfer`]: pipelined disk→WRITE and READ→disk.
+//! * [`path`]: one request's data path ([`DataPath`]), shared by the
+//!   filesystem store's S3 front end and the gateway.
 //!
 //! The staging buffers (one registered region) and the sessions pooled per
 //! endpoint (connect timeout, idle reaper) are [`fabric::pool`]'s, reporting
 //! to [`Metrics`] through [`fabric::pool::PoolObserver`]; sizes are read
 //! with [`s3dma_config`] and the fabric key file with [`fabric::config`].
 
+pub mod path;
 pub mod plan;
 pub mod share;
 pub mod transfer;
@@ -71,6 +74,7 @@ use plan::PlanError;
 
 pub use crate::config::networks;
 pub use crate::config::rdma::{RdmaConfig, RdmaMode};
+pub use path::DataPath;
 
 /// Why an RDMA request failed (mapped to S3 errors by [`RdmaError::to_s3`]).
 #[derive(Debug, thiserror::Error)]

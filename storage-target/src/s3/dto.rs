@@ -162,16 +162,6 @@ pub(super) fn access_key<T>(req: &S3Request<T>) -> String {
         .unwrap_or_default()
 }
 
-/// The access key id that signed a request (its share of the RDMA staging
-/// pool is counted by it); empty for an anonymous one, which the access
-/// check has refused before any data moves.
-pub(super) fn request_user<T>(req: &S3Request<T>) -> String {
-    req.credentials
-        .as_ref()
-        .map(|c| c.access_key.clone())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

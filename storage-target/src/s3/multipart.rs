@@ -8,7 +8,7 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result, StdError, s3_error};
 use super::S3Store;
 use super::conditions::copy_source_range;
 use super::dto::{
-    access_key, content_md5, etag_cond, make_attrs, part_number, request_user, strong, ts, ts_secs,
+    access_key, content_md5, etag_cond, make_attrs, part_number, strong, ts, ts_secs,
 };
 use super::error::{access_denied, store_error};
 use super::list::{enc, is_url, to_prefixes};
@@ -123,8 +123,7 @@ pub(super) async fn upload_part(
     s3: &S3Store,
     req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
-    let rdma = s3.rdma_decision(&req)?;
-    let user = request_user(&req);
+    let path = s3.rdma.data_path(&req)?;
     // Only the initiator or the bucket owner; the upload's checksum
     // algorithm, which its parts must carry.
     let upload_sum = s3
@@ -138,7 +137,7 @@ pub(super) async fn upload_part(
         .checksum;
     // The size the request declares, held against the initiator's byte
     // cap before the body is read.
-    let declared = match &rdma {
+    let declared = match path.decision() {
         Decision::Rdma(token) => Some(u64::from(token.size)),
         _ => req
             .headers
@@ -153,9 +152,7 @@ pub(super) async fn upload_part(
     let input = req.input;
     let md5 = content_md5(input.content_md5.as_ref())?;
     let n = part_number(input.part_number)?;
-    let body = s3
-        .put_body(&rdma, &headers, input.body, &user, &mut check)
-        .await?;
+    let body = s3.put_body(&path, &headers, input.body, &mut check).await?;
     let part = s3
         .store
         .upload_part(
@@ -170,7 +167,7 @@ pub(super) async fn upload_part(
         )
         .await
         .map_err(store_error)?;
-    let reply = s3.finish_put("UploadPart", &rdma, part.size);
+    let reply = s3.finish_put("UploadPart", &path, part.size);
     let mut out = UploadPartOutput {
         e_tag: Some(strong(&part.etag)),
         ..Default::default()

@@ -14,66 +14,50 @@ use s3s::{S3Request, S3Response, S3Result, StdError, s3_error};
 
 use super::conditions::{returned_checksum, select};
 use super::dto::{
-    body_stream, check_version_id, checksum_algorithm, content_md5, etag_cond, make_attrs,
-    request_user, strong, ts, ts_secs, user_metadata,
+    body_stream, check_version_id, checksum_algorithm, content_md5, etag_cond, make_attrs, strong,
+    ts, ts_secs, user_metadata,
 };
 use super::error::store_error;
 use super::{DEFAULT_CONTENT_TYPE, S3Store};
 use crate::acl::Permission;
 use crate::checksum::{RequestChecksum, set_checksum};
 use crate::config::User;
-use crate::rdma::{Decision, plan::reply_headers};
+use crate::rdma::DataPath;
 use crate::store::conditions::{Conditions, Verdict};
 use crate::store::{ObjectMeta, ObjectReader, RangeStream};
 
 /// The data path of PutObject, GetObject and UploadPart (HTTP or RDMA), and
 /// the source of a copy.
 impl S3Store {
-    /// How to serve a GetObject/PutObject/UploadPart.
-    pub(super) fn rdma_decision<T>(&self, req: &S3Request<T>) -> S3Result<Decision> {
-        self.rdma.decide(req).map_err(|e| e.to_s3())
-    }
-
     /// The body of a PutObject/UploadPart: the HTTP body, or RDMA READs of
     /// the token's memory (declined: nothing is read or stored). An RDMA
     /// body must be exactly the token's size: `check` (which hashes the
     /// bytes as the store writes them) refuses a short read.
     pub(super) async fn put_body(
         &self,
-        decision: &Decision,
+        path: &DataPath<'_>,
         headers: &HeaderMap,
         body: Option<StreamingBlob>,
-        user: &str,
         check: &mut RequestChecksum,
     ) -> S3Result<Pin<Box<dyn Stream<Item = Result<Bytes, StdError>> + Send + Sync>>> {
-        match decision {
-            Decision::Http => Ok(body_stream(body)),
-            Decision::Decline => Err(self.rdma.declined_put()),
-            Decision::Rdma(token) => Ok(Box::pin({
-                check.expect_exact_len(u64::from(token.size));
-                self.rdma
-                    .put_body(token, headers, user)
-                    .await
-                    .map_err(|e| e.to_s3())?
-            })),
-        }
+        Ok(match path.put_body(headers).await? {
+            None => body_stream(body),
+            Some((rdma, size)) => {
+                check.expect_exact_len(size);
+                Box::pin(rdma)
+            }
+        })
     }
 
     /// Records a successful data request and returns the RDMA reply headers.
-    pub(super) fn finish_put(&self, op: &str, decision: &Decision, size: u64) -> HeaderMap {
-        let m = self.rdma.metrics();
-        match decision {
-            Decision::Rdma(_) => {
-                m.path_request(op, "rdma");
-                m.path_bytes("rdma", "in", size);
-                reply_headers(200, None)
-            }
-            _ => {
-                m.path_request(op, "http");
-                m.path_bytes("http", "in", size);
-                HeaderMap::new()
-            }
+    pub(super) fn finish_put(&self, op: &str, path: &DataPath<'_>, size: u64) -> HeaderMap {
+        if let Some(reply) = path.rdma_put_done(op, size) {
+            return reply;
         }
+        let m = self.rdma.metrics();
+        m.path_request(op, "http");
+        m.path_bytes("http", "in", size);
+        HeaderMap::new()
     }
 
     /// Opens the source of a CopyObject/UploadPartCopy: a bucket source
@@ -171,8 +155,7 @@ pub(super) async fn put_object(
     s3: &S3Store,
     req: S3Request<PutObjectInput>,
 ) -> S3Result<S3Response<PutObjectOutput>> {
-    let rdma = s3.rdma_decision(&req)?;
-    let user = request_user(&req);
+    let path = s3.rdma.data_path(&req)?;
     let caller = s3.caller(&req);
     let mut check = RequestChecksum::for_put(&req.headers, req.trailing_headers.clone())?;
     let headers = req.headers;
@@ -207,7 +190,7 @@ pub(super) async fn put_object(
         ));
     }
     let body = s3
-        .put_body(&rdma, &headers, input.body.take(), &user, &mut check)
+        .put_body(&path, &headers, input.body.take(), &mut check)
         .await?;
     let meta = s3
         .store
@@ -221,7 +204,7 @@ pub(super) async fn put_object(
         )
         .await
         .map_err(store_error)?;
-    let reply = s3.finish_put("PutObject", &rdma, meta.size);
+    let reply = s3.finish_put("PutObject", &path, meta.size);
     let mut out = PutObjectOutput {
         e_tag: Some(strong(&meta.etag)),
         ..Default::default()
@@ -236,8 +219,7 @@ pub(super) async fn get_object(
     s3: &S3Store,
     req: S3Request<GetObjectInput>,
 ) -> S3Result<S3Response<GetObjectOutput>> {
-    let rdma = s3.rdma_decision(&req)?;
-    let user = request_user(&req);
+    let path = s3.rdma.data_path(&req)?;
     let caller = s3.caller(&req);
     let input = req.input;
     check_version_id(input.version_id.as_deref())?;
@@ -260,32 +242,23 @@ pub(super) async fn get_object(
     let len = range.end - range.start;
     let partial = content_range.is_some();
     let m = s3.rdma.metrics();
-    let (body, body_len, reply) = match &rdma {
-        Decision::Rdma(token) => {
+    let (body, body_len, reply) = match path.token() {
+        Some(token) => {
             let n = s3
                 .rdma
-                .get(token, &reader, range, &user)
+                .get(token, &reader, range, path.user())
                 .await
                 .map_err(|e| e.to_s3())?;
             m.path_request("GetObject", "rdma");
-            (
-                None,
-                0,
-                reply_headers(if partial { 206 } else { 200 }, Some(n)),
-            )
+            (None, 0, path.get_reply(partial, n))
         }
-        Decision::Http | Decision::Decline => {
+        None => {
             m.path_request("GetObject", "http");
             m.path_bytes("http", "out", len);
             let body = StreamingBlob::new(ObjectBody {
                 inner: reader.stream(range),
             });
-            let reply = if matches!(rdma, Decision::Decline) {
-                reply_headers(501, None)
-            } else {
-                HeaderMap::new()
-            };
-            (Some(body), len, reply)
+            (Some(body), len, path.get_reply(partial, 0))
         }
     };
     let meta = &reader.meta;

@@ -38,7 +38,7 @@
 //! [`ObjectReader`] serves any byte range with [`ObjectReader::read_at`] (into
 //! any buffer, e.g. RDMA staging memory) or [`ObjectReader::stream`].
 //!
-//! Modules: [`format`] (the object file), [`listing`], [`conditions`],
+//! Modules: [`format`](mod@format) (the object file), [`listing`], [`conditions`],
 //! [`etag`] (pure helpers); privately, `write` (the write pipeline,
 //! PutObject, CopyObject), `reader` ([`ObjectReader`], [`RangeStream`]),
 //! `object` (open, delete, object ACLs, listing), `bucket`, `multipart`,
