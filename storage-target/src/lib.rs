@@ -2,12 +2,15 @@
 //! with a crash-safe filesystem store.
 //!
 //! Modules, outside in:
-//! - [`config`]: the YAML configuration file.
+//! - [`config`]: the YAML configuration file, with every section (a leaf:
+//!   it imports no other module of the crate).
 //! - [`server`]: hyper serving, request ids, metrics wrapping, graceful shutdown.
 //! - [`auth`]: users (SigV4 secrets), bucket owners, ACLs and operator
 //!   grants: who may do what.
 //! - [`acl`]: the ACL model, canned ACLs, grant headers (pure).
-//! - [`s3`]: the `s3s::S3` implementation, DTOs to store calls, store errors to S3 errors.
+//! - [`s3`]: the `s3s::S3` implementation of the filesystem store (a thin
+//!   `impl S3` delegating to one module per concern), DTOs to store calls,
+//!   store errors to S3 errors.
 //! - [`attributes`]: GetObjectAttributes from stored metadata.
 //! - [`checksum`]: S3 flexible checksums (CRC32, CRC32C, CRC64NVME, SHA1,
 //!   SHA256): request checks, stored values, multipart COMPOSITE and
@@ -284,26 +287,28 @@ pub async fn start(loaded: Loaded) -> Result<Running, StartError> {
         key,
         Arc::clone(&metrics),
     ));
-    let (service, serving) = match (&cfg.store, &cfg.upstream) {
-        (gateway::StoreKind::S3, Some(up)) => {
-            let g = gateway::Gateway::new(up, &cfg.cache, &cfg.region, &users, rdma)?;
-            let upstream = up.endpoints.join(",");
+    let (service, serving) = match cfg.backend(&config_path.display().to_string())? {
+        config::StoreBackend::S3 { upstream, cache } => {
+            let g = gateway::Gateway::new(upstream, cache, &cfg.region, &users, rdma)?;
+            let upstream = upstream.endpoints.join(",");
             (
                 build_gateway_service(g, &cfg, users),
                 format!("upstream {upstream}"),
             )
         }
-        _ => {
-            let data_dir = cfg.data_dir.clone();
-            let limits = cfg.multipart;
-            let store =
-                tokio::task::spawn_blocking(move || store::Store::open_with(&data_dir, limits))
-                    .await
-                    .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
+        config::StoreBackend::Filesystem {
+            data_dir,
+            multipart,
+        } => {
+            let dir = data_dir.to_owned();
+            let limits = *multipart;
+            let store = tokio::task::spawn_blocking(move || store::Store::open_with(&dir, limits))
+                .await
+                .map_err(|e| store::StoreError::Io(std::io::Error::other(e)))??;
             let store = Arc::new(store);
-            spawn_upload_sweeper(&store, &cfg.multipart, shutdown.clone());
+            spawn_upload_sweeper(&store, multipart, shutdown.clone());
             let service = build_service(store, &cfg, users, rdma);
-            (service, format!("data_dir {}", cfg.data_dir.display()))
+            (service, format!("data_dir {}", data_dir.display()))
         }
     };
     let handler = server::Handler::new(

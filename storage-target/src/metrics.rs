@@ -355,7 +355,7 @@ impl Metrics {
     }
 
     /// Counts a chunk read by where the chunk came from.
-    pub fn cache_lookup(&self, source: crate::gateway::cache::Source) {
+    pub fn cache_lookup(&self, source: CacheSource) {
         self.gateway
             .cache_lookups
             .with_label_values(&[source.label()])
@@ -363,7 +363,7 @@ impl Metrics {
     }
 
     /// Counts object bytes sent to a tenant from a chunk of `source`.
-    pub fn cache_served(&self, source: crate::gateway::cache::Source, n: u64) {
+    pub fn cache_served(&self, source: CacheSource, n: u64) {
         self.gateway
             .cache_bytes
             .with_label_values(&[source.label()])
@@ -552,6 +552,30 @@ impl s3dma_service::request::RequestMetrics for Metrics {
         self.duration
             .with_label_values(&[op])
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Where a chunk of the gateway's read cache came from (the `source`
+/// label of the cache metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSource {
+    /// Already cached.
+    Cache,
+    /// This request fetched it from the upstream.
+    Upstream,
+    /// Another request was fetching it; this one waited for that fetch.
+    SingleFlight,
+}
+
+impl CacheSource {
+    /// The metric label.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheSource::Cache => "cache",
+            CacheSource::Upstream => "upstream",
+            CacheSource::SingleFlight => "single_flight",
+        }
     }
 }
 

@@ -185,10 +185,7 @@ pub(crate) const BODY_IDLE_MESSAGE: &str = "the client sent no request body byte
 /// framing (mapped to `400 InvalidRequest` by the S3 front ends).
 pub(crate) const AWS_CHUNK_REFUSED: &str = "aws-chunked body refused";
 
-/// Default of `max_aws_chunk_size`: well above what real clients send per
-/// chunk (aws-sdk-rust, aws-sdk-go-v2 and minio-go 64 KiB, aws-sdk-java v2
-/// 128 KiB, botocore and the aws CLI 1 MiB).
-pub const DEFAULT_MAX_AWS_CHUNK: u64 = 8 << 20;
+pub use crate::config::DEFAULT_MAX_AWS_CHUNK;
 
 /// Longest aws-chunked chunk header line (size, `;chunk-signature=` and 64
 /// hex digits, CRLF) the check follows; s3s refuses longer ones as well.

@@ -37,6 +37,7 @@ use fabric::pool::{StagingBuf, StagingPool};
 use tokio::sync::{Notify, OnceCell};
 
 use super::policy::{Policy, PolicyKind};
+pub use crate::metrics::CacheSource as Source;
 use crate::metrics::Metrics;
 
 /// What the upstream says identifies one version of an object: every
@@ -133,29 +134,6 @@ impl Chunk {
     /// A range beyond the chunk's bytes.
     pub fn slice(&self, off: usize, len: usize) -> fabric::Result<LocalSlice> {
         self.buf.slice(self.len)?.slice(off, len)
-    }
-}
-
-/// Where a chunk came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// Already cached.
-    Cache,
-    /// This request fetched it from the upstream.
-    Upstream,
-    /// Another request was fetching it; this one waited for that fetch.
-    SingleFlight,
-}
-
-impl Source {
-    /// The metric label.
-    #[must_use]
-    pub fn label(self) -> &'static str {
-        match self {
-            Source::Cache => "cache",
-            Source::Upstream => "upstream",
-            Source::SingleFlight => "single_flight",
-        }
     }
 }
 

@@ -15,16 +15,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
-/// The eviction policy of the chunk cache (`cache.policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PolicyKind {
-    /// S3-FIFO: scan-resistant (the default).
-    #[default]
-    S3fifo,
-    /// Least recently used.
-    Lru,
-}
+pub use crate::config::gateway::PolicyKind;
 
 /// Bookkeeping of which keys are cached and which to evict next. The cache
 /// holds the values; the policy only sees keys.

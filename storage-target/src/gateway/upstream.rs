@@ -18,100 +18,10 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use s3s::{S3Error, S3ErrorCode};
-use serde::{Deserialize, Serialize};
 
 use crate::config::User;
+use crate::config::gateway::UpstreamConfig;
 use crate::metrics::Metrics;
-
-/// The `upstream:` section (`store: s3`): the S3 endpoint the gateway
-/// stands in front of.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamConfig {
-    /// The upstream's S3 endpoint URLs (`http://HOST:PORT` or
-    /// `https://HOST:PORT`, e.g. the radosgw instances of one Ceph cluster).
-    /// At least one; all must serve the same data.
-    pub endpoints: Vec<String>,
-    /// The region the upstream verifies signatures for. Default: this
-    /// server's `region`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    /// A PEM file with the CA certificate(s) that sign the upstream's TLS
-    /// certificate, for `https` endpoints with a private CA. Default: the
-    /// web PKI roots.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-    /// Connect timeout per upstream connection, in milliseconds. Default
-    /// 3000.
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
-    /// Longest wait for any read from the upstream (response head or the
-    /// next body bytes), in milliseconds. Default 30000.
-    #[serde(default = "default_read_timeout_ms")]
-    pub read_timeout_ms: u64,
-    /// Attempts per request for errors the SDK retries (throttling, 5xx,
-    /// dropped connections), per endpoint. Default 3; at least 1.
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: u32,
-}
-
-fn default_connect_timeout_ms() -> u64 {
-    3000
-}
-
-fn default_read_timeout_ms() -> u64 {
-    30_000
-}
-
-fn default_max_attempts() -> u32 {
-    3
-}
-
-impl UpstreamConfig {
-    /// A section with one endpoint and every default.
-    #[must_use]
-    pub fn new(endpoint: impl Into<String>) -> Self {
-        UpstreamConfig {
-            endpoints: vec![endpoint.into()],
-            region: None,
-            ca_file: None,
-            connect_timeout_ms: default_connect_timeout_ms(),
-            read_timeout_ms: default_read_timeout_ms(),
-            max_attempts: default_max_attempts(),
-        }
-    }
-
-    /// Checks the values; `Err((field, message))` names the first bad one
-    /// (relative to the section).
-    ///
-    /// # Errors
-    /// No endpoint, a malformed endpoint URL, a zero timeout or attempt count.
-    pub fn check(&self) -> Result<(), (String, String)> {
-        if self.endpoints.is_empty() {
-            return Err((
-                "endpoints".into(),
-                "at least one endpoint is required".into(),
-            ));
-        }
-        for (i, e) in self.endpoints.iter().enumerate() {
-            s3dma_config::check_endpoint_url(e)
-                .map_err(|m| (format!("endpoints[{i}]"), m.to_string()))?;
-        }
-        if self.region.as_deref() == Some("") {
-            return Err(("region".into(), "must not be empty".into()));
-        }
-        if self.connect_timeout_ms == 0 {
-            return Err(("connect_timeout_ms".into(), "must be at least 1".into()));
-        }
-        if self.read_timeout_ms == 0 {
-            return Err(("read_timeout_ms".into(), "must be at least 1".into()));
-        }
-        if self.max_attempts == 0 {
-            return Err(("max_attempts".into(), "must be at least 1".into()));
-        }
-        Ok(())
-    }
-}
 
 /// Why the upstream clients could not be built.
 #[derive(Debug, thiserror::Error)]

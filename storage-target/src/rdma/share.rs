@@ -46,13 +46,7 @@ pub struct Shares {
     shared: Arc<Semaphore>,
 }
 
-/// Number of buffers one session or one user may hold: `share` of `count`,
-/// rounded down; `None` when that is no buffer at all.
-#[must_use]
-pub fn cap(count: usize, share: f64) -> Option<usize> {
-    let n = (count as f64 * share).floor() as usize;
-    (n >= 1).then_some(n.min(count))
-}
+pub use crate::config::rdma::cap;
 
 fn entry<K: Eq + Hash>(
     map: &Mutex<HashMap<K, Weak<Semaphore>>>,

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::*;
+use crate::acl::Acl;
 use crate::checksum::CompleteRequest;
+use futures::StreamExt as _;
 
 fn body(data: &[u8]) -> futures::stream::Iter<std::vec::IntoIter<Result<Bytes, BodyError>>> {
     // Several chunks, as a network body arrives.

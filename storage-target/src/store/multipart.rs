@@ -8,7 +8,6 @@ use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
@@ -25,114 +24,6 @@ use crate::checksum::{self, CompleteRequest, PartSum, StoredChecksum, UploadChec
 
 /// Highest part number S3 allows.
 pub(super) const MAX_PART_NUMBER: u32 = 10_000;
-
-/// The `multipart:` section (filesystem store): what one user's
-/// in-progress multipart uploads may hold, and when an upload nobody
-/// completes is aborted. A user's uploads are those they initiated, in any
-/// bucket; parts anyone uploads into them (the bucket owner may) count
-/// there. Beyond a cap the request is refused with 403 `QuotaExceeded`
-/// before its body is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MultipartConfig {
-    /// Most uploads one user may have in progress, across all buckets.
-    /// Default 1000; at least 1.
-    #[serde(default = "default_max_open_uploads_per_user")]
-    pub max_open_uploads_per_user: usize,
-    /// Most parts stored in one user's in-progress uploads together (a
-    /// part uploaded again under the same number counts once). Default
-    /// 100000; at least 1.
-    #[serde(default = "default_max_parts_per_user")]
-    pub max_parts_per_user: usize,
-    /// Most bytes stored in one user's in-progress uploads together, parts
-    /// written by UploadPart and UploadPartCopy alike (bytes, or e.g.
-    /// `500GiB`). A part whose declared size does not fit is refused before
-    /// its body is read. Default `1TiB`; at least `5MiB`.
-    #[serde(default = "default_max_bytes_per_user")]
-    pub max_bytes_per_user: s3dma_config::ByteSize,
-    /// Seconds after its initiation when an upload still in progress is
-    /// aborted and its parts deleted (as S3's lifecycle rule
-    /// AbortIncompleteMultipartUpload), checked periodically (every quarter
-    /// of this, at most hourly). 0 turns the sweep off. Default 604800
-    /// (7 days).
-    #[serde(default = "default_abort_incomplete_after")]
-    pub abort_incomplete_after: f64,
-}
-
-fn default_max_open_uploads_per_user() -> usize {
-    1000
-}
-
-fn default_max_parts_per_user() -> usize {
-    100_000
-}
-
-fn default_max_bytes_per_user() -> s3dma_config::ByteSize {
-    s3dma_config::ByteSize(1 << 40)
-}
-
-fn default_abort_incomplete_after() -> f64 {
-    7.0 * 24.0 * 3600.0
-}
-
-impl Default for MultipartConfig {
-    fn default() -> Self {
-        MultipartConfig {
-            max_open_uploads_per_user: default_max_open_uploads_per_user(),
-            max_parts_per_user: default_max_parts_per_user(),
-            max_bytes_per_user: default_max_bytes_per_user(),
-            abort_incomplete_after: default_abort_incomplete_after(),
-        }
-    }
-}
-
-impl MultipartConfig {
-    /// Checks the values; `Err((field, message))` names the first bad one
-    /// (relative to the section).
-    ///
-    /// # Errors
-    /// A cap of 0 (or bytes below 5 MiB), a negative or non-finite age.
-    pub fn check(&self) -> Result<(), (String, String)> {
-        if self.max_open_uploads_per_user == 0 {
-            return Err((
-                "max_open_uploads_per_user".into(),
-                "must be at least 1".into(),
-            ));
-        }
-        if self.max_parts_per_user == 0 {
-            return Err(("max_parts_per_user".into(), "must be at least 1".into()));
-        }
-        if self.max_bytes_per_user.0 < MIN_PART_SIZE {
-            return Err((
-                "max_bytes_per_user".into(),
-                "must be at least 5MiB (one part)".into(),
-            ));
-        }
-        if !self.abort_incomplete_after.is_finite() || self.abort_incomplete_after < 0.0 {
-            return Err((
-                "abort_incomplete_after".into(),
-                "must be a number of seconds, 0 (off) or more".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The age after which uploads are swept, `None` when off.
-    #[must_use]
-    pub fn abort_after(&self) -> Option<Duration> {
-        (self.abort_incomplete_after > 0.0)
-            .then(|| Duration::try_from_secs_f64(self.abort_incomplete_after).ok())
-            .flatten()
-    }
-
-    /// How often the sweep runs: a quarter of the age, between 100 ms and
-    /// an hour.
-    #[must_use]
-    pub fn sweep_interval(&self) -> Option<Duration> {
-        self.abort_after()
-            .map(|a| (a / 4).clamp(Duration::from_millis(100), Duration::from_secs(3600)))
-    }
-}
 
 /// An in-progress multipart upload, stored in `upload.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1132,50 +1023,6 @@ mod tests {
         let back: UploadInfo =
             serde_json::from_slice(&serde_json::to_vec(&with_id).unwrap()).unwrap();
         assert_eq!(back, with_id);
-    }
-
-    #[test]
-    fn config_checks() {
-        assert!(MultipartConfig::default().check().is_ok());
-        assert_eq!(
-            MultipartConfig::default().abort_after(),
-            Some(Duration::from_secs(7 * 24 * 3600))
-        );
-        let off = MultipartConfig {
-            abort_incomplete_after: 0.0,
-            ..MultipartConfig::default()
-        };
-        assert_eq!(off.abort_after(), None);
-        assert_eq!(off.sweep_interval(), None);
-        let fast = MultipartConfig {
-            abort_incomplete_after: 0.01,
-            ..MultipartConfig::default()
-        };
-        assert_eq!(fast.sweep_interval(), Some(Duration::from_millis(100)));
-        for bad in [
-            MultipartConfig {
-                max_open_uploads_per_user: 0,
-                ..MultipartConfig::default()
-            },
-            MultipartConfig {
-                max_parts_per_user: 0,
-                ..MultipartConfig::default()
-            },
-            MultipartConfig {
-                max_bytes_per_user: s3dma_config::ByteSize(1),
-                ..MultipartConfig::default()
-            },
-            MultipartConfig {
-                abort_incomplete_after: -1.0,
-                ..MultipartConfig::default()
-            },
-            MultipartConfig {
-                abort_incomplete_after: f64::NAN,
-                ..MultipartConfig::default()
-            },
-        ] {
-            assert!(bad.check().is_err(), "{bad:?}");
-        }
     }
 
     #[test]

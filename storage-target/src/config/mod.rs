@@ -3,6 +3,17 @@
 //! Every field is documented here and in `storage-target.example.yaml`; unknown
 //! fields are rejected. [`Config::load`] parses and validates a file and reports
 //! errors as `<file>: <field path>: <what is wrong>`.
+//!
+//! A leaf of the crate: the sections of other concerns live in submodules
+//! here ([`gateway`], [`rdma`] with [`networks`], [`multipart`]), with the
+//! naming rules they check ([`bucket_name`]), and the modules that use
+//! them re-export them.
+
+pub mod bucket_name;
+pub mod gateway;
+pub mod multipart;
+pub mod networks;
+pub mod rdma;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -51,16 +62,16 @@ pub struct Config {
     /// `data_dir`) or `s3`: a gateway in front of an existing S3 endpoint
     /// (`upstream`) with a read cache in registered memory (`cache`).
     #[serde(default)]
-    pub store: crate::gateway::StoreKind,
+    pub store: gateway::StoreKind,
     /// The S3 endpoint behind the gateway: required with `store: s3`,
     /// refused otherwise. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<crate::gateway::UpstreamConfig>,
+    pub upstream: Option<gateway::UpstreamConfig>,
     /// The gateway's read cache (`store: s3`). Default: the section's
     /// defaults (1 GiB of 4 MiB chunks, S3-FIFO, every read confirmed
     /// upstream).
     #[serde(default)]
-    pub cache: crate::gateway::CacheConfig,
+    pub cache: gateway::CacheConfig,
     /// Listen address of the Prometheus endpoint (`GET /metrics`); omit to
     /// disable. The older spelling of `metrics.address` (set one or the
     /// other, not both); kept working. Default: none.
@@ -93,13 +104,13 @@ pub struct Config {
     /// Serving GET/PUT/UploadPart over RDMA (`x-amz-rdma-token`). Default:
     /// the section's defaults, i.e. `mode: disabled`.
     #[serde(default)]
-    pub rdma: crate::rdma::RdmaConfig,
+    pub rdma: rdma::RdmaConfig,
     /// Per-user caps on in-progress multipart uploads and the sweep of
     /// those never completed (`store: filesystem`). Default: the section's
     /// defaults (1000 uploads, 100000 parts and 1TiB per user; uploads
     /// aborted 7 days after initiation).
     #[serde(default)]
-    pub multipart: crate::store::MultipartConfig,
+    pub multipart: multipart::MultipartConfig,
     /// The async runtime: `worker_threads` (optional; default one per CPU).
     #[serde(default)]
     pub runtime: s3dma_config::RuntimeConfig,
@@ -252,9 +263,14 @@ fn valid_grant_name(name: &str) -> bool {
                     .bytes()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
         }
-        None => crate::store::bucket_name::is_valid_bucket_name(name),
+        None => bucket_name::is_valid_bucket_name(name),
     }
 }
+
+/// Default of `max_aws_chunk_size`: well above what real clients send per
+/// chunk (aws-sdk-rust, aws-sdk-go-v2 and minio-go 64 KiB, aws-sdk-java v2
+/// 128 KiB, botocore and the aws CLI 1 MiB).
+pub const DEFAULT_MAX_AWS_CHUNK: u64 = 8 << 20;
 
 fn path_is_empty(p: &Path) -> bool {
     p.as_os_str().is_empty()
@@ -269,7 +285,7 @@ fn default_max_connections() -> usize {
 }
 
 fn default_max_aws_chunk_size() -> s3dma_config::ByteSize {
-    s3dma_config::ByteSize(crate::server::DEFAULT_MAX_AWS_CHUNK)
+    s3dma_config::ByteSize(DEFAULT_MAX_AWS_CHUNK)
 }
 
 fn default_region() -> String {
@@ -292,19 +308,39 @@ impl Config {
             max_aws_chunk_size: default_max_aws_chunk_size(),
             region: default_region(),
             data_dir,
-            store: crate::gateway::StoreKind::Filesystem,
+            store: gateway::StoreKind::Filesystem,
             upstream: None,
-            cache: crate::gateway::CacheConfig::default(),
+            cache: gateway::CacheConfig::default(),
             metrics_listen: None,
             metrics: MetricsConfig::default(),
             max_clock_skew_secs: default_max_clock_skew_secs(),
             allow_sigv2: false,
             users: Vec::new(),
-            rdma: crate::rdma::RdmaConfig::default(),
-            multipart: crate::store::MultipartConfig::default(),
+            rdma: rdma::RdmaConfig::default(),
+            multipart: multipart::MultipartConfig::default(),
             runtime: s3dma_config::RuntimeConfig::default(),
         }
     }
+}
+
+/// Where the objects live, validated ([`Config::backend`]): each backend
+/// with its own sections.
+#[derive(Debug, Clone, Copy)]
+pub enum StoreBackend<'a> {
+    /// `store: filesystem`: files under `data_dir`.
+    Filesystem {
+        /// The data directory.
+        data_dir: &'a Path,
+        /// The multipart caps and sweep.
+        multipart: &'a multipart::MultipartConfig,
+    },
+    /// `store: s3`: the gateway in front of `upstream`.
+    S3 {
+        /// The upstream endpoint(s).
+        upstream: &'a gateway::UpstreamConfig,
+        /// The read cache.
+        cache: &'a gateway::CacheConfig,
+    },
 }
 
 /// A user after validation, with the secret resolved.
@@ -381,44 +417,7 @@ impl Config {
         self.runtime
             .check()
             .map_err(|m| invalid("runtime.worker_threads".into(), m))?;
-        match (self.store, &self.upstream) {
-            (crate::gateway::StoreKind::Filesystem, None) => {
-                if self.data_dir.as_os_str().is_empty() {
-                    return Err(invalid(
-                        "data_dir".into(),
-                        "required (the directory of the filesystem store)".into(),
-                    ));
-                }
-            }
-            (crate::gateway::StoreKind::Filesystem, Some(_)) => {
-                return Err(invalid(
-                    "upstream".into(),
-                    "only for `store: s3` (the gateway); add `store: s3` or remove the section"
-                        .into(),
-                ));
-            }
-            (crate::gateway::StoreKind::S3, None) => {
-                return Err(invalid(
-                    "upstream".into(),
-                    "required with `store: s3`: the S3 endpoint(s) the gateway stands in front of"
-                        .into(),
-                ));
-            }
-            (crate::gateway::StoreKind::S3, Some(up)) => {
-                if !self.data_dir.as_os_str().is_empty() {
-                    return Err(invalid(
-                        "data_dir".into(),
-                        "not used by `store: s3` (the gateway keeps nothing on disk); remove it"
-                            .into(),
-                    ));
-                }
-                up.check()
-                    .map_err(|(f, m)| invalid(format!("upstream.{f}"), m))?;
-                self.cache
-                    .check()
-                    .map_err(|(f, m)| invalid(format!("cache.{f}"), m))?;
-            }
-        }
+        self.backend(file)?;
         if !(1..=1_000_000).contains(&self.max_connections) {
             return Err(invalid(
                 "max_connections".into(),
@@ -545,6 +544,62 @@ impl Config {
         Ok(users)
     }
 
+    /// The validated store backend: `store:` with the sections it needs
+    /// (`data_dir` for `filesystem`; `upstream:` and `cache:` for `s3`),
+    /// and none that belong to the other one. (`store:` takes no other
+    /// value: an unknown one fails [`Config::parse`], naming the field.)
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the missing or misplaced field.
+    pub fn backend(&self, file: &str) -> Result<StoreBackend<'_>, ConfigError> {
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            field,
+            message,
+        };
+        match (self.store, &self.upstream) {
+            (gateway::StoreKind::Filesystem, None) => {
+                if self.data_dir.as_os_str().is_empty() {
+                    return Err(invalid(
+                        "data_dir".into(),
+                        "required (the directory of the filesystem store)".into(),
+                    ));
+                }
+                Ok(StoreBackend::Filesystem {
+                    data_dir: &self.data_dir,
+                    multipart: &self.multipart,
+                })
+            }
+            (gateway::StoreKind::Filesystem, Some(_)) => Err(invalid(
+                "upstream".into(),
+                "only for `store: s3` (the gateway); add `store: s3` or remove the section".into(),
+            )),
+            (gateway::StoreKind::S3, None) => Err(invalid(
+                "upstream".into(),
+                "required with `store: s3`: the S3 endpoint(s) the gateway stands in front of"
+                    .into(),
+            )),
+            (gateway::StoreKind::S3, Some(up)) => {
+                if !self.data_dir.as_os_str().is_empty() {
+                    return Err(invalid(
+                        "data_dir".into(),
+                        "not used by `store: s3` (the gateway keeps nothing on disk); remove it"
+                            .into(),
+                    ));
+                }
+                up.check()
+                    .map_err(|(f, m)| invalid(format!("upstream.{f}"), m))?;
+                self.cache
+                    .check()
+                    .map_err(|(f, m)| invalid(format!("cache.{f}"), m))?;
+                Ok(StoreBackend::S3 {
+                    upstream: up,
+                    cache: &self.cache,
+                })
+            }
+        }
+    }
+
     /// File descriptors this configuration may need at its caps: each S3
     /// connection and what its request opens (an object file, or an
     /// upstream connection), each metrics connection, plus
@@ -613,7 +668,7 @@ impl Config {
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = include_str!("../storage-target.example.yaml");
+    const EXAMPLE: &str = include_str!("../../storage-target.example.yaml");
 
     #[test]
     fn gateway_store_rules() {
@@ -656,6 +711,27 @@ mod tests {
     }
 
     #[test]
+    fn store_backend_is_validated() {
+        let base = "users: [{access_key_id: a, secret: s}]\n";
+        let e = Config::parse("t.yaml", &format!("store: ceph\ndata_dir: /x\n{base}")).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("t.yaml: "), "{msg}");
+        assert!(msg.contains("store") && msg.contains("ceph"), "{msg}");
+        assert!(msg.contains("filesystem") && msg.contains("s3"), "{msg}");
+        let c = Config::parse("t.yaml", &format!("data_dir: /x\n{base}")).unwrap();
+        assert!(matches!(
+            c.backend("t.yaml").unwrap(),
+            StoreBackend::Filesystem { data_dir, .. } if data_dir == Path::new("/x")
+        ));
+        let up = "upstream: {endpoints: ['http://h:1']}\n";
+        let c = Config::parse("t.yaml", &format!("store: s3\n{up}{base}")).unwrap();
+        assert!(matches!(
+            c.backend("t.yaml").unwrap(),
+            StoreBackend::S3 { upstream, .. } if upstream.endpoints == ["http://h:1"]
+        ));
+    }
+
+    #[test]
     fn example_parses_and_validates() {
         let c = Config::parse("storage-target.example.yaml", EXAMPLE).unwrap();
         assert_eq!(c.region, "us-east-1");
@@ -669,10 +745,10 @@ mod tests {
         let users = c.validate("storage-target.example.yaml").unwrap();
         assert_eq!(users[0].access_key_id, "s3dma-local");
         assert_eq!(users[0].buckets[0].access, Access::ReadWrite);
-        assert_eq!(c.rdma.mode, crate::rdma::RdmaMode::Disabled);
+        assert_eq!(c.rdma.mode, rdma::RdmaMode::Disabled);
         assert_eq!(c.rdma.staging_buffer_size, s3dma_config::ByteSize(4 << 20));
         assert_eq!(c.rdma.connect_timeout_ms, 2000);
-        assert_eq!(c.multipart, crate::store::MultipartConfig::default());
+        assert_eq!(c.multipart, multipart::MultipartConfig::default());
     }
 
     #[test]
