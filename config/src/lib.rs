@@ -34,5 +34,5 @@ pub use files::{
 };
 pub use metrics::MetricsConfig;
 pub use runtime::{MAX_WORKER_THREADS, RuntimeConfig};
-pub use size::{ByteSize, SizeError, parse_size};
+pub use size::{ByteSize, GIB, KIB, MIB, SizeError, TIB, parse_size};
 pub use validate::{Check, Validator};
