@@ -7,6 +7,8 @@ use std::fmt;
 use s3dma_proto::agent::v1 as agent;
 
 use crate::{ByteRange, ListedObject, ObjectInfo};
+#[cfg(doc)]
+use crate::{Client, ErrorKind, resolve_uid};
 
 /// Options of [`Client::get_object_into`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
