@@ -13,19 +13,26 @@
 //!   regular file.
 //! * [`check_endpoint_url`]: `http://host:port` or `https://host:port`.
 //! * [`RuntimeConfig`]: the `runtime:` section (worker threads).
+//! * [`MetricsConfig`]: the `metrics:` section (the Prometheus endpoint).
+//! * [`Validator`]: the range, path and file checks every service's
+//!   validation runs, each error naming the file and the field.
 //! * [`ConfigError`]: `<file>: <field.path>: <problem>`, the one shape of a
 //!   configuration error in every service.
 
 mod endpoint;
 mod error;
 mod files;
+mod metrics;
 mod runtime;
 mod size;
+mod validate;
 
 pub use endpoint::{EndpointUrl, EndpointUrlError, check_endpoint_url};
 pub use error::ConfigError;
 pub use files::{
     FileError, Secret, check_private_file, check_readable_file, read_private_file, read_secret_file,
 };
+pub use metrics::MetricsConfig;
 pub use runtime::{MAX_WORKER_THREADS, RuntimeConfig};
-pub use size::{ByteSize, SizeError, parse_size};
+pub use size::{ByteSize, GIB, KIB, MIB, SizeError, TIB, parse_size};
+pub use validate::{Check, Validator};

@@ -5,10 +5,14 @@ use std::str::FromStr;
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-const TIB: u64 = 1 << 40;
+/// A kibibyte, 1024 bytes.
+pub const KIB: u64 = 1 << 10;
+/// A mebibyte, 1024 KiB.
+pub const MIB: u64 = 1 << 20;
+/// A gibibyte, 1024 MiB.
+pub const GIB: u64 = 1 << 30;
+/// A tebibyte, 1024 GiB.
+pub const TIB: u64 = 1 << 40;
 
 /// The units [`parse_size`] accepts after the number, and their sizes.
 const UNITS: [(&str, u64); 5] = [

@@ -8,11 +8,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use crate::plan::PlanError;
+use crate::quota::QueueFull;
 
 /// The `ErrorInfo.domain` of every agent error.
 pub const ERROR_DOMAIN: &str = "s3dma.agent";
@@ -35,8 +37,9 @@ pub struct S3Error {
 /// The error an [`AgentError`] came from, shared ([`AgentError`] is `Clone`).
 pub type Source = Arc<dyn std::error::Error + Send + Sync>;
 
-/// Why a tenant request failed. Failures that come from another error
-/// (a transport, the fabric, a staging buffer) keep it as their
+/// Why a tenant request failed. Each variant carries the values its
+/// message names; failures that come from another error (a transport, the
+/// fabric, a staging buffer) keep it as their
 /// [`std::error::Error::source`]; the tenant's message
 /// ([`AgentError::to_status`]) spells out the whole chain.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -44,28 +47,58 @@ pub enum AgentError {
     /// The target answered with an S3 error.
     #[error(transparent)]
     S3(#[from] S3Error),
-    /// The shim may not act for this tenant, or the tenant's policy denies
-    /// the bucket/key.
-    #[error("{0}")]
-    AccessDenied(String),
+    /// The shim may not act for this tenant.
+    #[error("shim {shim} may not act for tenant {tenant:?}")]
+    ShimNotAllowed {
+        /// The shim's name.
+        shim: String,
+        /// The tenant it asked to act for.
+        tenant: String,
+    },
+    /// The tenant's policy denies the operation on the bucket/key.
+    #[error("tenant {tenant} may not {verb} s3://{bucket}/{key}")]
+    AccessDenied {
+        /// The tenant's name.
+        tenant: String,
+        /// The operation, e.g. `read`, `write`, `list`.
+        verb: String,
+        /// The bucket.
+        bucket: String,
+        /// The key (for a listing, the prefix).
+        key: String,
+    },
     /// The tenant's quota is exhausted (too many queued requests).
     #[error("{0}")]
-    SlowDown(String),
+    SlowDown(QueueFull),
     /// A malformed request (missing field, bad token, bad name).
     #[error("{0}")]
-    InvalidArgument(String),
-    /// The range cannot be satisfied.
+    InvalidArgument(BadRequest),
+    /// The transfer cannot be planned: a malformed or unsatisfiable range,
+    /// a destination window too small, a probe the target answered
+    /// inconsistently, an object too large (never
+    /// [`PlanError::InvalidPolicy`], which is [`AgentError::Internal`]).
     #[error("{0}")]
-    InvalidRange(String),
-    /// The destination window is smaller than the bytes to place.
-    #[error("{0}")]
-    DestinationTooSmall(String),
-    /// The object changed during a chunked transfer, or `if_match` failed.
-    #[error("{0}")]
-    PreconditionFailed(String),
+    Plan(PlanError),
+    /// The target refused the range as not satisfiable (HTTP 416).
+    #[error("the requested range is not satisfiable: {message}")]
+    RangeNotSatisfiable {
+        /// The target's message.
+        message: String,
+    },
+    /// The object changed during a chunked transfer (`if_match` failed).
+    #[error(
+        "the object changed during the transfer (its ETag is no longer {etag}); nothing consistent was placed, retry the GET"
+    )]
+    ObjectChanged {
+        /// The ETag the transfer started with.
+        etag: String,
+    },
     /// No target serves the bucket.
-    #[error("no storage target is configured for bucket {0:?}")]
-    NoTarget(String),
+    #[error("no storage target is configured for bucket {bucket:?}")]
+    NoTarget {
+        /// The bucket.
+        bucket: String,
+    },
     /// The target could not be reached or kept failing (after retries).
     #[error("{message}")]
     Unavailable {
@@ -76,8 +109,11 @@ pub enum AgentError {
         source: Option<Source>,
     },
     /// The request's deadline passed.
-    #[error("{0}")]
-    DeadlineExceeded(String),
+    #[error("the request did not finish within {deadline:?} (transfer.request_timeout_secs)")]
+    DeadlineExceeded {
+        /// The deadline (`transfer.request_timeout_secs`).
+        deadline: Duration,
+    },
     /// Moving bytes between the agent and the tenant's window failed.
     #[error("{message}")]
     Fabric {
@@ -89,7 +125,7 @@ pub enum AgentError {
     },
     /// The target broke the protocol (e.g. placed other bytes than asked).
     #[error("{0}")]
-    Protocol(String),
+    Protocol(BadReply),
     /// A bug or resource failure inside the agent.
     #[error("{message}")]
     Internal {
@@ -101,15 +137,179 @@ pub enum AgentError {
     },
 }
 
+/// What is wrong with a tenant's request ([`AgentError::InvalidArgument`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadRequest {
+    /// A value that cannot be sent as the header `field` (e.g.
+    /// `content_type`, `if_match`).
+    #[error("{field}: {reason}")]
+    Header {
+        /// The request field.
+        field: &'static str,
+        /// Why it cannot be a header value.
+        reason: String,
+    },
+    /// A request that cannot be formed for the target (a range header, a
+    /// URL).
+    #[error("{reason}")]
+    Unsendable {
+        /// Why.
+        reason: String,
+    },
+    /// A metadata name that is not a valid header name.
+    #[error("metadata name {name:?} is not a valid header name")]
+    MetadataName {
+        /// The name as given.
+        name: String,
+    },
+    /// A metadata value that is not valid header text.
+    #[error("metadata {name:?} has a value that is not valid header text")]
+    MetadataValue {
+        /// The metadata's name.
+        name: String,
+    },
+    /// The window's token names no fabric endpoint.
+    #[error("the window's token names no endpoint: {reason}")]
+    TokenWithoutEndpoint {
+        /// Why.
+        reason: String,
+    },
+    /// A bucket name outside the accepted characters or length.
+    #[error("bucket name {bucket:?} is not valid (1-63 letters, digits, '.', '-', '_')")]
+    BucketName {
+        /// The name as given.
+        bucket: String,
+    },
+    /// An empty or too long key.
+    #[error("object key must be 1-1024 bytes (got {len})")]
+    KeyLength {
+        /// The key's length in bytes.
+        len: usize,
+    },
+    /// A field that does not parse as an `x-amz-rdma-token`.
+    #[error("{field} is not a valid x-amz-rdma-token: {reason}")]
+    Token {
+        /// The request field.
+        field: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// A GetObjects batch without items.
+    #[error("GetObjects needs at least one item")]
+    EmptyBatch,
+    /// A GetObjects batch beyond `transfer.max_batch_items`.
+    #[error(
+        "a GetObjects batch takes at most {max} items (transfer.max_batch_items); this one has {items}: split it into several batches"
+    )]
+    BatchTooLarge {
+        /// `transfer.max_batch_items`.
+        max: usize,
+        /// Items in the batch.
+        items: usize,
+    },
+}
+
+/// How a target's reply broke the protocol ([`AgentError::Protocol`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadReply {
+    /// A reply body that does not parse (`CreateMultipartUpload`,
+    /// `CompleteMultipartUpload`, `ListObjectsV2`).
+    #[error("{reply} reply: {reason}")]
+    Unparsable {
+        /// The operation replied to.
+        reply: &'static str,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// `CreateMultipartUpload` without an upload id.
+    #[error("CreateMultipartUpload reply has no UploadId")]
+    NoUploadId,
+    /// `UploadPart` without an ETag.
+    #[error("UploadPart {part} reply has no ETag")]
+    PartWithoutEtag {
+        /// The part number.
+        part: u32,
+    },
+    /// More body bytes than the range holds.
+    #[error("the target sent more than the {expected} bytes of the range")]
+    TooManyBytes {
+        /// The range's length.
+        expected: u64,
+    },
+    /// A `Content-Range` header that does not parse.
+    #[error("the target sent a malformed Content-Range {value:?}")]
+    BadContentRange {
+        /// The header's value.
+        value: String,
+    },
+    /// More bytes than the RDMA slot holds.
+    #[error("the target answered {len} bytes for a {slot}-byte slot")]
+    SlotOverrun {
+        /// Bytes answered.
+        len: u64,
+        /// The slot's size.
+        slot: u32,
+    },
+    /// An RDMA byte count other than the range's length.
+    #[error("the target reported {moved:?} bytes transferred for a {len}-byte range")]
+    BytesTransferred {
+        /// The reported count (`None`: absent or malformed).
+        moved: Option<u64>,
+        /// The range's length.
+        len: u64,
+    },
+    /// No ETag, so a chunked GET cannot detect a concurrent overwrite.
+    #[error(
+        "the target sent no ETag, so a chunked GET cannot guard against a concurrent overwrite"
+    )]
+    NoEtag,
+    /// Other bytes than asked.
+    #[error(
+        "asked bytes {first}+{len} of {total}, the target answered {got_first}+{got_len} of {got_total}"
+    )]
+    RangeMismatch {
+        /// First byte asked.
+        first: u64,
+        /// Bytes asked.
+        len: u64,
+        /// Object size expected.
+        total: u64,
+        /// First byte answered.
+        got_first: u64,
+        /// Bytes answered.
+        got_len: u64,
+        /// Object size answered.
+        got_total: u64,
+    },
+    /// A HEAD reply without `Content-Length`.
+    #[error("HEAD reply without Content-Length")]
+    NoContentLength,
+}
+
 impl From<PlanError> for AgentError {
     fn from(e: PlanError) -> Self {
         match e {
-            PlanError::InvalidRange(_) => AgentError::InvalidRange(e.to_string()),
-            PlanError::DestinationTooSmall { .. } => AgentError::DestinationTooSmall(e.to_string()),
-            PlanError::ProbeMismatch { .. } => AgentError::Protocol(e.to_string()),
-            PlanError::ObjectTooLarge { .. } => AgentError::InvalidArgument(e.to_string()),
             PlanError::InvalidPolicy(_) => AgentError::internal_from("the transfer policy", e),
+            e => AgentError::Plan(e),
         }
+    }
+}
+
+impl From<QueueFull> for AgentError {
+    fn from(e: QueueFull) -> Self {
+        AgentError::SlowDown(e)
+    }
+}
+
+impl From<BadRequest> for AgentError {
+    fn from(e: BadRequest) -> Self {
+        AgentError::InvalidArgument(e)
+    }
+}
+
+impl From<BadReply> for AgentError {
+    fn from(e: BadReply) -> Self {
+        AgentError::Protocol(e)
     }
 }
 
@@ -187,15 +387,21 @@ impl AgentError {
     pub fn s3_code(&self) -> &str {
         match self {
             AgentError::S3(e) => &e.code,
-            AgentError::AccessDenied(_) => "AccessDenied",
+            AgentError::ShimNotAllowed { .. } | AgentError::AccessDenied { .. } => "AccessDenied",
             AgentError::SlowDown(_) => "SlowDown",
             AgentError::InvalidArgument(_) => "InvalidArgument",
-            AgentError::InvalidRange(_) => "InvalidRange",
-            AgentError::DestinationTooSmall(_) => "DestinationTooSmall",
-            AgentError::PreconditionFailed(_) => "PreconditionFailed",
-            AgentError::NoTarget(_) => "NoSuchBucket",
+            AgentError::Plan(p) => match p {
+                PlanError::InvalidRange(_) => "InvalidRange",
+                PlanError::DestinationTooSmall { .. } => "DestinationTooSmall",
+                PlanError::ProbeMismatch { .. } => "InvalidTargetReply",
+                PlanError::ObjectTooLarge { .. } => "InvalidArgument",
+                PlanError::InvalidPolicy(_) => "InternalError",
+            },
+            AgentError::RangeNotSatisfiable { .. } => "InvalidRange",
+            AgentError::ObjectChanged { .. } => "PreconditionFailed",
+            AgentError::NoTarget { .. } => "NoSuchBucket",
             AgentError::Unavailable { .. } => "ServiceUnavailable",
-            AgentError::DeadlineExceeded(_) => "RequestTimeout",
+            AgentError::DeadlineExceeded { .. } => "RequestTimeout",
             AgentError::Fabric { .. } => "RDMATransferFailed",
             AgentError::Protocol(_) => "InvalidTargetReply",
             AgentError::Internal { .. } => "InternalError",
@@ -207,16 +413,23 @@ impl AgentError {
     pub fn grpc_code(&self) -> Code {
         match self {
             AgentError::S3(e) => s3_grpc_code(&e.code, e.http_status),
-            AgentError::AccessDenied(_) => Code::PermissionDenied,
-            AgentError::SlowDown(_) => Code::ResourceExhausted,
-            AgentError::InvalidArgument(_) | AgentError::DestinationTooSmall(_) => {
-                Code::InvalidArgument
+            AgentError::ShimNotAllowed { .. } | AgentError::AccessDenied { .. } => {
+                Code::PermissionDenied
             }
-            AgentError::InvalidRange(_) => Code::OutOfRange,
-            AgentError::PreconditionFailed(_) => Code::FailedPrecondition,
-            AgentError::NoTarget(_) => Code::NotFound,
+            AgentError::SlowDown(_) => Code::ResourceExhausted,
+            AgentError::InvalidArgument(_) => Code::InvalidArgument,
+            AgentError::Plan(p) => match p {
+                PlanError::InvalidRange(_) => Code::OutOfRange,
+                PlanError::DestinationTooSmall { .. } | PlanError::ObjectTooLarge { .. } => {
+                    Code::InvalidArgument
+                }
+                PlanError::ProbeMismatch { .. } | PlanError::InvalidPolicy(_) => Code::Internal,
+            },
+            AgentError::RangeNotSatisfiable { .. } => Code::OutOfRange,
+            AgentError::ObjectChanged { .. } => Code::FailedPrecondition,
+            AgentError::NoTarget { .. } => Code::NotFound,
             AgentError::Unavailable { .. } => Code::Unavailable,
-            AgentError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+            AgentError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             AgentError::Fabric { .. } | AgentError::Protocol(_) | AgentError::Internal { .. } => {
                 Code::Internal
             }
@@ -320,7 +533,11 @@ mod tests {
 
     #[test]
     fn status_carries_error_info() {
-        let st = AgentError::SlowDown("tenant alice: 256 requests queued".into()).to_status("RID1");
+        let st = AgentError::SlowDown(QueueFull {
+            running: 64,
+            queued: 256,
+        })
+        .to_status("RID1");
         assert_eq!(st.code(), Code::ResourceExhausted);
         let info = st.get_details_error_info().expect("error info");
         assert_eq!(info.reason, "SlowDown");

@@ -24,7 +24,7 @@ use s3dma_service::Escaped;
 use s3dma_service::request::{About, Envelope, Failure, RequestMetrics, Style};
 
 use crate::auth::AuthError;
-use crate::error::AgentError;
+use crate::error::{AgentError, BadRequest};
 use crate::gate::AuthenticatedShim;
 use crate::policy::Access;
 use crate::transfer::get::GetRequest;
@@ -122,18 +122,17 @@ fn check_bucket(bucket: &str) -> Result<(), AgentError> {
     if ok {
         Ok(())
     } else {
-        Err(AgentError::InvalidArgument(format!(
-            "bucket name {bucket:?} is not valid (1-63 letters, digits, '.', '-', '_')"
-        )))
+        Err(AgentError::InvalidArgument(BadRequest::BucketName {
+            bucket: bucket.to_owned(),
+        }))
     }
 }
 
 fn check_key(key: &str) -> Result<(), AgentError> {
     if key.is_empty() || key.len() > 1024 {
-        return Err(AgentError::InvalidArgument(format!(
-            "object key must be 1-1024 bytes (got {})",
-            key.len()
-        )));
+        return Err(AgentError::InvalidArgument(BadRequest::KeyLength {
+            len: key.len(),
+        }));
     }
     Ok(())
 }
@@ -150,16 +149,21 @@ fn authorize(
     if tenant.policy.allows(bucket, key, access) {
         Ok(())
     } else {
-        Err(AgentError::AccessDenied(format!(
-            "tenant {} may not {verb} s3://{bucket}/{key}",
-            tenant.name
-        )))
+        Err(AgentError::AccessDenied {
+            tenant: tenant.name.clone(),
+            verb: verb.to_owned(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+        })
     }
 }
 
 fn parse_token(field: &str, token: &str) -> Result<RdmaToken, AgentError> {
     token.parse::<RdmaToken>().map_err(|e| {
-        AgentError::InvalidArgument(format!("{field} is not a valid x-amz-rdma-token: {e}"))
+        AgentError::InvalidArgument(BadRequest::Token {
+            field: field.to_owned(),
+            reason: e.to_string(),
+        })
     })
 }
 
@@ -197,10 +201,10 @@ impl AgentService {
             Some(t) if shim.may_act_for(tenant) => Ok(Arc::clone(t)),
             _ => {
                 self.core.metrics.auth_failure("tenant_not_assigned");
-                Err(AgentError::AccessDenied(format!(
-                    "shim {} may not act for tenant {tenant:?}",
-                    shim.name
-                ))
+                Err(AgentError::ShimNotAllowed {
+                    shim: shim.name.clone(),
+                    tenant: tenant.to_owned(),
+                }
                 .to_status(rid))
             }
         }
@@ -230,7 +234,7 @@ impl AgentService {
                 core.metrics.queued(&tenant.name, tenant.quota.queued() + 1);
                 let admitted = tenant.quota.admit().await;
                 core.metrics.queued(&tenant.name, tenant.quota.queued());
-                let _permit = admitted.map_err(|e| AgentError::SlowDown(e.to_string()))?;
+                let _permit = admitted.map_err(AgentError::SlowDown)?;
                 core.metrics.in_flight(&tenant.name, 1);
                 let _guard = InFlight {
                     core: Arc::clone(core),
@@ -239,9 +243,7 @@ impl AgentService {
                 let deadline = core.settings.request_timeout;
                 match tokio::time::timeout(deadline, work).await {
                     Ok(r) => r,
-                    Err(_) => Err(AgentError::DeadlineExceeded(format!(
-                        "the request did not finish within {deadline:?} (transfer.request_timeout_secs)"
-                    ))),
+                    Err(_) => Err(AgentError::DeadlineExceeded { deadline }),
                 }
             })
             .await;
@@ -385,18 +387,14 @@ impl pb::agent_server::Agent for AgentService {
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
         let r = request.into_inner();
         if r.items.is_empty() {
-            return Err(
-                AgentError::InvalidArgument("GetObjects needs at least one item".into())
-                    .to_status(&rid),
-            );
+            return Err(AgentError::InvalidArgument(BadRequest::EmptyBatch).to_status(&rid));
         }
         let max = self.core.settings.max_batch_items;
         if r.items.len() > max {
-            return Err(AgentError::InvalidArgument(format!(
-                "a GetObjects batch takes at most {max} items (transfer.max_batch_items); this \
-                 one has {}: split it into several batches",
-                r.items.len()
-            ))
+            return Err(AgentError::InvalidArgument(BadRequest::BatchTooLarge {
+                max,
+                items: r.items.len(),
+            })
             .to_status(&rid));
         }
         let concurrency = match r.concurrency {
@@ -531,10 +529,12 @@ impl pb::agent_server::Agent for AgentService {
         self.run(&env, &tenant, "ListObjects", &r.bucket, async {
             check_bucket(&r.bucket)?;
             if !tenant.policy.allows_list(&r.bucket, &r.prefix) {
-                return Err(AgentError::AccessDenied(format!(
-                    "tenant {} may not list s3://{}/{}",
-                    tenant.name, r.bucket, r.prefix
-                )));
+                return Err(AgentError::AccessDenied {
+                    tenant: tenant.name.clone(),
+                    verb: "list".to_owned(),
+                    bucket: r.bucket.clone(),
+                    key: r.prefix.clone(),
+                });
             }
             debug!(prefix = %Escaped(&r.prefix), "list");
             let ctx = self.ctx(&tenant, &r.bucket, &r.prefix, &rid)?;

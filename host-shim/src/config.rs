@@ -11,10 +11,8 @@ use std::path::{Path, PathBuf};
 
 use fabric::{Backend, FabricKey};
 pub use s3dma_config::{ByteSize, ConfigError, Secret};
+use s3dma_config::{GIB, MIB, Validator};
 use serde::Deserialize;
-
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -260,27 +258,13 @@ fn default_allow_legacy_ipc_handles() -> bool {
     false
 }
 
-/// `metrics:`
+/// `metrics:` — Prometheus metrics, the section every service shares
+/// (optional; off when absent).
 ///
 /// Metric labels carry tenant names and their traffic: anyone who can reach
 /// the TCP address can read them. Keep it on loopback, or use `unix_socket`
 /// (only the shim's user and root can connect) and/or `bearer_token_file`.
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MetricsConfig {
-    /// Serve Prometheus metrics at `GET /metrics` on this TCP address, e.g.
-    /// `127.0.0.1:9103`; absent = no TCP listener.
-    #[serde(default)]
-    pub address: Option<SocketAddr>,
-    /// Also (or only) serve them on this Unix socket, created mode 0600;
-    /// only peers running as the shim's user or root are answered.
-    #[serde(default)]
-    pub unix_socket: Option<PathBuf>,
-    /// A file (mode 0600) holding a token every scrape must send as
-    /// `Authorization: Bearer <token>`; absent = no token asked.
-    #[serde(default)]
-    pub bearer_token_file: Option<PathBuf>,
-}
+pub use s3dma_config::MetricsConfig;
 
 impl SocketConfig {
     /// The socket at `path` with every other field at its default.
@@ -423,7 +407,7 @@ pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
         source,
     })?;
     let config = parse(path, &text)?;
-    let v = Validator { file };
+    let v = Validator::new(file);
     let socket_mode = parse_mode(&config.socket.mode).map_err(|m| v.err("socket.mode", m))?;
     let socket_gid = match &config.socket.group {
         None => None,
@@ -472,9 +456,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         file: path.display().to_string(),
         message: e.to_string(),
     })?;
-    config.validate(&Validator {
-        file: path.display().to_string(),
-    })?;
+    config.validate(&Validator::for_path(path))?;
     Ok(config)
 }
 
@@ -517,15 +499,15 @@ impl Config {
                 "is required unless agent.tls has a client certificate (cert_file)",
             ));
         }
-        v.range("agent.connect_timeout_ms", a.connect_timeout_ms, 1, 600_000)?;
-        v.range(
+        v.between("agent.connect_timeout_ms", a.connect_timeout_ms, 1, 600_000)?;
+        v.between(
             "agent.request_timeout_secs",
             a.request_timeout_secs,
             1,
             86_400,
         )?;
-        v.range("agent.backoff_initial_ms", a.backoff_initial_ms, 1, 60_000)?;
-        v.range(
+        v.between("agent.backoff_initial_ms", a.backoff_initial_ms, 1, 60_000)?;
+        v.between(
             "agent.backoff_max_ms",
             a.backoff_max_ms,
             a.backoff_initial_ms,
@@ -539,25 +521,25 @@ impl Config {
             ));
         }
         let fab = &self.fabric;
-        v.range(
+        v.between(
             "fabric.max_connections",
             u64::from(fab.max_connections),
             1,
             1 << 20,
         )?;
-        v.range(
+        v.between(
             "fabric.max_connections_per_address",
             u64::from(fab.max_connections_per_address),
             1,
             u64::from(fab.max_connections),
         )?;
-        v.range(
+        v.between(
             "fabric.handshake_timeout_secs",
             fab.handshake_timeout_secs,
             1,
             600,
         )?;
-        v.range("fabric.idle_timeout_secs", fab.idle_timeout_secs, 1, 86_400)?;
+        v.between("fabric.idle_timeout_secs", fab.idle_timeout_secs, 1, 86_400)?;
 
         if self.tenants.is_empty() {
             return Err(v.err("tenants", "at least one tenant is required"));
@@ -586,71 +568,50 @@ impl Config {
                     return Err(v.err(f("gids"), format!("gid {g} is also in tenants[{j}].gids")));
                 }
             }
-            v.range(&f("max_buffers"), u64::from(t.max_buffers), 1, 1 << 20)?;
-            v.range(&f("max_buffer_bytes"), t.max_buffer_bytes.0, MIB, 1 << 50)?;
-            v.range(
+            v.between(&f("max_buffers"), u64::from(t.max_buffers), 1, 1 << 20)?;
+            v.between(&f("max_buffer_bytes"), t.max_buffer_bytes.0, MIB, 1 << 50)?;
+            v.between(
                 &f("max_concurrent_requests"),
                 u64::from(t.max_concurrent_requests),
                 1,
                 1 << 20,
             )?;
-            v.range(
+            v.between(
                 &f("max_connections"),
                 u64::from(t.max_connections),
                 1,
                 1 << 20,
             )?;
-            v.range(&f("max_windows"), u64::from(t.max_windows), 1, 1 << 24)?;
-            v.range(
+            v.between(&f("max_windows"), u64::from(t.max_windows), 1, 1 << 24)?;
+            v.between(
                 &f("max_batch_items"),
                 u64::from(t.max_batch_items),
                 1,
                 100_000,
             )?;
         }
-        v.range(
+        v.between(
             "socket.idle_timeout_secs",
             self.socket.idle_timeout_secs,
             1,
             86_400,
         )?;
-        v.range(
+        v.between(
             "socket.max_streams_per_connection",
             u64::from(self.socket.max_streams_per_connection),
             1,
             1024,
         )?;
         let l = &self.leases;
-        v.range("leases.fd_handle_ttl_secs", l.fd_handle_ttl_secs, 1, 3600)?;
-        v.range("leases.max_pending_fds", l.max_pending_fds as u64, 1, 4096)?;
-        v.range(
+        v.between("leases.fd_handle_ttl_secs", l.fd_handle_ttl_secs, 1, 3600)?;
+        v.between("leases.max_pending_fds", l.max_pending_fds as u64, 1, 4096)?;
+        v.between(
             "leases.max_leases_per_tenant",
             l.max_leases_per_tenant as u64,
             1,
             1 << 20,
         )?;
         Ok(())
-    }
-}
-
-struct Validator {
-    file: String,
-}
-
-impl Validator {
-    fn err(&self, field: impl Into<String>, problem: impl std::fmt::Display) -> ConfigError {
-        ConfigError::invalid(self.file.clone(), field, problem)
-    }
-
-    fn range(&self, field: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
-        if value < min || value > max {
-            return Err(self.err(field, format!("must be between {min} and {max}")));
-        }
-        Ok(())
-    }
-
-    fn readable(&self, field: &str, path: &Path) -> Result<(), ConfigError> {
-        s3dma_config::check_readable_file(path).map_err(|m| self.err(field, m))
     }
 }
 

@@ -28,7 +28,7 @@ pub fn storage_target(
     l: &Layout,
     access_key_id: &str,
     metrics: bool,
-    upstream: Option<&crate::stack::Upstream>,
+    upstream: Option<&crate::upstream::Upstream>,
 ) -> storage_target::config::Config {
     use storage_target::config::{Access, BucketGrant, Config, UserConfig};
     let mut c = Config::new(l.data_dir.clone());
@@ -238,7 +238,7 @@ mod tests {
         let s = l
             .prepare_upstream_secrets("AKUPSTREAM", "up-secret")
             .unwrap();
-        let u = crate::stack::Upstream {
+        let u = crate::upstream::Upstream {
             endpoint: "http://127.0.0.1:7480".into(),
             region: Some("eu-1".into()),
             access_key_id: s.access_key_id.clone(),

@@ -55,12 +55,14 @@ mod error;
 pub mod harness;
 mod layout;
 mod stack;
+mod upstream;
 
 pub use error::LaunchError;
 /// The fabric backends a stack can run on ([`StackOptions::fabric`]).
 pub use fabric::Backend;
 pub use layout::{Layout, Secrets, default_dir, default_socket};
-pub use stack::{Endpoints, Service, Stack, StackOptions, TargetEndpoint, Upstream, absolute};
+pub use stack::{Endpoints, Service, Stack, StackOptions, TargetEndpoint, absolute};
+pub use upstream::Upstream;
 
 use std::time::Duration;
 

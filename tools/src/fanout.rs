@@ -38,7 +38,7 @@ use s3dma_launcher::{REGION, Stack, StackOptions, Upstream};
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::bench::{Options, progress};
+use crate::options::{Options, progress};
 use crate::stats::median;
 use crate::workers::{self, WorkerOp, WorkerOptions};
 
@@ -570,7 +570,7 @@ async fn measure(
         "raw loopback TCP for {} s",
         plan.raw_tcp.as_secs_f64()
     ));
-    report.raw_tcp_gbps = crate::bench::raw_tcp(plan.raw_tcp)
+    report.raw_tcp_gbps = crate::primitives::raw_tcp(plan.raw_tcp)
         .await
         .context("raw TCP")?;
     progress(&format!(
@@ -582,7 +582,7 @@ async fn measure(
     let mut body = vec![0u8; len];
     for round in 0..plan.rounds {
         // A new version: the gateways have never seen it.
-        crate::bench::fill_random(&mut body, 1000 + round as u64);
+        crate::primitives::fill_random(&mut body, 1000 + round as u64);
         let crc = crc32fast::hash(&body);
         let bytes = Bytes::copy_from_slice(&body);
         progress(&format!(

@@ -39,7 +39,7 @@ pub(crate) fn memcpy_gbps(len: usize, dur: Duration) -> Option<f64> {
 /// updates as the store does while receiving.
 pub(crate) fn md5_gbps(len: usize, dur: Duration) -> Option<f64> {
     let mut data = vec![0u8; len];
-    crate::bench::fill_random(&mut data, 7);
+    crate::primitives::fill_random(&mut data, 7);
     repeat(len as u64, dur, || {
         let mut h = Md5::new();
         for c in data.chunks(1 << 20) {

@@ -24,6 +24,9 @@ mod bench;
 mod fanout;
 mod limits;
 mod ml;
+mod options;
+mod own_stack;
+mod primitives;
 mod procfs;
 mod report;
 mod soak;
@@ -130,7 +133,7 @@ enum Cmd {
         /// large, disk, procs, small) [default: all]; the machine's limits
         /// are always measured.
         #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout"])]
-        only: Vec<bench::Phase>,
+        only: Vec<options::Phase>,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
@@ -245,7 +248,7 @@ fn main() -> ExitCode {
             object_mib,
             upstream,
             only,
-        } => match rt.block_on(bench::run(bench::Options {
+        } => match rt.block_on(bench::run(options::Options {
             quick,
             json,
             rounds,

@@ -31,7 +31,9 @@ use anyhow::{Context as _, anyhow, bail};
 use serde_json::{Map, Value};
 use tokio::io::AsyncReadExt as _;
 
-use crate::bench::{Options, OwnStack, progress, raw_tcp};
+use crate::options::{Options, progress};
+use crate::own_stack::OwnStack;
+use crate::primitives::raw_tcp;
 
 /// The Python half, run with `python -c`.
 const SCRIPT: &str = include_str!("ml_bench.py");

@@ -94,7 +94,7 @@ pub(crate) async fn worker(o: WorkerOptions) -> anyhow::Result<()> {
             // Touch the pages now, not while timed.
             match o.op {
                 WorkerOp::Get => buf.as_mut_slice().fill(0),
-                WorkerOp::Put => crate::bench::fill_random(buf.as_mut_slice(), o.seed),
+                WorkerOp::Put => crate::primitives::fill_random(buf.as_mut_slice(), o.seed),
             }
             ready(&mut out, &mut go).await?;
             let t = Instant::now();
@@ -149,7 +149,7 @@ pub(crate) async fn worker(o: WorkerOptions) -> anyhow::Result<()> {
             ready(&mut out, &mut go).await?;
             let t = Instant::now();
             for _ in 0..o.rounds {
-                let got = crate::bench::http_get_into_from(&s3, &o.bucket, &o.key, &mut dst)
+                let got = crate::primitives::http_get_into_from(&s3, &o.bucket, &o.key, &mut dst)
                     .await
                     .context("HTTP GET")?;
                 if got != len {

@@ -23,7 +23,7 @@ use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::Incoming;
 
 use super::{Attempt, Core, Tenant};
-use crate::error::AgentError;
+use crate::error::{AgentError, BadReply, BadRequest};
 use crate::quota::StagingPermit;
 use crate::s3::client::{BodyError, RequestBody};
 
@@ -32,7 +32,9 @@ const PIPELINE: usize = 3;
 
 async fn session_for(core: &Core, token: &RdmaToken) -> Result<Arc<SessionEntry>, AgentError> {
     let peer = token.endpoint().map_err(|e| {
-        AgentError::InvalidArgument(format!("the window's token names no endpoint: {e}"))
+        AgentError::InvalidArgument(BadRequest::TokenWithoutEndpoint {
+            reason: e.to_string(),
+        })
     })?;
     core.sessions
         .get(peer)
@@ -150,9 +152,9 @@ pub async fn body_into_window(
         while !data.is_empty() {
             let filled = cur.as_ref().map_or(0, |(_, f)| *f) as u64;
             if placed + filled + data.len() as u64 > expected {
-                return Err(Attempt::Fatal(AgentError::Protocol(format!(
-                    "the target sent more than the {expected} bytes of the range"
-                ))));
+                return Err(Attempt::Fatal(AgentError::Protocol(
+                    BadReply::TooManyBytes { expected },
+                )));
             }
             if cur.is_none() {
                 // Writes already posted complete (and give their buffers

@@ -15,7 +15,7 @@ use s3dma_wire::headers::{RDMA_BYTES, RDMA_REPLY, RDMA_TOKEN, RdmaReply, bytes_t
 use s3dma_wire::range::{ByteRange, parse_content_range};
 
 use super::{Attempt, Ctx, fallback, object_info};
-use crate::error::AgentError;
+use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Chunk, Probe, ProbeOutcome};
 use crate::s3::client::{S3Call, header};
 
@@ -68,11 +68,18 @@ impl Ctx {
         if_match: Option<&str>,
     ) -> Result<RangeReply, Attempt> {
         let mut call = S3Call::new(Method::GET, &req.bucket, Some(&req.key));
-        call.header("range", &range.header_value())
-            .map_err(|e| AgentError::InvalidArgument(e.to_string()))?;
+        call.header("range", &range.header_value()).map_err(|e| {
+            AgentError::InvalidArgument(BadRequest::Unsendable {
+                reason: e.to_string(),
+            })
+        })?;
         if let Some(m) = if_match {
-            call.header("if-match", m)
-                .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
+            call.header("if-match", m).map_err(|e| {
+                AgentError::InvalidArgument(BadRequest::Header {
+                    field: "if_match",
+                    reason: e.to_string(),
+                })
+            })?;
         }
         if self.target.rdma {
             call.header(RDMA_TOKEN, &slot.to_string())
@@ -83,11 +90,9 @@ impl Ctx {
         if status == StatusCode::PRECONDITION_FAILED {
             let e = super::super::s3::client::error_of(reply).await;
             return Err(Attempt::Fatal(match if_match {
-                Some(etag) if req.if_match.as_deref() != Some(etag) => {
-                    AgentError::PreconditionFailed(format!(
-                        "the object changed during the transfer (its ETag is no longer {etag}); nothing consistent was placed, retry the GET"
-                    ))
-                }
+                Some(etag) if req.if_match.as_deref() != Some(etag) => AgentError::ObjectChanged {
+                    etag: etag.to_owned(),
+                },
                 _ => AgentError::S3(e),
             }));
         }
@@ -97,7 +102,7 @@ impl Ctx {
         let headers = reply.headers().clone();
         let (first, len, total) = match header(&headers, "content-range") {
             Some(cr) => parse_content_range(&cr).ok_or_else(|| {
-                AgentError::Protocol(format!("the target sent a malformed Content-Range {cr:?}"))
+                AgentError::Protocol(BadReply::BadContentRange { value: cr.clone() })
             })?,
             None => {
                 let n = header(&headers, "content-length")
@@ -114,10 +119,12 @@ impl Ctx {
             }
         };
         if len > u64::from(slot.size) {
-            return Err(Attempt::Fatal(AgentError::Protocol(format!(
-                "the target answered {len} bytes for a {}-byte slot",
-                slot.size
-            ))));
+            return Err(Attempt::Fatal(AgentError::Protocol(
+                BadReply::SlotOverrun {
+                    len,
+                    slot: slot.size,
+                },
+            )));
         }
         let info = object_info(&headers, total);
         let rdma_reply = RdmaReply::parse(header(&headers, RDMA_REPLY).as_deref());
@@ -125,9 +132,9 @@ impl Ctx {
         if by_rdma {
             let moved = bytes_transferred(header(&headers, RDMA_BYTES).as_deref());
             if moved != Some(len) {
-                return Err(Attempt::Fatal(AgentError::Protocol(format!(
-                    "the target reported {moved:?} bytes transferred for a {len}-byte range"
-                ))));
+                return Err(Attempt::Fatal(AgentError::Protocol(
+                    BadReply::BytesTransferred { moved, len },
+                )));
             }
             // Drain the (empty) body so the connection is reused.
             let _ = super::super::s3::client::read_small(reply, 1 << 10).await;
@@ -202,10 +209,7 @@ impl Ctx {
                         (info, outcome)
                     }
                     Err(AgentError::S3(e)) if e.http_status == 416 => {
-                        return Err(AgentError::InvalidRange(format!(
-                            "the requested range is not satisfiable: {}",
-                            e.message
-                        )));
+                        return Err(AgentError::RangeNotSatisfiable { message: e.message });
                     }
                     Err(e) => return Err(e),
                 }
@@ -222,9 +226,7 @@ impl Ctx {
         let plan = plan::plan_get(req.range, window, s.chunk_size, &outcome)?;
         let etag = info.etag.clone();
         if !plan.chunks.is_empty() && etag.is_empty() {
-            return Err(AgentError::Protocol(
-                "the target sent no ETag, so a chunked GET cannot guard against a concurrent overwrite".into(),
-            ));
+            return Err(AgentError::Protocol(BadReply::NoEtag));
         }
         let mut results = futures::stream::iter(plan.chunks.iter().copied())
             .map(|c| self.get_chunk(req, c, &etag, outcome.total_size))
@@ -268,10 +270,14 @@ impl Ctx {
             })
             .await?;
         if r.first != c.object_first || r.len != c.len || r.total != total {
-            return Err(AgentError::Protocol(format!(
-                "asked bytes {}+{} of {total}, the target answered {}+{} of {}",
-                c.object_first, c.len, r.first, r.len, r.total
-            )));
+            return Err(AgentError::Protocol(BadReply::RangeMismatch {
+                first: c.object_first,
+                len: c.len,
+                total,
+                got_first: r.first,
+                got_len: r.len,
+                got_total: r.total,
+            }));
         }
         Ok(r.fallback)
     }

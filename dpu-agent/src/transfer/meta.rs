@@ -7,7 +7,7 @@ use percent_encoding::percent_decode_str;
 use s3dma_proto::agent::v1::{ListObjectsResponse, ListedObject, ObjectInfo};
 
 use super::{Attempt, Ctx, object_info};
-use crate::error::AgentError;
+use crate::error::{AgentError, BadReply, BadRequest};
 use crate::s3::client::{Reply, S3Call, error_of, header, read_small};
 use crate::s3::xml;
 
@@ -58,8 +58,12 @@ impl Ctx {
         self.retrying("HEAD", || async {
             let mut call = S3Call::new(Method::HEAD, bucket, Some(key));
             if let Some(m) = if_match {
-                call.header("if-match", m)
-                    .map_err(|e| AgentError::InvalidArgument(format!("if_match: {e}")))?;
+                call.header("if-match", m).map_err(|e| {
+                    AgentError::InvalidArgument(BadRequest::Header {
+                        field: "if_match",
+                        reason: e.to_string(),
+                    })
+                })?;
             }
             let reply = self.send(call).await?;
             if reply.status() == StatusCode::NOT_FOUND {
@@ -70,7 +74,7 @@ impl Ctx {
             }
             let size = header(reply.headers(), "content-length")
                 .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| AgentError::Protocol("HEAD reply without Content-Length".into()))?;
+                .ok_or_else(|| AgentError::Protocol(BadReply::NoContentLength))?;
             Ok(object_info(reply.headers(), size))
         })
         .await
@@ -156,8 +160,12 @@ impl Ctx {
                     "body",
                 )
             })?;
-            let r: xml::ListBucketResult = xml::parse(&body)
-                .map_err(|e| AgentError::Protocol(format!("ListObjectsV2 reply: {e}")))?;
+            let r: xml::ListBucketResult = xml::parse(&body).map_err(|e| {
+                AgentError::Protocol(BadReply::Unparsable {
+                    reply: "ListObjectsV2",
+                    reason: e.to_string(),
+                })
+            })?;
             let enc = r.encoding_type.as_deref() == Some("url");
             Ok(ListObjectsResponse {
                 objects: r

@@ -27,7 +27,7 @@ use fabric::pool::{SessionPool, StagingPool};
 use http::HeaderMap;
 use tracing::debug;
 
-use crate::error::AgentError;
+use crate::error::{AgentError, BadRequest};
 use crate::metrics::Metrics;
 use crate::plan::PutPolicy;
 use crate::policy::TenantPolicy;
@@ -111,7 +111,9 @@ impl Core {
             })
             .unwrap_or_default();
         if group.is_empty() {
-            return Err(AgentError::NoTarget(bucket.to_owned()));
+            return Err(AgentError::NoTarget {
+                bucket: bucket.to_owned(),
+            });
         }
         Ok(group.into())
     }
@@ -209,7 +211,9 @@ impl Ctx {
                 }
                 Ok(r)
             }
-            Err(SendError::Build(m)) => Err(Attempt::Fatal(AgentError::InvalidArgument(m))),
+            Err(SendError::Build(m)) => Err(Attempt::Fatal(AgentError::InvalidArgument(
+                BadRequest::Unsendable { reason: m },
+            ))),
             Err(SendError::Transport(m)) => {
                 self.core
                     .metrics

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 use s3dma_wire::headers::{RDMA_REPLY, RDMA_TOKEN, RdmaReply};
 
 use super::{Attempt, Ctx, fallback};
-use crate::error::AgentError;
+use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Part, PutPlan};
 use crate::s3::client::{S3Call, full_body, header, read_small};
 use crate::s3::xml;
@@ -113,20 +113,20 @@ impl Drop for AbortGuard {
 impl Ctx {
     fn put_headers(call: &mut S3Call, req: &PutRequest) -> Result<(), AgentError> {
         if let Some(ct) = &req.content_type {
-            call.header("content-type", ct)
-                .map_err(|e| AgentError::InvalidArgument(format!("content_type: {e}")))?;
+            call.header("content-type", ct).map_err(|e| {
+                AgentError::InvalidArgument(BadRequest::Header {
+                    field: "content_type",
+                    reason: e.to_string(),
+                })
+            })?;
         }
         for (k, v) in &req.metadata {
             let name = format!("x-amz-meta-{}", k.to_ascii_lowercase());
             let name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                AgentError::InvalidArgument(format!(
-                    "metadata name {k:?} is not a valid header name"
-                ))
+                AgentError::InvalidArgument(BadRequest::MetadataName { name: k.clone() })
             })?;
             let value = http::HeaderValue::from_str(v).map_err(|_| {
-                AgentError::InvalidArgument(format!(
-                    "metadata {k:?} has a value that is not valid header text"
-                ))
+                AgentError::InvalidArgument(BadRequest::MetadataValue { name: k.clone() })
             })?;
             call.headers.insert(name, value);
         }
@@ -255,12 +255,13 @@ impl Ctx {
                     )
                 })?;
                 let r: xml::InitiateMultipartUploadResult = xml::parse(&body).map_err(|e| {
-                    AgentError::Protocol(format!("CreateMultipartUpload reply: {e}"))
+                    AgentError::Protocol(BadReply::Unparsable {
+                        reply: "CreateMultipartUpload",
+                        reason: e.to_string(),
+                    })
                 })?;
                 if r.upload_id.is_empty() {
-                    return Err(Attempt::Fatal(AgentError::Protocol(
-                        "CreateMultipartUpload reply has no UploadId".into(),
-                    )));
+                    return Err(Attempt::Fatal(AgentError::Protocol(BadReply::NoUploadId)));
                 }
                 Ok(r.upload_id)
             })
@@ -288,10 +289,9 @@ impl Ctx {
                         .put_bytes(req, slot, Some((p.number, upload_id)))
                         .await?;
                     if etag.is_empty() {
-                        return Err(AgentError::Protocol(format!(
-                            "UploadPart {} reply has no ETag",
-                            p.number
-                        )));
+                        return Err(AgentError::Protocol(BadReply::PartWithoutEtag {
+                            part: p.number,
+                        }));
                     }
                     Ok::<_, AgentError>((p.number, etag, fb))
                 })
@@ -337,7 +337,10 @@ impl Ctx {
                     return Err(Attempt::Retry(AgentError::S3(e), "status"));
                 }
                 let r: xml::CompleteMultipartUploadResult = xml::parse(&body).map_err(|e| {
-                    AgentError::Protocol(format!("CompleteMultipartUpload reply: {e}"))
+                    AgentError::Protocol(BadReply::Unparsable {
+                        reply: "CompleteMultipartUpload",
+                        reason: e.to_string(),
+                    })
                 })?;
                 Ok(r.etag)
             })

@@ -78,11 +78,12 @@
 //! (code `ConnectionDropped`): `the shim closed the connection before
 //! answering: uid N is probably not one of its tenants`.
 
+mod buffer;
 mod error;
 mod lease;
+mod options;
 mod peer;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -99,7 +100,12 @@ use tenant::tenant_client::TenantClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+pub use buffer::{Buffer, CudaBuffer};
 pub use error::{Error, ErrorKind};
+pub use options::{
+    ClientOptions, GetItem, GetOptions, GetOutput, ListOptions, ListPage, PutOptions, PutOutput,
+    TransferPath,
+};
 pub use peer::{SHIM_UID_ENV, resolve_uid};
 /// The generated protobuf types and gRPC stubs (`s3dma-proto`).
 pub use s3dma_proto as proto;
@@ -150,179 +156,6 @@ impl fmt::Debug for Client {
             .field("lease", &self.inner.lease.id())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
-    }
-}
-
-/// Options of [`Client::get_object_into`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GetOptions {
-    /// Part of the object to read (`None` = all of it).
-    pub range: Option<ByteRange>,
-    /// Bytes of the buffer, from the offset, the bytes may fill (`None` = to
-    /// the end of the buffer). The object or range must fit.
-    pub length: Option<u64>,
-    /// Fail with [`ErrorKind::PreconditionFailed`] unless the object's ETag
-    /// is this one (with its quotes, as S3 returns it).
-    pub if_match: Option<String>,
-}
-
-/// What a GET did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GetOutput {
-    /// The object (its full size, ETag, metadata).
-    pub object: ObjectInfo,
-    /// Bytes placed at the requested buffer offset.
-    pub bytes_placed: u64,
-    /// Offset in the object of the first placed byte.
-    pub range_start: u64,
-    /// How the bytes moved.
-    pub path: TransferPath,
-    /// The dpu-agent's request id.
-    pub request_id: String,
-}
-
-/// Options of [`Client::put_object_from`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PutOptions {
-    /// Content-Type to store (`None` = none).
-    pub content_type: Option<String>,
-    /// User metadata (names without the `x-amz-meta-` prefix).
-    pub metadata: HashMap<String, String>,
-}
-
-/// What a PUT did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PutOutput {
-    /// The new object's ETag, with quotes.
-    pub etag: String,
-    /// Its size.
-    pub size: u64,
-    /// How the bytes moved.
-    pub path: TransferPath,
-    /// Parts, when stored as a multipart upload (0 = a single PUT).
-    pub parts: u32,
-    /// The dpu-agent's request id.
-    pub request_id: String,
-}
-
-/// How a transfer's bytes moved between the storage target and the buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TransferPath {
-    /// Not reported.
-    Unspecified,
-    /// The target moved the bytes with RDMA; nothing crossed the agent.
-    Rdma,
-    /// The target spoke plain HTTP; the agent moved the bytes with RDMA.
-    Fallback,
-    /// Some chunks each way.
-    Mixed,
-}
-
-impl TransferPath {
-    /// `"rdma"`, `"fallback"`, `"mixed"` or `"unspecified"`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            TransferPath::Unspecified => "unspecified",
-            TransferPath::Rdma => "rdma",
-            TransferPath::Fallback => "fallback",
-            TransferPath::Mixed => "mixed",
-        }
-    }
-
-    fn from_proto(v: i32) -> TransferPath {
-        match agent::TransferPath::try_from(v) {
-            Ok(agent::TransferPath::Rdma) => TransferPath::Rdma,
-            Ok(agent::TransferPath::Fallback) => TransferPath::Fallback,
-            Ok(agent::TransferPath::Mixed) => TransferPath::Mixed,
-            _ => TransferPath::Unspecified,
-        }
-    }
-}
-
-impl fmt::Display for TransferPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Options of [`Client::list`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ListOptions {
-    /// Only keys starting with this.
-    pub prefix: Option<String>,
-    /// Group keys sharing a prefix up to this delimiter into
-    /// [`ListPage::common_prefixes`].
-    pub delimiter: Option<String>,
-    /// A previous page's [`ListPage::next_continuation_token`].
-    pub continuation_token: Option<String>,
-    /// Page size (`None` = 1000, the most).
-    pub max_keys: Option<u32>,
-    /// List keys after this one (first page only).
-    pub start_after: Option<String>,
-}
-
-/// One page of a listing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ListPage {
-    /// The objects, in key order.
-    pub objects: Vec<ListedObject>,
-    /// Prefixes grouped by the delimiter.
-    pub common_prefixes: Vec<String>,
-    /// Pass this back (in [`ListOptions::continuation_token`]) for the next
-    /// page; `None` on the last page.
-    pub next_continuation_token: Option<String>,
-    /// Whether more pages follow.
-    pub is_truncated: bool,
-    /// The dpu-agent's request id.
-    pub request_id: String,
-}
-
-/// One object of a [`Client::get_objects`] batch.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GetItem {
-    /// Bucket.
-    pub bucket: String,
-    /// Key.
-    pub key: String,
-    /// Part of the object (`None` = all of it).
-    pub range: Option<ByteRange>,
-    /// Where in the buffer its bytes go.
-    pub offset: usize,
-    /// Bytes of the buffer it may fill (`None` = to the end of the buffer).
-    pub length: Option<u64>,
-    /// Fail the item with `PreconditionFailed` unless the object's ETag is
-    /// this one (`None` = any version).
-    pub if_match: Option<String>,
-}
-
-/// How [`Client::connect_with`] connects.
-///
-/// ```
-/// let opts = s3dma_client::ClientOptions::new().with_shim_uid(1001);
-/// assert_eq!(opts.shim_uid, Some(1001));
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClientOptions {
-    /// The uid the shim must run as, besides root (see the crate docs,
-    /// "Who serves the socket"). `None`: `$S3DMA_SHIM_UID` (a uid or a user
-    /// name) when set, else the caller's own effective uid. Resolve a user
-    /// name with [`resolve_uid`].
-    pub shim_uid: Option<u32>,
-}
-
-impl ClientOptions {
-    /// The defaults: see [`ClientOptions::shim_uid`].
-    #[must_use]
-    pub fn new() -> ClientOptions {
-        ClientOptions::default()
-    }
-
-    /// Trusts a shim running as `uid` (and root).
-    #[must_use]
-    pub fn with_shim_uid(mut self, uid: u32) -> ClientOptions {
-        self.shim_uid = Some(uid);
-        self
     }
 }
 
@@ -924,133 +757,6 @@ fn get_output(r: agent::GetObjectResponse) -> GetOutput {
         range_start: r.range_start,
         path: TransferPath::from_proto(r.path),
         request_id: r.request_id,
-    }
-}
-
-/// Shared memory registered with the shim, named by [`Buffer::id`] in
-/// requests.
-///
-/// Dropping a buffer releases it in the background (when a tokio runtime is
-/// current); [`Buffer::release`] does it and reports errors. The shim also
-/// releases every buffer when the lease closes.
-#[derive(Debug)]
-pub struct Buffer {
-    memory: fabric::Memory,
-    id: u64,
-    client: Client,
-    released: bool,
-}
-
-impl Buffer {
-    /// The buffer's id at the shim.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Its size in bytes.
-    pub fn len(&self) -> usize {
-        self.memory.len()
-    }
-
-    /// Whether it has no bytes (never: the shim refuses empty buffers).
-    pub fn is_empty(&self) -> bool {
-        self.memory.is_empty()
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        self.memory.host_bytes().unwrap_or_default()
-    }
-
-    /// The bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.memory.host_bytes_mut().unwrap_or_default()
-    }
-
-    /// The client the buffer was allocated with.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
-    /// Releases the buffer at the shim and unmaps it here.
-    pub async fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        self.client.release_buffer(self.id).await
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let id = self.id;
-            rt.spawn(async move {
-                if let Err(e) = client.release_buffer(id).await {
-                    tracing::debug!(buffer = id, error = %e, "releasing a dropped buffer failed");
-                }
-            });
-        }
-    }
-}
-
-/// CUDA device memory registered with the shim
-/// ([`Client::register_cuda_fd`]), named by [`CudaBuffer::id`] in requests.
-/// The allocation stays the caller's: free it only after the buffer is
-/// released. Dropping the value releases it as [`Buffer`] does.
-#[derive(Debug)]
-pub struct CudaBuffer {
-    id: u64,
-    size: u64,
-    device: i32,
-    client: Client,
-    released: bool,
-}
-
-impl CudaBuffer {
-    /// The buffer's id at the shim.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Its size in bytes.
-    pub fn len(&self) -> u64 {
-        self.size
-    }
-
-    /// Whether it has no bytes (never: the shim refuses empty buffers).
-    pub fn is_empty(&self) -> bool {
-        self.size == 0
-    }
-
-    /// The GPU it is on.
-    pub fn device(&self) -> i32 {
-        self.device
-    }
-
-    /// Releases the buffer at the shim (which unmaps the device memory).
-    pub async fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        self.client.release_buffer(self.id).await
-    }
-}
-
-impl Drop for CudaBuffer {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let id = self.id;
-            rt.spawn(async move {
-                if let Err(e) = client.release_buffer(id).await {
-                    tracing::debug!(buffer = id, error = %e, "releasing a dropped CUDA buffer failed");
-                }
-            });
-        }
     }
 }
 

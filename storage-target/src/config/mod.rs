@@ -116,31 +116,14 @@ pub struct Config {
     pub runtime: s3dma_config::RuntimeConfig,
 }
 
-/// The `metrics:` section: where `GET /metrics` is served. Metric labels
-/// name operations and traffic, which other local users need not read:
-/// keep the TCP address on loopback, or use the Unix socket (mode 0600,
-/// peers of another uid refused), or require a bearer token.
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MetricsConfig {
-    /// TCP listen address (e.g. `127.0.0.1:9100`; port 0 picks a free port,
-    /// printed on stdout as `metrics on http://IP:PORT/metrics`). Default:
-    /// none. Keep it on loopback unless a bearer token is required.
-    #[serde(default)]
-    pub address: Option<SocketAddr>,
-    /// Unix socket to serve on as well (or instead): created mode 0600 in a
-    /// directory this user owns (a stale socket there is replaced); only
-    /// peers running as this user or as root are served (`SO_PEERCRED`).
-    /// Default: none.
-    #[serde(default)]
-    pub unix_socket: Option<PathBuf>,
-    /// File holding a bearer token (mode 0600 or stricter; surrounding
-    /// whitespace trimmed): every scrape must then send
-    /// `Authorization: Bearer <token>`, anything else gets 401 and no metric.
-    /// Default: none (no token required).
-    #[serde(default)]
-    pub bearer_token_file: Option<PathBuf>,
-}
+/// The `metrics:` section: where `GET /metrics` is served (a TCP address,
+/// a Unix socket, a bearer token), the section every service shares. Metric
+/// labels name operations and traffic, which other local users need not
+/// read: keep the TCP address on loopback, or use the Unix socket (mode
+/// 0600, peers of another uid refused), or require a bearer token. The TCP
+/// address's bound port is printed on stdout as
+/// `metrics on http://IP:PORT/metrics`; `unix_socket` must be absolute.
+pub use s3dma_config::MetricsConfig;
 
 /// One user: credentials and bucket grants.
 #[derive(Clone, Deserialize, serde::Serialize)]
@@ -406,11 +389,8 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Invalid`] naming the first offending field.
     pub fn validate(&self, file: &str) -> Result<Vec<User>, ConfigError> {
-        let invalid = |field: String, message: String| ConfigError::Invalid {
-            file: file.to_owned(),
-            field,
-            message,
-        };
+        let v = s3dma_config::Validator::new(file);
+        let invalid = |field: String, message: String| v.err(field, message);
         if self.region.is_empty() {
             return Err(invalid("region".into(), "must not be empty".into()));
         }
@@ -630,11 +610,8 @@ impl Config {
         &self,
         file: &str,
     ) -> Result<s3dma_service::metrics::MetricsOptions, ConfigError> {
-        let invalid = |field: &str, message: String| ConfigError::Invalid {
-            file: file.to_owned(),
-            field: field.to_owned(),
-            message,
-        };
+        let v = s3dma_config::Validator::new(file);
+        let invalid = |field: &str, message: String| v.err(field, message);
         if self.metrics_listen.is_some() && self.metrics.address.is_some() {
             return Err(invalid(
                 "metrics_listen",

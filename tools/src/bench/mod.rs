@@ -24,29 +24,29 @@
 //! Then the table goes to stdout (see [`crate::report`]) and, with `--json`,
 //! the flat JSON object to a file.
 
+mod large;
+mod small;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use rand::{RngCore as _, SeedableRng as _};
-use s3dma_client::{Buffer, Client, ClientOptions, GetOptions, PutOptions};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use s3dma_client::{Client, ClientOptions, PutOptions};
+use s3dma_launcher::{REGION, Stack};
 use tokio::time::Instant;
 
+use crate::options::{BUCKET, Options, Phase, progress};
+use crate::own_stack::OwnStack;
+use crate::primitives::{fill_random, raw_tcp};
 use crate::procfs;
-use crate::report::{
-    Cell, CellStats, CpuSecs, Layers, Op, ProcsRow, Report, Size, Throughput, human_size,
-};
-use crate::stats::{Latencies, gbps, median, per_second, ticks_to_secs};
+use crate::report::{CpuSecs, Layers, Op, ProcsRow, Report, Size, human_size};
+use crate::stats::{gbps, median, ticks_to_secs};
 use crate::workers::{WorkerOp, WorkerOptions};
-use s3dma_launcher::{REGION, Stack, StackOptions};
+use small::small_key;
 
-/// The bucket the bench creates and uses.
-const BUCKET: &str = "bench";
 /// Small-object sizes.
 const SMALL: [Size; 2] = [
     Size {
@@ -58,70 +58,16 @@ const SMALL: [Size; 2] = [
         key: "64k",
     },
 ];
+
 /// Requests in flight per small-object cell.
 const IN_FLIGHT: [usize; 3] = [1, 16, 64];
+
 /// Tenant processes per row of the processes phase.
 const PROCS: [usize; 4] = [1, 2, 4, 8];
+
 const PROCS_MAX: usize = 8;
-
-/// What `s3dma-tools bench` was asked for.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Options {
-    /// Small sizes and short cells (for CI).
-    pub quick: bool,
-    /// Write the flat JSON object here.
-    pub json: Option<PathBuf>,
-    /// Rounds per large measurement (default 5, quick 3).
-    pub rounds: Option<usize>,
-    /// Seconds per small-object cell (default 4, quick 0.6).
-    pub cell_secs: Option<f64>,
-    /// The storage-target's data directory (default: a temporary directory
-    /// on /dev/shm when it has room, else under the system's temp dir).
-    pub data_dir: Option<PathBuf>,
-    /// Measure an existing stack instead: its storage-target's S3 endpoint
-    /// (with `socket` and the tenant's key in `AWS_ACCESS_KEY_ID` /
-    /// `AWS_SECRET_ACCESS_KEY`).
-    pub endpoint: Option<String>,
-    /// The fabric of the stack the bench starts (`tcp` or `verbs`).
-    pub fabric: s3dma_launcher::Backend,
-    /// Only the ML phase ([`crate::ml`]): safetensors and DCP loads through
-    /// s3dma against the S3 connectors ML users run today.
-    pub ml: bool,
-    /// The existing stack's shim socket (default: [`Client::default_socket`]).
-    pub socket: Option<PathBuf>,
-    /// The uid the existing stack's shim runs as besides root (`--shim-uid`;
-    /// `None` = `$S3DMA_SHIM_UID`, else ours). A stack started here runs as
-    /// us and is always checked against our own uid.
-    pub shim_uid: Option<u32>,
-    /// Only the fan-out ([`crate::fanout`]): N tenant processes load one
-    /// object through gateways in front of an S3 cluster vs straight from it.
-    pub fanout: bool,
-    /// Fan-out readers (default 8).
-    pub readers: Option<usize>,
-    /// Fan-out gateways (default 2).
-    pub gateways: Option<usize>,
-    /// Fan-out object size in MiB (default 1024, quick 64).
-    pub object_mib: Option<u64>,
-    /// The S3 endpoint the fan-out's gateways stand in front of (default: a
-    /// throw-away Ceph cluster).
-    pub upstream: Option<String>,
-    /// Only these phases (`--only`; empty: all). The limits are always
-    /// measured.
-    pub only: Vec<Phase>,
-}
-
-/// A phase of the whole-stack bench, for `--only`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Phase {
-    /// Large objects through s3dma and HTTP.
-    Large,
-    /// The large PUT to a store on disk (a second stack).
-    Disk,
-    /// 1, 2, 4 and 8 tenant processes.
-    Procs,
-    /// Small objects at 1, 16 and 64 in flight, with the CPU per request.
-    Small,
-}
+/// Runs of [`raw_tcp`] the bench keeps the best of.
+const RAW_TCP_TRIES: usize = 3;
 
 /// Sizes and durations derived from the options.
 #[derive(Debug, Clone)]
@@ -203,10 +149,6 @@ impl Plan {
     fn large_bytes(&self) -> usize {
         usize::try_from(self.sizes[1].bytes).unwrap_or(usize::MAX)
     }
-}
-
-pub(crate) fn progress(msg: &str) {
-    eprintln!("s3dma-tools bench: {msg}");
 }
 
 /// Runs the bench: starts a stack, measures, stops it, prints the table.
@@ -431,78 +373,6 @@ async fn disk_put(opts: &Options, plan: &Plan, report: &mut Report) -> anyhow::R
     r
 }
 
-/// A stack the bench started, with the temporary directories it lives in.
-pub(crate) struct OwnStack {
-    pub stack: Stack,
-    /// Where the storage-target keeps its data.
-    pub data_dir: PathBuf,
-    _tmp: tempfile::TempDir,
-    shm_dir: Option<tempfile::TempDir>,
-}
-
-impl OwnStack {
-    /// Starts storage-target, dpu-agent and host-shim in a temporary
-    /// directory; the store goes on /dev/shm when it has `store_bytes` free
-    /// (fsyncs would make PUTs on both paths measure the disk), unless
-    /// `--data-dir` names a place.
-    pub(crate) async fn start(opts: &Options, store_bytes: u64) -> anyhow::Result<OwnStack> {
-        let tmp = tempfile::Builder::new()
-            .prefix("s3dma-bench-")
-            .tempdir()
-            .context("creating a temporary directory")?;
-        let mut shm_dir = None;
-        let data_dir = match &opts.data_dir {
-            Some(d) => s3dma_launcher::absolute(d.clone())?,
-            None if free_bytes(Path::new("/dev/shm")).is_some_and(|f| f >= store_bytes) => {
-                let d = tempfile::Builder::new()
-                    .prefix("s3dma-bench-")
-                    .tempdir_in("/dev/shm")
-                    .context("creating a directory in /dev/shm")?;
-                let p = d.path().to_path_buf();
-                shm_dir = Some(d);
-                p
-            }
-            None => tmp.path().join("data"),
-        };
-        let mut stack = Stack::prepare(StackOptions {
-            dir: tmp.path().join("state"),
-            data_dir: Some(data_dir.clone()),
-            socket: tmp.path().join("shim.sock"),
-            own_socket_dir: true,
-            bucket: BUCKET.into(),
-            // Read around each small-object cell: where a request's time
-            // goes, from each service's own latency histogram.
-            metrics: true,
-            who: "s3dma-tools bench",
-            bin_dir: None,
-            fabric: opts.fabric,
-            upstream: None,
-        })?;
-        if let Err(e) = stack.start().await {
-            stack.stop().await;
-            return Err(e.into());
-        }
-        Ok(OwnStack {
-            stack,
-            data_dir,
-            _tmp: tmp,
-            shm_dir,
-        })
-    }
-
-    /// Stops the services, then removes the store.
-    pub(crate) async fn stop(mut self) {
-        self.stack.stop().await;
-        drop(self.shm_dir.take());
-    }
-}
-
-/// Free bytes of the file system holding `p`.
-fn free_bytes(p: &Path) -> Option<u64> {
-    let s = nix::sys::statvfs::statvfs(p).ok()?;
-    s.blocks_available().checked_mul(s.fragment_size())
-}
-
 /// Clock ticks per second of `/proc/PID/stat` times (`USER_HZ`, 100 on
 /// Linux when sysconf cannot say).
 fn ticks_per_sec() -> u64 {
@@ -668,10 +538,6 @@ impl Ctx {
     }
 }
 
-pub(crate) fn fill_random(buf: &mut [u8], seed: u64) {
-    rand::rngs::SmallRng::seed_from_u64(seed).fill_bytes(buf);
-}
-
 async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     let mut report = Report {
         quick: plan.quick,
@@ -736,7 +602,7 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     let mut http_dst = vec![0u8; big];
 
     for size in plan.sizes.into_iter().filter(|_| plan.runs(Phase::Large)) {
-        large(
+        large::large(
             ctx,
             plan,
             size,
@@ -757,7 +623,7 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
         processes(ctx, plan, &mut report).await?;
     }
     if plan.runs(Phase::Small) {
-        small(ctx, plan, &src, &mut report).await?;
+        small::small(ctx, plan, &src, &mut report).await?;
     }
     src.release().await.context("releasing a buffer")?;
     Ok(report)
@@ -808,473 +674,4 @@ async fn processes(ctx: &Ctx, plan: &Plan, report: &mut Report) -> anyhow::Resul
         });
     }
     Ok(())
-}
-
-/// One path's rounds: the median GB/s and the CPU used.
-struct Rounds {
-    gbps: Option<f64>,
-    all: Vec<f64>,
-}
-
-fn describe(what: &str, r: &Rounds) -> String {
-    let all: Vec<String> = r.all.iter().map(|v| format!("{v:.2}")).collect();
-    format!(
-        "{what}: {} GB/s median (rounds: {})",
-        r.gbps.map_or("-".into(), |v| format!("{v:.2}")),
-        all.join(" ")
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn large(
-    ctx: &Ctx,
-    plan: &Plan,
-    size: Size,
-    src: &Buffer,
-    dst: &mut Buffer,
-    src_bytes: &Bytes,
-    http_dst: &mut [u8],
-    report: &mut Report,
-) -> anyhow::Result<()> {
-    let n = usize::try_from(size.bytes)?;
-    let key = format!("large/{}", size.key);
-    let label = human_size(size.bytes);
-    let moved = size.bytes * plan.rounds as u64;
-    let want_crc = crc32fast::hash(&src.as_slice()[..n]);
-
-    // s3dma PUT.
-    progress(&format!("PUT {label} via s3dma, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
-        let out = ctx
-            .client
-            .put_object_from(BUCKET, &key, src, 0..n, PutOptions::default())
-            .await
-            .with_context(|| format!("s3dma PUT {label}"))?;
-        all.extend(gbps(size.bytes, t.elapsed()));
-        if out.size != size.bytes {
-            bail!("s3dma PUT {label}: stored {} bytes", out.size);
-        }
-    }
-    let cpu_put = ctx.cpu.since(before)?;
-    let put = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("PUT {label} via s3dma"), &put));
-
-    // s3dma GET.
-    progress(&format!("GET {label} via s3dma, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
-        let out = ctx
-            .client
-            .get_object_into(
-                BUCKET,
-                &key,
-                dst,
-                0,
-                GetOptions {
-                    length: Some(size.bytes),
-                    ..GetOptions::default()
-                },
-            )
-            .await
-            .with_context(|| format!("s3dma GET {label}"))?;
-        all.extend(gbps(size.bytes, t.elapsed()));
-        if out.bytes_placed != size.bytes {
-            bail!("s3dma GET {label}: {} bytes placed", out.bytes_placed);
-        }
-    }
-    let cpu_get = ctx.cpu.since(before)?;
-    if crc32fast::hash(&dst.as_slice()[..n]) != want_crc {
-        bail!("s3dma GET {label}: the bytes differ from those PUT");
-    }
-    let get = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("GET {label} via s3dma"), &get));
-    report.cpu_s3dma.large = report.cpu_s3dma.large.plus(cpu_put).plus(cpu_get);
-    report.cpu_s3dma.large_bytes += 2 * moved;
-
-    // HTTP PUT (aws-sdk-s3 to the storage-target), same object.
-    progress(&format!("PUT {label} over HTTP, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
-        ctx.s3
-            .put_object()
-            .bucket(BUCKET)
-            .key(&key)
-            .content_length(i64::try_from(n)?)
-            .body(ByteStream::from(src_bytes.slice(..n)))
-            .send()
-            .await
-            .map_err(|e| {
-                anyhow!(
-                    "HTTP PUT {label}: {}",
-                    aws_sdk_s3::error::DisplayErrorContext(e)
-                )
-            })?;
-        all.extend(gbps(size.bytes, t.elapsed()));
-    }
-    let http_cpu_put = ctx.cpu.since(before)?;
-    let http_put = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("PUT {label} over HTTP"), &http_put));
-
-    // HTTP GET into memory allocated once.
-    progress(&format!("GET {label} over HTTP, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
-        let got = http_get_into(&ctx.s3, &key, http_dst)
-            .await
-            .with_context(|| format!("HTTP GET {label}"))?;
-        all.extend(gbps(size.bytes, t.elapsed()));
-        if got != n {
-            bail!("HTTP GET {label}: {got} bytes");
-        }
-    }
-    let http_cpu_get = ctx.cpu.since(before)?;
-    if crc32fast::hash(&http_dst[..n]) != want_crc {
-        bail!("HTTP GET {label}: the bytes differ from those PUT");
-    }
-    let http_get = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("GET {label} over HTTP"), &http_get));
-    report.cpu_http.large = report.cpu_http.large.plus(http_cpu_put).plus(http_cpu_get);
-    report.cpu_http.large_bytes += 2 * moved;
-
-    report.throughput.push(Throughput {
-        op: Op::Get,
-        size,
-        s3dma_gbps: get.gbps,
-        http_gbps: http_get.gbps,
-    });
-    report.throughput.push(Throughput {
-        op: Op::Put,
-        size,
-        s3dma_gbps: put.gbps,
-        http_gbps: http_put.gbps,
-    });
-    Ok(())
-}
-
-/// GETs `key` of the bench's bucket over HTTP, copying the body into
-/// `dst`; the byte count.
-async fn http_get_into(
-    s3: &aws_sdk_s3::Client,
-    key: &str,
-    dst: &mut [u8],
-) -> anyhow::Result<usize> {
-    http_get_into_from(s3, BUCKET, key, dst).await
-}
-
-/// GETs `bucket/key` over HTTP, copying the body into `dst`; the byte count.
-pub(crate) async fn http_get_into_from(
-    s3: &aws_sdk_s3::Client,
-    bucket: &str,
-    key: &str,
-    dst: &mut [u8],
-) -> anyhow::Result<usize> {
-    let out = s3
-        .get_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .map_err(|e| anyhow!("{}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
-    let mut body = out.body;
-    let mut at = 0usize;
-    while let Some(chunk) = body.try_next().await.context("reading the body")? {
-        let end = at + chunk.len();
-        let room = dst.len();
-        let slot = dst
-            .get_mut(at..end)
-            .ok_or_else(|| anyhow!("the body is longer than {room} bytes"))?;
-        slot.copy_from_slice(&chunk);
-        at = end;
-    }
-    Ok(at)
-}
-
-/// One stream, large writes, for `dur`: GB/s received.
-/// Runs of [`raw_tcp`] the bench keeps the best of.
-const RAW_TCP_TRIES: usize = 3;
-
-pub(crate) async fn raw_tcp(dur: Duration) -> anyhow::Result<f64> {
-    const CHUNK: usize = 4 << 20;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let reader = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await?;
-        let mut buf = vec![0u8; CHUNK];
-        let mut total = 0u64;
-        loop {
-            let n = s.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            total += n as u64;
-        }
-        Ok::<u64, std::io::Error>(total)
-    });
-    let mut w = tokio::net::TcpStream::connect(addr).await?;
-    w.set_nodelay(true)?;
-    let chunk = vec![0x5au8; CHUNK];
-    let start = Instant::now();
-    while start.elapsed() < dur {
-        w.write_all(&chunk).await?;
-    }
-    w.shutdown().await?;
-    drop(w);
-    let received = reader.await.context("the reader task")??;
-    gbps(received, start.elapsed()).ok_or_else(|| anyhow!("no time passed"))
-}
-
-/// What one worker of a cell did.
-struct WorkerResult<B> {
-    state: B,
-    lat: Latencies,
-    error: Option<String>,
-}
-
-/// Runs `n` workers for warm-up + cell time; `work(i, state)` does one
-/// request. Returns the states (in order), the merged latencies of requests
-/// started after the warm-up, ops/s over the measured window, and the CPU
-/// used during it.
-async fn cell<B, W, F>(
-    ctx: &Ctx,
-    plan: &Plan,
-    states: Vec<B>,
-    work: W,
-) -> anyhow::Result<(Vec<B>, CellStats, CpuSecs)>
-where
-    B: Send + 'static,
-    W: Fn(usize, B) -> F + Send + Sync + 'static,
-    F: Future<Output = (B, Result<(), String>)> + Send + 'static,
-{
-    let start = Instant::now();
-    let measure_from = start + plan.warmup;
-    let end = measure_from + plan.cell;
-    let work = Arc::new(work);
-    let mut handles = Vec::with_capacity(states.len());
-    for (i, state) in states.into_iter().enumerate() {
-        let work = Arc::clone(&work);
-        handles.push(tokio::spawn(async move {
-            let mut lat = Latencies::new();
-            let mut state = Some(state);
-            let mut error = None;
-            while Instant::now() < end {
-                let Some(s) = state.take() else { break };
-                let t = Instant::now();
-                let (s, r) = work(i, s).await;
-                state = Some(s);
-                match r {
-                    Ok(()) if t >= measure_from => lat.record(t.elapsed()),
-                    Ok(()) => {}
-                    Err(e) => {
-                        error = Some(e);
-                        break;
-                    }
-                }
-            }
-            state.map(|state| WorkerResult { state, lat, error })
-        }));
-    }
-    tokio::time::sleep_until(measure_from).await;
-    let before = ctx.cpu.now()?;
-    let mut lat = Latencies::new();
-    let mut states = Vec::with_capacity(handles.len());
-    let mut first_error = None;
-    for h in handles {
-        let r = h
-            .await
-            .context("a worker task failed")?
-            .ok_or_else(|| anyhow!("a worker lost its state"))?;
-        lat.merge(&r.lat);
-        if first_error.is_none() {
-            first_error = r.error;
-        }
-        states.push(r.state);
-    }
-    let elapsed = measure_from.elapsed();
-    let cpu = ctx.cpu.since(before)?;
-    if let Some(e) = first_error {
-        bail!("{e}");
-    }
-    let stats = CellStats {
-        ops_per_s: per_second(lat.count(), elapsed),
-        p50_us: lat.quantile_us(0.5),
-        p99_us: lat.quantile_us(0.99),
-        requests: lat.count(),
-        mean_us: lat.mean_us(),
-    };
-    Ok((states, stats, cpu))
-}
-
-async fn small(ctx: &Ctx, plan: &Plan, src: &Buffer, report: &mut Report) -> anyhow::Result<()> {
-    let workers = IN_FLIGHT.iter().copied().max().unwrap_or(1);
-    let biggest = SMALL.iter().map(|s| s.bytes).max().unwrap_or(4096);
-    let biggest = usize::try_from(biggest)?;
-    progress(&format!(
-        "small objects: {} buffers, {} objects per size",
-        workers, workers
-    ));
-    let mut bufs = Vec::with_capacity(workers);
-    for i in 0..workers {
-        let mut b = ctx
-            .client
-            .alloc_labeled(biggest, "bench-small")
-            .await
-            .context("allocating small buffers")?;
-        let from = i * 4096 % (src.len().saturating_sub(biggest).max(1));
-        b.as_mut_slice()
-            .copy_from_slice(&src.as_slice()[from..from + biggest]);
-        bufs.push(b);
-    }
-    let http_body = Bytes::copy_from_slice(&src.as_slice()[..biggest]);
-    let mut http_dsts: Vec<Vec<u8>> = (0..workers).map(|_| vec![0u8; biggest]).collect();
-
-    for size in SMALL {
-        let n = usize::try_from(size.bytes)?;
-        for (i, b) in bufs.iter().enumerate() {
-            ctx.client
-                .put_object_from(BUCKET, &small_key(size, i), b, 0..n, PutOptions::default())
-                .await
-                .context("writing the small objects")?;
-        }
-        for op in [Op::Get, Op::Put] {
-            for in_flight in IN_FLIGHT {
-                let label = format!("{} {} x{in_flight}", op.label(), human_size(size.bytes));
-                // Through s3dma.
-                let mine: Vec<Buffer> = bufs.drain(..in_flight).collect();
-                let client = ctx.client.clone();
-                let totals_before = match &ctx.metrics {
-                    Some(m) => Some(layer_totals(m, op).await?),
-                    None => None,
-                };
-                let (back, s3dma, cpu) = cell(ctx, plan, mine, move |i, mut buf: Buffer| {
-                    let client = client.clone();
-                    async move {
-                        let key = small_key(size, i);
-                        let r = match op {
-                            Op::Get => client
-                                .get_object_into(
-                                    BUCKET,
-                                    &key,
-                                    &mut buf,
-                                    0,
-                                    GetOptions {
-                                        length: Some(size.bytes),
-                                        ..GetOptions::default()
-                                    },
-                                )
-                                .await
-                                .map_err(|e| format!("s3dma GET {key}: {e}"))
-                                .and_then(|o| {
-                                    (o.bytes_placed == size.bytes).then_some(()).ok_or_else(|| {
-                                        format!("s3dma GET {key}: {} bytes", o.bytes_placed)
-                                    })
-                                }),
-                            Op::Put => client
-                                .put_object_from(BUCKET, &key, &buf, 0..n, PutOptions::default())
-                                .await
-                                .map(|_| ())
-                                .map_err(|e| format!("s3dma PUT {key}: {e}")),
-                        };
-                        (buf, r)
-                    }
-                })
-                .await?;
-                bufs.splice(0..0, back);
-                let layers = match (&ctx.metrics, totals_before) {
-                    (Some(m), Some(before)) => layers_between(before, layer_totals(m, op).await?),
-                    _ => Layers::default(),
-                };
-                report.cpu_s3dma.small = report.cpu_s3dma.small.plus(cpu);
-                report.cpu_s3dma.small_requests += s3dma.requests;
-
-                // Over HTTP.
-                let mine: Vec<Vec<u8>> = http_dsts.drain(..in_flight).collect();
-                let s3 = ctx.s3.clone();
-                let body = http_body.slice(..n);
-                let (back, http, cpu) = cell(ctx, plan, mine, move |i, mut dst: Vec<u8>| {
-                    let s3 = s3.clone();
-                    let body = body.clone();
-                    async move {
-                        let key = small_key(size, i);
-                        let r = match op {
-                            Op::Get => http_get_into(&s3, &key, &mut dst)
-                                .await
-                                .map_err(|e| format!("HTTP GET {key}: {e:#}"))
-                                .and_then(|got| {
-                                    (got == n)
-                                        .then_some(())
-                                        .ok_or_else(|| format!("HTTP GET {key}: {got} bytes"))
-                                }),
-                            Op::Put => s3
-                                .put_object()
-                                .bucket(BUCKET)
-                                .key(&key)
-                                .content_length(n as i64)
-                                .body(ByteStream::from(body))
-                                .send()
-                                .await
-                                .map(|_| ())
-                                .map_err(|e| {
-                                    format!(
-                                        "HTTP PUT {key}: {}",
-                                        aws_sdk_s3::error::DisplayErrorContext(e)
-                                    )
-                                }),
-                        };
-                        (dst, r)
-                    }
-                })
-                .await?;
-                http_dsts.splice(0..0, back);
-                report.cpu_http.small = report.cpu_http.small.plus(cpu);
-                report.cpu_http.small_requests += http.requests;
-
-                progress(&format!(
-                    "{label}: s3dma {} ops/s p50 {} µs p99 {} µs | HTTP {} ops/s p50 {} µs p99 {} µs",
-                    crate::report::fmt_num(s3dma.ops_per_s),
-                    crate::report::fmt_num(s3dma.p50_us),
-                    crate::report::fmt_num(s3dma.p99_us),
-                    crate::report::fmt_num(http.ops_per_s),
-                    crate::report::fmt_num(http.p50_us),
-                    crate::report::fmt_num(http.p99_us),
-                ));
-                report.cells.push(Cell {
-                    op,
-                    size,
-                    in_flight,
-                    s3dma,
-                    http,
-                    layers,
-                });
-            }
-        }
-    }
-    for b in bufs {
-        b.release().await.context("releasing a buffer")?;
-    }
-    Ok(())
-}
-
-fn small_key(size: Size, i: usize) -> String {
-    format!("small/{}/{i:03}", size.key)
 }

@@ -1,0 +1,73 @@
+//! What `s3dma-tools bench` was asked for ([`Options`], [`Phase`]) and how
+//! its phases report progress: shared by the whole-stack bench
+//! ([`crate::bench`]), the fan-out ([`crate::fanout`]) and the ML phase
+//! ([`crate::ml`]).
+
+use std::path::PathBuf;
+
+/// The bucket the bench creates and uses.
+pub(crate) const BUCKET: &str = "bench";
+
+/// What `s3dma-tools bench` was asked for.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    /// Small sizes and short cells (for CI).
+    pub quick: bool,
+    /// Write the flat JSON object here.
+    pub json: Option<PathBuf>,
+    /// Rounds per large measurement (default 5, quick 3).
+    pub rounds: Option<usize>,
+    /// Seconds per small-object cell (default 4, quick 0.6).
+    pub cell_secs: Option<f64>,
+    /// The storage-target's data directory (default: a temporary directory
+    /// on /dev/shm when it has room, else under the system's temp dir).
+    pub data_dir: Option<PathBuf>,
+    /// Measure an existing stack instead: its storage-target's S3 endpoint
+    /// (with `socket` and the tenant's key in `AWS_ACCESS_KEY_ID` /
+    /// `AWS_SECRET_ACCESS_KEY`).
+    pub endpoint: Option<String>,
+    /// The fabric of the stack the bench starts (`tcp` or `verbs`).
+    pub fabric: s3dma_launcher::Backend,
+    /// Only the ML phase ([`crate::ml`]): safetensors and DCP loads through
+    /// s3dma against the S3 connectors ML users run today.
+    pub ml: bool,
+    /// The existing stack's shim socket (default: [`s3dma_client::Client::default_socket`]).
+    pub socket: Option<PathBuf>,
+    /// The uid the existing stack's shim runs as besides root (`--shim-uid`;
+    /// `None` = `$S3DMA_SHIM_UID`, else ours). A stack started here runs as
+    /// us and is always checked against our own uid.
+    pub shim_uid: Option<u32>,
+    /// Only the fan-out ([`crate::fanout`]): N tenant processes load one
+    /// object through gateways in front of an S3 cluster vs straight from it.
+    pub fanout: bool,
+    /// Fan-out readers (default 8).
+    pub readers: Option<usize>,
+    /// Fan-out gateways (default 2).
+    pub gateways: Option<usize>,
+    /// Fan-out object size in MiB (default 1024, quick 64).
+    pub object_mib: Option<u64>,
+    /// The S3 endpoint the fan-out's gateways stand in front of (default: a
+    /// throw-away Ceph cluster).
+    pub upstream: Option<String>,
+    /// Only these phases (`--only`; empty: all). The limits are always
+    /// measured.
+    pub only: Vec<Phase>,
+}
+
+/// A phase of the whole-stack bench, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Phase {
+    /// Large objects through s3dma and HTTP.
+    Large,
+    /// The large PUT to a store on disk (a second stack).
+    Disk,
+    /// 1, 2, 4 and 8 tenant processes.
+    Procs,
+    /// Small objects at 1, 16 and 64 in flight, with the CPU per request.
+    Small,
+}
+
+/// Prints one progress line on stderr.
+pub(crate) fn progress(msg: &str) {
+    eprintln!("s3dma-tools bench: {msg}");
+}
