@@ -54,10 +54,25 @@ summary() {
   done
   printf '%6d  total; CI budget %d s: %s\n' "$total" "$BUDGET_S" \
     "$([ "$total" -le "$BUDGET_S" ] && echo "within" || echo "OVER by $((total - BUDGET_S)) s")"
-  [ "$rc" -eq 0 ] || echo "test.sh: FAILED (exit $rc) in step: ${STEP_NAMES[-1]}"
+  if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then
+    printf 'test.sh: FAILED steps:\n' >&2
+    printf '  %s\n' "${FAILED_STEPS[@]}" >&2
+  elif [ "$rc" -ne 0 ]; then
+    echo "test.sh: FAILED (exit $rc) in step: ${STEP_NAMES[-1]}" >&2
+  fi
 }
 trap summary EXIT
 
+# A failing command fails its step, not the run: every later step still
+# runs, so one run shows every failure (and every step's time); the run
+# fails at the end when any step did.
+FAILED_STEPS=()
+check() {
+  if ! "$@"; then
+    echo "test.sh: step failed: $STEP_NAME ($*)" >&2
+    FAILED_STEPS+=("$STEP_NAME")
+  fi
+}
 # In CI (a throw-away clone) build outputs no later step reads are deleted as
 # soon as they are done with, so the run fits a small disk.
 prune() {
@@ -72,55 +87,58 @@ if [ -n "${CI:-}" ]; then
 fi
 
 step "cargo fmt --check"
-cargo fmt --all -- --check
+check cargo fmt --all -- --check
 
 step "cargo clippy -D warnings (all targets, all features)"
-cargo clippy "${CARGO_ALL[@]}" --all-targets -- -D warnings
+check cargo clippy "${CARGO_ALL[@]}" --all-targets -- -D warnings
 
 step "structure: crate map, dependency trees, module cycles in every crate"
-bash tests/structure/check.sh
+check bash tests/structure/check.sh
 
 step "cargo doc -D warnings"
-RUSTDOCFLAGS=-Dwarnings cargo doc "${CARGO_ALL[@]}" --no-deps
+check env RUSTDOCFLAGS=-Dwarnings cargo doc "${CARGO_ALL[@]}" --no-deps
 
 step "cargo test: build (every test binary and service binary, once)"
 # The end-to-end suites (dpu-agent, host-shim, s3dma CLI) start
 # storage-target, dpu-agent and host-shim as processes from target/debug.
-cargo test "${CARGO_ALL[@]}" --no-run
+check cargo test "${CARGO_ALL[@]}" --no-run
 
 step "cargo test: run (the cuda tests print why they skip without a driver)"
-cargo test "${CARGO_ALL[@]}"
+check cargo test "${CARGO_ALL[@]}" --no-fail-fast
 
 step "python clients (boto3, aws CLI, rclone, s3cmd, the s3dma tenant client)"
 # The tenant-client tests run the whole stack through `s3dma local`, from the
 # binaries `cargo test` built in target/debug.
-PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q tests/python
+check env PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q tests/python
 
 step "cuda: the CUDA suites against the driver stand-in (same binaries)"
-bash .ci/cuda-standin.sh
+check bash .ci/cuda-standin.sh
 
 step "verbs: Soft-RoCE (rxe0) in a VM, every service on verbs (same binaries)"
-bash .ci/verbs-tests.sh
+check bash .ci/verbs-tests.sh
 
 step "helm charts: lint, render, validate; rendered configs checked by the binaries"
-S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh
+check env S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh
 
 step "shellcheck, hadolint"
-shellcheck tests/structure/*.sh tests/ceph/*.sh .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh tests/cuda-standin/*.sh
-.venv/bin/hadolint images/Containerfile.dpu-agent
-echo "shellcheck, hadolint: ok"
+check shellcheck tests/structure/*.sh tests/ceph/*.sh .ci/run .ci/*.sh images/*.sh helm/check.sh tests/bench/*.sh tests/cuda-standin/*.sh
+check .venv/bin/hadolint images/Containerfile.dpu-agent
+
 
 # Nothing below reads the host's debug build (the VM step and helm were its
 # last users).
 prune target/debug
 
 step "arm64: cross-build, unit tests under qemu-user"
-bash images/cross-test.sh
+check bash images/cross-test.sh
 prune target-arm64/aarch64-unknown-linux-gnu/debug target-arm64/debug
 
 step "arm64: the dpu-agent image (buildah, oci-archive, skopeo inspect)"
-SKIP_SETUP=1 bash images/build.sh
+check env SKIP_SETUP=1 bash images/build.sh
 
 end_step
+if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then
+  exit 1
+fi
 echo
 echo "all tests passed"

@@ -172,7 +172,11 @@ impl Server {
             None,
         );
         // "metrics on http://IP:PORT/metrics[ and unix:PATH]"
-        let metrics = lines[1].split(" and ").next().unwrap_or_default().to_owned();
+        let metrics = lines[1]
+            .split(" and ")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
         Server {
             child: Some(child),
             endpoint: lines[0].clone(),
