@@ -62,6 +62,7 @@ pub use error::LaunchError;
 pub use fabric::Backend;
 pub use layout::{Layout, Secrets, default_dir, default_socket};
 pub use stack::{Endpoints, Service, Stack, StackOptions, TargetEndpoint, absolute};
+pub use storage_target::gateway::https_client;
 pub use upstream::Upstream;
 
 use std::time::Duration;

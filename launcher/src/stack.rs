@@ -637,6 +637,7 @@ async fn create_bucket(
     };
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(crate::https_client())
         .region(Region::new(REGION))
         .endpoint_url(target_url)
         .credentials_provider(Credentials::new(

@@ -20,6 +20,7 @@ fn s3(stack: &Stack) -> aws_sdk_s3::Client {
     let (key, secret) = stack.credentials();
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(s3dma_launcher::https_client())
         .region(Region::new(REGION))
         .endpoint_url(&stack.endpoints().target_url)
         .credentials_provider(Credentials::new(key, secret, None, None, "test"))

@@ -201,7 +201,7 @@ and needs about 6 GiB of memory (1 GiB buffers, the store on /dev/shm).
 
 JSON keys include get_1g_gbps, http_get_1g_gbps, get_1g_vs_http,
 get_1g_vs_raw_tcp, raw_tcp_gbps, get_4k_p50_us, http_get_4k_p50_us,
-get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see tools/README.md, "JSON keys").";
+get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see tools/README.md, JSON keys).";
 
 /// `--shim-uid`: a uid or a user name.
 fn parse_shim_uid(s: &str) -> Result<u32, String> {

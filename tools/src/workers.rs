@@ -61,6 +61,7 @@ pub(crate) fn s3_client(
 ) -> aws_sdk_s3::Client {
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(s3dma_launcher::https_client())
         .region(Region::new(
             region.unwrap_or(s3dma_launcher::REGION).to_owned(),
         ))

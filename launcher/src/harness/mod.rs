@@ -155,6 +155,7 @@ pub fn wrapped(wrap: &[String], bin: &Path) -> Command {
 pub fn s3_client(endpoint: &str, ak: &str, sk: &str) -> S3Client {
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(crate::https_client())
         .region(AwsRegion::new("us-east-1"))
         .endpoint_url(endpoint)
         .credentials_provider(Credentials::new(ak, sk, None, None, "test"))

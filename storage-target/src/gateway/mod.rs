@@ -58,7 +58,7 @@ use crate::rdma::RdmaService;
 pub use access::GatewayAccess;
 use cache::ChunkCache;
 use read::Head;
-pub use upstream::{Upstream, UpstreamError};
+pub use upstream::{Upstream, UpstreamError, https_client};
 
 /// Who read what: (user, bucket, key).
 type Reader = (String, String, String);

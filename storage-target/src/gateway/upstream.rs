@@ -65,8 +65,8 @@ impl Upstream {
         metrics: Arc<Metrics>,
     ) -> Result<Self, UpstreamError> {
         let http = match &cfg.ca_file {
-            None => None,
-            Some(path) => Some(https_client_with_ca(path)?),
+            None => https_client(),
+            Some(path) => https_client_with_ca(path)?,
         };
         let region = Region::new(cfg.region.clone().unwrap_or_else(|| region.to_owned()));
         let timeouts = aws_sdk_s3::config::timeout::TimeoutConfig::builder()
@@ -81,8 +81,9 @@ impl Upstream {
                 .endpoints
                 .iter()
                 .map(|e| {
-                    let mut b = aws_sdk_s3::Config::builder()
+                    let conf = aws_sdk_s3::Config::builder()
                         .behavior_version(BehaviorVersion::latest())
+                        .http_client(http.clone())
                         .endpoint_url(e)
                         .region(region.clone())
                         .credentials_provider(Credentials::new(
@@ -102,11 +103,9 @@ impl Upstream {
                         )
                         .response_checksum_validation(
                             aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
-                        );
-                    if let Some(h) = &http {
-                        b = b.http_client(h.clone());
-                    }
-                    aws_sdk_s3::Client::from_conf(b.build())
+                        )
+                        .build();
+                    aws_sdk_s3::Client::from_conf(conf)
                 })
                 .collect();
             clients.insert(u.access_key_id.clone(), per_endpoint);
@@ -233,6 +232,20 @@ impl Upstream {
     }
 }
 
+/// The HTTPS client of every aws-sdk-s3 client in the workspace (the
+/// gateway's, the launcher's, the tools' and the tests'): aws-smithy's
+/// hyper client with rustls on ring and the webpki roots. aws-sdk-s3 is
+/// built without its default client (aws-lc and a second hyper stack).
+#[must_use]
+pub fn https_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    use aws_smithy_http_client::tls;
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
 fn https_client_with_ca(
     path: &std::path::Path,
 ) -> Result<aws_smithy_runtime_api::client::http::SharedHttpClient, UpstreamError> {
@@ -250,7 +263,7 @@ fn https_client_with_ca(
         })?;
     Ok(aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::AwsLc,
+            tls::rustls_provider::CryptoMode::Ring,
         ))
         .tls_context(ctx)
         .build_https())

@@ -84,6 +84,7 @@ macro_rules! count_of {
 fn bare_client(s: &Server) -> Client {
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(storage_target::gateway::https_client())
         .region(Region::new("us-east-1"))
         .endpoint_url(&s.endpoint)
         .credentials_provider(Credentials::new(ADMIN.0, ADMIN.1, None, None, "test"))

@@ -516,6 +516,7 @@ impl Ctx {
             .context("connecting to the host-shim")?;
         let conf = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(s3dma_launcher::https_client())
             .region(Region::new(REGION))
             .endpoint_url(target_url)
             .credentials_provider(Credentials::new(key_id, secret, None, None, "s3dma-bench"))

@@ -254,6 +254,7 @@ impl Drop for Server {
 pub(crate) fn client_for(endpoint: &str, ak: &str, sk: &str) -> Client {
     let conf = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(storage_target::gateway::https_client())
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint)
         .credentials_provider(Credentials::new(ak, sk, None, None, "test"))
