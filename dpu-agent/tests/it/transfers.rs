@@ -592,7 +592,10 @@ async fn chunks_are_retried_across_a_target_restart() {
     let mut target = Target::start(true);
     target.create_bucket("alice-data").await;
     let mut spec = AgentSpec::one(&target);
-    spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\nretries: 12\nbackoff_initial_ms: 200\nbackoff_max_ms: 1000\nattempt_timeout_secs: 5\n".into();
+    // Retries for about 40 s (backoff capped at 1 s): a liveness budget
+    // for the restart, which under the Soft-RoCE VM's emulated CPUs (staging
+    // memory registered on rxe) took longer than the 12 retries before.
+    spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\nretries: 40\nbackoff_initial_ms: 200\nbackoff_max_ms: 1000\nattempt_timeout_secs: 5\n".into();
     spec.alice_quotas = "max_bytes_per_second: 8MiB".into();
     let agent = Agent::start(spec);
     let shim = agent.client().await;
