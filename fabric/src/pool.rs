@@ -327,6 +327,9 @@ pub struct SessionEntry {
     pub ops: Arc<Semaphore>,
     max_ops: usize,
     last_used: Mutex<Instant>,
+    /// Failed by its owner because an operation made no progress
+    /// ([`SessionEntry::fail_stalled`]).
+    stalled: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for SessionEntry {
@@ -358,6 +361,22 @@ impl SessionEntry {
     #[must_use]
     pub fn in_flight(&self) -> usize {
         self.max_ops - self.ops.available_permits()
+    }
+
+    /// Fails the session ([`Session::fail`]) because an operation on it
+    /// made no progress, and remembers that this was why: the other
+    /// operations it flushes then fail for the same reason
+    /// ([`SessionEntry::failed_stalled`]).
+    pub fn fail_stalled(&self) {
+        self.stalled
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.session.fail();
+    }
+
+    /// Whether [`SessionEntry::fail_stalled`] failed this session.
+    #[must_use]
+    pub fn failed_stalled(&self) -> bool {
+        self.stalled.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -508,6 +527,7 @@ impl SessionPool {
             ops: Arc::new(Semaphore::new(self.max_ops)),
             max_ops: self.max_ops,
             last_used: Mutex::new(Instant::now()),
+            stalled: std::sync::atomic::AtomicBool::new(false),
         });
         *guard = Some(Arc::clone(&entry));
         drop(guard);

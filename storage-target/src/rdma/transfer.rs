@@ -97,13 +97,19 @@ async fn complete(
 ) -> Result<(), RdmaError> {
     let peer = session.session.peer();
     match tokio::time::timeout(progress, &mut c).await {
+        // An operation flushed because another one stalled fails for that
+        // reason, whichever of them the request awaits first.
+        Ok(Err(_)) if session.failed_stalled() => Err(RdmaError::Stalled {
+            peer,
+            after: progress,
+        }),
         Ok(r) => r.map_err(|e| RdmaError::Op { peer, source: e }),
         Err(_) => {
             if session.session.is_alive() {
                 tracing::warn!(%peer, after = ?progress, "RDMA operation stalled: failing the fabric session");
                 metrics.rdma_session_stalled();
             }
-            session.session.fail();
+            session.fail_stalled();
             let _ = c.await;
             Err(RdmaError::Stalled {
                 peer,
