@@ -15,7 +15,8 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use super::cache::{Chunk, ChunkCache, ChunkKey, Identity, Source};
 use super::forward::{access_key, internal, to_usize, unreachable};
 use super::{Gateway, upstream, upstream::Upstream};
-use crate::rdma::plan::{check_fits, reply_headers};
+use crate::rdma::path::DataPath;
+use crate::rdma::plan::check_fits;
 use crate::rdma::transfer;
 
 /// What the upstream confirmed about an object for one user: its version
@@ -164,7 +165,7 @@ impl Gateway {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let path = self.rdma.data_path(&req)?;
         if let Some(token) = path.token() {
-            return self.rdma_get(req, token).await;
+            return self.rdma_get(req, &path, token).await;
         }
         let mut r = self
             .forward(req, |p, r| async move { p.get_object(r).await })
@@ -260,6 +261,7 @@ impl Gateway {
     async fn rdma_get(
         &self,
         req: S3Request<GetObjectInput>,
+        path: &DataPath<'_>,
         token: &fabric::RdmaToken,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let cache = self
@@ -366,7 +368,7 @@ impl Gateway {
             accept_ranges: Some("bytes".into()),
             ..Default::default()
         };
-        let reply = reply_headers(if content_range.is_some() { 206 } else { 200 }, Some(len));
+        let reply = path.get_reply(content_range.is_some(), len);
         let mut resp = S3Response::with_headers(out, reply);
         if content_range.is_some() {
             resp.status = Some(http::StatusCode::PARTIAL_CONTENT);
