@@ -108,8 +108,9 @@ check cargo test "${CARGO_ALL[@]}" --no-fail-fast
 
 step "python clients (boto3, aws CLI, rclone, s3cmd, the s3dma tenant client)"
 # The tenant-client tests run the whole stack through `s3dma local`, from the
-# binaries `cargo test` built in target/debug.
-check env PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q tests/python
+# binaries `cargo test` built in target/debug. Two workers (pytest-xdist),
+# each with its own session server: the clients are CPU-bound Python.
+check env PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q -n 2 tests/python
 
 step "cuda: the CUDA suites against the driver stand-in (same binaries)"
 check bash .ci/cuda-standin.sh
@@ -129,12 +130,14 @@ check .venv/bin/hadolint images/Containerfile.dpu-agent
 # last users).
 prune target/debug
 
-step "arm64: cross-build, unit tests under qemu-user"
-check bash images/cross-test.sh
-prune target-arm64/aarch64-unknown-linux-gnu/debug target-arm64/debug
+# One arm64 release build: the image's agent first, then the unit tests of
+# the agent's crates in the same profile (their dependencies are the agent's,
+# already compiled).
+step "arm64: the dpu-agent image (release cross-build, buildah, oci-archive, skopeo inspect)"
+check bash images/build.sh
 
-step "arm64: the dpu-agent image (buildah, oci-archive, skopeo inspect)"
-check env SKIP_SETUP=1 bash images/build.sh
+step "arm64: unit tests of the agent's crates under qemu-user (same release build)"
+check env SKIP_SETUP=1 bash images/cross-test.sh
 
 end_step
 if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then

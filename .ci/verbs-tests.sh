@@ -28,9 +28,9 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   # for each binary that has verbs suites, with the libtest filters it runs:
   #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
   #   - storage-target: the RDMA GET/PUT/UploadPart suite;
-  #   - dpu-agent: transfers and the HTTP fallback (Ceph's radosgw is reached
-  #     over HTTP only: its fallback test runs on the host, not under the
-  #     VM's emulated CPUs);
+  #   - dpu-agent: transfers and the HTTP fallback (third-party servers,
+  #     Ceph's radosgw and moto, are reached over HTTP only: their fallback
+  #     tests run on the host, not under the VM's emulated CPUs);
   #   - host-shim: the whole stack through the Rust client.
   cargo test --workspace --all-features --locked --no-run --message-format=json-render-diagnostics |
     python3 -c '
@@ -39,7 +39,7 @@ filters = {
     ("fabric", "fabric"): "verbs::",
     ("fabric", "it"): "conformance::verbs::",
     ("storage-target", "it"): "rdma::",
-    ("dpu-agent", "it"): "transfers:: fallback:: --skip ceph",
+    ("dpu-agent", "it"): "transfers:: fallback:: --skip ceph --skip third_party",
     ("host-shim", "it"): "e2e::",
 }
 for line in sys.stdin:

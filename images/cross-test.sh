@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# Cross-compiles the s3dma workspace for aarch64-unknown-linux-gnu (the
-# BlueField-3's Arm cores) and runs the library unit tests under qemu-user
-# (the runner in .cargo/config.toml: qemu-aarch64-static -L /).
+# Cross-compiles for aarch64-unknown-linux-gnu (the BlueField-3's Arm
+# cores) and runs unit tests under qemu-user (the runner in
+# .cargo/config.toml: qemu-aarch64-static -L /).
 #
-# What runs: `cargo test --workspace --lib --bins` = every crate's unit tests
-# (the #[cfg(test)] modules in src/ of libraries and binaries).
+# What runs, by default: the unit tests (`--lib --bins`) of the crates the
+# DPU runs with code whose behaviour can depend on the architecture: the
+# wire formats (byte order, layouts), the fabric (verbs FFI, atomics), the
+# shared config and service crates and the generated protobuf code. They are
+# built in the release profile (debug assertions and overflow checks on for
+# our own crates), so their dependencies are the ones images/build.sh
+# compiles for the agent's binary: CI builds each arm64 dependency once.
+# With WORKSPACE=1: every workspace crate's unit tests instead, in a lean
+# dev build (dependencies unoptimised, no debug info), which compiles the
+# dev-dependencies too (the AWS SDK, the launcher's harness with
+# storage-target: about ten minutes on 2 cores); the agent's, the target's
+# and the shim's own logic is architecture-independent Rust that the x86-64
+# CI tests natively.
 # What is left out, and why:
 #   - the tests/ integration suites: the end-to-end suites
 #     start storage-target, dpu-agent and host-shim as processes over
 #     loopback and move gigabytes; under qemu they take many times their
 #     native time, and they test the same Rust code the x86-64 CI runs
-#     natively. With FULL=1 their binaries are built for arm64 (--no-run),
-#     which catches an arm64 compile error in them but costs a build of the
-#     AWS SDK and the other dev-dependencies for arm64 (minutes on 2 cores).
+#     natively. With FULL=1 (implies WORKSPACE=1) their binaries are built
+#     for arm64 (--no-run), which catches an arm64 compile error in them.
 #   - doc tests: rustdoc cannot run cross-compiled doc tests on stable.
 #   - #[ignore]d tests (verbs hardware, CUDA), as in the native CI.
 #
 # Usage: images/cross-test.sh   (runs images/setup-arm64.sh first unless
-#        SKIP_SETUP=1; FULL=1 also builds every test target; extra args go to the `cargo test` that runs tests)
+#        SKIP_SETUP=1; WORKSPACE=1 / FULL=1 as above; extra args go to the
+#        `cargo test` that runs tests)
 set -euo pipefail
 
 IMAGES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,18 +44,31 @@ fi
 # shellcheck source=images/env-arm64.sh
 source "$IMAGES/env-arm64.sh"
 
-# The unit tests exercise logic, not speed: dependencies unoptimised and no
-# debug info halve the cross-build (the native build optimises dependencies
-# because its end-to-end suites move gigabytes). Under qemu they run in
-# seconds either way.
-LEAN=(--config 'profile.dev.package."*".opt-level=0' --config 'profile.dev.debug=false')
+if [ "${FULL:-0}" = 1 ]; then
+    WORKSPACE=1
+fi
+if [ "${WORKSPACE:-0}" = 1 ]; then
+    # The unit tests exercise logic, not speed: dependencies unoptimised and
+    # no debug info halve the cross-build. Under qemu they run in seconds.
+    PROFILE=(--workspace --config 'profile.dev.package."*".opt-level=0' --config 'profile.dev.debug=false')
+else
+    # The agent's crates, in the profile of the agent's release binary.
+    # Debug assertions and overflow checks only for our own crates: a
+    # profile change for a dependency would compile it twice.
+    PROFILE=(--release)
+    for crate in s3dma-wire fabric s3dma-config s3dma-service s3dma-proto; do
+        PROFILE+=(-p "$crate"
+                  --config "profile.release.package.$crate.debug-assertions=true"
+                  --config "profile.release.package.$crate.overflow-checks=true")
+    done
+fi
 
-step "cargo test --workspace --lib --bins --target $TARGET --no-run (cross-build)"
-cargo test --workspace --locked --target "$TARGET" --lib --bins --no-run "${LEAN[@]}"
+step "cargo test --lib --bins --target $TARGET --no-run (cross-build: ${PROFILE[*]})"
+cargo test --locked --target "$TARGET" --lib --bins --no-run "${PROFILE[@]}"
 
 if [ "${FULL:-0}" = 1 ]; then
     step "cargo test --workspace --all-targets --target $TARGET --no-run"
-    cargo test --workspace --locked --target "$TARGET" --all-targets --no-run "${LEAN[@]}"
+    cargo test --locked --target "$TARGET" --all-targets --no-run "${PROFILE[@]}"
 fi
 
 # qemu must load ld.so and libc.so.6 from the same glibc build: with the
@@ -67,7 +91,7 @@ if ! timeout 60 qemu-aarch64-static -L / "$PROBE_DIR/p"; then
     exit 2
 fi
 
-step "cargo test --workspace --lib --bins --target $TARGET (under qemu-aarch64)"
-cargo test --workspace --locked --target "$TARGET" --lib --bins "${LEAN[@]}" "$@"
+step "cargo test --lib --bins --target $TARGET (under qemu-aarch64)"
+cargo test --locked --target "$TARGET" --lib --bins "${PROFILE[@]}" "$@"
 
 echo "cross-test.sh: done in ${SECONDS}s"
