@@ -13,6 +13,8 @@
 //! * [`status`]: the verbs-like completion status both backends report;
 //! * [`headers`]: the `x-amz-rdma-*` HTTP header names and how a reply's
 //!   values are read;
+//! * [`hipobj`]: AMD's `hipobj-rc-v2` control plane (the RC token,
+//!   PREPARE / READY / CANCEL and their replies);
 //! * [`range`]: byte ranges of objects (`Range`, `Content-Range`);
 //! * [`lease`]: the lease frames that pass tenant memory (file
 //!   descriptors) to the host-shim on its Unix socket;
@@ -24,6 +26,7 @@
 pub mod frame;
 pub mod handshake;
 pub mod headers;
+pub mod hipobj;
 pub mod lease;
 pub mod plan;
 pub mod qp;
