@@ -250,6 +250,18 @@ pub enum BadReply {
         /// The slot's size.
         slot: u32,
     },
+    /// A request carrying an RDMA token answered without
+    /// `x-amz-rdma-reply`: the server ignored the token, so its reply says
+    /// nothing about the tenant's memory (an empty GET body would leave the
+    /// window stale). Never taken for a success.
+    #[error(
+        "the target answered a request carrying x-amz-rdma-token without x-amz-rdma-reply{}: it does not speak s3dma's RDMA exchange (configure it with rdma: false)",
+        match .reply { Some(r) => format!(" (x-amz-rdma-reply: {r:?})"), None => String::new() }
+    )]
+    NoRdmaReply {
+        /// The unexpected reply value, if any.
+        reply: Option<String>,
+    },
     /// An RDMA byte count other than the range's length.
     #[error("the target reported {moved:?} bytes transferred for a {len}-byte range")]
     BytesTransferred {

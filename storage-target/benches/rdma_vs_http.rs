@@ -30,7 +30,10 @@ fn sign(method: &str, url: &str, token: &str) -> Vec<(String, String)> {
     let mut headers = common::sign_v4(
         method,
         url,
-        &[("x-amz-rdma-token", token)],
+        &[
+            ("x-amz-rdma-token", token),
+            ("x-amz-rdma-protocol", "s3dma-v1"),
+        ],
         aws_sigv4::http_request::SignableBody::UnsignedPayload,
         SystemTime::now(),
     );

@@ -11,7 +11,9 @@ use futures::StreamExt as _;
 use http::{Method, StatusCode};
 use s3dma_proto::agent::v1::{ObjectInfo, TransferPath};
 
-use s3dma_wire::headers::{RDMA_BYTES, RDMA_REPLY, RDMA_TOKEN, RdmaReply, bytes_transferred};
+use s3dma_wire::headers::{
+    RDMA_PROTOCOL, RDMA_REPLY, RDMA_TOKEN, RdmaReply, S3DMA_PROTOCOL, bytes_transferred_of,
+};
 use s3dma_wire::range::{ByteRange, parse_content_range};
 
 use super::{Attempt, Ctx, fallback, object_info};
@@ -84,6 +86,9 @@ impl Ctx {
         if self.target.rdma {
             call.header(RDMA_TOKEN, &slot.to_string())
                 .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
+            // The dialect marker: the token names an s3dma fabric endpoint.
+            call.header(RDMA_PROTOCOL, S3DMA_PROTOCOL)
+                .map_err(|e| AgentError::internal_from("the RDMA protocol marker", e))?;
         }
         let reply = self.send(call).await?;
         let status = reply.status();
@@ -111,7 +116,8 @@ impl Ctx {
                 // A 200 without Content-Range is the whole object (RDMA
                 // replies carry the size as bytes transferred).
                 let n = if status == StatusCode::OK && self.target.rdma {
-                    bytes_transferred(header(&headers, RDMA_BYTES).as_deref()).unwrap_or(n)
+                    bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()))
+                        .unwrap_or(n)
                 } else {
                     n
                 };
@@ -128,9 +134,16 @@ impl Ctx {
         }
         let info = object_info(&headers, total);
         let rdma_reply = RdmaReply::parse(header(&headers, RDMA_REPLY).as_deref());
+        if let (true, RdmaReply::Ignored(other)) = (self.target.rdma, &rdma_reply) {
+            return Err(Attempt::Fatal(AgentError::Protocol(
+                BadReply::NoRdmaReply {
+                    reply: other.clone(),
+                },
+            )));
+        }
         let by_rdma = self.target.rdma && rdma_reply == RdmaReply::Placed;
         if by_rdma {
-            let moved = bytes_transferred(header(&headers, RDMA_BYTES).as_deref());
+            let moved = bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()));
             if moved != Some(len) {
                 return Err(Attempt::Fatal(AgentError::Protocol(
                     BadReply::BytesTransferred { moved, len },

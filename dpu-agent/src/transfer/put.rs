@@ -14,7 +14,9 @@ use http::{Method, StatusCode};
 use s3dma_proto::agent::v1::TransferPath;
 use tracing::{debug, warn};
 
-use s3dma_wire::headers::{RDMA_REPLY, RDMA_TOKEN, RdmaReply};
+use s3dma_wire::headers::{
+    RDMA_PROTOCOL, RDMA_REPLY, RDMA_TOKEN, RdmaReply, S3DMA_PROTOCOL, bytes_transferred_of,
+};
 
 use super::{Attempt, Ctx, fallback};
 use crate::error::{AgentError, BadReply, BadRequest};
@@ -153,6 +155,9 @@ impl Ctx {
             if rdma {
                 call.header(RDMA_TOKEN, &slot.to_string())
                     .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
+                // The dialect marker: the token names an s3dma fabric endpoint.
+                call.header(RDMA_PROTOCOL, S3DMA_PROTOCOL)
+                    .map_err(|e| AgentError::internal_from("the RDMA protocol marker", e))?;
             }
             Ok(call)
         };
@@ -168,6 +173,17 @@ impl Ctx {
                     }
                     let rdma_reply =
                         RdmaReply::parse(header(reply.headers(), RDMA_REPLY).as_deref());
+                    // A server that moved fewer bytes than the token holds
+                    // must not have stored them; one that says so anyway is
+                    // not believed.
+                    let moved = bytes_transferred_of(|h| {
+                        reply.headers().get(h).and_then(|v| v.to_str().ok())
+                    });
+                    if rdma_reply == RdmaReply::Placed && moved.is_some_and(|m| m != len) {
+                        return Err(Attempt::Fatal(AgentError::Protocol(
+                            BadReply::BytesTransferred { moved, len },
+                        )));
+                    }
                     let etag = header(reply.headers(), "etag").unwrap_or_default();
                     let _ = read_small(reply, 64 << 10).await;
                     Ok((rdma_reply, etag))

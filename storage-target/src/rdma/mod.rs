@@ -23,8 +23,16 @@
 //!   usual object headers (ETag, Last-Modified, Content-Range, metadata).
 //!   The HTTP status equals the reply code (spec §8.2).
 //! * PUT/UploadPart success: HTTP `200`, `x-amz-rdma-reply: 200`, ETag, empty body.
-//! * Declined (`rdma: disabled`, or the fabric is unavailable):
-//!   `x-amz-rdma-reply: 501`. A GET then carries the object in the HTTP body
+//! * Dialect: s3dma's own exchange (the token's fields name an s3dma fabric
+//!   endpoint) only with the signed marker `x-amz-rdma-protocol: s3dma-v1`.
+//!   A standard token (no marker: the cuObject dialect, a DC target in the
+//!   client's memory, which this server cannot reach), a raw hipobj-rc-v2
+//!   token, or a marker naming another dialect is declined as below.
+//! * PUT/UploadPart success also carries `x-amz-rdma-bytes-transferred`
+//!   (the token's size).
+//! * Declined (a token as above, `rdma: disabled`, or the fabric is
+//!   unavailable): `x-amz-rdma-reply: 501` and
+//!   `x-amz-rdma-protocol-status: unsupported`. A GET then carries the object in the HTTP body
 //!   (HTTP 200/206). A PUT/UploadPart stores nothing and answers HTTP `200`
 //!   with `x-amz-rdma-reply: 501` and an XML error body with code
 //!   `RDMANotSupported` (spec §3.3: "HTTP status code MUST be 200 (operation
@@ -71,6 +79,7 @@ use tracing::{info, warn};
 use crate::metrics::Metrics;
 use crate::store::ObjectReader;
 use plan::PlanError;
+use s3dma_wire::headers::Dialect;
 
 pub use crate::config::networks;
 pub use crate::config::rdma::{RdmaConfig, RdmaMode};
@@ -174,10 +183,25 @@ impl RdmaError {
 pub enum Decision {
     /// No token: plain HTTP.
     Http,
-    /// Token present but RDMA is off or unavailable: answer 501.
-    Decline,
-    /// Serve over the fabric with this token.
+    /// A token this server will not serve: answer `x-amz-rdma-reply: 501`
+    /// (a GET with the object in the body, a PUT storing nothing).
+    Decline(Declined),
+    /// Serve over the fabric with this token (s3dma's own exchange).
     Rdma(RdmaToken),
+}
+
+/// Why a tokened request is declined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Declined {
+    /// `rdma: disabled`, or the fabric could not be opened.
+    Off,
+    /// A standard token (no `x-amz-rdma-protocol`: the cuObject dialect,
+    /// a DC target in the client's memory) or a raw hipobj-rc-v2 token on
+    /// an object request: this server has no DC transport, and
+    /// hipobj-rc-v2 clients use its `/.hipobj-rc/` control requests.
+    StandardToken,
+    /// `x-amz-rdma-protocol` names a dialect this server does not speak.
+    Dialect,
 }
 
 #[derive(Debug)]
@@ -330,8 +354,29 @@ impl RdmaService {
         if !plan::token_is_signed(signed) {
             return Err(RdmaError::NotSigned);
         }
+        match plan::dialect(headers)? {
+            Dialect::S3dma => {}
+            Dialect::Standard => {
+                // A malformed token is still the client's error (400); a
+                // well-formed standard one names memory behind a DC
+                // target, which this server cannot reach.
+                if RdmaToken::parse(text).is_err()
+                    && s3dma_wire::hipobj::RcToken::parse(text).is_err()
+                {
+                    return Err(RdmaError::InvalidToken(RdmaToken::parse(text).unwrap_err()));
+                }
+                return Ok(Decision::Decline(Declined::StandardToken));
+            }
+            Dialect::Other(name) => {
+                info!(
+                    protocol = %s3dma_service::escape::Escaped(&name),
+                    "a token in a dialect this server does not speak: declined (501)"
+                );
+                return Ok(Decision::Decline(Declined::Dialect));
+            }
+        }
         if self.fabric.is_none() {
-            return Ok(Decision::Decline);
+            return Ok(Decision::Decline(Declined::Off));
         }
         let token = RdmaToken::parse(text)?;
         let endpoint = token.endpoint()?;
@@ -446,13 +491,17 @@ impl RdmaService {
     /// The error answering a PUT/UploadPart that RDMA must decline: HTTP 200,
     /// `x-amz-rdma-reply: 501`, an `RDMANotSupported` error body; nothing stored.
     #[must_use]
-    pub fn declined_put(&self) -> S3Error {
+    pub fn declined_put(&self, why: &Declined) -> S3Error {
+        let reason = match why {
+            Declined::Off => self.declined,
+            Declined::StandardToken => {
+                "this server serves RDMA tokens only in s3dma's exchange (x-amz-rdma-protocol: s3dma-v1) and hipobj-rc-v2 (/.hipobj-rc/); it has no DC transport for a standard token"
+            }
+            Declined::Dialect => "x-amz-rdma-protocol names a dialect this server does not speak",
+        };
         let mut e = S3Error::with_message(
             S3ErrorCode::Custom("RDMANotSupported".into()),
-            format!(
-                "{}; nothing was stored. Retry with the data in the HTTP body.",
-                self.declined
-            ),
+            format!("{reason}; nothing was stored. Retry with the data in the HTTP body."),
         );
         e.set_status_code(StatusCode::OK);
         let mut h = plan::reply_headers(501, None);
@@ -626,11 +675,41 @@ mod tests {
             svc.decide_signed(&h, &[]),
             Err(RdmaError::NotSigned)
         ));
+        // A malformed standard token is the client's error.
         assert!(matches!(
             svc.decide_signed(&h, &signed),
-            Ok(Decision::Decline)
+            Err(RdmaError::InvalidToken(_))
         ));
-        let e = svc.declined_put();
+        let standard =
+            "00007f0000001000:00001000:00000001:0000:000001:1:00000000000000000000ffff7f000001";
+        let rc = format!("01{}", "00".repeat(43));
+        for token in [standard, rc.as_str()] {
+            h.insert(plan::RDMA_TOKEN, HeaderValue::from_str(token).unwrap());
+            assert!(matches!(
+                svc.decide_signed(&h, &signed),
+                Ok(Decision::Decline(Declined::StandardToken))
+            ));
+        }
+        h.insert(
+            plan::RDMA_PROTOCOL,
+            HeaderValue::from_static("hipobj-rc-v2"),
+        );
+        assert!(matches!(
+            svc.decide_signed(&h, &signed),
+            Ok(Decision::Decline(Declined::Dialect))
+        ));
+        h.insert(plan::RDMA_PROTOCOL, HeaderValue::from_static("s3dma-v1"));
+        h.insert(plan::RDMA_TOKEN, HeaderValue::from_static(standard));
+        assert!(matches!(
+            svc.decide_signed(&h, &signed),
+            Ok(Decision::Decline(Declined::Off))
+        ));
+        h.append(plan::RDMA_PROTOCOL, HeaderValue::from_static("s3dma-v1"));
+        assert!(matches!(
+            svc.decide_signed(&h, &signed),
+            Err(RdmaError::Plan(PlanError::BadProtocolHeader))
+        ));
+        let e = svc.declined_put(&Declined::StandardToken);
         assert_eq!(e.status_code(), Some(StatusCode::OK));
         assert_eq!(e.code().as_str(), "RDMANotSupported");
     }

@@ -55,7 +55,7 @@ impl DataPath<'_> {
     pub fn token(&self) -> Option<&RdmaToken> {
         match &self.decision {
             Decision::Rdma(t) => Some(t),
-            Decision::Http | Decision::Decline => None,
+            Decision::Http | Decision::Decline(_) => None,
         }
     }
 
@@ -79,7 +79,7 @@ impl DataPath<'_> {
     ) -> S3Result<Option<(transfer::RdmaBody, u64)>> {
         match &self.decision {
             Decision::Http => Ok(None),
-            Decision::Decline => Err(self.rdma.declined_put()),
+            Decision::Decline(why) => Err(self.rdma.declined_put(why)),
             Decision::Rdma(token) => {
                 let body = self
                     .rdma
@@ -99,7 +99,7 @@ impl DataPath<'_> {
         let m = self.rdma.metrics();
         m.path_request(op, "rdma");
         m.path_bytes("rdma", "in", size);
-        Some(reply_headers(200, None))
+        Some(reply_headers(200, Some(size)))
     }
 
     /// The reply headers of a GetObject: over RDMA `200`, or `206` for
@@ -109,7 +109,7 @@ impl DataPath<'_> {
     pub fn get_reply(&self, partial: bool, transferred: u64) -> HeaderMap {
         match self.decision {
             Decision::Rdma(_) => reply_headers(if partial { 206 } else { 200 }, Some(transferred)),
-            Decision::Decline => reply_headers(501, None),
+            Decision::Decline(_) => reply_headers(501, None),
             Decision::Http => HeaderMap::new(),
         }
     }

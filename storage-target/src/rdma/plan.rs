@@ -4,7 +4,10 @@
 
 use http::{HeaderMap, HeaderValue};
 
-pub use s3dma_wire::headers::{RDMA_BYTES, RDMA_REPLY, RDMA_TOKEN};
+pub use s3dma_wire::headers::{
+    Dialect, RDMA_BYTES, RDMA_BYTES_SHORT, RDMA_PROTOCOL, RDMA_PROTOCOL_STATUS, RDMA_REPLY,
+    RDMA_TOKEN,
+};
 pub use s3dma_wire::plan::rdma_chunks as chunks;
 
 /// SHA-256 of the empty string (the payload hash of an empty signed body).
@@ -31,6 +34,9 @@ pub enum PlanError {
     /// The token header is not valid ASCII.
     #[error("x-amz-rdma-token is not valid ASCII")]
     TokenNotAscii,
+    /// `x-amz-rdma-protocol` appears more than once or is not ASCII.
+    #[error("x-amz-rdma-protocol must appear once, as ASCII text")]
+    BadProtocolHeader,
     /// A PUT/UploadPart over RDMA carried a body or a streaming payload.
     #[error("{0}")]
     BadPut(String),
@@ -63,6 +69,24 @@ pub fn token_header(headers: &HeaderMap) -> Result<Option<&str>, PlanError> {
         .to_str()
         .map(|s| Some(s.trim()))
         .map_err(|_| PlanError::TokenNotAscii)
+}
+
+/// The dialect a tokened request speaks (its `x-amz-rdma-protocol`, which
+/// SigV4 signs like every `x-amz-*` header: unsigned, the request was
+/// refused before this).
+///
+/// # Errors
+/// [`PlanError::BadProtocolHeader`].
+pub fn dialect(headers: &HeaderMap) -> Result<Dialect, PlanError> {
+    let mut values = headers.get_all(RDMA_PROTOCOL).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(PlanError::BadProtocolHeader);
+    }
+    let text = first
+        .map(|v| v.to_str().map_err(|_| PlanError::BadProtocolHeader))
+        .transpose()?;
+    Ok(Dialect::of(text))
 }
 
 /// Checks the shape of a PutObject/UploadPart over RDMA: an empty body
@@ -117,6 +141,13 @@ pub fn check_fits(need: u64, have: u64) -> Result<(), PlanError> {
 pub fn reply_headers(reply: u16, bytes: Option<u64>) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert(RDMA_REPLY, HeaderValue::from(reply));
+    if reply == 501 {
+        // The hipobj-rc-v2 peers' fallback signal, beside the reply code.
+        h.insert(
+            RDMA_PROTOCOL_STATUS,
+            HeaderValue::from_static("unsupported"),
+        );
+    }
     if let Some(n) = bytes {
         h.insert(RDMA_BYTES, HeaderValue::from(n));
     }

@@ -420,7 +420,10 @@ async fn rdma_get_as(user: (&str, &str), endpoint: &str, path: &str, token: &str
         user,
         "GET",
         &url,
-        &[("x-amz-rdma-token", token)],
+        &[
+            ("x-amz-rdma-token", token),
+            ("x-amz-rdma-protocol", "s3dma-v1"),
+        ],
         aws_sigv4::http_request::SignableBody::UnsignedPayload,
         SystemTime::now(),
     );

@@ -124,7 +124,27 @@ async fn send(
     send_to(&s.endpoint, method, path, extra, after).await
 }
 
+/// [`send_exact`] of s3dma's exchange: a signed `x-amz-rdma-token` goes
+/// with the signed dialect marker `x-amz-rdma-protocol: s3dma-v1`, as the
+/// dpu-agent sends it.
 async fn send_to(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    after: &[(&str, &str)],
+) -> Raw {
+    let mut extra = extra.to_vec();
+    if extra.iter().any(|(k, _)| *k == "x-amz-rdma-token")
+        && !extra.iter().any(|(k, _)| *k == "x-amz-rdma-protocol")
+    {
+        extra.push(("x-amz-rdma-protocol", "s3dma-v1"));
+    }
+    send_exact(endpoint, method, path, &extra, after).await
+}
+
+/// A request signed with SigV4 over `extra` (and unsigned `after` headers).
+async fn send_exact(
     endpoint: &str,
     method: &str,
     path: &str,
@@ -1267,4 +1287,232 @@ async fn issue30_connect_errors_do_not_tell_a_ports_state() {
         log.contains("connecting to the client's fabric endpoint failed"),
         "{log}"
     );
+}
+
+/// The field's reply rules on raw signed requests, and the dialect marker:
+/// s3dma's exchange only with `x-amz-rdma-protocol: s3dma-v1` (signed); a
+/// standard token (the cuObject dialect, a DC target this server cannot
+/// reach) or another dialect's is declined by `501` alone: a GET with the
+/// object in the body, a PUT or UploadPart storing nothing.
+#[tokio::test]
+async fn issue32_reply_rules_and_dialects() {
+    let s = rdma_server("");
+    create_bucket(&s, "rules").await;
+    let len = 300_001;
+    let t = Tenant::new(4 * len).await;
+    let (_, md5) = t.fill(0, len, 32);
+    let d = t.bytes(0, len);
+    let src = t.window(0, len, Access::REMOTE_READ);
+    let src_tok = t.token(&src);
+
+    // PUT over RDMA: 200, reply 200, the byte count, an empty body.
+    let r = rdma_put(&s, "/rules/k", &src_tok, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+    assert_eq!(
+        r.header("x-amz-rdma-bytes-transferred"),
+        Some(len.to_string().as_str())
+    );
+    assert!(r.body.is_empty());
+    assert_eq!(etag(&r), md5);
+
+    // GET: 200/200 with the count and Content-Length 0; a range 206/206
+    // with Content-Range.
+    let dst = t.window(len, len, Access::REMOTE_WRITE);
+    let r = rdma_get(&s, "/rules/k", &t.token(&dst), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+    assert_eq!(
+        r.header("x-amz-rdma-bytes-transferred"),
+        Some(len.to_string().as_str())
+    );
+    assert_eq!(r.header("content-length"), Some("0"));
+    assert!(r.body.is_empty());
+    assert!(t.bytes(len, len) == d);
+    let r = rdma_get(
+        &s,
+        "/rules/k",
+        &t.token(&dst),
+        &[("range", "bytes=100-1099")],
+    )
+    .await;
+    assert_eq!(r.status, 206, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("206"));
+    assert_eq!(r.header("x-amz-rdma-bytes-transferred"), Some("1000"));
+    assert_eq!(
+        r.header("content-range"),
+        Some(format!("bytes 100-1099/{len}").as_str())
+    );
+    assert_eq!(r.header("content-length"), Some("0"));
+
+    // HEAD with a token: the object's real length, not the empty body's.
+    let r = send(
+        &s,
+        "HEAD",
+        "/rules/k",
+        &[("x-amz-rdma-token", &t.token(&dst))],
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-length"),
+        Some(len.to_string().as_str()),
+        "a HEAD carrying a token reports the object's length"
+    );
+
+    // A standard token (no marker): declined. The token's fields even name
+    // our tenant's endpoint, yet nothing is written there.
+    t.clear(0xee);
+    let standard = t.token(&dst);
+    let r = send_exact(
+        &s.endpoint,
+        "GET",
+        "/rules/k",
+        &[("x-amz-rdma-token", &standard)],
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(r.header("x-amz-rdma-protocol-status"), Some("unsupported"));
+    assert!(r.header("x-amz-rdma-bytes-transferred").is_none());
+    assert!(
+        r.body.as_ref() == d.as_slice(),
+        "a declined GET carries the object"
+    );
+    assert!(
+        t.bytes(len, len).iter().all(|&b| b == 0xee),
+        "nothing placed"
+    );
+    let r = send_exact(
+        &s.endpoint,
+        "GET",
+        "/rules/k",
+        &[("x-amz-rdma-token", &standard), ("range", "bytes=5-9")],
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.header("x-amz-rdma-reply")), (206, Some("501")));
+    assert!(r.body.as_ref() == &d[5..10]);
+
+    // PUT and UploadPart with a standard token: 200 + 501 +
+    // RDMANotSupported, nothing stored, the old object intact.
+    t.fill(0, len, 33);
+    let src_tok = t.token(&src);
+    for (method, path) in [("PUT", "/rules/k"), ("PUT", "/rules/new")] {
+        let r = send_exact(
+            &s.endpoint,
+            method,
+            path,
+            &[("x-amz-rdma-token", &src_tok)],
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+        assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
+        assert!(r.header("etag").is_none());
+    }
+    assert!(sdk_get(&s, "rules", "k").await == d);
+    assert!(!exists(&s, "rules", "new").await);
+    let up = s
+        .admin()
+        .create_multipart_upload()
+        .bucket("rules")
+        .key("mpu")
+        .send()
+        .await
+        .unwrap();
+    let id = up.upload_id().unwrap();
+    let r = send_exact(
+        &s.endpoint,
+        "PUT",
+        &format!("/rules/mpu?partNumber=1&uploadId={id}"),
+        &[("x-amz-rdma-token", &src_tok)],
+        &[],
+    )
+    .await;
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    let parts = s
+        .admin()
+        .list_parts()
+        .bucket("rules")
+        .key("mpu")
+        .upload_id(id)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        parts.parts().is_empty(),
+        "a declined UploadPart records no part"
+    );
+
+    // A raw hipobj-rc-v2 token on an object request, and a marker naming
+    // another dialect: declined the same way.
+    let rc_token = format!("01{}", "11".repeat(43));
+    for (tok, marker) in [
+        (rc_token.as_str(), None),
+        (src_tok.as_str(), Some("hipobj-rc-v2")),
+        (src_tok.as_str(), Some("s3dma-v999")),
+    ] {
+        let mut h = vec![("x-amz-rdma-token", tok)];
+        if let Some(m) = marker {
+            h.push(("x-amz-rdma-protocol", m));
+        }
+        let r = send_exact(&s.endpoint, "GET", "/rules/k", &h, &[]).await;
+        assert_eq!(r.status, 200, "{marker:?}: {}", r.text());
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{marker:?}");
+        let r = send_exact(&s.endpoint, "PUT", "/rules/k", &h, &[]).await;
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{marker:?}");
+    }
+    assert!(
+        sdk_get(&s, "rules", "k").await == d,
+        "no declined PUT replaced it"
+    );
+
+    // A malformed token: 400 InvalidRDMAToken, no reply header.
+    for bad in ["zz", &src_tok[..80], &format!("{src_tok}0")] {
+        let r = send_exact(
+            &s.endpoint,
+            "GET",
+            "/rules/k",
+            &[("x-amz-rdma-token", bad)],
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert_eq!(r.xml("Code").as_deref(), Some("InvalidRDMAToken"));
+        assert!(r.header("x-amz-rdma-reply").is_none());
+    }
+
+    // The marker must be signed: added after signing, the request is
+    // refused before anything moves.
+    let r = send_exact(
+        &s.endpoint,
+        "PUT",
+        "/rules/k",
+        &[("x-amz-rdma-token", &src_tok)],
+        &[("x-amz-rdma-protocol", "s3dma-v1")],
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(sdk_get(&s, "rules", "k").await == d);
+    // Twice: refused (400 from the RDMA check, or 403 when the two values
+    // already break the signature), nothing moves.
+    t.clear(0xee);
+    let r = send_exact(
+        &s.endpoint,
+        "GET",
+        "/rules/k",
+        &[
+            ("x-amz-rdma-token", &src_tok),
+            ("x-amz-rdma-protocol", "s3dma-v1"),
+            ("x-amz-rdma-protocol", "s3dma-v1"),
+        ],
+        &[],
+    )
+    .await;
+    assert!(matches!(r.status, 400 | 403), "{}", r.text());
+    assert!(t.bytes(0, len).iter().all(|&b| b == 0xee));
 }

@@ -157,8 +157,11 @@ impl<'a> Req<'a> {
         }
     }
 
+    /// A token of s3dma's exchange: with the dialect marker (both signed).
     pub(super) fn token(mut self, t: impl Into<Vec<u8>>) -> Self {
         self.headers.push(("x-amz-rdma-token", t.into()));
+        self.headers
+            .push(("x-amz-rdma-protocol", b"s3dma-v1".to_vec()));
         self
     }
 }
