@@ -35,6 +35,7 @@ pub mod auth;
 pub mod checksum;
 pub mod config;
 pub mod gateway;
+pub mod hipobj;
 pub mod metrics;
 pub mod precheck;
 pub mod rdma;
@@ -89,12 +90,34 @@ pub fn build_service(
     rdma: Arc<rdma::RdmaService>,
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
-    let mut b = s3s::service::S3ServiceBuilder::new(s3::S3Store::new(
+    let front = s3::S3Store::new(
         Arc::clone(&store),
         cfg.region.clone(),
         users.clone(),
-        rdma,
-    ));
+        Arc::clone(&rdma),
+    );
+    let domain = cfg
+        .rdma
+        .hipobj
+        .enabled
+        .then(|| rdma.verbs_domain().cloned())
+        .flatten();
+    let why = if cfg.rdma.hipobj.enabled {
+        rdma.no_verbs_reason()
+    } else {
+        "rdma.hipobj.enabled is false"
+    };
+    let hipobj = hipobj::HipobjService::new(
+        domain,
+        why,
+        front.clone(),
+        cfg.rdma.hipobj.clone(),
+        Arc::clone(rdma.metrics()),
+    );
+    hipobj.spawn_reaper();
+    let mut b = s3s::service::S3ServiceBuilder::new(front);
+    b.set_route(hipobj::HipobjRoute(hipobj));
+    b.set_validation(hipobj::ControlPathNames);
     b.set_auth(users.clone());
     b.set_access(auth::AccessCheck::new(users, store));
     let mut s3cfg = s3s::config::S3Config::default();

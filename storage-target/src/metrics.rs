@@ -27,6 +27,58 @@ pub struct Metrics {
     listing_visited: IntCounterVec,
     gateway: GatewayMetrics,
     limits: LimitMetrics,
+    hipobj: HipobjMetrics,
+}
+
+/// The hipobj-rc-v2 server's sessions.
+#[derive(Debug, Clone)]
+struct HipobjMetrics {
+    sessions: IntCounterVec,
+    active: IntGauge,
+    staging_bytes: IntGauge,
+    bytes: IntCounterVec,
+}
+
+impl HipobjMetrics {
+    fn new() -> Self {
+        HipobjMetrics {
+            sessions: IntCounterVec::new(
+                Opts::new(
+                    "s3dma_storage_target_hipobj_sessions_total",
+                    "hipobj-rc-v2 sessions by operation (GET, PUT) and how they ended (ok, refused, failed, timeout, cancelled, expired)",
+                ),
+                &["op", "outcome"],
+            )
+            .expect("valid metric"),
+            active: IntGauge::new(
+                "s3dma_storage_target_hipobj_sessions",
+                "hipobj-rc-v2 sessions prepared or running",
+            )
+            .expect("valid metric"),
+            staging_bytes: IntGauge::new(
+                "s3dma_storage_target_hipobj_staging_bytes",
+                "Registered staging bytes the hipobj-rc-v2 sessions hold",
+            )
+            .expect("valid metric"),
+            bytes: IntCounterVec::new(
+                Opts::new(
+                    "s3dma_storage_target_hipobj_bytes_total",
+                    "Object bytes moved by hipobj-rc-v2, by operation",
+                ),
+                &["op"],
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.sessions.clone()),
+            Box::new(self.active.clone()),
+            Box::new(self.staging_bytes.clone()),
+            Box::new(self.bytes.clone()),
+        ]
+    }
 }
 
 /// The caps on connections, request bodies and the RDMA shared class.
@@ -300,6 +352,7 @@ impl Metrics {
         .expect("valid metric");
         let gateway = GatewayMetrics::new();
         let limits = LimitMetrics::new();
+        let hipobj = HipobjMetrics::new();
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -318,6 +371,7 @@ impl Metrics {
         .into_iter()
         .chain(gateway.collectors())
         .chain(limits.collectors())
+        .chain(hipobj.collectors())
         {
             registry.register(m).expect("unique metric");
         }
@@ -338,7 +392,26 @@ impl Metrics {
             listing_visited,
             gateway,
             limits,
+            hipobj,
         }
+    }
+
+    /// Counts a hipobj-rc-v2 session of `op` that ended with `outcome`.
+    pub fn hipobj_session(&self, op: &str, outcome: &str) {
+        self.hipobj.sessions.with_label_values(&[op, outcome]).inc();
+    }
+
+    /// Sets the hipobj-rc-v2 sessions held and their staging bytes.
+    pub fn hipobj_held(&self, sessions: usize, staging_bytes: u64) {
+        self.hipobj.active.set(gauge_value(sessions));
+        self.hipobj
+            .staging_bytes
+            .set(i64::try_from(staging_bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Counts object bytes a hipobj-rc-v2 `op` moved.
+    pub fn hipobj_bytes(&self, op: &str, n: u64) {
+        self.hipobj.bytes.with_label_values(&[op]).inc_by(n);
     }
 
     /// Counts the index entries one listing read.

@@ -26,7 +26,7 @@ use crate::options::EndpointConfig;
 use crate::region::{Domain, LocalSlice};
 use crate::sock as io;
 
-fn verbs_of(domain: &Domain) -> Result<&VerbsDomain> {
+pub(crate) fn verbs_of(domain: &Domain) -> Result<&VerbsDomain> {
     domain
         .registrar()
         .and_then(|r| r.as_any().downcast_ref::<VerbsDomain>())
@@ -241,6 +241,7 @@ impl VerbsSession {
                 OpKind::Write => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
                 OpKind::Read => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
             },
+            imm: None,
             remote_addr,
             rkey,
             tx,

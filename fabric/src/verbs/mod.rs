@@ -14,6 +14,7 @@ use rdma_sys::*;
 pub(crate) mod conn;
 pub mod policy;
 pub(crate) mod qp;
+pub mod rc;
 
 use policy::{GidEntry, GidType};
 

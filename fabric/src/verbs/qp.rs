@@ -301,10 +301,25 @@ impl Drop for QueuePair {
     }
 }
 
+/// The `wr_id` of a transfer QP's one posted receive ([`Requester::post_recv`]).
+pub(crate) const RECV_WR_ID: u64 = u64::MAX;
+
+/// A receive's completion: its status, opcode, immediate (host order, when
+/// the completion carries one) and byte count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecvDone {
+    pub(crate) status: std::result::Result<(), OpStatus>,
+    pub(crate) opcode: u32,
+    pub(crate) imm: Option<u32>,
+    pub(crate) byte_len: u32,
+}
+
 /// A posted (or waiting) operation; owns its local slice until completion.
 pub(crate) struct Posted {
     pub(crate) local: LocalSlice,
     pub(crate) opcode: u32,
+    /// The immediate of a `*_WITH_IMM` operation (host order).
+    pub(crate) imm: Option<u32>,
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
     pub(crate) tx: oneshot::Sender<std::result::Result<(), OpError>>,
@@ -327,6 +342,8 @@ struct SendState {
 pub(crate) struct Requester {
     pub(crate) qp: QueuePair,
     state: Mutex<SendState>,
+    /// Who waits for the one posted receive (transfer QPs only).
+    recv: Mutex<Option<oneshot::Sender<RecvDone>>>,
     /// Keeps the device context and PD open until the QP and CQ (fields
     /// above, dropped first) are destroyed: the completion task holds the
     /// last `Arc<Requester>` after the session is gone, so without this the
@@ -339,8 +356,51 @@ impl Requester {
         Arc::new(Requester {
             qp,
             state: Mutex::new(SendState::default()),
+            recv: Mutex::new(None),
             _domain: domain,
         })
+    }
+
+    /// Posts one receive with no scatter list: it is consumed by the peer's
+    /// RDMA WRITE_WITH_IMM (whose bytes go where the WRITE names) and
+    /// completes with the immediate. One at a time.
+    pub(crate) fn post_recv(&self) -> Result<oneshot::Receiver<RecvDone>> {
+        let mut slot = self.recv.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return Err(FabricError::Verbs {
+                what: "ibv_post_recv: a receive is already posted".into(),
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        // SAFETY: an all-zero receive WR is valid; no scatter entries.
+        let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = RECV_WR_ID;
+        wr.num_sge = 0;
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` outlives the call and names no memory.
+        let rc = unsafe { ibv_post_recv(self.qp.qp.as_ptr(), &mut wr, &mut bad) };
+        check(rc, "ibv_post_recv")?;
+        let (tx, rx) = oneshot::channel();
+        *slot = Some(tx);
+        Ok(rx)
+    }
+
+    fn complete_recv(&self, wc: &ibv_wc) {
+        let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        let done = RecvDone {
+            status: policy::wc_status(wc.status),
+            opcode: wc.opcode,
+            // SAFETY: with IBV_WC_WITH_IMM set the union holds the immediate.
+            imm: with_imm
+                .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+            byte_len: wc.byte_len,
+        };
+        if done.status.is_err() {
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).dead = true;
+        }
+        if let Some(tx) = self.recv.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(done);
+        }
     }
 
     pub(crate) fn is_dead(&self) -> bool {
@@ -382,6 +442,9 @@ impl Requester {
             remote_addr: op.remote_addr,
             rkey: op.rkey,
         };
+        if let Some(imm) = op.imm {
+            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is live; `wr` and `sge` outlive the call; the SGE
         // names memory of `op.local`, which stays registered and mapped
@@ -468,7 +531,11 @@ impl Requester {
             loop {
                 let n = self.qp.poll(&mut wcs)?;
                 for wc in &wcs[..n] {
-                    self.complete(wc.wr_id, wc.status);
+                    if wc.wr_id == RECV_WR_ID {
+                        self.complete_recv(wc);
+                    } else {
+                        self.complete(wc.wr_id, wc.status);
+                    }
                 }
                 if n < wcs.len() {
                     break;

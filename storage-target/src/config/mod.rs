@@ -11,6 +11,7 @@
 
 pub mod bucket_name;
 pub mod gateway;
+pub mod hipobj;
 pub mod multipart;
 pub mod networks;
 pub mod rdma;

@@ -114,6 +114,10 @@ pub struct RdmaConfig {
     /// fabric networks.
     #[serde(default = "networks::default_allowed")]
     pub allowed_client_networks: Vec<networks::Cidr>,
+    /// The hipobj-rc-v2 server (`POST /.hipobj-rc/…`, verbs only): its
+    /// session and staging caps and deadlines.
+    #[serde(default)]
+    pub hipobj: super::hipobj::HipobjConfig,
 }
 
 fn default_tcp_streams() -> usize {
@@ -169,6 +173,7 @@ impl Default for RdmaConfig {
             progress_timeout_secs: default_progress_timeout_secs(),
             tcp_streams: default_tcp_streams(),
             allowed_client_networks: networks::default_allowed(),
+            hipobj: super::hipobj::HipobjConfig::default(),
         }
     }
 }
@@ -210,6 +215,7 @@ impl RdmaConfig {
         if self.idle_session_secs == 0 {
             return bad("idle_session_secs", "must be at least 1".into());
         }
+        self.hipobj.validate(file)?;
         let share = self.max_staging_share;
         if !(share > 0.0 && share <= 1.0) {
             return bad(

@@ -393,6 +393,27 @@ impl RdmaService {
             .ok_or_else(|| RdmaError::Internal("RDMA fabric not available".into()))
     }
 
+    /// The fabric's domain when it is `verbs` with a device (the
+    /// hipobj-rc-v2 server's queue pairs live there).
+    #[must_use]
+    pub fn verbs_domain(&self) -> Option<&Domain> {
+        self.fabric
+            .as_ref()
+            .map(|f| &f.domain)
+            .filter(|d| d.backend() == fabric::Backend::Verbs)
+    }
+
+    /// Why hipobj-rc-v2 is not served when [`RdmaService::verbs_domain`]
+    /// is `None`.
+    #[must_use]
+    pub fn no_verbs_reason(&self) -> &'static str {
+        if self.fabric.is_none() {
+            "RDMA is disabled or unavailable on this server"
+        } else {
+            "this server's fabric backend is tcp; hipobj-rc-v2 needs verbs"
+        }
+    }
+
     /// Whether requests with a token are served over the fabric.
     #[must_use]
     pub fn enabled(&self) -> bool {

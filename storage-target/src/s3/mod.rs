@@ -86,6 +86,12 @@ impl S3Store {
 
 /// What every handler asks: who signed, and the bucket's metadata.
 impl S3Store {
+    /// Whether `access_key` is one of the configured users.
+    #[must_use]
+    pub fn knows(&self, access_key: &str) -> bool {
+        self.users.get(access_key).is_some()
+    }
+
     /// The configured user who signed the request (`None`: anonymous).
     fn caller<T>(&self, req: &S3Request<T>) -> Option<&User> {
         req.credentials

@@ -1,0 +1,150 @@
+//! `rdma.hipobj:`, the hipobj-rc-v2 server's limits.
+
+use s3dma_config::{ByteSize, ConfigError};
+use serde::Deserialize;
+
+/// `rdma.hipobj:` — AMD's hipobj-rc-v2 dialect (`POST /.hipobj-rc/…`),
+/// served with `rdma.mode: enabled` on the `verbs` backend with a device;
+/// otherwise its requests answer `501` with
+/// `x-amz-rdma-protocol-status: unsupported`.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HipobjConfig {
+    /// Whether the control requests are served (when RDMA can be). Default
+    /// `true`.
+    #[serde(default = "default_enabled")]
+    pub enabled: bool,
+    /// Most sessions prepared or running at once (each holds a queue pair
+    /// and its staging memory); past it PREPARE answers `503`. Default 64;
+    /// 1 to 4096.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: usize,
+    /// Most sessions one S3 user holds at once; past it `503`. Default 16;
+    /// at least 1, at most `max_sessions`.
+    #[serde(default = "default_max_sessions_per_user")]
+    pub max_sessions_per_user: usize,
+    /// Registered staging memory all sessions hold together (each holds
+    /// its transfer's size, at most 2^31 - 1 bytes); past it `503`.
+    /// Default `4GiB`; between `1MiB` and `64GiB`.
+    #[serde(default = "default_max_staging_bytes")]
+    pub max_staging_bytes: ByteSize,
+    /// Registered staging memory one S3 user's sessions hold together.
+    /// Default `2GiB`; at least `1MiB`, at most `max_staging_bytes`.
+    #[serde(default = "default_max_staging_bytes_per_user")]
+    pub max_staging_bytes_per_user: ByteSize,
+    /// Seconds a prepared session waits for its READY before it is reaped
+    /// (its queue pair destroyed, its memory freed). Default 10; 1 to 600.
+    #[serde(default = "default_prepared_timeout_secs")]
+    pub prepared_timeout_secs: u64,
+    /// Seconds a READY's data phase may take: a PUT's WRITE that has not
+    /// arrived, or a GET's WRITE not completed, by then answers `408`.
+    /// Default 60; 1 to 3600.
+    #[serde(default = "default_transfer_timeout_secs")]
+    pub transfer_timeout_secs: u64,
+}
+
+impl Default for HipobjConfig {
+    fn default() -> Self {
+        HipobjConfig {
+            enabled: default_enabled(),
+            max_sessions: default_max_sessions(),
+            max_sessions_per_user: default_max_sessions_per_user(),
+            max_staging_bytes: default_max_staging_bytes(),
+            max_staging_bytes_per_user: default_max_staging_bytes_per_user(),
+            prepared_timeout_secs: default_prepared_timeout_secs(),
+            transfer_timeout_secs: default_transfer_timeout_secs(),
+        }
+    }
+}
+
+fn default_enabled() -> bool {
+    true
+}
+fn default_max_sessions() -> usize {
+    64
+}
+fn default_max_sessions_per_user() -> usize {
+    16
+}
+fn default_max_staging_bytes() -> ByteSize {
+    ByteSize(4 << 30)
+}
+fn default_max_staging_bytes_per_user() -> ByteSize {
+    ByteSize(2 << 30)
+}
+fn default_prepared_timeout_secs() -> u64 {
+    10
+}
+fn default_transfer_timeout_secs() -> u64 {
+    60
+}
+
+impl HipobjConfig {
+    /// Checks the ranges above.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the field.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let bad = |f: &str, m: &str| {
+            Err(ConfigError::invalid(
+                file,
+                format!("rdma.hipobj.{f}"),
+                m.to_owned(),
+            ))
+        };
+        if !(1..=4096).contains(&self.max_sessions) {
+            return bad("max_sessions", "must be between 1 and 4096");
+        }
+        if self.max_sessions_per_user == 0 || self.max_sessions_per_user > self.max_sessions {
+            return bad(
+                "max_sessions_per_user",
+                "must be at least 1 and at most max_sessions",
+            );
+        }
+        if !(1 << 20..=64 << 30).contains(&self.max_staging_bytes.0) {
+            return bad("max_staging_bytes", "must be between 1MiB and 64GiB");
+        }
+        if self.max_staging_bytes_per_user.0 < 1 << 20
+            || self.max_staging_bytes_per_user.0 > self.max_staging_bytes.0
+        {
+            return bad(
+                "max_staging_bytes_per_user",
+                "must be at least 1MiB and at most max_staging_bytes",
+            );
+        }
+        if !(1..=600).contains(&self.prepared_timeout_secs) {
+            return bad("prepared_timeout_secs", "must be between 1 and 600");
+        }
+        if !(1..=3600).contains(&self.transfer_timeout_secs) {
+            return bad("transfer_timeout_secs", "must be between 1 and 3600");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_ranges() {
+        let c = HipobjConfig::default();
+        assert!(c.validate("t").is_ok());
+        let c: HipobjConfig =
+            serde_yaml::from_str("max_staging_bytes: 1GiB\nmax_staging_bytes_per_user: 2GiB\n")
+                .unwrap();
+        let e = c.validate("t").unwrap_err().to_string();
+        assert!(e.contains("rdma.hipobj.max_staging_bytes_per_user"), "{e}");
+        for bad in [
+            "max_sessions: 0",
+            "max_sessions_per_user: 100",
+            "prepared_timeout_secs: 0",
+            "transfer_timeout_secs: 4000",
+            "max_staging_bytes: 1KiB",
+        ] {
+            let c: HipobjConfig = serde_yaml::from_str(bad).unwrap();
+            assert!(c.validate("t").is_err(), "{bad}");
+        }
+        assert!(serde_yaml::from_str::<HipobjConfig>("bogus: 1").is_err());
+    }
+}

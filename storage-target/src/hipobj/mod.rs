@@ -1,0 +1,258 @@
+//! AMD's hipobj-rc-v2 dialect as a server: `POST /.hipobj-rc/prepare`,
+//! `/ready` and `/cancel` (the wire format is [`s3dma_wire::hipobj`]'s).
+//!
+//! * PREPARE (SigV4-signed, every `x-amz-rdma-*` header among the signed
+//!   ones, which the pre-check enforces for every `x-amz-*` header): the
+//!   caps are taken (sessions and staging bytes, per user and in all), the
+//!   object is read for a GET through the same S3 handler as an HTTP GET
+//!   (permissions, conditions, the range), a queue pair is created and
+//!   brought to RTR/RTS against the client's, and for a PUT the receive its
+//!   WRITE_WITH_IMM will consume is posted. The reply names the server's
+//!   QP, a session id, the server's PSN and, for a PUT, the staging region.
+//! * READY (same user, same cookie, the client's QP): the data phase. A GET
+//!   is one RDMA WRITE_WITH_IMM of the staged bytes into the client's
+//!   buffer, the immediate being the cookie; a PUT waits for the client's
+//!   WRITE_WITH_IMM, checks opcode, immediate and byte count, and only then
+//!   stores the bytes through the S3 handler (checksums, ETag, durability).
+//!   The reply is the final outcome: the cookie, the bytes, the ETag, the
+//!   CRC64NVME of the bytes.
+//! * CANCEL: `204` whatever the session's state or owner; only the owner's
+//!   cancel ends a session.
+//!
+//! Sessions expire `prepared_timeout_secs` after PREPARE (a reaper frees
+//! them); a (QP number, PSN) pair of the server is never reused while the
+//! recent-pairs ring remembers it, and a client's (GID, QP, PSN) never
+//! prepares twice.
+
+mod route;
+mod session;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use fabric::Domain;
+use s3dma_wire::hipobj::SessionId;
+
+use crate::config::hipobj::HipobjConfig;
+use crate::metrics::Metrics;
+use crate::s3::S3Store;
+
+pub use route::HipobjRoute;
+use session::Session;
+
+/// Server pairs (QP number, PSN) remembered against reuse.
+const RECENT_PAIRS: usize = 4096;
+
+/// The hipobj-rc-v2 server: its verbs domain (none: the dialect is answered
+/// as unsupported), the S3 handler it reads and writes objects with, its
+/// sessions and caps.
+#[derive(Debug)]
+pub struct HipobjService {
+    domain: Option<Domain>,
+    /// Why the dialect is not served (when `domain` is `None`), for the log.
+    unsupported: &'static str,
+    s3: S3Store,
+    cfg: HipobjConfig,
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sessions: HashMap<SessionId, Arc<Session>>,
+    /// Sessions admitted (being prepared, prepared or running).
+    admitted: usize,
+    /// Per user: sessions held and staging bytes held.
+    users: HashMap<String, (usize, u64)>,
+    staging_bytes: u64,
+    /// The server's recent (qpn, psn) pairs, oldest first.
+    recent_pairs: VecDeque<(u32, u32)>,
+    recent_pair_set: HashSet<(u32, u32)>,
+    /// Clients' (gid, qpn, psn) of sessions prepared recently.
+    recent_clients: VecDeque<([u8; 16], u32, u32)>,
+    recent_client_set: HashSet<([u8; 16], u32, u32)>,
+}
+
+/// Why a session could not be admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    Sessions,
+    UserSessions,
+    Staging,
+    UserStaging,
+}
+
+impl HipobjService {
+    /// The server over `s3` on `domain` (a verbs domain with a device;
+    /// `None` answers every control request as unsupported).
+    #[must_use]
+    pub fn new(
+        domain: Option<Domain>,
+        unsupported: &'static str,
+        s3: S3Store,
+        cfg: HipobjConfig,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(HipobjService {
+            domain,
+            unsupported,
+            s3,
+            cfg,
+            metrics,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Starts the reaper of expired prepared sessions (a tokio task that
+    /// ends with the last reference to the service).
+    pub fn spawn_reaper(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                let Some(svc) = weak.upgrade() else {
+                    return;
+                };
+                svc.reap(Instant::now());
+            }
+        });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn prepared_timeout(&self) -> Duration {
+        Duration::from_secs(self.cfg.prepared_timeout_secs)
+    }
+
+    fn transfer_timeout(&self) -> Duration {
+        Duration::from_secs(self.cfg.transfer_timeout_secs)
+    }
+
+    /// Takes the caps for a session of `user` staging `bytes`.
+    fn admit(&self, user: &str, bytes: u64) -> Result<(), Refusal> {
+        let mut st = self.lock();
+        let (n, held) = st.users.get(user).copied().unwrap_or((0, 0));
+        if st.admitted >= self.cfg.max_sessions {
+            return Err(Refusal::Sessions);
+        }
+        if n >= self.cfg.max_sessions_per_user {
+            return Err(Refusal::UserSessions);
+        }
+        if st.staging_bytes + bytes > self.cfg.max_staging_bytes.0 {
+            return Err(Refusal::Staging);
+        }
+        if held + bytes > self.cfg.max_staging_bytes_per_user.0 {
+            return Err(Refusal::UserStaging);
+        }
+        st.users.insert(user.to_owned(), (n + 1, held + bytes));
+        st.staging_bytes += bytes;
+        st.admitted += 1;
+        Ok(())
+    }
+
+    /// Gives back what [`HipobjService::admit`] took.
+    fn release(&self, user: &str, bytes: u64) {
+        let mut st = self.lock();
+        if let Some((n, held)) = st.users.get_mut(user) {
+            *n = n.saturating_sub(1);
+            *held = held.saturating_sub(bytes);
+            if *n == 0 {
+                st.users.remove(user);
+            }
+        }
+        st.staging_bytes = st.staging_bytes.saturating_sub(bytes);
+        st.admitted = st.admitted.saturating_sub(1);
+        let (sessions, staging) = (st.sessions.len(), st.staging_bytes);
+        drop(st);
+        self.metrics.hipobj_held(sessions, staging);
+    }
+
+    /// Whether a server pair is new (and remembers it).
+    fn fresh_pair(&self, qpn: u32, psn: u32) -> bool {
+        let mut st = self.lock();
+        if !st.recent_pair_set.insert((qpn, psn)) {
+            return false;
+        }
+        st.recent_pairs.push_back((qpn, psn));
+        if st.recent_pairs.len() > RECENT_PAIRS
+            && let Some(old) = st.recent_pairs.pop_front()
+        {
+            st.recent_pair_set.remove(&old);
+        }
+        true
+    }
+
+    /// Whether a client's (gid, qpn, psn) is new (and remembers it).
+    fn fresh_client(&self, gid: [u8; 16], qpn: u32, psn: u32) -> bool {
+        let mut st = self.lock();
+        if !st.recent_client_set.insert((gid, qpn, psn)) {
+            return false;
+        }
+        st.recent_clients.push_back((gid, qpn, psn));
+        if st.recent_clients.len() > RECENT_PAIRS
+            && let Some(old) = st.recent_clients.pop_front()
+        {
+            st.recent_client_set.remove(&old);
+        }
+        true
+    }
+
+    fn insert(&self, id: SessionId, s: Arc<Session>) {
+        let mut st = self.lock();
+        st.sessions.insert(id, s);
+        let (sessions, staging) = (st.sessions.len(), st.staging_bytes);
+        drop(st);
+        self.metrics.hipobj_held(sessions, staging);
+    }
+
+    fn get(&self, id: &SessionId) -> Option<Arc<Session>> {
+        self.lock().sessions.get(id).cloned()
+    }
+
+    /// Removes a session and gives back its caps (once).
+    fn remove(&self, id: &SessionId) -> Option<Arc<Session>> {
+        let s = self.lock().sessions.remove(id)?;
+        self.release(&s.owner, u64::from(s.size));
+        Some(s)
+    }
+
+    /// Ends the prepared sessions whose READY did not come in time.
+    fn reap(&self, now: Instant) {
+        let expired: Vec<SessionId> = self
+            .lock()
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.expired(now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Some(s) = self.remove(&id) {
+                s.qp.fail();
+                self.metrics.hipobj_session(s.op_name(), "expired");
+            }
+        }
+    }
+
+    /// Sessions held (for tests and the log).
+    #[must_use]
+    pub fn sessions(&self) -> usize {
+        self.lock().sessions.len()
+    }
+}
+
+/// s3s's bucket-name rules, plus the control path's first segment
+/// (`.hipobj-rc`), so that `POST /.hipobj-rc/prepare` reaches the route.
+/// No bucket can be named so: CreateBucket checks names itself.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlPathNames;
+
+impl s3s::validation::NameValidation for ControlPathNames {
+    fn validate_bucket_name(&self, name: &str) -> bool {
+        name == s3dma_wire::hipobj::CONTROL_BUCKET
+            || s3s::validation::AwsNameValidation::new().validate_bucket_name(name)
+    }
+}

@@ -1,0 +1,625 @@
+//! The control requests as an s3s custom route: s3s verifies the SigV4
+//! signature first (the pre-check has already refused unsigned `x-amz-*`
+//! headers), then [`HipobjRoute`] answers PREPARE, READY and CANCEL.
+
+use std::sync::{Arc, PoisonError};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use s3s::dto::{GetObjectInput, PutObjectInput, Range, StreamingBlob, UploadPartInput};
+use s3s::route::S3Route;
+use s3s::{Body, S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use tracing::{info, warn};
+
+use fabric::Access;
+use fabric::verbs::rc::{RcQp, RcRemote, check_recv};
+use s3dma_service::escape::Escaped;
+use s3dma_wire::hipobj::{
+    self, Control, ControlError, FinalReply, Op, PrepareReply, PrepareRequest, RcToken,
+    ReadyRequest, SessionId,
+};
+
+use super::session::{Session, op_name};
+use super::{HipobjService, Refusal};
+
+/// The s3s route of the control path.
+#[derive(Debug, Clone)]
+pub struct HipobjRoute(pub Arc<HipobjService>);
+
+/// The request's headers as the wire parsers read them.
+struct View<'a>(&'a HeaderMap);
+
+impl hipobj::Headers for View<'_> {
+    fn values(&self, name: &str) -> Vec<&str> {
+        self.0
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+            .collect()
+    }
+}
+
+fn error(status: u16, code: S3ErrorCode, message: impl Into<String>) -> S3Error {
+    let mut e = S3Error::with_message(code, message.into());
+    e.set_status_code(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST));
+    if status == 501 {
+        let mut h = HeaderMap::new();
+        h.insert(
+            hipobj::header::PROTOCOL_STATUS,
+            HeaderValue::from_static("unsupported"),
+        );
+        e.set_headers(h);
+    }
+    e
+}
+
+fn control_error(e: &ControlError) -> S3Error {
+    let code = match e.status() {
+        501 => S3ErrorCode::NotImplemented,
+        413 => S3ErrorCode::EntityTooLarge,
+        _ => S3ErrorCode::Custom("InvalidRdmaRequest".into()),
+    };
+    error(e.status(), code, e.to_string())
+}
+
+fn custom(status: u16, code: &'static str, message: impl Into<String>) -> S3Error {
+    error(status, S3ErrorCode::Custom(code.into()), message)
+}
+
+fn reply(status: StatusCode, headers: &[(&'static str, String)]) -> S3Response<Body> {
+    let mut r = S3Response::with_status(Body::empty(), status);
+    for (name, value) in headers {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            r.headers.insert(HeaderName::from_static(name), v);
+        }
+    }
+    r.headers
+        .insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    r
+}
+
+/// An S3 request acting as `owner` on the store, with no headers of the
+/// control request (so no token, no signed-headers record).
+fn as_owner<T>(input: T, method: Method, credentials: &s3s::auth::Credentials) -> S3Request<T> {
+    S3Request {
+        input,
+        method,
+        uri: Uri::from_static("/"),
+        headers: HeaderMap::new(),
+        extensions: Extensions::new(),
+        credentials: Some(credentials.clone()),
+        region: None,
+        service: None,
+        trailing_headers: None,
+    }
+}
+
+#[async_trait::async_trait]
+impl S3Route for HipobjRoute {
+    fn is_match(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        _headers: &HeaderMap,
+        _extensions: &mut Extensions,
+    ) -> bool {
+        *method == Method::POST && Control::is_control_path(uri.path())
+    }
+
+    async fn check_access(&self, req: &mut S3Request<Body>) -> S3Result<()> {
+        // Only SigV4-signed requests of configured users; the data moves
+        // as that user.
+        match &req.credentials {
+            Some(c) if self.0.s3.knows(&c.access_key) => Ok(()),
+            _ => Err(S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                "the hipobj-rc-v2 control requests must be signed (SigV4) by a user of this server",
+            )),
+        }
+    }
+
+    async fn call(&self, req: S3Request<Body>) -> S3Result<S3Response<Body>> {
+        let svc = &self.0;
+        let Some(control) = Control::from_path(req.uri.path()) else {
+            return Err(error(
+                501,
+                S3ErrorCode::NotImplemented,
+                "not a hipobj-rc-v2 control request",
+            ));
+        };
+        if svc.domain.is_none() {
+            return Err(error(
+                501,
+                S3ErrorCode::NotImplemented,
+                format!("hipobj-rc-v2 is not served here: {}", svc.unsupported),
+            ));
+        }
+        let owner = req
+            .credentials
+            .clone()
+            .expect("check_access let only signed requests in");
+        match control {
+            Control::Prepare => svc.prepare(&req.headers, owner).await,
+            Control::Ready => svc.ready(&req.headers, &owner.access_key).await,
+            Control::Cancel => Ok(svc.cancel(&req.headers, &owner.access_key)),
+        }
+    }
+}
+
+impl HipobjService {
+    async fn prepare(
+        self: &Arc<Self>,
+        headers: &HeaderMap,
+        owner: s3s::auth::Credentials,
+    ) -> S3Result<S3Response<Body>> {
+        let p = PrepareRequest::parse(&View(headers)).map_err(|e| control_error(&e))?;
+        let op = op_name(p.op);
+        if p.token.is_loopback_marker() {
+            return Err(custom(
+                400,
+                "InvalidRdmaRequest",
+                "the all-zero loopback token is not served: send the client QP's token",
+            ));
+        }
+        if !self.fresh_client(p.token.gid, p.token.qpn, p.client_psn) {
+            self.metrics.hipobj_session(op, "refused");
+            return Err(custom(
+                409,
+                "RdmaSessionConflict",
+                "this client QP and PSN already prepared a session: use a fresh PSN",
+            ));
+        }
+        let size = u64::from(p.size);
+        if let Err(r) = self.admit(&owner.access_key, size) {
+            self.metrics.hipobj_session(op, "refused");
+            let what = match r {
+                Refusal::Sessions => "the server holds rdma.hipobj.max_sessions sessions",
+                Refusal::UserSessions => {
+                    "this user holds rdma.hipobj.max_sessions_per_user sessions"
+                }
+                Refusal::Staging => "the sessions hold rdma.hipobj.max_staging_bytes",
+                Refusal::UserStaging => {
+                    "this user's sessions hold rdma.hipobj.max_staging_bytes_per_user"
+                }
+            };
+            return Err(custom(
+                503,
+                "RdmaResourceLimit",
+                format!("{what}: retry later"),
+            ));
+        }
+        let released = ReleaseOnDrop {
+            svc: self,
+            user: &owner.access_key,
+            bytes: size,
+            armed: true,
+        };
+        let session = self.build(&p, &owner).await.inspect_err(|_| {
+            self.metrics.hipobj_session(op, "refused");
+        })?;
+        let id = SessionId::random();
+        let local = session.inner.qp.local();
+        let reply_headers = PrepareReply {
+            token: RcToken {
+                lid: local.lid,
+                ..RcToken::rc(local.qpn, local.gid, local.port)
+            },
+            session: id,
+            server_psn: session.server_psn,
+            staging: (p.op == Op::Put)
+                .then(|| (session.inner.staging.addr(), session.inner.staging.rkey())),
+        }
+        .headers();
+        released.disarm();
+        self.insert(id, Arc::new(session.inner));
+        info!(
+            session = %id,
+            op,
+            bucket = %Escaped(&p.target.bucket),
+            key = %Escaped(&p.target.key),
+            size,
+            user = %Escaped(&owner.access_key),
+            "hipobj-rc-v2 session prepared"
+        );
+        Ok(reply(StatusCode::OK, &reply_headers))
+    }
+
+    /// The session's queue pair, staging memory and (GET) bytes.
+    async fn build(&self, p: &PrepareRequest, owner: &s3s::auth::Credentials) -> S3Result<Built> {
+        let domain = self.domain.as_ref().expect("checked by the route");
+        let len = p.size as usize;
+        let (access, qp_access) = match p.op {
+            Op::Get => (Access::LOCAL_WRITE, Access::LOCAL_WRITE),
+            Op::Put => (Access::REMOTE_WRITE, Access::REMOTE_WRITE),
+        };
+        let staging = domain.alloc(len, access).map_err(|e| {
+            warn!(error = %e, "hipobj-rc-v2: registering staging memory failed");
+            custom(503, "RdmaResourceLimit", "no staging memory: retry later")
+        })?;
+        let (etag, crc64nvme) = match p.op {
+            Op::Get => {
+                let (etag, crc) = self.stage_object(p, owner, &staging).await?;
+                (etag, Some(crc))
+            }
+            Op::Put => (None, None),
+        };
+        let qp = RcQp::create(domain, qp_access).map_err(|e| {
+            warn!(error = %e, "hipobj-rc-v2: creating a queue pair failed");
+            custom(
+                503,
+                "RdmaResourceLimit",
+                "no queue pair available: retry later",
+            )
+        })?;
+        // The receive a PUT's WRITE_WITH_IMM consumes, before the client
+        // can write.
+        let recv = match p.op {
+            Op::Put => Some(Box::pin(qp.post_recv().map_err(|e| {
+                warn!(error = %e, "hipobj-rc-v2: posting the receive failed");
+                custom(
+                    500,
+                    "RDMATransferFailed",
+                    "the server could not post its receive",
+                )
+            })?) as super::session::PendingRecv),
+            Op::Get => None,
+        };
+        let mut server_psn = hipobj::random_psn();
+        while !self.fresh_pair(qp.local().qpn, server_psn) {
+            server_psn = hipobj::random_psn();
+        }
+        qp.connect(
+            &RcRemote {
+                qpn: p.token.qpn,
+                gid: p.token.gid,
+                lid: p.token.lid,
+                psn: p.client_psn,
+            },
+            server_psn,
+        )
+        .map_err(|e| {
+            warn!(error = %e, "hipobj-rc-v2: connecting the queue pair to the client's failed");
+            custom(
+                400,
+                "InvalidRdmaRequest",
+                "the client's QP cannot be reached from this port (GID or QP number)",
+            )
+        })?;
+        Ok(Built {
+            server_psn,
+            inner: Session {
+                owner: owner.access_key.clone(),
+                credentials: owner.clone(),
+                op: p.op,
+                target: p.target.clone(),
+                size: p.size,
+                cookie: p.cookie,
+                client_qpn: p.token.qpn,
+                qp,
+                staging,
+                etag,
+                crc64nvme,
+                recv: std::sync::Mutex::new(recv),
+                running: std::sync::atomic::AtomicBool::new(false),
+                deadline: Instant::now() + self.prepared_timeout(),
+            },
+        })
+    }
+
+    /// Reads `[offset, offset + size)` of the object through the S3 GET
+    /// handler (the owner's permissions) into `staging`.
+    async fn stage_object(
+        &self,
+        p: &PrepareRequest,
+        owner: &s3s::auth::Credentials,
+        staging: &fabric::Region,
+    ) -> S3Result<(Option<String>, u64)> {
+        let size = u64::from(p.size);
+        let input = GetObjectInput {
+            bucket: p.target.bucket.clone(),
+            key: p.target.key.clone(),
+            range: Some(Range::Int {
+                first: p.offset,
+                last: Some(p.offset + size - 1),
+            }),
+            ..GetObjectInput::default()
+        };
+        let got = self
+            .s3
+            .get_object(as_owner(input, Method::GET, owner))
+            .await
+            .map_err(|e| {
+                if e.code() == &S3ErrorCode::InvalidRange {
+                    custom(
+                        416,
+                        "InvalidRange",
+                        "x-amz-rdma-offset is past the object's end",
+                    )
+                } else {
+                    e
+                }
+            })?;
+        let out = got.output;
+        if out.content_length != Some(i64::from(p.size)) {
+            return Err(custom(
+                416,
+                "InvalidRange",
+                "x-amz-rdma-offset + x-amz-rdma-size is past the object's end",
+            ));
+        }
+        let etag = out.e_tag.as_ref().map(|e| format!("\"{}\"", e.value()));
+        let mut body = out
+            .body
+            .ok_or_else(|| custom(500, "InternalError", "the object had no body"))?;
+        let mut at = 0usize;
+        let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme);
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| {
+                warn!(error = %e, "hipobj-rc-v2: reading the object failed");
+                custom(500, "InternalError", "reading the object failed")
+            })?;
+            if at + chunk.len() > staging.len() {
+                return Err(custom(
+                    500,
+                    "InternalError",
+                    "the object changed while read",
+                ));
+            }
+            staging
+                .write_at(at, &chunk)
+                .map_err(|_| custom(500, "InternalError", "staging the object failed"))?;
+            digest.update(&chunk);
+            at += chunk.len();
+        }
+        if at != staging.len() {
+            return Err(custom(
+                500,
+                "InternalError",
+                "the object changed while read",
+            ));
+        }
+        Ok((etag, digest.finalize()))
+    }
+
+    async fn ready(
+        self: &Arc<Self>,
+        headers: &HeaderMap,
+        user: &str,
+    ) -> S3Result<S3Response<Body>> {
+        let r = ReadyRequest::parse(&View(headers)).map_err(|e| control_error(&e))?;
+        let Some(s) = self.get(&r.session) else {
+            return Err(custom(
+                409,
+                "RdmaSessionConflict",
+                "no prepared session has this id (unknown, expired or done)",
+            ));
+        };
+        if s.owner != user {
+            return Err(custom(
+                403,
+                "AccessDenied",
+                "the session belongs to another user",
+            ));
+        }
+        if r.cookie != s.cookie {
+            // A wrong cookie ends the session: it cannot be guessed at.
+            if let Some(s) = self.remove(&r.session) {
+                s.qp.fail();
+                self.metrics.hipobj_session(s.op_name(), "refused");
+            }
+            return Err(custom(
+                403,
+                "AccessDenied",
+                "the cookie is not the session's",
+            ));
+        }
+        if r.qpn != s.client_qpn {
+            return Err(custom(
+                400,
+                "InvalidRdmaRequest",
+                "x-amz-rdma-qpn is not the QP the session was prepared with",
+            ));
+        }
+        if !s.claim() {
+            return Err(custom(
+                409,
+                "RdmaSessionConflict",
+                "the session is already running",
+            ));
+        }
+        let outcome = self.run(&s, &r).await;
+        self.remove(&r.session);
+        match outcome {
+            Ok(fin) => {
+                self.metrics.hipobj_session(s.op_name(), "ok");
+                self.metrics.hipobj_bytes(s.op_name(), fin.bytes);
+                Ok(reply(StatusCode::OK, &fin.headers()))
+            }
+            Err((label, e)) => {
+                s.qp.fail();
+                self.metrics.hipobj_session(s.op_name(), label);
+                Err(e)
+            }
+        }
+    }
+
+    /// The data phase; the error's label is the metric's outcome.
+    async fn run(
+        &self,
+        s: &Session,
+        r: &ReadyRequest,
+    ) -> Result<FinalReply, (&'static str, S3Error)> {
+        let deadline = self.transfer_timeout();
+        let timeout = || {
+            (
+                "timeout",
+                custom(
+                    408,
+                    "RequestTimeout",
+                    "the data phase did not complete in time",
+                ),
+            )
+        };
+        match s.op {
+            Op::Get => {
+                if r.mr_addr == 0 || r.mr_rkey == 0 {
+                    return Err((
+                        "refused",
+                        custom(
+                            400,
+                            "InvalidRdmaRequest",
+                            "a GET's READY needs x-amz-rdma-mr-addr and x-amz-rdma-mr-rkey",
+                        ),
+                    ));
+                }
+                let done =
+                    s.qp.write_with_imm(s.staging.as_slice(), r.mr_addr, r.mr_rkey, s.cookie);
+                match tokio::time::timeout(deadline, done).await {
+                    Err(_) => Err(timeout()),
+                    Ok(Err(e)) => Err((
+                        "failed",
+                        custom(500, "RDMATransferFailed", format!("RDMA WRITE failed: {e}")),
+                    )),
+                    Ok(Ok(())) => Ok(FinalReply {
+                        cookie: s.cookie,
+                        bytes: u64::from(s.size),
+                        etag: s.etag.clone(),
+                        crc64nvme: s.crc64nvme,
+                    }),
+                }
+            }
+            Op::Put => {
+                let recv = s
+                    .recv
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                    .ok_or_else(|| ("failed", custom(500, "InternalError", "no receive")))?;
+                let got = match tokio::time::timeout(deadline, recv).await {
+                    Err(_) => return Err(timeout()),
+                    Ok(Err(status)) => {
+                        return Err((
+                            "failed",
+                            custom(
+                                500,
+                                "RDMATransferFailed",
+                                format!("the client's WRITE did not arrive: {status:?}"),
+                            ),
+                        ));
+                    }
+                    Ok(Ok(got)) => got,
+                };
+                if let Err(why) = check_recv(&got, s.cookie, s.size) {
+                    return Err((
+                        "refused",
+                        custom(
+                            400,
+                            "InvalidRdmaRequest",
+                            format!(
+                                "the client's WRITE is not this transfer's ({why}); nothing was stored"
+                            ),
+                        ),
+                    ));
+                }
+                let bytes =
+                    Bytes::from(s.staging.as_slice().to_vec().map_err(|_| {
+                        ("failed", custom(500, "InternalError", "reading staging"))
+                    })?);
+                let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &bytes);
+                let etag = self.store(s, bytes).await.map_err(|e| ("failed", e))?;
+                Ok(FinalReply {
+                    cookie: s.cookie,
+                    bytes: u64::from(s.size),
+                    etag,
+                    crc64nvme: Some(crc),
+                })
+            }
+        }
+    }
+
+    /// Stores a PUT's bytes through the S3 handler as the session's owner.
+    async fn store(&self, s: &Session, bytes: Bytes) -> S3Result<Option<String>> {
+        let len = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+        let body = Some(StreamingBlob::from(Body::from(bytes)));
+        let t = &s.target;
+        let etag = match &t.upload {
+            None => {
+                let input = PutObjectInput {
+                    bucket: t.bucket.clone(),
+                    key: t.key.clone(),
+                    body,
+                    content_length: Some(len),
+                    ..PutObjectInput::default()
+                };
+                self.s3
+                    .put_object(as_owner(input, Method::PUT, &s.credentials))
+                    .await?
+                    .output
+                    .e_tag
+            }
+            Some((upload_id, part)) => {
+                let input = UploadPartInput {
+                    bucket: t.bucket.clone(),
+                    key: t.key.clone(),
+                    upload_id: upload_id.clone(),
+                    part_number: i32::try_from(*part).unwrap_or(i32::MAX),
+                    body,
+                    content_length: Some(len),
+                    ..UploadPartInput::default()
+                };
+                self.s3
+                    .upload_part(as_owner(input, Method::PUT, &s.credentials))
+                    .await?
+                    .output
+                    .e_tag
+            }
+        };
+        Ok(etag.map(|e| format!("\"{}\"", e.value())))
+    }
+
+    fn cancel(&self, headers: &HeaderMap, user: &str) -> S3Response<Body> {
+        // 204 whatever happens: a cancel tells nothing about sessions.
+        if let Ok(id) = hipobj::parse_cancel(&View(headers))
+            && self.get(&id).is_some_and(|s| {
+                s.owner == user && !s.running.load(std::sync::atomic::Ordering::Acquire)
+            })
+            && let Some(s) = self.remove(&id)
+        {
+            s.qp.fail();
+            self.metrics.hipobj_session(s.op_name(), "cancelled");
+        }
+        let mut r = reply(StatusCode::NO_CONTENT, &[]);
+        r.headers.remove(http::header::CONTENT_LENGTH);
+        r
+    }
+}
+
+/// What `build` made: the session and the server's PSN.
+struct Built {
+    server_psn: u32,
+    inner: Session,
+}
+
+/// Gives a failed PREPARE's caps back.
+struct ReleaseOnDrop<'a> {
+    svc: &'a HipobjService,
+    user: &'a str,
+    bytes: u64,
+    armed: bool,
+}
+
+impl ReleaseOnDrop<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.svc.release(self.user, self.bytes);
+        }
+    }
+}
