@@ -27,7 +27,8 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   # nothing is rebuilt after its `cargo test`), one "DIR|FILTERS|EXE" line
   # for each binary that has verbs suites, with the libtest filters it runs:
   #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
-  #   - storage-target: the RDMA GET/PUT/UploadPart suite;
+  #   - storage-target: the RDMA GET/PUT/UploadPart suite and the
+  #     hipobj-rc-v2 server against a protocol client;
   #   - dpu-agent: transfers and the HTTP fallback (third-party servers,
   #     Ceph's radosgw and moto, are reached over HTTP only: their fallback
   #     tests run on the host, not under the VM's emulated CPUs);
@@ -38,7 +39,7 @@ import json, os, sys
 filters = {
     ("fabric", "fabric"): "verbs::",
     ("fabric", "it"): "conformance::verbs::",
-    ("storage-target", "it"): "rdma::",
+    ("storage-target", "it"): "rdma:: hipobj::",
     ("dpu-agent", "it"): "transfers:: fallback:: --skip ceph --skip third_party",
     ("host-shim", "it"): "e2e::",
 }

@@ -8,5 +8,6 @@ mod checksums;
 mod common;
 mod crash;
 mod hardening;
+mod hipobj;
 mod rdma;
 mod s3_api;
