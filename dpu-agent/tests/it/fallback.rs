@@ -154,3 +154,45 @@ async fn foreign_server(
         .unwrap();
     assert!(ups.uploads().is_empty(), "{ups:?}");
 }
+
+/// A server that ignores the token (moto, misconfigured `rdma: true`): a
+/// tokened GET answered without `x-amz-rdma-reply` is a failure, never a
+/// success that leaves the window as it was; a tokened PUT that it may
+/// have stored as an empty object is rewritten over HTTP, so the object
+/// is always the tenant's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_party_server_ignoring_the_token_is_never_a_success() {
+    let moto = Moto::start();
+    let sdk = s3_client(&moto.endpoint, ALICE.0, ALICE.1);
+    let bucket = "alice-ignorer";
+    sdk.create_bucket().bucket(bucket).send().await.unwrap();
+    let mut spec = AgentSpec::new(vec![TargetSpec {
+        name: "ignorer",
+        endpoint: moto.endpoint.clone(),
+        buckets: vec![bucket],
+        rdma: true,
+    }]);
+    spec.transfer = SPEC_TRANSFER.into();
+    spec.extra_buckets = vec![("alice", bucket)];
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    let len = 70_000;
+    let body = data(len, 32);
+    let mem = Memory::new(len).await;
+    mem.fill(0, &body);
+    let (w, tok) = mem.window(0, len, Access::REMOTE_READ);
+    let put = shim.put("alice", bucket, "k", &tok).await.unwrap();
+    drop(w);
+    assert_eq!(put.path, pb::TransferPath::Fallback as i32);
+    assert_eq!(sha256(&sdk_get(&sdk, bucket, "k").await), sha256(&body));
+
+    mem.clear(0x5A);
+    let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
+    let e = shim
+        .get("alice", bucket, "k", None, &tok)
+        .await
+        .unwrap_err();
+    drop(w);
+    assert!(e.message().contains("without x-amz-rdma-reply"), "{e:?}");
+    assert!(mem.read(0, len).iter().all(|&b| b == 0x5A));
+}

@@ -348,7 +348,12 @@ async fn sdk_get(s: &Server, b: &str, k: &str) -> Option<Vec<u8>> {
 #[tokio::test]
 async fn hipobj_without_verbs_answers_unsupported() {
     let s = server(Backend::Tcp, "");
-    s.admin().create_bucket().bucket("hipobj-b").send().await.unwrap();
+    s.admin()
+        .create_bucket()
+        .bucket("hipobj-b")
+        .send()
+        .await
+        .unwrap();
     let gid = std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets();
     let prepare = [
         ("x-amz-rdma-protocol", "hipobj-rc-v2"),
@@ -391,13 +396,21 @@ async fn hipobj_without_verbs_answers_unsupported() {
 async fn hipobj_transfers_on_verbs() {
     let Some(domain) = verbs() else { return };
     let s = server(Backend::Verbs, "");
-    s.admin().create_bucket().bucket("hipobj-v").send().await.unwrap();
+    s.admin()
+        .create_bucket()
+        .bucket("hipobj-v")
+        .send()
+        .await
+        .unwrap();
     let big = 64 << 20;
     for (i, len) in [1usize, 4096, (1 << 20) + 3, big].into_iter().enumerate() {
         let d = data(len, 100 + i as u64);
         // PUT over hipobj, read back over S3.
         let key = format!("put/{len} bytes ü");
-        let target = format!("/hipobj-v/{}", key.replace(' ', "%20").replace('ü', "%C3%BC"));
+        let target = format!(
+            "/hipobj-v/{}",
+            key.replace(' ', "%20").replace('ü', "%C3%BC")
+        );
         let pc = Client::new(&domain, len);
         pc.mem.write_at(0, &d).unwrap();
         let r = pc.put(&s, &target, len as u64).await;
@@ -409,7 +422,8 @@ async fn hipobj_transfers_on_verbs() {
         let gkey = format!("get-{len}");
         sdk_put(&s, "hipobj-v", &gkey, d.clone()).await;
         let gc = Client::new(&domain, len);
-        gc.get(&s, &format!("/hipobj-v/{gkey}"), len as u64, 0).await;
+        gc.get(&s, &format!("/hipobj-v/{gkey}"), len as u64, 0)
+            .await;
         assert_eq!(
             sha(&gc.mem.as_slice().to_vec().unwrap()[..len]),
             sha(&d),
@@ -485,7 +499,12 @@ async fn hipobj_refusals_on_verbs() {
         Backend::Verbs,
         "    max_sessions_per_user: 2\n    prepared_timeout_secs: 2\n    transfer_timeout_secs: 3\n",
     );
-    s.admin().create_bucket().bucket("hipobj-r").send().await.unwrap();
+    s.admin()
+        .create_bucket()
+        .bucket("hipobj-r")
+        .send()
+        .await
+        .unwrap();
     sdk_put(&s, "hipobj-r", "k", data(10_000, 1)).await;
     let c = Client::new(&domain, 10_000);
 
@@ -592,14 +611,21 @@ async fn hipobj_refusals_on_verbs() {
     // A PUT whose client dies before writing: READY times out (408),
     // nothing is stored.
     let p = Client::new(&domain, 1000);
-    let r = p.prepare(&s, ADMIN, "PUT", "/hipobj-r/never", 1000, 0).await;
+    let r = p
+        .prepare(&s, ADMIN, "PUT", "/hipobj-r/never", 1000, 0)
+        .await;
     let sp = p.connect(&r);
     let r = p.ready(&s, ADMIN, &sp).await;
     assert_eq!(r.status, 408, "{}", r.text());
-    assert!(sdk_get(&s, "hipobj-r", "never").await.is_none(), "nothing stored");
+    assert!(
+        sdk_get(&s, "hipobj-r", "never").await.is_none(),
+        "nothing stored"
+    );
     // A PUT whose WRITE is shorter than announced: refused, nothing stored.
     let short = Client::new(&domain, 1000);
-    let r = short.prepare(&s, ADMIN, "PUT", "/hipobj-r/short", 1000, 0).await;
+    let r = short
+        .prepare(&s, ADMIN, "PUT", "/hipobj-r/short", 1000, 0)
+        .await;
     let ss = short.connect(&r);
     let addr = hex_header(&r, "x-amz-rdma-mr-addr");
     let rkey = u32::try_from(hex_header(&r, "x-amz-rdma-mr-rkey")).unwrap();
