@@ -112,6 +112,7 @@ pub fn build_service(
         why,
         front.clone(),
         cfg.rdma.hipobj.clone(),
+        cfg.rdma.allowed_client_networks.clone(),
         Arc::clone(rdma.metrics()),
     );
     hipobj.spawn_reaper();

@@ -441,8 +441,20 @@ async fn quota_exceeded_is_slow_down() {
             w,
             tokio::spawn(async move { shim.get("alice", "alice-data", "k", None, &tok).await }),
         ));
-        // Let the first one start and the second one queue.
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // Let the first one start (and the second one queue): wait until
+        // the agent counts it, however slow the machine (the VM's
+        // emulated CPUs took longer than a fixed pause).
+        let want = if i == 0 {
+            r#"s3dma_agent_requests_in_flight{tenant="alice"} 1"#
+        } else {
+            r#"s3dma_agent_requests_queued{tenant="alice"} 1"#
+        };
+        let mut tries = 0;
+        while !agent.metrics_text().await.contains(want) {
+            tries += 1;
+            assert!(tries < 600, "the agent never showed {want}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
     let (_w, tok) = mem.window(2 * len, len, Access::REMOTE_WRITE);
     let e = shim

@@ -3,7 +3,8 @@
 //!
 //! * PREPARE (SigV4-signed, every `x-amz-rdma-*` header among the signed
 //!   ones, which the pre-check enforces for every `x-amz-*` header): the
-//!   caps are taken (sessions and staging bytes, per user and in all), the
+//!   client's GID must be in `rdma.allowed_client_networks`; the caps are
+//!   taken (sessions and staging bytes, per user and in all), the
 //!   object is read for a GET through the same S3 handler as an HTTP GET
 //!   (permissions, conditions, the range), a queue pair is created and
 //!   brought to RTR/RTS against the client's, and for a PUT the receive its
@@ -35,6 +36,7 @@ use fabric::Domain;
 use s3dma_wire::hipobj::SessionId;
 
 use crate::config::hipobj::HipobjConfig;
+use crate::config::networks::{self, Cidr};
 use crate::metrics::Metrics;
 use crate::s3::S3Store;
 
@@ -54,6 +56,9 @@ pub struct HipobjService {
     unsupported: &'static str,
     s3: S3Store,
     cfg: HipobjConfig,
+    /// `rdma.allowed_client_networks`: the GIDs (as IP addresses) a
+    /// client's QP may have.
+    allowed: Vec<Cidr>,
     metrics: Arc<Metrics>,
     state: Mutex<State>,
 }
@@ -92,6 +97,7 @@ impl HipobjService {
         unsupported: &'static str,
         s3: S3Store,
         cfg: HipobjConfig,
+        allowed: Vec<Cidr>,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(HipobjService {
@@ -99,6 +105,7 @@ impl HipobjService {
             unsupported,
             s3,
             cfg,
+            allowed,
             metrics,
             state: Mutex::new(State::default()),
         })
@@ -235,6 +242,15 @@ impl HipobjService {
                 self.metrics.hipobj_session(s.op_name(), "expired");
             }
         }
+    }
+
+    /// Whether a client GID (an IP address on RoCE v2) is on a network
+    /// this server may send to.
+    fn allowed_gid(&self, gid: [u8; 16]) -> bool {
+        networks::allowed(
+            &self.allowed,
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from(gid)),
+        )
     }
 
     /// Sessions held (for tests and the log).

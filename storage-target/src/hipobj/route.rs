@@ -163,6 +163,14 @@ impl HipobjService {
                 "the all-zero loopback token is not served: send the client QP's token",
             ));
         }
+        if !self.allowed_gid(p.token.gid) {
+            self.metrics.hipobj_session(op, "refused");
+            return Err(custom(
+                403,
+                "AccessDenied",
+                "the client QP's GID is not on a network this server may connect to (rdma.allowed_client_networks); nothing was transferred",
+            ));
+        }
         if !self.fresh_client(p.token.gid, p.token.qpn, p.client_psn) {
             self.metrics.hipobj_session(op, "refused");
             return Err(custom(

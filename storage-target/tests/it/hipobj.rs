@@ -26,14 +26,20 @@ fn backend() -> Backend {
     std::env::var("S3DMA_TEST_FABRIC").map_or(Backend::Tcp, |v| v.parse().unwrap())
 }
 
-/// A server with RDMA on `backend` and `extra` lines under `rdma.hipobj:`.
+/// A server with RDMA on `backend` and `extra` lines under `rdma.hipobj:`,
+/// sending to GIDs on loopback and 10.0.0.0/8 (the VM's rxe0 is 10.77.0.1).
 fn server(backend: Backend, hipobj: &str) -> Server {
+    server_for(backend, "[127.0.0.0/8, 10.0.0.0/8]", hipobj)
+}
+
+fn server_for(backend: Backend, networks: &str, hipobj: &str) -> Server {
     let hipobj = hipobj.to_owned();
+    let networks = networks.to_owned();
     Server::start_with(move |dir: &Path| {
         let kf = dir.join("fabric.key");
         common::write_private(&kf, format!("{KEY_HEX}\n"));
         format!(
-            "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  hipobj:\n    enabled: true\n{hipobj}",
+            "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  hipobj:\n    enabled: true\n{hipobj}",
             kf.display()
         )
     })
@@ -530,6 +536,27 @@ async fn hipobj_refusals_on_verbs() {
         .prepare(&s, ADMIN, "GET", "/hipobj-r/none", 10, 0)
         .await;
     assert_eq!(r.status, 404, "{}", r.text());
+    // A user without read access to the bucket: the store's 403.
+    let r = Client::new(&domain, 1)
+        .prepare(&s, common::READER, "GET", "/hipobj-r/k", 10, 0)
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    // A target whose allowed networks do not hold the client's GID sends
+    // nothing there: 403 before any queue pair is made.
+    let narrow = server_for(Backend::Verbs, "[192.0.2.0/24]", "");
+    narrow
+        .admin()
+        .create_bucket()
+        .bucket("hipobj-n")
+        .send()
+        .await
+        .unwrap();
+    sdk_put(&narrow, "hipobj-n", "k", data(100, 2)).await;
+    let r = Client::new(&domain, 1)
+        .prepare(&narrow, ADMIN, "GET", "/hipobj-n/k", 10, 0)
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("allowed_client_networks"), "{}", r.text());
     // The same client QP and PSN twice: 409.
     let a = Client::new(&domain, 10);
     let r = a.prepare(&s, ADMIN, "GET", "/hipobj-r/k", 10, 0).await;
