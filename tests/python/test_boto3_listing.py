@@ -98,6 +98,18 @@ def test_list_v2_delimiter(s3, populated):
     assert [o["Key"] for o in r["Contents"]] == ["a.txt", "b/1", "b/2", "b0", "d/e/f/g", "z"]
 
 
+def test_empty_delimiter_is_omitted_from_the_reply(s3, populated):
+    # An empty delimiter groups nothing, and AWS leaves the element out of
+    # the reply (it used to come back as an empty <Delimiter/>).
+    for r in (
+        s3.list_objects_v2(Bucket=populated, Delimiter=""),
+        s3.list_objects(Bucket=populated, Delimiter=""),
+    ):
+        assert "Delimiter" not in r, r.get("Delimiter")
+        assert "CommonPrefixes" not in r
+        assert [o["Key"] for o in r["Contents"]] == sorted(KEYS)
+
+
 def test_list_v2_pagination(s3, populated):
     keys, prefixes, pages = all_v2(s3, Bucket=populated, MaxKeys=2)
     assert keys == sorted(KEYS)
