@@ -113,7 +113,10 @@ pub(super) async fn list_objects_v2(
         next_continuation_token: page.next_marker.as_deref().map(listing::encode_token),
         contents: to_objects(page.objects, url, owner_id),
         common_prefixes: to_prefixes(page.common_prefixes, url),
-        delimiter: input.delimiter.filter(|d| !d.is_empty()).map(|d| enc(url, d)),
+        delimiter: input
+            .delimiter
+            .filter(|d| !d.is_empty())
+            .map(|d| enc(url, d)),
         encoding_type: input.encoding_type,
         start_after: input.start_after.map(|s| enc(url, s)),
         ..Default::default()
@@ -156,7 +159,10 @@ pub(super) async fn list_objects(
         next_marker: page.next_marker.map(|m| enc(url, m)),
         contents: to_objects(page.objects, url, Some(&show_owner)),
         common_prefixes: to_prefixes(page.common_prefixes, url),
-        delimiter: input.delimiter.filter(|d| !d.is_empty()).map(|d| enc(url, d)),
+        delimiter: input
+            .delimiter
+            .filter(|d| !d.is_empty())
+            .map(|d| enc(url, d)),
         encoding_type: input.encoding_type,
         ..Default::default()
     }))
