@@ -142,8 +142,10 @@ pub(super) fn copy_source_range(v: Option<&str>, size: u64) -> S3Result<std::ops
         ));
     };
     if last >= size {
+        // Past the source's end: InvalidRange (416), what SDKs and ceph's
+        // s3-tests expect; a malformed value stays InvalidArgument.
         return Err(s3_error!(
-            InvalidArgument,
+            InvalidRange,
             "Range specified is not valid for source object of size: {size}"
         ));
     }

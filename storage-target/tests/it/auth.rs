@@ -693,10 +693,10 @@ async fn upload_part_copy_and_retried_complete() {
         .send()
         .await
         .unwrap();
-    for (range, what) in [
-        ("bytes=5-1", "first > last"),
-        ("bytes=0-6291456", "past the end"),
-        ("0-10", "no bytes="),
+    for (range, what, want) in [
+        ("bytes=5-1", "first > last", ("InvalidArgument", 400)),
+        ("bytes=0-6291456", "past the end", ("InvalidRange", 416)),
+        ("0-10", "no bytes=", ("InvalidArgument", 400)),
     ] {
         let e = c
             .upload_part_copy()
@@ -709,7 +709,7 @@ async fn upload_part_copy_and_retried_complete() {
             .send()
             .await
             .unwrap_err();
-        assert_eq!(code(e), ("InvalidArgument".to_owned(), 400), "{what}");
+        assert_eq!(code(e), (want.0.to_owned(), want.1), "{what}");
     }
     let e = c
         .upload_part_copy()
