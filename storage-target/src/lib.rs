@@ -138,6 +138,10 @@ pub fn build_gateway_service(
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
     let mut b = s3s::service::S3ServiceBuilder::new(gateway);
+    b.set_route(hipobj::HipobjUnsupported(
+        "the gateway (store: s3) does not serve hipobj-rc-v2 yet",
+    ));
+    b.set_validation(hipobj::ControlPathNames);
     b.set_auth(users.clone());
     b.set_access(gateway::GatewayAccess::new(users));
     let mut s3cfg = s3s::config::S3Config::default();

@@ -76,6 +76,64 @@ async fn upstream_in(t: &Target) -> f64 {
 /// PUT (single and multipart) and GET through the agent and the gateway:
 /// the bytes land in Ceph (read back straight from radosgw), come back
 /// over RDMA, and the second read of each object is served from the cache.
+/// A SigV4-signed (as alice) hipobj-rc-v2 PREPARE to `endpoint`: its status
+/// and `x-amz-rdma-protocol-status`.
+async fn signed_hipobj_prepare(endpoint: &str) -> (u16, Option<String>) {
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+    let url = format!("{endpoint}/.hipobj-rc/prepare");
+    let identity = aws_credential_types::Credentials::new(ALICE.0, ALICE.1, None, None, "t").into();
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(SigningSettings::default())
+        .build()
+        .unwrap()
+        .into();
+    let host = url.split('/').nth(2).unwrap().to_owned();
+    let mut headers = vec![
+        ("host".to_owned(), host),
+        ("x-amz-rdma-protocol".to_owned(), "hipobj-rc-v2".to_owned()),
+        (
+            "x-amz-content-sha256".to_owned(),
+            "UNSIGNED-PAYLOAD".to_owned(),
+        ),
+    ];
+    let req = SignableRequest::new(
+        "POST",
+        &url,
+        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        SignableBody::UnsignedPayload,
+    )
+    .unwrap();
+    let (instr, _) = sign(req, &params).unwrap().into_parts();
+    let (hs, _) = instr.into_parts();
+    headers.extend(
+        hs.into_iter()
+            .map(|h| (h.name().to_owned(), h.value().to_owned())),
+    );
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let mut b = http::Request::builder().method("POST").uri(&url);
+    for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
+        b = b.header(k, v);
+    }
+    let r = client
+        .request(
+            b.body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let marker = r
+        .headers()
+        .get("x-amz-rdma-protocol-status")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (r.status().as_u16(), marker)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn puts_and_gets_through_the_gateway() {
     let ceph = ceph();
@@ -88,6 +146,10 @@ async fn puts_and_gets_through_the_gateway() {
         .await
         .unwrap();
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
+    // hipobj-rc-v2 clients get the dialect's fallback signal from a
+    // gateway (501 + x-amz-rdma-protocol-status), not a bucket-name error.
+    let (status, marker) = signed_hipobj_prepare(&gw.endpoint).await;
+    assert_eq!((status, marker.as_deref()), (501, Some("unsupported")));
     let shim = agent.client().await;
     let sizes = [0usize, 1, (3 << 20) + 7, 13 << 20];
     let mem = Memory::new(13 << 20).await;

@@ -40,7 +40,7 @@ use crate::config::networks::{self, Cidr};
 use crate::metrics::Metrics;
 use crate::s3::S3Store;
 
-pub use route::HipobjRoute;
+pub use route::{HipobjRoute, HipobjUnsupported};
 use session::Session;
 
 /// Server pairs (QP number, PSN) remembered against reuse.

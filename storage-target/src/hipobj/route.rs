@@ -631,3 +631,61 @@ impl Drop for ReleaseOnDrop<'_> {
         }
     }
 }
+
+/// The control path where the dialect is not served at all (the gateway):
+/// every signed control request is answered `501` with
+/// `x-amz-rdma-protocol-status: unsupported`, the dialect's fallback signal,
+/// instead of s3s's `InvalidBucketName` for the path.
+#[derive(Debug, Clone, Copy)]
+pub struct HipobjUnsupported(pub &'static str);
+
+#[async_trait::async_trait]
+impl S3Route for HipobjUnsupported {
+    fn is_match(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        _headers: &HeaderMap,
+        _extensions: &mut Extensions,
+    ) -> bool {
+        *method == Method::POST && Control::is_control_path(uri.path())
+    }
+
+    async fn call(&self, _req: S3Request<Body>) -> S3Result<S3Response<Body>> {
+        Err(error(
+            501,
+            S3ErrorCode::NotImplemented,
+            format!("hipobj-rc-v2 is not served here: {}", self.0),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unsupported_answers_501_with_the_marker() {
+        let route = HipobjUnsupported("a gateway");
+        let mut ext = Extensions::new();
+        let uri = Uri::from_static("/.hipobj-rc/prepare");
+        assert!(route.is_match(&Method::POST, &uri, &HeaderMap::new(), &mut ext));
+        assert!(!route.is_match(&Method::GET, &uri, &HeaderMap::new(), &mut ext));
+        let req = as_owner(
+            Body::empty(),
+            Method::POST,
+            &s3s::auth::Credentials {
+                access_key: "a".into(),
+                secret_key: "s".into(),
+            },
+        );
+        let e = route.call(req).await.unwrap_err();
+        assert_eq!(e.status_code(), Some(StatusCode::NOT_IMPLEMENTED));
+        assert_eq!(
+            e.headers()
+                .and_then(|h| h.get(hipobj::header::PROTOCOL_STATUS))
+                .and_then(|v| v.to_str().ok()),
+            Some("unsupported")
+        );
+    }
+}
