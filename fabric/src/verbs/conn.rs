@@ -8,18 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 use tracing::debug;
 
 use s3dma_wire::frame::OpKind;
 use s3dma_wire::qp::QpInfo;
 use s3dma_wire::{EndpointAddr, FabricKey};
 
-use super::qp::{Posted, QueuePair, Requester};
+use super::qp::{QueuePair, Requester};
 use super::{VerbsDomain, access_flags, policy};
 use crate::access::Access;
 use crate::completion::Completion;
-use crate::error::{FabricError, OpError, OpStatus, Result};
+use crate::error::{FabricError, OpStatus, Result};
 use crate::handshake::{accept_handshake, connect_handshake};
 use crate::listener::Listener;
 use crate::options::EndpointConfig;
@@ -221,33 +220,12 @@ impl VerbsSession {
         remote_addr: u64,
         rkey: u32,
     ) -> Completion {
-        let (tx, rx) = oneshot::channel();
-        let info = OpError {
-            status: OpStatus::Flushed,
-            op: kind.name(),
-            remote_addr,
-            rkey,
-            len: local.len() as u64,
+        let opcode = match kind {
+            OpKind::Write => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            OpKind::Read => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
         };
-        if u32::try_from(local.len()).is_err() {
-            return Completion::failed(OpError {
-                status: OpStatus::LocalError,
-                ..info
-            });
-        }
-        self.req.submit(Posted {
-            local,
-            opcode: match kind {
-                OpKind::Write => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                OpKind::Read => rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            },
-            imm: None,
-            remote_addr,
-            rkey,
-            tx,
-            info: info.clone(),
-        });
-        Completion::new(rx, info)
+        self.req
+            .post(kind.name(), opcode, None, local, remote_addr, rkey)
     }
 
     pub(crate) fn is_alive(&self) -> bool {

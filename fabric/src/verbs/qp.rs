@@ -407,6 +407,45 @@ impl Requester {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).dead
     }
 
+    /// One one-sided operation (`op` names it in errors) of `local` against
+    /// the peer's `remote_addr`/`rkey`: its completion. The operation owns
+    /// `local` until it completes.
+    pub(crate) fn post(
+        &self,
+        op: &'static str,
+        opcode: u32,
+        imm: Option<u32>,
+        local: LocalSlice,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> crate::completion::Completion {
+        use crate::completion::Completion;
+        let (tx, rx) = oneshot::channel();
+        let info = OpError {
+            status: OpStatus::Flushed,
+            op,
+            remote_addr,
+            rkey,
+            len: local.len() as u64,
+        };
+        if u32::try_from(local.len()).is_err() {
+            return Completion::failed(OpError {
+                status: OpStatus::LocalError,
+                ..info
+            });
+        }
+        self.submit(Posted {
+            local,
+            opcode,
+            imm,
+            remote_addr,
+            rkey,
+            tx,
+            info: info.clone(),
+        });
+        Completion::new(rx, info)
+    }
+
     /// Posts now if the send queue has room, else queues.
     pub(crate) fn submit(&self, op: Posted) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -15,11 +15,11 @@ use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::conn::verbs_of;
-use super::qp::{self, Posted, QueuePair, Requester};
+use super::qp::{self, QueuePair, Requester};
 use super::{access_flags, policy};
 use crate::access::Access;
 use crate::completion::Completion;
-use crate::error::{OpError, OpStatus, Result};
+use crate::error::{OpStatus, Result};
 use crate::region::{Domain, LocalSlice};
 
 /// This side of the QP, as a token or header advertises it.
@@ -180,30 +180,14 @@ impl RcQp {
         rkey: u32,
         imm: u32,
     ) -> Completion {
-        let (tx, rx) = oneshot::channel();
-        let info = OpError {
-            status: OpStatus::Flushed,
-            op: "RDMA WRITE_WITH_IMM",
-            remote_addr,
-            rkey,
-            len: local.len() as u64,
-        };
-        if u32::try_from(local.len()).is_err() {
-            return Completion::failed(OpError {
-                status: OpStatus::LocalError,
-                ..info
-            });
-        }
-        self.req.submit(Posted {
+        self.req.post(
+            "RDMA WRITE_WITH_IMM",
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+            Some(imm),
             local,
-            opcode: ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-            imm: Some(imm),
             remote_addr,
             rkey,
-            tx,
-            info: info.clone(),
-        });
-        Completion::new(rx, info)
+        )
     }
 
     /// Moves the QP to ERR: every outstanding operation and the posted
