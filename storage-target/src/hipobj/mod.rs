@@ -71,12 +71,42 @@ struct State {
     /// Per user: sessions held and staging bytes held.
     users: HashMap<String, (usize, u64)>,
     staging_bytes: u64,
-    /// The server's recent (qpn, psn) pairs, oldest first.
-    recent_pairs: VecDeque<(u32, u32)>,
-    recent_pair_set: HashSet<(u32, u32)>,
+    /// The server's recent (qpn, psn) pairs.
+    recent_pairs: Recent<(u32, u32)>,
     /// Clients' (gid, qpn, psn) of sessions prepared recently.
-    recent_clients: VecDeque<([u8; 16], u32, u32)>,
-    recent_client_set: HashSet<([u8; 16], u32, u32)>,
+    recent_clients: Recent<([u8; 16], u32, u32)>,
+}
+
+/// The last [`RECENT_PAIRS`] values seen, to refuse a repeat.
+#[derive(Debug)]
+struct Recent<T> {
+    order: VecDeque<T>,
+    set: HashSet<T>,
+}
+
+impl<T> Default for Recent<T> {
+    fn default() -> Self {
+        Recent {
+            order: VecDeque::new(),
+            set: HashSet::new(),
+        }
+    }
+}
+
+impl<T: Copy + Eq + std::hash::Hash> Recent<T> {
+    /// Whether `v` is new (and remembers it, forgetting the oldest).
+    fn insert(&mut self, v: T) -> bool {
+        if !self.set.insert(v) {
+            return false;
+        }
+        self.order.push_back(v);
+        if self.order.len() > RECENT_PAIRS
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        true
+    }
 }
 
 /// Why a session could not be admitted.
@@ -180,32 +210,12 @@ impl HipobjService {
 
     /// Whether a server pair is new (and remembers it).
     fn fresh_pair(&self, qpn: u32, psn: u32) -> bool {
-        let mut st = self.lock();
-        if !st.recent_pair_set.insert((qpn, psn)) {
-            return false;
-        }
-        st.recent_pairs.push_back((qpn, psn));
-        if st.recent_pairs.len() > RECENT_PAIRS
-            && let Some(old) = st.recent_pairs.pop_front()
-        {
-            st.recent_pair_set.remove(&old);
-        }
-        true
+        self.lock().recent_pairs.insert((qpn, psn))
     }
 
     /// Whether a client's (gid, qpn, psn) is new (and remembers it).
     fn fresh_client(&self, gid: [u8; 16], qpn: u32, psn: u32) -> bool {
-        let mut st = self.lock();
-        if !st.recent_client_set.insert((gid, qpn, psn)) {
-            return false;
-        }
-        st.recent_clients.push_back((gid, qpn, psn));
-        if st.recent_clients.len() > RECENT_PAIRS
-            && let Some(old) = st.recent_clients.pop_front()
-        {
-            st.recent_client_set.remove(&old);
-        }
-        true
+        self.lock().recent_clients.insert((gid, qpn, psn))
     }
 
     fn insert(&self, id: SessionId, s: Arc<Session>) {

@@ -28,6 +28,11 @@ use super::{HipobjService, Refusal};
 #[derive(Debug, Clone)]
 pub struct HipobjRoute(pub Arc<HipobjService>);
 
+/// Whether a request is for the control path (both routes take it).
+fn is_control_request(method: &Method, uri: &Uri) -> bool {
+    *method == Method::POST && Control::is_control_path(uri.path())
+}
+
 /// The request's headers as the wire parsers read them.
 struct View<'a>(&'a HeaderMap);
 
@@ -105,7 +110,7 @@ impl S3Route for HipobjRoute {
         _headers: &HeaderMap,
         _extensions: &mut Extensions,
     ) -> bool {
-        *method == Method::POST && Control::is_control_path(uri.path())
+        is_control_request(method, uri)
     }
 
     async fn check_access(&self, req: &mut S3Request<Body>) -> S3Result<()> {
@@ -648,7 +653,7 @@ impl S3Route for HipobjUnsupported {
         _headers: &HeaderMap,
         _extensions: &mut Extensions,
     ) -> bool {
-        *method == Method::POST && Control::is_control_path(uri.path())
+        is_control_request(method, uri)
     }
 
     async fn call(&self, _req: S3Request<Body>) -> S3Result<S3Response<Body>> {
