@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use crate::common::{
-    ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, sign_v4_as, write_private,
+    ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, send_signed, sign_v4_as, write_private,
 };
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
@@ -416,7 +416,7 @@ async fn pipe(
 /// A signed RDMA GET of `path` as `user`.
 async fn rdma_get_as(user: (&str, &str), endpoint: &str, path: &str, token: &str) -> Raw {
     let url = format!("{endpoint}{path}");
-    let headers = sign_v4_as(
+    send_signed(
         user,
         "GET",
         &url,
@@ -424,15 +424,9 @@ async fn rdma_get_as(user: (&str, &str), endpoint: &str, path: &str, token: &str
             ("x-amz-rdma-token", token),
             ("x-amz-rdma-protocol", "s3dma-v1"),
         ],
-        aws_sigv4::http_request::SignableBody::UnsignedPayload,
-        SystemTime::now(),
-    );
-    let hs: Vec<(&str, &str)> = headers
-        .iter()
-        .filter(|(k, _)| k != "host")
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    raw("GET", &url, &hs, Bytes::new()).await
+        &[],
+    )
+    .await
 }
 
 fn metric(text: &str, name_and_labels: &str) -> i64 {

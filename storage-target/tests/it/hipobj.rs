@@ -11,14 +11,14 @@
 //! unsupported path runs everywhere.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use fabric::verbs::rc::{RcQp, RcRemote};
 use fabric::{Access, Backend, Domain, Region};
 use sha2::Digest as _;
 
-use crate::common::{self, ADMIN, OTHER, Raw, Server, data, raw, sign_v4_as};
+use crate::common::{self, ADMIN, OTHER, Raw, Server, data, raw, send_signed};
 
 const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
@@ -65,25 +65,7 @@ async fn control(
     unsigned: &[(&str, &str)],
 ) -> Raw {
     let url = s.url(&format!("/.hipobj-rc/{what}"));
-    let mut headers = sign_v4_as(
-        user,
-        "POST",
-        &url,
-        h,
-        aws_sigv4::http_request::SignableBody::UnsignedPayload,
-        SystemTime::now(),
-    );
-    headers.extend(
-        unsigned
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
-    let hs: Vec<(&str, &str)> = headers
-        .iter()
-        .filter(|(k, _)| k != "host")
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    raw("POST", &url, &hs, Bytes::new()).await
+    send_signed(user, "POST", &url, h, unsigned).await
 }
 
 /// The 44-byte token, laid out as the wire description says: transport
@@ -279,24 +261,9 @@ impl Client {
         assert_ne!(addr, 0);
         let h = self.ready_headers(&session, true);
         let url = s.url("/.hipobj-rc/ready");
-        let signed = {
-            let hs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            sign_v4_as(
-                ADMIN,
-                "POST",
-                &url,
-                &hs,
-                aws_sigv4::http_request::SignableBody::UnsignedPayload,
-                SystemTime::now(),
-            )
-        };
         let ready = tokio::spawn(async move {
-            let hs: Vec<(&str, &str)> = signed
-                .iter()
-                .filter(|(k, _)| k != "host")
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            raw("POST", &url, &hs, Bytes::new()).await
+            let hs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            send_signed(ADMIN, "POST", &url, &hs, &[]).await
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         self.qp

@@ -4,9 +4,9 @@
 
 use crate::common;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use crate::common::{Raw, Server, data, md5_hex, raw, sign_v4};
+use crate::common::{Raw, Server, data, md5_hex, raw};
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -152,24 +152,7 @@ async fn send_exact(
     after: &[(&str, &str)],
 ) -> Raw {
     let url = format!("{endpoint}{path}");
-    let mut headers = sign_v4(
-        method,
-        &url,
-        extra,
-        aws_sigv4::http_request::SignableBody::UnsignedPayload,
-        SystemTime::now(),
-    );
-    headers.extend(
-        after
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
-    let hs: Vec<(&str, &str)> = headers
-        .iter()
-        .filter(|(k, _)| k != "host")
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    raw(method, &url, &hs, Bytes::new()).await
+    common::send_signed(common::ADMIN, method, &url, extra, after).await
 }
 
 async fn rdma_get(s: &Server, path: &str, token: &str, extra: &[(&str, &str)]) -> Raw {

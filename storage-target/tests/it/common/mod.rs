@@ -312,6 +312,36 @@ pub(crate) async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body:
     }
 }
 
+/// A body-less request signed as `user` with SigV4 (UNSIGNED-PAYLOAD) over
+/// the `signed` headers, with the `unsigned` ones added after signing.
+pub(crate) async fn send_signed(
+    user: (&str, &str),
+    method: &str,
+    url: &str,
+    signed: &[(&str, &str)],
+    unsigned: &[(&str, &str)],
+) -> Raw {
+    let mut headers = sign_v4_as(
+        user,
+        method,
+        url,
+        signed,
+        aws_sigv4::http_request::SignableBody::UnsignedPayload,
+        SystemTime::now(),
+    );
+    headers.extend(
+        unsigned
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let hs: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| k != "host")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    raw(method, url, &hs, Bytes::new()).await
+}
+
 /// Deterministic pseudo-random bytes.
 pub(crate) fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
