@@ -269,8 +269,9 @@ class StorageTarget:
             return "(no stderr log)"
         return "--- storage-target stderr (tail) ---\n" + "\n".join(lines[-n:])
 
-    def client(self, user: str | User = "alice", *, s3: dict | None = None, **cfg):
-        """A boto3 S3 client for ``user`` (name or User) against this server."""
+    def client(self, user: str | User = "alice", *, s3: dict | None = None, region: str = REGION, **cfg):
+        """A boto3 S3 client for ``user`` (name or User) against this server,
+        signing for ``region``."""
         u = self.users[user] if isinstance(user, str) else user
         s3cfg = {"addressing_style": "path"}
         s3cfg.update(s3 or {})
@@ -285,7 +286,7 @@ class StorageTarget:
         return boto3.session.Session().client(
             "s3",
             endpoint_url=self.endpoint,
-            region_name=REGION,
+            region_name=region,
             aws_access_key_id=u.access_key,
             aws_secret_access_key=u.secret,
             config=config,

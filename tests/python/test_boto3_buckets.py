@@ -101,9 +101,29 @@ def test_invalid_bucket_name_boto3(s3):
     assert_client_error(e, "InvalidBucketName", 400)
 
 
-def test_recreate_own_bucket_is_already_owned(s3, bucket):
+def test_recreate_own_bucket_in_us_east_1_is_ok_and_changes_nothing(s3, bucket):
+    """AWS us-east-1 answers 200 to a caller re-creating its own bucket and
+    keeps the bucket as it was (objects, ACL, creation date)."""
+    s3.put_object(Bucket=bucket, Key="kept", Body=b"kept")
+    created = {b["Name"]: b["CreationDate"] for b in s3.list_buckets()["Buckets"]}[bucket]
+    acl = s3.get_bucket_acl(Bucket=bucket)["Grants"]
+    for kw in ({}, {"ACL": "public-read"}):
+        r = s3.create_bucket(Bucket=bucket, **kw)
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert s3.get_object(Bucket=bucket, Key="kept")["Body"].read() == b"kept"
+    assert s3.get_bucket_acl(Bucket=bucket)["Grants"] == acl
+    assert {b["Name"]: b["CreationDate"] for b in s3.list_buckets()["Buckets"]}[bucket] == created
+
+
+def test_recreate_own_bucket_elsewhere_is_already_owned(make_target):
+    """Outside us-east-1, AWS answers 409 BucketAlreadyOwnedByYou."""
+    st = make_target(metrics=False, extra={"region": "eu-west-1"})
+    st.start()
+    c = st.client(region="eu-west-1")
+    name = unique_bucket("elsewhere")
+    c.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     with pytest.raises(ClientError) as e:
-        s3.create_bucket(Bucket=bucket)
+        c.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     assert_client_error(e, "BucketAlreadyOwnedByYou", 409)
 
 

@@ -128,9 +128,8 @@ def test_ready_line_sigterm_and_persistence(make_target):
     with pytest.raises(ClientError) as e:
         st.client("bob").create_bucket(Bucket="bob-owned-by-alice")
     assert e.value.response["Error"]["Code"] == "BucketAlreadyExists"
-    with pytest.raises(ClientError) as e:
-        st.client("alice").create_bucket(Bucket="bob-owned-by-alice")
-    assert e.value.response["Error"]["Code"] == "BucketAlreadyOwnedByYou"
+    # ...while alice, its owner, may re-create it (200 in us-east-1)
+    st.client("alice").create_bucket(Bucket="bob-owned-by-alice")
 
 
 def test_max_clock_skew_setting(make_target, tmp_path):

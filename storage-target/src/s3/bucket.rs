@@ -8,6 +8,9 @@ use super::S3Store;
 use super::dto::{access_key, ts};
 use super::error::{WithStatus as _, access_denied, store_error};
 
+/// The region where re-creating one's own bucket succeeds.
+const LEGACY_REGION: &str = "us-east-1";
+
 pub(super) async fn create_bucket(
     s3: &S3Store,
     req: S3Request<CreateBucketInput>,
@@ -40,10 +43,18 @@ pub(super) async fn create_bucket(
             &grant_headers!(input, grant_write),
         )?
         .unwrap_or_default();
-    s3.store
+    match s3
+        .store
         .create_bucket(&input.bucket, &who, &caller.canonical_id, acl)
         .await
-        .map_err(store_error)?;
+    {
+        Ok(_) => {}
+        // AWS's us-east-1 answers a caller re-creating its own bucket with
+        // 200 and changes nothing (SDK code written against it relies on
+        // that); every other region answers 409.
+        Err(crate::store::StoreError::BucketAlreadyOwnedByYou) if s3.region == LEGACY_REGION => {}
+        Err(e) => return Err(store_error(e)),
+    }
     Ok(S3Response::new(CreateBucketOutput {
         location: Some(format!("/{}", input.bucket)),
     }))

@@ -42,13 +42,8 @@ async fn bucket_lifecycle() {
     let s = Server::start();
     let c = s.admin();
     c.create_bucket().bucket("bkt-one").send().await.unwrap();
-    let (code, status) = err(c
-        .create_bucket()
-        .bucket("bkt-one")
-        .send()
-        .await
-        .unwrap_err());
-    assert_eq!((code.as_str(), status), ("BucketAlreadyOwnedByYou", 409));
+    // One's own bucket again: 200 in us-east-1 (AWS's legacy behaviour).
+    c.create_bucket().bucket("bkt-one").send().await.unwrap();
     let (code, _) = err(s
         .client(OTHER)
         .create_bucket()
