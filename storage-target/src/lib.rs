@@ -96,6 +96,28 @@ pub fn build_service(
         users.clone(),
         Arc::clone(&rdma),
     );
+    let mut b = s3s::service::S3ServiceBuilder::new(front.clone());
+    b.set_route(hipobj_route(cfg, &rdma, front));
+    b.set_validation(hipobj::ControlPathNames);
+    b.set_auth(users.clone());
+    b.set_access(auth::AccessCheck::new(users, store));
+    let mut s3cfg = s3s::config::S3Config::default();
+    s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
+    b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
+        s3cfg,
+    ))));
+    b.build()
+}
+
+/// The hipobj-rc-v2 server over `front` (answering every control request
+/// as unsupported without a verbs device or with `rdma.hipobj.enabled:
+/// false`).
+#[cfg(feature = "verbs")]
+fn hipobj_route(
+    cfg: &config::Config,
+    rdma: &Arc<rdma::RdmaService>,
+    front: s3::S3Store,
+) -> impl s3s::route::S3Route {
     let domain = cfg
         .rdma
         .hipobj
@@ -110,23 +132,24 @@ pub fn build_service(
     let hipobj = hipobj::HipobjService::new(
         domain,
         why,
-        front.clone(),
+        front,
         cfg.rdma.hipobj.clone(),
         cfg.rdma.allowed_client_networks.clone(),
         Arc::clone(rdma.metrics()),
     );
     hipobj.spawn_reaper();
-    let mut b = s3s::service::S3ServiceBuilder::new(front);
-    b.set_route(hipobj::HipobjRoute(hipobj));
-    b.set_validation(hipobj::ControlPathNames);
-    b.set_auth(users.clone());
-    b.set_access(auth::AccessCheck::new(users, store));
-    let mut s3cfg = s3s::config::S3Config::default();
-    s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
-    b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
-        s3cfg,
-    ))));
-    b.build()
+    hipobj::HipobjRoute(hipobj)
+}
+
+/// Without the `verbs` feature hipobj-rc-v2 (RC queue pairs) cannot be
+/// served: every control request is answered as unsupported.
+#[cfg(not(feature = "verbs"))]
+fn hipobj_route(
+    _cfg: &config::Config,
+    _rdma: &Arc<rdma::RdmaService>,
+    _front: s3::S3Store,
+) -> impl s3s::route::S3Route {
+    hipobj::HipobjUnsupported("this storage-target was built without the verbs feature")
 }
 
 /// Builds the s3s service of the gateway (`store: s3`).

@@ -21,17 +21,13 @@ use s3dma_wire::hipobj::{
     ReadyRequest, SessionId,
 };
 
+use super::control::{error, is_control_request};
+use super::service::{HipobjService, Refusal};
 use super::session::{Session, op_name};
-use super::{HipobjService, Refusal};
 
 /// The s3s route of the control path.
 #[derive(Debug, Clone)]
 pub struct HipobjRoute(pub Arc<HipobjService>);
-
-/// Whether a request is for the control path (both routes take it).
-fn is_control_request(method: &Method, uri: &Uri) -> bool {
-    *method == Method::POST && Control::is_control_path(uri.path())
-}
 
 /// The request's headers as the wire parsers read them.
 struct View<'a>(&'a HeaderMap);
@@ -44,20 +40,6 @@ impl hipobj::Headers for View<'_> {
             .map(|v| v.to_str().unwrap_or("\u{fffd}"))
             .collect()
     }
-}
-
-fn error(status: u16, code: S3ErrorCode, message: impl Into<String>) -> S3Error {
-    let mut e = S3Error::with_message(code, message.into());
-    e.set_status_code(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST));
-    if status == 501 {
-        let mut h = HeaderMap::new();
-        h.insert(
-            hipobj::header::PROTOCOL_STATUS,
-            HeaderValue::from_static("unsupported"),
-        );
-        e.set_headers(h);
-    }
-    e
 }
 
 fn control_error(e: &ControlError) -> S3Error {
@@ -634,34 +616,6 @@ impl Drop for ReleaseOnDrop<'_> {
         if self.armed {
             self.svc.release(self.user, self.bytes);
         }
-    }
-}
-
-/// The control path where the dialect is not served at all (the gateway):
-/// every signed control request is answered `501` with
-/// `x-amz-rdma-protocol-status: unsupported`, the dialect's fallback signal,
-/// instead of s3s's `InvalidBucketName` for the path.
-#[derive(Debug, Clone, Copy)]
-pub struct HipobjUnsupported(pub &'static str);
-
-#[async_trait::async_trait]
-impl S3Route for HipobjUnsupported {
-    fn is_match(
-        &self,
-        method: &Method,
-        uri: &Uri,
-        _headers: &HeaderMap,
-        _extensions: &mut Extensions,
-    ) -> bool {
-        is_control_request(method, uri)
-    }
-
-    async fn call(&self, _req: S3Request<Body>) -> S3Result<S3Response<Body>> {
-        Err(error(
-            501,
-            S3ErrorCode::NotImplemented,
-            format!("hipobj-rc-v2 is not served here: {}", self.0),
-        ))
     }
 }
 
