@@ -23,15 +23,15 @@ const RECENT_PAIRS: usize = 4096;
 /// sessions and caps.
 #[derive(Debug)]
 pub struct HipobjService {
-    domain: Option<Domain>,
+    pub(super) domain: Option<Domain>,
     /// Why the dialect is not served (when `domain` is `None`), for the log.
-    unsupported: &'static str,
-    s3: S3Store,
-    cfg: HipobjConfig,
+    pub(super) unsupported: &'static str,
+    pub(super) s3: S3Store,
+    pub(super) cfg: HipobjConfig,
     /// `rdma.allowed_client_networks`: the GIDs (as IP addresses) a
     /// client's QP may have.
-    allowed: Vec<Cidr>,
-    metrics: Arc<Metrics>,
+    pub(super) allowed: Vec<Cidr>,
+    pub(super) metrics: Arc<Metrics>,
     state: Mutex<State>,
 }
 
@@ -67,7 +67,7 @@ impl<T> Default for Recent<T> {
 
 impl<T: Copy + Eq + std::hash::Hash> Recent<T> {
     /// Whether `v` is new (and remembers it, forgetting the oldest).
-    fn insert(&mut self, v: T) -> bool {
+    pub(super) fn insert(&mut self, v: T) -> bool {
         if !self.set.insert(v) {
             return false;
         }
@@ -133,16 +133,16 @@ impl HipobjService {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn prepared_timeout(&self) -> Duration {
+    pub(super) fn prepared_timeout(&self) -> Duration {
         Duration::from_secs(self.cfg.prepared_timeout_secs)
     }
 
-    fn transfer_timeout(&self) -> Duration {
+    pub(super) fn transfer_timeout(&self) -> Duration {
         Duration::from_secs(self.cfg.transfer_timeout_secs)
     }
 
     /// Takes the caps for a session of `user` staging `bytes`.
-    fn admit(&self, user: &str, bytes: u64) -> Result<(), Refusal> {
+    pub(super) fn admit(&self, user: &str, bytes: u64) -> Result<(), Refusal> {
         let mut st = self.lock();
         let (n, held) = st.users.get(user).copied().unwrap_or((0, 0));
         if st.admitted >= self.cfg.max_sessions {
@@ -164,7 +164,7 @@ impl HipobjService {
     }
 
     /// Gives back what [`HipobjService::admit`] took.
-    fn release(&self, user: &str, bytes: u64) {
+    pub(super) fn release(&self, user: &str, bytes: u64) {
         let mut st = self.lock();
         if let Some((n, held)) = st.users.get_mut(user) {
             *n = n.saturating_sub(1);
@@ -181,16 +181,16 @@ impl HipobjService {
     }
 
     /// Whether a server pair is new (and remembers it).
-    fn fresh_pair(&self, qpn: u32, psn: u32) -> bool {
+    pub(super) fn fresh_pair(&self, qpn: u32, psn: u32) -> bool {
         self.lock().recent_pairs.insert((qpn, psn))
     }
 
     /// Whether a client's (gid, qpn, psn) is new (and remembers it).
-    fn fresh_client(&self, gid: [u8; 16], qpn: u32, psn: u32) -> bool {
+    pub(super) fn fresh_client(&self, gid: [u8; 16], qpn: u32, psn: u32) -> bool {
         self.lock().recent_clients.insert((gid, qpn, psn))
     }
 
-    fn insert(&self, id: SessionId, s: Arc<Session>) {
+    pub(super) fn insert(&self, id: SessionId, s: Arc<Session>) {
         let mut st = self.lock();
         st.sessions.insert(id, s);
         let (sessions, staging) = (st.sessions.len(), st.staging_bytes);
@@ -198,19 +198,19 @@ impl HipobjService {
         self.metrics.hipobj_held(sessions, staging);
     }
 
-    fn get(&self, id: &SessionId) -> Option<Arc<Session>> {
+    pub(super) fn get(&self, id: &SessionId) -> Option<Arc<Session>> {
         self.lock().sessions.get(id).cloned()
     }
 
     /// Removes a session and gives back its caps (once).
-    fn remove(&self, id: &SessionId) -> Option<Arc<Session>> {
+    pub(super) fn remove(&self, id: &SessionId) -> Option<Arc<Session>> {
         let s = self.lock().sessions.remove(id)?;
         self.release(&s.owner, u64::from(s.size));
         Some(s)
     }
 
     /// Ends the prepared sessions whose READY did not come in time.
-    fn reap(&self, now: Instant) {
+    pub(super) fn reap(&self, now: Instant) {
         let expired: Vec<SessionId> = self
             .lock()
             .sessions
@@ -228,7 +228,7 @@ impl HipobjService {
 
     /// Whether a client GID (an IP address on RoCE v2) is on a network
     /// this server may send to.
-    fn allowed_gid(&self, gid: [u8; 16]) -> bool {
+    pub(super) fn allowed_gid(&self, gid: [u8; 16]) -> bool {
         networks::allowed(
             &self.allowed,
             std::net::IpAddr::V6(std::net::Ipv6Addr::from(gid)),
