@@ -11,6 +11,8 @@ Every :class:`S3dmaError` has:
   ``UntrustedShim`` (the socket is served by an unexpected uid) and
   ``ConnectionDropped`` (an :class:`AccessDenied`: the shim hung up before
   answering, as it does to uids that are not its tenants).
+  :class:`TransferError` (a recursive transfer with failed files) carries
+  its first failure's code.
 * ``domain``: ``s3dma.agent``, ``s3dma.shim`` or ``s3dma.client``.
 * ``message``, ``request_id`` (empty when none), ``grpc_code``
   (a ``grpc.StatusCode``, or None), ``metadata`` (the ErrorInfo metadata).
@@ -20,9 +22,12 @@ The subclass is picked by ``code`` first, then by the gRPC code.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import grpc
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .transfer import TransferSummary
 
 AGENT_DOMAIN = "s3dma.agent"
 SHIM_DOMAIN = "s3dma.shim"
@@ -118,6 +123,26 @@ class InternalError(S3dmaError):
 
 class LeaseRefused(S3dmaError):
     """The shim refused the lease or an fd passed over it."""
+
+
+class TransferError(S3dmaError):
+    """Some files of a recursive transfer (:func:`s3dma.download_prefix`,
+    :func:`s3dma.upload_dir`) failed, or its listing did; the other files
+    were copied. ``summary`` is the run's :class:`s3dma.TransferSummary`,
+    ``failures`` its ``(name, exception)`` pairs; ``code``, ``grpc_code``
+    and ``request_id`` are the first failure's (``TransferFailed`` when it
+    has no code, e.g. a local :class:`OSError`)."""
+
+    def __init__(self, message: str, *, summary: "TransferSummary", **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.summary = summary
+
+    def __str__(self) -> str:
+        return self.message  # it names each failure with its own code
+
+    @property
+    def failures(self) -> "List[Tuple[str, BaseException]]":
+        return self.summary.failures
 
 
 class UntrustedShim(S3dmaError):
