@@ -42,6 +42,9 @@ pub(crate) const EXIT_INVALID_RANGE: u8 = 7;
 /// Exit status: the socket is served by a uid that is neither root nor the
 /// expected one (not the shim; nothing was sent to it).
 pub(crate) const EXIT_UNTRUSTED_SHIM: u8 = 8;
+/// Exit status: stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells
+/// report it).
+pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
 /// Why a command failed; [`Failure::exit_code`] picks its exit status.
 #[derive(Debug)]
@@ -57,6 +60,16 @@ pub(crate) enum Failure {
     },
     /// A local I/O or other failure (exit 1).
     Other(String),
+    /// Some files of a recursive command failed (each was reported as it
+    /// happened); exit by the first.
+    Partial {
+        /// How many failed.
+        failed: usize,
+        /// The first failure.
+        first: Box<Failure>,
+    },
+    /// Stopped by Ctrl-C or SIGTERM (exit 130).
+    Interrupted,
 }
 
 impl Failure {
@@ -66,6 +79,8 @@ impl Failure {
         match self {
             Failure::Usage(_) => EXIT_USAGE,
             Failure::Other(_) => EXIT_OTHER,
+            Failure::Partial { first, .. } => first.exit_code(),
+            Failure::Interrupted => EXIT_INTERRUPTED,
             Failure::Client { error, .. } => match error.kind {
                 ErrorKind::NotFound => EXIT_NOT_FOUND,
                 ErrorKind::AccessDenied => EXIT_ACCESS_DENIED,
@@ -92,6 +107,13 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Usage(m) | Failure::Other(m) => f.write_str(m),
+            Failure::Partial { failed: 1, first } => write!(f, "1 file failed: {first}"),
+            Failure::Partial { failed, first } => {
+                write!(f, "{failed} files failed, the first: {first}")
+            }
+            Failure::Interrupted => {
+                f.write_str("interrupted; finished files are in place, no partial file is left")
+            }
             Failure::Client { what, error } => {
                 let code = if error.code.is_empty() {
                     format!("{:?}", error.kind)
@@ -178,7 +200,7 @@ fn pick_socket(env: Option<PathBuf>, local: &Path, exists: impl Fn(&Path) -> boo
 }
 
 impl Global {
-    async fn connect(&self) -> Result<Client> {
+    pub(crate) async fn connect(&self) -> Result<Client> {
         let socket = self.socket.clone().unwrap_or_else(default_socket);
         Client::connect_with(&socket, client_options(self.shim_uid))
             .await
@@ -188,7 +210,7 @@ impl Global {
             )))
     }
 
-    fn progress(&self, len: u64, verb: &str) -> ProgressBar {
+    pub(crate) fn progress(&self, len: u64, verb: &str) -> ProgressBar {
         if self.quiet || len < PROGRESS_MIN || !io::stderr().is_terminal() {
             return ProgressBar::hidden();
         }
@@ -202,7 +224,7 @@ impl Global {
         pb
     }
 
-    fn say(&self, line: &str) {
+    pub(crate) fn say(&self, line: &str) {
         if !self.quiet {
             eprintln!("{line}");
         }
@@ -233,10 +255,7 @@ impl Sink {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".s3dma-{:016x}.tmp", rand::random::<u64>()));
-        let tmp = dir.join(tmp_name);
+        let tmp = dir.join(crate::tree::temp_name(name, rand::random()));
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)

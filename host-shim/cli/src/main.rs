@@ -24,6 +24,11 @@
 //! | 6 | precondition failed: the object changed during the transfer |
 //! | 7 | invalid range |
 //! | 8 | untrusted shim: the socket is served by a uid that is neither root nor the expected one |
+//! | 130 | interrupted (Ctrl-C, SIGTERM): finished files stay, no partial file is left |
+//!
+//! The recursive commands (`get -r`, `put -r`, `sync`, in `recursive.rs`)
+//! go on past a file that fails, report each one, and exit with the first
+//! failure's code.
 //!
 //! Every connection to the socket is checked (`SO_PEERCRED`) before a byte
 //! is sent: the shim must run as root or as the caller's own uid, or as the
@@ -33,14 +38,18 @@
 
 mod commands;
 mod local;
+mod recursive;
+mod tree;
 mod url;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
+use s3dma_config::ByteSize;
 
 use commands::{Failure, Global};
+use tree::{FilterArg, Filters};
 
 const EXIT_CODES: &str = "\
 Exit status:
@@ -54,6 +63,10 @@ Exit status:
   7  invalid range
   8  untrusted shim: the socket is served by a uid that is neither root nor
      the expected one (another user's process?); nothing was sent to it
+130  interrupted (Ctrl-C, SIGTERM): finished files stay, no partial file is left
+
+A recursive command (get -r, put -r, sync) goes on past a file that fails,
+reports each one, and exits with the first failure's code.
 
 Every connection to the socket is checked first: the shim must run as root,
 as you, or as the uid given by --shim-uid or $S3DMA_SHIM_UID.
@@ -96,26 +109,47 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Download an object (or a range of it) to a file or stdout.
+    /// Download an object (or a range of it) to a file or stdout; with
+    /// --recursive, every object under a prefix into a directory.
     #[command(after_help = EXIT_CODES)]
     Get {
-        /// s3://bucket/key
+        /// s3://bucket/key (with --recursive: s3://bucket[/prefix])
         url: String,
         /// Destination file, a directory, or - for stdout.
         #[arg(help = "Destination file, a directory, or - for stdout \
-                    [default: the key's last part, in the current directory]")]
+                    [default: the key's last part, in the current directory]; \
+                    with --recursive: the directory [default: .]")]
         file: Option<PathBuf>,
         /// Only these bytes: FIRST-LAST, FIRST- or -SUFFIX (e.g. 0-1023).
-        #[arg(long, value_name = "RANGE", allow_hyphen_values = true)]
+        #[arg(
+            long,
+            value_name = "RANGE",
+            allow_hyphen_values = true,
+            conflicts_with = "recursive"
+        )]
         range: Option<String>,
+        /// Every object under the prefix (s3://b/models means models/),
+        /// into the directory FILE, keys' "/" as subdirectories.
+        #[arg(short, long)]
+        recursive: bool,
+        #[command(flatten)]
+        tree: TreeArgs,
     },
-    /// Upload a file (or stdin, -) as one object.
+    /// Upload a file (or stdin, -) as one object; with --recursive, every
+    /// file under a directory.
     #[command(after_help = EXIT_CODES)]
     Put {
-        /// Source file, or - for stdin.
+        /// Source file, or - for stdin (with --recursive: a directory).
         file: PathBuf,
-        /// s3://bucket/key (a key ending in / gets the file's name appended).
+        /// s3://bucket/key (a key ending in / gets the file's name appended;
+        /// with --recursive: the prefix the files' relative paths go under).
         url: String,
+        /// Every regular file under the directory FILE (symlinks are not
+        /// followed).
+        #[arg(short, long)]
+        recursive: bool,
+        #[command(flatten)]
+        tree: TreeArgs,
         /// Content-Type to store.
         #[arg(long, value_name = "TYPE")]
         content_type: Option<String>,
@@ -138,6 +172,22 @@ enum Cmd {
     Stat {
         /// s3://bucket/key
         url: String,
+    },
+    /// Make a directory and a prefix alike, either way (SRC and DST: one
+    /// s3:// URL and one directory): copy what the destination lacks, has
+    /// at another size, or has older (by modification time).
+    #[command(after_help = EXIT_CODES)]
+    Sync {
+        /// s3://bucket[/prefix] or a directory.
+        src: String,
+        /// A directory or s3://bucket[/prefix].
+        dst: String,
+        /// Also remove from the destination what the source does not have
+        /// (not what --exclude leaves out); skipped when a copy failed.
+        #[arg(long)]
+        delete: bool,
+        #[command(flatten)]
+        tree: TreeArgs,
     },
     /// Delete an object (deleting a missing key succeeds, as in S3).
     #[command(after_help = EXIT_CODES)]
@@ -195,13 +245,83 @@ enum Cmd {
     },
 }
 
+/// The flags of the recursive commands.
+#[derive(Debug, clap::Args)]
+struct TreeArgs {
+    /// Only names (relative to the prefix or directory, "/"-separated)
+    /// matching GLOB; repeatable. With --exclude: everything is in at
+    /// first, and the last --include/--exclude that matches decides (as in
+    /// the aws CLI). "*" matches across "/".
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    /// Leave out names matching GLOB; repeatable (see --include).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Transfers in flight (ranged GETs, batches of small objects, PUTs).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    concurrency: u16,
+    /// Registered memory the buffers may take, at most (also bounded by
+    /// the tenant's buffer limits). An upload needs one buffer the size of
+    /// each file larger than --chunk-size.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    memory: ByteSize,
+    /// Bytes per ranged GET, and per pooled buffer.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB")]
+    chunk_size: ByteSize,
+}
+
+impl TreeArgs {
+    fn options(
+        &self,
+        m: Option<&ArgMatches>,
+        sync: bool,
+        delete: bool,
+    ) -> Result<recursive::TreeOptions, Failure> {
+        let mut filters = Vec::new();
+        if let Some(m) = m {
+            for (id, include) in [("include", true), ("exclude", false)] {
+                if let (Some(values), Some(positions)) =
+                    (m.get_many::<String>(id), m.indices_of(id))
+                {
+                    for (glob, position) in values.zip(positions) {
+                        filters.push(FilterArg {
+                            position,
+                            include,
+                            glob: glob.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        if self.chunk_size.0 == 0 || self.memory.0 == 0 {
+            return Err(Failure::Usage(
+                "--chunk-size and --memory must be above 0".into(),
+            ));
+        }
+        Ok(recursive::TreeOptions {
+            filters: Filters::new(filters).map_err(Failure::Usage)?,
+            concurrency: usize::from(self.concurrency),
+            memory: self.memory.0,
+            chunk: self.chunk_size.0,
+            sync,
+            delete,
+        })
+    }
+
+    fn is_default(&self) -> bool {
+        self.include.is_empty() && self.exclude.is_empty()
+    }
+}
+
 /// `--shim-uid`: a uid or a user name.
 fn parse_shim_uid(s: &str) -> Result<u32, String> {
     s3dma_client::resolve_uid(s).map_err(|e| e.message().to_owned())
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let sub = matches.subcommand().map(|(_, m)| m);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -220,15 +340,80 @@ fn main() -> ExitCode {
     };
     let result: Result<(), Failure> = rt.block_on(async {
         match cli.command {
-            Cmd::Get { url, file, range } => {
+            Cmd::Get {
+                url,
+                file,
+                range,
+                recursive: true,
+                tree,
+            } => {
+                let _ = range;
+                let dir = file.unwrap_or_else(|| PathBuf::from("."));
+                recursive::download(&g, &url, &dir, tree.options(sub, false, false)?).await
+            }
+            Cmd::Get {
+                url,
+                file,
+                range,
+                recursive: false,
+                tree,
+            } => {
+                if !tree.is_default() {
+                    return Err(Failure::Usage(
+                        "--include/--exclude need --recursive".into(),
+                    ));
+                }
                 commands::get(&g, &url, file.as_deref(), range.as_deref()).await
             }
             Cmd::Put {
                 file,
                 url,
+                recursive: true,
+                tree,
                 content_type,
                 meta,
-            } => commands::put(&g, &file, &url, content_type, &meta).await,
+            } => {
+                if content_type.is_some() || !meta.is_empty() {
+                    return Err(Failure::Usage(
+                        "--content-type and --meta apply to one object, not to --recursive".into(),
+                    ));
+                }
+                recursive::upload(&g, &file, &url, tree.options(sub, false, false)?).await
+            }
+            Cmd::Put {
+                file,
+                url,
+                recursive: false,
+                tree,
+                content_type,
+                meta,
+            } => {
+                if !tree.is_default() {
+                    return Err(Failure::Usage(
+                        "--include/--exclude need --recursive".into(),
+                    ));
+                }
+                commands::put(&g, &file, &url, content_type, &meta).await
+            }
+            Cmd::Sync {
+                src,
+                dst,
+                delete,
+                tree,
+            } => {
+                let opts = tree.options(sub, true, delete)?;
+                match (src.starts_with("s3://"), dst.starts_with("s3://")) {
+                    (true, false) => {
+                        recursive::download(&g, &src, std::path::Path::new(&dst), opts).await
+                    }
+                    (false, true) => {
+                        recursive::upload(&g, std::path::Path::new(&src), &dst, opts).await
+                    }
+                    _ => Err(Failure::Usage(
+                        "sync needs one s3://bucket[/prefix] and one directory".into(),
+                    )),
+                }
+            }
             Cmd::Ls { url, recursive } => commands::ls(&g, &url, recursive).await,
             Cmd::Stat { url } => commands::stat(&g, &url).await,
             Cmd::Rm { url } => commands::rm(&g, &url).await,

@@ -17,6 +17,7 @@ use nix::unistd::Pid;
 use sha2::{Digest as _, Sha256};
 
 mod common;
+mod recursive;
 use common::{S3DMA, check_binaries};
 
 /// A running `s3dma local`; stopped (and its children killed) on drop.
