@@ -10,6 +10,9 @@
 //! * `s3dma-tools bench --fanout` puts gateways in front of an S3 cluster
 //!   and times N tenant processes loading one object through them against
 //!   the same N straight from the cluster (`fanout.rs`).
+//! * `s3dma-tools bench --dirs` times a model-like directory downloaded
+//!   and uploaded with `s3dma get/put --recursive` against the aws CLI and
+//!   rclone on the same storage-target (`dirs.rs`).
 //! * `s3dma-tools soak` runs mixed, verified load against such a stack and
 //!   watches the services' memory and file descriptors (`soak.rs`; the
 //!   verdict in `soak_check.rs`).
@@ -21,6 +24,7 @@
 //! any error, printed as one line `s3dma-tools: bench: <what>`), 2 usage.
 
 mod bench;
+mod dirs;
 mod fanout;
 mod limits;
 mod ml;
@@ -107,6 +111,15 @@ enum Cmd {
         /// ($S3DMA_PYTHON, else the repository's .venv, else python3).
         #[arg(long, conflicts_with = "endpoint")]
         ml: bool,
+        /// Only the directory phase: a model-like directory (8 shards of 256
+        /// MiB, 8 MiB with --quick, and 20 JSON files) downloaded and
+        /// uploaded with `s3dma get/put --recursive`, `aws s3 cp
+        /// --recursive` (the repository's .venv, else PATH) and `rclone
+        /// copy`, all against the same storage-target, everything on
+        /// /dev/shm: GB/s and host CPU per GB, beside raw loopback TCP and
+        /// memcpy.
+        #[arg(long, conflicts_with_all = ["endpoint", "ml", "fanout"])]
+        dirs: bool,
         /// Only the fan-out: --readers tenant processes load one object
         /// through --gateways s3dma gateways in front of an S3 cluster
         /// (--upstream, else a throw-away Ceph cluster from Debian's
@@ -132,7 +145,7 @@ enum Cmd {
         /// Only these phases of the whole-stack bench (comma-separated:
         /// large, disk, procs, small) [default: all]; the machine's limits
         /// are always measured.
-        #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout"])]
+        #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout", "dirs"])]
         only: Vec<options::Phase>,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
@@ -242,6 +255,7 @@ fn main() -> ExitCode {
             data_dir,
             endpoint,
             ml,
+            dirs,
             fanout,
             readers,
             gateways,
@@ -257,6 +271,7 @@ fn main() -> ExitCode {
             endpoint,
             fabric,
             ml,
+            dirs,
             socket: cli.socket,
             shim_uid: cli.shim_uid,
             fanout,

@@ -31,6 +31,9 @@ pub(crate) struct Options {
     /// Only the ML phase ([`crate::ml`]): safetensors and DCP loads through
     /// s3dma against the S3 connectors ML users run today.
     pub ml: bool,
+    /// Only the directory phase ([`crate::dirs`]): a model-like directory
+    /// through `s3dma get/put --recursive` against the aws CLI and rclone.
+    pub dirs: bool,
     /// The existing stack's shim socket (default: [`s3dma_client::Client::default_socket`]).
     pub socket: Option<PathBuf>,
     /// The uid the existing stack's shim runs as besides root (`--shim-uid`;

@@ -164,6 +164,9 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     if opts.ml {
         return crate::ml::run(&opts, plan.raw_tcp).await;
     }
+    if opts.dirs {
+        return crate::dirs::run(&opts, plan.raw_tcp).await;
+    }
     let report = match &opts.endpoint {
         Some(endpoint) => attached(&opts, &plan, endpoint).await?,
         None => own_stack(&opts, &plan).await?,
