@@ -75,12 +75,21 @@ def _die_with_parent():  # child, between fork and exec
 
 
 class LocalStack:
-    def __init__(self, workdir: Path):
+    """``default_socket``: no ``--socket``; ``$XDG_RUNTIME_DIR`` is
+    ``runtime_dir`` (a fresh directory), so the socket is local mode's
+    default one, ``runtime_dir/s3dma/shim.sock``."""
+
+    def __init__(self, workdir: Path, *, default_socket: bool = False):
         self.workdir = Path(workdir)
         self.dir = self.workdir / "state"
         # Unix socket paths are limited to 107 bytes: keep it short.
         self.sockdir = Path(tempfile.mkdtemp(prefix="s3dma-py-"))
-        self.socket_arg = self.sockdir / "shim.sock"
+        self.socket_arg: Path | None = self.sockdir / "shim.sock"
+        self.runtime_dir: Path | None = None
+        if default_socket:
+            self.socket_arg = None
+            self.runtime_dir = self.sockdir / "run"
+            self.runtime_dir.mkdir(mode=0o700)
         self.socket: str | None = None
         self.proc: subprocess.Popen | None = None
         self.stdout_lines: list[str] = []
@@ -88,8 +97,15 @@ class LocalStack:
 
     def start(self, timeout: float = 180.0) -> "LocalStack":
         log = open(self.log_path, "ab")
+        args = [str(s3dma_bin()), "local", "--dir", str(self.dir)]
+        env = dict(os.environ)
+        if self.socket_arg is not None:
+            args += ["--socket", str(self.socket_arg)]
+        else:
+            env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
         self.proc = subprocess.Popen(
-            [str(s3dma_bin()), "local", "--dir", str(self.dir), "--socket", str(self.socket_arg)],
+            args,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -157,11 +173,12 @@ class LocalStack:
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path) -> Iterator[LocalStack]:
+def running_stack(workdir: Path, *, default_socket: bool = False) -> Iterator[LocalStack]:
     """`s3dma local` for the length of the block; on the way out it must
-    stop cleanly on SIGINT, and no service may have panicked."""
+    stop cleanly on SIGINT, and no service may have panicked.
+    ``default_socket``: see :class:`LocalStack`."""
     require_binaries()
-    s = LocalStack(workdir)
+    s = LocalStack(workdir, default_socket=default_socket)
     s.start()
     try:
         yield s

@@ -165,6 +165,72 @@ def test_batch_api_views_one_buffer(factory, objects):
     it.close()
 
 
+def test_datasets_take_s3_urls(stack, factory, objects, monkeypatch):
+    """``s3://bucket/prefix`` first (the client from ``socket=``, else the
+    default socket) or after a factory; ``keys`` then name objects under
+    the prefix; the bucket-and-prefix form is unchanged."""
+    prefix, want = objects
+    keys = sorted(want)
+    url = f"s3://{BUCKET}/{prefix}"
+    # The URL first, its client on socket=; without the trailing "/" the
+    # prefix is the same directory (as download_prefix reads it).
+    for u in (url, url.rstrip("/")):
+        m = S3dmaMapDataset(u, socket=stack.socket, slots=8, return_keys=True)
+        assert (m.bucket, m.prefix, m.keys) == (BUCKET, prefix, keys)
+        k, t = m[3]
+        assert k == keys[3] and bytes(t.numpy()) == want[k]
+        m.close()
+    # ... then through a DataLoader's two forked workers (the recipe is
+    # pickled or inherited, never the client).
+    it = S3dmaIterableDataset(url, socket=stack.socket, batch_size=100, return_keys=True)
+    pairs = list(torch.utils.data.DataLoader(it, batch_size=None, num_workers=2))
+    assert all(key_of(s) == k for k, s in pairs)
+    check_cover([s for _, s in pairs], want)
+    it.close()
+    # A factory, then the URL; keys relative to the URL's prefix.
+    m = S3dmaMapDataset(factory, url, ["obj-0007", "obj-0003"], max_size=64, return_keys=True)
+    assert m.keys == [keys[7], keys[3]] and m.prefix is None
+    assert [(k, bytes(t.numpy())) for k, t in m.get_batch([0, 1])] == [(k, want[k]) for k in m.keys]
+    m.close()
+    it = S3dmaIterableDataset(url, keys=["obj-0001"], max_size=64, socket=stack.socket, as_torch=False)
+    assert [a.tobytes() for a in it] == [want[keys[1]]]
+    it.close()
+    for o in (ObjectDataset(url, ["obj-0002"], 64, socket=stack.socket),
+              ObjectDataset(url, keys=["obj-0002"], max_size=64, socket=stack.socket),
+              ObjectDataset(factory, url, ["obj-0002"], 64)):
+        assert o.keys == [keys[2]] and bytes(o[0]) == want[keys[2]]
+        o.close()
+    # No socket: s3dma.default_socket(), here $S3DMA_SOCKET.
+    monkeypatch.setenv("S3DMA_SOCKET", stack.socket)
+    m = S3dmaMapDataset(url, ["obj-0000"], max_size=64)
+    assert m.client.socket == stack.socket and bytes(m[0].numpy()) == want[keys[0]]
+    clone = pickle.loads(pickle.dumps(m))
+    assert clone._client is None and bytes(clone[0].numpy()) == want[keys[0]]
+    clone.close()
+    m.close()
+    from s3dma.dataset import list_prefix
+
+    with s3dma.Client(stack.socket) as c:
+        assert list_prefix(c, url) == list_prefix(c, BUCKET, prefix) == [(k, len(want[k])) for k in keys]
+    # What does not make sense is refused before anything is listed.
+    with pytest.raises(ValueError, match="already names the prefix"):
+        S3dmaMapDataset(url, prefix="x/")
+    with pytest.raises(ValueError, match="already names the prefix"):
+        S3dmaIterableDataset(factory, url, "x/")
+    with pytest.raises(TypeError, match="the URL names bucket and prefix"):
+        S3dmaIterableDataset(url, "x/")
+    with pytest.raises(ValueError, match="must start with s3://"):
+        S3dmaMapDataset(f"s3dma://{BUCKET}/{prefix}")
+    with pytest.raises(ValueError, match="bucket is empty"):
+        S3dmaMapDataset(factory, "s3:///x/")
+    with pytest.raises(ValueError, match="socket= goes with a URL first"):
+        S3dmaMapDataset(factory, url, socket=stack.socket)
+    with pytest.raises(TypeError, match="URL or a callable"):
+        S3dmaMapDataset(42, BUCKET, prefix=prefix)
+    with pytest.raises(TypeError, match="max_size"):
+        ObjectDataset(url, ["obj-0002"])
+
+
 def test_pickled_dataset_travels_without_its_client(factory, objects):
     prefix, want = objects
     ds = S3dmaMapDataset(factory, BUCKET, sorted(want)[:3], max_size=64)

@@ -22,6 +22,7 @@ from .client import (  # noqa: F401
     ObjectInfo,
     PutResult,
     default_socket,
+    local_socket,
 )
 from .errors import (  # noqa: F401
     AccessDenied,

@@ -45,9 +45,41 @@ _PATHS = {
 }
 
 
+def local_socket() -> str:
+    """The socket ``s3dma local`` makes when given no ``--socket``:
+    ``$XDG_RUNTIME_DIR/s3dma/shim.sock`` when ``$XDG_RUNTIME_DIR`` is an
+    absolute path, else ``/tmp/s3dma-<uid>/shim.sock`` (the effective uid).
+    Whether it exists is not checked."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(xdg):
+        return os.path.join(xdg, "s3dma", "shim.sock")
+    return f"/tmp/s3dma-{os.geteuid()}/shim.sock"
+
+
+def _exists(path: str) -> bool:
+    # lstat, as the CLI: a dangling symlink still counts (and fails later,
+    # naming the path) rather than being passed over silently.
+    try:
+        os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def default_socket() -> str:
-    """``$S3DMA_SOCKET``, else ``/run/s3dma/shim.sock``."""
-    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+    """The socket a client connects to when given none, chosen as the
+    ``s3dma`` CLI chooses it: ``$S3DMA_SOCKET`` when set and not empty;
+    else ``/run/s3dma/shim.sock`` (an installed shim) when it exists; else
+    local mode's socket (:func:`local_socket`) when that exists; else
+    ``/run/s3dma/shim.sock``, so that the error names it. Read at each
+    call: a second shell finds ``s3dma local``'s socket with no setting."""
+    env = os.environ.get(SOCKET_ENV)
+    if env:
+        return env
+    local = local_socket()
+    if not _exists(DEFAULT_SOCKET) and _exists(local):
+        return local
+    return DEFAULT_SOCKET
 
 
 # -- results ----------------------------------------------------------------
@@ -308,8 +340,9 @@ class Client:
     """A connection to the host-shim: a lease (for passing memory) and a gRPC
     channel over the same Unix socket.
 
-    ``socket``: the shim's socket path (default ``$S3DMA_SOCKET``, else
-    ``/run/s3dma/shim.sock``). ``timeout``: seconds per call (None = no
+    ``socket``: the shim's socket path (default :func:`default_socket`:
+    ``$S3DMA_SOCKET``, else ``/run/s3dma/shim.sock`` if it exists, else
+    ``s3dma local``'s default socket if that exists). ``timeout``: seconds per call (None = no
     deadline; large GETs take a while).
 
     ``shim_uid``: the uid (or user name) the shim runs as when it is
@@ -328,6 +361,7 @@ class Client:
         connect_timeout: float = 30.0,
         shim_uid: Optional[Union[int, str]] = None,
     ):
+        defaulted = not socket and not os.environ.get(SOCKET_ENV)
         path = os.path.abspath(socket or default_socket())
         self.socket = path
         self.timeout = timeout
@@ -336,8 +370,10 @@ class Client:
         try:
             st = os.stat(path)
         except FileNotFoundError:
+            tried = f", nor at {local_socket()} (s3dma local's)" if defaulted else ""
             raise errors.ShimUnavailable(
-                f"no host-shim socket at {path} (is host-shim running? ${SOCKET_ENV} names another socket)",
+                f"no host-shim socket at {path}{tried} (is host-shim or `s3dma local` running? "
+                f"${SOCKET_ENV} names another socket)",
                 code="ShimUnavailable",
                 domain=errors.CLIENT_DOMAIN,
             ) from None

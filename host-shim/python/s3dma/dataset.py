@@ -1,8 +1,17 @@
-"""A map-style dataset of S3 objects for data loaders (torch's or your own).
+"""Datasets of S3 objects for data loaders (torch's or your own).
 
-    ds = ObjectDataset(lambda: s3dma.Client(), "data", keys, max_size=8 << 20,
+    ds = S3dmaIterableDataset("s3://data/train/", batch_size=64)
+    ds = ObjectDataset("s3://data/train/", ["a.bin", "b.bin"], max_size=8 << 20,
                        slots=batch_size)
     sample = ds[i]          # numpy uint8 view of the object's bytes, no copy
+
+Where the objects are: an ``s3://bucket/prefix`` URL (parsed as
+:func:`s3dma.download_prefix` parses it: ``s3://data/train`` is the prefix
+``train/``; ``keys=`` are then names under that prefix), or, as before, a
+bucket and a ``prefix=`` (any string, not only a "directory") or full keys.
+The URL comes first (the client made by ``s3dma.Client(socket)``, the
+socket defaulting to :func:`s3dma.default_socket`), or second, after a
+client factory: ``S3dmaMapDataset(factory, "s3://data/val/")``.
 
 Fork safety: a gRPC channel does not survive ``fork``, and a lease shared
 with forked workers mixes their fd requests. So the dataset never pickles
@@ -29,21 +38,23 @@ or numpy arrays; and ``device=`` (copied there after landing). They are
 torch ``Dataset``/``IterableDataset`` subclasses when torch is importable,
 plain classes otherwise.
 
-    ds = S3dmaIterableDataset(functools.partial(s3dma.Client, sock), "data",
-                              prefix="train/", batch_size=64)
+    ds = S3dmaIterableDataset(functools.partial(s3dma.Client, sock),
+                              "s3://data/train/", batch_size=64)
     for x in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=4):
         ...                               # x: uint8 tensor of one object
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import errors
 from .client import Buffer, Client, GetItem
+from .transfer import parse_url
 
 try:  # torch is optional: subclass its dataset types only when it is there
     from torch.utils.data import Dataset as _MapBase
@@ -53,20 +64,101 @@ except ImportError:  # pragma: no cover - depends on the environment
     _IterBase = object  # type: ignore[assignment,misc]
 
 
+ClientFactory = Callable[[], Client]
+
+
+def _is_url(s: Any) -> bool:
+    return isinstance(s, str) and "://" in s
+
+
+def _source(
+    client_factory: Any,
+    bucket: Any,
+    keys: Optional[Sequence[str]],
+    prefix: Optional[str],
+    socket: Optional[str],
+    url_first: bool,
+    what: str,
+) -> Tuple[ClientFactory, str, Optional[List[str]], Optional[str]]:
+    """``(factory, bucket, keys, prefix)`` from either form: a URL (first,
+    or after a factory) or a bucket with keys/prefix. A URL's prefix is the
+    listing prefix, or, with ``keys``, what the keys are relative to."""
+    if url_first:
+        url = client_factory
+        if socket is not None and not isinstance(socket, (str, os.PathLike)):
+            raise TypeError(f"{what}: socket must be a path, not {type(socket).__name__}")
+        factory: ClientFactory = functools.partial(Client, None if socket is None else os.fspath(socket))
+    else:
+        if not callable(client_factory):
+            raise TypeError(
+                f"{what}: the first argument is an s3://bucket/prefix URL or a callable returning an "
+                f"s3dma.Client, not {type(client_factory).__name__}"
+            )
+        if socket is not None:
+            raise ValueError(f"{what}: socket= goes with a URL first; a client factory picks its own socket")
+        factory = client_factory
+        if not _is_url(bucket):
+            if not isinstance(bucket, str) or not bucket:
+                raise TypeError(f"{what}: bucket must be a bucket name or an s3://bucket/prefix URL, not {bucket!r}")
+            return factory, bucket, None if keys is None else list(keys), prefix
+        url = bucket
+    bucket, url_prefix = parse_url(url)
+    if prefix is not None:
+        raise ValueError(f"{what}: {url!r} already names the prefix; leave prefix= out (or pass the bucket alone)")
+    if keys is not None:
+        if isinstance(keys, str):
+            raise TypeError(f"{what}: keys must be a sequence of names, not a string")
+        return factory, bucket, [url_prefix + k for k in keys], None
+    return factory, bucket, None, url_prefix
+
+
 class ObjectDataset:
+    """Map-style over ``keys``: ``ds[i]`` is object ``i`` in one of a ring of
+    ``slots`` buffers of ``max_size`` bytes (numpy, or torch with
+    ``as_torch``), valid until ``slots`` further items are read in this
+    process.
+
+    ``ObjectDataset(url, keys, max_size, *, socket=None, ...)``: the keys
+    are names under the URL's prefix (``s3://data/train/`` and ``a.bin``
+    read ``train/a.bin``); ``ObjectDataset(factory, bucket_or_url, keys,
+    max_size, ...)`` as before."""
+
     def __init__(
         self,
-        client_factory: Callable[[], Client],
-        bucket: str,
-        keys: Sequence[str],
-        max_size: int,
+        client_factory: Union[ClientFactory, str],
+        bucket: Any = None,
+        keys: Any = None,
+        max_size: Optional[int] = None,
         *,
         slots: int = 1,
         dtype: Any = None,
         as_torch: bool = False,
         copy: bool = False,
         label: str = "dataset",
+        socket: Optional[str] = None,
     ):
+        url_first = _is_url(client_factory)
+        if url_first:
+            # ObjectDataset(url, keys, max_size): the positions after the URL
+            # shift by one.
+            if bucket is None:
+                pass  # keys= and max_size= by name
+            elif keys is None:
+                keys = bucket
+            elif max_size is None:
+                keys, max_size = bucket, keys
+            else:
+                raise TypeError("ObjectDataset(url, keys, max_size): too many positional arguments")
+            bucket = None
+        if keys is None:
+            raise TypeError("ObjectDataset: keys are required")
+        client_factory, bucket, keys, _ = _source(
+            client_factory, bucket, keys, None, socket, url_first, "ObjectDataset"
+        )
+        if max_size is None:
+            raise TypeError("ObjectDataset: max_size (a positive byte count) is required")
+        if not isinstance(max_size, int) or isinstance(max_size, bool):
+            raise TypeError(f"ObjectDataset: max_size must be a byte count, not {max_size!r}")
         if max_size <= 0:
             raise ValueError("max_size must be positive")
         if slots < 1:
@@ -189,9 +281,14 @@ def worker_id_count() -> Tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
-def list_prefix(client: Client, bucket: str, prefix: str) -> List[Tuple[str, int]]:
-    """Every ``(key, size)`` under ``prefix``, sorted by key."""
-    return sorted((o.key, o.size) for o in client.list_all(bucket, prefix=prefix))
+def list_prefix(client: Client, bucket: str, prefix: Optional[str] = None) -> List[Tuple[str, int]]:
+    """Every ``(key, size)`` under ``prefix``, sorted by key; ``bucket`` may
+    be an ``s3://bucket/prefix`` URL instead (then without ``prefix``)."""
+    if _is_url(bucket):
+        if prefix is not None:
+            raise ValueError(f"{bucket!r} already names the prefix; leave prefix out")
+        bucket, prefix = parse_url(bucket)
+    return sorted((o.key, o.size) for o in client.list_all(bucket, prefix=prefix or ""))
 
 
 class _Shard:
@@ -401,6 +498,12 @@ class S3dmaMapDataset(_Shard, _MapBase):  # type: ignore[misc,valid-type]
     """Map-style: ``ds[i]`` is object ``i`` of this rank's keys (``keys``,
     or every object under ``prefix``, listed once and sorted).
 
+    Where: ``S3dmaMapDataset("s3://bucket/prefix", keys=None, *,
+    socket=None, ...)`` (every object under the prefix, or ``keys`` named
+    relative to it; the client is ``s3dma.Client(socket)``), or
+    ``S3dmaMapDataset(client_factory, bucket_or_url, keys=None, *,
+    prefix=None, ...)``.
+
     Sharding: with ``shard_by_rank`` (default), rank ``r`` of ``w`` sees
     keys ``r, r+w, ...`` (ranks from torch.distributed, or ``rank=`` and
     ``world_size=``); leave it off when a DistributedSampler shards the
@@ -420,11 +523,12 @@ class S3dmaMapDataset(_Shard, _MapBase):  # type: ignore[misc,valid-type]
 
     def __init__(
         self,
-        client_factory: Callable[[], Client],
-        bucket: str,
+        client_factory: Union[ClientFactory, str],
+        bucket: Any = None,
         keys: Optional[Sequence[str]] = None,
         *,
         prefix: Optional[str] = None,
+        socket: Optional[str] = None,
         max_size: Optional[int] = None,
         slots: int = 64,
         dtype: Any = None,
@@ -438,6 +542,15 @@ class S3dmaMapDataset(_Shard, _MapBase):  # type: ignore[misc,valid-type]
         concurrency: int = 0,
         label: str = "s3dma-map",
     ):
+        url_first = _is_url(client_factory)
+        if url_first:
+            # S3dmaMapDataset(url, keys): the keys come second.
+            if bucket is not None and keys is not None:
+                raise TypeError("S3dmaMapDataset(url, keys): too many positional arguments")
+            keys, bucket = (bucket if bucket is not None else keys), None
+        client_factory, bucket, keys, prefix = _source(
+            client_factory, bucket, keys, prefix, socket, url_first, "S3dmaMapDataset"
+        )
         self._setup(client_factory, bucket, keys, prefix, max_size, slots, dtype, as_torch, copy, device,
                     return_keys, concurrency, label)
         self.all_keys = self.keys
@@ -480,6 +593,11 @@ class S3dmaIterableDataset(_Shard, _IterBase):  # type: ignore[misc,valid-type]
     ``shuffle`` permutes the list the same way everywhere (``seed`` plus
     the epoch of :meth:`set_epoch`) before sharding.
 
+    Where: ``S3dmaIterableDataset("s3://bucket/prefix", *, socket=None,
+    ...)`` (``keys=`` then names objects relative to the prefix), or
+    ``S3dmaIterableDataset(client_factory, bucket_or_url, prefix=None,
+    ...)``.
+
     Samples: as :class:`S3dmaMapDataset` (``yield_batches`` yields each
     fetched list instead). A yielded view stays valid while the next
     ``slots - batch_size`` samples are read (``slots`` defaults to twice
@@ -487,11 +605,12 @@ class S3dmaIterableDataset(_Shard, _IterBase):  # type: ignore[misc,valid-type]
 
     def __init__(
         self,
-        client_factory: Callable[[], Client],
-        bucket: str,
+        client_factory: Union[ClientFactory, str],
+        bucket: Any = None,
         prefix: Optional[str] = None,
         *,
         keys: Optional[Sequence[str]] = None,
+        socket: Optional[str] = None,
         max_size: Optional[int] = None,
         batch_size: int = 32,
         slots: Optional[int] = None,
@@ -508,6 +627,12 @@ class S3dmaIterableDataset(_Shard, _IterBase):  # type: ignore[misc,valid-type]
         concurrency: int = 0,
         label: str = "s3dma-iter",
     ):
+        url_first = _is_url(client_factory)
+        if url_first and (bucket is not None or prefix is not None):
+            raise TypeError("S3dmaIterableDataset(url, ...): the URL names bucket and prefix; pass the rest by name")
+        client_factory, bucket, keys, prefix = _source(
+            client_factory, bucket, keys, prefix, socket, url_first, "S3dmaIterableDataset"
+        )
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         slots = 2 * batch_size if slots is None else slots

@@ -1,7 +1,7 @@
 """An fsspec filesystem for ``s3dma://bucket/key``, through the local host-shim.
 
     import fsspec
-    fs = fsspec.filesystem("s3dma")                 # socket: $S3DMA_SOCKET
+    fs = fsspec.filesystem("s3dma")                 # socket: s3dma.default_socket()
     with fs.open("s3dma://data/logs/a.txt", "wb") as f:
         f.write(b"hello")                          # PUT at close
     fs.cat_file("data/logs/a.txt", start=1)        # b"ello"
@@ -232,9 +232,10 @@ if hasattr(os, "register_at_fork"):
 class S3dmaFileSystem(AbstractFileSystem):
     """``s3dma://bucket/key`` objects through the local host-shim.
 
-    ``socket``: the shim's socket (default ``$S3DMA_SOCKET``, read when the
-    first call needs a client). ``client``: an :class:`s3dma.Client` to use
-    in the process that created it (other processes connect to its socket).
+    ``socket``: the shim's socket (default :func:`s3dma.default_socket`,
+    found as the CLI finds it when the first call needs a client).
+    ``client``: an :class:`s3dma.Client` to use in the process that
+    created it (other processes connect to its socket).
     ``block_size``: read-ahead of files opened for reading."""
 
     protocol = PROTOCOL

@@ -30,8 +30,9 @@ Each process needs its own :class:`s3dma.Client` (gRPC does not survive
 other process that uses (or unpickles) the writer/reader, such as a rank or
 async_save's checkpoint process, calls ``client_factory()`` or else
 connects to ``socket`` (default: the given client's, else
-``$S3DMA_SOCKET``). Zero-copy reads and writes need the tensors' buffers
-to belong to the Client in use: pass that ``client=``.
+:func:`s3dma.default_socket`, found as the CLI finds it). Zero-copy reads
+and writes need the tensors' buffers to belong to the Client in use: pass
+that ``client=``.
 """
 
 from __future__ import annotations
@@ -356,7 +357,8 @@ class StorageWriter(_Storage, _DcpStorageWriter):
 
     ``client``: an :class:`s3dma.Client` to use in this process; ``socket``
     / ``client_factory``: how other processes (ranks, async-save workers)
-    make theirs (default: the client's socket, else ``$S3DMA_SOCKET``).
+    make theirs (default: the client's socket, else
+    :func:`s3dma.default_socket`).
 
     ``max_object_size``: items of a rank are packed into data objects of at
     most this many bytes (a single larger item gets an object of its own
