@@ -166,6 +166,85 @@ fn bench_quick_reports_every_number() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// The directory phase's keys (`s3dma-tools bench --dirs`), for each tool.
+const DIRS_REQUIRED: [&str; 4] = [
+    "dirs_get_gbps",
+    "dirs_get_cpu_s_per_gb",
+    "dirs_put_gbps",
+    "dirs_put_cpu_s_per_gb",
+];
+
+/// `bench --dirs --quick`: s3dma, the aws CLI (the repository's .venv) and
+/// rclone each download and upload the model-like directory (the bench
+/// checks every file's bytes and the uploaded sizes, so a wrong transfer
+/// fails the run); every figure is there, finite and positive. Without CI,
+/// a missing aws CLI or rclone only drops its keys.
+#[test]
+fn bench_dirs_quick_reports_every_number() {
+    check_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("dirs.json");
+    let out = Command::new(S3DMA_TOOLS)
+        .args(["bench", "--dirs", "--quick", "--json"])
+        .arg(&json)
+        .env("TMPDIR", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench --dirs failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let obj = v.as_object().expect("a JSON object");
+    let mut keys: Vec<String> = DIRS_REQUIRED.iter().map(|k| (*k).to_owned()).collect();
+    keys.extend(["raw_tcp_gbps", "memcpy_gbps", "dirs_bytes", "dirs_files"].map(String::from));
+    let peers: Vec<&str> = if std::env::var_os("CI").is_some() {
+        vec!["aws", "rclone"]
+    } else {
+        ["aws", "rclone"]
+            .into_iter()
+            .filter(|p| obj.contains_key(&format!("dirs_get_{p}_gbps")))
+            .collect()
+    };
+    for p in peers {
+        for k in DIRS_REQUIRED {
+            keys.push(k.replacen("_gbps", &format!("_{p}_gbps"), 1).replacen(
+                "_cpu_s_per_gb",
+                &format!("_{p}_cpu_s_per_gb"),
+                1,
+            ));
+        }
+        keys.push(format!("dirs_get_vs_{p}"));
+        keys.push(format!("dirs_put_vs_{p}"));
+    }
+    for k in &keys {
+        let x = obj
+            .get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("no number {k} in {text}"));
+        assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
+    }
+    assert_eq!(obj["dirs_files"].as_f64(), Some(28.0), "{text}");
+    for row in [
+        "s3dma get --recursive",
+        "s3dma put --recursive",
+        "limits: raw loopback TCP",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "dirs.json")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// The ML phase's keys (`s3dma-tools bench --ml`).
 const ML_REQUIRED: [&str; 18] = [
     "raw_tcp_gbps",

@@ -265,8 +265,10 @@ struct TreeArgs {
     /// each file larger than --chunk-size.
     #[arg(long, value_name = "SIZE", default_value = "1GiB")]
     memory: ByteSize,
-    /// Bytes per ranged GET, and per pooled buffer.
-    #[arg(long, value_name = "SIZE", default_value = "64MiB")]
+    /// Bytes per ranged GET, and per pooled buffer (16 MiB lets writing
+    /// one range to its file overlap the next ranges' transfers; 64 MiB
+    /// chunks measured 35 % slower on a 2 GiB directory).
+    #[arg(long, value_name = "SIZE", default_value = "16MiB")]
     chunk_size: ByteSize,
 }
 
