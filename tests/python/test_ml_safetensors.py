@@ -285,12 +285,52 @@ def test_cpu_tensors_are_views_of_a_registered_buffer_that_lives_with_them(clien
         assert view.tolist() == list(range(10, 20))
         del view
         gc.collect()
+        # With the last tensor gone the buffer goes back to the client,
+        # which keeps it for the next load of its size.
+        assert buf_id in {b.id for b in client._kept_order}, "the buffer was not given back"
+        client.release_kept()
         assert buf_id not in {b.id for b in client.list_buffers()}, "the buffer outlived its tensors"
     # Releasing the buffer by hand does not pull memory from under the tensors.
     got = s3st.load_file(f"s3://{BUCKET}/{key}", client=client)
     buf, _ = client.find_buffer(got["a"].data_ptr(), 4000)
     buf.release()
     assert torch.equal(got["a"], d["a"]) and torch.equal(got["b"], d["b"])
+
+
+def test_a_second_load_reuses_the_first_loads_buffer(stack, prefix):
+    """A load's buffer, given back when its tensors are gone, takes the next
+    load of the same size (already faulted in); keep_bytes=0 keeps none."""
+    d = {f"t{i}": torch.arange(i * 1000, i * 1000 + 300_000, dtype=torch.float32) for i in range(4)}
+    url = f"s3://{BUCKET}/{prefix}reuse.safetensors"
+    with s3dma.Client(stack.socket) as c:
+        s3st.save_file(d, url, client=c)
+
+        def load_and_id():
+            got = s3st.load_file(url, client=c, first_read=4096)
+            assert_same(got, d)
+            buf, _ = c.find_buffer(got["t0"].data_ptr(), 4)
+            return buf.id
+
+        first = load_and_id()
+        gc.collect()
+        assert c.kept_bytes > 0
+        again = load_and_id()
+        assert again == first, "the second load did not reuse the kept buffer"
+        gc.collect()
+        # Kept buffers beyond keep_bytes are released, oldest first.
+        c.keep_bytes = 0
+        c.give_back(c.take_buffer(c.kept_bytes or 4096))
+        assert c.kept_bytes == 0
+        assert not [b for b in c.list_buffers() if b.label == "safetensors"]
+    with s3dma.Client(stack.socket, keep_bytes=0) as c:
+        ids = set()
+        for _ in range(2):
+            got = s3st.load_file(url, client=c, first_read=4096)
+            ids.add(c.find_buffer(got["t0"].data_ptr(), 4)[0].id)
+            del got
+            gc.collect()
+        assert len(ids) == 2 and c.kept_bytes == 0
+        assert not [b for b in c.list_buffers() if b.label == "safetensors"]
 
 
 def test_default_client_from_the_socket(stack, prefix, client):
@@ -319,9 +359,13 @@ def test_hostile_objects_are_clear_errors(client, prefix):
                 s3st.load_file(f"s3://{BUCKET}/{key}", client=client, **kw)
     with pytest.raises(s3dma.NotFound):
         s3st.load_file(f"s3://{BUCKET}/{prefix}missing", client=client)
-    # Nothing leaked: every buffer of those loads went back.
+    # Nothing leaked: every buffer of those loads was released or given
+    # back to the client (which keeps it for the next load).
     gc.collect()
-    assert not [b for b in client.list_buffers() if b.label.startswith("safetensors")]
+    # (Loads with socket= went through the module's shared client, which
+    # keeps its buffers too.)
+    kept = {b.id for c in [client, *s3st._clients.values()] for b in c._kept_order}
+    assert not [b for b in client.list_buffers() if b.label.startswith("safetensors") and b.id not in kept]
 
 
 def test_an_overwrite_during_the_load_is_an_error_not_a_mix(stack, prefix):

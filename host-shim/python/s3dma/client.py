@@ -66,6 +66,23 @@ def _exists(path: str) -> bool:
     return True
 
 
+#: ``Client(keep_bytes=...)`` from the environment.
+KEEP_BYTES_ENV = "S3DMA_KEEP_BYTES"
+#: Registered bytes a client keeps for its loaders' reuse by default.
+DEFAULT_KEEP_BYTES = 4 << 30
+
+
+def _release_quietly(buf: "Buffer") -> None:
+    """Releases a buffer, ignoring a closed client or lease (the shim has
+    released it then)."""
+    try:
+        c = buf._client
+        if not buf.released and not c.closed and c._same_process():
+            buf.release()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
 def default_socket() -> str:
     """The socket a client connects to when given none, chosen as the
     ``s3dma`` CLI chooses it: ``$S3DMA_SOCKET`` when set and not empty;
@@ -351,7 +368,13 @@ class Client:
     right before the gRPC channel is created: a socket served by any other
     uid raises :class:`s3dma.UntrustedShim` naming both uids. grpcio opens
     the channel's connections itself, so those are not checked one by one
-    (see the README)."""
+    (see the README).
+
+    ``keep_bytes``: registered bytes the client keeps for its loaders to
+    reuse (:meth:`take_buffer`, :meth:`give_back`; default
+    ``$S3DMA_KEEP_BYTES``, else 4 GiB; 0 keeps none). They count against the
+    tenant's buffer limits; a new buffer the shim refuses for those limits
+    releases them first."""
 
     def __init__(
         self,
@@ -360,6 +383,7 @@ class Client:
         timeout: Optional[float] = None,
         connect_timeout: float = 30.0,
         shim_uid: Optional[Union[int, str]] = None,
+        keep_bytes: Optional[int] = None,
     ):
         defaulted = not socket and not os.environ.get(SOCKET_ENV)
         path = os.path.abspath(socket or default_socket())
@@ -367,6 +391,17 @@ class Client:
         self.timeout = timeout
         self._pid = os.getpid()
         self._closed = False
+        # Buffers given back by the loaders, by size, oldest first.
+        self._kept: Dict[int, List[Buffer]] = {}
+        self._kept_order: List[Buffer] = []
+        self._kept_bytes = 0
+        self._kept_lock = threading.Lock()
+        if keep_bytes is None:
+            env = os.environ.get(KEEP_BYTES_ENV, "")
+            keep_bytes = int(env) if env.strip() else DEFAULT_KEEP_BYTES
+        if keep_bytes < 0:
+            raise ValueError(f"keep_bytes must be >= 0, not {keep_bytes}")
+        self.keep_bytes = keep_bytes
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -484,6 +519,11 @@ class Client:
         self._closed = True
         if self._same_process():
             self._channel.close()
+        with self._kept_lock:
+            # The lease's end releases them in the shim.
+            self._kept.clear()
+            self._kept_order.clear()
+            self._kept_bytes = 0
         self._lease.close()
 
     def __enter__(self) -> "Client":
@@ -507,6 +547,71 @@ class Client:
             agent_connected=r.agent_connected,
             version=r.version,
         )
+
+    # -- buffers kept for reuse ----------------------------------------------
+
+    def take_buffer(self, size: int, label: str = "") -> Buffer:
+        """A registered buffer of exactly ``size`` bytes for a loader: one
+        given back earlier with :meth:`give_back` when one of that size is
+        kept (its pages are already in memory here and in the shim, so bytes
+        land without page faults; it still holds the previous bytes), else a
+        new one (:meth:`alloc`). When the shim refuses a new buffer for the
+        tenant's buffer limit, the kept ones are released and it is asked
+        once more."""
+        if self._same_process():
+            with self._kept_lock:
+                same = self._kept.get(size)
+                if same:
+                    buf = same.pop()
+                    self._kept_order.remove(buf)
+                    self._kept_bytes -= buf.size
+                    return buf
+        try:
+            return self.alloc(size, label)
+        except errors.SlowDown as e:
+            if e.code != "BufferLimit" or not self.release_kept():
+                raise
+        return self.alloc(size, label)
+
+    def give_back(self, buf: Buffer) -> None:
+        """Keeps ``buf`` (whose views are all gone) for a later
+        :meth:`take_buffer` of its size, releasing the oldest kept buffers
+        beyond ``keep_bytes`` in all; releases it when it alone is larger,
+        or after a fork."""
+        if buf.released:
+            return
+        if self._closed or not self._same_process() or buf.size > self.keep_bytes:
+            _release_quietly(buf)
+            return
+        evicted: List[Buffer] = []
+        with self._kept_lock:
+            self._kept.setdefault(buf.size, []).append(buf)
+            self._kept_order.append(buf)
+            self._kept_bytes += buf.size
+            while self._kept_bytes > self.keep_bytes and self._kept_order:
+                old = self._kept_order.pop(0)
+                self._kept[old.size].remove(old)
+                self._kept_bytes -= old.size
+                evicted.append(old)
+        for old in evicted:
+            _release_quietly(old)
+
+    def release_kept(self) -> int:
+        """Releases every kept buffer; returns how many bytes that freed."""
+        with self._kept_lock:
+            kept = self._kept_order
+            freed = self._kept_bytes
+            self._kept = {}
+            self._kept_order = []
+            self._kept_bytes = 0
+        for b in kept:
+            _release_quietly(b)
+        return freed
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of buffers kept for reuse (registered with the shim)."""
+        return self._kept_bytes
 
     def alloc(self, size: int, label: str = "") -> Buffer:
         """Creates ``size`` bytes of shared memory (a memfd sealed against

@@ -15,7 +15,11 @@ instead of returning a mix of two files.
 Lifetime: CPU tensors are views of that buffer (``torch.frombuffer`` over a
 memoryview of the mapping). The buffer stays mapped and registered while any
 of them (or any view of them) is alive; when the last one goes, the buffer
-is released in the shim and unmapped. ``Buffer.release()`` by hand cannot
+goes back to the client, which keeps it (up to ``Client.keep_bytes``, 4 GiB
+by default) for the next load of the same size: a fresh buffer's pages are
+faulted in while the bytes land, which costs more than the transfer itself
+on small machines (2 GiB: 0.88 GB/s fresh, 2.2 GB/s into faulted-in memory).
+``Buffer.release()`` by hand cannot
 pull the memory from under them (the memoryview keeps the mapping). The
 tensors are writable and share memory with each other's buffer only.
 
@@ -373,12 +377,15 @@ def _fetch(c: Client, bucket: str, key: str, buf: Any, start: int, length: int, 
                 )
 
 
-def _release_quietly(buf: Buffer) -> None:
-    """Finalizer of a load's buffer: runs when its last tensor is gone."""
+def _give_back_quietly(buf: Buffer) -> None:
+    """Finalizer of a load's buffer: runs when its last tensor is gone. The
+    client keeps it for the next load of the same size
+    (:meth:`s3dma.Client.give_back`), so that load's bytes land in memory
+    already faulted in."""
     try:
         c = buf._client
         if not buf.released and not c.closed and c._same_process():
-            buf.release()
+            c.give_back(buf)
         else:
             buf.mmap.close()
     except Exception:
@@ -449,7 +456,7 @@ def load_file(
         else:
             first.release()
             first = None
-            buf, base = c.alloc(data_len, label="safetensors"), 0
+            buf, base = c.take_buffer(data_len, label="safetensors"), 0
     except BaseException:
         if first is not None:
             first.release()
@@ -457,7 +464,7 @@ def load_file(
     if dev.type == "cuda" and buf is not first:
         direct = _load_into_cuda(torch, c, bucket, key, header, dtypes, dev, etag, chunk_size, concurrency)
         if direct is not None:
-            buf.release()
+            c.give_back(buf)
             return direct
     try:
         if buf is not first:
@@ -473,7 +480,7 @@ def load_file(
                     out[t.name] = torch.frombuffer(mv, dtype=dtypes[t.name], count=numel, offset=base + t.begin).reshape(t.shape)
             # The tensors' storages hold `mv`, and `mv` holds the mapping:
             # release the buffer only when the last of them is gone.
-            fin = weakref.finalize(mv, _release_quietly, buf)
+            fin = weakref.finalize(mv, _give_back_quietly, buf)
             fin.atexit = False  # the lease ends with the process anyway
         else:
             # One host-to-device copy of the whole data section.

@@ -217,8 +217,10 @@ class _ClientSource:
 class _BufferPool:
     """Registered staging buffers reused across objects and batches: at most
     ``count`` at once, allocated lazily at the size first asked for; a
-    request larger than every free buffer replaces one (released to the
-    shim). :meth:`close` releases them all."""
+    request larger than every free buffer replaces one. Buffers come from,
+    and go back to, the client's kept buffers (:meth:`s3dma.Client.take_buffer`,
+    :meth:`s3dma.Client.give_back`), so the next load or save of the same
+    shapes finds them faulted in. :meth:`close` gives them all back."""
 
     def __init__(self, client: Client, count: int, label: str):
         self._client = client
@@ -243,10 +245,10 @@ class _BufferPool:
                 old = self._free.pop()
                 self._all.remove(old)
                 self._allocated -= 1
-                old.release()
+                self._client.give_back(old)
             self._allocated += 1
         try:
-            buf = self._client.alloc(nbytes, label=self._label)
+            buf = self._client.take_buffer(nbytes, label=self._label)
         except BaseException:
             with self._cond:
                 self._allocated -= 1
@@ -266,7 +268,7 @@ class _BufferPool:
             bufs, self._all, self._free = self._all, [], []
         for b in bufs:
             try:
-                b.release()
+                self._client.give_back(b)
             except errors.S3dmaError:
                 pass  # the client is closing or gone: the lease frees them
 
