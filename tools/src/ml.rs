@@ -20,7 +20,11 @@
 //! `ml_safetensors_s3torchconnector_gbps`,
 //! `ml_dcp_load_s3torchconnector_gbps`,
 //! `ml_dcp_save_s3torchconnector_gbps`), the ratios `ml_*_vs_http` and
-//! `ml_*_vs_memcpy`, and the limits `ml_memcpy_gbps` and `raw_tcp_gbps`.
+//! `ml_*_vs_memcpy`, and the limits `ml_memcpy_gbps` and `raw_tcp_gbps`;
+//! the data path's own figures for the same bytes, a plain s3dma GET and PUT
+//! through one registered buffer (`ml_get_gbps`, `ml_put_gbps`), and the
+//! loaders against them (`ml_safetensors_vs_get`, `ml_dcp_load_vs_get`,
+//! `ml_dcp_save_vs_put`).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -216,6 +220,14 @@ async fn measure(
         let (o, h, c) = (get(&m, ours), get(&m, http), get(&m, "ml_memcpy_gbps"));
         m.insert(format!("{base}_vs_http"), num(ratio(o, h)));
         m.insert(format!("{base}_vs_memcpy"), num(ratio(o, c)));
+        // Loads against a plain GET of the same bytes, the save against a
+        // plain PUT.
+        let (plain, key) = if base.ends_with("save") {
+            (get(&m, "ml_put_gbps"), "put")
+        } else {
+            (get(&m, "ml_get_gbps"), "get")
+        };
+        m.insert(format!("{base}_vs_{key}"), num(ratio(o, plain)));
     }
     Ok(m)
 }
@@ -272,19 +284,27 @@ fn table(m: &Map<String, Value>, opts: &Options, data_dir: &str, rounds: usize) 
     );
     let _ = writeln!(
         o,
-        "  {:<20} {:>10} {:>10} {:>11} {:>13}",
-        "", "s3dma", "http", "s3dma/http", "s3dma/memcpy"
+        "plain s3dma GET of the same bytes {} GB/s, PUT {} GB/s (one registered buffer)\n",
+        fmt(get("ml_get_gbps")),
+        fmt(get("ml_put_gbps"))
+    );
+    let _ = writeln!(
+        o,
+        "  {:<20} {:>10} {:>10} {:>11} {:>13} {:>15}",
+        "", "s3dma", "http", "s3dma/http", "s3dma/memcpy", "s3dma/plain"
     );
     for (name, ours, http) in HEADLINE {
         let base = ours.trim_end_matches("_gbps");
+        let plain = if base.ends_with("save") { "put" } else { "get" };
         let _ = writeln!(
             o,
-            "  {:<20} {:>10} {:>10} {:>11} {:>13}",
+            "  {:<20} {:>10} {:>10} {:>11} {:>13} {:>15}",
             name,
             fmt(get(ours)),
             fmt(get(http)),
             fmt(get(&format!("{base}_vs_http"))),
             fmt(get(&format!("{base}_vs_memcpy"))),
+            format!("{} ({plain})", fmt(get(&format!("{base}_vs_{plain}")))),
         );
     }
     let _ = writeln!(o, "\npeers (GB/s):");

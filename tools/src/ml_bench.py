@@ -110,6 +110,16 @@ def main():
     blob = st.save(state)
     s3.put_object(Bucket=bucket, Key=key, Body=blob)
     del blob
+    # The data path's own speed for the same bytes: one plain GET into (and
+    # PUT from) a registered buffer, as an application with its own buffer
+    # does. The buffer is allocated once; like the loaders' first round,
+    # the first GET faults its pages in.
+    size = client.head(bucket, key).size
+    plain = client.alloc(size, label="ml-bench-plain")
+    progress("plain s3dma GET and PUT of the same bytes")
+    out["ml_get_gbps"], _ = timed(lambda: client.get_object_into(bucket, key, plain))
+    out["ml_put_gbps"], _ = timed(lambda: client.put_object_from(bucket, "ml-bench/plain-put", plain))
+    plain.release()
     progress("safetensors: s3dma.safetensors.load_file")
     out["ml_safetensors_gbps"], loaded = timed(lambda: s3st.load_file(url, client=client))
     assert same(state, loaded), "s3dma.safetensors.load_file returned other bytes"

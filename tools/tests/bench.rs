@@ -246,8 +246,13 @@ fn bench_dirs_quick_reports_every_number() {
 }
 
 /// The ML phase's keys (`s3dma-tools bench --ml`).
-const ML_REQUIRED: [&str; 18] = [
+const ML_REQUIRED: [&str; 23] = [
     "raw_tcp_gbps",
+    "ml_get_gbps",
+    "ml_put_gbps",
+    "ml_safetensors_vs_get",
+    "ml_dcp_load_vs_get",
+    "ml_dcp_save_vs_put",
     "ml_memcpy_gbps",
     "ml_bytes",
     "ml_safetensors_gbps",
