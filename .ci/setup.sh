@@ -64,26 +64,4 @@ fi
 # 3 GB with its CUDA libraries, under a minute here); pip skips what is
 # already installed.
 .venv/bin/pip install -q "./host-shim/python[torch,fsspec]"
-# LMCache, for s3dma.lmcache's tests (tests/python/test_lmcache.py), on CPU:
-# lmcache itself without its requirements (they pin grpcio==1.78 through
-# grpcio-observability and protobuf<7, older than the stubs above were
-# generated for, and pull CUDA wheels and servers its CPU path never
-# imports), then what its engine and connectors do import
-# (tests/requirements-lmcache.txt); pip warns that lmcache's pins are not
-# met. About 45 s and 500 MB (llvmlite and numba 210 MB, transformers 130 MB,
-# lmcache 95 MB).
-LMCACHE_VERSION=0.5.6
-if ! .venv/bin/python - "$LMCACHE_VERSION" tests/requirements-lmcache.txt >/dev/null 2>&1 <<'EOF'
-import importlib.metadata as m, re, sys
-assert m.version("lmcache") == sys.argv[1]
-for line in open(sys.argv[2]):
-    name = re.split(r"[<>=!~;#\[ ]", line.strip(), maxsplit=1)[0]
-    if name:
-        m.version(name)
-EOF
-then
-  echo "setup: installing lmcache $LMCACHE_VERSION (CPU) into .venv"
-  .venv/bin/pip install -q --no-deps "lmcache==$LMCACHE_VERSION"
-  .venv/bin/pip install -q -r tests/requirements-lmcache.txt
-fi
 echo "setup: ok"

@@ -106,6 +106,9 @@ check cargo test "${CARGO_ALL[@]}" --no-run
 step "cargo test: run (the cuda tests print why they skip without a driver)"
 check cargo test "${CARGO_ALL[@]}" --no-fail-fast
 
+step "lmcache (CPU) into .venv for test_lmcache.py (not part of README's first command)"
+check bash .ci/setup-lmcache.sh
+
 step "python clients (boto3, aws CLI, rclone, s3cmd, the s3dma tenant client)"
 # The tenant-client tests run the whole stack through `s3dma local`, from the
 # binaries `cargo test` built in target/debug. Two workers (pytest-xdist),
