@@ -395,7 +395,9 @@ class Client:
         self._kept: Dict[int, List[Buffer]] = {}
         self._kept_order: List[Buffer] = []
         self._kept_bytes = 0
-        self._kept_lock = threading.Lock()
+        # Re-entrant: give_back runs from weakref finalizers, which the
+        # garbage collector may start inside a critical section below.
+        self._kept_lock = threading.RLock()
         if keep_bytes is None:
             env = os.environ.get(KEEP_BYTES_ENV, "")
             keep_bytes = int(env) if env.strip() else DEFAULT_KEEP_BYTES
