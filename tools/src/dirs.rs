@@ -213,15 +213,6 @@ fn process_ticks(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn ticks_per_sec() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .and_then(|v| u64::try_from(v).ok())
-        .filter(|v| *v > 0)
-        .unwrap_or(100)
-}
-
 /// One timed run: seconds and host CPU seconds.
 struct Sample {
     secs: f64,
@@ -507,7 +498,7 @@ async fn run_tool(
     prefix: &str,
     shim: Option<u32>,
 ) -> anyhow::Result<Sample> {
-    let tps = ticks_per_sec();
+    let tps = crate::bench::ticks_per_sec();
     let (c0, s0) = (children_ticks(), shim.map_or(0, process_ticks));
     let started = Instant::now();
     let out = tools

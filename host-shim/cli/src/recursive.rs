@@ -1017,11 +1017,10 @@ mod tests {
         assert!(check_no_symlinks(root, &root.join("real/f")).is_err());
     }
 
-    #[test]
-    fn a_landing_dropped_unfinished_leaves_nothing() {
-        let d = tempfile::tempdir().unwrap();
-        let l = Landing {
-            dest: d.path().join("sub/f"),
+    /// A 3-byte download of `p/sub/f` into `root/sub/f`.
+    fn landing(root: &Path) -> Landing {
+        Landing {
+            dest: root.join("sub/f"),
             key: "p/sub/f".into(),
             size: 3,
             modified_ms: 1_600_000_000_000,
@@ -1029,21 +1028,18 @@ mod tests {
             failed: AtomicBool::new(false),
             file: Mutex::new(None),
             done: AtomicBool::new(false),
-        };
+        }
+    }
+
+    #[test]
+    fn a_landing_dropped_unfinished_leaves_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let l = landing(d.path());
         l.open(d.path()).unwrap();
         l.write_at(0, b"abc").unwrap();
         drop(l);
         assert_eq!(fs::read_dir(d.path().join("sub")).unwrap().count(), 0);
-        let l = Landing {
-            dest: d.path().join("sub/f"),
-            key: "p/sub/f".into(),
-            size: 3,
-            modified_ms: 1_600_000_000_000,
-            parts_left: AtomicUsize::new(1),
-            failed: AtomicBool::new(false),
-            file: Mutex::new(None),
-            done: AtomicBool::new(false),
-        };
+        let l = landing(d.path());
         l.open(d.path()).unwrap();
         l.write_at(0, b"abc").unwrap();
         l.finish().unwrap();

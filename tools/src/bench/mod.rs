@@ -378,7 +378,7 @@ async fn disk_put(opts: &Options, plan: &Plan, report: &mut Report) -> anyhow::R
 
 /// Clock ticks per second of `/proc/PID/stat` times (`USER_HZ`, 100 on
 /// Linux when sysconf cannot say).
-fn ticks_per_sec() -> u64 {
+pub(crate) fn ticks_per_sec() -> u64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
