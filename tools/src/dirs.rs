@@ -498,7 +498,7 @@ async fn run_tool(
     prefix: &str,
     shim: Option<u32>,
 ) -> anyhow::Result<Sample> {
-    let tps = crate::bench::ticks_per_sec();
+    let tps = crate::stats::ticks_per_sec();
     let (c0, s0) = (children_ticks(), shim.map_or(0, process_ticks));
     let started = Instant::now();
     let out = tools

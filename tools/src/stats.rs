@@ -114,6 +114,17 @@ pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
+/// Clock ticks per second of `/proc/PID/stat` times (`USER_HZ`, 100 on
+/// Linux when sysconf cannot say).
+pub(crate) fn ticks_per_sec() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .filter(|v| *v > 0)
+        .unwrap_or(100)
+}
+
 /// CPU time in seconds from clock ticks.
 #[must_use]
 pub(crate) fn ticks_to_secs(ticks: u64, ticks_per_sec: u64) -> f64 {

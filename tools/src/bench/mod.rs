@@ -376,17 +376,6 @@ async fn disk_put(opts: &Options, plan: &Plan, report: &mut Report) -> anyhow::R
     r
 }
 
-/// Clock ticks per second of `/proc/PID/stat` times (`USER_HZ`, 100 on
-/// Linux when sysconf cannot say).
-pub(crate) fn ticks_per_sec() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .and_then(|v| u64::try_from(v).ok())
-        .filter(|v| *v > 0)
-        .unwrap_or(100)
-}
-
 /// Reads the CPU time of the agent, the shim, the target and this process.
 #[derive(Debug, Clone)]
 struct CpuProbe {
@@ -531,7 +520,7 @@ impl Ctx {
             s3: aws_sdk_s3::Client::from_conf(conf),
             cpu: CpuProbe {
                 pids: [a, s, t, Some(std::process::id())],
-                hz: ticks_per_sec(),
+                hz: crate::stats::ticks_per_sec(),
             },
             data_dir,
             data_path: None,
