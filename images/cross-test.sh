@@ -8,8 +8,10 @@
 # wire formats (byte order, layouts), the fabric (verbs FFI, atomics), the
 # shared config and service crates and the generated protobuf code. They are
 # built in the release profile (debug assertions and overflow checks on for
-# our own crates), so their dependencies are the ones images/build.sh
-# compiles for the agent's binary: CI builds each arm64 dependency once.
+# our own crates, and opt-level 1 for them: they are rebuilt for the tests
+# anyway, and 3 only cost compile time), so their dependencies are the ones
+# images/build.sh compiles for the agent's binary: CI builds each arm64
+# dependency once.
 # With WORKSPACE=1: every workspace crate's unit tests instead, in a lean
 # dev build (dependencies unoptimised, no debug info), which compiles the
 # dev-dependencies too (the AWS SDK, the launcher's harness with
@@ -59,7 +61,8 @@ else
     for crate in s3dma-wire fabric s3dma-config s3dma-service s3dma-proto; do
         PROFILE+=(-p "$crate"
                   --config "profile.release.package.$crate.debug-assertions=true"
-                  --config "profile.release.package.$crate.overflow-checks=true")
+                  --config "profile.release.package.$crate.overflow-checks=true"
+                  --config "profile.release.package.$crate.opt-level=1")
     done
 fi
 
