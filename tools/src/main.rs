@@ -13,6 +13,9 @@
 //! * `s3dma-tools bench --dirs` times a model-like directory downloaded
 //!   and uploaded with `s3dma get/put --recursive` against the aws CLI and
 //!   rclone on the same storage-target (`dirs.rs`).
+//! * `s3dma-tools bench --kv` stores and retrieves LMCache KV-cache chunks
+//!   through the s3dma plug-in and through LMCache's own `s3://` connector
+//!   on the same storage-target (`kv.rs`).
 //! * `s3dma-tools soak` runs mixed, verified load against such a stack and
 //!   watches the services' memory and file descriptors (`soak.rs`; the
 //!   verdict in `soak_check.rs`).
@@ -26,6 +29,7 @@
 mod bench;
 mod dirs;
 mod fanout;
+mod kv;
 mod limits;
 mod ml;
 mod options;
@@ -120,6 +124,16 @@ enum Cmd {
         /// memcpy.
         #[arg(long, conflicts_with_all = ["endpoint", "ml", "fanout"])]
         dirs: bool,
+        /// Only the KV-cache phase: LMCache chunks (256 tokens, bf16) of an
+        /// 8B-class and a 70B-class model shape, about 1 GiB each (--quick:
+        /// 1/16 of the layers, about 16 MiB), stored and retrieved through
+        /// the s3dma LMCache plug-in and through LMCache's own s3://
+        /// connector against the same storage-target, plus a lookup of 1,000
+        /// stored chunks; GB/s, chunks/s, per-chunk p50/p99, host CPU per
+        /// chunk, beside raw TCP and memcpy. Runs Python like --ml (it needs
+        /// lmcache and awscrt).
+        #[arg(long, conflicts_with_all = ["endpoint", "ml", "fanout", "dirs"])]
+        kv: bool,
         /// Only the fan-out: --readers tenant processes load one object
         /// through --gateways s3dma gateways in front of an S3 cluster
         /// (--upstream, else a throw-away Ceph cluster from Debian's
@@ -145,7 +159,7 @@ enum Cmd {
         /// Only these phases of the whole-stack bench (comma-separated:
         /// large, disk, procs, small) [default: all]; the machine's limits
         /// are always measured.
-        #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout", "dirs"])]
+        #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout", "dirs", "kv"])]
         only: Vec<options::Phase>,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
@@ -256,31 +270,39 @@ fn main() -> ExitCode {
             endpoint,
             ml,
             dirs,
+            kv,
             fanout,
             readers,
             gateways,
             object_mib,
             upstream,
             only,
-        } => match rt.block_on(bench::run(options::Options {
-            quick,
-            json,
-            rounds,
-            cell_secs,
-            data_dir,
-            endpoint,
-            fabric,
-            ml,
-            dirs,
-            socket: cli.socket,
-            shim_uid: cli.shim_uid,
-            fanout,
-            readers,
-            gateways,
-            object_mib,
-            upstream,
-            only,
-        })) {
+        } => match rt.block_on(async {
+            let opts = options::Options {
+                quick,
+                json,
+                rounds,
+                cell_secs,
+                data_dir,
+                endpoint,
+                fabric,
+                ml,
+                dirs,
+                socket: cli.socket,
+                shim_uid: cli.shim_uid,
+                fanout,
+                readers,
+                gateways,
+                object_mib,
+                upstream,
+                only,
+            };
+            if kv {
+                kv::run(&opts).await
+            } else {
+                bench::run(opts).await
+            }
+        }) {
             Ok(()) => true,
             Err(e) => {
                 eprintln!("s3dma-tools: bench: {e:#}");

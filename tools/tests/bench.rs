@@ -331,6 +331,139 @@ fn bench_ml_quick_reports_every_number() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// `bench --kv --quick` with the repository's .venv when it has lmcache
+/// and awscrt (`.ci/setup-lmcache.sh`): every documented key is there,
+/// finite and positive, and every chunk retrieved came back bit-exact (the
+/// Python half compares each one with what was stored and fails the run
+/// on a mismatch or a missing chunk; the count proves none was skipped).
+#[test]
+fn bench_kv_quick_reports_every_number() {
+    check_binaries();
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let ready = venv.is_file()
+        && Command::new(&venv)
+            .args(["-c", "import lmcache, awscrt, torch"])
+            .env("LMCACHE_TRACK_USAGE", "false")
+            .env("DO_NOT_TRACK", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ready {
+        // CI installs lmcache (.ci/setup-lmcache.sh) after `cargo test`.
+        eprintln!(
+            "bench_kv_quick_reports_every_number: SKIPPED, {} lacks lmcache or awscrt \
+             (run `bash .ci/setup.sh` then `bash .ci/setup-lmcache.sh`)",
+            venv.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("kv.json");
+    let out = Command::new(S3DMA_TOOLS)
+        .args(["bench", "--kv", "--quick", "--json"])
+        .arg(&json)
+        .env("TMPDIR", dir.path())
+        .env("S3DMA_PYTHON", &venv)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench --kv failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let obj = v.as_object().expect("a JSON object");
+    assert!(obj.values().all(serde_json::Value::is_number), "{text}");
+    let num = |k: &str| -> f64 {
+        obj.get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("no number {k} in {text}"))
+    };
+    // Every key tools/README.md documents for --kv.
+    let mut keys: Vec<String> = [
+        "raw_tcp_gbps",
+        "memcpy_gbps",
+        "kv_rounds",
+        "kv_chunk_tokens",
+        "kv_chunks_verified",
+        "kv_exists_1000_s3dma_ms",
+        "kv_exists_1000_lmcache_s3_ms",
+        "kv_exists_1000_vs_lmcache_s3",
+    ]
+    .map(String::from)
+    .to_vec();
+    for shape in ["8b", "70b"] {
+        for k in ["chunk_bytes", "chunks", "layers"] {
+            keys.push(format!("kv_{shape}_{k}"));
+        }
+        for op in ["put", "get"] {
+            for backend in ["s3dma", "lmcache_s3"] {
+                for f in [
+                    "gbps",
+                    "chunks_per_s",
+                    "p50_ms",
+                    "p99_ms",
+                    "cpu_ms_per_chunk",
+                ] {
+                    keys.push(format!("kv_{shape}_{backend}_{op}_{f}"));
+                }
+            }
+            keys.push(format!("kv_{shape}_{op}_vs_lmcache_s3"));
+            keys.push(format!("kv_{shape}_{op}_cpu_vs_lmcache_s3"));
+        }
+    }
+    for k in &keys {
+        let x = num(k);
+        assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
+    }
+    assert_eq!(num("quick"), 1.0, "{text}");
+    assert_eq!(num("kv_chunk_tokens"), 256.0, "{text}");
+    // --quick: 1/16 of the layers (8 KV heads of 128, bf16, 256 tokens).
+    for (shape, layers) in [("8b", 2.0), ("70b", 5.0)] {
+        assert_eq!(num(&format!("kv_{shape}_layers")), layers, "{text}");
+        assert_eq!(
+            num(&format!("kv_{shape}_chunk_bytes")),
+            layers * 2.0 * 256.0 * 8.0 * 128.0 * 2.0,
+            "{text}"
+        );
+        for backend in ["s3dma", "lmcache_s3"] {
+            for op in ["put", "get"] {
+                let k = |f: &str| num(&format!("kv_{shape}_{backend}_{op}_{f}"));
+                assert!(k("p99_ms") >= k("p50_ms"), "{shape} {backend} {op}: {text}");
+            }
+        }
+    }
+    // Per shape and backend: the warm-up and each round retrieve every
+    // chunk in one batch, then each round retrieves them one at a time.
+    let rounds = num("kv_rounds");
+    let expected: f64 = ["8b", "70b"]
+        .iter()
+        .map(|s| 2.0 * (2.0 * rounds + 1.0) * num(&format!("kv_{s}_chunks")))
+        .sum();
+    assert_eq!(num("kv_chunks_verified"), expected, "{text}");
+    for row in [
+        "put s3dma plug-in",
+        "get LMCache s3:// (HTTP)",
+        "lookup of 1000 stored chunks",
+        "limits: raw loopback TCP",
+        "_format_safe_path",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "kv.json")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 #[test]
 fn short_soak_passes() {
     check_binaries();
