@@ -247,6 +247,77 @@ impl AccessCheck {
     pub fn new(users: Users, store: Arc<Store>) -> Self {
         AccessCheck { users, store }
     }
+
+    /// The check of operation `op` (an s3s operation name) on `bucket` by
+    /// the user with `access_key` (`None`: anonymous), for callers outside
+    /// s3s's access hook (the hipobj-rc-v2 server, which calls the handlers
+    /// itself). Returns the bucket's metadata for the handler.
+    ///
+    /// # Errors
+    /// `AccessDenied`, `NoSuchBucket`, `InternalError`: what the hook
+    /// answers.
+    pub fn authorize(
+        &self,
+        access_key: Option<&str>,
+        op: &str,
+        bucket: &str,
+    ) -> S3Result<Option<Arc<BucketInfo>>> {
+        let caller = match access_key {
+            Some(k) => Some(self.users.get(k).ok_or_else(denied)?),
+            None => None,
+        };
+        self.decide(caller, op, bucket, None)
+    }
+
+    /// The bucket-level rule for `op` on `bucket` (not the root); the
+    /// bucket's metadata when it was read.
+    fn decide(
+        &self,
+        caller: Option<&User>,
+        op: &str,
+        bucket: &str,
+        expected_owner: Option<&str>,
+    ) -> S3Result<Option<Arc<BucketInfo>>> {
+        let need = need_of(op);
+        if need == Need::Create {
+            let Some(caller) = caller else {
+                return Err(denied());
+            };
+            // An existing bucket answers 409 (owned by you or by another)
+            // from the handler, whoever asks.
+            if self.users.may_create(caller, bucket) || self.store.head_bucket(bucket).is_ok() {
+                return Ok(None);
+            }
+            return Err(denied());
+        }
+        // A bucket that does not exist is 404 for everyone, as AWS answers.
+        let info = self.store.head_bucket(bucket).map_err(|e| match e {
+            StoreError::NoSuchBucket => {
+                s3_error!(NoSuchBucket, "The specified bucket does not exist")
+            }
+            e => {
+                tracing::error!(error = %e, "reading bucket metadata failed");
+                s3_error!(
+                    InternalError,
+                    "We encountered an internal error. Please try again."
+                )
+            }
+        })?;
+        check_expected_owner(expected_owner, &self.users.bucket_owner(&info))?;
+        let allowed = match need {
+            Need::Nothing | Need::Create => false,
+            Need::Object => true,
+            Need::Bucket(p) => self.users.bucket_allows(caller, &info, p),
+            Need::Owner => caller.is_some_and(|u| {
+                u.canonical_id == self.users.bucket_owner(&info)
+                    || grants_give(&u.buckets, &info.name, Permission::FullControl)
+            }),
+        };
+        if !allowed {
+            return Err(denied());
+        }
+        Ok(Some(Arc::new(info)))
+    }
 }
 
 fn denied() -> s3s::S3Error {
@@ -305,51 +376,15 @@ impl S3Access for AccessCheck {
             }
             S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => bucket.to_string(),
         };
-        if need == Need::Create {
-            let Some(caller) = caller else {
-                return Err(denied());
-            };
-            // An existing bucket answers 409 (owned by you or by another)
-            // from the handler, whoever asks.
-            if self.users.may_create(caller, &bucket) || self.store.head_bucket(&bucket).is_ok() {
-                return Ok(());
-            }
-            return Err(denied());
+        let expected = cx
+            .headers()
+            .get("x-amz-expected-bucket-owner")
+            .map(|v| v.to_str().unwrap_or("").to_owned());
+        if let Some(info) = self.decide(caller, &op, &bucket, expected.as_deref())? {
+            // The handler checks objects against the same owner and ACL
+            // without reading the bucket again.
+            cx.extensions_mut().insert(info);
         }
-        // A bucket that does not exist is 404 for everyone, as AWS answers.
-        let info = self.store.head_bucket(&bucket).map_err(|e| match e {
-            StoreError::NoSuchBucket => {
-                s3_error!(NoSuchBucket, "The specified bucket does not exist")
-            }
-            e => {
-                tracing::error!(error = %e, "reading bucket metadata failed");
-                s3_error!(
-                    InternalError,
-                    "We encountered an internal error. Please try again."
-                )
-            }
-        })?;
-        check_expected_owner(
-            cx.headers()
-                .get("x-amz-expected-bucket-owner")
-                .map(|v| v.to_str().unwrap_or("")),
-            &self.users.bucket_owner(&info),
-        )?;
-        let allowed = match need {
-            Need::Nothing | Need::Create => false,
-            Need::Object => true,
-            Need::Bucket(p) => self.users.bucket_allows(caller, &info, p),
-            Need::Owner => caller.is_some_and(|u| {
-                u.canonical_id == self.users.bucket_owner(&info)
-                    || grants_give(&u.buckets, &info.name, Permission::FullControl)
-            }),
-        };
-        if !allowed {
-            return Err(denied());
-        }
-        // The handler checks objects against the same owner and ACL without
-        // reading the bucket again.
-        cx.extensions_mut().insert(Arc::new(info));
         Ok(())
     }
 

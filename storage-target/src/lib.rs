@@ -96,11 +96,19 @@ pub fn build_service(
         users.clone(),
         Arc::clone(&rdma),
     );
+    let access = auth::AccessCheck::new(users.clone(), store);
     let mut b = s3s::service::S3ServiceBuilder::new(front.clone());
-    b.set_route(hipobj_route(cfg, &rdma, front));
+    #[cfg(feature = "verbs")]
+    b.set_route(hipobj_route(
+        cfg,
+        &rdma,
+        hipobj::StoreFront::shared(front, access.clone()),
+    ));
+    #[cfg(not(feature = "verbs"))]
+    b.set_route(hipobj::HipobjUnsupported(NO_VERBS_FEATURE));
     b.set_validation(hipobj::ControlPathNames);
-    b.set_auth(users.clone());
-    b.set_access(auth::AccessCheck::new(users, store));
+    b.set_auth(users);
+    b.set_access(access);
     let mut s3cfg = s3s::config::S3Config::default();
     s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
     b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
@@ -109,6 +117,11 @@ pub fn build_service(
     b.build()
 }
 
+/// Why a storage-target built without the `verbs` feature answers every
+/// hipobj-rc-v2 control request as unsupported (RC queue pairs need it).
+#[cfg(not(feature = "verbs"))]
+const NO_VERBS_FEATURE: &str = "this storage-target was built without the verbs feature";
+
 /// The hipobj-rc-v2 server over `front` (answering every control request
 /// as unsupported without a verbs device or with `rdma.hipobj.enabled:
 /// false`).
@@ -116,7 +129,7 @@ pub fn build_service(
 fn hipobj_route(
     cfg: &config::Config,
     rdma: &Arc<rdma::RdmaService>,
-    front: s3::S3Store,
+    front: Arc<dyn hipobj::HipobjFront>,
 ) -> impl s3s::route::S3Route {
     let domain = cfg
         .rdma
@@ -141,32 +154,32 @@ fn hipobj_route(
     hipobj::HipobjRoute(hipobj)
 }
 
-/// Without the `verbs` feature hipobj-rc-v2 (RC queue pairs) cannot be
-/// served: every control request is answered as unsupported.
-#[cfg(not(feature = "verbs"))]
-fn hipobj_route(
-    _cfg: &config::Config,
-    _rdma: &Arc<rdma::RdmaService>,
-    _front: s3::S3Store,
-) -> impl s3s::route::S3Route {
-    hipobj::HipobjUnsupported("this storage-target was built without the verbs feature")
-}
-
 /// Builds the s3s service of the gateway (`store: s3`).
 #[must_use]
 pub fn build_gateway_service(
     gateway: gateway::Gateway,
     cfg: &config::Config,
     users: Vec<config::User>,
+    rdma: &Arc<rdma::RdmaService>,
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
+    let access = gateway::GatewayAccess::new(users.clone());
+    #[cfg(feature = "verbs")]
+    let route = hipobj_route(
+        cfg,
+        rdma,
+        hipobj::GatewayFront::shared(gateway.clone(), access.clone(), users.clone()),
+    );
+    #[cfg(not(feature = "verbs"))]
+    let route = {
+        let _ = rdma;
+        hipobj::HipobjUnsupported(NO_VERBS_FEATURE)
+    };
     let mut b = s3s::service::S3ServiceBuilder::new(gateway);
-    b.set_route(hipobj::HipobjUnsupported(
-        "the gateway (store: s3) does not serve hipobj-rc-v2 yet",
-    ));
+    b.set_route(route);
     b.set_validation(hipobj::ControlPathNames);
-    b.set_auth(users.clone());
-    b.set_access(gateway::GatewayAccess::new(users));
+    b.set_auth(users);
+    b.set_access(access);
     let mut s3cfg = s3s::config::S3Config::default();
     s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
     b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
@@ -340,10 +353,10 @@ pub async fn start(loaded: Loaded) -> Result<Running, StartError> {
     ));
     let (service, serving) = match cfg.backend(&config_path.display().to_string())? {
         config::StoreBackend::S3 { upstream, cache } => {
-            let g = gateway::Gateway::new(upstream, cache, &cfg.region, &users, rdma)?;
+            let g = gateway::Gateway::new(upstream, cache, &cfg.region, &users, Arc::clone(&rdma))?;
             let upstream = upstream.endpoints.join(",");
             (
-                build_gateway_service(g, &cfg, users),
+                build_gateway_service(g, &cfg, users, &rdma),
                 format!("upstream {upstream}"),
             )
         }

@@ -27,6 +27,19 @@ impl GatewayAccess {
         GatewayAccess { users }
     }
 
+    /// The check of operation `op` (an s3s operation name) on `bucket` by
+    /// `user`, for callers outside s3s's access hook (the hipobj-rc-v2
+    /// server, which calls the gateway's handlers itself).
+    ///
+    /// # Errors
+    /// `AccessDenied`, as the hook answers.
+    pub fn authorize(&self, user: &str, op: &str, bucket: &str) -> S3Result<()> {
+        if bucket.is_empty() || !self.allows(user, bucket, need_of(op)) {
+            return Err(s3_error!(AccessDenied, "Access Denied"));
+        }
+        Ok(())
+    }
+
     fn allows(&self, user: &str, bucket: &str, need: Need) -> bool {
         let Some(u) = self.users.get(user) else {
             return false;

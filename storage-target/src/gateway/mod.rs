@@ -63,8 +63,9 @@ pub use upstream::{Upstream, UpstreamError, https_client};
 /// Who read what: (user, bucket, key).
 type Reader = (String, String, String);
 
-/// The gateway: the [`s3s::S3`] implementation of `store: s3`.
-#[derive(Debug)]
+/// The gateway: the [`s3s::S3`] implementation of `store: s3`. Clones
+/// share everything (the hipobj-rc-v2 server holds one).
+#[derive(Debug, Clone)]
 pub struct Gateway {
     upstream: Arc<Upstream>,
     cache: Option<Arc<ChunkCache>>,
@@ -75,7 +76,7 @@ pub struct Gateway {
     write_allocate_max: u64,
     /// Recent upstream confirmations, by (user, bucket, key), when
     /// `revalidate_after` > 0.
-    confirmed: Mutex<HashMap<Reader, (Instant, Head)>>,
+    confirmed: Arc<Mutex<HashMap<Reader, (Instant, Head)>>>,
 }
 
 /// The gateway could not start.
@@ -130,7 +131,7 @@ impl Gateway {
             settle_after: cache.settle_after,
             prefetch: u64::from(cache.prefetch_chunks),
             write_allocate_max: cache.write_allocate_max.0,
-            confirmed: Mutex::new(HashMap::new()),
+            confirmed: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 

@@ -27,6 +27,8 @@
 
 mod control;
 #[cfg(feature = "verbs")]
+mod front;
+#[cfg(feature = "verbs")]
 mod route;
 #[cfg(feature = "verbs")]
 mod service;
@@ -34,6 +36,8 @@ mod service;
 mod session;
 
 pub use control::{ControlPathNames, HipobjUnsupported};
+#[cfg(feature = "verbs")]
+pub use front::{GatewayFront, HipobjFront, StoreFront};
 #[cfg(feature = "verbs")]
 pub use route::HipobjRoute;
 #[cfg(feature = "verbs")]

@@ -10,7 +10,7 @@ use futures::StreamExt as _;
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use s3s::dto::{GetObjectInput, PutObjectInput, Range, StreamingBlob, UploadPartInput};
 use s3s::route::S3Route;
-use s3s::{Body, S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use s3s::{Body, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use tracing::{info, warn};
 
 use fabric::Access;
@@ -68,14 +68,22 @@ fn reply(status: StatusCode, headers: &[(&'static str, String)]) -> S3Response<B
 }
 
 /// An S3 request acting as `owner` on the store, with no headers of the
-/// control request (so no token, no signed-headers record).
-fn as_owner<T>(input: T, method: Method, credentials: &s3s::auth::Credentials) -> S3Request<T> {
+/// control request (so no token, no signed-headers record), carrying what
+/// the access check ([`HipobjFront::authorize`]) left for the handler.
+///
+/// [`HipobjFront::authorize`]: super::HipobjFront::authorize
+fn as_owner<T>(
+    input: T,
+    method: Method,
+    credentials: &s3s::auth::Credentials,
+    extensions: Extensions,
+) -> S3Request<T> {
     S3Request {
         input,
         method,
         uri: Uri::from_static("/"),
         headers: HeaderMap::new(),
-        extensions: Extensions::new(),
+        extensions,
         credentials: Some(credentials.clone()),
         region: None,
         service: None,
@@ -157,6 +165,21 @@ impl HipobjService {
                 "AccessDenied",
                 "the client QP's GID is not on a network this server may connect to (rdma.allowed_client_networks); nothing was transferred",
             ));
+        }
+        // The operation's access rule, as s3s's hook runs it over HTTP,
+        // before any resource is held: a GET needs the object's READ (the
+        // handler checks it while staging), a PUT the bucket's WRITE.
+        if let Err(e) = self
+            .s3
+            .authorize(
+                &owner.access_key,
+                access_op(p.op, &p.target),
+                &p.target.bucket,
+            )
+            .await
+        {
+            self.metrics.hipobj_session(op, "refused");
+            return Err(e);
         }
         if !self.fresh_client(p.token.gid, p.token.qpn, p.client_psn) {
             self.metrics.hipobj_session(op, "refused");
@@ -321,9 +344,13 @@ impl HipobjService {
             }),
             ..GetObjectInput::default()
         };
+        let checked = self
+            .s3
+            .authorize(&owner.access_key, "GetObject", &p.target.bucket)
+            .await?;
         let got = self
             .s3
-            .get_object(as_owner(input, Method::GET, owner))
+            .get_object(as_owner(input, Method::GET, owner, checked))
             .await
             .map_err(|e| {
                 if e.code() == &S3ErrorCode::InvalidRange {
@@ -548,8 +575,9 @@ impl HipobjService {
                     content_length: Some(len),
                     ..PutObjectInput::default()
                 };
+                let checked = self.s3.authorize(&s.owner, "PutObject", &t.bucket).await?;
                 self.s3
-                    .put_object(as_owner(input, Method::PUT, &s.credentials))
+                    .put_object(as_owner(input, Method::PUT, &s.credentials, checked))
                     .await?
                     .output
                     .e_tag
@@ -564,8 +592,9 @@ impl HipobjService {
                     content_length: Some(len),
                     ..UploadPartInput::default()
                 };
+                let checked = self.s3.authorize(&s.owner, "UploadPart", &t.bucket).await?;
                 self.s3
-                    .upload_part(as_owner(input, Method::PUT, &s.credentials))
+                    .upload_part(as_owner(input, Method::PUT, &s.credentials, checked))
                     .await?
                     .output
                     .e_tag
@@ -595,6 +624,16 @@ impl HipobjService {
 struct Built {
     server_psn: u32,
     inner: Session,
+}
+
+/// The S3 operation a control request's target stands for, whose access
+/// rule it gets.
+fn access_op(op: Op, t: &hipobj::Target) -> &'static str {
+    match (op, &t.upload) {
+        (Op::Get, _) => "GetObject",
+        (Op::Put, Some(_)) => "UploadPart",
+        (Op::Put, None) => "PutObject",
+    }
 }
 
 /// Gives a failed PREPARE's caps back.
@@ -638,6 +677,7 @@ mod tests {
                 access_key: "a".into(),
                 secret_key: "s".into(),
             },
+            Extensions::new(),
         );
         let e = route.call(req).await.unwrap_err();
         assert_eq!(e.status_code(), Some(StatusCode::NOT_IMPLEMENTED));

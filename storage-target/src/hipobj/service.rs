@@ -11,8 +11,8 @@ use s3dma_wire::hipobj::SessionId;
 use crate::config::hipobj::HipobjConfig;
 use crate::config::networks::{self, Cidr};
 use crate::metrics::Metrics;
-use crate::s3::S3Store;
 
+use super::front::HipobjFront;
 use super::session::Session;
 
 /// Server pairs (QP number, PSN) remembered against reuse.
@@ -26,7 +26,7 @@ pub struct HipobjService {
     pub(super) domain: Option<Domain>,
     /// Why the dialect is not served (when `domain` is `None`), for the log.
     pub(super) unsupported: &'static str,
-    pub(super) s3: S3Store,
+    pub(super) s3: Arc<dyn HipobjFront>,
     pub(super) cfg: HipobjConfig,
     /// `rdma.allowed_client_networks`: the GIDs (as IP addresses) a
     /// client's QP may have.
@@ -97,7 +97,7 @@ impl HipobjService {
     pub fn new(
         domain: Option<Domain>,
         unsupported: &'static str,
-        s3: S3Store,
+        s3: Arc<dyn HipobjFront>,
         cfg: HipobjConfig,
         allowed: Vec<Cidr>,
         metrics: Arc<Metrics>,

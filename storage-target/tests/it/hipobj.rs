@@ -508,6 +508,19 @@ async fn hipobj_refusals_on_verbs() {
         .prepare(&s, common::READER, "GET", "/hipobj-r/k", 10, 0)
         .await;
     assert_eq!(r.status, 403, "{}", r.text());
+    // Another S3 user of this server without WRITE on the bucket cannot
+    // write into it through the dialect (the bucket rule s3s's hook runs
+    // for an HTTP PUT), as a PUT or an UploadPart: 403 at PREPARE, before
+    // any queue pair or staging memory.
+    let sessions_before = hipobj_sessions(&s).await;
+    for target in ["/hipobj-r/intruder", "/hipobj-r/k?partNumber=1&uploadId=x"] {
+        let r = Client::new(&domain, 1)
+            .prepare(&s, common::READER, "PUT", target, 10, 0)
+            .await;
+        assert_eq!(r.status, 403, "{target}: {}", r.text());
+    }
+    assert_eq!(hipobj_sessions(&s).await, sessions_before);
+    assert!(sdk_get(&s, "hipobj-r", "intruder").await.is_none());
     // A target whose allowed networks do not hold the client's GID sends
     // nothing there: 403 before any queue pair is made.
     let narrow = server_for(Backend::Verbs, "[192.0.2.0/24]", "");
@@ -643,6 +656,79 @@ async fn hipobj_refusals_on_verbs() {
             "no {outcome} session counted:\n{metrics}"
         );
     }
+}
+
+/// What the server's metrics say its hipobj-rc-v2 sessions hold now:
+/// (sessions, staging bytes).
+async fn hipobj_sessions(s: &Server) -> (u64, u64) {
+    let text = reqwest_text(&s.metrics).await;
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .expect("the gauge is exported") as u64
+    };
+    (
+        gauge("s3dma_storage_target_hipobj_sessions"),
+        gauge("s3dma_storage_target_hipobj_staging_bytes"),
+    )
+}
+
+/// A gateway (`store: s3`, with its RDMA cache) in front of a filesystem
+/// target serves hipobj-rc-v2 too: a GET reads through the gateway from
+/// the upstream, a PUT lands upstream, and the gateway's own access rule
+/// (the operator's bucket grants) refuses what HTTP would.
+#[tokio::test]
+async fn hipobj_through_a_gateway_on_verbs() {
+    let Some(domain) = verbs() else { return };
+    let upstream = Server::start();
+    upstream
+        .admin()
+        .create_bucket()
+        .bucket("hipobj-g")
+        .send()
+        .await
+        .unwrap();
+    let d = data((1 << 20) + 3, 41);
+    sdk_put(&upstream, "hipobj-g", "read-me", d.clone()).await;
+    let up = upstream.endpoint.clone();
+    let gw = Server::start_with(move |dir: &Path| {
+        let kf = dir.join("fabric.key");
+        common::write_private(&kf, format!("{KEY_HEX}\n"));
+        format!(
+            "store: s3\ndata_dir: ''\nupstream:\n  endpoints: [{up}]\ncache:\n  size: 32MiB\n  chunk_size: 1MiB\nrdma:\n  mode: enabled\n  backend: verbs\n  fabric_key_file: {}\n  allowed_client_networks: [127.0.0.0/8, 10.0.0.0/8]\n  hipobj:\n    enabled: true\n",
+            kf.display()
+        )
+    });
+    // GET through the gateway: the whole object, then a range.
+    let gc = Client::new(&domain, d.len());
+    gc.get(&gw, "/hipobj-g/read-me", d.len() as u64, 0).await;
+    assert_eq!(sha(&gc.mem.as_slice().to_vec().unwrap()), sha(&d));
+    let gc = Client::new(&domain, 4096);
+    gc.get(&gw, "/hipobj-g/read-me", 4096, 1000).await;
+    assert_eq!(gc.mem.as_slice().to_vec().unwrap(), &d[1000..1000 + 4096]);
+    // PUT through the gateway: stored upstream.
+    let w = data(300_001, 42);
+    let pc = Client::new(&domain, w.len());
+    pc.mem.write_at(0, &w).unwrap();
+    let r = pc.put(&gw, "/hipobj-g/written", w.len() as u64).await;
+    let stored = sdk_get(&upstream, "hipobj-g", "written")
+        .await
+        .expect("stored upstream");
+    assert_eq!(sha(&stored), sha(&w));
+    let etag = r.header("x-amz-rdma-etag").expect("an ETag");
+    assert_eq!(etag.trim_matches('"'), common::md5_hex(&w));
+    // A user the gateway's grants give no WRITE (nor READ) on the bucket.
+    for op in ["GET", "PUT"] {
+        let r = Client::new(&domain, 1)
+            .prepare(&gw, common::READER, op, "/hipobj-g/read-me", 10, 0)
+            .await;
+        assert_eq!(r.status, 403, "{op}: {}", r.text());
+    }
+    // A missing object: the upstream's 404 through the gateway.
+    let r = Client::new(&domain, 1)
+        .prepare(&gw, ADMIN, "GET", "/hipobj-g/none", 10, 0)
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
 }
 
 async fn reqwest_text(url: &str) -> String {
