@@ -88,6 +88,11 @@ pub(crate) struct VerbsDomain {
     ctx: NonNull<ibv_context>,
     pd: NonNull<ibv_pd>,
     pub(crate) port: PortInfo,
+    /// The port's whole GID table, for a QP that must use a GID of a
+    /// peer's kind ([`policy::select_gid_of_kind`]).
+    pub(crate) gids: Vec<GidEntry>,
+    /// Whether the port is Ethernet (RoCE).
+    pub(crate) ethernet: bool,
 }
 
 /// The port a domain uses and what peers need to know about it.
@@ -102,7 +107,8 @@ pub(crate) struct PortInfo {
 /// `IBV_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
 
-fn query_port(ctx: *mut ibv_context, port: u8) -> Result<PortInfo> {
+/// The port, its GID table and whether it is Ethernet.
+fn query_port(ctx: *mut ibv_context, port: u8) -> Result<(PortInfo, Vec<GidEntry>, bool)> {
     // SAFETY: all-zero is a valid ibv_port_attr to be filled in.
     let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
     // SAFETY: `ctx` is an open context and `attr` is writable.
@@ -144,12 +150,16 @@ fn query_port(ctx: *mut ibv_context, port: u8) -> Result<PortInfo> {
     let gid = policy::select_gid(&gids, ethernet).ok_or_else(|| FabricError::Unavailable {
         reason: format!("{dev} port {port} has no usable GID (no RoCE v2 address configured?)"),
     })?;
-    Ok(PortInfo {
-        port,
-        lid: attr.lid,
-        active_mtu: attr.active_mtu as u8,
-        gid,
-    })
+    Ok((
+        PortInfo {
+            port,
+            lid: attr.lid,
+            active_mtu: attr.active_mtu as u8,
+            gid,
+        },
+        gids,
+        ethernet,
+    ))
 }
 
 // SAFETY: verbs contexts and PDs are thread-safe objects in libibverbs.
@@ -207,7 +217,7 @@ impl VerbsDomain {
                 source: e,
             });
         };
-        let port = match query_port(ctx.as_ptr(), 1) {
+        let (port, gids, ethernet) = match query_port(ctx.as_ptr(), 1) {
             Ok(p) => p,
             Err(e) => {
                 // SAFETY: releasing what we allocated, once.
@@ -218,7 +228,13 @@ impl VerbsDomain {
                 return Err(e);
             }
         };
-        Ok(VerbsDomain { ctx, pd, port })
+        Ok(VerbsDomain {
+            ctx,
+            pd,
+            port,
+            gids,
+            ethernet,
+        })
     }
 
     /// Registers `[offset, offset+len)` of `mem` with `access` (host memory

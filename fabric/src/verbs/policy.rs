@@ -65,6 +65,53 @@ pub fn select_gid(entries: &[GidEntry], link_layer_ethernet: bool) -> Option<Gid
         .map(|(_, _, e)| e)
 }
 
+/// What kind of address a GID is: a peer reaches only a local GID of its
+/// own kind (an IPv4-mapped RoCE v2 GID routes over IPv4, a link-local one
+/// only on the link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidKind {
+    /// `::ffff:a.b.c.d`: RoCE v2 over IPv4.
+    Ipv4Mapped,
+    /// `fe80::/10`.
+    LinkLocal,
+    /// Any other IPv6 address (or an InfiniBand GID).
+    Ipv6,
+}
+
+impl GidKind {
+    /// The kind of `gid`.
+    #[must_use]
+    pub fn of(gid: &[u8; 16]) -> GidKind {
+        if std::net::Ipv6Addr::from(*gid).to_ipv4_mapped().is_some() {
+            GidKind::Ipv4Mapped
+        } else if gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80 {
+            GidKind::LinkLocal
+        } else {
+            GidKind::Ipv6
+        }
+    }
+}
+
+/// The GID to use toward a peer whose GIDs are of `kind`: the best entry
+/// ([`select_gid`]'s order) of that kind, else `None` (the port has no
+/// address the peer can reach). On InfiniBand the kind does not matter.
+#[must_use]
+pub fn select_gid_of_kind(
+    entries: &[GidEntry],
+    link_layer_ethernet: bool,
+    kind: GidKind,
+) -> Option<GidEntry> {
+    if !link_layer_ethernet {
+        return select_gid(entries, false);
+    }
+    let same: Vec<GidEntry> = entries
+        .iter()
+        .filter(|e| GidKind::of(&e.gid) == kind)
+        .copied()
+        .collect();
+    select_gid(&same, true)
+}
+
 /// Bytes of an `ibv_mtu` code (1 = 256 ... 5 = 4096).
 pub fn mtu_bytes(code: u32) -> Option<u32> {
     (1..=5).contains(&code).then(|| 128u32 << code)
@@ -103,6 +150,36 @@ mod tests {
             gid: gid.parse::<std::net::Ipv6Addr>().unwrap().octets(),
             ty,
         }
+    }
+
+    #[test]
+    fn gids_of_the_peers_kind() {
+        let table = [
+            e(0, "fe80::1", GidType::RoceV1),
+            e(1, "fe80::1", GidType::RoceV2),
+            e(2, "::ffff:10.0.0.5", GidType::RoceV1),
+            e(3, "::ffff:10.0.0.5", GidType::RoceV2),
+        ];
+        let kind = |g: &str| GidKind::of(&g.parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(kind("::ffff:192.0.2.1"), GidKind::Ipv4Mapped);
+        assert_eq!(kind("fe80::abcd"), GidKind::LinkLocal);
+        assert_eq!(kind("febf::1"), GidKind::LinkLocal);
+        assert_eq!(kind("fec0::1"), GidKind::Ipv6);
+        assert_eq!(kind("fd00::5"), GidKind::Ipv6);
+        let pick = |k| select_gid_of_kind(&table, true, k).map(|e| e.index);
+        assert_eq!(pick(GidKind::Ipv4Mapped), Some(3));
+        assert_eq!(pick(GidKind::LinkLocal), Some(1), "RoCE v2 first");
+        assert_eq!(pick(GidKind::Ipv6), None, "no global IPv6 address here");
+        assert_eq!(
+            select_gid_of_kind(&table[..1], true, GidKind::LinkLocal).map(|e| e.index),
+            Some(0)
+        );
+        // InfiniBand: the kind does not matter.
+        let ib = [e(0, "fe80::2", GidType::Ib)];
+        assert_eq!(
+            select_gid_of_kind(&ib, false, GidKind::Ipv4Mapped).map(|e| e.index),
+            Some(0)
+        );
     }
 
     #[test]

@@ -84,7 +84,35 @@ impl RcQp {
     /// # Errors
     /// Not a verbs domain; a verbs call failed.
     pub fn create(domain: &Domain, remote: Access) -> Result<RcQp> {
+        RcQp::create_with_gid(domain, remote, None)
+    }
+
+    /// [`RcQp::create`] sending from a GID of `kind` (a server takes the
+    /// kind of the client's GID, which can only reach a GID of its own
+    /// kind); `None`: the port's preferred GID (RoCE v2, IPv4-mapped
+    /// first).
+    ///
+    /// # Errors
+    /// Not a verbs domain; the port has no GID of that kind
+    /// ([`FabricError::Unavailable`](crate::FabricError::Unavailable)); a
+    /// verbs call failed.
+    pub fn create_with_gid(
+        domain: &Domain,
+        remote: Access,
+        kind: Option<policy::GidKind>,
+    ) -> Result<RcQp> {
         let v = verbs_of(domain)?;
+        let gid = match kind {
+            None => v.port.gid,
+            Some(k) => policy::select_gid_of_kind(&v.gids, v.ethernet, k).ok_or_else(|| {
+                crate::FabricError::Unavailable {
+                    reason: format!(
+                        "port {} has no {k:?} GID (a peer with such a GID cannot be reached from it)",
+                        v.port.port
+                    ),
+                }
+            })?,
+        };
         let qp = QueuePair::create(v.context(), v.pd(), true)?;
         qp.modify(
             qp::init_attr(v.port.port, access_flags(remote | Access::LOCAL_WRITE)),
@@ -92,12 +120,12 @@ impl RcQp {
         )?;
         let local = RcLocal {
             qpn: qp.qpn(),
-            gid: v.port.gid.gid,
+            gid: gid.gid,
             port: v.port.port,
             lid: v.port.lid,
             active_mtu: v.port.active_mtu,
         };
-        let sgid_index = v.port.gid.index;
+        let sgid_index = gid.index;
         let req = Requester::new(qp, domain.clone());
         let task = {
             let req = req.clone();

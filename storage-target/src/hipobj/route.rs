@@ -14,6 +14,7 @@ use s3s::{Body, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use tracing::{info, warn};
 
 use fabric::Access;
+use fabric::verbs::policy::GidKind;
 use fabric::verbs::rc::{RcQp, RcRemote, check_recv};
 use s3dma_service::escape::Escaped;
 use s3dma_wire::hipobj::{
@@ -263,13 +264,25 @@ impl HipobjService {
             }
             Op::Put => (None, None),
         };
-        let qp = RcQp::create(domain, qp_access).map_err(|e| {
-            warn!(error = %e, "hipobj-rc-v2: creating a queue pair failed");
-            custom(
-                503,
-                "RdmaResourceLimit",
-                "no queue pair available: retry later",
-            )
+        // Sent from a GID of the client's kind (IPv4-mapped, link-local or
+        // other IPv6): the only one its GID can reach.
+        let kind = GidKind::of(&p.token.gid);
+        let qp = RcQp::create_with_gid(domain, qp_access, Some(kind)).map_err(|e| match e {
+            fabric::FabricError::Unavailable { .. } => custom(
+                400,
+                "InvalidRdmaRequest",
+                format!(
+                    "the client's GID is {kind:?} and this server's port has no GID of that kind"
+                ),
+            ),
+            e => {
+                warn!(error = %e, "hipobj-rc-v2: creating a queue pair failed");
+                custom(
+                    503,
+                    "RdmaResourceLimit",
+                    "no queue pair available: retry later",
+                )
+            }
         })?;
         // The receive a PUT's WRITE_WITH_IMM consumes, before the client
         // can write.

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fabric::verbs::policy::GidKind;
 use fabric::verbs::rc::{RcQp, RcRemote};
 use fabric::{Access, Backend, Domain, Region};
 use sha2::Digest as _;
@@ -118,7 +119,14 @@ struct Client {
 
 impl Client {
     fn new(domain: &Domain, len: usize) -> Client {
-        let qp = RcQp::create(domain, Access::REMOTE_WRITE).unwrap();
+        Client::with_gid(domain, len, None)
+    }
+
+    /// A client whose QP sends from a GID of `kind` (`None`: the port's
+    /// preferred one, IPv4-mapped on rxe0).
+    fn with_gid(domain: &Domain, len: usize, kind: Option<GidKind>) -> Client {
+        let qp = RcQp::create_with_gid(domain, Access::REMOTE_WRITE, kind)
+            .unwrap_or_else(|e| panic!("a QP on a {kind:?} GID: {e}"));
         let mem = domain.alloc(len.max(1), Access::ALL).unwrap();
         let psn = rand::random_range(1..=0x00ff_ffff);
         let cookie = rand::random_range(1..=u32::MAX);
@@ -656,6 +664,55 @@ async fn hipobj_refusals_on_verbs() {
             "no {outcome} session counted:\n{metrics}"
         );
     }
+}
+
+/// The server answers from a GID of the client's kind (the only kind the
+/// client's GID can reach): a link-local client (rxe0's fe80:: GID) gets a
+/// link-local server GID and its bytes, an IPv4-mapped one an IPv4-mapped
+/// GID; a link-local GID outside `allowed_client_networks` is refused.
+#[tokio::test]
+async fn hipobj_answers_from_a_gid_of_the_clients_kind() {
+    let Some(domain) = verbs() else { return };
+    let s = server_for(Backend::Verbs, "[127.0.0.0/8, 10.0.0.0/8, 'fe80::/10']", "");
+    s.admin()
+        .create_bucket()
+        .bucket("hipobj-k")
+        .send()
+        .await
+        .unwrap();
+    let d = data(70_000, 5);
+    sdk_put(&s, "hipobj-k", "k", d.clone()).await;
+    for kind in [GidKind::LinkLocal, GidKind::Ipv4Mapped] {
+        let c = Client::with_gid(&domain, d.len(), Some(kind));
+        assert_eq!(GidKind::of(&c.qp.local().gid), kind);
+        let r = c
+            .prepare(&s, ADMIN, "GET", "/hipobj-k/k", d.len() as u64, 0)
+            .await;
+        assert_eq!(r.status, 200, "{kind:?}: {}", r.text());
+        let (_, server_gid) = reply_token(&r);
+        assert_eq!(GidKind::of(&server_gid), kind, "the server's GID kind");
+        let session = c.connect(&r);
+        let recv = c.qp.post_recv().unwrap();
+        let fin = c.ready(&s, ADMIN, &session).await;
+        assert_eq!(fin.status, 200, "{kind:?}: {}", fin.text());
+        let got = tokio::time::timeout(Duration::from_secs(30), recv)
+            .await
+            .expect("the WRITE_WITH_IMM arrives")
+            .expect("a successful receive");
+        assert_eq!(got.imm, Some(c.cookie));
+        check_final(&fin, c.cookie, d.len() as u64);
+        assert_eq!(
+            sha(&c.mem.as_slice().to_vec().unwrap()),
+            sha(&d),
+            "{kind:?}"
+        );
+    }
+    // The default networks (loopback, 10/8) do not hold fe80::/10.
+    let narrow = server(Backend::Verbs, "");
+    let r = Client::with_gid(&domain, 1, Some(GidKind::LinkLocal))
+        .prepare(&narrow, ADMIN, "GET", "/hipobj-k/k", 1, 0)
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
 }
 
 /// What the server's metrics say its hipobj-rc-v2 sessions hold now:
