@@ -32,6 +32,7 @@ use serde_json::{Map, Value};
 use crate::options::{Options, progress};
 use crate::own_stack::OwnStack;
 use crate::primitives::{fill_random, raw_tcp};
+use crate::stats::{fmt, num};
 
 /// The tools compared, in the order they run in a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -530,15 +531,6 @@ async fn run_tool(
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-fn num(v: Option<f64>) -> Value {
-    v.and_then(serde_json::Number::from_f64)
-        .map_or(Value::Null, Value::Number)
-}
-
-fn fmt(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
 }
 
 fn table(

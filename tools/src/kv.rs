@@ -31,7 +31,7 @@
 //! `kv_chunk_tokens`, `raw_tcp_gbps`, `memcpy_gbps`, `quick`.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -42,6 +42,8 @@ use tokio::io::AsyncReadExt as _;
 use crate::options::{Options, progress};
 use crate::own_stack::OwnStack;
 use crate::primitives::raw_tcp;
+use crate::python_half::{Target, python, python_path};
+use crate::stats::{fmt, num, ratio};
 
 /// The Python half, run with `python -c`.
 const SCRIPT: &str = include_str!("kv_bench.py");
@@ -106,71 +108,6 @@ pub(crate) async fn run(opts: &Options) -> anyhow::Result<()> {
         progress(&format!("wrote {}", path.display()));
     }
     Ok(())
-}
-
-/// What the Python half is pointed at.
-struct Target {
-    socket: PathBuf,
-    url: String,
-    bucket: String,
-    key_id: String,
-    secret: String,
-    shim_pid: u32,
-}
-
-impl Target {
-    fn of(started: &OwnStack) -> Target {
-        let stack = &started.stack;
-        let ep = stack.endpoints();
-        let (key_id, secret) = stack.credentials();
-        Target {
-            socket: ep.socket.clone(),
-            url: ep.target_url.clone(),
-            bucket: stack.bucket().to_owned(),
-            key_id: key_id.to_owned(),
-            secret: secret.to_owned(),
-            shim_pid: stack
-                .services()
-                .iter()
-                .find(|s| s.name == "host-shim")
-                .map_or(0, |s| s.pid),
-        }
-    }
-}
-
-/// The Python the ML phase uses: `$S3DMA_PYTHON`, else the checkout's
-/// `.venv/bin/python` (this binary lives in `<repo>/target/<profile>/`),
-/// else `python3`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("S3DMA_PYTHON").filter(|p| !p.is_empty()) {
-        return p.into();
-    }
-    repo_root()
-        .map(|root| root.join(".venv/bin/python"))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| "python3".into())
-}
-
-/// The checkout this binary was built in, when it runs from there.
-fn repo_root() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
-        .skip(1)
-        .find(|dir| dir.join("host-shim/python/s3dma/__init__.py").is_file())
-        .map(Path::to_path_buf)
-}
-
-/// `<repo>/host-shim/python` first (the plug-in measured is the
-/// checkout's), then the caller's `$PYTHONPATH`.
-fn python_path() -> std::ffi::OsString {
-    let mut parts: Vec<PathBuf> = repo_root()
-        .map(|root| root.join("host-shim/python"))
-        .into_iter()
-        .collect();
-    if let Some(old) = std::env::var_os("PYTHONPATH") {
-        parts.extend(std::env::split_paths(&old));
-    }
-    std::env::join_paths(parts).unwrap_or_default()
 }
 
 async fn measure(
@@ -269,22 +206,6 @@ fn add_ratios(m: &mut Map<String, Value>) {
         get(m, &format!("{EXISTS}_s3dma_ms")),
     );
     m.insert(format!("{EXISTS}_vs_lmcache_s3"), num(exists));
-}
-
-fn num(v: Option<f64>) -> Value {
-    v.and_then(serde_json::Number::from_f64)
-        .map_or(Value::Null, Value::Number)
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    }
-}
-
-fn fmt(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
 }
 
 /// A count (chunks, layers, rounds).

@@ -36,6 +36,7 @@ mod options;
 mod own_stack;
 mod primitives;
 mod procfs;
+mod python_half;
 mod report;
 mod soak;
 mod soak_check;

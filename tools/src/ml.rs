@@ -27,7 +27,6 @@
 //! `ml_dcp_save_vs_put`).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -38,6 +37,8 @@ use tokio::io::AsyncReadExt as _;
 use crate::options::{Options, progress};
 use crate::own_stack::OwnStack;
 use crate::primitives::raw_tcp;
+use crate::python_half::{Target, python, python_path};
+use crate::stats::{fmt, num, ratio};
 
 /// The Python half, run with `python -c`.
 const SCRIPT: &str = include_str!("ml_bench.py");
@@ -109,50 +110,6 @@ pub(crate) async fn run(opts: &Options, raw_tcp_for: Duration) -> anyhow::Result
         progress(&format!("wrote {}", path.display()));
     }
     Ok(())
-}
-
-/// `$S3DMA_PYTHON`, else the repository's `.venv/bin/python` (this binary
-/// lives in `<repo>/target/<profile>/`), else `python3`.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("S3DMA_PYTHON").filter(|p| !p.is_empty()) {
-        return p.into();
-    }
-    repo_root()
-        .map(|root| root.join(".venv/bin/python"))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| "python3".into())
-}
-
-/// The repository this binary was built in, when it runs from there.
-fn repo_root() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
-        .skip(1)
-        .find(|dir| dir.join("host-shim/python/s3dma/__init__.py").is_file())
-        .map(std::path::Path::to_path_buf)
-}
-
-/// What the Python half is pointed at.
-struct Target {
-    socket: PathBuf,
-    url: String,
-    bucket: String,
-    key_id: String,
-    secret: String,
-}
-
-impl Target {
-    fn of(started: &OwnStack) -> Target {
-        let ep = started.stack.endpoints();
-        let (key_id, secret) = started.stack.credentials();
-        Target {
-            socket: ep.socket.clone(),
-            url: ep.target_url.clone(),
-            bucket: started.stack.bucket().to_owned(),
-            key_id: key_id.to_owned(),
-            secret: secret.to_owned(),
-        }
-    }
 }
 
 async fn measure(
@@ -230,34 +187,6 @@ async fn measure(
         m.insert(format!("{base}_vs_{key}"), num(ratio(o, plain)));
     }
     Ok(m)
-}
-
-/// `<repo>/host-shim/python` first, then the caller's `$PYTHONPATH`.
-fn python_path() -> std::ffi::OsString {
-    let mut parts: Vec<PathBuf> = repo_root()
-        .map(|root| root.join("host-shim/python"))
-        .into_iter()
-        .collect();
-    if let Some(old) = std::env::var_os("PYTHONPATH") {
-        parts.extend(std::env::split_paths(&old));
-    }
-    std::env::join_paths(parts).unwrap_or_default()
-}
-
-fn num(v: Option<f64>) -> Value {
-    v.and_then(serde_json::Number::from_f64)
-        .map_or(Value::Null, Value::Number)
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    }
-}
-
-fn fmt(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
 }
 
 fn table(m: &Map<String, Value>, opts: &Options, data_dir: &str, rounds: usize) -> String {

@@ -39,6 +39,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
+use crate::stats::num;
 use crate::stats::ratio;
 
 /// GET or PUT.
@@ -296,11 +297,6 @@ pub(crate) struct ProcsRow {
 
 /// Picks one process's seconds out of a [`CpuSecs`].
 type Pick = fn(&CpuSecs) -> f64;
-
-fn num(v: Option<f64>) -> Value {
-    v.and_then(serde_json::Number::from_f64)
-        .map_or(Value::Null, Value::Number)
-}
 
 impl Report {
     /// The flat JSON object (see the module documentation for the keys).

@@ -134,6 +134,19 @@ pub(crate) fn ticks_to_secs(ticks: u64, ticks_per_sec: u64) -> f64 {
     ticks as f64 / ticks_per_sec as f64
 }
 
+/// A JSON number, or `null` for a missing or non-finite value.
+#[must_use]
+pub(crate) fn num(v: Option<f64>) -> serde_json::Value {
+    v.and_then(serde_json::Number::from_f64)
+        .map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
+/// Two decimals, or `-` for a missing value (the benches' tables).
+#[must_use]
+pub(crate) fn fmt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
