@@ -27,34 +27,14 @@ trap 'rm -rf "$LOGS"' EXIT
 # suites' seconds in CI (an unknown binary counts as short); they only order
 # the queue.
 cargo test "${CARGO_ALL[@]}" --no-run --message-format=json-render-diagnostics |
-  python3 -c '
-import json, os, sys
-weights = {
-    ("dpu-agent", "it"): 100,
-    ("host-shim", "it"): 70,
-    ("tools", "bench"): 65,
-    ("storage-target", "it"): 30,
-    ("cli", "cli"): 20,
-    ("fabric", "it"): 8,
-}
-rows = []
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    d = os.path.dirname(m["manifest_path"])
-    # "path+file:///repo/tools#s3dma-tools@0.1.0", or "...#0.1.0" when the
-    # package is named after its directory.
-    url, _, frag = m["package_id"].partition("#")
-    name = frag.split("@")[0] if "@" in frag else url.rstrip("/").rsplit("/", 1)[-1]
-    key = (os.path.basename(d), m["target"]["name"])
-    rows.append((weights.get(key, 1), name, d, m["target"]["name"], m["executable"]))
-for r in sorted(rows, key=lambda r: -r[0]):
-    print("|".join(map(str, r)))
-' >"$LOGS/queue"
+  python3 .ci/test-binaries.py |
+  awk -F'|' '
+    BEGIN {
+      w["dpu-agent|it"] = 100; w["host-shim|it"] = 70; w["tools|bench"] = 65
+      w["storage-target|it"] = 30; w["cli|cli"] = 20; w["fabric|it"] = 8
+    }
+    { k = $1 "|" $2; print ((k in w) ? w[k] : 1) "|" $3 "|" $4 "|" $2 "|" $5 }' |
+  sort -t'|' -k1,1nr >"$LOGS/queue"
 
 total="$(wc -l <"$LOGS/queue")"
 if [ "$total" -eq 0 ]; then

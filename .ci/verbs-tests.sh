@@ -34,27 +34,16 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   #     tests run on the host, not under the VM's emulated CPUs);
   #   - host-shim: the whole stack through the Rust client.
   cargo test --workspace --all-features --locked --no-run --message-format=json-render-diagnostics |
-    python3 -c '
-import json, os, sys
-filters = {
-    ("fabric", "fabric"): "verbs::",
-    ("fabric", "it"): "conformance::verbs::",
-    ("storage-target", "it"): "rdma:: hipobj::",
-    ("dpu-agent", "it"): "transfers:: fallback:: --skip ceph --skip third_party",
-    ("host-shim", "it"): "e2e::",
-}
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    d = os.path.dirname(m["manifest_path"])
-    key = (os.path.basename(d), m["target"]["name"])
-    if key in filters:
-        print("|".join([d, filters[key], m["executable"]]))
-' >"$LIST"
+    python3 .ci/test-binaries.py |
+    awk -F'|' '
+      BEGIN {
+        f["fabric|fabric"] = "verbs::"
+        f["fabric|it"] = "conformance::verbs::"
+        f["storage-target|it"] = "rdma:: hipobj::"
+        f["dpu-agent|it"] = "transfers:: fallback:: --skip ceph --skip third_party"
+        f["host-shim|it"] = "e2e::"
+      }
+      ($1 "|" $2) in f { print $4 "|" f[$1 "|" $2] "|" $5 }' >"$LIST"
   if [ "$(wc -l <"$LIST")" -ne 5 ]; then
     echo "verbs-tests: expected 5 test binaries, found:" >&2
     cat "$LIST" >&2

@@ -32,17 +32,15 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, bail};
 use serde_json::{Map, Value};
-use tokio::io::AsyncReadExt as _;
 
 use crate::options::{Options, progress};
 use crate::own_stack::OwnStack;
 use crate::primitives::raw_tcp;
-use crate::python_half::{Target, python, python_path};
+use crate::python_half::{Half, Target, python};
 use crate::stats::{fmt, num, ratio};
 
 /// The Python half, run with `python -c`.
@@ -121,60 +119,29 @@ async fn measure(
     progress(&format!("raw loopback TCP for {raw_tcp_for:?}"));
     let raw = raw_tcp(raw_tcp_for).await?;
     let memcpy = crate::limits::memcpy_gbps(64 << 20, Duration::from_millis(500));
-    progress(&format!("running the KV phase with {}", python.display()));
-    let mut child = tokio::process::Command::new(python)
-        .arg("-c")
-        .arg(SCRIPT)
-        .env("S3DMA_SOCKET", &target.socket)
-        .env("S3DMA_BENCH_ENDPOINT", &target.url)
-        .env("S3DMA_BENCH_BUCKET", &target.bucket)
-        .env("S3DMA_BENCH_KV_BYTES", per_shape.to_string())
-        .env("S3DMA_BENCH_ROUNDS", rounds.to_string())
-        .env("S3DMA_BENCH_QUICK", if quick { "1" } else { "0" })
-        .env("S3DMA_BENCH_SHIM_PID", target.shim_pid.to_string())
-        .env("PYTHONPATH", python_path())
-        .env("AWS_ACCESS_KEY_ID", &target.key_id)
-        .env("AWS_SECRET_ACCESS_KEY", &target.secret)
-        .env("AWS_DEFAULT_REGION", s3dma_launcher::REGION)
-        .env("AWS_REGION", s3dma_launcher::REGION)
-        // No usage reports from LMCache; only its errors on stderr (a failed
-        // store is an error there, and the bench's lookup catches it).
-        .env("LMCACHE_TRACK_USAGE", "false")
-        .env("DO_NOT_TRACK", "1")
-        .env("LMCACHE_LOG_LEVEL", "ERROR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} (set $S3DMA_PYTHON to a Python with s3dma, torch, lmcache and \
-                 awscrt; `bash .ci/setup.sh` and `.ci/setup-lmcache.sh` make .venv)",
-                python.display()
-            )
-        })?;
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow!("no stdout from {}", python.display()))?
-        .read_to_string(&mut stdout)
-        .await?;
-    let status = child.wait().await?;
-    if !status.success() {
-        bail!(
-            "the KV phase ({}) failed ({status}); its errors are above",
-            python.display()
-        );
+    let mut m = Half {
+        phase: "KV",
+        script: SCRIPT,
+        needs: "s3dma, torch, lmcache and awscrt; `bash .ci/setup.sh` and \
+                `.ci/setup-lmcache.sh` make .venv",
+        env: vec![
+            ("S3DMA_BENCH_KV_BYTES", per_shape.to_string()),
+            ("S3DMA_BENCH_ROUNDS", rounds.to_string()),
+            (
+                "S3DMA_BENCH_QUICK",
+                if quick { "1" } else { "0" }.to_owned(),
+            ),
+            ("S3DMA_BENCH_SHIM_PID", target.shim_pid.to_string()),
+            // No usage reports from LMCache; only its errors on stderr (a
+            // failed store is an error there, and the bench's lookup
+            // catches it).
+            ("LMCACHE_TRACK_USAGE", "false".to_owned()),
+            ("DO_NOT_TRACK", "1".to_owned()),
+            ("LMCACHE_LOG_LEVEL", "ERROR".to_owned()),
+        ],
     }
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| anyhow!("the KV phase printed no JSON line: {stdout:?}"))?;
-    let mut m: Map<String, Value> =
-        serde_json::from_str(line).with_context(|| format!("the KV phase's JSON line {line:?}"))?;
+    .run(target, python)
+    .await?;
     m.insert("raw_tcp_gbps".into(), num(Some(raw)));
     m.insert("memcpy_gbps".into(), num(memcpy));
     add_ratios(&mut m);

@@ -27,17 +27,15 @@
 //! `ml_dcp_save_vs_put`).
 
 use std::fmt::Write as _;
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, bail};
 use serde_json::{Map, Value};
-use tokio::io::AsyncReadExt as _;
 
 use crate::options::{Options, progress};
 use crate::own_stack::OwnStack;
 use crate::primitives::raw_tcp;
-use crate::python_half::{Target, python, python_path};
+use crate::python_half::{Half, Target, python};
 use crate::stats::{fmt, num, ratio};
 
 /// The Python half, run with `python -c`.
@@ -121,55 +119,18 @@ async fn measure(
 ) -> anyhow::Result<Map<String, Value>> {
     progress(&format!("raw loopback TCP for {raw_tcp_for:?}"));
     let raw = raw_tcp(raw_tcp_for).await?;
-    progress(&format!("running the ML phase with {}", python.display()));
-    let mut child = tokio::process::Command::new(python)
-        .arg("-c")
-        .arg(SCRIPT)
-        .env("S3DMA_SOCKET", &target.socket)
-        .env("S3DMA_BENCH_ENDPOINT", &target.url)
-        .env("S3DMA_BENCH_BUCKET", &target.bucket)
-        .env("S3DMA_BENCH_BYTES", bytes.to_string())
-        .env("S3DMA_BENCH_ROUNDS", rounds.to_string())
-        // From a checkout, the integrations measured are the checkout's
-        // (not an older copy installed in the venv).
-        .env("PYTHONPATH", python_path())
-        .env("AWS_ACCESS_KEY_ID", &target.key_id)
-        .env("AWS_SECRET_ACCESS_KEY", &target.secret)
-        .env("AWS_DEFAULT_REGION", s3dma_launcher::REGION)
-        .env("AWS_REGION", s3dma_launcher::REGION)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} (set $S3DMA_PYTHON to a Python with s3dma, torch, safetensors, \
-                 boto3 and s3torchconnector; `bash .ci/setup.sh` makes .venv)",
-                python.display()
-            )
-        })?;
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow!("no stdout from {}", python.display()))?
-        .read_to_string(&mut stdout)
-        .await?;
-    let status = child.wait().await?;
-    if !status.success() {
-        bail!(
-            "the ML phase ({}) failed ({status}); its errors are above",
-            python.display()
-        );
+    let mut m = Half {
+        phase: "ML",
+        script: SCRIPT,
+        needs: "s3dma, torch, safetensors, boto3 and s3torchconnector; `bash .ci/setup.sh` \
+                makes .venv",
+        env: vec![
+            ("S3DMA_BENCH_BYTES", bytes.to_string()),
+            ("S3DMA_BENCH_ROUNDS", rounds.to_string()),
+        ],
     }
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| anyhow!("the ML phase printed no JSON line: {stdout:?}"))?;
-    let mut m: Map<String, Value> =
-        serde_json::from_str(line).with_context(|| format!("the ML phase's JSON line {line:?}"))?;
+    .run(target, python)
+    .await?;
     m.insert("raw_tcp_gbps".into(), num(Some(raw)));
     let get = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_f64);
     for (_, ours, http) in HEADLINE {

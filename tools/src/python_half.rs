@@ -2,7 +2,13 @@
 //! with: which Python, its `PYTHONPATH`, and the stack they are pointed at.
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 
+use anyhow::{Context as _, anyhow, bail};
+use serde_json::{Map, Value};
+use tokio::io::AsyncReadExt as _;
+
+use crate::options::progress;
 use crate::own_stack::OwnStack;
 
 /// What the Python half is pointed at.
@@ -75,4 +81,87 @@ pub(crate) fn python_path() -> std::ffi::OsString {
         parts.extend(std::env::split_paths(&old));
     }
     std::env::join_paths(parts).unwrap_or_default()
+}
+
+/// One run of a phase's Python half.
+pub(crate) struct Half<'a> {
+    /// The phase, in messages ("ML", "KV").
+    pub(crate) phase: &'a str,
+    /// The script, run with `python -c`.
+    pub(crate) script: &'a str,
+    /// What the Python must have installed, for the error when it cannot
+    /// start.
+    pub(crate) needs: &'a str,
+    /// The phase's own environment, after the stack's.
+    pub(crate) env: Vec<(&'a str, String)>,
+}
+
+impl Half<'_> {
+    /// Runs the script against `target` with `python` (its stderr goes to
+    /// ours) and returns the JSON object of its last `{...}` line.
+    ///
+    /// # Errors
+    /// It cannot start, exits unsuccessfully or prints no JSON object.
+    pub(crate) async fn run(
+        &self,
+        target: &Target,
+        python: &Path,
+    ) -> anyhow::Result<Map<String, Value>> {
+        progress(&format!(
+            "running the {} phase with {}",
+            self.phase,
+            python.display()
+        ));
+        let mut cmd = tokio::process::Command::new(python);
+        cmd.arg("-c")
+            .arg(self.script)
+            .env("S3DMA_SOCKET", &target.socket)
+            .env("S3DMA_BENCH_ENDPOINT", &target.url)
+            .env("S3DMA_BENCH_BUCKET", &target.bucket)
+            // From a checkout, the integrations measured are the
+            // checkout's (not an older copy installed in the venv).
+            .env("PYTHONPATH", python_path())
+            .env("AWS_ACCESS_KEY_ID", &target.key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &target.secret)
+            .env("AWS_DEFAULT_REGION", s3dma_launcher::REGION)
+            .env("AWS_REGION", s3dma_launcher::REGION);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting {} (set $S3DMA_PYTHON to a Python with {})",
+                    python.display(),
+                    self.needs
+                )
+            })?;
+        let mut stdout = String::new();
+        child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout from {}", python.display()))?
+            .read_to_string(&mut stdout)
+            .await?;
+        let status = child.wait().await?;
+        if !status.success() {
+            bail!(
+                "the {} phase ({}) failed ({status}); its errors are above",
+                self.phase,
+                python.display()
+            );
+        }
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .ok_or_else(|| anyhow!("the {} phase printed no JSON line: {stdout:?}", self.phase))?;
+        serde_json::from_str(line)
+            .with_context(|| format!("the {} phase's JSON line {line:?}", self.phase))
+    }
 }

@@ -182,25 +182,8 @@ const DIRS_REQUIRED: [&str; 4] = [
 #[test]
 fn bench_dirs_quick_reports_every_number() {
     check_binaries();
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("dirs.json");
-    let out = Command::new(S3DMA_TOOLS)
-        .args(["bench", "--dirs", "--quick", "--json"])
-        .arg(&json)
-        .env("TMPDIR", dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench --dirs failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let text = std::fs::read_to_string(&json).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let obj = v.as_object().expect("a JSON object");
+    let r = BenchRun::run(&["--dirs", "--quick"], "dirs.json", None);
+    let (obj, text, stdout) = (&r.obj, &r.text, &r.stdout);
     let mut keys: Vec<String> = DIRS_REQUIRED.iter().map(|k| (*k).to_owned()).collect();
     keys.extend(["raw_tcp_gbps", "memcpy_gbps", "dirs_bytes", "dirs_files"].map(String::from));
     let peers: Vec<&str> = if std::env::var_os("CI").is_some() {
@@ -223,13 +206,10 @@ fn bench_dirs_quick_reports_every_number() {
         keys.push(format!("dirs_put_vs_{p}"));
     }
     for k in &keys {
-        let x = obj
-            .get(k)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or_else(|| panic!("no number {k} in {text}"));
+        let x = r.num(k);
         assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
     }
-    assert_eq!(obj["dirs_files"].as_f64(), Some(28.0), "{text}");
+    assert_eq!(r.num("dirs_files"), 28.0, "{text}");
     for row in [
         "s3dma get --recursive",
         "s3dma put --recursive",
@@ -237,12 +217,7 @@ fn bench_dirs_quick_reports_every_number() {
     ] {
         assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
     }
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n != "dirs.json")
-        .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    r.left_nothing();
 }
 
 /// The ML phase's keys (`s3dma-tools bench --ml`).
@@ -272,6 +247,79 @@ const ML_REQUIRED: [&str; 23] = [
     "ml_dcp_load_vs_memcpy",
 ];
 
+/// One `s3dma-tools bench ARGS --json FILE` run in a fresh `TMPDIR` (with
+/// `python` as `$S3DMA_PYTHON` when given): it succeeded and wrote a JSON
+/// object of numbers.
+struct BenchRun {
+    stdout: String,
+    obj: serde_json::Map<String, serde_json::Value>,
+    text: String,
+    dir: tempfile::TempDir,
+    json_name: &'static str,
+}
+
+impl BenchRun {
+    fn run(args: &[&str], json_name: &'static str, python: Option<&Path>) -> BenchRun {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join(json_name);
+        let mut cmd = Command::new(S3DMA_TOOLS);
+        cmd.arg("bench")
+            .args(args)
+            .arg("--json")
+            .arg(&json)
+            .env("TMPDIR", dir.path())
+            .stdin(Stdio::null());
+        if let Some(p) = python {
+            cmd.env("S3DMA_PYTHON", p);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "bench {args:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            out.status
+        );
+        let text = std::fs::read_to_string(&json).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let obj = v.as_object().expect("a JSON object").clone();
+        BenchRun {
+            stdout,
+            obj,
+            text,
+            dir,
+            json_name,
+        }
+    }
+
+    /// Every value is a number.
+    fn all_numbers(&self) {
+        assert!(
+            self.obj.values().all(serde_json::Value::is_number),
+            "{}",
+            self.text
+        );
+    }
+
+    /// The number `k`.
+    fn num(&self, k: &str) -> f64 {
+        self.obj
+            .get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("no number {k} in {}", self.text))
+    }
+
+    /// The bench left nothing in its `TMPDIR` but the JSON.
+    fn left_nothing(&self) {
+        let left: Vec<_> = std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n != self.json_name)
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
+
 /// `bench --ml --quick` with the repository's .venv (which `.ci/setup.sh`
 /// makes, with torch, safetensors and s3torchconnector): every figure is
 /// there, finite and positive, and every load was bit-exact (the Python
@@ -287,48 +335,17 @@ fn bench_ml_quick_reports_every_number() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("ml.json");
-    let out = Command::new(S3DMA_TOOLS)
-        .args(["bench", "--ml", "--quick", "--json"])
-        .arg(&json)
-        .env("TMPDIR", dir.path())
-        .env("S3DMA_PYTHON", &venv)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench --ml failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let text = std::fs::read_to_string(&json).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let obj = v.as_object().expect("a JSON object");
-    assert!(obj.values().all(serde_json::Value::is_number), "{text}");
+    let r = BenchRun::run(&["--ml", "--quick"], "ml.json", Some(&venv));
+    r.all_numbers();
     for k in ML_REQUIRED {
-        let x = obj
-            .get(k)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or_else(|| panic!("no number {k} in {text}"));
-        assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
+        let x = r.num(k);
+        assert!(x.is_finite() && x > 0.0, "{k} = {x} in {}", r.text);
     }
-    assert_eq!(
-        obj["ml_bytes"].as_f64(),
-        Some((64u64 << 20) as f64),
-        "{text}"
-    );
+    assert_eq!(r.num("ml_bytes"), (64u64 << 20) as f64, "{}", r.text);
     for row in ["safetensors load", "DCP load", "DCP save", "limits: memcpy"] {
-        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+        assert!(r.stdout.contains(row), "no {row:?} in:\n{}", r.stdout);
     }
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n != "ml.json")
-        .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    r.left_nothing();
 }
 
 /// `bench --kv --quick` with the repository's .venv when it has lmcache
@@ -360,32 +377,9 @@ fn bench_kv_quick_reports_every_number() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("kv.json");
-    let out = Command::new(S3DMA_TOOLS)
-        .args(["bench", "--kv", "--quick", "--json"])
-        .arg(&json)
-        .env("TMPDIR", dir.path())
-        .env("S3DMA_PYTHON", &venv)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench --kv failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let text = std::fs::read_to_string(&json).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let obj = v.as_object().expect("a JSON object");
-    assert!(obj.values().all(serde_json::Value::is_number), "{text}");
-    let num = |k: &str| -> f64 {
-        obj.get(k)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or_else(|| panic!("no number {k} in {text}"))
-    };
+    let r = BenchRun::run(&["--kv", "--quick"], "kv.json", Some(&venv));
+    r.all_numbers();
+    let (num, text, stdout) = (|k: &str| r.num(k), &r.text, &r.stdout);
     // Every key tools/README.md documents for --kv.
     let mut keys: Vec<String> = [
         "raw_tcp_gbps",
@@ -457,12 +451,7 @@ fn bench_kv_quick_reports_every_number() {
     ] {
         assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
     }
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n != "kv.json")
-        .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    r.left_nothing();
 }
 
 #[test]
