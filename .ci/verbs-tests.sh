@@ -24,7 +24,7 @@ LIST="target/rdma-vm/verbs-tests.list"
 if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   mkdir -p target/rdma-vm
   # The test binaries of the workspace's one feature set (as .ci/test.sh:
-  # nothing is rebuilt after its `cargo test`), one "DIR|FILTERS|EXE" line
+  # nothing is rebuilt after its `cargo test`), one "NAME|DIR|EXE|FILTERS" line
   # for each binary that has verbs suites, with the libtest filters it runs:
   #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
   #   - storage-target: the RDMA GET/PUT/UploadPart suite and the
@@ -43,7 +43,11 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
         f["dpu-agent|it"] = "transfers:: fallback:: --skip ceph --skip third_party"
         f["host-shim|it"] = "e2e::"
       }
-      ($1 "|" $2) in f { print $4 "|" f[$1 "|" $2] "|" $5 }' >"$LIST"
+      ($1 "|" $2) in f { print $3 " " $2 "|" $4 "|" $5 "|" f[$1 "|" $2] }' |
+    # The longest suites first (seconds in the VM: transfers 140, rdma and
+    # hipobj 110, e2e 100, conformance 50).
+    awk '{ w = /^dpu-agent/ ? 5 : /^storage-target/ ? 4 : /^host-shim/ ? 3 : / it\|/ ? 2 : 1; print w "|" $0 }' |
+    sort -t'|' -k1,1nr | cut -d'|' -f2- >"$LIST"
   if [ "$(wc -l <"$LIST")" -ne 5 ]; then
     echo "verbs-tests: expected 5 test binaries, found:" >&2
     cat "$LIST" >&2
@@ -59,42 +63,13 @@ export S3DMA_TEST_FABRIC=verbs
 export S3DMA_TEST_LARGE_OBJECT=$((256 << 20))
 export RUST_BACKTRACE="${RUST_BACKTRACE:-0}"
 device="$(ibv_devices | awk 'NR > 2 {print $1}' | paste -sd, -)"
-passed=0 failed=0 ignored=0 bad=0
-start=$SECONDS
-while IFS='|' read -r dir filter exe; do
-  name="$(basename "$exe")"
-  echo
-  echo "==> ${name%-*} ${filter:-(all)} on ${device:-no device}"
-  out="$(mktemp)"
-  set +e
-  # shellcheck disable=SC2086 # an empty filter is no argument
-  (cd "$dir" && CARGO_MANIFEST_DIR="$dir" "$exe" $filter --test-threads 2) 2>&1 | tee "$out"
-  rc=${PIPESTATUS[0]}
-  set -e
-  counts="$(awk '/^test result:/ {
-      for (k = 1; k <= NF; k++) {
-        if ($(k+1) ~ /^passed/) p += $k
-        if ($(k+1) ~ /^failed/) f += $k
-        if ($(k+1) ~ /^ignored/) i += $k
-      }
-    } END { print p + 0, f + 0, i + 0 }' "$out")"
-  read -r p f i <<<"$counts"
-  passed=$((passed + p)) failed=$((failed + f)) ignored=$((ignored + i))
-  if grep -q "SKIPPED" "$out"; then
-    echo "verbs-tests: $name skipped tests inside the VM"
-    bad=$((bad + 1))
-  fi
-  if [ "$rc" -ne 0 ]; then
-    echo "verbs-tests: $name exited $rc"
-    bad=$((bad + 1))
-  fi
-  rm -f "$out"
-done <"$ROOT/$LIST"
-echo
-echo "verbs-tests: device ${device:-none}: $passed passed, $failed failed, $ignored ignored" \
-  "(helpers the suites run as child processes), none skipped; $((SECONDS - start))s in the VM"
-if [ "$bad" -ne 0 ] || [ "$passed" -eq 0 ] || [ -z "$device" ]; then
-  echo "verbs-tests: FAILED"
+if [ -z "$device" ]; then
+  echo "verbs-tests: FAILED: no RDMA device in the VM"
   exit 1
 fi
-echo "verbs-tests: ok"
+echo "verbs-tests: on $device, ${S3DMA_VM_TEST_JOBS:-2} binaries at a time"
+# Two binaries at a time: the suites wait on services and sockets, so one
+# at a time left the two emulated CPUs idle a good part of the step.
+bash .ci/run-test-binaries.sh verbs-tests "${S3DMA_VM_TEST_JOBS:-2}" "$ROOT/$LIST" --no-skips \
+  -- --test-threads 2
+echo "verbs-tests: ok (none skipped)"
