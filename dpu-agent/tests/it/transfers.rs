@@ -221,7 +221,9 @@ async fn overwrite_during_chunked_get_is_detected() {
     target.create_bucket("alice-data").await;
     let mut spec = AgentSpec::one(&target);
     // Small chunks, one at a time, 2 MiB/s (after a one-second burst): a
-    // 16 MiB GET takes ~7 s, far longer than the overwrite needs.
+    // 16 MiB GET takes ~7 s, far longer than the overwrite needs (a 64 KiB
+    // object: it lands in time even on the VM's emulated CPUs with other
+    // suites running beside this one).
     spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 1\n".into();
     spec.alice_quotas = "max_bytes_per_second: 2MiB".into();
     let agent = Agent::start(spec);
@@ -229,7 +231,7 @@ async fn overwrite_during_chunked_get_is_detected() {
     let len = 16usize << 20;
     let sdk = target.s3(ALICE);
     let v1 = data(len, 1);
-    let v2 = data(len, 2);
+    let v2 = data(64 << 10, 2);
     sdk.put_object()
         .bucket("alice-data")
         .key("k")
@@ -265,8 +267,8 @@ async fn overwrite_during_chunked_get_is_detected() {
         .await
         .unwrap();
     drop(w);
-    assert_eq!(ok.bytes_placed, len as u64);
-    assert_eq!(mem.sha256(0, len), sha256(&v2));
+    assert_eq!(ok.bytes_placed, v2.len() as u64);
+    assert_eq!(mem.sha256(0, v2.len()), sha256(&v2));
 }
 
 /// List (paging, delimiter), head, delete, and a GetObjects batch.
