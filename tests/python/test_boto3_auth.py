@@ -6,6 +6,7 @@ wrong secrets / unknown keys / skewed clocks, per-bucket grants, and the
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.client
 import time
@@ -381,15 +382,35 @@ def test_header_and_query_auth_together(target, users, s3, bucket):
     assert_s3_error(r, 400, ("InvalidArgument", "InvalidRequest"))
 
 
+@contextlib.contextmanager
+def skewed_clock(when: dt.datetime):
+    """botocore's signing clock set to `when`. With awscrt installed (the
+    lmcache extra brings it into the same venv), botocore signs S3 requests
+    with its CRT signer, which reads the clock through botocore.crt.auth, so
+    both signers' clocks are set."""
+
+    def now(remove_tzinfo=True):
+        return when.replace(tzinfo=None) if remove_tzinfo else when
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch("botocore.auth.get_current_datetime", side_effect=now))
+        try:
+            import botocore.crt.auth  # noqa: F401  (present only with awscrt)
+        except ImportError:
+            pass
+        else:
+            stack.enter_context(mock.patch("botocore.crt.auth.get_current_datetime", side_effect=now))
+        yield
+
+
 @pytest.mark.parametrize("offset_min", [-60, 60])
 def test_request_time_too_skewed(target, users, bucket, offset_min):
     skewed = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=offset_min)
     r = raw_request(target.endpoint, "GET", key_path(bucket), user=users["alice"], timestamp=amz_date(skewed))
     assert_s3_error(r, 403, "RequestTimeTooSkewed")
     # and through boto3 with a skewed clock (no retries: max_attempts=1)
-    with mock.patch("botocore.auth.get_current_datetime", return_value=skewed.replace(tzinfo=None)):
-        with pytest.raises(ClientError) as e:
-            target.client("alice").list_objects_v2(Bucket=bucket)
+    with skewed_clock(skewed), pytest.raises(ClientError) as e:
+        target.client("alice").list_objects_v2(Bucket=bucket)
     assert_client_error(e, "RequestTimeTooSkewed", 403)
 
 

@@ -225,6 +225,51 @@ def test_loading_into_tensors_in_a_registered_buffer_places_the_bytes_there(clie
         del w, b, h
 
 
+def test_empty_like_makes_a_registered_state_dict_that_loads_with_no_staging(client, url, monkeypatch):
+    model, opt = model_and_optimizer(3)
+    saved = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 7}
+    dcp.save(saved, storage_writer=s3torch.StorageWriter(url, client=client))
+
+    other, other_opt = model_and_optimizer(4)
+    template = {"model": other.state_dict(), "optim": other_opt.state_dict(), "step": 0}
+    sd, buf = s3torch.empty_like(template, client=client, label="empty-like")
+    # Same structure, shapes and dtypes; every non-empty tensor in the
+    # buffer, 64-byte aligned, none overlapping; other leaves kept.
+    assert sd["step"] == 0 and sd["model"].keys() == template["model"].keys()
+    spans = []
+    for k, t in sd["model"].items():
+        assert t.shape == template["model"][k].shape and t.dtype == template["model"][k].dtype
+        found = client.find_buffer(t.data_ptr(), t.numel() * t.element_size())
+        assert found is not None and found[0] is buf and found[1] % 64 == 0, k
+        spans.append((found[1], found[1] + t.numel() * t.element_size()))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert isinstance(sd["optim"]["state"][0]["exp_avg"], torch.Tensor)
+    assert client.find_buffer(sd["optim"]["state"][0]["exp_avg"].data_ptr(), 4) is not None
+
+    # Only the non-tensor items (pickled bytes) go through a staging buffer:
+    # every tensor's bytes are placed in it.
+    staged = []
+    real_deliver = s3torch._RankRead._deliver
+
+    def recording_deliver(self, r, buf, at):
+        staged.append(r.item)
+        return real_deliver(self, r, buf, at)
+
+    monkeypatch.setattr(s3torch._RankRead, "_deliver", recording_deliver)
+    dcp.load(sd, storage_reader=s3torch.StorageReader(url, client=client))
+    monkeypatch.undo()
+    assert staged and all(it.type == s3torch.LoadItemType.BYTE_IO for it in staged), staged
+    assert_same(saved, sd)
+    # The model adopts the tensors without a copy.
+    other.load_state_dict(sd["model"], assign=True)
+    assert other.state_dict()["0.weight"].data_ptr() == sd["model"]["0.weight"].data_ptr()
+    assert torch.equal(other(torch.ones(2, 32)), model(torch.ones(2, 32)))
+    buf.release()
+    # Still readable: the tensors keep the mapping until they go.
+    assert torch.equal(sd["model"]["4.bias"], saved["model"]["4.bias"])
+
+
 def test_saving_tensors_in_a_registered_buffer_puts_them_from_there(client, url):
     puts = []
     real_put = client.put_object_from

@@ -971,3 +971,21 @@ def test_torch_views_when_torch_is_installed(client, ten_k):
         assert bytes(t[:10000].numpy()) == data  # the GET changed the tensor in place
         f = buf.torch(torch.float32, count=4)
         assert f.data_ptr() == t.data_ptr()
+
+
+def test_a_torch_view_keeps_the_mapping_after_release(client, ten_k):
+    # torch.frombuffer alone keeps only a reference to the mmap object, and
+    # release() would unmap the memory under the tensor (a segfault on the
+    # next read); the tensor holds a buffer export instead.
+    torch = pytest.importorskip("torch", reason="torch is not installed (optional; CI has none)")
+    key, data = ten_k
+    buf = client.alloc(16 * KIB)
+    client.get_object_into(BUCKET, key, buf)
+    t = buf.torch()
+    h = buf.torch(torch.bfloat16, offset=64, count=8)
+    buf.release()
+    assert buf.released
+    assert bytes(t[:10000].numpy()) == data
+    assert bytes(h.view(torch.uint8).numpy()) == data[64:80]
+    t[0] = 7  # still mapped and writable
+    assert int(t[0]) == 7

@@ -14,7 +14,9 @@
 //! once, untimed.
 //!
 //! JSON keys: `ml_safetensors_gbps`, `ml_safetensors_http_gbps`,
-//! `ml_dcp_load_gbps`, `ml_dcp_load_http_gbps`, `ml_dcp_save_gbps`,
+//! `ml_dcp_load_gbps`, `ml_dcp_load_registered_gbps` (the same load into
+//! tensors from `s3dma.torch.empty_like`, placed without a copy),
+//! `ml_dcp_load_http_gbps`, `ml_dcp_save_gbps`,
 //! `ml_dcp_save_http_gbps` (http = the fastest peer measured), each peer's
 //! own figure (`ml_safetensors_boto3_gbps`,
 //! `ml_safetensors_s3torchconnector_gbps`,
@@ -24,7 +26,7 @@
 //! the data path's own figures for the same bytes, a plain s3dma GET and PUT
 //! through one registered buffer (`ml_get_gbps`, `ml_put_gbps`), and the
 //! loaders against them (`ml_safetensors_vs_get`, `ml_dcp_load_vs_get`,
-//! `ml_dcp_save_vs_put`).
+//! `ml_dcp_load_registered_vs_get`, `ml_dcp_save_vs_put`).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -41,14 +43,19 @@ use crate::stats::{fmt, num, ratio};
 /// The Python half, run with `python -c`.
 const SCRIPT: &str = include_str!("ml_bench.py");
 
-/// The three headline loads: (name, s3dma key, http key).
-const HEADLINE: [(&str, &str, &str); 3] = [
+/// The headline loads and the save: (name, s3dma key, http key).
+const HEADLINE: [(&str, &str, &str); 4] = [
     (
         "safetensors load",
         "ml_safetensors_gbps",
         "ml_safetensors_http_gbps",
     ),
     ("DCP load", "ml_dcp_load_gbps", "ml_dcp_load_http_gbps"),
+    (
+        "DCP load, registered",
+        "ml_dcp_load_registered_gbps",
+        "ml_dcp_load_http_gbps",
+    ),
     ("DCP save", "ml_dcp_save_gbps", "ml_dcp_save_http_gbps"),
 ];
 

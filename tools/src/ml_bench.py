@@ -11,7 +11,9 @@ tenant's key in $AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY):
 - safetensors: s3dma.safetensors.load_file vs s3torchconnector's S3 reader
   (S3Checkpoint) + safetensors.torch.load vs boto3 + safetensors.torch.load;
 - DCP: dcp.save/dcp.load with s3dma.torch.StorageWriter/Reader vs
-  s3torchconnector's S3StorageWriter/S3StorageReader.
+  s3torchconnector's S3StorageWriter/S3StorageReader; the s3dma load both
+  into ordinary tensors (staged through a registered buffer, one copy) and
+  into tensors from s3dma.torch.empty_like (placed in them, no copy).
 
 The machine's limit beside them: memcpy bandwidth of one core (a numpy copy
 of the same tensors). Every load is checked bit-exact once, untimed. Each
@@ -167,6 +169,21 @@ def main():
     progress("DCP: dcp.load with s3dma.torch.StorageReader")
     out["ml_dcp_load_gbps"], loaded = timed(s3dma_load)
     assert same(state, loaded), "DCP load through s3dma returned other bytes"
+    del loaded
+
+    # The same load into a state dict whose tensors lie in registered memory
+    # (s3dma.torch.empty_like): the bytes land in the tensors, no staging copy.
+    registered, reg_buf = s3torch.empty_like(state, client=client, label="ml-bench-dcp")
+
+    def s3dma_load_registered():
+        dcp.load(registered, storage_reader=s3torch.StorageReader(prefix, client=client))
+        return registered
+
+    progress("DCP: dcp.load with s3dma.torch.StorageReader into s3dma.torch.empty_like tensors")
+    out["ml_dcp_load_registered_gbps"], loaded = timed(s3dma_load_registered)
+    assert same(state, loaded), "DCP load into registered tensors returned other bytes"
+    del loaded, registered
+    reg_buf.release()
 
     try:
         from s3torchconnector import S3ClientConfig

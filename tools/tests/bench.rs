@@ -221,12 +221,13 @@ fn bench_dirs_quick_reports_every_number() {
 }
 
 /// The ML phase's keys (`s3dma-tools bench --ml`).
-const ML_REQUIRED: [&str; 23] = [
+const ML_REQUIRED: [&str; 27] = [
     "raw_tcp_gbps",
     "ml_get_gbps",
     "ml_put_gbps",
     "ml_safetensors_vs_get",
     "ml_dcp_load_vs_get",
+    "ml_dcp_load_registered_vs_get",
     "ml_dcp_save_vs_put",
     "ml_memcpy_gbps",
     "ml_bytes",
@@ -235,6 +236,7 @@ const ML_REQUIRED: [&str; 23] = [
     "ml_safetensors_boto3_gbps",
     "ml_safetensors_s3torchconnector_gbps",
     "ml_dcp_load_gbps",
+    "ml_dcp_load_registered_gbps",
     "ml_dcp_load_http_gbps",
     "ml_dcp_load_s3torchconnector_gbps",
     "ml_dcp_save_gbps",
@@ -242,9 +244,11 @@ const ML_REQUIRED: [&str; 23] = [
     "ml_dcp_save_s3torchconnector_gbps",
     "ml_safetensors_vs_http",
     "ml_dcp_load_vs_http",
+    "ml_dcp_load_registered_vs_http",
     "ml_dcp_save_vs_http",
     "ml_safetensors_vs_memcpy",
     "ml_dcp_load_vs_memcpy",
+    "ml_dcp_load_registered_vs_memcpy",
 ];
 
 /// One `s3dma-tools bench ARGS --json FILE` run in a fresh `TMPDIR` (with

@@ -4,14 +4,20 @@
 //! [`Verdict`]), then carries operation frames. All integers are big-endian;
 //! every reserved field must be zero.
 //!
-//! Requester → responder, a 32-byte [`RequestHeader`]:
+//! Requester → responder, a 48-byte [`RequestHeader`]:
 //!
 //! ```text
 //! 0  op u8 (1 WRITE, 2 READ) | 1 reserved u8 | 2 reserved u16 | 4 rkey u32
 //! 8  wr_id u64 | 16 remote addr u64 | 24 len u64
+//! 32 operation addr u64 | 40 operation len u64
 //! ```
 //!
-//! followed, for WRITE, by exactly `len` payload bytes.
+//! followed, for WRITE, by exactly `len` payload bytes. A session splits a
+//! large operation into pieces (striped over its streams); every piece
+//! names the whole operation it belongs to, and the responder checks the
+//! whole operation's access before placing a byte of any piece, so an
+//! operation that reaches outside a region moves nothing at all, like an
+//! RDMA WRITE whose RETH length exceeds the memory region.
 //!
 //! Responder → requester, a 24-byte [`ResponseHeader`]:
 //!
@@ -30,10 +36,11 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use crate::status::OpStatus;
 use crate::token::EndpointAddr;
 
-/// Protocol version spoken by this build. Version 2 binds the handshake to
-/// the endpoint the requester dialled ([`Hello::target`]); version 1 did
-/// not, and is no longer spoken.
-pub const VERSION: u16 = 2;
+/// Protocol version spoken by this build. Version 3 names the whole
+/// operation in every piece's header ([`RequestHeader::op_addr`]); version 2
+/// bound the handshake to the endpoint the requester dialled
+/// ([`Hello::target`]). Versions 1 and 2 are no longer spoken.
+pub const VERSION: u16 = 3;
 /// Magic that opens [`Hello`] and [`Challenge`].
 pub const MAGIC: [u8; 8] = *b"S3DMAFAB";
 /// Largest single operation piece on the wire; sessions split bigger operations.
@@ -81,6 +88,18 @@ pub enum FrameError {
     /// A verdict code we do not know.
     #[error("unknown handshake verdict {0}")]
     UnknownVerdict(u8),
+    /// A request piece that does not lie within the operation it names.
+    #[error("request piece {addr:#x}+{len} lies outside its operation {op_addr:#x}+{op_len}")]
+    PieceOutsideOperation {
+        /// The piece's remote address.
+        addr: u64,
+        /// The piece's length.
+        len: u64,
+        /// The operation's remote address.
+        op_addr: u64,
+        /// The operation's length.
+        op_len: u64,
+    },
 }
 
 fn need(buf: &[u8], n: usize) -> Result<(), FrameError> {
@@ -132,15 +151,33 @@ pub struct RequestHeader {
     pub rkey: u32,
     /// Requester's identifier, echoed in the responses.
     pub wr_id: u64,
-    /// Remote address.
+    /// Remote address of this piece.
     pub addr: u64,
-    /// Length in bytes.
+    /// Length of this piece in bytes.
     pub len: u64,
+    /// Remote address of the whole operation the piece belongs to.
+    pub op_addr: u64,
+    /// Length of the whole operation; the piece lies within
+    /// `[op_addr, op_addr + op_len)`.
+    pub op_len: u64,
 }
 
 impl RequestHeader {
     /// Encoded size.
-    pub const LEN: usize = 32;
+    pub const LEN: usize = 48;
+
+    /// The header of an operation sent as one piece.
+    pub fn whole(op: OpKind, rkey: u32, wr_id: u64, addr: u64, len: u64) -> RequestHeader {
+        RequestHeader {
+            op,
+            rkey,
+            wr_id,
+            addr,
+            len,
+            op_addr: addr,
+            op_len: len,
+        }
+    }
 
     /// Encodes the header.
     pub fn encode(&self) -> [u8; Self::LEN] {
@@ -153,10 +190,22 @@ impl RequestHeader {
         b[8..16].copy_from_slice(&self.wr_id.to_be_bytes());
         b[16..24].copy_from_slice(&self.addr.to_be_bytes());
         b[24..32].copy_from_slice(&self.len.to_be_bytes());
+        b[32..40].copy_from_slice(&self.op_addr.to_be_bytes());
+        b[40..48].copy_from_slice(&self.op_len.to_be_bytes());
         b
     }
 
-    /// Decodes a header from the first [`Self::LEN`] bytes of `b`.
+    /// Whether the piece lies within its operation, in the address space's
+    /// modular arithmetic (a session's pieces of an operation whose range
+    /// wraps past `u64::MAX` wrap too; the responder's bounds check then
+    /// refuses the operation as a whole).
+    pub fn piece_within_operation(&self) -> bool {
+        let offset = self.addr.wrapping_sub(self.op_addr);
+        offset <= self.op_len && self.len <= self.op_len - offset
+    }
+
+    /// Decodes a header from the first [`Self::LEN`] bytes of `b`; a piece
+    /// outside the operation it names is an error.
     pub fn decode(b: &[u8]) -> Result<RequestHeader, FrameError> {
         need(b, Self::LEN)?;
         let op = match b[0] {
@@ -167,13 +216,24 @@ impl RequestHeader {
         if b[1] != 0 || be16(b, 2) != 0 {
             return Err(FrameError::Reserved("request flags"));
         }
-        Ok(RequestHeader {
+        let h = RequestHeader {
             op,
             rkey: be32(b, 4),
             wr_id: be64(b, 8),
             addr: be64(b, 16),
             len: be64(b, 24),
-        })
+            op_addr: be64(b, 32),
+            op_len: be64(b, 40),
+        };
+        if !h.piece_within_operation() {
+            return Err(FrameError::PieceOutsideOperation {
+                addr: h.addr,
+                len: h.len,
+                op_addr: h.op_addr,
+                op_len: h.op_len,
+            });
+        }
+        Ok(h)
     }
 }
 
@@ -624,8 +684,36 @@ mod tests {
             wr_id: 9,
             addr: 0x1000,
             len: 77,
+            op_addr: 0xf00,
+            op_len: 0x200,
         };
         assert_eq!(RequestHeader::decode(&h.encode()), Ok(h));
+        // A piece must lie within the operation it names.
+        for (op_addr, op_len) in [(0x1001, 0x200), (0xf00, 0x14c), (u64::MAX, 2), (0x1000, 76)] {
+            let bad = RequestHeader {
+                op_addr,
+                op_len,
+                ..h
+            };
+            assert!(matches!(
+                RequestHeader::decode(&bad.encode()),
+                Err(FrameError::PieceOutsideOperation { .. })
+            ));
+        }
+        let whole = RequestHeader::whole(OpKind::Read, 1, 2, u64::MAX - 3, 3);
+        assert_eq!(RequestHeader::decode(&whole.encode()), Ok(whole));
+        // An operation wrapping past u64::MAX: its pieces wrap with it (the
+        // responder's bounds check refuses the operation).
+        let wrapped = RequestHeader {
+            addr: 5,
+            len: 100,
+            op_addr: u64::MAX - 10,
+            op_len: 4096,
+            ..whole
+        };
+        assert_eq!(RequestHeader::decode(&wrapped.encode()), Ok(wrapped));
+        let too_long = RequestHeader::whole(OpKind::Write, 1, 2, 0x1000, u64::MAX);
+        assert_eq!(RequestHeader::decode(&too_long.encode()), Ok(too_long));
         let mut b = h.encode();
         b[0] = 9;
         assert_eq!(RequestHeader::decode(&b), Err(FrameError::UnknownOp(9)));
@@ -637,7 +725,7 @@ mod tests {
         ));
         assert!(matches!(
             RequestHeader::decode(&b[..5]),
-            Err(FrameError::Truncated { need: 32, got: 5 })
+            Err(FrameError::Truncated { need: 48, got: 5 })
         ));
     }
 
@@ -754,20 +842,8 @@ mod tests {
 
     #[test]
     fn scanner_splits_headers_and_payloads_across_pushes() {
-        let w = RequestHeader {
-            op: OpKind::Write,
-            rkey: 1,
-            wr_id: 1,
-            addr: 0,
-            len: 5,
-        };
-        let r = RequestHeader {
-            op: OpKind::Read,
-            rkey: 1,
-            wr_id: 2,
-            addr: 0,
-            len: 100,
-        };
+        let w = RequestHeader::whole(OpKind::Write, 1, 1, 0, 5);
+        let r = RequestHeader::whole(OpKind::Read, 1, 2, 0, 100);
         let mut stream = w.encode().to_vec();
         stream.extend_from_slice(b"hello");
         stream.extend_from_slice(&r.encode());
@@ -799,9 +875,18 @@ mod tests {
         }
 
         #[test]
-        fn request_roundtrip(write: bool, rkey: u32, wr_id: u64, addr: u64, len: u64) {
-            let h = RequestHeader { op: if write { OpKind::Write } else { OpKind::Read }, rkey, wr_id, addr, len };
-            prop_assert_eq!(RequestHeader::decode(&h.encode()), Ok(h));
+        fn request_roundtrip(write: bool, rkey: u32, wr_id: u64, addr: u64, len: u64, op_addr: u64, op_len: u64, before: u64) {
+            let op = if write { OpKind::Write } else { OpKind::Read };
+            // Arbitrary fields decode exactly when the piece lies within its
+            // operation (modular), and re-encode to the same bytes.
+            let h = RequestHeader { op, rkey, wr_id, addr, len, op_addr, op_len };
+            let offset = addr.wrapping_sub(op_addr);
+            let within = u128::from(offset) + u128::from(len) <= u128::from(op_len);
+            prop_assert_eq!(RequestHeader::decode(&h.encode()).ok(), within.then_some(h));
+            // A piece `before` bytes into an operation that holds it decodes.
+            let before = before % (u64::MAX - len).max(1);
+            let inner = RequestHeader { op_addr: addr.wrapping_sub(before), op_len: before + len, ..h };
+            prop_assert_eq!(RequestHeader::decode(&inner.encode()), Ok(inner));
         }
     }
 }

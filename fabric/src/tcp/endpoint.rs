@@ -247,10 +247,16 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
             OpKind::Write => Access::REMOTE_WRITE,
             OpKind::Read => Access::REMOTE_READ,
         };
+        // The whole operation is checked, not just this piece: one that
+        // reaches outside the region moves nothing through any of its pieces
+        // (the decoder made sure the piece lies within it).
         let auth = match ctx.domain.lookup(req.rkey) {
             Some(entry) => entry
-                .authorize(req.addr, req.len, need)
-                .map(|(region, off)| (entry, region, off))
+                .authorize(req.op_addr, req.op_len, need)
+                .map(|(region, op_off)| {
+                    let off = op_off + req.addr.wrapping_sub(req.op_addr) as usize;
+                    (entry, region, off)
+                })
                 .map_err(|d| d.status()),
             None => Err(OpStatus::RemoteAccess),
         };

@@ -394,6 +394,8 @@ async fn writer(
             wr_id,
             addr: piece.remote_addr,
             len: piece.len,
+            op_addr: piece.op.remote_addr,
+            op_len: piece.op.local.len(),
         }
         .encode();
         let (ptr, n, file) = match (piece.op.kind, &piece.op.local) {

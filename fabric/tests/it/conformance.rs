@@ -233,6 +233,53 @@ async fn out_of_bounds(backend: Backend) {
     );
 }
 
+/// An operation that reaches outside its window moves nothing, even where
+/// a session splits it into pieces (tcp: one per 4 KiB stripe here, over
+/// two streams) and most pieces lie inside: like an RDMA WRITE whose length
+/// runs past the memory region, the whole operation is refused.
+async fn an_operation_partly_outside_its_window_moves_nothing(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let remote = fx
+        .server
+        .alloc(256 << 10, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let w = remote
+        .window(
+            64 << 10,
+            64 << 10,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+            None,
+        )
+        .unwrap();
+    let local = fx.client.alloc(128 << 10, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &vec![0x5a; 128 << 10]).unwrap();
+    let mut cfg = SessionConfig::new(fx.key.clone());
+    cfg.streams = 2;
+    cfg.stripe = 4096;
+    for (what, at, len) in [
+        ("4 KiB past the end", 0u64, (68usize) << 10),
+        ("100 bytes past the end, unaligned", 1000, (64 << 10) - 900),
+        ("4 KiB before the start", u64::MAX - 4095, 8 << 10),
+    ] {
+        let s = fx.session_with(cfg.clone()).await;
+        let addr = w.addr().wrapping_add(at);
+        expect_status(
+            s.write(local.slice(0, len).unwrap(), addr, w.rkey()),
+            OpStatus::RemoteAccess,
+        )
+        .await;
+        let mut got = vec![0u8; 256 << 10];
+        remote.read_at(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0), "{what}: bytes landed");
+        let s = fx.session_with(cfg.clone()).await;
+        expect_status(
+            s.read(local.slice(0, len).unwrap(), addr, w.rkey()),
+            OpStatus::RemoteAccess,
+        )
+        .await;
+    }
+}
+
 async fn wrong_rkey(backend: Backend) {
     let fx = Fixture::new(backend).await;
     let remote = fx
@@ -832,6 +879,7 @@ conformance!(
     one_gib,
     offsets_and_token_roundtrip,
     out_of_bounds,
+    an_operation_partly_outside_its_window_moves_nothing,
     wrong_rkey,
     write_to_read_only,
     revoked_window,

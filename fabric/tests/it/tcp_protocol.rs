@@ -106,14 +106,7 @@ async fn bad_frame_after_handshake_closes_the_connection() {
     let key = FabricKey::random();
     let (d, ep) = endpoint(&key).await;
     let mut s = raw_connect(&ep, &key).await;
-    let mut frame = RequestHeader {
-        op: OpKind::Read,
-        rkey: 1,
-        wr_id: 1,
-        addr: 0,
-        len: 0,
-    }
-    .encode();
+    let mut frame = RequestHeader::whole(OpKind::Read, 1, 1, 0, 0).encode();
     frame[0] = 77; // unknown opcode
     s.write_all(&frame).await.unwrap();
     assert_closed(&mut s).await;
@@ -126,13 +119,7 @@ async fn oversized_request_is_refused_as_invalid_and_closed() {
     let (d, ep) = endpoint(&key).await;
     let r = d.alloc(4096, Access::REMOTE_WRITE).unwrap();
     let mut s = raw_connect(&ep, &key).await;
-    let h = RequestHeader {
-        op: OpKind::Write,
-        rkey: r.rkey(),
-        wr_id: 5,
-        addr: r.addr(),
-        len: u64::MAX,
-    };
+    let h = RequestHeader::whole(OpKind::Write, r.rkey(), 5, r.addr(), u64::MAX);
     s.write_all(&h.encode()).await.unwrap();
     let resp = read_response(&mut s).await;
     assert_eq!(resp.kind, ResponseKind::Completion);
@@ -151,22 +138,10 @@ async fn refused_write_payload_is_drained_and_the_connection_survives() {
         .unwrap();
     let mut s = raw_connect(&ep, &key).await;
     // Wrong rkey with a payload: refused, payload skipped, stream stays in sync.
-    let bad = RequestHeader {
-        op: OpKind::Write,
-        rkey: r.rkey() ^ 1,
-        wr_id: 1,
-        addr: r.addr(),
-        len: 100,
-    };
+    let bad = RequestHeader::whole(OpKind::Write, r.rkey() ^ 1, 1, r.addr(), 100);
     s.write_all(&bad.encode()).await.unwrap();
     s.write_all(&[0xcc; 100]).await.unwrap();
-    let good = RequestHeader {
-        op: OpKind::Write,
-        rkey: r.rkey(),
-        wr_id: 2,
-        addr: r.addr() + 10,
-        len: 3,
-    };
+    let good = RequestHeader::whole(OpKind::Write, r.rkey(), 2, r.addr() + 10, 3);
     s.write_all(&good.encode()).await.unwrap();
     s.write_all(b"abc").await.unwrap();
     let a = read_response(&mut s).await;
@@ -178,13 +153,7 @@ async fn refused_write_payload_is_drained_and_the_connection_survives() {
     assert_eq!(&got[..10], &[0; 10]);
     assert_eq!(&got[10..], b"abc");
     // READ answers with data then the completion.
-    let rd = RequestHeader {
-        op: OpKind::Read,
-        rkey: r.rkey(),
-        wr_id: 3,
-        addr: r.addr() + 10,
-        len: 3,
-    };
+    let rd = RequestHeader::whole(OpKind::Read, r.rkey(), 3, r.addr() + 10, 3);
     s.write_all(&rd.encode()).await.unwrap();
     let h = read_response(&mut s).await;
     assert_eq!((h.kind, h.len), (ResponseKind::ReadData, 3));
@@ -213,12 +182,8 @@ async fn pipelined_small_operations_are_answered_in_order() {
     // 40 WRITEs (more than the responder holds back at once), one READ of
     // the first WRITE's bytes, a refused WRITE, a large WRITE and 3 more
     // small WRITEs, all in one send.
-    let write = |wr_id: u64, off: u64, len: u64, rkey: u32| RequestHeader {
-        op: OpKind::Write,
-        rkey,
-        wr_id,
-        addr: r.addr() + off,
-        len,
+    let write = |wr_id: u64, off: u64, len: u64, rkey: u32| {
+        RequestHeader::whole(OpKind::Write, rkey, wr_id, r.addr() + off, len)
     };
     let mut batch = Vec::new();
     for i in 0..40u64 {
@@ -226,14 +191,7 @@ async fn pipelined_small_operations_are_answered_in_order() {
         batch.extend_from_slice(&[i as u8; 8]);
     }
     batch.extend_from_slice(
-        &RequestHeader {
-            op: OpKind::Read,
-            rkey: r.rkey(),
-            wr_id: 40,
-            addr: r.addr(),
-            len: 16,
-        }
-        .encode(),
+        &RequestHeader::whole(OpKind::Read, r.rkey(), 40, r.addr(), 16).encode(),
     );
     batch.extend_from_slice(&write(41, 0, 8, r.rkey() ^ 1).encode());
     batch.extend_from_slice(&[0xee; 8]);
@@ -655,13 +613,7 @@ async fn idle_authenticated_connections_are_closed() {
     // A lone authenticated connection that used its scratch buffer (a
     // refused WRITE is drained through it), then went quiet.
     let mut s = raw_connect(&ep, &key).await;
-    let bad = RequestHeader {
-        op: OpKind::Write,
-        rkey: r.rkey() ^ 1,
-        wr_id: 1,
-        addr: r.addr(),
-        len: 100,
-    };
+    let bad = RequestHeader::whole(OpKind::Write, r.rkey() ^ 1, 1, r.addr(), 100);
     s.write_all(&bad.encode()).await.unwrap();
     s.write_all(&[0; 100]).await.unwrap();
     assert_eq!(
@@ -750,13 +702,7 @@ async fn connections_past_the_caps_are_closed_at_once() {
     assert_refused_at_accept(&mut over, &ep).await;
     // The held connections are served.
     let mut s = held.pop().unwrap();
-    let rd = RequestHeader {
-        op: OpKind::Read,
-        rkey: 1,
-        wr_id: 9,
-        addr: 0,
-        len: 1,
-    };
+    let rd = RequestHeader::whole(OpKind::Read, 1, 9, 0, 1);
     s.write_all(&rd.encode()).await.unwrap();
     assert_eq!(read_response(&mut s).await.wr_id, 9);
     // One closed: its place is taken again, by a real session.

@@ -255,15 +255,23 @@ class Buffer:
         return np.frombuffer(self.mmap, dtype=dt, count=count, offset=offset)
 
     def torch(self, dtype: Any = None, *, offset: int = 0, count: Optional[int] = None):
-        """``torch.frombuffer`` over the mapping (a CPU tensor sharing the
-        memory). torch is imported only here."""
+        """A CPU tensor over ``count`` items of ``dtype`` from byte ``offset``
+        of the mapping (shared memory, no copy). torch is imported only here.
+
+        The tensor is made over a memoryview of the mapping, which holds a
+        buffer export, so :meth:`release` leaves the memory mapped until the
+        last such tensor is gone (``torch.frombuffer`` over the mmap object
+        itself keeps no export, and ``close()`` would unmap the memory under
+        the tensor)."""
         import torch  # optional dependency
 
         dtype = dtype if dtype is not None else torch.uint8
         itemsize = torch.empty((), dtype=dtype).element_size()
         if count is None:
             count = (self.size - offset) // itemsize
-        return torch.frombuffer(self.mmap, dtype=dtype, count=count, offset=offset)
+        if count == 0:
+            return torch.empty(0, dtype=dtype)
+        return torch.frombuffer(memoryview(self.mmap), dtype=dtype, count=count, offset=offset)
 
     def release(self) -> None:
         """Releases the buffer in the shim (requests using it finish first)

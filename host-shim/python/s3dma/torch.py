@@ -22,8 +22,10 @@ Tensor bytes only pass through registered memory: a write copies each tensor
 once into a reused registered buffer (one copy, also from GPU) and PUTs it;
 a tensor whose storage already lies in a registered buffer of the client is
 PUT from there. A read GETs straight into the destination tensor when it is
-contiguous CPU memory inside a registered buffer, else into a reused
-registered buffer and makes one copy into the destination (CPU or GPU).
+contiguous CPU memory inside a registered buffer (:func:`empty_like` makes
+a state dict whose tensors all are), or into GPU memory registered for the
+read, else into a reused registered buffer and makes one copy into the
+destination (CPU or GPU).
 
 Each process needs its own :class:`s3dma.Client` (gRPC does not survive
 ``fork``). A ``client=`` is used only in the process that created it; any
@@ -67,7 +69,7 @@ from torch.futures import Future
 from . import errors
 from .client import Buffer, Client, GetItem
 
-__all__ = ["StorageWriter", "StorageReader", "ObjectSlice", "parse_url"]
+__all__ = ["StorageWriter", "StorageReader", "ObjectSlice", "empty_like", "parse_url"]
 
 MIB = 1 << 20
 METADATA_NAME = ".metadata"
@@ -105,6 +107,56 @@ class _RankPrefix:
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def empty_like(state_dict: Any, *, client: Client, label: str = "state-dict") -> Tuple[Any, Buffer]:
+    """A state dict of the same structure as ``state_dict`` whose tensors
+    (same shapes and dtypes, CPU, contiguous, uninitialised) all lie in one
+    buffer registered with the shim, each at a multiple of 64 bytes; other
+    leaves are kept as they are. Returns it and the buffer.
+
+    A ``dcp.load`` into it with a :class:`StorageReader` of the same
+    ``client`` places every tensor's bytes straight into its memory (no
+    staging copy); ``model.load_state_dict(sd, assign=True)`` then adopts
+    the tensors without copying either. The tensors keep the mapping alive;
+    ``buf.release()`` ends the registration (and unmaps once no tensor is
+    left), after which a load through the client stages and copies again.
+    Nested dicts, lists and tuples are followed."""
+    tensors: List[torch.Tensor] = []
+
+    def collect(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                collect(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                collect(v)
+
+    collect(state_dict)
+    total = 0
+    for t in tensors:
+        total = _align(total + t.numel() * t.element_size())
+    buf = client.alloc(max(total, 1), label=label)
+    at = 0
+
+    def build(x: Any) -> Any:
+        nonlocal at
+        if isinstance(x, torch.Tensor):
+            n = x.numel()
+            t = buf.torch(x.dtype, offset=at, count=n).view(x.shape) if n else torch.empty(x.shape, dtype=x.dtype)
+            at = _align(at + n * x.element_size())
+            return t
+        if isinstance(x, dict):
+            return type(x)((k, build(v)) for k, v in x.items()) if type(x) is not dict else {k: build(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [build(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(build(v) for v in x)
+        return x
+
+    return build(state_dict), buf
 
 
 def parse_url(url: Union[str, os.PathLike]) -> Tuple[str, str]:

@@ -96,14 +96,7 @@ pub(super) async fn run_ops(stream: TcpStream, ops: &[Op], fill: u8) -> Vec<Outc
     let mut wire = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         wire.extend_from_slice(
-            &RequestHeader {
-                op: op.kind,
-                rkey: op.rkey,
-                wr_id: i as u64,
-                addr: op.addr,
-                len: op.len,
-            }
-            .encode(),
+            &RequestHeader::whole(op.kind, op.rkey, i as u64, op.addr, op.len).encode(),
         );
         // (Past the maximum piece the responder closes instead of draining.)
         if op.kind == OpKind::Write && op.len <= s3dma_wire::frame::MAX_PIECE_LEN {
@@ -196,16 +189,7 @@ pub(super) async fn peers_without_the_key(fabric_addr: SocketAddr) {
         assert_eq!(v, want, "{what}");
         // Operations after a refusal go nowhere: the connection is closed.
         let _ = s
-            .write_all(
-                &RequestHeader {
-                    op: OpKind::Read,
-                    rkey: 1,
-                    wr_id: 1,
-                    addr: 0,
-                    len: 8,
-                }
-                .encode(),
-            )
+            .write_all(&RequestHeader::whole(OpKind::Read, 1, 1, 0, 8).encode())
             .await;
         let mut b = [0u8; 64];
         let n = guard(what, s.read(&mut b)).await;

@@ -216,17 +216,17 @@ pub(super) async fn hostile_connection(l: &Listener, rng: &mut StdRng, stalled: 
                 // Operation frames with random fields (random opcodes,
                 // rkeys, addresses, lengths), partly with payloads.
                 for _ in 0..rng.random_range(1..40) {
-                    let mut h = RequestHeader {
-                        op: if rng.random() {
+                    let mut h = RequestHeader::whole(
+                        if rng.random() {
                             OpKind::Write
                         } else {
                             OpKind::Read
                         },
-                        rkey: rng.random(),
-                        wr_id: rng.random(),
-                        addr: rng.random(),
-                        len: rng.random_range(0..4096),
-                    }
+                        rng.random(),
+                        rng.random(),
+                        rng.random::<u64>() >> 1,
+                        rng.random_range(0..4096),
+                    )
                     .encode();
                     if rng.random_range(0..10) == 0 {
                         rng.fill(&mut h[..]);

@@ -83,14 +83,7 @@ pub(super) async fn listeners(w: &World) -> Vec<Listener> {
         .to_vec();
         t.extend_from_slice(&[0u8; Auth::LEN]);
         t.extend_from_slice(
-            &RequestHeader {
-                op: OpKind::Write,
-                rkey: 0x1234_5678,
-                wr_id: 1,
-                addr: 0x7f00_0000_0000,
-                len: 16,
-            }
-            .encode(),
+            &RequestHeader::whole(OpKind::Write, 0x1234_5678, 1, 0x7f00_0000_0000, 16).encode(),
         );
         t.extend_from_slice(&[0xEE; 16]);
         t
