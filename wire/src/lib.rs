@@ -15,6 +15,9 @@
 //!   values are read;
 //! * [`hipobj`]: AMD's `hipobj-rc-v2` control plane (the RC token,
 //!   PREPARE / READY / CANCEL and their replies);
+//! * [`dc`]: the cuObject dialect's DC rules that need no device (retry
+//!   budget, the fence of an abandoned window, tokens minted for exactly a
+//!   window, the address-handle cache);
 //! * [`range`]: byte ranges of objects (`Range`, `Content-Range`);
 //! * [`lease`]: the lease frames that pass tenant memory (file
 //!   descriptors) to the host-shim on its Unix socket;
@@ -23,6 +26,7 @@
 //! * [`rendezvous`]: which target of a group serves a chunk (rendezvous
 //!   hashing), so gateways cache distinct shares of an object.
 
+pub mod dc;
 pub mod frame;
 pub mod handshake;
 pub mod headers;
