@@ -12,6 +12,7 @@ use std::ptr::NonNull;
 use rdma_sys::*;
 
 pub(crate) mod conn;
+pub mod dc;
 pub mod policy;
 pub(crate) mod qp;
 pub mod rc;

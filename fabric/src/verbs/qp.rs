@@ -20,7 +20,7 @@ pub const MAX_SEND_WR: u32 = 512;
 /// Outstanding RDMA READs a QP may issue / accept.
 pub const MAX_RD_ATOMIC: u8 = 16;
 
-fn mask(bits: &[ibv_qp_attr_mask]) -> i32 {
+pub(super) fn mask(bits: &[ibv_qp_attr_mask]) -> i32 {
     bits.iter().fold(0u32, |m, b| m | b.0) as i32
 }
 
@@ -117,14 +117,14 @@ pub fn rts_attr(local_psn: u32) -> (ibv_qp_attr, i32) {
     )
 }
 
-fn verbs_err(what: &str) -> FabricError {
+pub(super) fn verbs_err(what: &str) -> FabricError {
     FabricError::Verbs {
         what: what.into(),
         source: std::io::Error::last_os_error(),
     }
 }
 
-fn check(rc: i32, what: &str) -> Result<()> {
+pub(super) fn check(rc: i32, what: &str) -> Result<()> {
     if rc == 0 {
         Ok(())
     } else {
