@@ -18,7 +18,7 @@
 use rdma_sys::*;
 use s3dma_wire::dc::RetrySettings;
 
-use super::qp::{MAX_RD_ATOMIC, mask};
+use super::qp::{mask, rts_attr_with};
 
 /// Where a DCT answers from and how its replies are routed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,25 +76,7 @@ pub fn dci_rtr_attr(port: u8, mtu: u8, global: bool) -> (ibv_qp_attr, i32) {
 /// retry 7, RNR retry 7 by default): how long a posted write may still land
 /// is [`RetrySettings::budget`].
 pub fn dci_rts_attr(retry: RetrySettings, rnr_retry: u8) -> (ibv_qp_attr, i32) {
-    // SAFETY: as in `dci_init_attr`.
-    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    a.qp_state = ibv_qp_state::IBV_QPS_RTS;
-    a.sq_psn = 0;
-    a.timeout = retry.timeout;
-    a.retry_cnt = retry.retry_count;
-    a.rnr_retry = rnr_retry;
-    a.max_rd_atomic = MAX_RD_ATOMIC;
-    (
-        a,
-        mask(&[
-            ibv_qp_attr_mask::IBV_QP_STATE,
-            ibv_qp_attr_mask::IBV_QP_TIMEOUT,
-            ibv_qp_attr_mask::IBV_QP_RETRY_CNT,
-            ibv_qp_attr_mask::IBV_QP_RNR_RETRY,
-            ibv_qp_attr_mask::IBV_QP_SQ_PSN,
-            ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC,
-        ]),
-    )
+    rts_attr_with(0, retry.timeout, retry.retry_count, rnr_retry)
 }
 
 /// DCT: RESET → INIT with the remote access it grants (`access`: verbs

@@ -96,13 +96,24 @@ pub const RETRY_COUNT: u8 = 6;
 /// RTR → RTS: our PSN, retry budget (timeout 14 ≈ 67 ms × [`RETRY_COUNT`]
 /// retries before "retry exceeded"), READs in flight.
 pub fn rts_attr(local_psn: u32) -> (ibv_qp_attr, i32) {
+    rts_attr_with(local_psn, 14, RETRY_COUNT, 7)
+}
+
+/// RTR → RTS with the given PSN and retry settings (local ACK timeout
+/// exponent, transport retries, RNR retries), READs in flight.
+pub(super) fn rts_attr_with(
+    local_psn: u32,
+    timeout: u8,
+    retry_count: u8,
+    rnr_retry: u8,
+) -> (ibv_qp_attr, i32) {
     // SAFETY: as in `init_attr`.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = ibv_qp_state::IBV_QPS_RTS;
     a.sq_psn = local_psn;
-    a.timeout = 14;
-    a.retry_cnt = RETRY_COUNT;
-    a.rnr_retry = 7;
+    a.timeout = timeout;
+    a.retry_cnt = retry_count;
+    a.rnr_retry = rnr_retry;
     a.max_rd_atomic = MAX_RD_ATOMIC;
     (
         a,
