@@ -706,13 +706,8 @@ mod tests {
     #[cfg(feature = "dc")]
     #[test]
     fn dc_is_unavailable_with_the_reason_on_a_device_without_it() {
-        let d = match crate::Domain::open(crate::Backend::Verbs) {
-            Ok(d) => d,
-            Err(e) if std::env::var_os("S3DMA_RDMA_VM").is_none() => {
-                eprintln!("SKIPPED verbs::dc: no RDMA device ({e})");
-                return;
-            }
-            Err(e) => panic!("the Soft-RoCE VM has no usable RDMA device: {e}"),
+        let Some(d) = super::super::tests::device_or_skip("dc") else {
+            return;
         };
         match probe(&d) {
             Ok(p) => assert!(p.device.starts_with("mlx5"), "DC on {p:?}"),

@@ -385,16 +385,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn open_device_register_and_window() {
-        // Runs where a device exists; inside the Soft-RoCE VM one must.
-        let d = match crate::Domain::open(crate::Backend::Verbs) {
-            Ok(d) => d,
+    /// A verbs domain for test `case`, or `None` (with a SKIPPED line) where
+    /// there is no RDMA device; inside the Soft-RoCE VM one must open.
+    pub(crate) fn device_or_skip(case: &str) -> Option<crate::Domain> {
+        match crate::Domain::open(crate::Backend::Verbs) {
+            Ok(d) => Some(d),
             Err(e) if std::env::var_os("S3DMA_RDMA_VM").is_none() => {
-                eprintln!("SKIPPED verbs::open_device_register_and_window: no RDMA device ({e})");
-                return;
+                eprintln!("SKIPPED verbs::{case}: no RDMA device ({e})");
+                None
             }
             Err(e) => panic!("the Soft-RoCE VM has no usable RDMA device: {e}"),
+        }
+    }
+
+    #[test]
+    fn open_device_register_and_window() {
+        let Some(d) = device_or_skip("open_device_register_and_window") else {
+            return;
         };
         let r = d.alloc(1 << 20, Access::ALL).unwrap();
         assert_ne!(r.rkey(), 0);
