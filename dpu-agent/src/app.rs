@@ -203,6 +203,7 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
         staging,
         sessions,
         metrics,
+        qp_links: Arc::default(),
     }))
 }
 

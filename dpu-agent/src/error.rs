@@ -296,6 +296,16 @@ pub enum BadReply {
     /// A HEAD reply without `Content-Length`.
     #[error("HEAD reply without Content-Length")]
     NoContentLength,
+    /// A hipobj-rc-v2 reply that breaks the dialect (a PREPARE reply
+    /// without `x-amz-rdma-reply: 200:<token>`, a final reply with another
+    /// cookie or byte count). Never taken for a success.
+    #[error("the target's hipobj-rc-v2 {step} reply: {reason}")]
+    Hipobj {
+        /// PREPARE or READY.
+        step: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl From<PlanError> for AgentError {

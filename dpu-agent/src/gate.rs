@@ -52,13 +52,17 @@ pub const BATCH_ITEM_LIMIT: usize = 4 << 10;
 
 /// Request body bounds per gRPC method for batches of at most
 /// `max_batch_items` items: [`UNARY_MESSAGE_LIMIT`] for any method but
-/// GetObjects, which may add [`BATCH_ITEM_LIMIT`] per item.
+/// GetObjects, which may add [`BATCH_ITEM_LIMIT`] per item; a shim's
+/// `QueuePairs` stream (answers of a few dozen bytes, for as long as the
+/// shim is connected) bounds each message, not the stream.
 #[must_use]
 pub fn method_limits(max_batch_items: usize) -> MethodLimits {
-    MethodLimits::new(UNARY_MESSAGE_LIMIT).with(
-        MethodLimits::batch(UNARY_MESSAGE_LIMIT, BATCH_ITEM_LIMIT, max_batch_items),
-        &["GetObjects"],
-    )
+    MethodLimits::new(UNARY_MESSAGE_LIMIT)
+        .with(
+            MethodLimits::batch(UNARY_MESSAGE_LIMIT, BATCH_ITEM_LIMIT, max_batch_items),
+            &["GetObjects"],
+        )
+        .streaming(&["QueuePairs"])
 }
 
 // ---------------------------------------------------------------------------

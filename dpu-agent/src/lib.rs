@@ -8,7 +8,10 @@
 //! ([`transfer`]) as SigV4-signed S3 requests ([`s3`]) that carry
 //! `x-amz-rdma-token`s for slices of the tenant's window, falling back to
 //! plain HTTP through its own registered staging memory when a target
-//! declines RDMA. Configuration is one YAML file ([`config`]).
+//! declines RDMA. For a dialect whose queue pair lives beside the tenant's
+//! memory (hipobj-rc-v2, [`transfer::hipobj`]) it drives the calling shim's
+//! RDMA device over that shim's `QueuePairs` stream ([`qp_link`]).
+//! Configuration is one YAML file ([`config`]).
 
 pub mod app;
 pub mod auth;
@@ -17,6 +20,7 @@ pub mod error;
 pub mod gate;
 pub mod metrics;
 pub mod policy;
+pub mod qp_link;
 pub mod quota;
 pub mod retry;
 pub mod s3;

@@ -27,6 +27,7 @@ use crate::auth::AuthError;
 use crate::error::{AgentError, BadRequest};
 use crate::gate::AuthenticatedShim;
 use crate::policy::Access;
+use crate::qp_link::QpLink;
 use crate::transfer::get::GetRequest;
 use crate::transfer::meta::ListRequest;
 use crate::transfer::put::PutRequest;
@@ -264,6 +265,7 @@ impl AgentService {
         bucket: &str,
         key: &str,
         rid: &str,
+        qp_link: Option<Arc<QpLink>>,
     ) -> Result<Arc<Ctx>, AgentError> {
         let group = self.core.group_for(bucket)?;
         Ok(Arc::new(Ctx {
@@ -272,7 +274,14 @@ impl AgentService {
             target: self.core.pick(&group, bucket, key, 0),
             group,
             request_id: rid.to_owned(),
+            qp_link,
         }))
+    }
+
+    /// The calling shim's `QueuePairs` link, if it has one open.
+    fn qp_link<T>(&self, req: &Request<T>) -> Option<Arc<QpLink>> {
+        let AuthenticatedShim(shim) = req.extensions().get::<AuthenticatedShim>()?;
+        self.core.qp_links.get(&shim.name)
     }
 }
 
@@ -283,6 +292,7 @@ async fn get_one(
     rid: &str,
     item: pb::GetObjectsItem,
     if_match: &str,
+    qp_link: Option<Arc<QpLink>>,
 ) -> Result<pb::GetObjectResponse, AgentError> {
     let pb::GetObjectsItem {
         bucket,
@@ -298,7 +308,7 @@ async fn get_one(
     let dest = parse_token("destination", destination)?;
     authorize(tenant, &bucket, &key, Access::Read, "read")?;
     debug!(key = %Escaped(&key), "get");
-    let ctx = svc.ctx(tenant, &bucket, &key, rid)?;
+    let ctx = svc.ctx(tenant, &bucket, &key, rid, qp_link)?;
     let req = GetRequest {
         bucket,
         key,
@@ -355,6 +365,7 @@ impl pb::agent_server::Agent for AgentService {
     ) -> Result<Response<pb::GetObjectResponse>, Status> {
         let env = envelope(&request);
         let tenant = self.tenant(&request, &request.get_ref().tenant, env.id())?;
+        let qp_link = self.qp_link(&request);
         let r = request.into_inner();
         let bucket = r.bucket.clone();
         self.run(&env, &tenant, "GetObject", &bucket, async {
@@ -369,6 +380,7 @@ impl pb::agent_server::Agent for AgentService {
                     destination: r.destination,
                 },
                 &r.if_match,
+                qp_link,
             )
             .await
         })
@@ -385,6 +397,7 @@ impl pb::agent_server::Agent for AgentService {
         let env = envelope(&request);
         let rid = env.id().to_owned();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let qp_link = self.qp_link(&request);
         let r = request.into_inner();
         if r.items.is_empty() {
             return Err(AgentError::InvalidArgument(BadRequest::EmptyBatch).to_status(&rid));
@@ -415,6 +428,7 @@ impl pb::agent_server::Agent for AgentService {
             let mut items = futures::stream::iter(r.items.into_iter().enumerate())
                 .map(|(i, it)| {
                     let (svc, tenant, env) = (&svc, &tenant, &env);
+                    let qp_link = qp_link.clone();
                     async move {
                         let item = Envelope::new(
                             STYLE,
@@ -424,7 +438,7 @@ impl pb::agent_server::Agent for AgentService {
                         let bucket = it.bucket.clone();
                         let res = svc
                             .run(&item, tenant, "GetObjects", &bucket, async {
-                                get_one(svc, tenant, item.id(), it, "").await
+                                get_one(svc, tenant, item.id(), it, "", qp_link).await
                             })
                             .await;
                         match res {
@@ -458,6 +472,7 @@ impl pb::agent_server::Agent for AgentService {
         let env = envelope(&request);
         let rid = env.id().to_owned();
         let tenant = self.tenant(&request, &request.get_ref().tenant, &rid)?;
+        let qp_link = self.qp_link(&request);
         let r = request.into_inner();
         let bucket = r.bucket.clone();
         self.run(&env, &tenant, "PutObject", &bucket, async {
@@ -470,7 +485,7 @@ impl pb::agent_server::Agent for AgentService {
                 metadata = %EscapedNames(&r.metadata),
                 "put"
             );
-            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid, qp_link)?;
             let req = PutRequest {
                 bucket: r.bucket,
                 key: r.key,
@@ -507,7 +522,7 @@ impl pb::agent_server::Agent for AgentService {
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Read, "read")?;
             debug!(key = %Escaped(&r.key), "head");
-            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid, None)?;
             let info = ctx.head_object(&r.bucket, &r.key, None).await?;
             Ok(pb::HeadObjectResponse {
                 object: Some(info),
@@ -537,7 +552,7 @@ impl pb::agent_server::Agent for AgentService {
                 });
             }
             debug!(prefix = %Escaped(&r.prefix), "list");
-            let ctx = self.ctx(&tenant, &r.bucket, &r.prefix, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.prefix, &rid, None)?;
             let req = ListRequest {
                 bucket: r.bucket.clone(),
                 prefix: r.prefix.clone(),
@@ -571,7 +586,7 @@ impl pb::agent_server::Agent for AgentService {
             check_key(&r.key)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Write, "delete")?;
             debug!(key = %Escaped(&r.key), "delete");
-            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid)?;
+            let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid, None)?;
             ctx.delete_object(&r.bucket, &r.key).await?;
             Ok(pb::DeleteObjectResponse {
                 request_id: rid.clone(),
@@ -579,6 +594,68 @@ impl pb::agent_server::Agent for AgentService {
         })
         .await
         .map(Response::new)
+    }
+
+    type QueuePairsStream = QueuePairsStream;
+
+    async fn queue_pairs(
+        &self,
+        request: Request<tonic::Streaming<pb::QpEvent>>,
+    ) -> Result<Response<Self::QueuePairsStream>, Status> {
+        let Some(AuthenticatedShim(shim)) = request.extensions().get::<AuthenticatedShim>() else {
+            self.core.metrics.auth_failure("missing");
+            return Err(Status::unauthenticated(AuthError::Missing.to_string()));
+        };
+        let shim = shim.name.clone();
+        Ok(Response::new(
+            self.queue_pairs_stream(&shim, request.into_inner()),
+        ))
+    }
+}
+
+/// The commands of one `QueuePairs` stream, ending when its link closes.
+type QueuePairsStream = Pin<Box<dyn Stream<Item = Result<pb::QpCommand, Status>> + Send>>;
+
+impl AgentService {
+    /// Serves a shim's `QueuePairs` stream: the link becomes the shim's
+    /// (an older one closes), the shim's answers go to the commands
+    /// waiting for them, and the link closes when either side ends.
+    fn queue_pairs_stream(
+        &self,
+        shim: &str,
+        mut answers: tonic::Streaming<pb::QpEvent>,
+    ) -> QueuePairsStream {
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::QpCommand>(256);
+        let link = Arc::new(QpLink::new(tx));
+        self.core.qp_links.attach(shim, Arc::clone(&link));
+        debug!(shim = %Escaped(shim), "queue-pair link opened");
+        let closed = link.closed();
+        let links = Arc::clone(&self.core.qp_links);
+        let (shim, reader_link) = (shim.to_owned(), Arc::clone(&link));
+        let reader = tokio::spawn(async move {
+            let stop = reader_link.closed();
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    m = answers.message() => match m {
+                        Ok(Some(ev)) => reader_link.deliver(ev),
+                        Ok(None) | Err(_) => break,
+                    },
+                }
+            }
+            links.detach(&shim, &reader_link);
+            debug!(shim = %Escaped(&shim), "queue-pair link closed");
+        });
+        let guard = AbortOnDrop(reader);
+        Box::pin(futures::stream::unfold(
+            (rx, closed, guard, link),
+            |(mut rx, closed, guard, link)| async move {
+                tokio::select! {
+                    () = closed.cancelled() => None,
+                    c = rx.recv() => c.map(|c| (Ok(c), (rx, closed, guard, link))),
+                }
+            },
+        ))
     }
 }
 

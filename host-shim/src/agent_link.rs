@@ -203,6 +203,23 @@ impl AgentLink {
         }
     }
 
+    /// A client on the current channel and `message` as a request carrying
+    /// the shim's credentials, for a long-lived stream (no deadline).
+    ///
+    /// # Errors
+    /// [`ShimError::AgentUnavailable`] while the link is down.
+    pub fn authorized<M>(
+        &self,
+        message: M,
+    ) -> Result<(AgentClient<Channel>, Request<M>), ShimError> {
+        let (channel, _) = self.channel()?;
+        let mut req = Request::new(message);
+        if let Some(auth) = &self.inner.settings.authorization {
+            req.metadata_mut().insert("authorization", auth.clone());
+        }
+        Ok((AgentClient::new(channel), req))
+    }
+
     /// Calls the agent with `message`, the request id and a deadline. A
     /// broken connection is retried once on a fresh one, within what is left
     /// of the same deadline.

@@ -54,6 +54,8 @@ pub struct Running {
     shutdown: CancellationToken,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     accept: JoinHandle<()>,
+    /// The queue-pair link to the agent (verbs only).
+    background: Vec<JoinHandle<()>>,
     endpoint: Arc<Endpoint>,
 }
 
@@ -70,6 +72,9 @@ impl Running {
     /// removes the socket file.
     pub async fn shutdown(self) {
         self.accept.abort();
+        for t in &self.background {
+            t.abort();
+        }
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
         if let Ok(ep) = Arc::try_unwrap(self.endpoint) {
@@ -153,6 +158,18 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     .await?;
     let metrics_addr = metrics_server.address;
 
+    // On a verbs device the agent may run hipobj-rc-v2 transfers here: a
+    // queue pair per transfer over the tenant's window.
+    #[cfg(feature = "verbs")]
+    let qp_host = crate::qp_link::QpHost::new(&domain, c.fabric.max_queue_pairs as usize);
+    #[allow(unused_mut)]
+    let mut background = Vec::new();
+    #[cfg(feature = "verbs")]
+    background.extend(
+        qp_host
+            .clone()
+            .map(|host| tokio::spawn(crate::qp_link::run(agent.clone(), host))),
+    );
     let registry = Arc::new(Registry::new(c, domain, Arc::clone(&metrics)));
     let service = TenantService::new(
         Arc::clone(&registry),
@@ -161,6 +178,8 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         Arc::clone(&metrics),
         Duration::from_secs(c.agent.request_timeout_secs),
     );
+    #[cfg(feature = "verbs")]
+    let service = service.with_qp_host(qp_host);
 
     let listener = socket::bind(&c.socket.path, cfg.socket_mode, cfg.socket_gid)?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<ShimConn>(64);
@@ -209,6 +228,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         shutdown,
         server,
         accept,
+        background,
         endpoint,
     })
 }

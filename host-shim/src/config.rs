@@ -149,6 +149,11 @@ pub struct FabricConfig {
     /// first). Default 300; 1 to 86400.
     #[serde(default = "default_fabric_idle_timeout_secs")]
     pub idle_timeout_secs: u64,
+    /// With `backend: verbs`: most queue pairs the agent may have open on
+    /// this host's device for hipobj-rc-v2 transfers (one per transfer in
+    /// flight; each ends with its window anyway). Default 256; 1 to 65536.
+    #[serde(default = "default_fabric_max_queue_pairs")]
+    pub max_queue_pairs: u32,
 }
 
 impl FabricConfig {
@@ -165,6 +170,7 @@ impl FabricConfig {
             max_connections_per_address: default_fabric_max_connections_per_address(),
             handshake_timeout_secs: default_fabric_handshake_timeout_secs(),
             idle_timeout_secs: default_fabric_idle_timeout_secs(),
+            max_queue_pairs: default_fabric_max_queue_pairs(),
         }
     }
 }
@@ -348,6 +354,10 @@ fn default_backoff_max_ms() -> u64 {
 fn default_backend() -> Backend {
     Backend::Tcp
 }
+fn default_fabric_max_queue_pairs() -> u32 {
+    256
+}
+
 fn default_fabric_max_connections() -> u32 {
     1024
 }
@@ -540,6 +550,12 @@ impl Config {
             600,
         )?;
         v.between("fabric.idle_timeout_secs", fab.idle_timeout_secs, 1, 86_400)?;
+        v.between(
+            "fabric.max_queue_pairs",
+            u64::from(fab.max_queue_pairs),
+            1,
+            65_536,
+        )?;
 
         if self.tenants.is_empty() {
             return Err(v.err("tenants", "at least one tenant is required"));

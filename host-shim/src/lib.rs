@@ -6,6 +6,8 @@
 //! * [`registry`]: tenants (from uid/gid), their leases and buffers, limits.
 //! * [`service`]: the gRPC service: per-request windows, forwarding to the agent.
 //! * [`agent_link`]: the channel to the dpu-agent, reconnected with backoff.
+//! * `qp_link` (feature `verbs`): the queue pairs the agent drives on this
+//!   host's RDMA device for hipobj-rc-v2 transfers.
 //! * [`config`], [`metrics`], [`error`], [`app`] (wiring).
 //!
 //! See `docs/ARCHITECTURE.md` ("host-shim").
@@ -15,6 +17,8 @@ pub mod app;
 pub mod config;
 pub mod error;
 pub mod metrics;
+#[cfg(feature = "verbs")]
+pub mod qp_link;
 pub mod registry;
 pub mod service;
 pub mod socket;

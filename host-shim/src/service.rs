@@ -59,6 +59,9 @@ pub struct TenantService {
     endpoint: Arc<Endpoint>,
     metrics: Arc<Metrics>,
     max_timeout: Duration,
+    /// The agent's queue pairs on this host's verbs device (hipobj-rc-v2).
+    #[cfg(feature = "verbs")]
+    qp_host: Option<Arc<crate::qp_link::QpHost>>,
 }
 
 /// The shim's envelopes: a `debug` span; a failed call logged at `info`.
@@ -109,6 +112,9 @@ struct MintedWindow {
     metrics: Arc<Metrics>,
     _in_use: InUse,
     _slot: WindowSlot,
+    /// The agent's queue pairs may name the window while this lives.
+    #[cfg(feature = "verbs")]
+    _tracked: Option<crate::qp_link::Tracked>,
 }
 
 impl Drop for MintedWindow {
@@ -133,7 +139,17 @@ impl TenantService {
             endpoint,
             metrics,
             max_timeout,
+            #[cfg(feature = "verbs")]
+            qp_host: None,
         }
+    }
+
+    /// The service with the agent's queue pairs on `host` (a verbs device).
+    #[cfg(feature = "verbs")]
+    #[must_use]
+    pub fn with_qp_host(mut self, host: Option<Arc<crate::qp_link::QpHost>>) -> TenantService {
+        self.qp_host = host;
+        self
     }
 
     /// Identifies the caller, takes the permit admission gave the call and
@@ -228,6 +244,8 @@ impl TenantService {
         })?;
         self.metrics.windows_open.inc();
         Ok(MintedWindow {
+            #[cfg(feature = "verbs")]
+            _tracked: self.qp_host.as_ref().map(|h| h.track(&window)),
             window,
             token: token.to_string(),
             metrics: Arc::clone(&self.metrics),

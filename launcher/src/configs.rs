@@ -49,6 +49,19 @@ pub fn storage_target(
     c.rdma.mode = storage_target::rdma::RdmaMode::Enabled;
     c.rdma.backend = l.fabric;
     c.rdma.fabric_key_file = Some(l.fabric_key_file.clone());
+    if l.fabric == fabric::Backend::Verbs {
+        // A hipobj-rc-v2 client on this machine (the agent's shim, or a
+        // hipObject client) sends from a GID of one of its addresses: the
+        // target may write to those, and to nothing else.
+        c.rdma
+            .allowed_client_networks
+            .extend(own_addresses().into_iter().filter_map(|ip| {
+                let bits = if ip.is_ipv4() { 32 } else { 128 };
+                format!("{ip}/{bits}")
+                    .parse::<storage_target::config::networks::Cidr>()
+                    .ok()
+            }));
+    }
     if metrics {
         c.metrics.address = Some(loopback_any_port());
     }
@@ -67,6 +80,28 @@ pub fn storage_target(
         }
     }
     c
+}
+
+/// This machine's interface addresses (none when they cannot be listed),
+/// but multicast and unspecified ones.
+fn own_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    let mut out: Vec<std::net::IpAddr> = addrs
+        .filter_map(|a| {
+            let s = a.address?;
+            if let Some(v4) = s.as_sockaddr_in() {
+                Some(std::net::IpAddr::V4(v4.ip()))
+            } else {
+                s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+            }
+        })
+        .filter(|ip| !ip.is_multicast() && !ip.is_unspecified())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// The dpu-agent's configuration: loopback, a free port, one shim (bearer
@@ -97,6 +132,7 @@ pub fn dpu_agent(
             let mut target = TargetConfig::new(&name, *url, vec!["*".to_owned()]);
             target.region = REGION.to_owned();
             target.rdma = true;
+            target.protocol = l.protocol;
             target
         })
         .collect();

@@ -63,6 +63,10 @@ pub struct Layout {
     pub shim_config: PathBuf,
     /// The fabric the generated configurations name (default `tcp`).
     pub fabric: fabric::Backend,
+    /// The dialect the agent speaks to the storage-target (default
+    /// `s3dma`; `hipobj-rc-v2` runs the bytes through the shim's queue
+    /// pairs on a verbs device).
+    pub protocol: dpu_agent::config::RdmaProtocol,
 }
 
 impl Layout {
@@ -83,6 +87,7 @@ impl Layout {
             agent_config: dir.join("dpu-agent.yaml"),
             shim_config: dir.join("host-shim.yaml"),
             fabric: fabric::Backend::Tcp,
+            protocol: dpu_agent::config::RdmaProtocol::S3dma,
         }
     }
 

@@ -57,8 +57,9 @@ mod layout;
 mod stack;
 mod upstream;
 
-pub use error::LaunchError;
 /// The fabric backends a stack can run on ([`StackOptions::fabric`]).
+pub use dpu_agent::config::RdmaProtocol;
+pub use error::LaunchError;
 pub use fabric::Backend;
 pub use layout::{Layout, Secrets, default_dir, default_socket};
 pub use stack::{Endpoints, Service, Stack, StackOptions, TargetEndpoint, absolute};

@@ -89,6 +89,9 @@ pub struct StackOptions {
     /// as the tenant's identity there (`s3dma local --upstream`), instead of
     /// the filesystem store. Default: none.
     pub upstream: Option<Upstream>,
+    /// The dialect the agent speaks to the storage-target (`s3dma`, or
+    /// `hipobj-rc-v2` on verbs).
+    pub protocol: dpu_agent::config::RdmaProtocol,
 }
 
 impl StackOptions {
@@ -108,6 +111,7 @@ impl StackOptions {
             bin_dir: None,
             fabric: Backend::Tcp,
             upstream: None,
+            protocol: dpu_agent::config::RdmaProtocol::S3dma,
         }
     }
 }
@@ -192,6 +196,7 @@ impl Stack {
             l.data_dir = d;
         }
         l.fabric = opts.fabric;
+        l.protocol = opts.protocol;
         private_dir(&l.dir)?;
         if l.dir.to_str().is_none() {
             return Err(LaunchError::Unusable(format!(

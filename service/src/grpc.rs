@@ -113,6 +113,7 @@ impl<G: Unpin> http_body::Body for HoldingBody<G> {
 pub struct MethodLimits {
     default: usize,
     methods: Vec<(&'static str, usize)>,
+    streams: Vec<&'static str>,
 }
 
 impl MethodLimits {
@@ -122,7 +123,17 @@ impl MethodLimits {
         MethodLimits {
             default,
             methods: Vec::new(),
+            streams: Vec::new(),
         }
+    }
+
+    /// `methods` are long-lived streams of small messages (a shim's
+    /// `QueuePairs`): their body has no total bound, each message still
+    /// has tonic's ([`MethodLimits::largest`]).
+    #[must_use]
+    pub fn streaming(mut self, methods: &[&'static str]) -> MethodLimits {
+        self.streams.extend_from_slice(methods);
+        self
     }
 
     /// `methods` bounded to `limit` bytes instead (a later bound of the
@@ -146,6 +157,9 @@ impl MethodLimits {
     /// The bound of `method` (the last segment of the path).
     #[must_use]
     pub fn of(&self, method: &str) -> usize {
+        if self.streams.contains(&method) {
+            return usize::MAX;
+        }
         self.methods
             .iter()
             .find(|(n, _)| *n == method)

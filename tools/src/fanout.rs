@@ -441,6 +441,7 @@ async fn with_upstream(opts: &Options, plan: &Plan, site: &UpstreamSite) -> anyh
             gateways: plan.gateways,
             cache_bytes: plan.cache_bytes(),
         }),
+        protocol: Default::default(),
     })?;
     if let Err(e) = stack.start().await {
         stack.stop().await;

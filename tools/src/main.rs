@@ -109,6 +109,11 @@ enum Cmd {
         /// only prove the path).
         #[arg(long, default_value = "tcp", value_name = "BACKEND")]
         fabric: s3dma_launcher::Backend,
+        /// The dialect the stack's dpu-agent speaks to its storage-target:
+        /// `s3dma`, or `hipobj-rc-v2` (AMD's RC dialect: a queue pair per
+        /// transfer on the host-shim's device; needs `--fabric verbs`).
+        #[arg(long, default_value = "s3dma", value_name = "DIALECT")]
+        protocol: s3dma_launcher::RdmaProtocol,
         /// Only the ML phase: a safetensors file and a DCP checkpoint of
         /// 2 GiB (64 MiB with --quick) loaded (and the checkpoint saved)
         /// through s3dma vs s3torchconnector and boto3 against the same
@@ -266,6 +271,7 @@ fn main() -> ExitCode {
             json,
             rounds,
             fabric,
+            protocol,
             cell_secs,
             data_dir,
             endpoint,
@@ -287,6 +293,7 @@ fn main() -> ExitCode {
                 data_dir,
                 endpoint,
                 fabric,
+                protocol,
                 ml,
                 dirs,
                 socket: cli.socket,

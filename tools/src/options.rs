@@ -28,6 +28,9 @@ pub(crate) struct Options {
     pub endpoint: Option<String>,
     /// The fabric of the stack the bench starts (`tcp` or `verbs`).
     pub fabric: s3dma_launcher::Backend,
+    /// The dialect its agent speaks to its storage-target (`s3dma`, or
+    /// `hipobj-rc-v2`: a queue pair per transfer on the shim's device).
+    pub protocol: s3dma_launcher::RdmaProtocol,
     /// Only the ML phase ([`crate::ml`]): safetensors and DCP loads through
     /// s3dma against the S3 connectors ML users run today.
     pub ml: bool,

@@ -55,6 +55,7 @@ impl OwnStack {
             bin_dir: None,
             fabric: opts.fabric,
             upstream: None,
+            protocol: opts.protocol,
         })?;
         if let Err(e) = stack.start().await {
             stack.stop().await;

@@ -148,6 +148,7 @@ async fn run(opts: Options) -> anyhow::Result<(bool, String)> {
         bin_dir: None,
         fabric: s3dma_launcher::Backend::Tcp,
         upstream: None,
+        protocol: Default::default(),
     })?;
     if let Err(e) = stack.start().await {
         stack.stop().await;

@@ -32,6 +32,22 @@ pub struct TargetConfig {
     /// agent's staging buffers. Default `true`.
     #[serde(default = "default_rdma")]
     pub rdma: bool,
+    /// Which S3-over-RDMA dialect the target speaks when `rdma` is true:
+    /// `s3dma` (default: storage-targets and gateways, s3dma's own exchange
+    /// marked by the signed `x-amz-rdma-protocol: s3dma-v1`) or
+    /// `hipobj-rc-v2` (AMD's RC dialect: `/.hipobj-rc/{prepare,ready}`, a
+    /// queue pair per transfer on the shim's RDMA device; a shim without
+    /// one, or a target that answers 501, gets the bytes over HTTP through
+    /// the agent). `cuobject-dc` (the DC dialect) is refused: this agent
+    /// mints no DC tokens yet.
+    #[serde(default)]
+    pub protocol: RdmaProtocol,
+    /// The request header carrying the token (lowercase, `x-` first).
+    /// Default `x-amz-rdma-token`; servers that read another name (Dell
+    /// `x-amz-meta-rdma-token`, Scality `x-scal-rdma`) need it set. Must be
+    /// the default with `protocol: s3dma`.
+    #[serde(default = "default_token_header")]
+    pub token_header: String,
     /// PEM CA bundle to trust for an `https://` endpoint with a private CA
     /// (in addition to the system roots). Only with `https://`.
     #[serde(default)]
@@ -57,6 +73,8 @@ impl TargetConfig {
             region: default_region(),
             buckets,
             rdma: default_rdma(),
+            protocol: RdmaProtocol::default(),
+            token_header: default_token_header(),
             ca_file: None,
             max_idle_connections: default_max_idle_connections(),
         }
@@ -69,6 +87,56 @@ fn default_region() -> String {
 
 fn default_rdma() -> bool {
     true
+}
+
+fn default_token_header() -> String {
+    s3dma_wire::headers::RDMA_TOKEN.to_owned()
+}
+
+/// `targets[].protocol`: the S3-over-RDMA dialect of a target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RdmaProtocol {
+    /// s3dma's own exchange (storage-target, gateways).
+    #[default]
+    S3dma,
+    /// AMD's hipobj-rc-v2 (RC queue pairs).
+    HipobjRcV2,
+    /// The cuObject dialect (DC targets; mlx5 only): not available yet.
+    CuobjectDc,
+}
+
+impl std::str::FromStr for RdmaProtocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<RdmaProtocol, String> {
+        match s {
+            "s3dma" => Ok(RdmaProtocol::S3dma),
+            "hipobj-rc-v2" => Ok(RdmaProtocol::HipobjRcV2),
+            "cuobject-dc" => Ok(RdmaProtocol::CuobjectDc),
+            other => Err(format!(
+                "{other:?} is not a dialect: s3dma, hipobj-rc-v2 or cuobject-dc"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for RdmaProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl RdmaProtocol {
+    /// The name, as configured.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RdmaProtocol::S3dma => "s3dma",
+            RdmaProtocol::HipobjRcV2 => "hipobj-rc-v2",
+            RdmaProtocol::CuobjectDc => "cuobject-dc",
+        }
+    }
 }
 
 fn default_max_idle_connections() -> usize {

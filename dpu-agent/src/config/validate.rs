@@ -25,6 +25,7 @@ impl Config {
         check_tenants(&v, self)?;
         check_shims(&v, self)?;
         check_targets(&v, &self.targets)?;
+        check_hipobj_sizes(&v, self)?;
         check_metrics(&v, self)?;
         self.runtime
             .check()
@@ -335,6 +336,7 @@ fn check_targets(v: &Validator, targets: &[TargetConfig]) -> Check {
         {
             return Err(v.err(at("region"), "must not contain spaces"));
         }
+        check_dialect(v, i, t)?;
         if let Some(ca) = &t.ca_file {
             if !https {
                 return Err(v.err(at("ca_file"), "only allowed with an https:// endpoint"));
@@ -357,6 +359,67 @@ fn check_targets(v: &Validator, targets: &[TargetConfig]) -> Check {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// One hipobj-rc-v2 transfer moves at most 2^31 - 1 bytes: a single PUT
+/// or a part must fit in one.
+fn check_hipobj_sizes(v: &Validator, c: &Config) -> Check {
+    use super::targets::RdmaProtocol;
+    let Some(i) = c
+        .targets
+        .iter()
+        .position(|t| t.rdma && t.protocol == RdmaProtocol::HipobjRcV2)
+    else {
+        return Ok(());
+    };
+    let max = s3dma_wire::hipobj::MAX_TRANSFER;
+    for (field, size) in [
+        (
+            "transfer.multipart_threshold",
+            c.transfer.multipart_threshold,
+        ),
+        ("transfer.part_size", c.transfer.part_size),
+    ] {
+        if size.0 > max {
+            return Err(v.err(
+                field,
+                format!(
+                    "must be at most {max} bytes (2 GiB - 1) with a hipobj-rc-v2 target (targets[{i}]): one transfer moves at most that"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `protocol` and `token_header`.
+fn check_dialect(v: &Validator, i: usize, t: &TargetConfig) -> Check {
+    use super::targets::RdmaProtocol;
+    let at = |f: &str| format!("targets[{i}].{f}");
+    if t.protocol == RdmaProtocol::CuobjectDc {
+        return Err(v.err(
+            at("protocol"),
+            "cuobject-dc is not available yet (this agent mints no DC tokens): use s3dma, hipobj-rc-v2, or rdma: false for plain HTTP",
+        ));
+    }
+    let h = t.token_header.as_str();
+    let well_formed = (3..=64).contains(&h.len())
+        && h.starts_with("x-")
+        && h.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !well_formed {
+        return Err(v.err(
+            at("token_header"),
+            "must be a lowercase header name starting with x- (letters, digits, -; at most 64)",
+        ));
+    }
+    if t.protocol == RdmaProtocol::S3dma && h != s3dma_wire::headers::RDMA_TOKEN {
+        return Err(v.err(
+            at("token_header"),
+            "must be x-amz-rdma-token with protocol: s3dma (storage-targets read no other)",
+        ));
     }
     Ok(())
 }
@@ -611,6 +674,20 @@ mod tests {
         }),
         ("targets[0].endpoint:", "needs an explicit port", |c| {
             c.targets[0].endpoint = "http://[fe80::1]/".into()
+        }),
+        ("targets[0].protocol:", "not available yet", |c| {
+            c.targets[0].protocol = crate::config::targets::RdmaProtocol::CuobjectDc
+        }),
+        ("targets[0].token_header:", "lowercase", |c| {
+            c.targets[0].protocol = crate::config::targets::RdmaProtocol::HipobjRcV2;
+            c.targets[0].token_header = "X-Scal-Rdma".into()
+        }),
+        ("transfer.part_size:", "hipobj-rc-v2 target", |c| {
+            c.targets[0].protocol = crate::config::targets::RdmaProtocol::HipobjRcV2;
+            c.transfer.part_size = ByteSize(2 * GIB)
+        }),
+        ("targets[0].token_header:", "with protocol: s3dma", |c| {
+            c.targets[0].token_header = "x-scal-rdma".into()
         }),
         ("targets[0].region:", "empty", |c| {
             c.targets[0].region = String::new()

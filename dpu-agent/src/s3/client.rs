@@ -164,6 +164,10 @@ pub struct TargetClient {
     pub region: String,
     /// Whether to send `x-amz-rdma-token`s to this target.
     pub rdma: bool,
+    /// Its dialect (when `rdma`).
+    pub protocol: crate::config::RdmaProtocol,
+    /// The header carrying the token.
+    pub token_header: String,
     /// Whether it answers (groups skip a target that does not, for a while).
     pub health: Health,
     http: Client<hyper_rustls::HttpsConnector<HttpConnector>, RequestBody>,
@@ -212,6 +216,7 @@ impl fmt::Debug for TargetClient {
             .field("name", &self.name)
             .field("base", &self.base)
             .field("rdma", &self.rdma)
+            .field("protocol", &self.protocol)
             .finish_non_exhaustive()
     }
 }
@@ -282,6 +287,8 @@ impl TargetClient {
             host,
             region: cfg.region.clone(),
             rdma: cfg.rdma,
+            protocol: cfg.protocol,
+            token_header: cfg.token_header.clone(),
             health: Health::default(),
             http: client,
         }))

@@ -16,10 +16,13 @@ use s3dma_wire::headers::{
 };
 use s3dma_wire::range::{ByteRange, parse_content_range};
 
+use super::hipobj::{Outcome, Transfer};
 use super::{Attempt, Ctx, fallback, object_info};
+use crate::config::RdmaProtocol;
 use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Chunk, Probe, ProbeOutcome};
 use crate::s3::client::{S3Call, header};
+use s3dma_wire::hipobj;
 
 /// A GetObject request after validation.
 #[derive(Debug, Clone)]
@@ -83,7 +86,10 @@ impl Ctx {
                 })
             })?;
         }
-        if self.target.rdma {
+        // An s3dma token only to a target of s3dma's dialect (a hipobj-rc-v2
+        // target that declined, or whose shim has no device, gets none).
+        let s3dma_token = self.target.rdma && self.target.protocol == RdmaProtocol::S3dma;
+        if s3dma_token {
             call.header(RDMA_TOKEN, &slot.to_string())
                 .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
             // The dialect marker: the token names an s3dma fabric endpoint.
@@ -115,7 +121,7 @@ impl Ctx {
                     .unwrap_or(0);
                 // A 200 without Content-Range is the whole object (RDMA
                 // replies carry the size as bytes transferred).
-                let n = if status == StatusCode::OK && self.target.rdma {
+                let n = if status == StatusCode::OK && s3dma_token {
                     bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()))
                         .unwrap_or(n)
                 } else {
@@ -134,14 +140,14 @@ impl Ctx {
         }
         let info = object_info(&headers, total);
         let rdma_reply = RdmaReply::parse(header(&headers, RDMA_REPLY).as_deref());
-        if let (true, RdmaReply::Ignored(other)) = (self.target.rdma, &rdma_reply) {
+        if let (true, RdmaReply::Ignored(other)) = (s3dma_token, &rdma_reply) {
             return Err(Attempt::Fatal(AgentError::Protocol(
                 BadReply::NoRdmaReply {
                     reply: other.clone(),
                 },
             )));
         }
-        let by_rdma = self.target.rdma && rdma_reply == RdmaReply::Placed;
+        let by_rdma = s3dma_token && rdma_reply == RdmaReply::Placed;
         if by_rdma {
             let moved = bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()));
             if moved != Some(len) {
@@ -167,6 +173,46 @@ impl Ctx {
         })
     }
 
+    /// One chunk by hipobj-rc-v2 transfers (one per
+    /// [`hipobj::MAX_TRANSFER`] bytes). `false`: the target declined the
+    /// dialect before anything moved (the chunk goes over HTTP).
+    async fn hipobj_chunk(
+        self: &Arc<Self>,
+        link: &Arc<crate::qp_link::QpLink>,
+        req: &GetRequest,
+        c: Chunk,
+        slot: RdmaToken,
+        etag: &str,
+    ) -> Result<bool, Attempt> {
+        let mut done = 0u64;
+        while done < c.len {
+            let n = (c.len - done).min(hipobj::MAX_TRANSFER);
+            let piece = slot
+                .slice(done, n)
+                .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
+            let t = Transfer {
+                bucket: &req.bucket,
+                key: &req.key,
+                part: None,
+                offset: c.object_first + done,
+                slot: piece,
+            };
+            match self.hipobj_transfer(link, &t, true, Some(etag)).await? {
+                Outcome::Done(_) => done += n,
+                // Only the first transfer can be declined: the target
+                // answered the others.
+                Outcome::Declined if done == 0 => return Ok(false),
+                Outcome::Declined => {
+                    return Err(Attempt::Fatal(AgentError::Protocol(BadReply::Hipobj {
+                        step: "PREPARE",
+                        reason: "declined in the middle of a chunk".into(),
+                    })));
+                }
+            }
+        }
+        Ok(true)
+    }
+
     async fn head_probe(self: &Arc<Self>, req: &GetRequest) -> Result<ObjectInfo, AgentError> {
         self.head_object(&req.bucket, &req.key, req.if_match.as_deref())
             .await
@@ -181,6 +227,13 @@ impl Ctx {
         let s = &self.core.settings;
         let window = u64::from(req.dest.size);
         let probe = plan::probe(req.range, window, s.chunk_size)?;
+        // A hipobj-rc-v2 transfer names its offset and size: the object's
+        // size comes first, from a HEAD.
+        let probe = if self.speaks_hipobj() {
+            Probe::Head
+        } else {
+            probe
+        };
         let mut fell_back = false;
         let mut rdma_used = false;
         let (info, outcome) = match probe {
@@ -279,7 +332,20 @@ impl Ctx {
         let r = self
             .retrying("GET chunk", || {
                 let at = self.for_chunk(&req.bucket, &req.key, index);
-                async move { at.get_range(req, c.http_range(), slot, Some(etag)).await }
+                async move {
+                    if let Some(link) = at.hipobj_link()
+                        && at.hipobj_chunk(link, req, c, slot, etag).await?
+                    {
+                        return Ok(RangeReply {
+                            info: ObjectInfo::default(),
+                            first: c.object_first,
+                            len: c.len,
+                            total,
+                            fallback: false,
+                        });
+                    }
+                    at.get_range(req, c.http_range(), slot, Some(etag)).await
+                }
             })
             .await?;
         if r.first != c.object_first || r.len != c.len || r.total != total {

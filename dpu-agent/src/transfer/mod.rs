@@ -15,6 +15,7 @@
 
 pub mod fallback;
 pub mod get;
+pub mod hipobj;
 pub mod meta;
 pub mod put;
 
@@ -88,6 +89,8 @@ pub struct Core {
     pub sessions: Arc<SessionPool>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The shims' `QueuePairs` streams (hipobj-rc-v2 transfers).
+    pub qp_links: Arc<crate::qp_link::QpLinks>,
 }
 
 /// How long a target that gave no answer is skipped by its group.
@@ -175,6 +178,10 @@ pub struct Ctx {
     pub group: Arc<[Arc<TargetClient>]>,
     /// The agent's request id.
     pub request_id: String,
+    /// The calling shim's RDMA device, when it opened its `QueuePairs`
+    /// stream (hipobj-rc-v2 transfers need it; without it such a target's
+    /// bytes go over HTTP through the agent).
+    pub qp_link: Option<Arc<crate::qp_link::QpLink>>,
 }
 
 impl Ctx {

@@ -18,7 +18,9 @@ use s3dma_wire::headers::{
     RDMA_PROTOCOL, RDMA_REPLY, RDMA_TOKEN, RdmaReply, S3DMA_PROTOCOL, bytes_transferred_of,
 };
 
+use super::hipobj::{Outcome, Transfer};
 use super::{Attempt, Ctx, fallback};
+use crate::config::RdmaProtocol;
 use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Part, PutPlan};
 use crate::s3::client::{S3Call, full_body, header, read_small};
@@ -162,7 +164,30 @@ impl Ctx {
             Ok(call)
         };
         let len = u64::from(slot.size);
-        if self.target.rdma {
+        if let Some(link) = self.hipobj_link()
+            && len > 0
+        {
+            let t = Transfer {
+                bucket: &req.bucket,
+                key: &req.key,
+                part,
+                offset: 0,
+                slot,
+            };
+            match self
+                .retrying("PUT (hipobj-rc-v2)", || {
+                    self.hipobj_transfer(link, &t, false, None)
+                })
+                .await?
+            {
+                Outcome::Done(etag) => return Ok((etag.unwrap_or_default(), false)),
+                Outcome::Declined => {
+                    debug!(target = %self.target.name, "target declined hipobj-rc-v2 for PUT; sending over HTTP");
+                }
+            }
+        }
+        // An s3dma token only to a target of s3dma's dialect.
+        if self.target.rdma && self.target.protocol == RdmaProtocol::S3dma {
             let outcome = self
                 .retrying("PUT", || async {
                     let mut call = build(true)?;

@@ -6,5 +6,6 @@
 mod common;
 mod fallback;
 mod gateway;
+mod qp_link;
 mod security;
 mod transfers;

@@ -197,6 +197,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         bin_dir: None,
         fabric: opts.fabric,
         upstream,
+        protocol: s3dma_launcher::RdmaProtocol::S3dma,
     })?;
 
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

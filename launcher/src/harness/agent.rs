@@ -40,6 +40,8 @@ pub struct AgentSpec {
     /// More buckets a tenant (`alice` or `bob`) may read and write, beyond
     /// `alice-data`, `shared` and `bob-data`.
     pub extra_buckets: Vec<(&'static str, &'static str)>,
+    /// Extra YAML over every target entry (e.g. `protocol: hipobj-rc-v2`).
+    pub target_yaml: String,
 }
 
 impl AgentSpec {
@@ -53,6 +55,7 @@ impl AgentSpec {
             listen: "127.0.0.1:0".into(),
             wrap: Vec::new(),
             extra_buckets: Vec::new(),
+            target_yaml: String::new(),
         }
     }
 
@@ -148,7 +151,7 @@ fn agent_config(spec: &AgentSpec, d: &Path) -> dpu_agent::config::Config {
                     t.buckets.iter().map(|b| (*b).to_owned()).collect(),
                 );
                 c.rdma = t.rdma;
-                c
+                overlay(&c, &spec.target_yaml)
             })
             .collect(),
         fabric,

@@ -119,6 +119,13 @@ impl Target {
         cfg.rdma.fabric_key_file = Some(key);
         cfg.rdma.backend = backend();
         cfg.rdma.connect_timeout_ms = 2000;
+        // On Soft-RoCE the VM's rxe0 has the GID of 10.77.0.1 (.ci/rdma-vm.sh):
+        // a hipobj-rc-v2 client's queue pair sends from there.
+        if backend() == fabric::Backend::Verbs
+            && let Ok(net) = "10.77.0.0/16".parse()
+        {
+            cfg.rdma.allowed_client_networks.push(net);
+        }
         // A target in a test's own network namespace serves clients on its
         // /24 (the veth pair): let it connect there as well as loopback.
         if let std::net::IpAddr::V4(v4) = ip
@@ -202,6 +209,13 @@ impl Target {
     /// Restarts on the same port (same data).
     pub fn restart(&mut self) {
         self.restart_after(Duration::ZERO);
+    }
+
+    /// Restarts on the same port with the hipobj-rc-v2 server on or off
+    /// (`rdma.hipobj.enabled`; off, its control requests answer `501`).
+    pub fn set_hipobj(&mut self, enabled: bool) {
+        self.cfg.rdma.hipobj.enabled = enabled;
+        self.restart();
     }
 
     /// Kills the target, waits `down`, and starts it again on the same port.

@@ -1,0 +1,369 @@
+//! The shim's RDMA device as the agent drives it: the `QueuePairs` stream
+//! ([`run`]) and the queue pairs of hipobj-rc-v2 transfers ([`QpHost`]).
+//!
+//! In that dialect each transfer has its own RC queue pair, connected to
+//! the server's QP named in HTTP headers the agent exchanges. The QP must
+//! live on the device where the tenant's memory is registered: here. So
+//! the agent sends commands (open, connect, write, await the receive,
+//! close) and the shim answers each.
+//!
+//! What a command can reach: only the bytes of a window this shim minted
+//! for a call still in progress ([`QpHost::track`] while the call runs),
+//! with that window's access (a GET's QP accepts the peer's writes, a
+//! PUT's QP gives the peer no access at all); a queue pair ends with its
+//! window, whatever the agent does. At most `max_queue_pairs` exist.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fabric::verbs::rc::{RcQp, RcRemote, RecvCompletion, check_recv};
+use fabric::{Access, Domain, LocalSlice, OpStatus, RdmaToken, Window};
+use s3dma_proto::agent::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::agent_link::AgentLink;
+
+/// Queue pairs at most, by default.
+pub const DEFAULT_MAX_QUEUE_PAIRS: usize = 256;
+
+/// A live window a command may name.
+struct LiveWindow {
+    addr: u64,
+    len: u64,
+    access: Access,
+    region: fabric::Region,
+}
+
+/// One transfer's queue pair.
+struct Entry {
+    qp: RcQp,
+    window_rkey: u32,
+    psn: u32,
+    /// PUT: the bytes to write.
+    slice: LocalSlice,
+    receive: bool,
+    /// GET: the posted receive's completion (taken once).
+    recv: Mutex<Option<oneshot::Receiver<Result<RecvCompletion, OpStatus>>>>,
+}
+
+#[derive(Default)]
+struct Tables {
+    windows: HashMap<u32, LiveWindow>,
+    qps: HashMap<u64, Arc<Entry>>,
+}
+
+/// The queue pairs of the agent's transfers, on the shim's verbs domain.
+pub struct QpHost {
+    domain: Domain,
+    max_queue_pairs: usize,
+    tables: Mutex<Tables>,
+}
+
+impl std::fmt::Debug for QpHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpHost")
+            .field("max_queue_pairs", &self.max_queue_pairs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Keeps a window nameable by commands until dropped; then its queue
+/// pairs are destroyed (their operations flushed).
+#[derive(Debug)]
+pub struct Tracked {
+    host: Arc<QpHost>,
+    rkey: u32,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let gone: Vec<Arc<Entry>> = {
+            let mut t = self.host.lock();
+            t.windows.remove(&self.rkey);
+            let ids: Vec<u64> = t
+                .qps
+                .iter()
+                .filter(|(_, e)| e.window_rkey == self.rkey)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| t.qps.remove(id)).collect()
+        };
+        for e in &gone {
+            e.qp.fail();
+        }
+    }
+}
+
+fn failed(message: impl Into<String>) -> pb::qp_event::Event {
+    pb::qp_event::Event::Failed(pb::QpFailed {
+        message: message.into(),
+    })
+}
+
+fn done() -> pb::qp_event::Event {
+    pb::qp_event::Event::Done(pb::QpDone {})
+}
+
+impl QpHost {
+    /// The host over `domain`, when it is a verbs domain (`None`: tcp, no
+    /// queue pairs to make).
+    #[must_use]
+    pub fn new(domain: &Domain, max_queue_pairs: usize) -> Option<Arc<QpHost>> {
+        (domain.backend() == fabric::Backend::Verbs).then(|| {
+            Arc::new(QpHost {
+                domain: domain.clone(),
+                max_queue_pairs,
+                tables: Mutex::new(Tables::default()),
+            })
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queue pairs open now.
+    #[must_use]
+    pub fn queue_pairs(&self) -> usize {
+        self.lock().qps.len()
+    }
+
+    /// Lets commands name `window` until the returned guard drops.
+    #[must_use]
+    pub fn track(self: &Arc<Self>, window: &Window) -> Tracked {
+        self.lock().windows.insert(
+            window.rkey(),
+            LiveWindow {
+                addr: window.addr(),
+                len: window.len(),
+                access: window.access(),
+                region: window.region().clone(),
+            },
+        );
+        Tracked {
+            host: Arc::clone(self),
+            rkey: window.rkey(),
+        }
+    }
+
+    /// Answers one command (`None`: a close, not answered).
+    pub async fn handle(&self, cmd: pb::QpCommand) -> Option<pb::QpEvent> {
+        use pb::qp_command::Command;
+        let event = match cmd.command? {
+            Command::Open(o) => self.open(cmd.id, &o),
+            Command::Connect(c) => self.connect(&c),
+            Command::Write(w) => self.write(&w).await,
+            Command::AwaitReceive(a) => self.await_receive(&a).await,
+            Command::Close(c) => {
+                let e = self.lock().qps.remove(&c.qp);
+                if let Some(e) = e {
+                    e.qp.fail();
+                }
+                return None;
+            }
+        };
+        Some(pb::QpEvent {
+            id: cmd.id,
+            event: Some(event),
+        })
+    }
+
+    fn entry(&self, id: u64) -> Result<Arc<Entry>, pb::qp_event::Event> {
+        self.lock()
+            .qps
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| failed(format!("no queue pair {id} (closed, or its window ended)")))
+    }
+
+    fn open(&self, id: u64, o: &pb::QpOpen) -> pb::qp_event::Event {
+        let token: RdmaToken = match o.window.parse() {
+            Ok(t) => t,
+            Err(e) => return failed(format!("the window is not a valid token: {e}")),
+        };
+        let len = u64::from(token.size);
+        let need = if o.receive {
+            Access::REMOTE_WRITE
+        } else {
+            Access::REMOTE_READ
+        };
+        // The slice must lie inside a live window of this shim, with the
+        // access the transfer needs.
+        let (region, offset) = {
+            let t = self.lock();
+            if t.qps.contains_key(&id) {
+                return failed(format!("queue pair {id} exists already"));
+            }
+            if t.qps.len() >= self.max_queue_pairs {
+                return failed(format!(
+                    "{} queue pairs are open already (fabric.max_queue_pairs)",
+                    self.max_queue_pairs
+                ));
+            }
+            let Some(w) = t.windows.get(&token.rkey) else {
+                return failed("the token names no live window of this shim");
+            };
+            let inside = token.addr >= w.addr
+                && token
+                    .addr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= w.addr + w.len);
+            if !inside || len == 0 {
+                return failed("the slice is not inside its window");
+            }
+            if !w.access.contains(need) {
+                return failed(format!("the window does not allow {need}"));
+            }
+            (w.region.clone(), token.addr - w.region.addr())
+        };
+        let (Ok(offset), Ok(n)) = (usize::try_from(offset), usize::try_from(len)) else {
+            return failed("the slice does not fit this machine's addresses");
+        };
+        let slice = match region.slice(offset, n) {
+            Ok(s) => s,
+            Err(e) => return failed(format!("the slice: {e}")),
+        };
+        let remote = if o.receive {
+            Access::REMOTE_WRITE
+        } else {
+            Access::NONE
+        };
+        let qp = match RcQp::create(&self.domain, remote) {
+            Ok(q) => q,
+            Err(e) => return failed(format!("creating the queue pair: {e}")),
+        };
+        let recv = if o.receive {
+            match qp.post_recv() {
+                Ok(fut) => {
+                    let (tx, rx) = oneshot::channel();
+                    tokio::spawn(async move {
+                        let _ = tx.send(fut.await);
+                    });
+                    Some(rx)
+                }
+                Err(e) => return failed(format!("posting the receive: {e}")),
+            }
+        } else {
+            None
+        };
+        let local = qp.local();
+        let entry = Arc::new(Entry {
+            qp,
+            window_rkey: token.rkey,
+            psn: o.psn & 0x00ff_ffff,
+            slice,
+            receive: o.receive,
+            recv: Mutex::new(recv),
+        });
+        {
+            let mut t = self.lock();
+            // The window may have ended meanwhile: then so does the QP.
+            if !t.windows.contains_key(&token.rkey) {
+                return failed("the window ended");
+            }
+            t.qps.insert(id, entry);
+        }
+        pb::qp_event::Event::Opened(pb::QpOpened {
+            qpn: local.qpn,
+            gid: local.gid.to_vec(),
+            port: u32::from(local.port),
+            lid: u32::from(local.lid),
+            addr: token.addr,
+            rkey: token.rkey,
+            length: token.size,
+        })
+    }
+
+    fn connect(&self, c: &pb::QpConnect) -> pb::qp_event::Event {
+        let e = match self.entry(c.qp) {
+            Ok(e) => e,
+            Err(f) => return f,
+        };
+        let Ok(gid) = <[u8; 16]>::try_from(c.remote_gid.as_slice()) else {
+            return failed("the peer's GID is not 16 bytes");
+        };
+        if c.remote_qpn == 0 || c.remote_qpn > 0x00ff_ffff {
+            return failed("the peer's QP number is not 1..=0xffffff");
+        }
+        let remote = RcRemote {
+            qpn: c.remote_qpn,
+            gid,
+            lid: u16::try_from(c.remote_lid).unwrap_or(0),
+            psn: c.remote_psn,
+        };
+        match e.qp.connect(&remote, e.psn) {
+            Ok(()) => done(),
+            Err(err) => failed(format!("connecting the queue pair: {err}")),
+        }
+    }
+
+    async fn write(&self, w: &pb::QpWrite) -> pb::qp_event::Event {
+        let e = match self.entry(w.qp) {
+            Ok(e) => e,
+            Err(f) => return f,
+        };
+        if e.receive {
+            return failed("a GET's queue pair does not write");
+        }
+        let op =
+            e.qp.write_with_imm(e.slice.clone(), w.remote_addr, w.remote_rkey, w.imm);
+        drop(e);
+        match op.await {
+            Ok(()) => done(),
+            Err(err) => failed(format!("the RDMA WRITE_WITH_IMM failed: {err}")),
+        }
+    }
+
+    async fn await_receive(&self, a: &pb::QpAwaitReceive) -> pb::qp_event::Event {
+        let e = match self.entry(a.qp) {
+            Ok(e) => e,
+            Err(f) => return f,
+        };
+        let rx = e.recv.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(e);
+        let Some(rx) = rx else {
+            return failed("no receive is posted on this queue pair (or it was awaited)");
+        };
+        match rx.await {
+            Ok(Ok(got)) => match check_recv(&got, a.imm, a.length) {
+                Ok(()) => done(),
+                Err(why) => failed(format!("the server's write: {why}")),
+            },
+            Ok(Err(status)) => failed(format!("the receive failed: {status:?}")),
+            Err(_) => failed("the queue pair was closed"),
+        }
+    }
+}
+
+/// Keeps the `QueuePairs` stream to the agent open while the shim runs:
+/// reopens it (after 0.5–1 s) whenever it ends; answers each command in a
+/// task of its own.
+pub async fn run(agent: AgentLink, host: Arc<QpHost>) {
+    loop {
+        let (tx, mut rx) = mpsc::channel::<pb::QpEvent>(256);
+        let outbound = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        if let Ok((mut client, req)) = agent.authorized(outbound) {
+            match client.queue_pairs(req).await {
+                Ok(resp) => {
+                    tracing::debug!("queue-pair link to the dpu-agent open");
+                    let mut commands = resp.into_inner();
+                    while let Ok(Some(cmd)) = commands.message().await {
+                        let (host, tx) = (Arc::clone(&host), tx.clone());
+                        tokio::spawn(async move {
+                            if let Some(ev) = host.handle(cmd).await {
+                                let _ = tx.send(ev).await;
+                            }
+                        });
+                    }
+                    tracing::debug!("queue-pair link to the dpu-agent ended");
+                }
+                Err(status) => {
+                    tracing::debug!(error = %s3dma_service::Escaped(status.message()), "opening the queue-pair link failed");
+                }
+            }
+        }
+        let wait = Duration::from_millis(500 + rand::random_range(0..500));
+        tokio::time::sleep(wait).await;
+    }
+}
