@@ -1021,3 +1021,83 @@ async fn hipobj_rc_v2_declined_by_the_target_goes_over_http() {
     let listed = c.list_all("alice-data", "").await.unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
 }
+
+/// A tenant's shim killed in the middle of a hipobj-rc-v2 PUT: the
+/// server's sessions end by their deadlines (the data phase's 408, the
+/// reaper for prepared ones), the agent aborts the multipart upload, and
+/// no object appears. Needs the shim on a verbs device (the Soft-RoCE VM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hipobj_rc_v2_a_shim_killed_mid_transfer_stores_nothing() {
+    if agent::backend() != fabric::Backend::Verbs {
+        println!(
+            "SKIPPED: the shim's queue pairs need a verbs device (the Soft-RoCE VM runs this)"
+        );
+        return;
+    }
+    let mut stack = hipobj_stack().await;
+    stack.target.reconfigure(|c| {
+        c.rdma.hipobj.transfer_timeout_secs = 3;
+        c.rdma.hipobj.prepared_timeout_secs = 3;
+    });
+    let c = stack.client().await;
+    let len = std::env::var("S3DMA_TEST_LARGE_OBJECT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(256 << 20);
+    let mut src = c.alloc(len).await.unwrap();
+    src.as_mut_slice().fill(0x5A);
+    let put = async {
+        c.put_object_from("alice-data", "killed", &src, 0..len, PutOptions::default())
+            .await
+    };
+    let kill = async {
+        // As soon as the server holds a session of ours, the shim dies.
+        let deadline = std::time::Instant::now() + HANG_GUARD;
+        loop {
+            let text = stack.target.metrics_text().await;
+            if agent::metric_value(&text, "s3dma_storage_target_hipobj_sessions") > 0.0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no session began");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(stack.shim.pid().unwrap() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    };
+    let (r, ()) = guard(async { tokio::join!(put, kill) }).await;
+    assert!(r.is_err(), "the PUT finished before the shim died: {r:?}");
+    // Every session ends by its deadline; the upload is aborted.
+    let s3 = stack.target.s3(ALICE);
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    loop {
+        let text = stack.target.metrics_text().await;
+        let open = agent::metric_value(&text, "s3dma_storage_target_hipobj_sessions");
+        let uploads = s3
+            .list_multipart_uploads()
+            .bucket("alice-data")
+            .send()
+            .await
+            .unwrap()
+            .uploads
+            .unwrap_or_default()
+            .len();
+        if open == 0.0 && uploads == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{open} sessions and {uploads} uploads left"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let head = s3
+        .head_object()
+        .bucket("alice-data")
+        .key("killed")
+        .send()
+        .await;
+    assert!(head.is_err(), "an object appeared: {head:?}");
+}

@@ -214,7 +214,13 @@ impl Target {
     /// Restarts on the same port with the hipobj-rc-v2 server on or off
     /// (`rdma.hipobj.enabled`; off, its control requests answer `501`).
     pub fn set_hipobj(&mut self, enabled: bool) {
-        self.cfg.rdma.hipobj.enabled = enabled;
+        self.reconfigure(|c| c.rdma.hipobj.enabled = enabled);
+    }
+
+    /// Restarts on the same port (same data) with `change` applied to its
+    /// configuration.
+    pub fn reconfigure(&mut self, change: impl FnOnce(&mut storage_target::config::Config)) {
+        change(&mut self.cfg);
         self.restart();
     }
 
