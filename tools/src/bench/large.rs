@@ -29,6 +29,21 @@ fn describe(what: &str, r: &Rounds) -> String {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// On a stack the bench started, every s3dma transfer must have gone by
+/// RDMA (with `--protocol hipobj-rc-v2`: through the shim's queue pairs):
+/// a fallback through the agent would measure something else.
+fn check_path(
+    ctx: &Ctx,
+    op: &str,
+    label: &str,
+    path: s3dma_client::TransferPath,
+) -> anyhow::Result<()> {
+    if ctx.data_path.is_some() && path != s3dma_client::TransferPath::Rdma {
+        bail!("s3dma {op} {label} took the {path:?} path, not RDMA");
+    }
+    Ok(())
+}
+
 pub(super) async fn large(
     ctx: &Ctx,
     plan: &Plan,
@@ -60,6 +75,7 @@ pub(super) async fn large(
         if out.size != size.bytes {
             bail!("s3dma PUT {label}: stored {} bytes", out.size);
         }
+        check_path(ctx, "PUT", &label, out.path)?;
     }
     let cpu_put = ctx.cpu.since(before)?;
     let put = Rounds {
@@ -92,6 +108,7 @@ pub(super) async fn large(
         if out.bytes_placed != size.bytes {
             bail!("s3dma GET {label}: {} bytes placed", out.bytes_placed);
         }
+        check_path(ctx, "GET", &label, out.path)?;
     }
     let cpu_get = ctx.cpu.since(before)?;
     if crc32fast::hash(&dst.as_slice()[..n]) != want_crc {
