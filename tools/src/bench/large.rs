@@ -28,7 +28,6 @@ fn describe(what: &str, r: &Rounds) -> String {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
 /// On a stack the bench started, every s3dma transfer must have gone by
 /// RDMA (with `--protocol hipobj-rc-v2`: through the shim's queue pairs):
 /// a fallback through the agent would measure something else.
@@ -44,6 +43,7 @@ fn check_path(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn large(
     ctx: &Ctx,
     plan: &Plan,
