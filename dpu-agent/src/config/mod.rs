@@ -201,8 +201,8 @@ mod tests {
 
     #[test]
     fn example_optional_blocks_also_validate() {
-        // Enabling the commented TLS block, the mTLS shim and the plain-S3
-        // target must give a valid file too.
+        // Enabling the commented TLS block, the mTLS shim, the hipobj-rc-v2
+        // target and the plain-S3 target must give a valid file too.
         let text = uncomment(EXAMPLE);
         let c = parse(Path::new("uncommented.yaml"), &text).unwrap();
         let tls = c.listen.tls.as_ref().unwrap();
@@ -212,9 +212,12 @@ mod tests {
             c.shims[1].tls_name.as_deref(),
             Some("host2.example.internal")
         );
-        assert_eq!(c.targets.len(), 2);
-        assert!(!c.targets[1].rdma);
-        assert_eq!(c.target_for("archive").unwrap().name, c.targets[1].name);
+        assert_eq!(c.targets.len(), 3);
+        let hipobj = &c.targets[1];
+        assert_eq!(hipobj.protocol, RdmaProtocol::HipobjRcV2);
+        assert_eq!(c.target_for("models").unwrap().name, hipobj.name);
+        assert!(!c.targets[2].rdma);
+        assert_eq!(c.target_for("archive").unwrap().name, c.targets[2].name);
         assert_eq!(c.target_for("other").unwrap().name, c.targets[0].name);
     }
 
