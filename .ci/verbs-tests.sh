@@ -32,7 +32,8 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   #   - dpu-agent: transfers and the HTTP fallback (third-party servers,
   #     Ceph's radosgw and moto, are reached over HTTP only: their fallback
   #     tests run on the host, not under the VM's emulated CPUs);
-  #   - host-shim: the whole stack through the Rust client.
+  #   - host-shim: the whole stack through the Rust client;
+  #   - s3dma-tools: `probe` moving a test object both ways by hipobj-rc-v2.
   cargo test --workspace --all-features --locked --no-run --message-format=json-render-diagnostics |
     python3 .ci/test-binaries.py |
     awk -F'|' '
@@ -42,14 +43,15 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
         f["storage-target|it"] = "rdma:: hipobj::"
         f["dpu-agent|it"] = "transfers:: fallback:: --skip ceph --skip third_party"
         f["host-shim|it"] = "e2e::"
+        f["tools|probe"] = "probe_reports_a_storage_targets_dialects"
       }
       ($1 "|" $2) in f { print $3 " " $2 "|" $4 "|" $5 "|" f[$1 "|" $2] }' |
     # The longest suites first (seconds in the VM: transfers 140, rdma and
     # hipobj 110, e2e 100, conformance 50).
     awk '{ w = /^dpu-agent/ ? 5 : /^storage-target/ ? 4 : /^host-shim/ ? 3 : / it\|/ ? 2 : 1; print w "|" $0 }' |
     sort -t'|' -k1,1nr | cut -d'|' -f2- >"$LIST"
-  if [ "$(wc -l <"$LIST")" -ne 5 ]; then
-    echo "verbs-tests: expected 5 test binaries, found:" >&2
+  if [ "$(wc -l <"$LIST")" -ne 6 ]; then
+    echo "verbs-tests: expected 6 test binaries, found:" >&2
     cat "$LIST" >&2
     exit 1
   fi

@@ -35,6 +35,7 @@ mod ml;
 mod options;
 mod own_stack;
 mod primitives;
+mod probe;
 mod procfs;
 mod python_half;
 mod report;
@@ -187,6 +188,32 @@ enum Cmd {
         #[arg(long, value_name = "N")]
         seed: Option<u64>,
     },
+    /// Check an S3 server's S3-over-RDMA dialects from this host: a test
+    /// object PUT and GET over HTTP (bytes compared), a HEAD carrying a
+    /// token (its real length), a cuObject (DC) token on GET and PUT
+    /// (declined with 501: the body served, nothing stored), a hipobj-rc-v2
+    /// PREPARE and, with `--fabric verbs` on a host with an RDMA device, one
+    /// GET and one PUT transfer on a queue pair of this host's, bytes
+    /// compared. Each line prints what came back (the x-amz-rdma-* reply
+    /// headers) and what it means; exit 1 when the server broke a rule.
+    /// The S3 key comes from $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY.
+    Probe {
+        /// The server's S3 endpoint, http(s)://host:port.
+        #[arg(long, value_name = "URL")]
+        endpoint: String,
+        /// A bucket the key may write (created when missing).
+        #[arg(long, default_value = "s3dma-probe")]
+        bucket: String,
+        /// SigV4 region.
+        #[arg(long, default_value = "us-east-1")]
+        region: String,
+        /// Bytes of the test object.
+        #[arg(long, default_value_t = (1 << 20) + 3)]
+        size: usize,
+        /// `verbs`: run hipobj-rc-v2 transfers on this host's RDMA device.
+        #[arg(long, default_value = "tcp", value_name = "BACKEND")]
+        fabric: s3dma_launcher::Backend,
+    },
     /// One tenant process of `bench` (started by the bench itself).
     #[command(hide = true)]
     BenchWorker {
@@ -328,6 +355,43 @@ fn main() -> ExitCode {
                 false
             }
         },
+        Cmd::Probe {
+            endpoint,
+            bucket,
+            region,
+            size,
+            fabric,
+        } => {
+            let keys = (
+                std::env::var("AWS_ACCESS_KEY_ID"),
+                std::env::var("AWS_SECRET_ACCESS_KEY"),
+            );
+            match keys {
+                (Ok(access_key_id), Ok(secret_access_key)) => match rt.block_on(probe::run(
+                    probe::Options {
+                        endpoint,
+                        bucket,
+                        region,
+                        size,
+                        fabric,
+                        access_key_id,
+                        secret_access_key,
+                    },
+                )) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        eprintln!("s3dma-tools: probe: {e:#}");
+                        false
+                    }
+                },
+                _ => {
+                    eprintln!(
+                        "s3dma-tools: probe: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY to an S3 key of the server"
+                    );
+                    false
+                }
+            }
+        }
         Cmd::BenchWorker {
             op,
             bucket,
