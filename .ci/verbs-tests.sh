@@ -40,7 +40,7 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
       BEGIN {
         f["fabric|fabric"] = "verbs::"
         f["fabric|it"] = "conformance::verbs::"
-        f["storage-target|it"] = "rdma:: hipobj::"
+        f["storage-target|it"] = "rdma:: hipobj:: dc::"
         f["dpu-agent|it"] = "transfers:: fallback:: --skip ceph --skip third_party"
         f["host-shim|it"] = "e2e::"
         f["tools|probe"] = "probe_reports_a_storage_targets_dialects"

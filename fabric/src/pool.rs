@@ -412,6 +412,10 @@ pub struct SessionPool {
     tcp_streams: usize,
     slots: Mutex<HashMap<SessionKey, Slot>>,
     observer: Arc<dyn PoolObserver>,
+    /// Sessions are DC targets reached through these initiators (standard
+    /// tokens) instead of connected endpoints.
+    #[cfg(feature = "dc")]
+    dc: Option<Arc<crate::verbs::dc_session::DcInitiator>>,
 }
 
 /// What a pooled session is for: an endpoint and an owner.
@@ -449,6 +453,32 @@ impl SessionPool {
             tcp_streams: tcp_streams.max(1),
             slots: Mutex::new(HashMap::new()),
             observer,
+            #[cfg(feature = "dc")]
+            dc: None,
+        })
+    }
+
+    /// A pool of DC "sessions" (`dc` feature): each is the DC target a
+    /// standard token's endpoint names, reached through `initiator`'s DCIs
+    /// (no handshake, so no key), at most `max_ops` operations in flight
+    /// per target and owner.
+    #[cfg(feature = "dc")]
+    #[must_use]
+    pub fn dc(
+        initiator: Arc<crate::verbs::dc_session::DcInitiator>,
+        key: FabricKey,
+        max_ops: usize,
+        observer: Arc<dyn PoolObserver>,
+    ) -> Arc<SessionPool> {
+        Arc::new(SessionPool {
+            domain: initiator.domain().clone(),
+            key,
+            connect_timeout: Duration::from_secs(5),
+            max_ops: max_ops.max(1),
+            tcp_streams: 1,
+            slots: Mutex::new(HashMap::new()),
+            observer,
+            dc: Some(initiator),
         })
     }
 
@@ -501,11 +531,14 @@ impl SessionPool {
         cfg.connect_timeout = self.connect_timeout;
         cfg.streams = self.tcp_streams;
         let started = Instant::now();
-        let res = tokio::time::timeout(
-            self.connect_timeout,
-            Session::connect(&self.domain, peer, cfg),
-        )
-        .await;
+        let connect = async {
+            #[cfg(feature = "dc")]
+            if let Some(init) = &self.dc {
+                return Session::connect_dc(init, peer);
+            }
+            Session::connect(&self.domain, peer, cfg).await
+        };
+        let res = tokio::time::timeout(self.connect_timeout, connect).await;
         let session = match res {
             Err(_) => {
                 self.observer.connect("timeout");

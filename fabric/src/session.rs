@@ -22,6 +22,8 @@ enum SessionImpl {
     Tcp(tcp::session::TcpSession),
     #[cfg(feature = "verbs")]
     Verbs(verbs::conn::VerbsSession),
+    #[cfg(feature = "dc")]
+    Dc(verbs::dc_session::DcSession),
 }
 
 /// A connection to a remote endpoint, posting one-sided operations.
@@ -68,6 +70,24 @@ impl Session {
         }
     }
 
+    /// A session to the DC target a standard (cuObject) token's endpoint
+    /// names (`dc` feature): no handshake, the target's address handle and
+    /// DCT number; operations go over `initiator`'s DCIs. A DC operation
+    /// cannot be cancelled: [`Session::fail`] only stops new ones.
+    ///
+    /// # Errors
+    /// The device refused an address handle for the target's GID.
+    #[cfg(feature = "dc")]
+    pub fn connect_dc(
+        initiator: &std::sync::Arc<verbs::dc_session::DcInitiator>,
+        target: EndpointAddr,
+    ) -> Result<Session> {
+        Ok(Session {
+            inner: SessionImpl::Dc(verbs::dc_session::DcSession::connect(initiator, target)?),
+            domain: initiator.domain().clone(),
+        })
+    }
+
     fn check_local(&self, local: &LocalSlice) -> Option<OpStatus> {
         if !std::sync::Arc::ptr_eq(&local.region().domain().inner, &self.domain.inner) {
             return Some(OpStatus::LocalError);
@@ -96,6 +116,8 @@ impl Session {
             }
             #[cfg(feature = "verbs")]
             SessionImpl::Verbs(s) => s.post(kind, local, remote_addr, rkey),
+            #[cfg(feature = "dc")]
+            SessionImpl::Dc(s) => s.post(kind, local, remote_addr, rkey),
         }
     }
 
@@ -130,6 +152,14 @@ impl Session {
                 rkey,
                 len: src.len(),
             }),
+            #[cfg(feature = "dc")]
+            SessionImpl::Dc(_) => Completion::failed(OpError {
+                status: OpStatus::LocalError,
+                op: OpKind::Write.name(),
+                remote_addr,
+                rkey,
+                len: src.len(),
+            }),
         }
     }
 
@@ -154,6 +184,8 @@ impl Session {
             SessionImpl::Tcp(s) => s.is_alive(),
             #[cfg(feature = "verbs")]
             SessionImpl::Verbs(s) => s.is_alive(),
+            #[cfg(feature = "dc")]
+            SessionImpl::Dc(s) => s.is_alive(),
         }
     }
 
@@ -170,6 +202,8 @@ impl Session {
             SessionImpl::Tcp(s) => s.fail(),
             #[cfg(feature = "verbs")]
             SessionImpl::Verbs(s) => s.fail(),
+            #[cfg(feature = "dc")]
+            SessionImpl::Dc(s) => s.fail(),
         }
     }
 
@@ -179,6 +213,8 @@ impl Session {
             SessionImpl::Tcp(s) => s.peer(),
             #[cfg(feature = "verbs")]
             SessionImpl::Verbs(s) => s.peer(),
+            #[cfg(feature = "dc")]
+            SessionImpl::Dc(s) => s.peer(),
         }
     }
 }

@@ -13,6 +13,8 @@ use rdma_sys::*;
 
 pub(crate) mod conn;
 pub mod dc;
+#[cfg(feature = "dc")]
+pub mod dc_session;
 pub mod policy;
 pub(crate) mod qp;
 pub mod rc;

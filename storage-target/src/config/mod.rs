@@ -10,6 +10,7 @@
 //! them re-export them.
 
 pub mod bucket_name;
+pub mod dc;
 pub mod gateway;
 pub mod hipobj;
 pub mod multipart;

@@ -118,6 +118,10 @@ pub struct RdmaConfig {
     /// session and staging caps and deadlines.
     #[serde(default)]
     pub hipobj: super::hipobj::HipobjConfig,
+    /// Standard (cuObject) tokens served over DC (`dc` feature, mlx5
+    /// devices): initiators, the DC key, traffic class.
+    #[serde(default)]
+    pub dc: super::dc::DcConfig,
 }
 
 fn default_tcp_streams() -> usize {
@@ -174,6 +178,7 @@ impl Default for RdmaConfig {
             tcp_streams: default_tcp_streams(),
             allowed_client_networks: networks::default_allowed(),
             hipobj: super::hipobj::HipobjConfig::default(),
+            dc: super::dc::DcConfig::default(),
         }
     }
 }
@@ -216,6 +221,7 @@ impl RdmaConfig {
             return bad("idle_session_secs", "must be at least 1".into());
         }
         self.hipobj.validate(file)?;
+        self.dc.validate(file)?;
         let share = self.max_staging_share;
         if !(share > 0.0 && share <= 1.0) {
             return bad(

@@ -305,7 +305,11 @@ impl Gateway {
         check_fits(len, u64::from(token.size))
             .map_err(|e| crate::rdma::RdmaError::from(e).to_s3())?;
         if len > 0 {
-            let ctx = self.rdma.ctx(token, &user).await.map_err(|e| e.to_s3())?;
+            let ctx = self
+                .rdma
+                .ctx(token, &user, path.via())
+                .await
+                .map_err(|e| e.to_s3())?;
             let cs = cache.chunk_size() as u64;
             let (first, last) = (range.start / cs, (range.end - 1) / cs);
             let (need_settled, wait) = head.settling(self.settle_after);

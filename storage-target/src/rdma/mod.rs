@@ -188,6 +188,18 @@ pub enum Decision {
     Decline(Declined),
     /// Serve over the fabric with this token (s3dma's own exchange).
     Rdma(RdmaToken),
+    /// Serve over DC with this standard (cuObject) token: the client's
+    /// memory behind its DC target (`rdma.dc`, mlx5 only).
+    Dc(RdmaToken),
+}
+
+/// How an RDMA request's bytes move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// s3dma's fabric session to the token's endpoint.
+    Fabric,
+    /// This server's DC initiators to the token's DC target.
+    Dc,
 }
 
 /// Why a tokened request is declined.
@@ -214,6 +226,8 @@ struct Fabric {
     depth: usize,
     shares: share::Shares,
     progress: Duration,
+    /// Sessions to DC targets (standard tokens), when the device does DC.
+    dc_sessions: Option<Arc<SessionPool>>,
 }
 
 /// The RDMA side of the target, shared by all requests.
@@ -273,6 +287,7 @@ impl RdmaService {
                 return unavailable(metrics);
             }
         };
+        let dc_sessions = dc_sessions(cfg, &domain, &key, &metrics);
         let sessions = SessionPool::new(
             domain.clone(),
             key,
@@ -282,6 +297,9 @@ impl RdmaService {
             Arc::clone(&metrics) as _,
         );
         sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+        if let Some(dc) = &dc_sessions {
+            dc.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+        }
         let cap = share::cap(cfg.staging_buffers, cfg.max_staging_share).unwrap_or(1);
         let shared_cap = share::cap(cfg.staging_buffers, cfg.max_shared_staging_share).unwrap_or(1);
         metrics.staging_share_cap(cap);
@@ -310,6 +328,7 @@ impl RdmaService {
                 depth,
                 shares: share::Shares::new(cap, shared_cap, cfg.tenant_users.iter().cloned()),
                 progress: Duration::from_secs(cfg.progress_timeout_secs),
+                dc_sessions,
             }),
             declined: "",
             metrics,
@@ -359,13 +378,23 @@ impl RdmaService {
             Dialect::Standard => {
                 // A malformed token is still the client's error (400); a
                 // well-formed standard one names memory behind a DC
-                // target, which this server cannot reach.
-                if RdmaToken::parse(text).is_err()
-                    && s3dma_wire::hipobj::RcToken::parse(text).is_err()
-                {
+                // target, served when this server's device does DC.
+                let parsed = RdmaToken::parse(text);
+                if parsed.is_err() && s3dma_wire::hipobj::RcToken::parse(text).is_err() {
                     return Err(RdmaError::InvalidToken(RdmaToken::parse(text).unwrap_err()));
                 }
-                return Ok(Decision::Decline(Declined::StandardToken));
+                let dc = self.fabric.as_ref().and_then(|f| f.dc_sessions.as_ref());
+                return match (parsed, dc) {
+                    (Ok(token), Some(_)) if token.gid_valid => {
+                        let endpoint = token.endpoint()?;
+                        if !networks::allowed(&self.allowed_networks, endpoint.addr.ip()) {
+                            warn!(peer = %endpoint, "a standard token names a DC target outside rdma.allowed_client_networks: refused");
+                            return Err(RdmaError::EndpointNotAllowed);
+                        }
+                        Ok(Decision::Dc(token))
+                    }
+                    _ => Ok(Decision::Decline(Declined::StandardToken)),
+                };
             }
             Dialect::Other(name) => {
                 info!(
@@ -442,10 +471,22 @@ impl RdmaService {
     ///
     /// # Errors
     /// The fabric is off; the endpoint cannot be reached.
-    pub async fn ctx(&self, token: &RdmaToken, user: &str) -> Result<transfer::Ctx, RdmaError> {
+    pub async fn ctx(
+        &self,
+        token: &RdmaToken,
+        user: &str,
+        via: Via,
+    ) -> Result<transfer::Ctx, RdmaError> {
         let f = self.fabric()?;
         let endpoint = token.endpoint()?;
-        let session = f.sessions.get_for(endpoint, user).await.map_err(|e| {
+        let pool = match via {
+            Via::Fabric => &f.sessions,
+            Via::Dc => f
+                .dc_sessions
+                .as_ref()
+                .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?,
+        };
+        let session = pool.get_for(endpoint, user).await.map_err(|e| {
             let error = e.to_string();
             warn!(
                 peer = %endpoint,
@@ -478,13 +519,14 @@ impl RdmaService {
         reader: &ObjectReader,
         range: std::ops::Range<u64>,
         user: &str,
+        via: Via,
     ) -> Result<u64, RdmaError> {
         let len = range.end - range.start;
         plan::check_fits(len, u64::from(token.size))?;
         if len == 0 {
             return Ok(0);
         }
-        let ctx = self.ctx(token, user).await?;
+        let ctx = self.ctx(token, user, via).await?;
         let n = transfer::write_range(&ctx, reader, range, token.remote()).await?;
         self.metrics.path_bytes("rdma", "out", n);
         Ok(n)
@@ -502,10 +544,11 @@ impl RdmaService {
         token: &RdmaToken,
         headers: &HeaderMap,
         user: &str,
+        via: Via,
     ) -> Result<transfer::RdmaBody, RdmaError> {
         plan::check_put_request(headers)?;
         let size = u64::from(token.size);
-        let ctx = self.ctx(token, user).await?;
+        let ctx = self.ctx(token, user, via).await?;
         Ok(transfer::read_stream(ctx, token.remote(), size))
     }
 
@@ -533,6 +576,70 @@ impl RdmaService {
         e.set_headers(h);
         e
     }
+}
+
+/// The DC sessions of a verbs fabric whose device does DC (`rdma.dc`,
+/// `dc` feature); `None` (standard tokens declined with 501) otherwise,
+/// logged with the reason.
+#[cfg(feature = "dc")]
+fn dc_sessions(
+    cfg: &RdmaConfig,
+    domain: &Domain,
+    key: &FabricKey,
+    metrics: &Arc<Metrics>,
+) -> Option<Arc<SessionPool>> {
+    use fabric::verbs::dc_session::{DcInitiator, DcInitiatorConfig};
+    if !cfg.dc.enabled || domain.backend() != fabric::Backend::Verbs {
+        return None;
+    }
+    let probe = match fabric::verbs::dc::probe(domain) {
+        Ok(p) => p,
+        Err(e) => {
+            info!(reason = %e, "no DC: standard (cuObject) tokens are declined with 501");
+            return None;
+        }
+    };
+    let dc = &cfg.dc;
+    let init = DcInitiator::new(
+        domain,
+        DcInitiatorConfig {
+            initiators: dc.initiators,
+            dci: fabric::verbs::dc::DciConfig {
+                depth: dc.depth,
+                ..fabric::verbs::dc::DciConfig::default()
+            },
+            dc_key: dc.dc_key,
+            traffic_class: dc.traffic_class,
+            hop_limit: dc.hop_limit,
+            max_address_handles: dc.max_address_handles,
+        },
+    );
+    match init {
+        Ok(init) => {
+            info!(device = %probe.device, port = probe.port, initiators = dc.initiators, "serving standard (cuObject) tokens over DC");
+            Some(SessionPool::dc(
+                init,
+                key.clone(),
+                cfg.max_ops_per_session,
+                Arc::clone(metrics) as _,
+            ))
+        }
+        Err(e) => {
+            warn!(error = %e, "creating the DC initiators failed: standard tokens are declined with 501");
+            None
+        }
+    }
+}
+
+/// Without the `dc` feature standard tokens are always declined.
+#[cfg(not(feature = "dc"))]
+fn dc_sessions(
+    _cfg: &RdmaConfig,
+    _domain: &Domain,
+    _key: &FabricKey,
+    _metrics: &Arc<Metrics>,
+) -> Option<Arc<SessionPool>> {
+    None
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use http::HeaderMap;
 use s3s::{S3Request, S3Result};
 
 use super::plan::reply_headers;
-use super::{Decision, RdmaService, transfer};
+use super::{Decision, RdmaService, Via, transfer};
 use fabric::RdmaToken;
 
 /// How one GetObject/PutObject/UploadPart is served ([`RdmaService::data_path`]).
@@ -54,8 +54,18 @@ impl DataPath<'_> {
     #[must_use]
     pub fn token(&self) -> Option<&RdmaToken> {
         match &self.decision {
-            Decision::Rdma(t) => Some(t),
+            Decision::Rdma(t) | Decision::Dc(t) => Some(t),
             Decision::Http | Decision::Decline(_) => None,
+        }
+    }
+
+    /// How an RDMA request's bytes move (s3dma's fabric, or DC for a
+    /// standard token).
+    #[must_use]
+    pub fn via(&self) -> Via {
+        match self.decision {
+            Decision::Dc(_) => Via::Dc,
+            _ => Via::Fabric,
         }
     }
 
@@ -80,10 +90,10 @@ impl DataPath<'_> {
         match &self.decision {
             Decision::Http => Ok(None),
             Decision::Decline(why) => Err(self.rdma.declined_put(why)),
-            Decision::Rdma(token) => {
+            Decision::Rdma(token) | Decision::Dc(token) => {
                 let body = self
                     .rdma
-                    .put_body(token, headers, &self.user)
+                    .put_body(token, headers, &self.user, self.via())
                     .await
                     .map_err(|e| e.to_s3())?;
                 Ok(Some((body, u64::from(token.size))))
@@ -108,7 +118,9 @@ impl DataPath<'_> {
     #[must_use]
     pub fn get_reply(&self, partial: bool, transferred: u64) -> HeaderMap {
         match self.decision {
-            Decision::Rdma(_) => reply_headers(if partial { 206 } else { 200 }, Some(transferred)),
+            Decision::Rdma(_) | Decision::Dc(_) => {
+                reply_headers(if partial { 206 } else { 200 }, Some(transferred))
+            }
             Decision::Decline(_) => reply_headers(501, None),
             Decision::Http => HeaderMap::new(),
         }

@@ -138,7 +138,7 @@ pub(super) async fn upload_part(
     // The size the request declares, held against the initiator's byte
     // cap before the body is read.
     let declared = match path.decision() {
-        Decision::Rdma(token) => Some(u64::from(token.size)),
+        Decision::Rdma(token) | Decision::Dc(token) => Some(u64::from(token.size)),
         _ => req
             .headers
             .get("x-amz-decoded-content-length")

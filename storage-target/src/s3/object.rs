@@ -246,7 +246,7 @@ pub(super) async fn get_object(
         Some(token) => {
             let n = s3
                 .rdma
-                .get(token, &reader, range, path.user())
+                .get(token, &reader, range, path.user(), path.via())
                 .await
                 .map_err(|e| e.to_s3())?;
             m.path_request("GetObject", "rdma");

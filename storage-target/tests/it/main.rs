@@ -7,6 +7,7 @@ mod auth;
 mod checksums;
 mod common;
 mod crash;
+mod dc;
 mod hardening;
 mod hipobj;
 mod rdma;

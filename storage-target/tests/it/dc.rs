@@ -1,0 +1,367 @@
+//! Standard (cuObject) tokens: the client's memory behind its DC target,
+//! written (GET) and read (PUT) by the server's DC initiators.
+//!
+//! Everywhere a device cannot do DC (tcp, Soft-RoCE's rxe0 in the VM, a
+//! build without the `dc` feature) a standard token is declined by the
+//! reply rules: `x-amz-rdma-reply: 501`, a GET served in the body, a PUT
+//! storing nothing, and the server says why at start. The transfers need
+//! an mlx5 device with DC (ConnectX-5 or newer, BlueField; DC loopback on
+//! one port works): they are `#[ignore]`d here and run there with
+//!
+//! ```sh
+//! S3DMA_TEST_FABRIC=verbs cargo test -p storage-target --all-features --test it dc:: -- --ignored --test-threads 1
+//! ```
+//!
+//! The client side is written from the dialect's description (NVIDIA's
+//! `gpu_direct_rdma_access` sample, versitygw's `rdma_host_client_wrapper`):
+//! a DCT with the DC key over registered memory, the 81-character token
+//! `addr:size:rkey:lid:dctn:gidflag:gid` laid out by hand, a raw SigV4
+//! request with the token signed and no `x-amz-rdma-protocol`.
+
+use std::path::Path;
+
+use fabric::Backend;
+use sha2::Digest as _;
+
+use crate::common::{self, ADMIN, Server, data, send_signed};
+
+const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+fn backend() -> Backend {
+    std::env::var("S3DMA_TEST_FABRIC").map_or(Backend::Tcp, |v| v.parse().unwrap())
+}
+
+/// A server with RDMA on `backend`, sending to `networks`, `dc` lines under
+/// `rdma.dc:`.
+fn server(backend: Backend, networks: &str, dc: &str) -> Server {
+    let networks = networks.to_owned();
+    let dc = dc.to_owned();
+    Server::start_with(move |dir: &Path| {
+        let kf = dir.join("fabric.key");
+        common::write_private(&kf, format!("{KEY_HEX}\n"));
+        format!(
+            "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  dc:\n    enabled: true\n{dc}",
+            kf.display()
+        )
+    })
+}
+
+/// The token laid out by hand: `addr(16):size(8):rkey(8):lid(4):dctn(6):gidflag(1):gid(32)`.
+fn standard_token(addr: u64, size: u32, rkey: u32, lid: u16, dctn: u32, gid: [u8; 16]) -> String {
+    format!(
+        "{addr:016x}:{size:08x}:{rkey:08x}:{lid:04x}:{dctn:06x}:1:{}",
+        hex::encode(gid)
+    )
+}
+
+fn sha(b: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+/// Where no DC transport exists (tcp here; rxe0 in the VM; no `dc` build),
+/// a well-formed standard token is declined by the reply rules: the GET
+/// in the body with `x-amz-rdma-reply: 501`, the PUT storing nothing, and
+/// the server said why at start (on verbs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dc_unavailable_declines_standard_tokens_with_501() {
+    let b = backend();
+    let s = server(b, "[127.0.0.0/8, 10.0.0.0/8]", "");
+    s.admin()
+        .create_bucket()
+        .bucket("dc-b")
+        .send()
+        .await
+        .unwrap();
+    let body = data(100_000, 3);
+    s.admin()
+        .put_object()
+        .bucket("dc-b")
+        .key("k")
+        .body(body.clone().into())
+        .send()
+        .await
+        .unwrap();
+    let gid = std::net::Ipv4Addr::new(10, 77, 0, 1)
+        .to_ipv6_mapped()
+        .octets();
+    let token = standard_token(0x7f00_0000_1000, 100_000, 0x1234, 0, 0x2a, gid);
+    assert_eq!(token.len(), 81);
+    let r = send_signed(
+        ADMIN,
+        "GET",
+        &s.url("/dc-b/k"),
+        &[("x-amz-rdma-token", &token)],
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(sha(&r.body), sha(&body));
+    let r = send_signed(
+        ADMIN,
+        "PUT",
+        &s.url("/dc-b/put"),
+        &[("x-amz-rdma-token", &token), ("content-length", "0")],
+        &[],
+    )
+    .await;
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{}", r.text());
+    assert!(r.text().contains("RDMANotSupported"), "{}", r.text());
+    assert!(
+        s.admin()
+            .head_object()
+            .bucket("dc-b")
+            .key("put")
+            .send()
+            .await
+            .is_err(),
+        "a declined PUT stored an object"
+    );
+    if b == Backend::Verbs {
+        let log = s.log();
+        assert!(
+            log.contains("no DC: standard (cuObject) tokens are declined with 501")
+                || !cfg!(feature = "dc"),
+            "{log}"
+        );
+    }
+}
+
+#[cfg(feature = "dc")]
+mod mlx5 {
+    //! The DC transfers themselves (mlx5 with DC only).
+
+    use super::*;
+    use fabric::verbs::dc::{Dct, probe};
+    use fabric::verbs::rc::RcQp;
+    use fabric::{Access, Domain, Region};
+
+    /// IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ.
+    const DCT_ACCESS: u32 = 1 | 2 | 4;
+
+    struct Client {
+        domain: Domain,
+        dct: Dct,
+        gid: [u8; 16],
+        lid: u16,
+    }
+
+    /// The DC target side (what a cuObject client holds): the device's
+    /// domain, a DCT with `dc_key`, the port's GID (read from a queue pair
+    /// made on the same port) and LID.
+    fn client(dc_key: u64) -> Client {
+        let domain = Domain::open(Backend::Verbs).expect("an RDMA device");
+        probe(&domain).expect("DC on this device (mlx5, ConnectX-5 or newer, or a BlueField)");
+        let dct = Dct::create(&domain, dc_key, DCT_ACCESS, None, 64).expect("a DCT");
+        let local = RcQp::create(&domain, Access::NONE).unwrap().local();
+        Client {
+            domain,
+            dct,
+            gid: local.gid,
+            lid: local.lid,
+        }
+    }
+
+    impl Client {
+        fn token(&self, r: &Region, off: u64, len: u32, rkey: u32) -> String {
+            standard_token(
+                r.addr() + off,
+                len,
+                rkey,
+                self.lid,
+                self.dct.number(),
+                self.gid,
+            )
+        }
+
+        /// The server allowed to send to this client's GID.
+        fn server(&self) -> Server {
+            let ip = std::net::Ipv6Addr::from(self.gid);
+            let net = match ip.to_ipv4_mapped() {
+                Some(v4) => format!("[{v4}/32]"),
+                None => format!("[{ip}/128]"),
+            };
+            server(Backend::Verbs, &net, "")
+        }
+    }
+
+    fn large() -> usize {
+        std::env::var("S3DMA_TEST_LARGE_OBJECT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1 << 30)
+    }
+
+    /// GET and PUT of 0 B to 1 GiB, and ranges, by DC: the bytes compared
+    /// with what the server stores and serves over HTTP.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p storage-target --all-features --test it dc:: -- --ignored"]
+    async fn dc_get_and_put_from_0_bytes_to_1_gib() {
+        let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
+        let s = c.server();
+        s.admin()
+            .create_bucket()
+            .bucket("dc-b")
+            .send()
+            .await
+            .unwrap();
+        for (i, len) in [0usize, 1, 4096, (1 << 20) + 3, 64 << 20, large()]
+            .into_iter()
+            .enumerate()
+        {
+            let body = data(len, i as u64 + 1);
+            let key = format!("obj-{len}");
+            s.admin()
+                .put_object()
+                .bucket("dc-b")
+                .key(&key)
+                .body(body.clone().into())
+                .send()
+                .await
+                .unwrap();
+            let region = c
+                .domain
+                .alloc(len.max(1), Access::REMOTE_WRITE | Access::REMOTE_READ)
+                .unwrap();
+            let n = u32::try_from(len).unwrap();
+            let token = c.token(&region, 0, n.max(1), region.rkey());
+            let r = send_signed(
+                ADMIN,
+                "GET",
+                &s.url(&format!("/dc-b/{key}")),
+                &[("x-amz-rdma-token", &token)],
+                &[],
+            )
+            .await;
+            assert_eq!(r.status, 200, "{key}: {}", r.text());
+            assert_eq!(r.header("x-amz-rdma-reply"), Some("200"), "{key}");
+            assert_eq!(
+                r.header("x-amz-rdma-bytes-transferred"),
+                Some(len.to_string().as_str())
+            );
+            assert!(r.body.is_empty());
+            let mut got = vec![0u8; len];
+            region.read_at(0, &mut got).unwrap();
+            assert_eq!(sha(&got), sha(&body), "{key} by DC WRITE");
+            // The same bytes back as a PUT by DC READ.
+            if len > 0 {
+                let put_key = format!("put-{len}");
+                let r = send_signed(
+                    ADMIN,
+                    "PUT",
+                    &s.url(&format!("/dc-b/{put_key}")),
+                    &[("x-amz-rdma-token", &token), ("content-length", "0")],
+                    &[],
+                )
+                .await;
+                assert_eq!(r.status, 200, "{put_key}: {}", r.text());
+                assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+                let stored = s
+                    .admin()
+                    .get_object()
+                    .bucket("dc-b")
+                    .key(&put_key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .body
+                    .collect()
+                    .await
+                    .unwrap()
+                    .into_bytes();
+                assert_eq!(sha(&stored), sha(&body), "{put_key} by DC READ");
+            }
+        }
+        // A range lands at the start of the token's memory: 206.
+        let region = c
+            .domain
+            .alloc(4096, Access::REMOTE_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        let token = c.token(&region, 0, 4096, region.rkey());
+        let r = send_signed(
+            ADMIN,
+            "GET",
+            &s.url("/dc-b/obj-4096"),
+            &[("x-amz-rdma-token", &token), ("range", "bytes=100-199")],
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 206, "{}", r.text());
+        let mut got = vec![0u8; 100];
+        region.read_at(0, &mut got).unwrap();
+        assert_eq!(got, data(4096, 3)[100..200]);
+    }
+
+    /// A DCT with another DC key, or a token with a wrong rkey, moves
+    /// nothing: the GET fails (`RDMATransferFailed`), never falls back to
+    /// the body, and the memory is untouched; a PUT stores nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p storage-target --all-features --test it dc:: -- --ignored"]
+    async fn dc_wrong_key_and_wrong_rkey_move_nothing() {
+        let good = client(s3dma_wire::dc::DEFAULT_DC_KEY);
+        let other_key = client(0x1234_5678);
+        let s = good.server();
+        s.admin()
+            .create_bucket()
+            .bucket("dc-b")
+            .send()
+            .await
+            .unwrap();
+        let body = data(65_536, 9);
+        s.admin()
+            .put_object()
+            .bucket("dc-b")
+            .key("k")
+            .body(body.clone().into())
+            .send()
+            .await
+            .unwrap();
+        for (what, c, rkey_delta) in [
+            ("a DCT with another DC key", &other_key, 0u32),
+            ("a wrong rkey", &good, 1u32),
+        ] {
+            let region = c
+                .domain
+                .alloc(65_536, Access::REMOTE_WRITE | Access::REMOTE_READ)
+                .unwrap();
+            region.write_at(0, &[0xAB; 65_536]).unwrap();
+            let token = c.token(&region, 0, 65_536, region.rkey().wrapping_add(rkey_delta));
+            let r = send_signed(
+                ADMIN,
+                "GET",
+                &s.url("/dc-b/k"),
+                &[("x-amz-rdma-token", &token)],
+                &[],
+            )
+            .await;
+            assert!(r.status >= 400, "{what}: {} {}", r.status, r.text());
+            assert!(
+                r.text().contains("RDMATransferFailed"),
+                "{what}: {}",
+                r.text()
+            );
+            let mut got = vec![0u8; 65_536];
+            region.read_at(0, &mut got).unwrap();
+            assert!(got.iter().all(|&b| b == 0xAB), "{what}: memory written");
+            let r = send_signed(
+                ADMIN,
+                "PUT",
+                &s.url("/dc-b/never"),
+                &[("x-amz-rdma-token", &token), ("content-length", "0")],
+                &[],
+            )
+            .await;
+            assert!(r.status >= 400, "{what}: PUT {} {}", r.status, r.text());
+            assert!(
+                s.admin()
+                    .head_object()
+                    .bucket("dc-b")
+                    .key("never")
+                    .send()
+                    .await
+                    .is_err(),
+                "{what}: a failed PUT stored an object"
+            );
+        }
+    }
+}
