@@ -194,6 +194,32 @@ impl QpLink {
         }
     }
 
+    /// Asks the shim for a standard (cuObject) token for exactly `window`
+    /// (a slice of a window it minted), naming its DC target.
+    ///
+    /// # Errors
+    /// [`QpLinkError`]; [`QpLinkError::Failed`] when the host has no DC.
+    pub async fn mint_dc_token(
+        &self,
+        window: &RdmaToken,
+        timeout: Duration,
+    ) -> Result<String, QpLinkError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        match self
+            .call(
+                id,
+                pb::qp_command::Command::MintDcToken(pb::QpMintDcToken {
+                    window: window.to_string(),
+                }),
+                timeout,
+            )
+            .await?
+        {
+            pb::qp_event::Event::DcToken(t) => Ok(t.token),
+            _ => Err(QpLinkError::Unexpected("something other than a DC token")),
+        }
+    }
+
     /// Asks the shim for a queue pair over `window` (a slice of a window it
     /// minted): one the peer writes into (`receive`: the receive is posted
     /// now) or one the shim writes from, sending from `psn`.

@@ -161,7 +161,22 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     // On a verbs device the agent may run hipobj-rc-v2 transfers here: a
     // queue pair per transfer over the tenant's window.
     #[cfg(feature = "verbs")]
-    let qp_host = crate::qp_link::QpHost::new(&domain, c.fabric.max_queue_pairs as usize);
+    let qp_host = {
+        let dc = if !c.fabric.dc.enabled {
+            Err("fabric.dc.enabled is false".to_owned())
+        } else if domain.backend() != fabric::Backend::Verbs {
+            Err("the fabric backend is tcp".to_owned())
+        } else {
+            crate::qp_link::DcHost::create(&domain, &c.fabric.dc)
+        };
+        match &dc {
+            Ok(d) => tracing::info!(target = ?d, "DC target for the cuObject dialect"),
+            Err(why) => {
+                tracing::info!(reason = %why, "no DC target: cuObject-dialect targets are reached over HTTP through the agent");
+            }
+        }
+        crate::qp_link::QpHost::new(&domain, c.fabric.max_queue_pairs as usize, dc)
+    };
     #[allow(unused_mut)]
     let mut background = Vec::new();
     #[cfg(feature = "verbs")]

@@ -154,6 +154,60 @@ pub struct FabricConfig {
     /// flight; each ends with its window anyway). Default 256; 1 to 65536.
     #[serde(default = "default_fabric_max_queue_pairs")]
     pub max_queue_pairs: u32,
+    /// With `backend: verbs` on an mlx5 device with DC (ConnectX-5 or
+    /// newer, BlueField) and a build with the `dc` feature: the DC target
+    /// standard (cuObject) tokens name, for targets the agent reaches with
+    /// `protocol: cuobject-dc`.
+    #[serde(default)]
+    pub dc: DcConfig,
+}
+
+/// `fabric.dc:` — this host's DC target for the cuObject dialect.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DcConfig {
+    /// Whether to create it when the device can do DC. Default `true`.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The DC key (the servers' DCIs must use the same). Default
+    /// `0xffeeddcc`, the field's one value: no secret; what protects tenant
+    /// memory is that each token grants only one request's window, for that
+    /// request's lifetime, and a failed request's window is fenced.
+    #[serde(default = "default_dc_key")]
+    pub dc_key: u64,
+    /// Traffic class of its replies. Default 96, cuObject's.
+    #[serde(default = "default_dc_traffic_class")]
+    pub traffic_class: u8,
+    /// Hop limit of its replies. Default 64.
+    #[serde(default = "default_dc_hop_limit")]
+    pub hop_limit: u8,
+}
+
+impl Default for DcConfig {
+    fn default() -> Self {
+        DcConfig {
+            enabled: true,
+            dc_key: default_dc_key(),
+            traffic_class: default_dc_traffic_class(),
+            hop_limit: default_dc_hop_limit(),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_dc_key() -> u64 {
+    s3dma_wire::dc::DEFAULT_DC_KEY
+}
+
+fn default_dc_traffic_class() -> u8 {
+    s3dma_wire::dc::DEFAULT_TRAFFIC_CLASS
+}
+
+fn default_dc_hop_limit() -> u8 {
+    64
 }
 
 impl FabricConfig {
@@ -171,6 +225,7 @@ impl FabricConfig {
             handshake_timeout_secs: default_fabric_handshake_timeout_secs(),
             idle_timeout_secs: default_fabric_idle_timeout_secs(),
             max_queue_pairs: default_fabric_max_queue_pairs(),
+            dc: DcConfig::default(),
         }
     }
 }
@@ -556,6 +611,7 @@ impl Config {
             1,
             65_536,
         )?;
+        v.between("fabric.dc.hop_limit", u64::from(fab.dc.hop_limit), 1, 255)?;
 
         if self.tenants.is_empty() {
             return Err(v.err("tenants", "at least one tenant is required"));

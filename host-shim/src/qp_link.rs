@@ -12,6 +12,10 @@
 //! with that window's access (a GET's QP accepts the peer's writes, a
 //! PUT's QP gives the peer no access at all); a queue pair ends with its
 //! window, whatever the agent does. At most `max_queue_pairs` exist.
+//!
+//! For the cuObject dialect the shim mints standard tokens for exactly a
+//! window slice, naming its DC target ([`DcHost`], mlx5 with DC only); a
+//! window so named is fenced if its call fails ([`Tracked::dc_fence`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +37,72 @@ struct LiveWindow {
     len: u64,
     access: Access,
     region: fabric::Region,
+    /// A standard token named it: DC writes may be in flight after its
+    /// call fails (see [`Tracked::dc_exposed`]).
+    dc_exposed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// This host's DC target (the cuObject dialect) and the retry budget a
+/// DC write still in flight may take to give up.
+pub struct DcHost {
+    target: s3dma_wire::dc::DcTarget,
+    budget: Duration,
+    /// Keeps the DCT alive (its number is in the tokens minted).
+    _dct: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for DcHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DcHost")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DcHost {
+    /// The DC target of `domain`'s port (`dc` feature, an mlx5 device with
+    /// DC), or why there is none.
+    ///
+    /// # Errors
+    /// The reason, in words: no DC build, no DC on the device, a refused
+    /// DCT.
+    pub fn create(domain: &Domain, cfg: &crate::config::DcConfig) -> Result<DcHost, String> {
+        #[cfg(feature = "dc")]
+        {
+            use fabric::verbs::dc::{Dct, probe};
+            // IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ: what a
+            // window's own registration allows decides, per window.
+            const ACCESS: u32 = 1 | 2 | 4;
+            probe(domain).map_err(|e| e.to_string())?;
+            let dct = Dct::create(
+                domain,
+                cfg.dc_key,
+                ACCESS,
+                Some(cfg.traffic_class),
+                cfg.hop_limit,
+            )
+            .map_err(|e| format!("creating the DC target: {e}"))?;
+            let budget = s3dma_wire::dc::RetrySettings::default()
+                .budget()
+                .map_err(|e| e.to_string())?;
+            Ok(DcHost {
+                target: dct.target(),
+                budget,
+                _dct: Box::new(dct),
+            })
+        }
+        #[cfg(not(feature = "dc"))]
+        {
+            let _ = (domain, cfg);
+            Err("this host-shim was built without the dc feature".into())
+        }
+    }
+
+    /// How long a DC write may keep retrying after its request ended.
+    #[must_use]
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
 }
 
 /// One transfer's queue pair.
@@ -58,6 +128,8 @@ pub struct QpHost {
     domain: Domain,
     max_queue_pairs: usize,
     tables: Mutex<Tables>,
+    /// This host's DC target, or why there is none.
+    dc: Result<DcHost, String>,
 }
 
 impl std::fmt::Debug for QpHost {
@@ -74,6 +146,21 @@ impl std::fmt::Debug for QpHost {
 pub struct Tracked {
     host: Arc<QpHost>,
     rkey: u32,
+    dc_exposed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Tracked {
+    /// When a standard token named the window: how long after its call
+    /// failed a DC write may still be retrying (the window's key is gone
+    /// once it is revoked; its memory goes back to the tenant only after
+    /// this).
+    #[must_use]
+    pub fn dc_fence(&self) -> Option<Duration> {
+        self.dc_exposed
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| self.host.dc.as_ref().map(DcHost::budget).ok())
+            .flatten()
+    }
 }
 
 impl Drop for Tracked {
@@ -109,12 +196,17 @@ impl QpHost {
     /// The host over `domain`, when it is a verbs domain (`None`: tcp, no
     /// queue pairs to make).
     #[must_use]
-    pub fn new(domain: &Domain, max_queue_pairs: usize) -> Option<Arc<QpHost>> {
+    pub fn new(
+        domain: &Domain,
+        max_queue_pairs: usize,
+        dc: Result<DcHost, String>,
+    ) -> Option<Arc<QpHost>> {
         (domain.backend() == fabric::Backend::Verbs).then(|| {
             Arc::new(QpHost {
                 domain: domain.clone(),
                 max_queue_pairs,
                 tables: Mutex::new(Tables::default()),
+                dc,
             })
         })
     }
@@ -132,6 +224,7 @@ impl QpHost {
     /// Lets commands name `window` until the returned guard drops.
     #[must_use]
     pub fn track(self: &Arc<Self>, window: &Window) -> Tracked {
+        let dc_exposed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         self.lock().windows.insert(
             window.rkey(),
             LiveWindow {
@@ -139,11 +232,50 @@ impl QpHost {
                 len: window.len(),
                 access: window.access(),
                 region: window.region().clone(),
+                dc_exposed: Arc::clone(&dc_exposed),
             },
         );
         Tracked {
             host: Arc::clone(self),
             rkey: window.rkey(),
+            dc_exposed,
+        }
+    }
+
+    /// A standard token for exactly the slice `window` names (a live window
+    /// of this shim), naming this host's DC target; the window is marked
+    /// so that a failed call fences it.
+    fn mint_dc_token(&self, window: &str) -> pb::qp_event::Event {
+        let dc = match &self.dc {
+            Ok(dc) => dc,
+            Err(why) => return failed(format!("this host has no DC target: {why}")),
+        };
+        let token: RdmaToken = match window.parse() {
+            Ok(t) => t,
+            Err(e) => return failed(format!("the window is not a valid token: {e}")),
+        };
+        let len = u64::from(token.size);
+        {
+            let t = self.lock();
+            let Some(w) = t.windows.get(&token.rkey) else {
+                return failed("the token names no live window of this shim");
+            };
+            let inside = token.addr >= w.addr
+                && token
+                    .addr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= w.addr + w.len);
+            if !inside {
+                return failed("the slice is not inside its window");
+            }
+            w.dc_exposed
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        match s3dma_wire::dc::mint_token(dc.target, token.addr, len, token.rkey) {
+            Ok(t) => pb::qp_event::Event::DcToken(pb::QpDcToken {
+                token: t.to_string(),
+            }),
+            Err(e) => failed(format!("minting the standard token: {e}")),
         }
     }
 
@@ -155,6 +287,7 @@ impl QpHost {
             Command::Connect(c) => self.connect(&c),
             Command::Write(w) => self.write(&w).await,
             Command::AwaitReceive(a) => self.await_receive(&a).await,
+            Command::MintDcToken(m) => self.mint_dc_token(&m.window),
             Command::Close(c) => {
                 let e = self.lock().qps.remove(&c.qp);
                 if let Some(e) = e {

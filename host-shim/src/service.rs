@@ -110,7 +110,7 @@ struct MintedWindow {
     window: Window,
     token: String,
     metrics: Arc<Metrics>,
-    _in_use: InUse,
+    _in_use: Option<InUse>,
     _slot: WindowSlot,
     /// The agent's queue pairs may name the window while this lives.
     #[cfg(feature = "verbs")]
@@ -121,6 +121,41 @@ impl Drop for MintedWindow {
     fn drop(&mut self) {
         self.window.revoke();
         self.metrics.windows_open.dec();
+        // A call dropped while a standard token named its window (the
+        // tenant went away, or the call failed): the buffer stays in use
+        // until a DC write still in flight can no longer land.
+        #[cfg(feature = "verbs")]
+        if let Some(fence) = self._tracked.as_ref().and_then(|t| t.dc_fence())
+            && let Some(in_use) = self._in_use.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                tokio::time::sleep(fence).await;
+                drop(in_use);
+            });
+        }
+    }
+}
+
+impl MintedWindow {
+    /// Ends the window after its call: revoked at once; when the call
+    /// failed and a standard token named the window, the answer to the
+    /// tenant waits out the DC retry budget, so no late DC write lands in
+    /// memory the tenant has back.
+    async fn close(mut self, ok: bool) {
+        self.window.revoke();
+        #[cfg(feature = "verbs")]
+        if !ok && let Some(fence) = self._tracked.as_ref().and_then(|t| t.dc_fence()) {
+            tokio::time::sleep(fence).await;
+        }
+        // Completed, or fenced: nothing of its DC operations can land any
+        // more, so dropping releases the buffer at once.
+        #[cfg(feature = "verbs")]
+        {
+            self._tracked = None;
+        }
+        let _ = ok;
+        drop(self);
     }
 }
 
@@ -249,7 +284,7 @@ impl TenantService {
             window,
             token: token.to_string(),
             metrics: Arc::clone(&self.metrics),
-            _in_use: InUse::new(buffer),
+            _in_use: Some(InUse::new(buffer)),
             _slot: slot,
         })
     }
@@ -343,7 +378,7 @@ impl TenantService {
                     c.get_object(m).await
                 })
                 .await;
-            drop(window);
+            window.close(resp.is_ok()).await;
             resp
         }
         .await;
@@ -529,7 +564,7 @@ impl api::tenant_server::Tenant for TenantService {
                 )
                 .await;
             // Revoke before answering: nothing lands once the tenant reads.
-            drop(window);
+            window.close(resp.is_ok()).await;
             let resp = resp?;
             self.metrics
                 .bytes
@@ -679,7 +714,7 @@ impl api::tenant_server::Tenant for TenantService {
                     |mut c, m| async move { c.put_object(m).await },
                 )
                 .await;
-            drop(window);
+            window.close(resp.is_ok()).await;
             let resp = resp?;
             self.metrics
                 .bytes

@@ -50,17 +50,12 @@ pub fn storage_target(
     c.rdma.backend = l.fabric;
     c.rdma.fabric_key_file = Some(l.fabric_key_file.clone());
     if l.fabric == fabric::Backend::Verbs {
-        // A hipobj-rc-v2 client on this machine (the agent's shim, or a
-        // hipObject client) sends from a GID of one of its addresses: the
-        // target may write to those, and to nothing else.
+        // A hipobj-rc-v2 or cuObject client on this machine (the agent's
+        // shim, or a hipObject client) sends from a GID of one of its
+        // addresses: the target may write to those, and to nothing else.
         c.rdma
             .allowed_client_networks
-            .extend(own_addresses().into_iter().filter_map(|ip| {
-                let bits = if ip.is_ipv4() { 32 } else { 128 };
-                format!("{ip}/{bits}")
-                    .parse::<storage_target::config::networks::Cidr>()
-                    .ok()
-            }));
+            .extend(own_address_networks());
     }
     if metrics {
         c.metrics.address = Some(loopback_any_port());
@@ -80,6 +75,18 @@ pub fn storage_target(
         }
     }
     c
+}
+
+/// This machine's interface addresses, each as a one-address network.
+#[must_use]
+pub fn own_address_networks() -> Vec<storage_target::config::networks::Cidr> {
+    own_addresses()
+        .into_iter()
+        .filter_map(|ip| {
+            let bits = if ip.is_ipv4() { 32 } else { 128 };
+            format!("{ip}/{bits}").parse().ok()
+        })
+        .collect()
 }
 
 /// This machine's interface addresses (none when they cannot be listed),

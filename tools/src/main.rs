@@ -332,16 +332,13 @@ fn main() -> ExitCode {
                 upstream,
                 only,
             };
-            match (opts.protocol, opts.fabric) {
-                (s3dma_launcher::RdmaProtocol::CuobjectDc, _) => anyhow::bail!(
-                    "--protocol cuobject-dc: the dpu-agent does not speak the DC dialect yet"
-                ),
-                (s3dma_launcher::RdmaProtocol::HipobjRcV2, s3dma_launcher::Backend::Tcp) => {
-                    anyhow::bail!(
-                        "--protocol hipobj-rc-v2 needs --fabric verbs (its queue pairs live on the shim's RDMA device)"
-                    )
-                }
-                _ => {}
+            if opts.fabric == s3dma_launcher::Backend::Tcp
+                && opts.protocol != s3dma_launcher::RdmaProtocol::S3dma
+            {
+                anyhow::bail!(
+                    "--protocol {} needs --fabric verbs (its queue pairs or DC target live on the shim's RDMA device)",
+                    opts.protocol
+                );
             }
             if kv {
                 kv::run(&opts).await

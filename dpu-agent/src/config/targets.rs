@@ -38,8 +38,11 @@ pub struct TargetConfig {
     /// `hipobj-rc-v2` (AMD's RC dialect: `/.hipobj-rc/{prepare,ready}`, a
     /// queue pair per transfer on the shim's RDMA device; a shim without
     /// one, or a target that answers 501, gets the bytes over HTTP through
-    /// the agent). `cuobject-dc` (the DC dialect) is refused: this agent
-    /// mints no DC tokens yet.
+    /// the agent) or `cuobject-dc` (NVIDIA's DC dialect: MinIO AIStor,
+    /// Cloudian, Dell, NooBaa, a storage-target built with `dc`; each
+    /// request carries a standard token the calling shim minted for exactly
+    /// its window, naming the shim's DC target; a shim without DC (no mlx5
+    /// device) gets the bytes over HTTP through the agent).
     #[serde(default)]
     pub protocol: RdmaProtocol,
     /// The request header carrying the token (lowercase, `x-` first).
@@ -102,7 +105,7 @@ pub enum RdmaProtocol {
     S3dma,
     /// AMD's hipobj-rc-v2 (RC queue pairs).
     HipobjRcV2,
-    /// The cuObject dialect (DC targets; mlx5 only): not available yet.
+    /// The cuObject dialect (the shims' DC targets; mlx5 only).
     CuobjectDc,
 }
 

@@ -398,12 +398,6 @@ fn check_hipobj_sizes(v: &Validator, c: &Config) -> Check {
 fn check_dialect(v: &Validator, i: usize, t: &TargetConfig) -> Check {
     use super::targets::RdmaProtocol;
     let at = |f: &str| format!("targets[{i}].{f}");
-    if t.protocol == RdmaProtocol::CuobjectDc {
-        return Err(v.err(
-            at("protocol"),
-            "cuobject-dc is not available yet (this agent mints no DC tokens): use s3dma, hipobj-rc-v2, or rdma: false for plain HTTP",
-        ));
-    }
     let h = t.token_header.as_str();
     let well_formed = (3..=64).contains(&h.len())
         && h.starts_with("x-")
@@ -674,9 +668,6 @@ mod tests {
         }),
         ("targets[0].endpoint:", "needs an explicit port", |c| {
             c.targets[0].endpoint = "http://[fe80::1]/".into()
-        }),
-        ("targets[0].protocol:", "not available yet", |c| {
-            c.targets[0].protocol = crate::config::targets::RdmaProtocol::CuobjectDc
         }),
         ("targets[0].token_header:", "lowercase", |c| {
             c.targets[0].protocol = crate::config::targets::RdmaProtocol::HipobjRcV2;

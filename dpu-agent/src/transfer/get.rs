@@ -11,14 +11,11 @@ use futures::StreamExt as _;
 use http::{Method, StatusCode};
 use s3dma_proto::agent::v1::{ObjectInfo, TransferPath};
 
-use s3dma_wire::headers::{
-    RDMA_PROTOCOL, RDMA_REPLY, RDMA_TOKEN, RdmaReply, S3DMA_PROTOCOL, bytes_transferred_of,
-};
+use s3dma_wire::headers::{RDMA_REPLY, RdmaReply, bytes_transferred_of};
 use s3dma_wire::range::{ByteRange, parse_content_range};
 
 use super::hipobj::{Outcome, Transfer};
 use super::{Attempt, Ctx, fallback, object_info};
-use crate::config::RdmaProtocol;
 use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Chunk, Probe, ProbeOutcome};
 use crate::s3::client::{S3Call, header};
@@ -86,15 +83,13 @@ impl Ctx {
                 })
             })?;
         }
-        // An s3dma token only to a target of s3dma's dialect (a hipobj-rc-v2
-        // target that declined, or whose shim has no device, gets none).
-        let s3dma_token = self.target.rdma && self.target.protocol == RdmaProtocol::S3dma;
-        if s3dma_token {
-            call.header(RDMA_TOKEN, &slot.to_string())
-                .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
-            // The dialect marker: the token names an s3dma fabric endpoint.
-            call.header(RDMA_PROTOCOL, S3DMA_PROTOCOL)
-                .map_err(|e| AgentError::internal_from("the RDMA protocol marker", e))?;
+        // A token in the target's dialect: s3dma's with its marker, or a
+        // standard one the shim minted (a hipobj-rc-v2 target that declined,
+        // or whose shim has no device, gets none).
+        let sent = self.token_for(&slot).await?;
+        let tokened = sent.is_some();
+        if let Some(t) = &sent {
+            t.apply(&mut call);
         }
         let reply = self.send(call).await?;
         let status = reply.status();
@@ -121,7 +116,7 @@ impl Ctx {
                     .unwrap_or(0);
                 // A 200 without Content-Range is the whole object (RDMA
                 // replies carry the size as bytes transferred).
-                let n = if status == StatusCode::OK && s3dma_token {
+                let n = if status == StatusCode::OK && tokened {
                     bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()))
                         .unwrap_or(n)
                 } else {
@@ -140,14 +135,14 @@ impl Ctx {
         }
         let info = object_info(&headers, total);
         let rdma_reply = RdmaReply::parse(header(&headers, RDMA_REPLY).as_deref());
-        if let (true, RdmaReply::Ignored(other)) = (s3dma_token, &rdma_reply) {
+        if let (true, RdmaReply::Ignored(other)) = (tokened, &rdma_reply) {
             return Err(Attempt::Fatal(AgentError::Protocol(
                 BadReply::NoRdmaReply {
                     reply: other.clone(),
                 },
             )));
         }
-        let by_rdma = s3dma_token && rdma_reply == RdmaReply::Placed;
+        let by_rdma = tokened && rdma_reply == RdmaReply::Placed;
         if by_rdma {
             let moved = bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()));
             if moved != Some(len) {

@@ -24,6 +24,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fabric::RdmaToken;
 use fabric::pool::{SessionPool, StagingPool};
 use http::HeaderMap;
 use tracing::debug;
@@ -293,6 +294,75 @@ impl Ctx {
                 }
             }
         }
+    }
+}
+
+/// The token an object request carries to its target, in the target's
+/// dialect: s3dma's (the window slice's own token, with the signed
+/// `x-amz-rdma-protocol: s3dma-v1`), or a standard (cuObject) token the
+/// calling shim minted for exactly the slice, naming its DC target (no
+/// marker, under the target's `token_header`).
+#[derive(Debug, Clone)]
+pub struct SentToken {
+    header: http::HeaderName,
+    value: http::HeaderValue,
+    marker: bool,
+}
+
+impl SentToken {
+    /// Adds the token (and the marker, for s3dma's dialect) to `call`.
+    pub fn apply(&self, call: &mut S3Call) {
+        call.headers.insert(self.header.clone(), self.value.clone());
+        if self.marker {
+            call.headers.insert(
+                http::HeaderName::from_static(s3dma_wire::headers::RDMA_PROTOCOL),
+                http::HeaderValue::from_static(s3dma_wire::headers::S3DMA_PROTOCOL),
+            );
+        }
+    }
+}
+
+impl Ctx {
+    /// The token for `slot` in this target's dialect; `None`: plain HTTP
+    /// (`rdma: false`, hipobj-rc-v2 targets, whose requests carry none, and
+    /// a cuObject target when the shim has no DC: no link, or a device
+    /// without DC).
+    ///
+    /// # Errors
+    /// A header the target's configuration made unsendable.
+    pub async fn token_for(&self, slot: &RdmaToken) -> Result<Option<SentToken>, AgentError> {
+        use crate::config::RdmaProtocol;
+        if !self.target.rdma {
+            return Ok(None);
+        }
+        let (text, marker) = match self.target.protocol {
+            RdmaProtocol::S3dma => (slot.to_string(), true),
+            RdmaProtocol::HipobjRcV2 => return Ok(None),
+            RdmaProtocol::CuobjectDc => {
+                let Some(link) = &self.qp_link else {
+                    return Ok(None);
+                };
+                match link
+                    .mint_dc_token(slot, self.core.settings.attempt_timeout)
+                    .await
+                {
+                    Ok(t) => (t, false),
+                    Err(e) => {
+                        debug!(target = %self.target.name, error = %e, "no DC token from the shim: over HTTP");
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        let header = http::HeaderName::from_bytes(self.target.token_header.as_bytes())
+            .map_err(|e| AgentError::internal_from("the token header name", e))?;
+        let value = http::HeaderValue::from_str(&text)
+            .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
+        Ok(Some(SentToken {
+            header,
+            value,
+            marker,
+        }))
     }
 }
 

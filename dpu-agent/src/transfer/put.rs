@@ -14,13 +14,10 @@ use http::{Method, StatusCode};
 use s3dma_proto::agent::v1::TransferPath;
 use tracing::{debug, warn};
 
-use s3dma_wire::headers::{
-    RDMA_PROTOCOL, RDMA_REPLY, RDMA_TOKEN, RdmaReply, S3DMA_PROTOCOL, bytes_transferred_of,
-};
+use s3dma_wire::headers::{RDMA_REPLY, RdmaReply, bytes_transferred_of};
 
 use super::hipobj::{Outcome, Transfer};
-use super::{Attempt, Ctx, fallback};
-use crate::config::RdmaProtocol;
+use super::{Attempt, Ctx, SentToken, fallback};
 use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Part, PutPlan};
 use crate::s3::client::{S3Call, full_body, header, read_small};
@@ -145,7 +142,7 @@ impl Ctx {
         slot: RdmaToken,
         part: Option<(u32, &str)>,
     ) -> Result<(String, bool), AgentError> {
-        let build = |rdma: bool| -> Result<S3Call, AgentError> {
+        let build = |token: Option<&SentToken>| -> Result<S3Call, AgentError> {
             let mut call = S3Call::new(Method::PUT, &req.bucket, Some(&req.key));
             match part {
                 Some((n, upload_id)) => {
@@ -154,12 +151,8 @@ impl Ctx {
                 }
                 None => Self::put_headers(&mut call, req)?,
             }
-            if rdma {
-                call.header(RDMA_TOKEN, &slot.to_string())
-                    .map_err(|e| AgentError::internal_from("the RDMA token", e))?;
-                // The dialect marker: the token names an s3dma fabric endpoint.
-                call.header(RDMA_PROTOCOL, S3DMA_PROTOCOL)
-                    .map_err(|e| AgentError::internal_from("the RDMA protocol marker", e))?;
+            if let Some(t) = token {
+                t.apply(&mut call);
             }
             Ok(call)
         };
@@ -186,11 +179,12 @@ impl Ctx {
                 }
             }
         }
-        // An s3dma token only to a target of s3dma's dialect.
-        if self.target.rdma && self.target.protocol == RdmaProtocol::S3dma {
+        // A token in the target's dialect (s3dma's, or a standard one the
+        // shim minted); none for hipobj-rc-v2 (done above) or plain HTTP.
+        if let Some(token) = self.token_for(&slot).await? {
             let outcome = self
                 .retrying("PUT", || async {
-                    let mut call = build(true)?;
+                    let mut call = build(Some(&token))?;
                     call.body = Some(full_body(bytes::Bytes::new()));
                     let reply = self.send(call).await?;
                     if reply.status() != StatusCode::OK {
@@ -226,7 +220,7 @@ impl Ctx {
         }
         let etag = self
             .retrying("PUT (HTTP body)", || async {
-                let mut call = build(false)?;
+                let mut call = build(None)?;
                 let (body, failure) = fallback::window_body(&self.core, &self.tenant, slot, len);
                 call.body = Some(body);
                 let sent = self.send(call).await;

@@ -310,11 +310,20 @@ async fn wire_server(seen: Shared) -> String {
                                     Bytes::new()
                                 }
                                 _ => {
-                                    // HEAD and GET of any object: 3000 bytes.
+                                    // HEAD and GET of any object: 3000 bytes;
+                                    // a token (of any name) on an object
+                                    // request is declined by the reply rules.
                                     r = r
                                         .status(200)
                                         .header("etag", "\"e1\"")
                                         .header("last-modified", "Sun, 29 Nov 2026 00:00:00 GMT");
+                                    if h.contains_key("x-amz-rdma-token")
+                                        || h.contains_key("x-scal-rdma")
+                                    {
+                                        r = r
+                                            .header("x-amz-rdma-reply", "501")
+                                            .header("x-amz-rdma-protocol-status", "unsupported");
+                                    }
                                     if req.method() == http::Method::HEAD {
                                         r = r.header("content-length", "3000");
                                         Bytes::new()
@@ -555,4 +564,100 @@ async fn the_agent_speaks_hipobj_rc_v2_as_its_wire_description_says() {
         .collect();
     assert_eq!(read_over_http, ["GET /alice-data/declined"]);
     assert!(!seen.iter().any(|(p, _)| p.ends_with("/.hipobj-rc/cancel")));
+}
+
+/// A `cuobject-dc` target: each object request carries the standard token
+/// the calling shim minted for exactly its slice, under the target's
+/// `token_header`, signed, without s3dma's marker; a declining target (501)
+/// gets the bytes over HTTP; when the shim has no DC the request carries
+/// no token at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuobject_dc_tokens_come_from_the_calling_shim() {
+    let seen: Shared = std::sync::Arc::default();
+    let url = wire_server(seen.clone()).await;
+    let mut spec = AgentSpec::new(vec![TargetSpec {
+        name: "dc",
+        endpoint: url,
+        buckets: vec!["*"],
+        rdma: true,
+    }]);
+    spec.target_yaml = "protocol: cuobject-dc\ntoken_header: x-scal-rdma\n".into();
+    spec.transfer = "retries: 0\n".into();
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    let mut link = open_link(&shim).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mem = Memory::new(1 << 20).await;
+    let (_w, dest) = mem.window(0, 4096, Access::REMOTE_WRITE);
+    // The shim's DC target, by hand: addr:size:rkey:lid:dctn:gidflag:gid.
+    let minted = |slot: &fabric::RdmaToken| {
+        format!(
+            "{:016x}:{:08x}:{:08x}:0000:00abcd:1:00000000000000000000ffff0a4d0001",
+            slot.addr, slot.size, slot.rkey
+        )
+    };
+
+    let get = {
+        let (shim, dest) = (shim.clone(), dest.clone());
+        tokio::spawn(async move { shim.get("alice", "alice-data", "dc/one", None, &dest).await })
+    };
+    let cmd = link.next(Duration::from_secs(30)).await.expect("a mint");
+    let Some(pb::qp_command::Command::MintDcToken(m)) = &cmd.command else {
+        panic!("expected a mint, got {cmd:?}");
+    };
+    let slot: fabric::RdmaToken = m.window.parse().unwrap();
+    let window: fabric::RdmaToken = dest.parse().unwrap();
+    assert_eq!((slot.addr, slot.rkey), (window.addr, window.rkey));
+    let token = minted(&slot);
+    link.answers
+        .send(pb::QpEvent {
+            id: cmd.id,
+            event: Some(pb::qp_event::Event::DcToken(pb::QpDcToken {
+                token: token.clone(),
+            })),
+        })
+        .await
+        .unwrap();
+    let got = get.await.unwrap().unwrap();
+    assert_eq!(
+        got.path,
+        pb::TransferPath::Fallback as i32,
+        "declined: over HTTP"
+    );
+    assert_eq!(mem.read(0, 3000), vec![7u8; 3000]);
+
+    // The shim has no DC: the next request carries no token.
+    let get = {
+        let (shim, dest) = (shim.clone(), dest.clone());
+        tokio::spawn(async move { shim.get("alice", "alice-data", "dc/two", None, &dest).await })
+    };
+    let cmd = link.next(Duration::from_secs(30)).await.expect("a mint");
+    link.answers
+        .send(pb::QpEvent {
+            id: cmd.id,
+            event: Some(pb::qp_event::Event::Failed(pb::QpFailed {
+                message: "this host has no DC target: rxe0 is not an mlx5 device".into(),
+            })),
+        })
+        .await
+        .unwrap();
+    let got = get.await.unwrap().unwrap();
+    assert_eq!(got.path, pb::TransferPath::Fallback as i32);
+
+    let seen = std::mem::take(&mut seen.lock().unwrap().requests);
+    let gets: Vec<&(String, http::HeaderMap)> = seen
+        .iter()
+        .filter(|(p, _)| p.starts_with("GET /"))
+        .collect();
+    let one = gets.iter().find(|(p, _)| p.ends_with("/dc/one")).unwrap();
+    assert_eq!(one.1["x-scal-rdma"], token.as_str());
+    assert!(one.1.get("x-amz-rdma-token").is_none());
+    assert!(
+        one.1.get("x-amz-rdma-protocol").is_none(),
+        "no s3dma marker"
+    );
+    let auth = one.1["authorization"].to_str().unwrap();
+    assert!(auth.contains("x-scal-rdma"), "the token is signed: {auth}");
+    let two = gets.iter().find(|(p, _)| p.ends_with("/dc/two")).unwrap();
+    assert!(two.1.get("x-scal-rdma").is_none(), "no DC: no token");
 }

@@ -510,6 +510,9 @@ mod device {
         qp: NonNull<ibv_qp>,
         srq: NonNull<ibv_srq>,
         cq: NonNull<ibv_cq>,
+        /// The port's GID it answers on (`None`: InfiniBand, LID-routed).
+        gid: Option<[u8; 16]>,
+        lid: u16,
         _domain: Domain,
     }
 
@@ -589,6 +592,8 @@ mod device {
                 qp,
                 srq,
                 cq,
+                gid: v.ethernet.then_some(v.port.gid.gid),
+                lid: v.port.lid,
                 _domain: domain.clone(),
             };
             let path = DctPath {
@@ -614,6 +619,16 @@ mod device {
         pub fn number(&self) -> u32 {
             // SAFETY: the QP is live.
             unsafe { self.qp.as_ref().qp_num }
+        }
+
+        /// What a standard token names to reach this DCT: the port's GID
+        /// (RoCE) and LID, and its number.
+        pub fn target(&self) -> s3dma_wire::dc::DcTarget {
+            s3dma_wire::dc::DcTarget {
+                lid: self.lid,
+                dctn: self.number(),
+                gid: self.gid,
+            }
         }
     }
 

@@ -1101,3 +1101,82 @@ async fn hipobj_rc_v2_a_shim_killed_mid_transfer_stores_nothing() {
         .await;
     assert!(head.is_err(), "an object appeared: {head:?}");
 }
+
+/// A `cuobject-dc` target where this host has no DC target (tcp; rxe0 in
+/// the VM is not an mlx5 device): the shim mints no standard token, the
+/// agent sends none, and the bytes go over HTTP through the agent, both
+/// ways, exactly. On an mlx5 host the same stack moves them by DC:
+/// `cuobject_dc_through_the_stack_on_mlx5`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuobject_dc_without_dc_on_this_host_goes_over_http() {
+    let stack = Stack::start_with(|s| {
+        s.target_yaml = "protocol: cuobject-dc\n".into();
+    })
+    .await;
+    let c = stack.client().await;
+    let payload = data((3 << 20) + 5, 12);
+    let mut src = c.alloc(payload.len()).await.unwrap();
+    src.as_mut_slice().copy_from_slice(&payload);
+    let put = guard(c.put_object_from(
+        "alice-data",
+        "dc-less",
+        &src,
+        0..payload.len(),
+        PutOptions::default(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(put.path, s3dma_client::TransferPath::Fallback);
+    let mut dst = c.alloc(payload.len()).await.unwrap();
+    let got = guard(c.get_object_into("alice-data", "dc-less", &mut dst, 0, GetOptions::default()))
+        .await
+        .unwrap();
+    assert_eq!(got.path, s3dma_client::TransferPath::Fallback);
+    assert_eq!(sha256(dst.as_slice()), sha256(&payload));
+    if agent::backend() == fabric::Backend::Verbs {
+        assert!(
+            stack.shim.log().contains("no DC target"),
+            "{}",
+            stack.shim.log()
+        );
+    }
+}
+
+/// The whole stack on a host whose NIC does DC: the shim's DC target, the
+/// agent's `cuobject-dc` target (a storage-target built with `dc`), GET
+/// and PUT by the target's DC initiators straight into and out of the
+/// tenant's buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p host-shim --all-features --test it cuobject_dc_through_the_stack_on_mlx5 -- --ignored"]
+async fn cuobject_dc_through_the_stack_on_mlx5() {
+    assert_eq!(
+        agent::backend(),
+        fabric::Backend::Verbs,
+        "S3DMA_TEST_FABRIC=verbs"
+    );
+    let stack = Stack::start_with(|s| {
+        s.target_yaml = "protocol: cuobject-dc\n".into();
+    })
+    .await;
+    let c = stack.client().await;
+    for len in [1usize, 4096, (1 << 20) + 3, 64 << 20] {
+        let key = format!("dc/{len}");
+        let payload = data(len, len as u64);
+        let mut src = c.alloc(len).await.unwrap();
+        src.as_mut_slice().copy_from_slice(&payload);
+        let put = guard(c.put_object_from("alice-data", &key, &src, 0..len, PutOptions::default()))
+            .await
+            .unwrap();
+        assert_eq!(put.path, s3dma_client::TransferPath::Rdma, "{key}");
+        assert_eq!(
+            sha256(&sdk_bytes(&stack, "alice-data", &key).await),
+            sha256(&payload)
+        );
+        let mut dst = c.alloc(len).await.unwrap();
+        let got = guard(c.get_object_into("alice-data", &key, &mut dst, 0, GetOptions::default()))
+            .await
+            .unwrap();
+        assert_eq!(got.path, s3dma_client::TransferPath::Rdma, "{key}");
+        assert_eq!(sha256(dst.as_slice()), sha256(&payload), "{key}");
+    }
+}

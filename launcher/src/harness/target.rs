@@ -119,12 +119,13 @@ impl Target {
         cfg.rdma.fabric_key_file = Some(key);
         cfg.rdma.backend = backend();
         cfg.rdma.connect_timeout_ms = 2000;
-        // On Soft-RoCE the VM's rxe0 has the GID of 10.77.0.1 (.ci/rdma-vm.sh):
-        // a hipobj-rc-v2 client's queue pair sends from there.
-        if backend() == fabric::Backend::Verbs
-            && let Ok(net) = "10.77.0.0/16".parse()
-        {
-            cfg.rdma.allowed_client_networks.push(net);
+        // On verbs a hipobj-rc-v2 or cuObject client (the test's shim) sends
+        // from a GID of one of this machine's addresses (in the Soft-RoCE
+        // VM, rxe0's 10.77.0.1: .ci/rdma-vm.sh).
+        if backend() == fabric::Backend::Verbs {
+            cfg.rdma
+                .allowed_client_networks
+                .extend(crate::configs::own_address_networks());
         }
         // A target in a test's own network namespace serves clients on its
         // /24 (the veth pair): let it connect there as well as loopback.

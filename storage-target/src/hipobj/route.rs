@@ -464,19 +464,35 @@ impl HipobjService {
                 "the session is already running",
             ));
         }
-        let outcome = self.run(&s, &r).await;
-        self.remove(&r.session);
-        match outcome {
-            Ok(fin) => {
-                self.metrics.hipobj_session(s.op_name(), "ok");
-                self.metrics.hipobj_bytes(s.op_name(), fin.bytes);
-                Ok(reply(StatusCode::OK, &fin.headers()))
+        // The data phase runs to its end (or its deadline) in a task of its
+        // own: a client that disconnects mid-READY cancels only this
+        // handler, never the session's end, so its caps, queue pair and
+        // staging memory always come back.
+        let this = Arc::clone(self);
+        let data_phase = tokio::spawn(async move {
+            let outcome = this.run(&s, &r).await;
+            this.remove(&r.session);
+            match outcome {
+                Ok(fin) => {
+                    this.metrics.hipobj_session(s.op_name(), "ok");
+                    this.metrics.hipobj_bytes(s.op_name(), fin.bytes);
+                    Ok(fin)
+                }
+                Err((label, e)) => {
+                    s.qp.fail();
+                    this.metrics.hipobj_session(s.op_name(), label);
+                    Err(e)
+                }
             }
-            Err((label, e)) => {
-                s.qp.fail();
-                self.metrics.hipobj_session(s.op_name(), label);
-                Err(e)
-            }
+        });
+        match data_phase.await {
+            Ok(Ok(fin)) => Ok(reply(StatusCode::OK, &fin.headers())),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(custom(
+                500,
+                "InternalError",
+                format!("the data phase ended abnormally: {e}"),
+            )),
         }
     }
 
