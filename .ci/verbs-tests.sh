@@ -87,4 +87,36 @@ if ! target/debug/s3dma-tools bench --quick --fabric verbs --protocol hipobj-rc-
 fi
 grep -E "^  (8|64) MiB|^  limits" "$log" || true
 echo "verbs-tests: bench --protocol hipobj-rc-v2 ok in $(( $(date +%s) - start )) s"
+# `s3dma local --fabric verbs`: its printed S3 endpoint and key work for a
+# hipobj-rc-v2 client in the same VM (`s3dma-tools probe`, its own QP).
+start=$(date +%s)
+local_dir="$(mktemp -d)"
+local_out="$local_dir/out"
+HOME="$local_dir" target/debug/s3dma local --fabric verbs --dir "$local_dir/state" \
+  --socket "$local_dir/shim.sock" >"$local_out" 2>&1 &
+local_pid=$!
+for _ in $(seq 1 300); do
+  grep -q "s3dma local ready" "$local_out" && break
+  kill -0 "$local_pid" 2>/dev/null || break
+  sleep 1
+done
+key="$(grep -o 'AWS_ACCESS_KEY_ID=[^ ]*' "$local_out" | head -1 | cut -d= -f2)"
+url="$(grep -o 'aws --endpoint-url [^ ]*' "$local_out" | head -1 | awk '{print $3}')"
+if [ -z "$key" ] || [ -z "$url" ]; then
+  cat "$local_out"
+  echo "verbs-tests: FAILED: s3dma local --fabric verbs did not start"
+  exit 1
+fi
+if ! AWS_ACCESS_KEY_ID="$key" AWS_SECRET_ACCESS_KEY="$(cat "$local_dir/state/secrets/tenant.secret")" \
+  target/debug/s3dma-tools probe --endpoint "$url" --bucket data --fabric verbs >"$local_dir/probe" 2>&1 ||
+  ! grep -q "ok      hipobj-rc-v2: GET" "$local_dir/probe" ||
+  ! grep -q "ok      hipobj-rc-v2: PUT" "$local_dir/probe"; then
+  cat "$local_dir/probe" "$local_out"
+  kill -INT "$local_pid" 2>/dev/null || true
+  echo "verbs-tests: FAILED: probe against s3dma local --fabric verbs"
+  exit 1
+fi
+kill -INT "$local_pid"
+wait "$local_pid" || true
+echo "verbs-tests: s3dma local --fabric verbs served a hipobj-rc-v2 client in $(( $(date +%s) - start )) s"
 echo "verbs-tests: ok (none skipped)"
