@@ -46,7 +46,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import boto3, pytest, xdist, awscli, moto' >/dev/null 2>&1 || [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/hadolint ]; then
+if ! .venv/bin/python -c 'import boto3, pytest, xdist, pytest_timeout, awscli, moto' >/dev/null 2>&1 || [ ! -x .venv/bin/moto_server ] || [ ! -x .venv/bin/hadolint ]; then
   echo "setup: installing Python test clients into .venv"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r tests/requirements.txt

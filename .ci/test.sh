@@ -84,6 +84,14 @@ check() {
     FAILED_STEPS+=("$STEP_NAME")
   fi
 }
+# A suite that hangs must fail its step, not eat the run: each test step has a
+# deadline of several times its usual length (a hung python step once took a
+# whole 5,400 s CI run). timeout signals the whole process group it starts.
+check_within() {
+  local limit="$1"
+  shift
+  check timeout -k 30 "$limit" "$@"
+}
 # In CI (a throw-away clone) build outputs no later step reads are deleted as
 # soon as they are done with, so the run fits a small disk.
 prune() {
@@ -133,19 +141,22 @@ check lmcache_ready
 step "cargo test: run, 3 binaries at a time (the cuda tests print why they skip without a driver)"
 # The suites mostly wait (Ceph, services starting): three binaries at a time
 # fill the cores (.ci/cargo-test-run.sh says how much that saves).
-check bash .ci/cargo-test-run.sh
+check_within 900 bash .ci/cargo-test-run.sh
 
 step "python clients (boto3, aws CLI, rclone, s3cmd, the s3dma tenant client)"
 # The tenant-client tests run the whole stack through `s3dma local`, from the
 # binaries `cargo test` built in target/debug. Two workers (pytest-xdist),
-# each with its own session server: the clients are CPU-bound Python.
-check env PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q -n 2 tests/python
+# each with its own session server: the clients are CPU-bound Python. A test
+# that hangs is ended after 600 s with every thread's stack printed
+# (pytest-timeout), and its worker replaced.
+check_within 1200 env PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q -n 2 \
+  --timeout 600 --timeout-method thread tests/python
 
 step "cuda: the CUDA suites against the driver stand-in (same binaries)"
-check bash .ci/cuda-standin.sh
+check_within 600 bash .ci/cuda-standin.sh
 
 step "verbs: Soft-RoCE (rxe0) in a VM, every service on verbs (same binaries)"
-check bash .ci/verbs-tests.sh
+check_within 1500 bash .ci/verbs-tests.sh
 
 step "helm charts: lint, render, validate; rendered configs checked by the binaries"
 check env S3DMA_BIN_DIR="$PWD/target/debug" bash helm/check.sh

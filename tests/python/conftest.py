@@ -24,15 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-
-# The stacks start as children through fork + exec with a preexec_fn (their
-# parent-death signal). With gRPC's fork support on, the child of a process
-# that holds gRPC channels runs gRPC's at-fork handlers before exec, which
-# restart its poller and can abort the child (SIGABRT, "epoll_wait error:
-# Bad file descriptor"; grpc/grpc#43055, grpcio 1.81): seen in a CI run.
-# The children exec at once and never use gRPC, so the handlers are off for
-# the whole test run, before anything imports grpc.
-os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 import queue
 import re
 import signal

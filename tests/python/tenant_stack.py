@@ -64,14 +64,15 @@ def require_binaries() -> None:
     pytest.skip(why)
 
 
-def _die_with_parent():  # child, between fork and exec
-    try:
-        import ctypes
-
-        # PR_SET_PDEATHSIG: SIGINT, so `s3dma local` stops its children too.
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)
-    except Exception:
-        pass
+def with_pdeathsig(argv, sig="INT"):
+    """`argv` run so that it gets SIG`sig` when this process dies (Linux:
+    util-linux `setpriv --pdeathsig`, which then execs it). Not a
+    `preexec_fn`: without one Python starts the child by vfork + exec, so
+    gRPC's at-fork handlers never run in it; with one, a child of a process
+    holding gRPC channels could abort before its exec (grpc/grpc#43055)."""
+    if sys.platform.startswith("linux") and shutil.which("setpriv"):
+        return ["setpriv", "--pdeathsig", sig, "--", *[str(a) for a in argv]]
+    return [str(a) for a in argv]
 
 
 class LocalStack:
@@ -104,14 +105,13 @@ class LocalStack:
         else:
             env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
         self.proc = subprocess.Popen(
-            args,
+            with_pdeathsig(args),
             env=env,
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
             text=True,
             bufsize=1,
-            preexec_fn=_die_with_parent,
         )
         log.close()
         lines: queue.Queue = queue.Queue()

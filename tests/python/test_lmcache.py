@@ -508,12 +508,13 @@ class Front:
         (self.work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
         log = open(self.work / f"{name}.log", "ab")
         proc = subprocess.Popen(
-            [_binary(name), "--config", str(self.work / f"{name}.yaml")],
+            tenant_stack.with_pdeathsig(
+                [_binary(name), "--config", str(self.work / f"{name}.yaml")]
+            ),
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
             text=True,
-            preexec_fn=tenant_stack._die_with_parent,
         )
         log.close()
         return proc

@@ -513,12 +513,11 @@ def _binary(name: str) -> str:
 def _start(cmd, log_path: Path) -> "tuple[subprocess.Popen, queue.Queue]":
     log = open(log_path, "ab")
     proc = subprocess.Popen(
-        cmd,
+        tenant_stack.with_pdeathsig(cmd),
         stdout=subprocess.PIPE,
         stderr=log,
         stdin=subprocess.DEVNULL,
         text=True,
-        preexec_fn=tenant_stack._die_with_parent,
     )
     log.close()
     lines: queue.Queue = queue.Queue()
