@@ -181,6 +181,16 @@ pub struct DcConfig {
     /// Hop limit of its replies. Default 64.
     #[serde(default = "default_dc_hop_limit")]
     pub hop_limit: u8,
+    /// The GID table index (`show_gids`) the DC target answers on, which
+    /// every token names. Default: chosen as the peers do, the port's
+    /// routable RoCE v2 GID, IPv4-mapped first.
+    #[serde(default)]
+    pub gid_index: Option<u8>,
+    /// Whether a link-local (`fe80::`) GID may be chosen when the port has
+    /// no routable one. Default `false`: such a token reaches only servers
+    /// on the same link.
+    #[serde(default)]
+    pub allow_link_local_gid: bool,
 }
 
 impl Default for DcConfig {
@@ -190,6 +200,8 @@ impl Default for DcConfig {
             dc_key: default_dc_key(),
             traffic_class: default_dc_traffic_class(),
             hop_limit: default_dc_hop_limit(),
+            gid_index: None,
+            allow_link_local_gid: false,
         }
     }
 }

@@ -78,6 +78,10 @@ impl DcHost {
                 domain,
                 cfg.dc_key,
                 ACCESS,
+                fabric::verbs::policy::GidChoice {
+                    index: cfg.gid_index,
+                    allow_link_local: cfg.allow_link_local_gid,
+                },
                 Some(cfg.traffic_class),
                 cfg.hop_limit,
             )

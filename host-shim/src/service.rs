@@ -125,12 +125,12 @@ impl Drop for MintedWindow {
         // tenant went away, or the call failed): the buffer stays in use
         // until a DC write still in flight can no longer land.
         #[cfg(feature = "verbs")]
-        if let Some(fence) = self._tracked.as_ref().and_then(|t| t.dc_fence())
+        if let Some(rest) = self.fence(s3dma_wire::dc::Ending::Abandoned)
             && let Some(in_use) = self._in_use.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             rt.spawn(async move {
-                tokio::time::sleep(fence).await;
+                tokio::time::sleep(rest).await;
                 drop(in_use);
             });
         }
@@ -138,6 +138,24 @@ impl Drop for MintedWindow {
 }
 
 impl MintedWindow {
+    /// The window's fence ([`s3dma_wire::dc::Fence`]) once its call ended
+    /// `how` and its key was revoked: how long its memory must stay away
+    /// from the tenant, `None` when no standard token named it or nothing
+    /// can be in flight.
+    #[cfg(feature = "verbs")]
+    fn fence(&self, how: s3dma_wire::dc::Ending) -> Option<Duration> {
+        let budget = self._tracked.as_ref().and_then(|t| t.dc_fence())?;
+        let mut fence = s3dma_wire::dc::Fence::live(budget);
+        let now = std::time::Instant::now();
+        fence.end(how, now);
+        if fence.needs_invalidation() {
+            // Revoked by the caller before asking (registration dropped).
+            debug_assert!(self.window.is_revoked());
+            fence.key_invalidated();
+        }
+        fence.remaining(now).filter(|rest| !rest.is_zero())
+    }
+
     /// Ends the window after its call: revoked at once; when the call
     /// failed and a standard token named the window, the answer to the
     /// tenant waits out the DC retry budget, so no late DC write lands in
@@ -145,8 +163,12 @@ impl MintedWindow {
     async fn close(mut self, ok: bool) {
         self.window.revoke();
         #[cfg(feature = "verbs")]
-        if !ok && let Some(fence) = self._tracked.as_ref().and_then(|t| t.dc_fence()) {
-            tokio::time::sleep(fence).await;
+        if let Some(rest) = self.fence(if ok {
+            s3dma_wire::dc::Ending::Completed
+        } else {
+            s3dma_wire::dc::Ending::Abandoned
+        }) {
+            tokio::time::sleep(rest).await;
         }
         // Completed, or fenced: nothing of its DC operations can land any
         // more, so dropping releases the buffer at once.

@@ -125,6 +125,7 @@ mod device {
 
     use super::super::conn::verbs_of;
     use super::super::policy;
+    use super::super::policy::{GidChoice, GidKind, select_gid_of_kind, select_target_gid};
     use super::super::qp::{check, verbs_err};
     use super::{DctPath, dci_init_attr, dci_rtr_attr, dci_rts_attr, dct_init_attr, dct_rtr_attr};
     use crate::error::{FabricError, OpStatus, Result};
@@ -482,7 +483,10 @@ mod device {
             if let Some(gid) = gid {
                 attr.is_global = 1;
                 attr.grh.dgid = ibv_gid { raw: gid };
-                attr.grh.sgid_index = v.port.gid.index;
+                // From a local GID of the target's kind (IPv4-mapped to
+                // IPv4-mapped), else the port's own.
+                attr.grh.sgid_index = select_gid_of_kind(&v.gids, v.ethernet, GidKind::of(&gid))
+                    .map_or(v.port.gid.index, |e| e.index);
                 attr.grh.hop_limit = hop_limit;
                 attr.grh.traffic_class = traffic_class;
             }
@@ -530,19 +534,23 @@ mod device {
 
     impl Dct {
         /// Creates a DCT on `domain`'s port with `dc_key`, granting `access`
-        /// (verbs flags), in RTR on the port's GID with `traffic_class` and
-        /// `hop_limit`.
+        /// (verbs flags), in RTR on the GID `gid` chooses (a routable RoCE
+        /// v2 one by default) with `traffic_class` and `hop_limit`.
         ///
         /// # Errors
-        /// Not a verbs domain; the device refused an object or a transition.
+        /// Not a verbs domain; no GID fits `gid`; the device refused an
+        /// object or a transition.
         pub fn create(
             domain: &Domain,
             dc_key: u64,
             access: u32,
+            gid: GidChoice,
             traffic_class: Option<u8>,
             hop_limit: u8,
         ) -> Result<Dct> {
             let v = verbs_of(domain)?;
+            let sgid = select_target_gid(&v.gids, v.ethernet, gid)
+                .map_err(|reason| FabricError::Unavailable { reason })?;
             let ctx = v.context();
             // SAFETY: `ctx` is open.
             let cq =
@@ -592,13 +600,13 @@ mod device {
                 qp,
                 srq,
                 cq,
-                gid: v.ethernet.then_some(v.port.gid.gid),
+                gid: v.ethernet.then_some(sgid.gid),
                 lid: v.port.lid,
                 _domain: domain.clone(),
             };
             let path = DctPath {
                 port: v.port.port,
-                sgid_index: v.port.gid.index,
+                sgid_index: sgid.index,
                 mtu: v.port.active_mtu,
                 traffic_class: traffic_class.unwrap_or(DEFAULT_TRAFFIC_CLASS),
                 hop_limit,
@@ -761,7 +769,7 @@ mod tests {
         let pattern: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
         local.write_at(0, &pattern).unwrap();
         let flags = super::super::access_flags(Access::REMOTE_READ | Access::REMOTE_WRITE);
-        let dct = Dct::create(&d, KEY, flags, None, 64).unwrap();
+        let dct = Dct::create(&d, KEY, flags, Default::default(), None, 64).unwrap();
         let v = super::super::conn::verbs_of(&d).unwrap();
         let gid = v.ethernet.then_some(v.port.gid.gid);
         let ah = AddressHandle::create(&d, gid, v.port.lid, 96, 64).unwrap();

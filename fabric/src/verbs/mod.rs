@@ -18,6 +18,7 @@ pub mod dc_session;
 pub mod policy;
 pub(crate) mod qp;
 pub mod rc;
+pub mod sysfs;
 
 use policy::{GidEntry, GidType};
 
@@ -134,10 +135,9 @@ fn query_port(ctx: *mut ibv_context, port: u8) -> Result<(PortInfo, Vec<GidEntry
         if unsafe { ibv_query_gid(ctx, port, i, &mut gid) } != 0 {
             continue;
         }
-        let path = format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{i}");
-        let ty = std::fs::read_to_string(&path)
+        let ty = u16::try_from(i)
             .ok()
-            .and_then(|s| policy::parse_gid_type(&s))
+            .and_then(|i| sysfs::gid_type(std::path::Path::new(sysfs::ROOT), &dev, port, i))
             .unwrap_or(if ethernet {
                 GidType::RoceV1
             } else {
@@ -253,6 +253,10 @@ impl VerbsDomain {
         #[cfg(feature = "cuda")]
         if let Some(dm) = mem.cuda_memory() {
             let (fd, base_off) = dm.dmabuf()?;
+            // GPU memory sits behind PCIe peer-to-peer, where relaxed
+            // ordering is what lets the NIC reach full speed (NCCL does the
+            // same); an optional flag, ignored where unsupported.
+            let flags = flags | ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
             // SAFETY: the PD is live; the dma-buf fd exports the device
             // allocation, which `mem` keeps alive as long as the region.
             let mr = unsafe {

@@ -112,6 +112,57 @@ pub fn select_gid_of_kind(
     select_gid(&same, true)
 }
 
+/// How to choose the GID a DC target (or any passive endpoint a token
+/// names) answers on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GidChoice {
+    /// A GID table index the operator chose: used as is when populated.
+    pub index: Option<u8>,
+    /// Whether a link-local (`fe80::/10`) GID may be chosen when the port
+    /// has no routable one. Off by default, as the peers do: a link-local
+    /// GID in a token reaches only servers on the same link.
+    pub allow_link_local: bool,
+}
+
+/// The GID a token names ([`GidChoice`]): the configured index, else on
+/// RoCE the best routable RoCE v2 GID ([`select_gid`]'s order: IPv4-mapped
+/// first; RoCE v1 never), a link-local one only when allowed; on
+/// InfiniBand the first valid GID.
+///
+/// # Errors
+/// Why no GID fits, in words.
+pub fn select_target_gid(
+    entries: &[GidEntry],
+    link_layer_ethernet: bool,
+    choice: GidChoice,
+) -> Result<GidEntry, String> {
+    if let Some(index) = choice.index {
+        return entries
+            .iter()
+            .find(|e| e.index == index && e.gid != [0; 16])
+            .copied()
+            .ok_or_else(|| format!("GID index {index} is not populated on this port"));
+    }
+    if !link_layer_ethernet {
+        return select_gid(entries, false).ok_or_else(|| "the port has no valid GID".to_owned());
+    }
+    let usable: Vec<GidEntry> = entries
+        .iter()
+        .filter(|e| e.ty == GidType::RoceV2)
+        .filter(|e| choice.allow_link_local || GidKind::of(&e.gid) != GidKind::LinkLocal)
+        .copied()
+        .collect();
+    select_gid(&usable, true).ok_or_else(|| {
+        if choice.allow_link_local {
+            "the port has no RoCE v2 GID".to_owned()
+        } else {
+            "the port has no routable RoCE v2 GID (configure an IPv4 or global IPv6 \
+             address on its netdev, or allow link-local GIDs)"
+                .to_owned()
+        }
+    })
+}
+
 /// Bytes of an `ibv_mtu` code (1 = 256 ... 5 = 4096).
 pub fn mtu_bytes(code: u32) -> Option<u32> {
     (1..=5).contains(&code).then(|| 128u32 << code)
@@ -180,6 +231,47 @@ mod tests {
             select_gid_of_kind(&ib, false, GidKind::Ipv4Mapped).map(|e| e.index),
             Some(0)
         );
+    }
+
+    #[test]
+    fn target_gids_are_routable_unless_configured() {
+        let table = [
+            e(0, "fe80::1", GidType::RoceV1),
+            e(1, "fe80::1", GidType::RoceV2),
+            e(2, "::ffff:10.0.0.5", GidType::RoceV1),
+            e(3, "::ffff:10.0.0.5", GidType::RoceV2),
+            e(4, "fd00::5", GidType::RoceV2),
+        ];
+        let auto = GidChoice::default();
+        assert_eq!(select_target_gid(&table, true, auto).unwrap().index, 3);
+        let err = select_target_gid(&table[..3], true, auto).unwrap_err();
+        assert!(
+            err.contains("no routable RoCE v2 GID"),
+            "RoCE v1 never: {err}"
+        );
+        assert_eq!(
+            select_target_gid(&[table[0], table[4]], true, auto)
+                .unwrap()
+                .index,
+            4
+        );
+        let ll = GidChoice {
+            allow_link_local: true,
+            ..auto
+        };
+        assert_eq!(select_target_gid(&table[..2], true, ll).unwrap().index, 1);
+        let by_index = |i| GidChoice {
+            index: Some(i),
+            ..auto
+        };
+        assert_eq!(
+            select_target_gid(&table, true, by_index(1)).unwrap().index,
+            1
+        );
+        let err = select_target_gid(&table, true, by_index(9)).unwrap_err();
+        assert!(err.contains("index 9"), "{err}");
+        let ib = [e(0, "fe80::2", GidType::Ib)];
+        assert_eq!(select_target_gid(&ib, false, auto).unwrap().index, 0);
     }
 
     #[test]

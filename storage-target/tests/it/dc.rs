@@ -152,12 +152,15 @@ mod mlx5 {
     fn client(dc_key: u64) -> Client {
         let domain = Domain::open(Backend::Verbs).expect("an RDMA device");
         probe(&domain).expect("DC on this device (mlx5, ConnectX-5 or newer, or a BlueField)");
-        let dct = Dct::create(&domain, dc_key, DCT_ACCESS, None, 64).expect("a DCT");
+        let dct =
+            Dct::create(&domain, dc_key, DCT_ACCESS, Default::default(), None, 64).expect("a DCT");
         let local = RcQp::create(&domain, Access::NONE).unwrap().local();
         Client {
             domain,
+            // The GID the DCT answers on (a routable RoCE v2 one); the
+            // port's own on InfiniBand.
+            gid: dct.target().gid.unwrap_or(local.gid),
             dct,
-            gid: local.gid,
             lid: local.lid,
         }
     }
@@ -363,5 +366,164 @@ mod mlx5 {
                 "{what}: a failed PUT stored an object"
             );
         }
+    }
+
+    /// A fenced window is not written after its fence: its key revoked
+    /// (what the host-shim does when a call that a standard token named
+    /// fails), a GET naming it moves nothing, then or after the retry
+    /// budget, and the rest of the region is never touched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p storage-target --all-features --test it dc:: -- --ignored"]
+    async fn dc_a_fenced_window_is_not_written_after_its_fence() {
+        use s3dma_wire::dc::{Ending, Fence, RetrySettings};
+        let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
+        let s = c.server();
+        s.admin()
+            .create_bucket()
+            .bucket("dc-b")
+            .send()
+            .await
+            .unwrap();
+        let body = data(65_536, 5);
+        s.admin()
+            .put_object()
+            .bucket("dc-b")
+            .key("k")
+            .body(body.clone().into())
+            .send()
+            .await
+            .unwrap();
+        let region = c
+            .domain
+            .alloc(3 * 65_536, Access::REMOTE_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        region.write_at(0, &[0xAB; 3 * 65_536]).unwrap();
+        let window = region
+            .window(65_536, 65_536, Access::REMOTE_WRITE, None)
+            .unwrap();
+        let token = c.token(&region, 65_536, 65_536, window.rkey());
+        // The call fails before the server is asked: the fence runs.
+        let mut fence = Fence::live(RetrySettings::default().budget().unwrap());
+        fence.end(Ending::Abandoned, std::time::Instant::now());
+        assert!(fence.needs_invalidation());
+        window.revoke();
+        fence.key_invalidated();
+        for when in ["during the fence", "after the fence"] {
+            if when == "after the fence" {
+                let rest = fence.remaining(std::time::Instant::now()).unwrap();
+                tokio::time::sleep(rest).await;
+                assert!(fence.poll(std::time::Instant::now()));
+            }
+            let r = send_signed(
+                ADMIN,
+                "GET",
+                &s.url("/dc-b/k"),
+                &[("x-amz-rdma-token", &token)],
+                &[],
+            )
+            .await;
+            assert!(r.status >= 400, "{when}: {} {}", r.status, r.text());
+            assert!(
+                r.text().contains("RDMATransferFailed"),
+                "{when}: {}",
+                r.text()
+            );
+            let mut got = vec![0u8; 3 * 65_536];
+            region.read_at(0, &mut got).unwrap();
+            assert!(got.iter().all(|&b| b == 0xAB), "{when}: memory written");
+        }
+    }
+
+    /// A late write after a cancel lands nowhere the tenant can see: a
+    /// large GET by DC is cancelled while the server's writes are in
+    /// flight and its window revoked at once; after the retry budget the
+    /// memory no longer changes, nothing outside the window ever changed,
+    /// and the server serves the next request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p storage-target --all-features --test it dc:: -- --ignored"]
+    async fn dc_a_late_write_after_a_cancel_lands_nowhere_the_tenant_can_see() {
+        use s3dma_wire::dc::{Ending, Fence, RetrySettings};
+        const LEN: usize = 256 << 20;
+        const GUARD: usize = 1 << 20;
+        let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
+        let s = c.server();
+        s.admin()
+            .create_bucket()
+            .bucket("dc-b")
+            .send()
+            .await
+            .unwrap();
+        let body = data(LEN, 11);
+        s.admin()
+            .put_object()
+            .bucket("dc-b")
+            .key("big")
+            .body(body.clone().into())
+            .send()
+            .await
+            .unwrap();
+        let region = c
+            .domain
+            .alloc(LEN + 2 * GUARD, Access::REMOTE_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        let fill = vec![0xABu8; LEN + 2 * GUARD];
+        region.write_at(0, &fill).unwrap();
+        let window = region
+            .window(GUARD, LEN, Access::REMOTE_WRITE, None)
+            .unwrap();
+        let n = u32::try_from(LEN).unwrap();
+        let token = c.token(&region, GUARD as u64, n, window.rkey());
+        let url = s.url("/dc-b/big");
+        let headers = [("x-amz-rdma-token", token.as_str())];
+        for delay_ms in [20u64, 5, 1] {
+            // The tenant gives up while the server is writing.
+            let get = send_signed(ADMIN, "GET", &url, &headers, &[]);
+            let cancelled = tokio::time::timeout(std::time::Duration::from_millis(delay_ms), get)
+                .await
+                .is_err();
+            if !cancelled {
+                // Done before the cancel (a fast NIC): try a shorter delay.
+                continue;
+            }
+            let mut fence = Fence::live(RetrySettings::default().budget().unwrap());
+            fence.end(Ending::Abandoned, std::time::Instant::now());
+            window.revoke();
+            fence.key_invalidated();
+            let rest = fence.remaining(std::time::Instant::now()).unwrap();
+            tokio::time::sleep(rest).await;
+            assert!(fence.poll(std::time::Instant::now()));
+            // The memory the tenant gets back now no longer changes.
+            let mut first = vec![0u8; LEN + 2 * GUARD];
+            region.read_at(0, &mut first).unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            let mut later = vec![0u8; LEN + 2 * GUARD];
+            region.read_at(0, &mut later).unwrap();
+            assert!(first == later, "a write landed after the fence");
+            assert!(
+                later[..GUARD].iter().all(|&b| b == 0xAB)
+                    && later[GUARD + LEN..].iter().all(|&b| b == 0xAB),
+                "a write landed outside the window"
+            );
+            // The server is still serving.
+            let other = c
+                .domain
+                .alloc(4096, Access::REMOTE_WRITE | Access::REMOTE_READ)
+                .unwrap();
+            let small = c.token(&other, 0, 4096, other.rkey());
+            let r = send_signed(
+                ADMIN,
+                "GET",
+                &s.url("/dc-b/big"),
+                &[("x-amz-rdma-token", &small), ("range", "bytes=0-4095")],
+                &[],
+            )
+            .await;
+            assert_eq!(r.status, 206, "{}", r.text());
+            let mut got = vec![0u8; 4096];
+            other.read_at(0, &mut got).unwrap();
+            assert_eq!(got, body[..4096]);
+            return;
+        }
+        panic!("every GET of {LEN} bytes finished before its cancel: no cancel was exercised");
     }
 }
