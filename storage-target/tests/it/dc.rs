@@ -127,6 +127,88 @@ async fn dc_unavailable_declines_standard_tokens_with_501() {
     }
 }
 
+/// A gateway (`store: s3`) in front of `upstream`, with RDMA on `backend`
+/// sending to `networks`.
+fn gateway(upstream: &Server, backend: Backend, networks: &str) -> Server {
+    let up = upstream.endpoint.clone();
+    let networks = networks.to_owned();
+    Server::start_with(move |dir: &Path| {
+        let kf = dir.join("fabric.key");
+        common::write_private(&kf, format!("{KEY_HEX}\n"));
+        format!(
+            "store: s3\ndata_dir: ''\nupstream:\n  endpoints: [{up}]\ncache:\n  size: 32MiB\n  chunk_size: 1MiB\nrdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  dc:\n    enabled: true\n",
+            kf.display()
+        )
+    })
+}
+
+async fn upstream_object(s: &Server, bucket: &str, key: &str) -> Option<Vec<u8>> {
+    let o = s
+        .admin()
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .ok()?;
+    Some(o.body.collect().await.unwrap().into_bytes().to_vec())
+}
+
+/// A gateway without DC declines a standard token by the same rules: the
+/// GET served through its cache in the body with `x-amz-rdma-reply: 501`,
+/// the PUT refused with nothing stored upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dc_unavailable_a_gateway_declines_standard_tokens_with_501() {
+    let upstream = Server::start();
+    upstream
+        .admin()
+        .create_bucket()
+        .bucket("dc-g")
+        .send()
+        .await
+        .unwrap();
+    let body = data(300_001, 7);
+    upstream
+        .admin()
+        .put_object()
+        .bucket("dc-g")
+        .key("k")
+        .body(body.clone().into())
+        .send()
+        .await
+        .unwrap();
+    let gw = gateway(&upstream, backend(), "[127.0.0.0/8, 10.0.0.0/8]");
+    let gid = std::net::Ipv4Addr::new(10, 77, 0, 1)
+        .to_ipv6_mapped()
+        .octets();
+    let token = standard_token(0x7f00_0000_1000, 300_001, 0x1234, 0, 0x2a, gid);
+    let r = send_signed(
+        ADMIN,
+        "GET",
+        &gw.url("/dc-g/k"),
+        &[("x-amz-rdma-token", &token)],
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(sha(&r.body), sha(&body));
+    let r = send_signed(
+        ADMIN,
+        "PUT",
+        &gw.url("/dc-g/put"),
+        &[("x-amz-rdma-token", &token), ("content-length", "0")],
+        &[],
+    )
+    .await;
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{}", r.text());
+    assert!(r.text().contains("RDMANotSupported"), "{}", r.text());
+    assert!(
+        upstream_object(&upstream, "dc-g", "put").await.is_none(),
+        "a declined PUT stored an object upstream"
+    );
+}
+
 #[cfg(feature = "dc")]
 mod mlx5 {
     //! The DC transfers themselves (mlx5 with DC only).
@@ -525,5 +607,92 @@ mod mlx5 {
             return;
         }
         panic!("every GET of {LEN} bytes finished before its cancel: no cancel was exercised");
+    }
+
+    /// Through a gateway: GET (whole and a range) by the gateway's DCIs
+    /// from its cache into a DCT's memory, PUT by DC READ stored upstream.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p storage-target --all-features --test it dc:: -- --ignored"]
+    async fn dc_through_a_gateway() {
+        let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
+        let upstream = Server::start();
+        upstream
+            .admin()
+            .create_bucket()
+            .bucket("dc-g")
+            .send()
+            .await
+            .unwrap();
+        let body = data((1 << 20) + 3, 41);
+        upstream
+            .admin()
+            .put_object()
+            .bucket("dc-g")
+            .key("read-me")
+            .body(body.clone().into())
+            .send()
+            .await
+            .unwrap();
+        let ip = std::net::Ipv6Addr::from(c.gid);
+        let net = match ip.to_ipv4_mapped() {
+            Some(v4) => format!("[{v4}/32]"),
+            None => format!("[{ip}/128]"),
+        };
+        let gw = gateway(&upstream, Backend::Verbs, &net);
+        let region = c
+            .domain
+            .alloc(body.len(), Access::REMOTE_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        let n = u32::try_from(body.len()).unwrap();
+        let token = c.token(&region, 0, n, region.rkey());
+        let r = send_signed(
+            ADMIN,
+            "GET",
+            &gw.url("/dc-g/read-me"),
+            &[("x-amz-rdma-token", &token)],
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+        let mut got = vec![0u8; body.len()];
+        region.read_at(0, &mut got).unwrap();
+        assert_eq!(sha(&got), sha(&body), "GET by DC WRITE through the gateway");
+        let small = c
+            .domain
+            .alloc(4096, Access::REMOTE_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        let t = c.token(&small, 0, 4096, small.rkey());
+        let r = send_signed(
+            ADMIN,
+            "GET",
+            &gw.url("/dc-g/read-me"),
+            &[("x-amz-rdma-token", &t), ("range", "bytes=1000-5095")],
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 206, "{}", r.text());
+        let mut got = vec![0u8; 4096];
+        small.read_at(0, &mut got).unwrap();
+        assert_eq!(got, body[1000..5096]);
+        // PUT: the same bytes back by DC READ, stored upstream.
+        let r = send_signed(
+            ADMIN,
+            "PUT",
+            &gw.url("/dc-g/written"),
+            &[("x-amz-rdma-token", &token), ("content-length", "0")],
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+        let stored = upstream_object(&upstream, "dc-g", "written")
+            .await
+            .expect("stored upstream");
+        assert_eq!(
+            sha(&stored),
+            sha(&body),
+            "PUT by DC READ through the gateway"
+        );
     }
 }
