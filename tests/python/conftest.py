@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "host-shim" / "python"))
 
 from s3util import REGION, User, unique_bucket  # noqa: E402
+from tenant_stack import with_pdeathsig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_RE = re.compile(r"^storage-target listening on (http://\S+)$")
@@ -76,16 +77,6 @@ def owner(user: str) -> dict[str, str]:
     """``{"ID", "DisplayName"}`` as S3 shows a session user (the display
     name defaults to the canonical id: access key ids are never shown)."""
     return {"ID": canonical_id(user), "DisplayName": "Erin" if user == "erin" else canonical_id(user)}
-
-
-def _die_with_parent():  # runs in the child between fork and exec
-    """Linux: SIGTERM the server if pytest dies without cleaning up."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
 def storage_target_bin() -> Path:
@@ -178,15 +169,15 @@ class StorageTarget:
             )
         log = open(self.log_path, "ab")
         env = dict(os.environ)
+        # SIGTERM the server if pytest dies without cleaning up.
         self.proc = subprocess.Popen(
-            [str(binary), "--config", str(self.config_path)],
+            with_pdeathsig([binary, "--config", self.config_path], "TERM"),
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
             env=env,
             text=True,
             bufsize=1,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         log.close()
         lines: queue.Queue = queue.Queue()

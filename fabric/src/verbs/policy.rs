@@ -233,15 +233,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn target_gids_are_routable_unless_configured() {
-        let table = [
+    /// A RoCE port's table: v1 and v2 entries for a link-local and an
+    /// IPv4 address, then a global IPv6 one.
+    fn roce_table() -> [GidEntry; 5] {
+        [
             e(0, "fe80::1", GidType::RoceV1),
             e(1, "fe80::1", GidType::RoceV2),
             e(2, "::ffff:10.0.0.5", GidType::RoceV1),
             e(3, "::ffff:10.0.0.5", GidType::RoceV2),
             e(4, "fd00::5", GidType::RoceV2),
-        ];
+        ]
+    }
+
+    #[test]
+    fn target_gids_are_routable_unless_configured() {
+        let table = roce_table();
         let auto = GidChoice::default();
         assert_eq!(select_target_gid(&table, true, auto).unwrap().index, 3);
         let err = select_target_gid(&table[..3], true, auto).unwrap_err();
@@ -276,13 +282,7 @@ mod tests {
 
     #[test]
     fn gid_selection_prefers_roce_v2_ipv4_mapped() {
-        let table = [
-            e(0, "fe80::1", GidType::RoceV1),
-            e(1, "fe80::1", GidType::RoceV2),
-            e(2, "::ffff:10.0.0.5", GidType::RoceV1),
-            e(3, "::ffff:10.0.0.5", GidType::RoceV2),
-            e(4, "fd00::5", GidType::RoceV2),
-        ];
+        let table = roce_table();
         assert_eq!(select_gid(&table, true).unwrap().index, 3);
         assert_eq!(select_gid(&table[..3], true).unwrap().index, 1);
         assert_eq!(select_gid(&[table[0], table[4]], true).unwrap().index, 4);

@@ -23,7 +23,7 @@ use std::path::Path;
 use fabric::Backend;
 use sha2::Digest as _;
 
-use crate::common::{self, ADMIN, Server, data, send_signed};
+use crate::common::{self, ADMIN, Server, create_bucket, data, sdk_get, sdk_put, send_signed};
 
 const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
@@ -58,6 +58,42 @@ fn sha(b: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(b))
 }
 
+/// A well-formed standard token (naming a DCT at 10.77.0.1) for `size`
+/// bytes: parsed, never served where there is no DC.
+fn foreign_token(size: u32) -> String {
+    let gid = std::net::Ipv4Addr::new(10, 77, 0, 1)
+        .to_ipv6_mapped()
+        .octets();
+    standard_token(0x7f00_0000_1000, size, 0x1234, 0, 0x2a, gid)
+}
+
+/// Asks `s` to GET `bucket/k` (holding `body`) and PUT `bucket/put` with
+/// `token`, and checks the declines of the reply rules: the GET served in
+/// the body with `x-amz-rdma-reply: 501`, the PUT `RDMANotSupported`.
+async fn assert_declined(s: &Server, bucket: &str, token: &str, body: &[u8]) {
+    let r = send_signed(
+        ADMIN,
+        "GET",
+        &s.url(&format!("/{bucket}/k")),
+        &[("x-amz-rdma-token", token)],
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(sha(&r.body), sha(body));
+    let r = send_signed(
+        ADMIN,
+        "PUT",
+        &s.url(&format!("/{bucket}/put")),
+        &[("x-amz-rdma-token", token), ("content-length", "0")],
+        &[],
+    )
+    .await;
+    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{}", r.text());
+    assert!(r.text().contains("RDMANotSupported"), "{}", r.text());
+}
+
 /// Where no DC transport exists (tcp here; rxe0 in the VM; no `dc` build),
 /// a well-formed standard token is declined by the reply rules: the GET
 /// in the body with `x-amz-rdma-reply: 501`, the PUT storing nothing, and
@@ -66,55 +102,14 @@ fn sha(b: &[u8]) -> String {
 async fn dc_unavailable_declines_standard_tokens_with_501() {
     let b = backend();
     let s = server(b, "[127.0.0.0/8, 10.0.0.0/8]", "");
-    s.admin()
-        .create_bucket()
-        .bucket("dc-b")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&s, "dc-b").await;
     let body = data(100_000, 3);
-    s.admin()
-        .put_object()
-        .bucket("dc-b")
-        .key("k")
-        .body(body.clone().into())
-        .send()
-        .await
-        .unwrap();
-    let gid = std::net::Ipv4Addr::new(10, 77, 0, 1)
-        .to_ipv6_mapped()
-        .octets();
-    let token = standard_token(0x7f00_0000_1000, 100_000, 0x1234, 0, 0x2a, gid);
+    sdk_put(&s, "dc-b", "k", body.clone()).await;
+    let token = foreign_token(100_000);
     assert_eq!(token.len(), 81);
-    let r = send_signed(
-        ADMIN,
-        "GET",
-        &s.url("/dc-b/k"),
-        &[("x-amz-rdma-token", &token)],
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
-    assert_eq!(sha(&r.body), sha(&body));
-    let r = send_signed(
-        ADMIN,
-        "PUT",
-        &s.url("/dc-b/put"),
-        &[("x-amz-rdma-token", &token), ("content-length", "0")],
-        &[],
-    )
-    .await;
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{}", r.text());
-    assert!(r.text().contains("RDMANotSupported"), "{}", r.text());
+    assert_declined(&s, "dc-b", &token, &body).await;
     assert!(
-        s.admin()
-            .head_object()
-            .bucket("dc-b")
-            .key("put")
-            .send()
-            .await
-            .is_err(),
+        sdk_get(&s, "dc-b", "put").await.is_none(),
         "a declined PUT stored an object"
     );
     if b == Backend::Verbs {
@@ -142,69 +137,19 @@ fn gateway(upstream: &Server, backend: Backend, networks: &str) -> Server {
     })
 }
 
-async fn upstream_object(s: &Server, bucket: &str, key: &str) -> Option<Vec<u8>> {
-    let o = s
-        .admin()
-        .get_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .ok()?;
-    Some(o.body.collect().await.unwrap().into_bytes().to_vec())
-}
-
 /// A gateway without DC declines a standard token by the same rules: the
 /// GET served through its cache in the body with `x-amz-rdma-reply: 501`,
 /// the PUT refused with nothing stored upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dc_unavailable_a_gateway_declines_standard_tokens_with_501() {
     let upstream = Server::start();
-    upstream
-        .admin()
-        .create_bucket()
-        .bucket("dc-g")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&upstream, "dc-g").await;
     let body = data(300_001, 7);
-    upstream
-        .admin()
-        .put_object()
-        .bucket("dc-g")
-        .key("k")
-        .body(body.clone().into())
-        .send()
-        .await
-        .unwrap();
+    sdk_put(&upstream, "dc-g", "k", body.clone()).await;
     let gw = gateway(&upstream, backend(), "[127.0.0.0/8, 10.0.0.0/8]");
-    let gid = std::net::Ipv4Addr::new(10, 77, 0, 1)
-        .to_ipv6_mapped()
-        .octets();
-    let token = standard_token(0x7f00_0000_1000, 300_001, 0x1234, 0, 0x2a, gid);
-    let r = send_signed(
-        ADMIN,
-        "GET",
-        &gw.url("/dc-g/k"),
-        &[("x-amz-rdma-token", &token)],
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
-    assert_eq!(sha(&r.body), sha(&body));
-    let r = send_signed(
-        ADMIN,
-        "PUT",
-        &gw.url("/dc-g/put"),
-        &[("x-amz-rdma-token", &token), ("content-length", "0")],
-        &[],
-    )
-    .await;
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{}", r.text());
-    assert!(r.text().contains("RDMANotSupported"), "{}", r.text());
+    assert_declined(&gw, "dc-g", &foreign_token(300_001), &body).await;
     assert!(
-        upstream_object(&upstream, "dc-g", "put").await.is_none(),
+        sdk_get(&upstream, "dc-g", "put").await.is_none(),
         "a declined PUT stored an object upstream"
     );
 }
@@ -284,26 +229,14 @@ mod mlx5 {
     async fn dc_get_and_put_from_0_bytes_to_1_gib() {
         let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
         let s = c.server();
-        s.admin()
-            .create_bucket()
-            .bucket("dc-b")
-            .send()
-            .await
-            .unwrap();
+        create_bucket(&s, "dc-b").await;
         for (i, len) in [0usize, 1, 4096, (1 << 20) + 3, 64 << 20, large()]
             .into_iter()
             .enumerate()
         {
             let body = data(len, i as u64 + 1);
             let key = format!("obj-{len}");
-            s.admin()
-                .put_object()
-                .bucket("dc-b")
-                .key(&key)
-                .body(body.clone().into())
-                .send()
-                .await
-                .unwrap();
+            sdk_put(&s, "dc-b", &key, body.clone()).await;
             let region = c
                 .domain
                 .alloc(len.max(1), Access::REMOTE_WRITE | Access::REMOTE_READ)
@@ -341,19 +274,7 @@ mod mlx5 {
                 .await;
                 assert_eq!(r.status, 200, "{put_key}: {}", r.text());
                 assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
-                let stored = s
-                    .admin()
-                    .get_object()
-                    .bucket("dc-b")
-                    .key(&put_key)
-                    .send()
-                    .await
-                    .unwrap()
-                    .body
-                    .collect()
-                    .await
-                    .unwrap()
-                    .into_bytes();
+                let stored = sdk_get(&s, "dc-b", &put_key).await.expect("stored");
                 assert_eq!(sha(&stored), sha(&body), "{put_key} by DC READ");
             }
         }
@@ -386,21 +307,9 @@ mod mlx5 {
         let good = client(s3dma_wire::dc::DEFAULT_DC_KEY);
         let other_key = client(0x1234_5678);
         let s = good.server();
-        s.admin()
-            .create_bucket()
-            .bucket("dc-b")
-            .send()
-            .await
-            .unwrap();
+        create_bucket(&s, "dc-b").await;
         let body = data(65_536, 9);
-        s.admin()
-            .put_object()
-            .bucket("dc-b")
-            .key("k")
-            .body(body.clone().into())
-            .send()
-            .await
-            .unwrap();
+        sdk_put(&s, "dc-b", "k", body.clone()).await;
         for (what, c, rkey_delta) in [
             ("a DCT with another DC key", &other_key, 0u32),
             ("a wrong rkey", &good, 1u32),
@@ -438,13 +347,7 @@ mod mlx5 {
             .await;
             assert!(r.status >= 400, "{what}: PUT {} {}", r.status, r.text());
             assert!(
-                s.admin()
-                    .head_object()
-                    .bucket("dc-b")
-                    .key("never")
-                    .send()
-                    .await
-                    .is_err(),
+                sdk_get(&s, "dc-b", "never").await.is_none(),
                 "{what}: a failed PUT stored an object"
             );
         }
@@ -460,21 +363,9 @@ mod mlx5 {
         use s3dma_wire::dc::{Ending, Fence, RetrySettings};
         let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
         let s = c.server();
-        s.admin()
-            .create_bucket()
-            .bucket("dc-b")
-            .send()
-            .await
-            .unwrap();
+        create_bucket(&s, "dc-b").await;
         let body = data(65_536, 5);
-        s.admin()
-            .put_object()
-            .bucket("dc-b")
-            .key("k")
-            .body(body.clone().into())
-            .send()
-            .await
-            .unwrap();
+        sdk_put(&s, "dc-b", "k", body.clone()).await;
         let region = c
             .domain
             .alloc(3 * 65_536, Access::REMOTE_WRITE | Access::REMOTE_READ)
@@ -529,21 +420,9 @@ mod mlx5 {
         const GUARD: usize = 1 << 20;
         let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
         let s = c.server();
-        s.admin()
-            .create_bucket()
-            .bucket("dc-b")
-            .send()
-            .await
-            .unwrap();
+        create_bucket(&s, "dc-b").await;
         let body = data(LEN, 11);
-        s.admin()
-            .put_object()
-            .bucket("dc-b")
-            .key("big")
-            .body(body.clone().into())
-            .send()
-            .await
-            .unwrap();
+        sdk_put(&s, "dc-b", "big", body.clone()).await;
         let region = c
             .domain
             .alloc(LEN + 2 * GUARD, Access::REMOTE_WRITE | Access::REMOTE_READ)
@@ -616,23 +495,9 @@ mod mlx5 {
     async fn dc_through_a_gateway() {
         let c = client(s3dma_wire::dc::DEFAULT_DC_KEY);
         let upstream = Server::start();
-        upstream
-            .admin()
-            .create_bucket()
-            .bucket("dc-g")
-            .send()
-            .await
-            .unwrap();
+        create_bucket(&upstream, "dc-g").await;
         let body = data((1 << 20) + 3, 41);
-        upstream
-            .admin()
-            .put_object()
-            .bucket("dc-g")
-            .key("read-me")
-            .body(body.clone().into())
-            .send()
-            .await
-            .unwrap();
+        sdk_put(&upstream, "dc-g", "read-me", body.clone()).await;
         let ip = std::net::Ipv6Addr::from(c.gid);
         let net = match ip.to_ipv4_mapped() {
             Some(v4) => format!("[{v4}/32]"),
@@ -686,7 +551,7 @@ mod mlx5 {
         .await;
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
-        let stored = upstream_object(&upstream, "dc-g", "written")
+        let stored = sdk_get(&upstream, "dc-g", "written")
             .await
             .expect("stored upstream");
         assert_eq!(

@@ -19,7 +19,7 @@ use fabric::verbs::rc::{RcQp, RcRemote};
 use fabric::{Access, Backend, Domain, Region};
 use sha2::Digest as _;
 
-use crate::common::{self, ADMIN, OTHER, Raw, Server, data, raw, send_signed};
+use crate::common::{self, ADMIN, OTHER, Raw, Server, data, raw, sdk_get, sdk_put, send_signed};
 
 const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
@@ -304,22 +304,6 @@ fn check_final(fin: &Raw, cookie: u32, size: u64) {
     assert!(fin.body.is_empty());
     let crc = fin.header("x-amz-rdma-checksum").expect("a checksum");
     assert!(crc.starts_with("CRC64NVME ") && crc.len() == 22, "{crc}");
-}
-
-async fn sdk_put(s: &Server, b: &str, k: &str, d: Vec<u8>) {
-    s.admin()
-        .put_object()
-        .bucket(b)
-        .key(k)
-        .body(aws_sdk_s3::primitives::ByteStream::from(d))
-        .send()
-        .await
-        .unwrap();
-}
-
-async fn sdk_get(s: &Server, b: &str, k: &str) -> Option<Vec<u8>> {
-    let r = s.admin().get_object().bucket(b).key(k).send().await.ok()?;
-    Some(r.body.collect().await.unwrap().to_vec())
 }
 
 /// Where RDMA is off or the backend is tcp, every control request is

@@ -6,7 +6,7 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::{Raw, Server, data, md5_hex, raw};
+use crate::common::{Raw, Server, create_bucket, data, md5_hex, raw};
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -172,10 +172,6 @@ fn etag(r: &Raw) -> String {
         .unwrap_or_default()
         .trim_matches('"')
         .to_owned()
-}
-
-async fn create_bucket(s: &Server, b: &str) {
-    s.admin().create_bucket().bucket(b).send().await.unwrap();
 }
 
 async fn sdk_get(s: &Server, b: &str, k: &str) -> Vec<u8> {

@@ -342,6 +342,29 @@ pub(crate) async fn send_signed(
     raw(method, url, &hs, Bytes::new()).await
 }
 
+/// Creates bucket `b` as the admin.
+pub(crate) async fn create_bucket(s: &Server, b: &str) {
+    s.admin().create_bucket().bucket(b).send().await.unwrap();
+}
+
+/// Stores `d` at `b/k` as the admin, through the SDK (plain HTTP).
+pub(crate) async fn sdk_put(s: &Server, b: &str, k: &str, d: Vec<u8>) {
+    s.admin()
+        .put_object()
+        .bucket(b)
+        .key(k)
+        .body(aws_sdk_s3::primitives::ByteStream::from(d))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The bytes at `b/k` through the SDK, `None` when there is no object.
+pub(crate) async fn sdk_get(s: &Server, b: &str, k: &str) -> Option<Vec<u8>> {
+    let r = s.admin().get_object().bucket(b).key(k).send().await.ok()?;
+    Some(r.body.collect().await.unwrap().to_vec())
+}
+
 /// Deterministic pseudo-random bytes.
 pub(crate) fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
