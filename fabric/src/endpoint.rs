@@ -25,16 +25,35 @@ pub struct Endpoint {
     inner: EndpointImpl,
     addr: EndpointAddr,
     _domain: Domain,
+    /// [`EndpointConfig::isolated_responders`].
+    isolated: Vec<(u32, Domain)>,
 }
 
 impl Endpoint {
     /// Starts listening. Must run inside a tokio runtime.
     pub async fn listen(domain: &Domain, config: EndpointConfig) -> Result<Endpoint> {
-        if config.responder > MAX_DCTN {
-            return Err(FabricError::InvalidArgument(format!(
-                "responder number {} does not fit the token's 24-bit dctn",
-                config.responder
-            )));
+        for r in std::iter::once(config.responder)
+            .chain(config.isolated_responders.iter().map(|(r, _)| *r))
+        {
+            if r > MAX_DCTN {
+                return Err(FabricError::InvalidArgument(format!(
+                    "responder number {r} does not fit the token's 24-bit dctn"
+                )));
+            }
+        }
+        let mut seen = vec![config.responder];
+        for (r, d) in &config.isolated_responders {
+            if seen.contains(r) {
+                return Err(FabricError::InvalidArgument(format!(
+                    "responder number {r} is given twice"
+                )));
+            }
+            seen.push(*r);
+            if d.backend() != Backend::Verbs || domain.backend() != Backend::Verbs {
+                return Err(FabricError::InvalidArgument(
+                    "isolated responders are served on verbs only (on tcp every key is checked by the one domain's endpoint)".into(),
+                ));
+            }
         }
         let (inner, addr) = match domain.backend() {
             Backend::Tcp => {
@@ -60,6 +79,7 @@ impl Endpoint {
             inner,
             addr,
             _domain: domain.clone(),
+            isolated: config.isolated_responders,
         })
     }
 
@@ -69,9 +89,25 @@ impl Endpoint {
         self.addr
     }
 
-    /// The `x-amz-rdma-token` for a whole window served by this endpoint.
+    /// The `x-amz-rdma-token` for a whole window served by this endpoint:
+    /// it names the responder whose domain holds the window's region.
     pub fn token(&self, window: &Window) -> std::result::Result<RdmaToken, TokenError> {
-        RdmaToken::new(self.addr, window.remote())
+        RdmaToken::new(self.addr_for(window.region().domain()), window.remote())
+    }
+
+    /// Where a peer reaches memory of `domain`: this endpoint's address
+    /// with the responder serving that domain (the base responder unless
+    /// `domain` is one of the isolated responders').
+    pub fn addr_for(&self, domain: &Domain) -> EndpointAddr {
+        let responder = self
+            .isolated
+            .iter()
+            .find(|(_, d)| d.same(domain))
+            .map_or(self.addr.responder, |(r, _)| *r);
+        EndpointAddr {
+            addr: self.addr.addr,
+            responder,
+        }
     }
 
     /// Stops the endpoint: no new connections, existing ones are dropped.

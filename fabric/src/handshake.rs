@@ -30,6 +30,20 @@ pub(crate) async fn accept_handshake(
     key: &FabricKey,
     me: &EndpointAddr,
 ) -> Result<Hello> {
+    accept_handshake_as(stream, peer, key, me, &[]).await
+}
+
+/// [`accept_handshake`] by an endpoint that also answers as responders
+/// `also` (same address): the requester's hello names which one it
+/// dialled, and its proof must be for that one. The caller reads the
+/// responder it got from the returned hello's `target`.
+pub(crate) async fn accept_handshake_as(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    key: &FabricKey,
+    me: &EndpointAddr,
+    also: &[u32],
+) -> Result<Hello> {
     let ioerr = |e| FabricError::io(format!("handshake with {peer}"), e);
     let refused = |reason: String| FabricError::Handshake {
         peer: peer.to_string(),
@@ -69,6 +83,17 @@ pub(crate) async fn accept_handshake(
         return Err(refused("closed during hello".into()));
     }
     let hello = Hello::decode(&b).map_err(|e| protocol(peer, e))?;
+    // The responder the requester named, when it is one of ours; any
+    // other name is answered as `me`, and its proof then fails.
+    let named = EndpointAddr {
+        addr: me.addr,
+        responder: hello.target.responder,
+    };
+    let me = if hello.target == named && also.contains(&named.responder) {
+        &named
+    } else {
+        me
+    };
     let version = hello.negotiate().unwrap_or(0);
     let nonce = handshake::nonce();
     let challenge = Challenge {

@@ -31,6 +31,13 @@ pub struct EndpointConfig {
     /// closes one. (A verbs out-of-band connection does not see the
     /// operations the NIC serves, so it is never idle.)
     pub idle_timeout: Option<Duration>,
+    /// Further responders on the same listener, each serving its own
+    /// protection domain ([`Domain::isolated`](crate::Domain::isolated)):
+    /// a requester names one in the handshake (the token's `dctn`) and its
+    /// queue pair is created in that responder's domain, so it reaches
+    /// only the memory registered there (verbs only; [`Endpoint::token`](crate::Endpoint::token)
+    /// names the responder of the window's domain).
+    pub isolated_responders: Vec<(u32, crate::Domain)>,
 }
 
 impl EndpointConfig {
@@ -57,6 +64,7 @@ impl EndpointConfig {
             max_connections_per_address: Self::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
             idle_timeout: Some(Self::DEFAULT_IDLE_TIMEOUT),
+            isolated_responders: Vec::new(),
         }
     }
 

@@ -66,6 +66,11 @@ impl Domain {
         Domain::with_registrar(Backend::Tcp, None)
     }
 
+    /// Whether `other` is this very domain (a clone of it).
+    pub fn same(&self, other: &Domain) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The backend of this domain.
     pub fn backend(&self) -> Backend {
         self.inner.backend

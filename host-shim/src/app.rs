@@ -120,6 +120,16 @@ fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
     Ok(())
 }
 
+/// The responder number of each tenant's protection domain: the base
+/// responder's successors, in configuration order.
+fn tenant_responders(base: u32, tenants: &[Arc<crate::registry::Tenant>]) -> Vec<(u32, Domain)> {
+    tenants
+        .iter()
+        .zip(1u32..)
+        .map(|(t, i)| (base + i, t.domain.clone()))
+        .collect()
+}
+
 /// Starts the shim.
 ///
 /// # Errors
@@ -130,7 +140,15 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let metrics = Arc::new(Metrics::new());
 
     let domain = Domain::open(c.fabric.backend)?;
+    // Each tenant's buffers live in a protection domain of their own.
+    let registry = Arc::new(Registry::new(c, domain.clone(), Arc::clone(&metrics))?);
     let mut ep_cfg = EndpointConfig::new(c.fabric.listen, cfg.fabric_key.clone());
+    if domain.backend() == fabric::Backend::Verbs {
+        // A target session names the tenant's responder (the token's
+        // `dctn`) and gets a queue pair in that tenant's domain: it can
+        // reach that tenant's live windows and nobody else's.
+        ep_cfg.isolated_responders = tenant_responders(ep_cfg.responder, registry.tenants());
+    }
     ep_cfg.advertise = c.fabric.advertise;
     ep_cfg.max_connections = c.fabric.max_connections as usize;
     ep_cfg.max_connections_per_address = c.fabric.max_connections_per_address as usize;
@@ -167,10 +185,23 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         } else if domain.backend() != fabric::Backend::Verbs {
             Err("the fabric backend is tcp".to_owned())
         } else {
-            crate::qp_link::DcHost::create(&domain, &c.fabric.dc)
+            // One DC target per tenant, in the tenant's domain: a DC
+            // peer reaches one tenant's windows at most (the well-known
+            // DC key keeps no one out).
+            registry
+                .tenants()
+                .iter()
+                .map(|t| {
+                    crate::qp_link::DcHost::create(&t.domain, &c.fabric.dc)
+                        .map(|d| (t.domain.clone(), d))
+                })
+                .collect::<Result<Vec<_>, String>>()
         };
         match &dc {
-            Ok(d) => tracing::info!(target = ?d, "DC target for the cuObject dialect"),
+            Ok(d) => tracing::info!(
+                targets = d.len(),
+                "DC targets (one per tenant) for the cuObject dialect"
+            ),
             Err(why) => {
                 tracing::info!(reason = %why, "no DC target: cuObject-dialect targets are reached over HTTP through the agent");
             }
@@ -185,7 +216,6 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
             .clone()
             .map(|host| tokio::spawn(crate::qp_link::run(agent.clone(), host))),
     );
-    let registry = Arc::new(Registry::new(c, domain, Arc::clone(&metrics)));
     let service = TenantService::new(
         Arc::clone(&registry),
         agent,

@@ -129,11 +129,11 @@ struct Tables {
 
 /// The queue pairs of the agent's transfers, on the shim's verbs domain.
 pub struct QpHost {
-    domain: Domain,
     max_queue_pairs: usize,
     tables: Mutex<Tables>,
-    /// This host's DC target, or why there is none.
-    dc: Result<DcHost, String>,
+    /// Each tenant's DC target by the tenant's protection domain, or why
+    /// there are none.
+    dc: Result<Vec<(Domain, DcHost)>, String>,
 }
 
 impl std::fmt::Debug for QpHost {
@@ -162,7 +162,14 @@ impl Tracked {
     pub fn dc_fence(&self) -> Option<Duration> {
         self.dc_exposed
             .load(std::sync::atomic::Ordering::Acquire)
-            .then(|| self.host.dc.as_ref().map(DcHost::budget).ok())
+            .then(|| {
+                self.host
+                    .dc
+                    .as_ref()
+                    .ok()
+                    .and_then(|d| d.first())
+                    .map(|(_, d)| d.budget())
+            })
             .flatten()
     }
 }
@@ -186,6 +193,11 @@ impl Drop for Tracked {
     }
 }
 
+/// The DC target serving `domain` (a tenant's), among `targets`.
+fn dc_target_for<'a, T>(targets: &'a [(Domain, T)], domain: &Domain) -> Option<&'a T> {
+    targets.iter().find(|(d, _)| d.same(domain)).map(|(_, t)| t)
+}
+
 fn failed(message: impl Into<String>) -> pb::qp_event::Event {
     pb::qp_event::Event::Failed(pb::QpFailed {
         message: message.into(),
@@ -203,11 +215,10 @@ impl QpHost {
     pub fn new(
         domain: &Domain,
         max_queue_pairs: usize,
-        dc: Result<DcHost, String>,
+        dc: Result<Vec<(Domain, DcHost)>, String>,
     ) -> Option<Arc<QpHost>> {
         (domain.backend() == fabric::Backend::Verbs).then(|| {
             Arc::new(QpHost {
-                domain: domain.clone(),
                 max_queue_pairs,
                 tables: Mutex::new(Tables::default()),
                 dc,
@@ -250,8 +261,8 @@ impl QpHost {
     /// of this shim), naming this host's DC target; the window is marked
     /// so that a failed call fences it.
     fn mint_dc_token(&self, window: &str) -> pb::qp_event::Event {
-        let dc = match &self.dc {
-            Ok(dc) => dc,
+        let targets = match &self.dc {
+            Ok(t) => t,
             Err(why) => return failed(format!("this host has no DC target: {why}")),
         };
         let token: RdmaToken = match window.parse() {
@@ -259,7 +270,7 @@ impl QpHost {
             Err(e) => return failed(format!("the window is not a valid token: {e}")),
         };
         let len = u64::from(token.size);
-        {
+        let target = {
             let t = self.lock();
             let Some(w) = t.windows.get(&token.rkey) else {
                 return failed("the token names no live window of this shim");
@@ -272,10 +283,16 @@ impl QpHost {
             if !inside {
                 return failed("the slice is not inside its window");
             }
+            // The DC target in the window's own (its tenant's) domain: the
+            // only one through which a DC peer can reach it.
+            let Some(dc) = dc_target_for(targets, w.region.domain()) else {
+                return failed("the window's tenant has no DC target");
+            };
             w.dc_exposed
                 .store(true, std::sync::atomic::Ordering::Release);
-        }
-        match s3dma_wire::dc::mint_token(dc.target, token.addr, len, token.rkey) {
+            dc.target
+        };
+        match s3dma_wire::dc::mint_token(target, token.addr, len, token.rkey) {
             Ok(t) => pb::qp_event::Event::DcToken(pb::QpDcToken {
                 token: t.to_string(),
             }),
@@ -366,7 +383,10 @@ impl QpHost {
         } else {
             Access::NONE
         };
-        let qp = match RcQp::create(&self.domain, remote) {
+        // In the window's own (its tenant's) protection domain: the peer's
+        // writes can reach that tenant's memory only, and of it only what
+        // the window's key allows.
+        let qp = match RcQp::create(region.domain(), remote) {
             Ok(q) => q,
             Err(e) => return failed(format!("creating the queue pair: {e}")),
         };

@@ -65,6 +65,12 @@ pub struct Tenant {
     pub max_batch_items: u32,
     /// The configured live-window limit.
     pub max_windows: u32,
+    /// The protection domain its buffers (and so its windows) are
+    /// registered in, with only the queue pairs that serve it: another
+    /// tenant's peers cannot reach them even with a real key (on verbs;
+    /// on tcp the shim's one domain, where keys are 32 random bits behind
+    /// the fabric key).
+    pub domain: Domain,
     windows: AtomicUsize,
     /// Fds received in lease frames that have not completed yet.
     in_frame_fds: AtomicUsize,
@@ -196,8 +202,16 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Builds the tenants from the configuration.
-    pub fn new(config: &Config, domain: Domain, metrics: Arc<Metrics>) -> Registry {
+    /// Builds the tenants from the configuration, each with a protection
+    /// domain of its own on `domain`'s device ([`Domain::isolated`]).
+    ///
+    /// # Errors
+    /// The device has no protection domain left for a tenant.
+    pub fn new(
+        config: &Config,
+        domain: Domain,
+        metrics: Arc<Metrics>,
+    ) -> Result<Registry, fabric::FabricError> {
         let mut by_uid = HashMap::new();
         let mut by_gid = HashMap::new();
         let tenants = config
@@ -205,13 +219,14 @@ impl Registry {
             .iter()
             .enumerate()
             .map(|(i, t)| {
+                let tenant_domain = domain.isolated()?;
                 for u in &t.uids {
                     by_uid.insert(*u, i);
                 }
                 for g in &t.gids {
                     by_gid.insert(*g, i);
                 }
-                Arc::new(Tenant {
+                Ok(Arc::new(Tenant {
                     name: t.name.clone(),
                     max_buffers: t.max_buffers,
                     max_buffer_bytes: t.max_buffer_bytes.0,
@@ -221,13 +236,14 @@ impl Registry {
                     max_connections: t.max_connections,
                     max_batch_items: t.max_batch_items,
                     max_windows: t.max_windows,
+                    domain: tenant_domain,
                     windows: AtomicUsize::new(0),
                     in_frame_fds: AtomicUsize::new(0),
                     state: Mutex::default(),
-                })
+                }))
             })
-            .collect();
-        Registry {
+            .collect::<Result<Vec<_>, fabric::FabricError>>()?;
+        Ok(Registry {
             tenants,
             by_uid,
             by_gid,
@@ -235,12 +251,18 @@ impl Registry {
             leases: config.leases.clone(),
             cuda: config.cuda.clone(),
             metrics,
-        }
+        })
     }
 
-    /// The fabric domain buffers are registered in.
+    /// The shim's fabric domain (each tenant's is [`Tenant::domain`], on
+    /// its device).
     pub fn domain(&self) -> &Domain {
         &self.domain
+    }
+
+    /// Every tenant, in configuration order.
+    pub fn tenants(&self) -> &[Arc<Tenant>] {
+        &self.tenants
     }
 
     /// The tenant a peer is: by uid, else by primary gid.
@@ -508,7 +530,7 @@ impl Registry {
             .map_err(|_| ShimError::OutOfBounds(format!("size {size} does not fit in memory")))?;
         self.reserve(tenant, size)?;
         let registered = Memory::from_fd(pending.fd, len)
-            .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
+            .and_then(|m| tenant.domain.register_windows_only(m, Access::ALL));
         match registered {
             Ok(region) => self.insert(tenant, region, lease.id, label),
             Err(e) => {
@@ -564,7 +586,7 @@ impl Registry {
                 let registered = {
                     use std::os::fd::AsFd as _;
                     Memory::cuda_fd(device, pending.fd.as_fd(), len)
-                        .and_then(|m| self.domain.register_windows_only(m, Access::ALL))
+                        .and_then(|m| tenant.domain.register_windows_only(m, Access::ALL))
                 };
                 #[cfg(not(feature = "cuda"))]
                 let registered: Result<Region, fabric::FabricError> = {
@@ -597,7 +619,7 @@ impl Registry {
                 self.reserve(tenant, size)?;
                 #[cfg(feature = "cuda")]
                 let registered = Memory::cuda_ipc(device, fabric::cuda::IpcMemHandle(handle), len)
-                    .and_then(|m| self.domain.register_windows_only(m, Access::ALL));
+                    .and_then(|m| tenant.domain.register_windows_only(m, Access::ALL));
                 #[cfg(not(feature = "cuda"))]
                 let registered: Result<Region, fabric::FabricError> = {
                     let _ = handle;
@@ -844,7 +866,7 @@ tenants:
 {yaml_extra}"#
         );
         let config = crate::config::parse(std::path::Path::new("t.yaml"), &text).unwrap();
-        Registry::new(&config, Domain::tcp(), Arc::new(Metrics::new()))
+        Registry::new(&config, Domain::tcp(), Arc::new(Metrics::new())).unwrap()
     }
 
     fn memfd(len: usize) -> OwnedFd {

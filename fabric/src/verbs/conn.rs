@@ -19,7 +19,7 @@ use super::{VerbsDomain, access_flags, policy};
 use crate::access::Access;
 use crate::completion::Completion;
 use crate::error::{FabricError, OpStatus, Result};
-use crate::handshake::{accept_handshake, connect_handshake};
+use crate::handshake::{accept_handshake_as, connect_handshake};
 use crate::listener::Listener;
 use crate::options::EndpointConfig;
 use crate::region::{Domain, LocalSlice};
@@ -79,6 +79,7 @@ impl VerbsEndpoint {
         verbs_of(&domain)?;
         let key = config.fabric_key.clone();
         let handshake_timeout = config.handshake_timeout;
+        let isolated: Arc<[(u32, Domain)]> = config.isolated_responders.clone().into();
         let mut identity = None;
         let listener = Listener::bind(config.bind, "verbs endpoint", config.caps(), |local| {
             let me = config.identity(local);
@@ -88,6 +89,7 @@ impl VerbsEndpoint {
                     stream,
                     peer,
                     domain.clone(),
+                    isolated.clone(),
                     key.clone(),
                     me,
                     handshake_timeout,
@@ -113,19 +115,27 @@ async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     domain: Domain,
+    isolated: Arc<[(u32, Domain)]>,
     key: FabricKey,
     me: EndpointAddr,
     handshake_timeout: Duration,
 ) -> Result<()> {
-    tokio::time::timeout(
+    let also: Vec<u32> = isolated.iter().map(|(r, _)| *r).collect();
+    let hello = tokio::time::timeout(
         handshake_timeout,
-        accept_handshake(&stream, peer, &key, &me),
+        accept_handshake_as(&stream, peer, &key, &me, &also),
     )
     .await
     .map_err(|_| FabricError::Handshake {
         peer: peer.to_string(),
         reason: "timed out".into(),
     })??;
+    // The responder the requester proved it dialled decides the protection
+    // domain its queue pair lives in: it reaches only that domain's memory.
+    let domain = isolated
+        .iter()
+        .find(|(r, _)| *r == hello.target.responder)
+        .map_or(domain, |(_, d)| d.clone());
     let v = verbs_of(&domain)?;
     let qp = QueuePair::create(v.context(), v.pd(), false)?;
     let psn = rand::random::<u32>() & 0x00ff_ffff;

@@ -87,9 +87,28 @@ pub fn access_flags(a: Access) -> u32 {
     f
 }
 
+/// An open device context, shared by every protection domain allocated on
+/// it ([`VerbsDomain::isolated`]); closed when the last one goes.
+struct DeviceContext(NonNull<ibv_context>);
+
+// SAFETY: a verbs context is a thread-safe object in libibverbs.
+unsafe impl Send for DeviceContext {}
+// SAFETY: see Send; verbs calls on it are internally synchronised.
+unsafe impl Sync for DeviceContext {}
+
+impl Drop for DeviceContext {
+    fn drop(&mut self) {
+        // SAFETY: every PD on the context holds this Arc, so none is left;
+        // the context is closed once.
+        unsafe {
+            ibv_close_device(self.0.as_ptr());
+        }
+    }
+}
+
 /// An open verbs device with its protection domain.
 pub(crate) struct VerbsDomain {
-    ctx: NonNull<ibv_context>,
+    ctx: std::sync::Arc<DeviceContext>,
     pd: NonNull<ibv_pd>,
     pub(crate) port: PortInfo,
     /// The port's whole GID table, for a QP that must use a GID of a
@@ -232,11 +251,30 @@ impl VerbsDomain {
             }
         };
         Ok(VerbsDomain {
-            ctx,
+            ctx: std::sync::Arc::new(DeviceContext(ctx)),
             pd,
             port,
             gids,
             ethernet,
+        })
+    }
+
+    /// A protection domain of its own on the same device context (port and
+    /// GIDs as this one's): memory registered in it is reachable only from
+    /// queue pairs created in it.
+    pub(crate) fn isolated(&self) -> Result<VerbsDomain> {
+        // SAFETY: the context is open while `self.ctx` lives.
+        let pd = unsafe { ibv_alloc_pd(self.ctx.0.as_ptr()) };
+        let pd = NonNull::new(pd).ok_or_else(|| FabricError::Verbs {
+            what: "ibv_alloc_pd".into(),
+            source: std::io::Error::last_os_error(),
+        })?;
+        Ok(VerbsDomain {
+            ctx: self.ctx.clone(),
+            pd,
+            port: self.port,
+            gids: self.gids.clone(),
+            ethernet: self.ethernet,
         })
     }
 
@@ -285,7 +323,7 @@ impl VerbsDomain {
     }
 
     pub(crate) fn context(&self) -> *mut ibv_context {
-        self.ctx.as_ptr()
+        self.ctx.0.as_ptr()
     }
 
     pub(crate) fn pd(&self) -> *mut ibv_pd {
@@ -313,11 +351,11 @@ impl Registrar for VerbsDomain {
 
 impl Drop for VerbsDomain {
     fn drop(&mut self) {
-        // SAFETY: every MR holds the domain alive (via its region), so none
-        // is left when the domain drops; PD then context are released once.
+        // SAFETY: every MR and QP holds the domain alive (via its region or
+        // requester), so none is left when the domain drops; the PD is
+        // released once (the context with the last domain on it).
         unsafe {
             ibv_dealloc_pd(self.pd.as_ptr());
-            ibv_close_device(self.ctx.as_ptr());
         }
     }
 }

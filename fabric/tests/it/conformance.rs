@@ -834,6 +834,108 @@ async fn file_source(backend: Backend) {
     assert!(fabric::FileRange::new(file, u64::MAX - 1, 2).is_err());
 }
 
+/// A peer's queue pair sits in the protection domain of the responder it
+/// named: a session to tenant A's responder, with tenant B's real window
+/// key and address, gets a remote access error and moves nothing, while a
+/// session to B's responder reaches B's window; tokens name the
+/// responder of the window's domain. (On tcp one domain serves every key,
+/// so isolated responders are refused there.)
+async fn isolated_responders(backend: Backend) {
+    let key = FabricKey::random();
+    let base = Domain::open(backend).expect("open server domain");
+    let client = Domain::open(backend).expect("open client domain");
+    let (a, b) = (base.isolated().unwrap(), base.isolated().unwrap());
+    let mut cfg = EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone());
+    cfg.isolated_responders = vec![(2, a.clone()), (3, b.clone())];
+    if backend == Backend::Tcp {
+        assert!(a.same(&base), "on tcp an isolated domain is the domain");
+        assert!(matches!(
+            Endpoint::listen(&base, cfg).await,
+            Err(FabricError::InvalidArgument(_))
+        ));
+        return;
+    }
+    assert!(!a.same(&b) && !a.same(&base));
+    let endpoint = Endpoint::listen(&base, cfg).await.expect("listen");
+    let victim = b.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    victim.write_at(0, &[7u8; 4096]).unwrap();
+    let window = victim
+        .window(0, 4096, Access::REMOTE_WRITE | Access::REMOTE_READ, None)
+        .unwrap();
+    let token = endpoint.token(&window).unwrap();
+    assert_eq!(token.endpoint().unwrap().responder, 3, "B's responder");
+    let mine = a.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    let mine_w = mine.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
+    assert_eq!(
+        endpoint
+            .token(&mine_w)
+            .unwrap()
+            .endpoint()
+            .unwrap()
+            .responder,
+        2
+    );
+    let local = client.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    local.write_at(0, &[0xa5u8; 4096]).unwrap();
+    // The attacker: a session to A's responder (its own tenant), B's key.
+    let as_a = fabric::EndpointAddr {
+        responder: 2,
+        ..endpoint.addr()
+    };
+    let s = Session::connect(&client, as_a, SessionConfig::new(key.clone()))
+        .await
+        .expect("connect to A");
+    expect_status(
+        s.write(local.as_slice(), window.addr(), window.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
+    let s = Session::connect(&client, as_a, SessionConfig::new(key.clone()))
+        .await
+        .expect("connect to A");
+    expect_status(
+        s.read(local.as_slice(), window.addr(), window.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
+    // The base responder holds no tenant's memory either.
+    let s = Session::connect(&client, endpoint.addr(), SessionConfig::new(key.clone()))
+        .await
+        .expect("connect to the base responder");
+    expect_status(
+        s.write(local.as_slice(), window.addr(), window.rkey()),
+        OpStatus::RemoteAccess,
+    )
+    .await;
+    assert_eq!(
+        victim.as_slice().to_vec().unwrap(),
+        vec![7u8; 4096],
+        "nothing landed"
+    );
+    // B's own responder reaches B's window.
+    let s = Session::connect(
+        &client,
+        token.endpoint().unwrap(),
+        SessionConfig::new(key.clone()),
+    )
+    .await
+    .expect("connect to B");
+    s.write(local.as_slice(), window.addr(), window.rkey())
+        .await
+        .expect("B's peer writes B's window");
+    assert_eq!(victim.as_slice().to_vec().unwrap(), vec![0xa5u8; 4096]);
+    // A responder that does not exist is refused in the handshake.
+    let nobody = fabric::EndpointAddr {
+        responder: 9,
+        ..endpoint.addr()
+    };
+    assert!(
+        Session::connect(&client, nobody, SessionConfig::new(key))
+            .await
+            .is_err()
+    );
+}
+
 /// Whether the verbs variants run here: inside the Soft-RoCE VM always (a
 /// missing device fails there), elsewhere when a verbs domain opens.
 fn verbs_here(case: &str) -> bool {
@@ -895,4 +997,5 @@ conformance!(
     multi_stream_large,
     shared_memory_regions,
     file_source,
+    isolated_responders,
 );
