@@ -857,14 +857,19 @@ async fn isolated_responders(backend: Backend) {
     }
     assert!(!a.same(&b) && !a.same(&base));
     let endpoint = Endpoint::listen(&base, cfg).await.expect("listen");
-    let victim = b.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    // As the shim registers tenant memory: only windows reach it.
+    let victim = b
+        .register_windows_only(fabric::Memory::anonymous(4096).unwrap(), Access::ALL)
+        .unwrap();
     victim.write_at(0, &[7u8; 4096]).unwrap();
     let window = victim
         .window(0, 4096, Access::REMOTE_WRITE | Access::REMOTE_READ, None)
         .unwrap();
     let token = endpoint.token(&window).unwrap();
     assert_eq!(token.endpoint().unwrap().responder, 3, "B's responder");
-    let mine = a.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    let mine = a
+        .register_windows_only(fabric::Memory::anonymous(4096).unwrap(), Access::ALL)
+        .unwrap();
     let mine_w = mine.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
     assert_eq!(
         endpoint
