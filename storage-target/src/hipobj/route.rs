@@ -247,7 +247,23 @@ impl HipobjService {
 
     /// The session's queue pair, staging memory and (GET) bytes.
     async fn build(&self, p: &PrepareRequest, owner: &s3s::auth::Credentials) -> S3Result<Built> {
-        let domain = self.domain.as_ref().expect("checked by the route");
+        // The session's own protection domain: its QP can reach its own
+        // staging memory and nothing of any other session (a key is not a
+        // secret on RDMA: rkeys are guessable MR indices).
+        let domain = self
+            .domain
+            .as_ref()
+            .expect("checked by the route")
+            .isolated()
+            .map_err(|e| {
+                warn!(error = %e, "hipobj-rc-v2: allocating a protection domain failed");
+                custom(
+                    503,
+                    "RdmaResourceLimit",
+                    "no protection domain: retry later",
+                )
+            })?;
+        let domain = &domain;
         let len = p.size as usize;
         let (access, qp_access) = match p.op {
             Op::Get => (Access::LOCAL_WRITE, Access::LOCAL_WRITE),

@@ -775,3 +775,83 @@ async fn hipobj_through_a_gateway_on_verbs() {
 async fn reqwest_text(url: &str) -> String {
     raw("GET", url, &[], Bytes::new()).await.text()
 }
+
+/// Finding 1 of the third hardening round, as an attack: another S3 user
+/// prepares a small PUT of her own, connects her QP and writes, with the
+/// victim's real staging address and key (and a guessed neighbour key), at
+/// the victim's live PUT. Each session's QP and staging share a protection
+/// domain of their own, so the write is a remote access error, nothing
+/// lands, and the victim's object holds the victim's bytes. (With one
+/// shared PD the write was accepted and the victim stored the attacker's.)
+#[tokio::test]
+async fn hipobj_a_session_cannot_write_into_another_users_put() {
+    let Some(domain) = verbs() else { return };
+    let s = server(Backend::Verbs, "");
+    common::create_bucket(&s, "victim-b").await;
+    s.client(OTHER)
+        .create_bucket()
+        .bucket("attacker-b")
+        .send()
+        .await
+        .unwrap();
+    let len = 64 << 10;
+    let victim_bytes = data(len, 1);
+    let attacker_bytes = vec![0xa5u8; len];
+
+    // The victim's live PUT: prepared, its staging advertised.
+    let victim = Client::new(&domain, len);
+    victim.mem.write_at(0, &victim_bytes).unwrap();
+    let vr = victim
+        .prepare(&s, ADMIN, "PUT", "/victim-b/obj", len as u64, 0)
+        .await;
+    let vsession = victim.connect(&vr);
+    let vaddr = hex_header(&vr, "x-amz-rdma-mr-addr");
+    let vrkey = u32::try_from(hex_header(&vr, "x-amz-rdma-mr-rkey")).unwrap();
+
+    // The attacker's own session, on her own QP, and the write at the
+    // victim's region: with the real key, then with guessed neighbours.
+    for rkey in [vrkey, vrkey.wrapping_add(1), vrkey.wrapping_sub(1)] {
+        let attacker = Client::new(&domain, len);
+        attacker.mem.write_at(0, &attacker_bytes).unwrap();
+        let ar = attacker
+            .prepare(&s, OTHER, "PUT", "/attacker-b/mine", len as u64, 0)
+            .await;
+        let _asession = attacker.connect(&ar);
+        let wrote = attacker
+            .qp
+            .write_with_imm(
+                attacker.mem.slice(0, len).unwrap(),
+                vaddr,
+                rkey,
+                victim.cookie,
+            )
+            .await;
+        assert!(
+            wrote.is_err(),
+            "the attacker's QP wrote into the victim's staging (rkey {rkey:#x})"
+        );
+    }
+
+    // The victim's own write and READY: her bytes, and only hers, stored.
+    let h = victim.ready_headers(&vsession, true);
+    let url = s.url("/.hipobj-rc/ready");
+    let ready = tokio::spawn(async move {
+        let hs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        send_signed(ADMIN, "POST", &url, &hs, &[]).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    victim
+        .qp
+        .write_with_imm(
+            victim.mem.slice(0, len).unwrap(),
+            vaddr,
+            vrkey,
+            victim.cookie,
+        )
+        .await
+        .expect("the victim's own write completes");
+    let fin = ready.await.unwrap();
+    assert_eq!(fin.status, 200, "{}", fin.text());
+    let stored = sdk_get(&s, "victim-b", "obj").await.expect("stored");
+    assert_eq!(sha(&stored), sha(&victim_bytes), "the victim's bytes");
+}
