@@ -326,3 +326,26 @@ impl s3dma_service::skeleton::Running for Running {
         Running::shutdown(self).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_tenant_gets_its_own_responder_after_the_base() {
+        let text = r#"
+socket: { path: /tmp/x.sock }
+agent: { endpoint: "http://127.0.0.1:1", token_file: /x }
+fabric: { listen: "127.0.0.1:0", fabric_key_file: /x }
+tenants:
+  - { name: a, uids: [1] }
+  - { name: b, uids: [2] }
+"#;
+        let config = crate::config::parse(std::path::Path::new("t.yaml"), text).unwrap();
+        let registry = Registry::new(&config, Domain::tcp(), Arc::new(Metrics::new())).unwrap();
+        let r = tenant_responders(1, registry.tenants());
+        assert_eq!(r.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![2, 3]);
+        assert!(r[0].1.same(&registry.tenants()[0].domain));
+        assert!(r[1].1.same(&registry.tenants()[1].domain));
+    }
+}

@@ -524,3 +524,19 @@ pub async fn run(agent: AgentLink, host: Arc<QpHost>) {
         tokio::time::sleep(wait).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each tenant's DC target is found by the tenant's own domain, and a
+    /// window of a domain without one gets none (never another tenant's).
+    #[test]
+    fn a_window_is_named_only_by_its_own_tenants_dc_target() {
+        let (a, b, stranger) = (Domain::tcp(), Domain::tcp(), Domain::tcp());
+        let targets = vec![(a.clone(), "target-a"), (b.clone(), "target-b")];
+        assert_eq!(dc_target_for(&targets, &a), Some(&"target-a"));
+        assert_eq!(dc_target_for(&targets, &b.clone()), Some(&"target-b"));
+        assert_eq!(dc_target_for(&targets, &stranger), None);
+    }
+}
