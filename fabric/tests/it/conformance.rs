@@ -941,6 +941,75 @@ async fn isolated_responders(backend: Backend) {
     );
 }
 
+/// A hipobj-rc-v2 transfer QP, as the shim makes one for a tenant's GET:
+/// created in the domain of the window it serves. The peer's WRITE with
+/// another tenant's real window key and address is a remote access error
+/// and lands nothing; at its own tenant's window it lands. (tcp has no
+/// transfer QPs: creating one fails.)
+async fn transfer_qp_reaches_only_its_domain(backend: Backend) {
+    use fabric::verbs::rc::{RcQp, RcRemote};
+    let base = Domain::open(backend).expect("open domain");
+    if backend == Backend::Tcp {
+        assert!(RcQp::create(&base, Access::REMOTE_WRITE).is_err());
+        return;
+    }
+    let (tenant_a, tenant_b) = (base.isolated().unwrap(), base.isolated().unwrap());
+    let windows_only = |d: &Domain| {
+        d.register_windows_only(fabric::Memory::anonymous(4096).unwrap(), Access::ALL)
+            .unwrap()
+    };
+    let (mem_a, mem_b) = (windows_only(&tenant_a), windows_only(&tenant_b));
+    let win_a = mem_a.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
+    let win_b = mem_b.window(0, 4096, Access::REMOTE_WRITE, None).unwrap();
+    let peer_domain = Domain::open(backend).expect("the peer's domain");
+    let src = peer_domain.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    src.write_at(0, &[0xa5u8; 4096]).unwrap();
+    for (target, allowed) in [(&win_b, false), (&win_a, true)] {
+        // The shim's QP for tenant A's window, and the peer's.
+        let shim = RcQp::create(win_a.region().domain(), Access::REMOTE_WRITE).unwrap();
+        let peer = RcQp::create(&peer_domain, Access::NONE).unwrap();
+        let recv = shim.post_recv().unwrap();
+        let (sl, pl) = (shim.local(), peer.local());
+        shim.connect(
+            &RcRemote {
+                qpn: pl.qpn,
+                gid: pl.gid,
+                lid: pl.lid,
+                psn: 7,
+            },
+            9,
+        )
+        .unwrap();
+        peer.connect(
+            &RcRemote {
+                qpn: sl.qpn,
+                gid: sl.gid,
+                lid: sl.lid,
+                psn: 9,
+            },
+            7,
+        )
+        .unwrap();
+        let wrote =
+            guard(peer.write_with_imm(src.as_slice(), target.addr(), target.rkey(), 1)).await;
+        assert_eq!(
+            wrote.is_ok(),
+            allowed,
+            "a write at tenant {}'s window",
+            if allowed { "A" } else { "B" }
+        );
+        if allowed {
+            assert!(guard(recv).await.is_ok());
+        }
+    }
+    assert_eq!(
+        mem_b.as_slice().to_vec().unwrap(),
+        vec![0u8; 4096],
+        "nothing landed in B"
+    );
+    assert_eq!(mem_a.as_slice().to_vec().unwrap(), vec![0xa5u8; 4096]);
+}
+
 /// Whether the verbs variants run here: inside the Soft-RoCE VM always (a
 /// missing device fails there), elsewhere when a verbs domain opens.
 fn verbs_here(case: &str) -> bool {
@@ -1003,4 +1072,5 @@ conformance!(
     shared_memory_regions,
     file_source,
     isolated_responders,
+    transfer_qp_reaches_only_its_domain,
 );
