@@ -53,6 +53,8 @@
 //! * [`plan`]: pure helpers (signed-header check, request shape, sizes,
 //!   chunking, reply headers).
 //! * [`transfer`]: pipelined disk→WRITE and READ→disk.
+//! * [`backoff`]: an (S3 user, endpoint) whose connect was refused backs
+//!   off: its next requests fail at once, without dialing.
 //! * [`path`]: one request's data path ([`DataPath`]), shared by the
 //!   filesystem store's S3 front end and the gateway.
 //!
@@ -61,6 +63,7 @@
 //! to [`Metrics`] through [`fabric::pool::PoolObserver`]; sizes are read
 //! with [`s3dma_config`] and the fabric key file with [`fabric::config`].
 
+pub mod backoff;
 pub mod path;
 pub mod plan;
 pub mod share;
@@ -74,7 +77,7 @@ use fabric::{Domain, EndpointAddr, FabricKey, OpError, OpStatus, RdmaToken, Toke
 use http::{HeaderMap, HeaderValue, StatusCode};
 use s3s::{S3Error, S3ErrorCode};
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::store::ObjectReader;
@@ -112,6 +115,17 @@ pub enum RdmaError {
         "RDMA data transfer failed: could not connect to the fabric endpoint named by x-amz-rdma-token; nothing was transferred"
     )]
     Connect(#[source] ConnectError),
+    /// This user's last connect to the endpoint was refused and it backs
+    /// off ([`backoff`]): not dialed. The reply is [`RdmaError::Connect`]'s.
+    #[error(
+        "RDMA data transfer failed: could not connect to the fabric endpoint named by x-amz-rdma-token; nothing was transferred"
+    )]
+    BackingOff {
+        /// The endpoint.
+        peer: EndpointAddr,
+        /// The time left.
+        left: Duration,
+    },
     /// An operation failed.
     #[error("RDMA data transfer with {peer} failed: {source}")]
     Op {
@@ -151,7 +165,7 @@ impl RdmaError {
                 StatusCode::BAD_REQUEST,
             ),
             RdmaError::Plan(_) => (S3ErrorCode::InvalidRequest, StatusCode::BAD_REQUEST),
-            RdmaError::Connect(_) | RdmaError::Stalled { .. } => (
+            RdmaError::Connect(_) | RdmaError::BackingOff { .. } | RdmaError::Stalled { .. } => (
                 S3ErrorCode::Custom("RDMATransferFailed".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),
@@ -194,7 +208,7 @@ pub enum Decision {
 }
 
 /// How an RDMA request's bytes move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Via {
     /// s3dma's fabric session to the token's endpoint.
     Fabric,
@@ -228,6 +242,8 @@ struct Fabric {
     progress: Duration,
     /// Sessions to DC targets (standard tokens), when the device does DC.
     dc_sessions: Option<Arc<SessionPool>>,
+    /// (user, endpoint) pairs whose connect was refused back off.
+    gate: backoff::Gate,
 }
 
 /// The RDMA side of the target, shared by all requests.
@@ -329,6 +345,7 @@ impl RdmaService {
                 shares: share::Shares::new(cap, shared_cap, cfg.tenant_users.iter().cloned()),
                 progress: Duration::from_secs(cfg.progress_timeout_secs),
                 dc_sessions,
+                gate: backoff::Gate::default(),
             }),
             declined: "",
             metrics,
@@ -486,15 +503,38 @@ impl RdmaService {
                 .as_ref()
                 .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?,
         };
-        let session = pool.get_for(endpoint, user).await.map_err(|e| {
-            let error = e.to_string();
-            warn!(
-                peer = %endpoint,
-                error = %s3dma_service::escape::Escaped(&error),
-                "RDMA: connecting to the client's fabric endpoint failed"
-            );
-            RdmaError::Connect(e)
-        })?;
+        // One connect of a (user, endpoint) at a time, and none while the
+        // pair backs off after a refusal: the requests queued behind a
+        // refused connect fail without dialing.
+        let turn = f
+            .gate
+            .turn(backoff::Key::new(user, via, endpoint.addr))
+            .await;
+        if let Err(left) = f.gate.check(turn.key()) {
+            debug!(peer = %endpoint, ?left, "RDMA: this user's connect to the endpoint was refused lately: not dialing");
+            return Err(RdmaError::BackingOff {
+                peer: endpoint,
+                left,
+            });
+        }
+        let session = match pool.get_for(endpoint, user).await {
+            Ok(s) => {
+                f.gate.connected(turn.key());
+                s
+            }
+            Err(e) => {
+                let period = f.gate.refused(turn.key());
+                let error = e.to_string();
+                warn!(
+                    peer = %endpoint,
+                    error = %s3dma_service::escape::Escaped(&error),
+                    backoff = ?period,
+                    "RDMA: connecting to the client's fabric endpoint failed"
+                );
+                return Err(RdmaError::Connect(e));
+            }
+        };
+        drop(turn);
         Ok(transfer::Ctx {
             pool: Arc::clone(&f.pool),
             session,
@@ -861,9 +901,17 @@ mod tests {
             },
         })
         .to_s3();
-        assert_eq!(timeout.message(), refused.message());
-        assert_eq!(timeout.code(), refused.code());
-        assert_eq!(timeout.status_code(), refused.status_code());
+        // A pair backing off after a refusal answers the same.
+        let backing_off = RdmaError::BackingOff {
+            peer: peer(3),
+            left: Duration::from_secs(1),
+        }
+        .to_s3();
+        for other in [&refused, &backing_off] {
+            assert_eq!(timeout.message(), other.message());
+            assert_eq!(timeout.code(), other.code());
+            assert_eq!(timeout.status_code(), other.status_code());
+        }
         assert!(!timeout.message().unwrap_or("").contains("127.0.0.1"));
         let e = RdmaError::EndpointNotAllowed.to_s3();
         assert_eq!(e.status_code(), Some(StatusCode::FORBIDDEN));

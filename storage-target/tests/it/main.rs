@@ -11,4 +11,5 @@ mod dc;
 mod hardening;
 mod hipobj;
 mod rdma;
+mod rdma_backoff;
 mod s3_api;
