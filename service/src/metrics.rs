@@ -15,7 +15,10 @@
 //!
 //! Each listener serves at most [`MAX_CONNECTIONS`] connections at a time;
 //! beyond that a new connection is closed at accept (each service counts
-//! them in its file-descriptor budget, [`crate::fds`]).
+//! them in its file-descriptor budget, [`crate::fds`]). A connection that
+//! sends no complete request head within [`REQUEST_HEAD_TIMEOUT`] (a new
+//! one, or a kept-alive one between scrapes) is closed, so that silent
+//! connections hold no slot for long.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -38,6 +41,11 @@ use tokio::task::JoinHandle;
 /// Most connections open at a time on each metrics listener (TCP, Unix
 /// socket): scrapers need one or two.
 pub const MAX_CONNECTIONS: usize = 32;
+
+/// How long a connection may go without sending a complete request head
+/// (from accept, or from the end of its last reply) before it is closed.
+/// A scrape's request is one small write: a few seconds are plenty.
+pub const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Renders the service's metrics in Prometheus text format.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -250,10 +258,12 @@ where
             let resp = respond(&req, &render, token.as_deref());
             async move { Ok::<_, Infallible>(resp) }
         });
-        // The timer makes hyper enforce its request-head timeout (30 s), so
-        // a stalled peer does not hold its connection for ever.
+        // The timer makes hyper enforce the request-head timeout (from the
+        // accept, and again after each reply), so that a silent or stalled
+        // peer holds its slot only briefly.
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
+            .header_read_timeout(REQUEST_HEAD_TIMEOUT)
             .serve_connection(TokioIo::new(stream), svc)
             .await;
     });
@@ -304,4 +314,105 @@ fn respond(
         hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
+
+    /// One `GET /metrics` on a fresh connection: the reply, or `None` when
+    /// the connection was closed without one.
+    async fn scrape(addr: SocketAddr) -> Option<String> {
+        let mut c = TcpStream::connect(addr).await.ok()?;
+        c.write_all(b"GET /metrics HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8(out).ok()?;
+        text.starts_with("HTTP/1.1 200").then_some(text)
+    }
+
+    /// Waits (up to `within`) for `closed` to reach `n`.
+    async fn until_closed(closed: &AtomicUsize, n: usize, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while closed.load(Ordering::SeqCst) < n {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// Issue 42 finding 6a: idle connections held every slot of the
+    /// metrics listener (hyper's 30 s head timeout let them stay), and
+    /// every scrape was reset while they were held. Now the server closes
+    /// them after [`REQUEST_HEAD_TIMEOUT`] and the scrape gets through.
+    #[tokio::test]
+    async fn silent_connections_are_closed_and_scrapes_get_through() {
+        const EXTRA: usize = 8;
+        let server = MetricsServer::start(
+            MetricsOptions {
+                address: Some("127.0.0.1:0".parse().unwrap()),
+                ..MetricsOptions::default()
+            },
+            Arc::new(|| "up 1\n".to_owned()),
+        )
+        .await
+        .unwrap();
+        let addr = server.address.unwrap();
+        assert!(scrape(addr).await.is_some_and(|t| t.contains("up 1")));
+
+        // The cap and more in silent connections, each watched until the
+        // server closes it.
+        let closed = Arc::new(AtomicUsize::new(0));
+        for _ in 0..MAX_CONNECTIONS + EXTRA {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            let closed = Arc::clone(&closed);
+            tokio::spawn(async move {
+                let mut b = [0u8; 64];
+                while matches!(c.read(&mut b).await, Ok(n) if n > 0) {}
+                closed.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        // Those beyond the cap are closed at accept: the cap is held...
+        assert!(
+            until_closed(&closed, EXTRA, Duration::from_secs(20)).await,
+            "the connections beyond the cap were not closed"
+        );
+        assert!(
+            closed.load(Ordering::SeqCst) < MAX_CONNECTIONS + EXTRA,
+            "all silent connections closed at once"
+        );
+        assert!(
+            scrape(addr).await.is_none(),
+            "a scrape got in while the cap was held"
+        );
+        // ...until the server closes the silent ones (a generous wait: the
+        // head timeout is 5 s; hyper's default, 30 s, let them stay).
+        assert!(
+            until_closed(&closed, MAX_CONNECTIONS + EXTRA, Duration::from_secs(25)).await,
+            "{} of {} silent connections still open",
+            MAX_CONNECTIONS + EXTRA - closed.load(Ordering::SeqCst),
+            MAX_CONNECTIONS + EXTRA
+        );
+        // The slots are free once their tasks end.
+        let mut got = None;
+        for _ in 0..100 {
+            got = scrape(addr).await;
+            if got.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            got.is_some_and(|t| t.contains("up 1")),
+            "no scrape got through"
+        );
+    }
 }
