@@ -146,7 +146,7 @@ fn hipobj_route(
         domain,
         why,
         front,
-        cfg.rdma.hipobj.clone(),
+        cfg.rdma.hipobj.with_tenants(&cfg.rdma.tenant_users),
         cfg.rdma.allowed_client_networks.clone(),
         Arc::clone(rdma.metrics()),
     );

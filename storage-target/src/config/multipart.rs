@@ -39,6 +39,22 @@ pub struct MultipartConfig {
     /// (7 days).
     #[serde(default = "default_abort_incomplete_after")]
     pub abort_incomplete_after: f64,
+    /// The UploadPartCopy budget of one signed user: bytes per minute its
+    /// copied parts may write, separate from `max_bytes_per_user` (which
+    /// bounds what uploads hold, sized for checkpoints: a copy writes a
+    /// whole part for a request of a few hundred bytes). A token bucket:
+    /// up to one minute's budget at once, refilled continuously. A copy
+    /// whose range does not fit the budget left is refused with `503
+    /// SlowDown` before any byte is copied. Default `64GiB`; at least
+    /// `5GiB` (one largest part).
+    #[serde(default = "default_copy_bytes_per_minute_per_user")]
+    pub copy_bytes_per_minute_per_user: s3dma_config::ByteSize,
+    /// The UploadPartCopy budget of all anonymous callers together (one
+    /// class: anonymous callers cannot be told apart), bytes per minute, as
+    /// `copy_bytes_per_minute_per_user`. Default `64MiB`; 0 refuses every
+    /// anonymous UploadPartCopy.
+    #[serde(default = "default_anonymous_copy_bytes_per_minute")]
+    pub anonymous_copy_bytes_per_minute: s3dma_config::ByteSize,
 }
 
 fn default_max_open_uploads_per_user() -> usize {
@@ -53,6 +69,14 @@ fn default_max_bytes_per_user() -> s3dma_config::ByteSize {
     s3dma_config::ByteSize(1 << 40)
 }
 
+fn default_copy_bytes_per_minute_per_user() -> s3dma_config::ByteSize {
+    s3dma_config::ByteSize(64 << 30)
+}
+
+fn default_anonymous_copy_bytes_per_minute() -> s3dma_config::ByteSize {
+    s3dma_config::ByteSize(64 << 20)
+}
+
 fn default_abort_incomplete_after() -> f64 {
     7.0 * 24.0 * 3600.0
 }
@@ -64,6 +88,8 @@ impl Default for MultipartConfig {
             max_parts_per_user: default_max_parts_per_user(),
             max_bytes_per_user: default_max_bytes_per_user(),
             abort_incomplete_after: default_abort_incomplete_after(),
+            copy_bytes_per_minute_per_user: default_copy_bytes_per_minute_per_user(),
+            anonymous_copy_bytes_per_minute: default_anonymous_copy_bytes_per_minute(),
         }
     }
 }
@@ -90,6 +116,12 @@ impl MultipartConfig {
                 "must be at least 5MiB (one part)".into(),
             ));
         }
+        if self.copy_bytes_per_minute_per_user.0 < 5 << 30 {
+            return Err((
+                "copy_bytes_per_minute_per_user".into(),
+                "must be at least 5GiB (one largest part)".into(),
+            ));
+        }
         if !self.abort_incomplete_after.is_finite() || self.abort_incomplete_after < 0.0 {
             return Err((
                 "abort_incomplete_after".into(),
@@ -97,6 +129,17 @@ impl MultipartConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The UploadPartCopy budget per minute of `access_key` (empty: the
+    /// anonymous class).
+    #[must_use]
+    pub fn copy_budget(&self, access_key: &str) -> u64 {
+        if access_key.is_empty() {
+            self.anonymous_copy_bytes_per_minute.0
+        } else {
+            self.copy_bytes_per_minute_per_user.0
+        }
     }
 
     /// The age after which uploads are swept, `None` when off.
@@ -123,6 +166,9 @@ mod tests {
     #[test]
     fn config_checks() {
         assert!(MultipartConfig::default().check().is_ok());
+        let d = MultipartConfig::default();
+        assert_eq!(d.copy_budget("alice"), 64 << 30);
+        assert_eq!(d.copy_budget(""), 64 << 20);
         assert_eq!(
             MultipartConfig::default().abort_after(),
             Some(Duration::from_secs(7 * 24 * 3600))
@@ -157,6 +203,10 @@ mod tests {
             },
             MultipartConfig {
                 abort_incomplete_after: f64::NAN,
+                ..MultipartConfig::default()
+            },
+            MultipartConfig {
+                copy_bytes_per_minute_per_user: s3dma_config::ByteSize(1 << 30),
                 ..MultipartConfig::default()
             },
         ] {

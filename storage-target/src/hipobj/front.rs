@@ -32,6 +32,23 @@ pub trait HipobjFront: Send + Sync + std::fmt::Debug + 'static {
     /// request carries in its extensions when it is allowed.
     async fn authorize(&self, access_key: &str, op: &str, bucket: &str) -> S3Result<Extensions>;
 
+    /// UploadPart's initiator rule for `access_key` on the in-progress
+    /// upload `upload_id` of `bucket`/`key` (`checked`: what
+    /// [`HipobjFront::authorize`] left): only its initiator or the bucket's
+    /// owner may put parts into it, checked at PREPARE. The default (the
+    /// gateway) leaves it to the store's UploadPart handler.
+    async fn may_upload_part(
+        &self,
+        access_key: &str,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        checked: &Extensions,
+    ) -> S3Result<()> {
+        let _ = (access_key, bucket, key, upload_id, checked);
+        Ok(())
+    }
+
     /// The store's GetObject handler.
     async fn get_object(
         &self,
@@ -79,6 +96,18 @@ impl HipobjFront for StoreFront {
             ext.insert(info);
         }
         Ok(ext)
+    }
+
+    async fn may_upload_part(
+        &self,
+        access_key: &str,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        checked: &Extensions,
+    ) -> S3Result<()> {
+        self.s3
+            .may_upload_part(checked, access_key, bucket, key, upload_id)
     }
 
     async fn get_object(

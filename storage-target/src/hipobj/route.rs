@@ -169,16 +169,34 @@ impl HipobjService {
         }
         // The operation's access rule, as s3s's hook runs it over HTTP,
         // before any resource is held: a GET needs the object's READ (the
-        // handler checks it while staging), a PUT the bucket's WRITE.
-        if let Err(e) = self
+        // handler checks it while staging), a PUT the bucket's WRITE, and
+        // an UploadPart also the upload's initiator rule (its initiator or
+        // the bucket's owner), as the UploadPart handler would check it at
+        // READY: here, before a queue pair, staging or caps are held and
+        // before any byte moves.
+        let checked = self
             .s3
             .authorize(
                 &owner.access_key,
                 access_op(p.op, &p.target),
                 &p.target.bucket,
             )
-            .await
-        {
+            .await;
+        let checked = match (checked, &p.target.upload) {
+            (Ok(ext), Some((upload_id, _))) => self
+                .s3
+                .may_upload_part(
+                    &owner.access_key,
+                    &p.target.bucket,
+                    &p.target.key,
+                    upload_id,
+                    &ext,
+                )
+                .await
+                .map(|()| ext),
+            (r, _) => r,
+        };
+        if let Err(e) = checked {
             self.metrics.hipobj_session(op, "refused");
             return Err(e);
         }
@@ -198,16 +216,29 @@ impl HipobjService {
                 Refusal::UserSessions => {
                     "this user holds rdma.hipobj.max_sessions_per_user sessions"
                 }
+                Refusal::SharedSessions => {
+                    "the users not in rdma.tenant_users hold rdma.hipobj.max_shared_sessions sessions"
+                }
                 Refusal::Staging => "the sessions hold rdma.hipobj.max_staging_bytes",
                 Refusal::UserStaging => {
                     "this user's sessions hold rdma.hipobj.max_staging_bytes_per_user"
                 }
+                Refusal::SharedStaging => {
+                    "the sessions of users not in rdma.tenant_users hold rdma.hipobj.max_shared_staging_bytes"
+                }
             };
-            return Err(custom(
-                503,
-                "RdmaResourceLimit",
-                format!("{what}: retry later"),
-            ));
+            // The user's own cap: retry later. A pool out of slots: the
+            // dialect's unsupported answer, so the client moves the bytes
+            // over HTTP now instead of failing.
+            return Err(if r.own_cap() {
+                custom(503, "RdmaResourceLimit", format!("{what}: retry later"))
+            } else {
+                error(
+                    501,
+                    S3ErrorCode::NotImplemented,
+                    format!("{what}: use HTTP for this transfer"),
+                )
+            });
         }
         let released = ReleaseOnDrop {
             svc: self,

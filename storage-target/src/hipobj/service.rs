@@ -43,6 +43,9 @@ struct State {
     /// Per user: sessions held and staging bytes held.
     users: HashMap<String, (usize, u64)>,
     staging_bytes: u64,
+    /// What the shared class (users not in `rdma.tenant_users`) holds:
+    /// sessions and staging bytes.
+    shared: (usize, u64),
     /// The server's recent (qpn, psn) pairs.
     recent_pairs: Recent<(u32, u32)>,
     /// Clients' (gid, qpn, psn) of sessions prepared recently.
@@ -84,10 +87,67 @@ impl<T: Copy + Eq + std::hash::Hash> Recent<T> {
 /// Why a session could not be admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refusal {
+    /// `max_sessions` held: `501`, fall back to HTTP.
     Sessions,
+    /// The user's own `max_sessions_per_user`: `503`.
     UserSessions,
+    /// The shared class's `max_shared_sessions`: `501`.
+    SharedSessions,
+    /// `max_staging_bytes` held: `501`.
     Staging,
+    /// The user's own `max_staging_bytes_per_user`: `503`.
     UserStaging,
+    /// The shared class's `max_shared_staging_bytes`: `501`.
+    SharedStaging,
+}
+
+impl Refusal {
+    /// Whether the refusal is the user's own cap (`503`, retry later);
+    /// otherwise a pool is out of slots (`501` with the unsupported
+    /// marker: the client moves the bytes over HTTP).
+    pub(super) fn own_cap(self) -> bool {
+        matches!(self, Refusal::UserSessions | Refusal::UserStaging)
+    }
+}
+
+/// Sessions and staging bytes held.
+pub(super) type Held = (usize, u64);
+
+/// The admission rule, as the s3dma staging pool's classes: the user's own
+/// caps first (`max_sessions_per_user`, `max_staging_bytes_per_user`),
+/// then, for a user not in `rdma.tenant_users` (`shared_class`), the
+/// shared class's (`max_shared_sessions`, `max_shared_staging_bytes`), then
+/// the server's (`max_sessions`, `max_staging_bytes`). `user`, `shared`
+/// and `total` are what is held now; `bytes` is the new session's staging.
+pub(super) fn admission(
+    cfg: &HipobjConfig,
+    shared_class: bool,
+    user: Held,
+    shared: Held,
+    total: Held,
+    bytes: u64,
+) -> Result<(), Refusal> {
+    if user.0 >= cfg.max_sessions_per_user {
+        return Err(Refusal::UserSessions);
+    }
+    if user.1 + bytes > cfg.max_staging_bytes_per_user.0 {
+        return Err(Refusal::UserStaging);
+    }
+    if shared_class {
+        if shared.0 >= cfg.shared_sessions() {
+            return Err(Refusal::SharedSessions);
+        }
+        if shared.1 + bytes > cfg.shared_staging_bytes() {
+            return Err(Refusal::SharedStaging);
+        }
+    }
+    if total.0 >= cfg.max_sessions {
+        return Err(Refusal::Sessions);
+    }
+    if total.1 + bytes > cfg.max_staging_bytes.0 {
+        return Err(Refusal::Staging);
+    }
+    Ok(())
 }
 
 impl HipobjService {
@@ -141,31 +201,44 @@ impl HipobjService {
         Duration::from_secs(self.cfg.transfer_timeout_secs)
     }
 
-    /// Takes the caps for a session of `user` staging `bytes`.
+    /// Whether `user` is in the shared class (not one of
+    /// `rdma.tenant_users`).
+    fn shared_class(&self, user: &str) -> bool {
+        !self.cfg.tenant_users.iter().any(|t| t == user)
+    }
+
+    /// Takes the caps for a session of `user` staging `bytes`
+    /// ([`admission`]).
     pub(super) fn admit(&self, user: &str, bytes: u64) -> Result<(), Refusal> {
+        let shared_class = self.shared_class(user);
         let mut st = self.lock();
         let (n, held) = st.users.get(user).copied().unwrap_or((0, 0));
-        if st.admitted >= self.cfg.max_sessions {
-            return Err(Refusal::Sessions);
-        }
-        if n >= self.cfg.max_sessions_per_user {
-            return Err(Refusal::UserSessions);
-        }
-        if st.staging_bytes + bytes > self.cfg.max_staging_bytes.0 {
-            return Err(Refusal::Staging);
-        }
-        if held + bytes > self.cfg.max_staging_bytes_per_user.0 {
-            return Err(Refusal::UserStaging);
-        }
+        admission(
+            &self.cfg,
+            shared_class,
+            (n, held),
+            st.shared,
+            (st.admitted, st.staging_bytes),
+            bytes,
+        )?;
         st.users.insert(user.to_owned(), (n + 1, held + bytes));
         st.staging_bytes += bytes;
         st.admitted += 1;
+        if shared_class {
+            st.shared.0 += 1;
+            st.shared.1 += bytes;
+        }
         Ok(())
     }
 
     /// Gives back what [`HipobjService::admit`] took.
     pub(super) fn release(&self, user: &str, bytes: u64) {
+        let shared_class = self.shared_class(user);
         let mut st = self.lock();
+        if shared_class {
+            st.shared.0 = st.shared.0.saturating_sub(1);
+            st.shared.1 = st.shared.1.saturating_sub(bytes);
+        }
         if let Some((n, held)) = st.users.get_mut(user) {
             *n = n.saturating_sub(1);
             *held = held.saturating_sub(bytes);
@@ -239,5 +312,80 @@ impl HipobjService {
     #[must_use]
     pub fn sessions(&self) -> usize {
         self.lock().sessions.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use s3dma_config::ByteSize;
+
+    fn cfg() -> HipobjConfig {
+        HipobjConfig {
+            max_sessions: 8,
+            max_sessions_per_user: 2,
+            max_shared_sessions: Some(4),
+            max_staging_bytes: ByteSize(4 << 20),
+            max_staging_bytes_per_user: ByteSize(2 << 20),
+            max_shared_staging_bytes: Some(ByteSize(2 << 20)),
+            ..HipobjConfig::default()
+        }
+        .with_tenants(&["agent".to_owned()])
+    }
+
+    #[test]
+    fn the_shared_class_leaves_the_rest_to_tenants() {
+        let c = cfg();
+        // Within every cap.
+        assert_eq!(admission(&c, true, (1, 0), (3, 0), (3, 0), 1), Ok(()));
+        // The shared class is out of sessions: a pool refusal (501), the
+        // tenant is not held back by it.
+        let r = admission(&c, true, (0, 0), (4, 0), (4, 0), 1);
+        assert_eq!(r, Err(Refusal::SharedSessions));
+        assert!(!r.unwrap_err().own_cap());
+        assert_eq!(admission(&c, false, (0, 0), (4, 0), (4, 0), 1), Ok(()));
+        // Staging: two shared users of 1 MiB each fill the class's 2 MiB.
+        let mib = 1 << 20;
+        assert_eq!(
+            admission(&c, true, (0, 0), (2, 2 * mib), (2, 2 * mib), 1),
+            Err(Refusal::SharedStaging)
+        );
+        assert_eq!(
+            admission(&c, false, (0, 0), (2, 2 * mib), (2, 2 * mib), 2 * mib),
+            Ok(())
+        );
+        // The server's own caps: a pool refusal for everyone.
+        assert_eq!(
+            admission(&c, false, (0, 0), (0, 0), (8, 0), 1),
+            Err(Refusal::Sessions)
+        );
+        assert_eq!(
+            admission(&c, false, (0, 0), (0, 0), (1, 4 * mib), 1),
+            Err(Refusal::Staging)
+        );
+    }
+
+    #[test]
+    fn a_user_at_its_own_cap_is_told_so_first() {
+        let c = cfg();
+        for class in [true, false] {
+            let r = admission(&c, class, (2, 0), (4, 0), (8, 0), 1);
+            assert_eq!(r, Err(Refusal::UserSessions));
+            assert!(r.unwrap_err().own_cap());
+            let r = admission(&c, class, (1, 2 << 20), (4, 0), (8, 0), 1);
+            assert_eq!(r, Err(Refusal::UserStaging));
+            assert!(r.unwrap_err().own_cap());
+        }
+    }
+
+    #[test]
+    fn tenants_come_from_rdma_tenant_users() {
+        let c = cfg();
+        assert_eq!(c.tenant_users, ["agent"]);
+        let d = HipobjConfig::default();
+        assert!(d.tenant_users.is_empty());
+        // Defaults: everyone is shared, half of each pool.
+        assert_eq!(d.shared_sessions(), 32);
+        assert_eq!(d.shared_staging_bytes(), 2 << 30);
     }
 }

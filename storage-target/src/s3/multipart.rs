@@ -53,6 +53,25 @@ impl S3Store {
         }
     }
 
+    /// UploadPart's rule ([`S3Store::upload_for`]) for the user with
+    /// access key `access_key`, without the request: the hipobj-rc-v2
+    /// server checks it at PREPARE, before anything is held.
+    ///
+    /// # Errors
+    /// `NoSuchUpload`, `NoSuchBucket`, `AccessDenied`.
+    pub fn may_upload_part(
+        &self,
+        checked: &http::Extensions,
+        access_key: &str,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> S3Result<()> {
+        let caller = self.users.get(access_key);
+        self.upload_for(checked, caller, bucket, key, upload_id)
+            .map(|_| ())
+    }
+
     /// Whether `caller` is the initiator (canonical id `initiator`; `None`:
     /// an anonymous caller started it, and anonymous callers are one
     /// principal) or owns the bucket (see [`S3Store::upload_for`]).
@@ -183,6 +202,7 @@ pub(super) async fn upload_part_copy(
     req: S3Request<UploadPartCopyInput>,
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
     let caller = s3.caller(&req);
+    let who = access_key(&req);
     // Only the initiator or the bucket owner, before the source is
     // read; the upload's checksum algorithm.
     let upload_sum = s3
@@ -218,6 +238,24 @@ pub(super) async fn upload_part_copy(
             InvalidRequest,
             "The specified copy source is larger than the maximum allowable size for a copy source: 5368709120"
         ));
+    }
+    // A copy writes a whole part for a small request: it counts against
+    // the caller's copy budget per minute (all anonymous callers are one
+    // class with a small one) before any byte is copied.
+    if let Err(per_minute) = s3.store.take_copy_budget(&who, len) {
+        let class = if who.is_empty() {
+            "all anonymous callers together (multipart.anonymous_copy_bytes_per_minute)"
+        } else {
+            "this user (multipart.copy_bytes_per_minute_per_user)"
+        };
+        let mut e = s3s::S3Error::with_message(
+            S3ErrorCode::SlowDown,
+            format!(
+                "UploadPartCopy budget exhausted: {class} may copy {per_minute} bytes a minute; this copy of {len} bytes does not fit what is left, retry later"
+            ),
+        );
+        e.set_status_code(http::StatusCode::SERVICE_UNAVAILABLE);
+        return Err(e);
     }
     let body = futures::StreamExt::map(reader.stream(range), |r| {
         r.map_err(|e| Box::new(e) as StdError)

@@ -104,6 +104,55 @@ pub(super) struct Uploads {
     /// (bucket, key, initiation time, id) of every upload.
     ordered: BTreeSet<(String, String, i64, String)>,
     usage: HashMap<String, Usage>,
+    /// UploadPartCopy budgets, by access key (empty: every anonymous
+    /// caller together).
+    copies: HashMap<String, CopyBudget>,
+}
+
+/// A token bucket of bytes: holds at most one minute's budget and refills
+/// at `per_minute` bytes a minute; a take that does not fit what is left
+/// takes nothing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct CopyBudget {
+    /// Bytes left at `at`.
+    left: f64,
+    at: std::time::Instant,
+}
+
+impl CopyBudget {
+    /// A full bucket of `per_minute` bytes at `now`.
+    pub(super) fn full(per_minute: u64, now: std::time::Instant) -> CopyBudget {
+        #[allow(clippy::cast_precision_loss)]
+        CopyBudget {
+            left: per_minute as f64,
+            at: now,
+        }
+    }
+
+    /// Refills to `now`, then takes `bytes` if they fit; whether they did.
+    pub(super) fn take(&mut self, per_minute: u64, bytes: u64, now: std::time::Instant) -> bool {
+        #[allow(clippy::cast_precision_loss)]
+        let (cap, bytes) = (per_minute as f64, bytes as f64);
+        let secs = now.saturating_duration_since(self.at).as_secs_f64();
+        self.left = (self.left + cap * secs / 60.0).min(cap);
+        self.at = now.max(self.at);
+        if bytes <= self.left {
+            self.left -= bytes;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the bucket is full again at `now` (the same as a new one:
+    /// it may be forgotten).
+    fn is_full(&self, per_minute: u64, now: std::time::Instant) -> bool {
+        let mut b = *self;
+        b.take(per_minute, 0, now);
+        #[allow(clippy::cast_precision_loss)]
+        let cap = per_minute as f64;
+        b.left >= cap
+    }
 }
 
 fn order_key(i: &UploadInfo) -> (String, String, i64, String) {
@@ -612,6 +661,32 @@ impl Store {
         n
     }
 
+    /// Takes `bytes` from the UploadPartCopy budget of `access_key` (empty:
+    /// the anonymous class): `multipart.copy_bytes_per_minute_per_user`, or
+    /// `multipart.anonymous_copy_bytes_per_minute` for all anonymous
+    /// callers together. `Err` with the budget per minute when the copy
+    /// does not fit what is left (nothing taken).
+    ///
+    /// # Errors
+    /// The class's budget per minute, when exhausted.
+    pub fn take_copy_budget(&self, access_key: &str, bytes: u64) -> Result<(), u64> {
+        let per_minute = self.multipart.copy_budget(access_key);
+        let now = std::time::Instant::now();
+        let mut ups = lock(&self.uploads);
+        // Forget the buckets that are full again (as good as new ones).
+        if ups.copies.len() >= 1024 {
+            let cfg = self.multipart;
+            ups.copies
+                .retain(|user, b| !b.is_full(cfg.copy_budget(user), now));
+        }
+        let taken = ups
+            .copies
+            .entry(access_key.to_owned())
+            .or_insert_with(|| CopyBudget::full(per_minute, now))
+            .take(per_minute, bytes, now);
+        if taken { Ok(()) } else { Err(per_minute) }
+    }
+
     /// Holds a part's declared bytes (beyond those of the part it replaces)
     /// and, for a new part number, a part slot against the upload's
     /// initiator's caps.
@@ -967,6 +1042,33 @@ mod tests {
 
     fn req(v: &[(u32, &str)]) -> Vec<(u32, String)> {
         v.iter().map(|(n, e)| (*n, (*e).to_owned())).collect()
+    }
+
+    #[test]
+    fn copy_budget_is_a_token_bucket() {
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let mib = 1 << 20;
+        let mut b = CopyBudget::full(64 * mib, t0);
+        // A minute's budget at once, then nothing until it refills.
+        for _ in 0..8 {
+            assert!(b.take(64 * mib, 8 * mib, t0));
+        }
+        assert!(!b.take(64 * mib, 1, t0));
+        // A refused take takes nothing; 7.5 s refill one eighth.
+        let t1 = t0 + Duration::from_millis(7500);
+        assert!(!b.take(64 * mib, 8 * mib + 1, t1));
+        assert!(b.take(64 * mib, 8 * mib, t1));
+        assert!(!b.is_full(64 * mib, t1));
+        // Never more than a minute's worth, however long it waits.
+        let t2 = t1 + Duration::from_secs(3600);
+        assert!(b.is_full(64 * mib, t2));
+        assert!(!b.take(64 * mib, 64 * mib + 1, t2));
+        assert!(b.take(64 * mib, 64 * mib, t2));
+        // A budget of 0 refuses every copy but an empty one.
+        let mut none = CopyBudget::full(0, t0);
+        assert!(!none.take(0, 1, t2));
+        assert!(none.take(0, 0, t2));
     }
 
     #[test]

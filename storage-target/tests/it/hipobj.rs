@@ -855,3 +855,188 @@ async fn hipobj_a_session_cannot_write_into_another_users_put() {
     let stored = sdk_get(&s, "victim-b", "obj").await.expect("stored");
     assert_eq!(sha(&stored), sha(&victim_bytes), "the victim's bytes");
 }
+
+/// A server on the VM's device with `rdma.tenant_users: [admin]` and
+/// `hipobj` lines under `rdma.hipobj:`; buckets `attacker-0..2` of
+/// [`OWNER_A`](common::OWNER_A), [`OWNER_B`](common::OWNER_B) and
+/// [`OTHER`], and `tenant-b` of [`ADMIN`].
+async fn tenant_server(hipobj: &str) -> Server {
+    let hipobj = hipobj.to_owned();
+    let s = Server::start_with(move |dir: &Path| {
+        let kf = dir.join("fabric.key");
+        common::write_private(&kf, format!("{KEY_HEX}\n"));
+        format!(
+            "rdma:\n  mode: enabled\n  backend: verbs\n  fabric_key_file: {}\n  allowed_client_networks: [127.0.0.0/8, 10.0.0.0/8]\n  tenant_users: [{}]\n  hipobj:\n    enabled: true\n{hipobj}",
+            kf.display(),
+            ADMIN.0
+        )
+    });
+    for (i, u) in ATTACKERS.iter().enumerate() {
+        s.client(*u)
+            .create_bucket()
+            .bucket(format!("attacker-{i}"))
+            .send()
+            .await
+            .unwrap();
+    }
+    common::create_bucket(&s, "tenant-b").await;
+    s
+}
+
+/// Users that are not tenants.
+const ATTACKERS: [(&str, &str); 3] = [common::OWNER_A, common::OWNER_B, OTHER];
+
+/// A PUT PREPARE of `size` bytes at `target` by `user` from a fresh QP
+/// (kept alive with the reply).
+async fn put_prepare(
+    domain: &Domain,
+    s: &Server,
+    user: (&str, &str),
+    target: &str,
+    size: u64,
+) -> (Client, Raw) {
+    let c = Client::new(domain, 1);
+    let r = c.prepare(s, user, "PUT", target, size, 0).await;
+    (c, r)
+}
+
+fn assert_unsupported(r: &Raw) {
+    assert_eq!(
+        (r.status, r.header("x-amz-rdma-protocol-status")),
+        (501, Some("unsupported")),
+        "{}",
+        r.text()
+    );
+}
+
+/// Finding 4 of the third hardening round, as an attack: users that are
+/// not tenants hold idle sessions and big PUT staging up to the server's
+/// caps, and the tenant's user got 503 (the agent falls back to HTTP only
+/// on 501). Now the users outside `rdma.tenant_users` are one class capped
+/// at `max_shared_sessions` / `max_shared_staging_bytes`: past it they get
+/// 501 with the unsupported marker (HTTP fallback), the tenant's user
+/// still gets sessions, and a user at its own cap still gets 503. (Before,
+/// the third attacker's sessions were admitted until `max_sessions`, and
+/// the tenant's user was refused with 503.)
+#[tokio::test]
+async fn hipobj_sessions_and_staging_keep_a_reserve_for_tenants() {
+    let Some(domain) = verbs() else { return };
+    let s = tenant_server(
+        "    max_sessions: 6\n    max_sessions_per_user: 2\n    max_shared_sessions: 4\n",
+    )
+    .await;
+    // Two attackers fill the shared class's 4 sessions (2 each, idle).
+    let mut held = Vec::new();
+    for (i, user) in ATTACKERS.iter().enumerate().take(2) {
+        for k in 0..2 {
+            let target = format!("/attacker-{i}/k{k}");
+            let (c, r) = put_prepare(&domain, &s, *user, &target, 10).await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            held.push(c);
+        }
+    }
+    // The first attacker is at its own cap: 503, retry later.
+    let (_c, r) = put_prepare(&domain, &s, ATTACKERS[0], "/attacker-0/k9", 10).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    // The third attacker: the class is out of slots, 501 with the marker,
+    // every time.
+    for k in 0..3 {
+        let target = format!("/attacker-2/k{k}");
+        let (_c, r) = put_prepare(&domain, &s, ATTACKERS[2], &target, 10).await;
+        assert_unsupported(&r);
+    }
+    // The tenant's user gets the reserve.
+    for k in 0..2 {
+        let target = format!("/tenant-b/k{k}");
+        let (c, r) = put_prepare(&domain, &s, ADMIN, &target, 10).await;
+        assert_eq!(r.status, 200, "tenant session {k}: {}", r.text());
+        held.push(c);
+    }
+
+    // Staging: two attackers' 1.5 MiB PUTs fill the class's 3 MiB; a third
+    // gets 501, the tenant's 1 MiB PUT is prepared.
+    let s2 = tenant_server(
+        "    max_staging_bytes: 4MiB\n    max_staging_bytes_per_user: 2MiB\n    max_shared_staging_bytes: 3MiB\n",
+    )
+    .await;
+    let big = 3 << 19;
+    for (i, user) in ATTACKERS.iter().enumerate().take(2) {
+        let target = format!("/attacker-{i}/big");
+        let (c, r) = put_prepare(&domain, &s2, *user, &target, big).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        held.push(c);
+    }
+    // Past the first attacker's own 2 MiB: 503.
+    let (_c, r) = put_prepare(&domain, &s2, ATTACKERS[0], "/attacker-0/more", big).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    // The class's 3 MiB are held: the third attacker gets 501.
+    let (_c, r) = put_prepare(&domain, &s2, ATTACKERS[2], "/attacker-2/big", 1 << 20).await;
+    assert_unsupported(&r);
+    let (_c, r) = put_prepare(&domain, &s2, ADMIN, "/tenant-b/big", 1 << 20).await;
+    assert_eq!(r.status, 200, "the tenant's PUT: {}", r.text());
+}
+
+/// Finding 6e of the third hardening round, as an attack: another writer
+/// of a bucket prepares an UploadPart into the owner's upload. UploadPart's
+/// initiator rule (its initiator or the bucket's owner) now runs at
+/// PREPARE: 403 before any queue pair, staging or cap is held (the
+/// sessions gauge does not move) and before any byte moves; the
+/// initiator's own PREPARE is served. (Before, the PREPARE was admitted
+/// and refused only at READY, after the WRITE.)
+#[tokio::test]
+async fn hipobj_upload_part_into_another_users_upload_is_refused_at_prepare() {
+    let Some(domain) = verbs() else { return };
+    use storage_target::config::default_canonical_id;
+    let s = server(Backend::Verbs, "");
+    // A bucket of OWNER_A where OWNER_B may write (bucket ACL), and
+    // OWNER_A's upload in it.
+    let (a, b) = (common::OWNER_A, common::OWNER_B);
+    let owner = s.client(a);
+    owner
+        .create_bucket()
+        .bucket("hipobj-mpu")
+        .send()
+        .await
+        .unwrap();
+    owner
+        .put_bucket_acl()
+        .bucket("hipobj-mpu")
+        .grant_full_control(format!("id=\"{}\"", default_canonical_id(a.0)))
+        .grant_write(format!("id=\"{}\"", default_canonical_id(b.0)))
+        .send()
+        .await
+        .unwrap();
+    let id = owner
+        .create_multipart_upload()
+        .bucket("hipobj-mpu")
+        .key("obj")
+        .send()
+        .await
+        .unwrap()
+        .upload_id()
+        .unwrap()
+        .to_owned();
+    let target = format!("/hipobj-mpu/obj?partNumber=1&uploadId={id}");
+    let before = hipobj_sessions(&s).await;
+    let intruder = Client::new(&domain, 1000);
+    let r = intruder.prepare(&s, b, "PUT", &target, 1000, 0).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.header("x-amz-rdma-session").is_none());
+    assert_eq!(hipobj_sessions(&s).await, before, "nothing was held");
+    // An upload that does not exist: 404 at PREPARE too.
+    let r = Client::new(&domain, 1)
+        .prepare(
+            &s,
+            a,
+            "PUT",
+            "/hipobj-mpu/obj?partNumber=1&uploadId=0123",
+            10,
+            0,
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    // The initiator's own part is prepared.
+    let own = Client::new(&domain, 1000);
+    let r = own.prepare(&s, a, "PUT", &target, 1000, 0).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
