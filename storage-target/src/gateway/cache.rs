@@ -17,6 +17,13 @@
 //!   only reads that ask for no settled chunks (reads confirmed before that
 //!   second's end plus `cache.settle_after`), and a read that needs a
 //!   settled chunk fetches it again, replacing it.
+//! * A write-allocated chunk ([`Chunk::write_allocated`]) holds the bytes
+//!   a tenant sent, not bytes the upstream served: unless a version id or
+//!   the kept SHA-256 settles it, a colliding body written in the same
+//!   second may be what the upstream holds under the same identity, and
+//!   no later HEAD tells them apart. Such a chunk is provisional: it is
+//!   served to no read at all (each one goes upstream, and the chunk it
+//!   fetches replaces the provisional one).
 //! * Bounded: one slot per chunk in one registered region (`cache.size`);
 //!   a miss takes a free slot or evicts by the [`super::policy`] (S3-FIFO
 //!   by default).
@@ -99,6 +106,8 @@ pub struct Chunk {
     buf: StagingBuf,
     len: usize,
     settled: bool,
+    /// Write-allocated and not settled: served to no read.
+    provisional: bool,
 }
 
 impl Chunk {
@@ -106,7 +115,34 @@ impl Chunk {
     /// to their key's identity beyond doubt (see the module documentation).
     #[must_use]
     pub fn new(buf: StagingBuf, len: usize, settled: bool) -> Self {
-        Chunk { buf, len, settled }
+        Chunk {
+            buf,
+            len,
+            settled,
+            provisional: false,
+        }
+    }
+
+    /// A slot filled by a write allocation with `len` bytes the tenant
+    /// wrote; `settled` when a version id or the upstream's kept SHA-256 of
+    /// exactly these bytes binds them to the identity. An unsettled one is
+    /// provisional: kept, but served to no read (see the module
+    /// documentation).
+    #[must_use]
+    pub fn write_allocated(buf: StagingBuf, len: usize, settled: bool) -> Self {
+        Chunk {
+            buf,
+            len,
+            settled,
+            provisional: !settled,
+        }
+    }
+
+    /// Whether the chunk may serve a read (that needs settled chunks when
+    /// `need_settled`).
+    #[must_use]
+    pub fn servable(&self, need_settled: bool) -> bool {
+        !self.provisional && (self.settled || !need_settled)
     }
 
     /// Whether the bytes are bound to the identity beyond doubt: only such
@@ -148,11 +184,13 @@ struct State {
 }
 
 impl State {
-    /// Puts `chunk` in as `key` unless a chunk at least as settled is there
-    /// (a settled chunk replaces an unsettled one); whether it went in.
+    /// Puts `chunk` in as `key` unless a chunk at least as good is there (a
+    /// settled chunk replaces an unsettled one, a fetched chunk a
+    /// provisional one); whether it went in.
     fn put(&mut self, key: ChunkKey, chunk: Arc<Chunk>) -> bool {
         if let Some(old) = self.chunks.get(&key) {
-            if old.settled || !chunk.settled {
+            let better = (old.provisional && !chunk.provisional) || (!old.settled && chunk.settled);
+            if !better {
                 return false;
             }
             self.policy.remove(&key);
@@ -218,7 +256,8 @@ impl ChunkCache {
     /// or from `fetch`, which fills a free slot and returns the chunk (and
     /// whose result is then cached). With `need_settled`, a cached chunk
     /// that is not [`Chunk::settled`] counts as a miss (the fetch's chunk
-    /// then replaces it).
+    /// then replaces it); a provisional (write-allocated, unsettled) chunk
+    /// always does.
     ///
     /// # Errors
     /// `fetch`'s error (the chunk is then not cached).
@@ -237,7 +276,7 @@ impl ChunkCache {
             let flight = {
                 let mut st = self.lock();
                 if let Some(c) = st.chunks.get(&key).cloned()
-                    && (c.settled || !need_settled)
+                    && c.servable(need_settled)
                 {
                     st.policy.hit(&key);
                     drop(st);
@@ -296,8 +335,7 @@ impl ChunkCache {
             // what it fetches itself is what the upstream gave it now).
             if let Ok(c) = &r
                 && !fetched
-                && need_settled
-                && !c.settled
+                && !c.servable(need_settled)
             {
                 continue;
             }
@@ -361,9 +399,10 @@ impl ChunkCache {
         self.pool.try_acquire()
     }
 
-    /// Puts `chunk` in the cache as `key` unless a chunk at least as
-    /// settled is there already (a write allocation: the bytes a tenant
-    /// just wrote, under the identity the upstream confirmed for them).
+    /// Puts `chunk` in the cache as `key` unless a chunk at least as good
+    /// is there already (a write allocation, [`Chunk::write_allocated`]:
+    /// the bytes a tenant just wrote, under the identity the upstream
+    /// confirmed for them).
     pub fn insert(&self, key: ChunkKey, chunk: Chunk) {
         let mut st = self.lock();
         if !st.put(key, Arc::new(chunk)) {
@@ -600,5 +639,52 @@ mod tests {
         c.insert(key(0), Chunk::new(b, 100, false));
         let (got, _) = c.get(key(0), false, not_called).await.unwrap();
         assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
+    }
+
+    /// A slot filled by a write allocation with `byte`.
+    fn allocated(c: &ChunkCache, byte: u8, settled: bool) -> Chunk {
+        let b = c.try_slot().unwrap();
+        b.copy_in(0, &[byte; 100]).unwrap();
+        Chunk::write_allocated(b, 100, settled)
+    }
+
+    /// Issue 42 finding 6c: a write-allocated chunk that nothing settles
+    /// (no version id, no kept SHA-256) served every read inside the
+    /// settle window, although the upstream may hold an MD5-colliding body
+    /// under the same identity. Now it serves no read, whether or not the
+    /// read needs settled chunks: each one goes upstream, and what it
+    /// fetches replaces the provisional chunk. A settled write allocation
+    /// hits at once.
+    #[tokio::test]
+    async fn unsettled_write_allocations_are_never_served() {
+        let c = cache(4, PolicyKind::S3fifo);
+        c.insert(key(0), allocated(&c, 1, false));
+        assert_eq!(c.len(), 1, "kept");
+        for need_settled in [false, true] {
+            let (got, s) = c
+                .get(key(0), need_settled, |b| fill_as(b, 2, false))
+                .await
+                .unwrap();
+            assert_eq!(s, Source::Upstream, "need_settled {need_settled}");
+            assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
+        }
+        // The fetched chunk replaced the provisional one, and serves
+        // reads that accept unsettled chunks.
+        assert_eq!(c.len(), 1);
+        let (got, s) = c.get(key(0), false, not_called).await.unwrap();
+        assert_eq!(s, Source::Cache);
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
+        drop(got);
+        // A provisional chunk never replaces a fetched one.
+        c.insert(key(0), allocated(&c, 3, false));
+        let (got, _) = c.get(key(0), false, not_called).await.unwrap();
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![2; 100]);
+        drop(got);
+        // A settled write allocation (a version id or the kept SHA-256 pins
+        // it) is served at once.
+        c.insert(key(1), allocated(&c, 4, true));
+        let (got, s) = c.get(key(1), true, not_called).await.unwrap();
+        assert_eq!(s, Source::Cache);
+        assert_eq!(got.slice(0, 100).unwrap().to_vec().unwrap(), vec![4; 100]);
     }
 }

@@ -184,10 +184,11 @@ impl Gateway {
 
     /// Publishes a write allocation of an acknowledged PUT: only under the
     /// identity a HEAD after the PUT confirms for what was acknowledged (the
-    /// PUT's answer has no Last-Modified), and settled only when a version
-    /// id or the kept SHA-256 of exactly these bytes pins it (a colliding
-    /// body written in the same second would otherwise have the same
-    /// identity); the metric's outcome.
+    /// PUT's answer has no Last-Modified), and served only when a version
+    /// id or the kept SHA-256 of exactly these bytes settles it (a
+    /// colliding body written in the same second would otherwise have the
+    /// same identity: unsettled, the chunks are provisional and serve no
+    /// read, see [`Chunk::write_allocated`]); the metric's outcome.
     async fn publish(
         &self,
         a: WriteAllocation,
@@ -340,7 +341,7 @@ impl WriteAllocation {
                     id: Arc::clone(id),
                     index,
                 },
-                Chunk::new(buf, n, settled),
+                Chunk::write_allocated(buf, n, settled),
             );
         }
         cache.forget_other_versions(&bucket, &key, id);
