@@ -360,6 +360,8 @@ impl S3Access for AccessCheck {
         if let Some(slot) = cx.extensions_mut().get::<OpSlot>() {
             slot.set(&op);
         }
+        // The connection's per-user share (`connections.per_user`).
+        crate::server::claim_connection(cx)?;
         // s3s verified the signature with this user's secret.
         let caller = match cx.credentials() {
             Some(c) => Some(self.users.get(&c.access_key).ok_or_else(denied)?),

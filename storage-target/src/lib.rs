@@ -417,6 +417,7 @@ pub async fn start(loaded: Loaded) -> Result<Running, StartError> {
         shutdown.clone(),
         Duration::from_secs(30),
         cfg.max_connections,
+        cfg.connections.clone(),
     ));
     Ok(Running {
         addr,

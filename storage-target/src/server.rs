@@ -6,15 +6,21 @@
 //! it counts bytes and logs one line per request; plus graceful shutdown.
 //!
 //! Caps, whatever clients do: at most `max_connections` connections are
-//! open (at the cap, the connection idle longest, i.e. with no request in
-//! progress, is closed to make room, and a new connection finds none idle
-//! is closed at once), and an aws-chunked request body
+//! open, shared as `connections:` says (at the cap, the evictable
+//! connection idle longest is closed to make room, and a new connection
+//! that finds none evictable is closed at once; a connection is evictable
+//! while no request is in progress on it, or while its request moves less
+//! than `min_transfer_rate` over a whole window; one client address holds
+//! at most `per_address` connections and one S3 user at most `per_user`
+//! requests in progress, and the agents' networks hold reserved slots and
+//! are exempt from both shares), and an aws-chunked request body
 //! (`x-amz-content-sha256: STREAMING-...`) whose chunk header declares more
 //! than `max_aws_chunk_size` bytes is refused before a byte of that chunk is
 //! read (s3s buffers a whole chunk to check its signature, so the chunk
 //! size the client declares would otherwise be memory the server holds).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument as _, Level, debug, error, info, warn};
 
+use crate::config::connections::ConnectionsConfig;
 use crate::metrics::Metrics;
 use s3dma_service::Escaped;
 use s3dma_service::request::{Envelope, Style};
@@ -464,7 +471,7 @@ pub struct Handler {
     /// Largest aws-chunked chunk accepted (bytes).
     max_aws_chunk: u64,
     /// The connection this handler serves (set per connection by [`serve`]).
-    conn: Option<Arc<Conn>>,
+    conn: Option<ConnShare>,
     /// The operator's authentication choices (SigV2, clock skew).
     auth: crate::precheck::AuthOptions,
 }
@@ -504,7 +511,7 @@ impl Handler {
     }
 
     async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
-        let busy = self.conn.as_ref().map(|c| Busy::new(Arc::clone(c)));
+        let busy = self.conn.as_ref().map(|c| Busy::new(Arc::clone(&c.conn)));
         let op = OpSlot::default();
         let method = req.method().clone();
         // The path decoded, so that a key reads as the client wrote it, and
@@ -537,6 +544,9 @@ impl Handler {
             let payload = payload_mode(&parts.headers);
             parts.extensions.insert(RequestId(env.id().to_owned()));
             parts.extensions.insert(op.clone());
+            if let Some(share) = &self.conn {
+                parts.extensions.insert(share.clone());
+            }
             let ended = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&body)));
             let streaming = parts
                 .headers
@@ -660,15 +670,27 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connection whose writes fail once the client has taken no bytes for
-/// [`IDLE_TIMEOUT`] (the time counts only while a write waits on it).
+/// [`IDLE_TIMEOUT`] (the time counts only while a write waits on it), and
+/// that counts the bytes it moves, both ways, for the transfer rate
+/// ([`Conn::moved`]).
 struct WriteDeadline {
     io: tokio::net::TcpStream,
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    conn: Arc<Conn>,
 }
 
 impl WriteDeadline {
-    fn new(io: tokio::net::TcpStream) -> Self {
-        WriteDeadline { io, stalled: None }
+    fn new(io: tokio::net::TcpStream, conn: Arc<Conn>) -> Self {
+        WriteDeadline {
+            io,
+            stalled: None,
+            conn,
+        }
+    }
+
+    /// Counts `n` bytes moved.
+    fn moved(&self, n: usize) {
+        self.conn.moved.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Passes a ready result through (and stops the clock); on pending,
@@ -704,7 +726,12 @@ impl tokio::io::AsyncRead for WriteDeadline {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            self.moved(buf.filled().len().saturating_sub(before));
+        }
+        r
     }
 }
 
@@ -715,6 +742,9 @@ impl tokio::io::AsyncWrite for WriteDeadline {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.moved(n);
+        }
         self.check(cx, r)
     }
 
@@ -724,6 +754,9 @@ impl tokio::io::AsyncWrite for WriteDeadline {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            self.moved(n);
+        }
         self.check(cx, r)
     }
 
@@ -742,13 +775,95 @@ impl tokio::io::AsyncWrite for WriteDeadline {
     }
 }
 
-/// One open connection, for the cap: whether a request is in progress on
-/// it, since when it has been idle, and how to close it.
+/// Who the request in progress on a connection is, for the per-user share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Caller {
+    /// Not (yet) authenticated.
+    Unknown,
+    /// An unsigned request: anonymous callers together are one user.
+    Anonymous,
+    /// A signed request, by access key.
+    User(String),
+}
+
+/// One open connection, for the cap: its client's address (and whether
+/// that is an agent's), whether a request is in progress on it and by
+/// whom, since when it has been idle, the bytes it moved, whether its
+/// request trickles, and how to close it.
 #[derive(Debug)]
 pub(crate) struct Conn {
+    ip: IpAddr,
+    /// From `agent_networks`: exempt from the shares, may use the reserve.
+    agent: bool,
     busy: AtomicUsize,
     idle_since: Mutex<Instant>,
     close: CancellationToken,
+    /// The caller of the request in progress (or of the last one).
+    caller: Mutex<Caller>,
+    /// Bytes moved (read and written) since the sampler last looked.
+    moved: AtomicU64,
+    /// Requests started on the connection so far.
+    requests: AtomicU64,
+    /// The sampler's view at its last look: requests started, and whether
+    /// one was in progress.
+    seen_requests: AtomicU64,
+    seen_busy: AtomicBool,
+    /// `requests` when the sampler found the request in progress trickling
+    /// (moved less than the least rate over a whole window); 0 when not.
+    /// Only the same request stays trickling: a new one starts afresh.
+    slow_request: AtomicU64,
+}
+
+impl Conn {
+    fn new(ip: IpAddr, agent: bool) -> Conn {
+        Conn {
+            ip,
+            agent,
+            busy: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+            close: CancellationToken::new(),
+            caller: Mutex::new(Caller::Unknown),
+            moved: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            seen_requests: AtomicU64::new(0),
+            seen_busy: AtomicBool::new(false),
+            slow_request: AtomicU64::new(0),
+        }
+    }
+
+    fn caller(&self) -> std::sync::MutexGuard<'_, Caller> {
+        self.caller
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn idle_since(&self) -> Instant {
+        *self
+            .idle_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst) > 0
+    }
+
+    /// Whether the request in progress trickles.
+    fn is_slow(&self) -> bool {
+        let slow = self.slow_request.load(Ordering::SeqCst);
+        slow != 0 && slow == self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Open and not being closed.
+    fn is_live(&self) -> bool {
+        !self.close.is_cancelled()
+    }
+
+    /// Whether the connection may be closed to make room: no request in
+    /// progress, or one that trickles.
+    fn evictable(&self) -> bool {
+        self.is_live() && (!self.is_busy() || self.is_slow())
+    }
 }
 
 /// A request in progress on a connection (it is not idle meanwhile).
@@ -757,6 +872,8 @@ struct Busy(Arc<Conn>);
 
 impl Busy {
     fn new(c: Arc<Conn>) -> Busy {
+        *c.caller() = Caller::Unknown;
+        c.requests.fetch_add(1, Ordering::SeqCst);
         c.busy.fetch_add(1, Ordering::SeqCst);
         Busy(c)
     }
@@ -773,9 +890,90 @@ impl Drop for Busy {
     }
 }
 
+/// The connection a request arrived on, in the request extensions: the
+/// access checks name the request's caller here once it is authenticated
+/// ([`claim_connection`]), for the per-user share.
+#[derive(Debug, Clone)]
+pub struct ConnShare {
+    conn: Arc<Conn>,
+    conns: Arc<Conns>,
+}
+
+impl ConnShare {
+    /// Records `access_key` (`None`: anonymous) as the caller of the request
+    /// in progress; `false`, recording nothing, when that user already has
+    /// `per_user` requests in progress on other connections (an agent's
+    /// connection is not counted, and always gets `true`).
+    #[must_use]
+    pub fn claim(&self, access_key: Option<&str>) -> bool {
+        let caller = access_key.map_or(Caller::Anonymous, |k| Caller::User(k.to_owned()));
+        if self.conn.agent {
+            *self.conn.caller() = caller;
+            return true;
+        }
+        // Counted and recorded under the map's lock, so two requests of one
+        // user claiming at once see each other.
+        let open = self.conns.lock();
+        let others = open
+            .values()
+            .filter(|c| {
+                !Arc::ptr_eq(c, &self.conn)
+                    && !c.agent
+                    && c.is_live()
+                    && c.is_busy()
+                    && *c.caller() == caller
+            })
+            .count();
+        if others >= self.conns.per_user {
+            return false;
+        }
+        *self.conn.caller() = caller;
+        true
+    }
+}
+
+/// For the access checks, once s3s has authenticated a request: claims
+/// its connection for its caller (the per-user share of `connections:`).
+///
+/// # Errors
+/// `503 SlowDown` when the caller already has `connections.per_user`
+/// requests in progress.
+pub fn claim_connection(cx: &mut s3s::access::S3AccessContext<'_>) -> s3s::S3Result<()> {
+    let key = cx.credentials().map(|c| c.access_key.clone());
+    if let Some(share) = cx.extensions_mut().get::<ConnShare>()
+        && !share.claim(key.as_deref())
+    {
+        debug!(
+            per_user = share.conns.per_user,
+            "request refused: its user has connections.per_user requests in progress"
+        );
+        return Err(s3s::s3_error!(
+            SlowDown,
+            "Please reduce your request rate: too many requests of this user in progress (connections.per_user)."
+        ));
+    }
+    Ok(())
+}
+
+/// Which open connections a new one may close to make room for itself.
+#[derive(Debug, Clone, Copy)]
+enum Scope {
+    /// Its own address's (the address is at `per_address`).
+    Address(IpAddr),
+    /// Any but the agents' (other clients hold all the unreserved slots).
+    Clients,
+    /// Any.
+    Any,
+}
+
 /// The open connections and the slots they hold.
-struct Conns {
+#[derive(Debug)]
+pub(crate) struct Conns {
     max: usize,
+    /// Slots only agents may hold.
+    reserved: usize,
+    per_address: usize,
+    per_user: usize,
     slots: Arc<tokio::sync::Semaphore>,
     open: Mutex<HashMap<u64, Arc<Conn>>>,
     next: AtomicU64,
@@ -788,32 +986,94 @@ impl Conns {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A slot for a new connection: a free one, or the slot of the
-    /// connection idle longest, closed for it; `None` when every open
-    /// connection has a request in progress.
-    async fn slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
-            return Some(p);
+    /// Where a new connection from `ip` must make room, if it must: its
+    /// address at its share, the clients' slots all held, or all slots.
+    fn scope(&self, open: &HashMap<u64, Arc<Conn>>, ip: IpAddr, agent: bool) -> Option<Scope> {
+        let (mut total, mut clients, mut here) = (0, 0, 0);
+        for c in open.values().filter(|c| c.is_live()) {
+            total += 1;
+            if !c.agent {
+                clients += 1;
+                here += usize::from(c.ip == ip);
+            }
         }
-        let victim = self
-            .lock()
-            .values()
-            .filter(|c| c.busy.load(Ordering::SeqCst) == 0 && !c.close.is_cancelled())
-            .min_by_key(|c| {
-                *c.idle_since
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-            })
-            .cloned()?;
-        victim.close.cancel();
-        // Its task ends at once and gives the slot back.
+        if !agent && here >= self.per_address {
+            Some(Scope::Address(ip))
+        } else if !agent && clients >= self.max - self.reserved {
+            Some(Scope::Clients)
+        } else if total >= self.max {
+            Some(Scope::Any)
+        } else {
+            None
+        }
+    }
+
+    /// A slot for a new connection from `ip`: a free one, or the slot of
+    /// the evictable connection idle longest (idle ones first, then
+    /// trickling ones) among those it may close, closed for it; `Err` (why)
+    /// when there is none.
+    async fn slot(
+        &self,
+        ip: IpAddr,
+        agent: bool,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, &'static str> {
+        {
+            let open = self.lock();
+            if let Some(scope) = self.scope(&open, ip, agent) {
+                let victim = open
+                    .values()
+                    .filter(|c| c.evictable())
+                    .filter(|c| match scope {
+                        Scope::Address(a) => !c.agent && c.ip == a,
+                        Scope::Clients => !c.agent,
+                        Scope::Any => true,
+                    })
+                    .min_by_key(|c| (c.is_busy(), c.idle_since()))
+                    .cloned();
+                let Some(victim) = victim else {
+                    return Err(match scope {
+                        Scope::Address(_) => {
+                            "its address holds connections.per_address connections, none evictable"
+                        }
+                        Scope::Clients => {
+                            "clients hold every slot not reserved for agents, none evictable"
+                        }
+                        Scope::Any => "max_connections are open, none evictable",
+                    });
+                };
+                debug!(peer = %victim.ip, trickling = victim.is_busy(), "closing a connection to make room (max_connections)");
+                victim.close.cancel();
+            }
+        }
+        // A free slot, or the one a closed connection gives back: its task
+        // ends at once.
         tokio::time::timeout(
             Duration::from_secs(1),
             Arc::clone(&self.slots).acquire_owned(),
         )
         .await
-        .ok()?
-        .ok()
+        .map_err(|_| "no slot came free")?
+        .map_err(|_| "the server is stopping")
+    }
+
+    /// One look of the transfer-rate sampler: a request in progress since
+    /// the last look (the same one) that moved fewer than `least` bytes
+    /// since then trickles.
+    fn sample(&self, least: u64) {
+        for c in self.lock().values() {
+            let moved = c.moved.swap(0, Ordering::SeqCst);
+            let requests = c.requests.load(Ordering::SeqCst);
+            let busy = c.is_busy();
+            let same = busy
+                && c.seen_busy.load(Ordering::SeqCst)
+                && c.seen_requests.load(Ordering::SeqCst) == requests;
+            c.slow_request.store(
+                if same && moved < least { requests } else { 0 },
+                Ordering::SeqCst,
+            );
+            c.seen_busy.store(busy, Ordering::SeqCst);
+            c.seen_requests.store(requests, Ordering::SeqCst);
+        }
     }
 }
 
@@ -834,25 +1094,49 @@ impl Drop for Open {
 
 /// Serves HTTP/1.1 (keep-alive) on `listener` until `shutdown` is cancelled,
 /// then lets in-flight requests finish (up to `grace`). At most
-/// `max_connections` (at least 1) connections are open: at the cap, the
-/// connection idle longest (no request in progress) is closed to make
-/// room, or, when every one has a request in progress, the new connection
-/// is closed at once.
+/// `max_connections` (at least 1) connections are open, shared as `shares`
+/// says: at the cap (or the new connection's address at its share, or
+/// clients at the slots not reserved for agents), the evictable connection
+/// idle longest (no request in progress, or one that trickles) is closed
+/// to make room, or, when none is evictable, the new connection is closed
+/// at once.
 pub async fn serve(
     listener: TcpListener,
     handler: Handler,
     shutdown: CancellationToken,
     grace: Duration,
     max_connections: usize,
+    shares: ConnectionsConfig,
 ) {
     let tracker = TaskTracker::new();
     let max = max_connections.max(1);
     let conns = Arc::new(Conns {
         max,
+        reserved: shares.reserved().min(max - 1),
+        per_address: shares.per_address.max(1),
+        per_user: shares.per_user.max(1),
         slots: Arc::new(tokio::sync::Semaphore::new(max)),
         open: Mutex::new(HashMap::new()),
         next: AtomicU64::new(0),
     });
+    let rate = shares.min_transfer_rate.0;
+    if rate > 0 {
+        let window = shares.window();
+        // The bytes a request must move over a whole window.
+        let least = u64::try_from(u128::from(rate) * window.as_millis() / 1000).unwrap_or(u64::MAX);
+        let conns = Arc::clone(&conns);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(window);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = tick.tick() => conns.sample(least),
+                }
+            }
+        });
+    }
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -865,18 +1149,19 @@ pub async fn serve(
                 }
             },
         };
-        let Some(slot) = conns.slot().await else {
-            handler.metrics.connection_refused();
-            debug!(%peer, max = conns.max, "closing a new connection: max_connections are open, each with a request in progress");
-            drop(stream);
-            continue;
+        let ip = peer.ip();
+        let agent = shares.is_agent(ip);
+        let slot = match conns.slot(ip, agent).await {
+            Ok(s) => s,
+            Err(why) => {
+                handler.metrics.connection_refused();
+                debug!(%peer, max = conns.max, why, "closing a new connection at once");
+                drop(stream);
+                continue;
+            }
         };
         let id = conns.next.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn {
-            busy: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
-            close: CancellationToken::new(),
-        });
+        let conn = Arc::new(Conn::new(ip, agent));
         conns.lock().insert(id, Arc::clone(&conn));
         handler.metrics.connection(true);
         let open = Open {
@@ -887,7 +1172,10 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let mut handler = handler.clone();
-        handler.conn = Some(Arc::clone(&conn));
+        handler.conn = Some(ConnShare {
+            conn: Arc::clone(&conn),
+            conns: Arc::clone(&conns),
+        });
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
             let _open = open;
@@ -895,12 +1183,15 @@ pub async fn serve(
                 .keep_alive(true)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(WriteDeadline::new(stream)), handler);
+                .serve_connection(
+                    TokioIo::new(WriteDeadline::new(stream, Arc::clone(&conn))),
+                    handler,
+                );
             tokio::pin!(conn_io);
             let res = tokio::select! {
                 r = conn_io.as_mut() => r,
                 () = conn.close.cancelled() => {
-                    debug!(%peer, "closing an idle connection to make room (max_connections)");
+                    debug!(%peer, "closing a connection to make room (max_connections)");
                     return;
                 }
                 () = shutdown.cancelled() => {

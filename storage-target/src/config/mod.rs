@@ -10,6 +10,7 @@
 //! them re-export them.
 
 pub mod bucket_name;
+pub mod connections;
 pub mod dc;
 pub mod gateway;
 pub mod hipobj;
@@ -43,6 +44,13 @@ pub struct Config {
     /// between 1 and 1000000.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// How the `max_connections` slots are shared: per client address, per
+    /// S3 user, the least transfer rate of a request in progress, and the
+    /// slots reserved for the dpu-agents. Default: the section's defaults
+    /// (256 per address, 256 requests per user, `16KiB`/s over 10 s, no
+    /// agent networks).
+    #[serde(default)]
+    pub connections: connections::ConnectionsConfig,
     /// Largest chunk an aws-chunked request body (`x-amz-content-sha256:
     /// STREAMING-...`) may declare; a larger one is refused with `400
     /// InvalidRequest` before its bytes are read (the whole chunk is held in
@@ -290,6 +298,7 @@ impl Config {
         Config {
             listen: default_listen(),
             max_connections: default_max_connections(),
+            connections: connections::ConnectionsConfig::default(),
             max_aws_chunk_size: default_max_aws_chunk_size(),
             region: default_region(),
             data_dir,
@@ -409,6 +418,9 @@ impl Config {
                 ),
             ));
         }
+        self.connections
+            .check(self.max_connections)
+            .map_err(|(f, m)| invalid(format!("connections.{f}"), m))?;
         let chunk = self.max_aws_chunk_size.0;
         if !(64 << 10..=256 << 20).contains(&chunk) {
             return Err(invalid(

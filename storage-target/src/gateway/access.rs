@@ -62,6 +62,7 @@ impl S3Access for GatewayAccess {
         if let Some(slot) = cx.extensions_mut().get::<OpSlot>() {
             slot.set(&op);
         }
+        crate::server::claim_connection(cx)?;
         let Some(user) = cx.credentials().map(|c| c.access_key.clone()) else {
             return Err(s3_error!(
                 AccessDenied,

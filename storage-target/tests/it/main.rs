@@ -6,6 +6,7 @@
 mod auth;
 mod checksums;
 mod common;
+mod conn_fairness;
 mod copy_budget;
 mod crash;
 mod dc;
