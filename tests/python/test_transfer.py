@@ -138,6 +138,10 @@ def test_parse_url_appends_a_slash():
 def test_unsafe_names_and_filters():
     for rel in ("../escape", "a//b", "./x", "a/./b", "a/..", "/abs", "a\0b", "x" * 256, "a/" + "é" * 128):
         assert transfer.unsafe_name(rel), rel
+    # Control characters never become file names (terminal escapes, line breaks).
+    for rel in ("bell\a", "new\nline", "tab\tx", "esc\x1b[31m", "del\x7f", "c1\x9b", "d\x01/x"):
+        assert transfer.unsafe_name(rel), repr(rel)
+    assert not transfer.unsafe_name("nbsp\xa0/\u202ex")
     for rel in ("a", "a/b/c", "sp ace/ü.txt", "..a/b..", ".hidden", "x" * 255, "é" * 127):
         assert not transfer.unsafe_name(rel), rel
     # Every name is selected at first; the last matching filter decides; * crosses /.
@@ -217,6 +221,39 @@ def test_a_file_that_changes_size_while_read_fails(tmp_path, monkeypatch):
                 transfer._read_file(str(tmp_path), root_fd, ["f"], _FakeBuffer(4096))
             assert ei.value.code == "FileChanged", ei.value
             monkeypatch.setattr(os, "readv", real_readv)
+    finally:
+        os.close(root_fd)
+
+
+def test_an_upload_reads_only_the_file_the_walk_saw(tmp_path):
+    """``upload_dir``'s open-and-check: after the walk recorded ``f``, it
+    is swapped for a symlink to a file the attacker wants read, or replaced
+    by another regular file; both are refused, the bytes never read."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("f", "g"):
+        (src / name).write_bytes(b"mine")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"secret")
+    tree = transfer._walk(str(src))
+    root_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        buf = _FakeBuffer(64)
+        assert transfer._read_file(str(src), root_fd, ["f"], buf, tree.files["f"]) == 4
+        assert bytes(buf.mmap[:4]) == b"mine"
+        (src / "f").unlink()
+        os.symlink(secret, src / "f")
+        buf = _FakeBuffer(64)
+        with pytest.raises(s3dma.S3dmaError, match="symlink") as ei:
+            transfer._read_file(str(src), root_fd, ["f"], buf, tree.files["f"])
+        assert ei.value.code == "SymlinkInPath"
+        other = src / "other"
+        other.write_bytes(b"evil")
+        os.rename(other, src / "g")
+        with pytest.raises(s3dma.S3dmaError, match="replaced") as ei:
+            transfer._read_file(str(src), root_fd, ["g"], buf, tree.files["g"])
+        assert ei.value.code == "FileChanged"
+        assert b"secret" not in bytes(buf.mmap) and b"evil" not in bytes(buf.mmap)
     finally:
         os.close(root_fd)
 

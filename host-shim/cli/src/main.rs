@@ -184,6 +184,10 @@ enum Cmd {
         dst: String,
         /// Also remove from the destination what the source does not have
         /// (not what --exclude leaves out); skipped when a copy failed.
+        /// A name that cannot cross (a key that cannot be a local name:
+        /// `..`, `//`, control characters; a file name not UTF-8) is never
+        /// written nor deleted: each is named on stderr, the safe deletions
+        /// go ahead, and the exit status is then 1.
         #[arg(long)]
         delete: bool,
         #[command(flatten)]

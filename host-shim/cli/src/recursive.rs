@@ -10,7 +10,19 @@
 //! success, its mtime set to the object's LastModified); a failed or
 //! interrupted transfer leaves no partial file. Uploads read each file into
 //! a buffer (a pool slot, or a buffer of its own when larger than a chunk)
-//! and PutObject it: the agent switches to multipart by itself.
+//! and PutObject it: the agent switches to multipart by itself. Each file
+//! is opened without following a symlink (`O_NOFOLLOW`) and checked by
+//! `fstat` to be the regular file the walk saw (same device and inode), so
+//! a file swapped for a link (or another file) after the walk is refused,
+//! never read.
+//!
+//! `--delete` runs only when every copy succeeded, and then deletes what is
+//! safe even when some names could not cross: a key that cannot be a local
+//! name (see `tree::key_place`: `..`, `//`, control characters, ...) is
+//! never written and never deleted, a local name that is not UTF-8 never
+//! uploaded; each such name is printed on stderr, listed again after the
+//! deletions, and makes the run exit 1 (a partial failure) once every safe
+//! deletion is done.
 //!
 //! What is decided without I/O (paths, filters, sync rules, the plan) is in
 //! `tree.rs`.
@@ -64,6 +76,10 @@ struct Tally {
     up_to_date: usize,
     deleted: usize,
     failures: Vec<Failure>,
+    /// Names that cannot cross (unsafe keys, local names that are not
+    /// UTF-8): failures that do not hold up `--delete`. The name (escaped,
+    /// for the summary) and the failure.
+    refused: Vec<(String, Failure)>,
 }
 
 /// State shared by a run's tasks.
@@ -79,6 +95,28 @@ impl Run {
     fn fail(&self, f: Failure) {
         self.pb.suspend(|| eprintln!("s3dma: {f}"));
         lock(&self.tally).failures.push(f);
+    }
+
+    /// Whether `--delete` may run: every copy succeeded (names refused
+    /// before the copies do not count).
+    fn copies_clean(&self) -> bool {
+        lock(&self.tally).failures.is_empty()
+    }
+
+    /// After `--delete`: names again what it left because it could not
+    /// cross.
+    fn say_refused(&self, verb: &str) {
+        let t = lock(&self.tally);
+        if !t.refused.is_empty() {
+            let names: Vec<&str> = t.refused.iter().map(|(n, _)| n.as_str()).collect();
+            self.pb.suspend(|| {
+                eprintln!(
+                    "s3dma: {verb} --delete: deleted what is safe; {} name(s) could not cross and were skipped: {}",
+                    names.len(),
+                    names.join(", ")
+                );
+            });
+        }
     }
 
     fn done(&self, bytes: u64) {
@@ -260,9 +298,9 @@ fn check_no_symlinks(root: &Path, dest: &Path) -> io::Result<()> {
 /// What a directory holds, for the recursive commands.
 #[derive(Debug, Default)]
 struct LocalTree {
-    /// Every regular file, by relative `/` name, with its stamp (our
-    /// temporary files left out).
-    files: BTreeMap<String, (PathBuf, Stamp)>,
+    /// Every regular file, by relative `/` name, with its stamp and
+    /// identity (our temporary files left out).
+    files: BTreeMap<String, (PathBuf, Stamp, FileId)>,
     /// Files whose names are not UTF-8 (no key can name them).
     not_utf8: Vec<PathBuf>,
     /// Entries neither a directory nor a regular file (symlinks are never
@@ -309,10 +347,68 @@ fn local_tree(root: &Path) -> io::Result<LocalTree> {
             continue;
         };
         let m = entry.metadata().map_err(io::Error::other)?;
-        t.files
-            .insert(name, (entry.path().to_path_buf(), stamp_of(&m)));
+        t.files.insert(
+            name,
+            (entry.path().to_path_buf(), stamp_of(&m), FileId::of(&m)),
+        );
     }
     Ok(t)
+}
+
+/// Which file a walk saw: its device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    fn of(m: &fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt as _;
+        FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+        }
+    }
+}
+
+/// Opens `path` for reading the way an upload must: without following a
+/// symlink in its last component (`O_NOFOLLOW`; `O_NONBLOCK` so that a FIFO
+/// swapped in cannot block the open), then checks with `fstat` that it is
+/// a regular file and the one the walk recorded as `seen` (same device and
+/// inode). A file replaced since the walk (by a symlink, a FIFO, another
+/// file, or through a directory swapped for a link) is refused.
+fn open_seen(path: &Path, seen: FileId) -> io::Result<File> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) {
+                io::Error::other(format!(
+                    "refusing to read through the symlink {} (it was a regular file when the directory was read)",
+                    path.display()
+                ))
+            } else {
+                e
+            }
+        })?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return Err(io::Error::other(format!(
+            "{} is no longer a regular file",
+            path.display()
+        )));
+    }
+    if FileId::of(&m) != seen {
+        return Err(io::Error::other(format!(
+            "{} was replaced by another file since the directory was read",
+            path.display()
+        )));
+    }
+    Ok(f)
 }
 
 fn stamp_of(m: &fs::Metadata) -> Stamp {
@@ -395,13 +491,13 @@ async fn download_inner(
         match place {
             KeyPlace::Skip => tally.skipped += 1,
             KeyPlace::Unsafe(why) => {
-                let f = Failure::Other(format!(
-                    "{verb} s3://{}/{}: unsafe key ({why}); not written",
-                    url.bucket,
-                    s3dma_service::Escaped(&o.key)
-                ));
+                // A local file of exactly that name (an older client's)
+                // is the key's: --delete spares it.
+                in_source.insert(relative.to_owned());
+                let name = format!("s3://{}/{}", url.bucket, s3dma_service::Escaped(&o.key));
+                let f = Failure::Other(format!("{verb} {name}: unsafe key ({why}); not written"));
                 eprintln!("s3dma: {f}");
-                tally.failures.push(f);
+                tally.refused.push((name, f));
             }
             KeyPlace::File(path) => {
                 in_source.insert(relative.to_owned());
@@ -528,11 +624,11 @@ async fn download_inner(
     drop(landings);
     pb.finish_and_clear();
 
-    // --delete: only when every copy succeeded.
+    // --delete: only when every copy succeeded (unsafe keys, refused by
+    // name, hold nothing up).
     if opts.delete {
-        let clean = lock(&run.tally).failures.is_empty();
-        if clean {
-            for (name, (path, _)) in &local {
+        if run.copies_clean() {
+            for (name, (path, _, _)) in &local {
                 if in_source.contains(name) || !opts.filters.includes(name) {
                     continue;
                 }
@@ -544,6 +640,7 @@ async fn download_inner(
                     Err(e) => run.fail(Failure::Other(format!("deleting {}: {e}", path.display()))),
                 }
             }
+            run.say_refused(verb);
         } else {
             g.say("delete: skipped, some files failed");
         }
@@ -699,6 +796,8 @@ struct Upload {
     path: PathBuf,
     key: String,
     size: u64,
+    /// The file the walk saw (what the open must find).
+    id: FileId,
 }
 
 /// `s3dma put --recursive DIR URL` and `s3dma sync DIR URL`.
@@ -760,16 +859,16 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
         ..Tally::default()
     };
     for p in not_utf8 {
+        let name = s3dma_service::Escaped(&p.to_string_lossy()).to_string();
         let f = Failure::Other(format!(
-            "{verb} {}: the name is not UTF-8 (an S3 key must be)",
-            s3dma_service::Escaped(&p.to_string_lossy())
+            "{verb} {name}: the name is not UTF-8 (an S3 key must be)"
         ));
         eprintln!("s3dma: {f}");
-        tally.failures.push(f);
+        tally.refused.push((name, f));
     }
     let mut uploads = Vec::new();
     let mut in_source: HashSet<String> = HashSet::new();
-    for (name, (path, stamp)) in &local {
+    for (name, (path, stamp, id)) in &local {
         if !opts.filters.includes(name) {
             continue;
         }
@@ -783,6 +882,7 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
             path: path.clone(),
             key,
             size: stamp.size,
+            id: *id,
         });
     }
     let total: u64 = uploads.iter().map(|u| u.size).sum();
@@ -882,20 +982,30 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
     pb.finish_and_clear();
 
     if opts.delete {
-        let clean = lock(&run.tally).failures.is_empty();
-        if clean {
+        if run.copies_clean() {
             for key in remote.keys() {
                 let name = &key[prefix.len().min(key.len())..];
                 // Only keys a file could have made: no directory markers,
-                // no unsafe names, none a local entry (even a skipped
-                // symlink) shadows.
-                let file_like = matches!(tree::key_place(name), KeyPlace::File(_));
+                // no unsafe names (named, and kept), none a local entry
+                // (even a skipped symlink) shadows.
                 if in_source.contains(key)
-                    || !file_like
                     || local_names.contains(name)
                     || !opts.filters.includes(name)
                 {
                     continue;
+                }
+                match tree::key_place(name) {
+                    KeyPlace::File(_) => {}
+                    KeyPlace::Skip => continue,
+                    KeyPlace::Unsafe(why) => {
+                        let shown = format!("s3://{}/{}", url.bucket, s3dma_service::Escaped(key));
+                        let f = Failure::Other(format!(
+                            "{verb} --delete {shown}: unsafe key ({why}); not deleted"
+                        ));
+                        run.pb.suspend(|| eprintln!("s3dma: {f}"));
+                        lock(&run.tally).refused.push((shown, f));
+                        continue;
+                    }
                 }
                 match client.delete(&url.bucket, key).await {
                     Ok(()) => {
@@ -912,6 +1022,7 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
                     }),
                 }
             }
+            run.say_refused(verb);
         } else {
             g.say("delete: skipped, some files failed");
         }
@@ -925,7 +1036,7 @@ async fn put_file(run: &Run, u: &Upload, mut buf: Buffer) -> (Buffer, Result<(),
     let what = format!("put s3://{}/{}", run.bucket, u.key);
     let n = usize::try_from(u.size).unwrap_or(usize::MAX);
     let read = tokio::task::block_in_place(|| -> io::Result<()> {
-        let mut f = File::open(&u.path)?;
+        let mut f = open_seen(&u.path, u.id)?;
         let slice = &mut buf.as_mut_slice()[..n];
         f.read_exact(slice).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -964,6 +1075,12 @@ async fn put_file(run: &Run, u: &Upload, mut buf: Buffer) -> (Buffer, Result<(),
 
 /// Prints the summary and picks the result: the first failure's exit code.
 fn finish(g: &Global, verb: &str, mut tally: Tally, took: Duration) -> Result<(), Failure> {
+    let later = std::mem::take(&mut tally.failures);
+    tally.failures = std::mem::take(&mut tally.refused)
+        .into_iter()
+        .map(|(_, f)| f)
+        .chain(later)
+        .collect();
     let secs = took.as_secs_f64().max(1e-9);
     let mut line = format!(
         "{verb}: {} files, {} in {:.1} s ({:.2} GB/s); {} failed, {} skipped",
@@ -1017,6 +1134,57 @@ mod tests {
         assert!(check_no_symlinks(root, &root.join("real/f")).is_err());
     }
 
+    /// An upload opens the file the walk saw, and nothing else: the same
+    /// file read; a file swapped for a symlink after the walk recorded it
+    /// (to a file the user may read, as an attacker would plant), for a
+    /// FIFO, or for another regular file (rename over it) is refused.
+    #[test]
+    fn an_upload_opens_only_the_file_the_walk_saw() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        fs::write(r.join("f"), b"mine").unwrap();
+        fs::write(r.join("g"), b"mine too").unwrap();
+        fs::write(r.join("h"), b"and this").unwrap();
+        let secret = tempfile::NamedTempFile::new().unwrap();
+        fs::write(secret.path(), b"secret").unwrap();
+        let t = local_tree(r).unwrap();
+        let (path, _, id) = t.files["f"].clone();
+        let mut back = String::new();
+        open_seen(&path, id)
+            .unwrap()
+            .read_to_string(&mut back)
+            .unwrap();
+        assert_eq!(back, "mine");
+
+        // f becomes a symlink to the secret between the walk and the open.
+        fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(secret.path(), &path).unwrap();
+        let e = open_seen(&path, id).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("refusing to read through the symlink"),
+            "{e}"
+        );
+
+        // g becomes a FIFO: refused without blocking.
+        let (gpath, _, gid) = t.files["g"].clone();
+        fs::remove_file(&gpath).unwrap();
+        nix::unistd::mkfifo(&gpath, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = open_seen(&gpath, gid).unwrap_err();
+        assert!(e.to_string().contains("is no longer a regular file"), "{e}");
+
+        // h is replaced by another regular file (a rename over it).
+        let (hpath, _, hid) = t.files["h"].clone();
+        let other = r.join("other");
+        fs::write(&other, b"other").unwrap();
+        fs::rename(&other, &hpath).unwrap();
+        let e = open_seen(&hpath, hid).unwrap_err();
+        assert!(
+            e.to_string().contains("was replaced by another file"),
+            "{e}"
+        );
+    }
+
     /// A 3-byte download of `p/sub/f` into `root/sub/f`.
     fn landing(root: &Path) -> Landing {
         Landing {
@@ -1062,6 +1230,10 @@ mod tests {
         let t = local_tree(r).unwrap();
         assert_eq!(t.files.keys().collect::<Vec<_>>(), ["a/b/x", "top"]);
         assert_eq!(t.files["top"].1.size, 2);
+        assert_eq!(
+            t.files["top"].2,
+            FileId::of(&fs::symlink_metadata(r.join("top")).unwrap())
+        );
         assert!(t.not_utf8.is_empty());
         assert_eq!(t.skipped, 1);
         assert!(t.names.contains("etc-link") && t.names.contains("top"));

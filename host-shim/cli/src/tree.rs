@@ -39,8 +39,9 @@ pub(crate) enum KeyPlace {
 const NAME_MAX: usize = 255;
 
 /// Maps `relative` (a key with the prefix removed) to a relative local
-/// path, refusing anything that could land outside the directory: empty,
-/// `.` or `..` components, a leading `/`, NUL bytes, over-long names.
+/// path, refusing anything that could land outside the directory or is no
+/// sane file name: empty, `.` or `..` components, a leading `/`, NUL bytes,
+/// control characters (U+0000..U+001F, U+007F..U+009F), over-long names.
 #[must_use]
 pub(crate) fn key_place(relative: &str) -> KeyPlace {
     if relative.is_empty() || relative.ends_with('/') {
@@ -51,6 +52,11 @@ pub(crate) fn key_place(relative: &str) -> KeyPlace {
     }
     if relative.contains('\0') {
         return KeyPlace::Unsafe("it contains a NUL byte");
+    }
+    // C0, DEL and C1 controls: a file name holding them turns into terminal
+    // escapes, line breaks and such in every later `ls` or script.
+    if relative.chars().any(char::is_control) {
+        return KeyPlace::Unsafe("it contains a control character");
     }
     let mut path = PathBuf::new();
     for part in relative.split('/') {
@@ -310,6 +316,24 @@ mod tests {
                 "{bad:?} must be refused"
             );
         }
+        for ctl in [
+            "bell\u{7}",
+            "new\nline",
+            "cr\rx",
+            "tab\tx",
+            "esc\u{1b}]0;title\u{7}",
+            "del\u{7f}",
+            "c1\u{9b}31m",
+            "dir\u{1}/x",
+        ] {
+            assert_eq!(
+                key_place(ctl),
+                KeyPlace::Unsafe("it contains a control character"),
+                "{ctl:?}"
+            );
+        }
+        // Other non-ASCII, even invisible or bidi characters, are names.
+        assert!(matches!(key_place("a\u{a0}b/\u{202e}x"), KeyPlace::File(_)));
         assert!(matches!(key_place(&"n".repeat(256)), KeyPlace::Unsafe(_)));
         assert!(matches!(key_place(&"n".repeat(255)), KeyPlace::File(_)));
         // Dots inside names are fine.

@@ -186,9 +186,10 @@ def _escape_path(path: str) -> str:
 
 def unsafe_name(rel: str) -> bool:
     """Whether a relative name may not become a local path: a leading
-    ``/``, a NUL, an empty, ``.`` or ``..`` component, or a component
-    longer than 255 bytes."""
-    if rel.startswith("/") or "\0" in rel:
+    ``/``, a NUL or another control character (U+0000..U+001F,
+    U+007F..U+009F: terminal escapes, line breaks), an empty, ``.`` or
+    ``..`` component, or a component longer than 255 bytes."""
+    if rel.startswith("/") or any(c < " " or "\x7f" <= c <= "\x9f" for c in rel):
         return True
     for part in rel.split("/"):
         if part in ("", ".", "..") or len(part.encode("utf-8", "surrogateescape")) > _NAME_MAX:
@@ -258,6 +259,8 @@ def _refusal(msg: str, code: str) -> S3dmaError:
 class _LocalFile:
     size: int
     mtime_ns: int
+    dev: int = -1  # which file the walk saw (-1: not recorded)
+    ino: int = -1
 
 
 @dataclass
@@ -290,7 +293,7 @@ def _walk(root: str) -> _Tree:
                     continue
                 elif e.is_file(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
-                    tree.files[rel] = _LocalFile(st.st_size, st.st_mtime_ns)
+                    tree.files[rel] = _LocalFile(st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
                 else:
                     tree.others.append(rel)
             except FileNotFoundError:
@@ -868,7 +871,10 @@ def upload_dir(
     socket: Optional[str] = None,
 ) -> TransferSummary:
     """Puts every regular file under ``dir`` as ``prefix + relative path``
-    (``/``-separated); symlinks are not followed (counted as skipped).
+    (``/``-separated); symlinks are not followed (counted as skipped), and
+    each file is opened without following one and must be the very file the
+    walk saw (device and inode), else it fails as ``SymlinkInPath`` or
+    ``FileChanged``.
 
     ``sync``: put only files whose key is missing, differs in size or is
     older (mtime > LastModified, whole seconds); ``delete`` (with ``sync``):
@@ -942,7 +948,7 @@ def upload_dir(
         slots = _Slots(c, slot_size, nslots, "s3dma upload")
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
-        def put(rel: str, planned: int) -> int:
+        def put(rel: str, planned: int, seen: _LocalFile) -> int:
             parts = rel.split("/")
             if planned <= chunk:
                 buf = slots.acquire()
@@ -956,7 +962,7 @@ def upload_dir(
                     budget.release(own)
                     raise
             try:
-                n = _read_file(root, root_fd, parts, buf)
+                n = _read_file(root, root_fd, parts, buf, seen)
                 if run.stop.is_set():
                     raise errors.Cancelled("the transfer was interrupted", code="Cancelled", domain=errors.CLIENT_DOMAIN)
                 c.put_object_from(bucket, prefix + rel, buf, 0, n)
@@ -971,7 +977,7 @@ def upload_dir(
             return n
 
         try:
-            run.execute([(rel, (lambda rel=rel, n=n: put(rel, n))) for rel, n in todo])
+            run.execute([(rel, (lambda rel=rel, n=n: put(rel, n, tree.files[rel]))) for rel, n in todo])
             if delete and not s.failures:
                 present = set(tree.files) | set(tree.others)
                 doomed = [
@@ -997,9 +1003,14 @@ def upload_dir(
     return run.finish()
 
 
-def _read_file(root: str, root_fd: int, parts: List[str], buf: Buffer) -> int:
-    """The file ``root/parts`` into ``buf`` (no symlink followed); its
-    size. Fails if it does not fit or changes size while being read."""
+def _read_file(root: str, root_fd: int, parts: List[str], buf: Buffer, seen: Optional[_LocalFile] = None) -> int:
+    """The file ``root/parts`` into ``buf`` (no symlink followed: the
+    directories by :func:`_open_parent`, the file with ``O_NOFOLLOW``); its
+    size. With ``seen`` (what the walk recorded), ``fstat`` must find that
+    very file (same device and inode): a file swapped for a symlink or for
+    another file after the walk is refused (``SymlinkInPath`` /
+    ``FileChanged``), never read. Fails if it does not fit or changes size
+    while being read."""
     path = os.path.join(root, *parts)
     dir_fd = _open_parent(root, root_fd, parts, create=False)
     try:
@@ -1016,6 +1027,8 @@ def _read_file(root: str, root_fd: int, parts: List[str], buf: Buffer) -> int:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _refusal(f"{path} is no longer a regular file", "FileChanged")
+        if seen is not None and seen.ino >= 0 and (st.st_dev, st.st_ino) != (seen.dev, seen.ino):
+            raise _refusal(f"{path} was replaced by another file since the directory was read", "FileChanged")
         n = st.st_size
         if n > buf.size:
             raise _refusal(f"{path} grew from {buf.size} to {n} bytes since the directory was read", "FileChanged")

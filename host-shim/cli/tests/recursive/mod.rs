@@ -222,18 +222,81 @@ fn hostile_keys_stay_inside_and_an_interrupted_sync_resumes() {
     // rest lands.
     // (The dpu-agent refuses to write such keys; a plain S3 client, as
     // another program of the bucket's owner would, can.)
-    raw_put(&local, &["h/../escape", "h/a//b", "h/./dot", "h/ok/file"]);
+    // Keys with control characters (an escape sequence, a line break)
+    // never become file names.
+    raw_put(
+        &local,
+        &[
+            "h/../escape",
+            "h/a//b",
+            "h/./dot",
+            "h/ok/file",
+            "h/esc\u{1b}[31mred",
+            "h/new\nline",
+        ],
+    );
     let out = work.path().join("out");
     let o = local.s3dma(&["get", "-r", "s3://data/h", &s(&out)]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert_eq!(err.matches("unsafe key").count(), 3 + 1, "{err}");
-    assert!(err.contains("3 files failed, the first: "), "{err}");
+    assert_eq!(err.matches("unsafe key").count(), 5 + 1, "{err}");
+    assert_eq!(
+        err.matches("unsafe key (it contains a control character); not written")
+            .count(),
+        2,
+        "{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "keys are printed escaped: {err}");
+    assert!(err.contains("5 files failed, the first: "), "{err}");
     assert_eq!(tree(&out).keys().collect::<Vec<_>>(), ["ok/file"]);
     assert_eq!(
         fs::read_dir(work.path()).unwrap().count(),
         1,
         "nothing outside the destination"
+    );
+
+    // sync --delete past unsafe keys: the safe deletion is made, a local
+    // file of an unsafe key's very name (an older client's) is spared,
+    // every skipped key is named, and the exit status says not all crossed.
+    let mirror = work.path().join("mirror");
+    fs::create_dir_all(&mirror).unwrap();
+    fs::write(mirror.join("stale"), b"gone").unwrap();
+    fs::write(mirror.join("new\nline"), b"an older client's").unwrap();
+    let o = local.s3dma(&["sync", "s3://data/h", &s(&mirror), "--delete"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("sync: 1 files, ") && err.contains(", 0 up to date, 1 deleted"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sync --delete: deleted what is safe; 5 name(s) could not cross and were skipped: s3://data/h/"),
+        "{err}"
+    );
+    assert_eq!(
+        tree(&mirror).keys().collect::<Vec<_>>(),
+        ["new\nline", "ok/file"],
+        "{err}"
+    );
+    // The other way: a safe extra key is deleted, the unsafe ones are
+    // named and kept.
+    raw_put(&local, &["h/extra"]);
+    let up = work.path().join("up");
+    fs::create_dir_all(up.join("ok")).unwrap();
+    fs::write(up.join("ok/file"), b"payload").unwrap();
+    let o = local.s3dma(&["sync", &s(&up), "s3://data/h", "--delete"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("; not deleted").count(), 5 + 1, "{err}");
+    assert!(err.contains(", 1 deleted"), "{err}");
+    assert!(
+        err.contains("sync --delete: deleted what is safe; 5 name(s) could not cross"),
+        "{err}"
+    );
+    let listed = ok(&local.s3dma(&["ls", "-r", "s3://data/h/"]));
+    assert!(
+        !listed.contains("h/extra") && listed.contains("h/a//b"),
+        "{listed}"
     );
 
     // A symlink inside the destination is never written through.
