@@ -76,9 +76,9 @@ pub struct CacheConfig {
     /// a writer with a colliding pair can store a second body with the same
     /// ETag and size in the same second, which no HEAD tells apart. Reads
     /// of a version younger than that wait for it before fetching (at most
-    /// `settle_after` + 2 s); write-allocated chunks serve only until then,
-    /// and are fetched again once after, unless a version id or a kept
-    /// SHA-256 pins them. Covers clock differences between the upstream's
+    /// `settle_after` + 2 s); write-allocated chunks serve no read at all
+    /// unless a version id or a kept SHA-256 pins them (the first read
+    /// fetches the chunk from upstream and replaces them). Covers clock differences between the upstream's
     /// endpoints. Default 1; at most 3600.
     #[serde(default = "default_settle_after")]
     pub settle_after: u64,
