@@ -921,10 +921,9 @@ fn assert_unsupported(r: &Raw) {
 #[tokio::test]
 async fn hipobj_sessions_and_staging_keep_a_reserve_for_tenants() {
     let Some(domain) = verbs() else { return };
-    let s = tenant_server(
-        "    max_sessions: 6\n    max_sessions_per_user: 2\n    max_shared_sessions: 4\n",
-    )
-    .await;
+    // The shared class's caps are left at their defaults (half of each
+    // pool): only `tenant_users` and the pools are configured.
+    let s = tenant_server("    max_sessions: 8\n    max_sessions_per_user: 2\n").await;
     // Two attackers fill the shared class's 4 sessions (2 each, idle).
     let mut held = Vec::new();
     for (i, user) in ATTACKERS.iter().enumerate().take(2) {
@@ -953,26 +952,23 @@ async fn hipobj_sessions_and_staging_keep_a_reserve_for_tenants() {
         held.push(c);
     }
 
-    // Staging: two attackers' 1.5 MiB PUTs fill the class's 3 MiB; a third
-    // gets 501, the tenant's 1 MiB PUT is prepared.
-    let s2 = tenant_server(
-        "    max_staging_bytes: 4MiB\n    max_staging_bytes_per_user: 2MiB\n    max_shared_staging_bytes: 3MiB\n",
-    )
-    .await;
-    let big = 3 << 19;
-    for (i, user) in ATTACKERS.iter().enumerate().take(2) {
-        let target = format!("/attacker-{i}/big");
-        let (c, r) = put_prepare(&domain, &s2, *user, &target, big).await;
+    // Staging (the class's default cap: half of 4 MiB): one attacker's two
+    // 1 MiB PUTs fill it; its third is past its own 2 MiB (503), another
+    // attacker's 1 MiB gets 501, the tenant's 2 MiB are prepared.
+    let s2 =
+        tenant_server("    max_staging_bytes: 4MiB\n    max_staging_bytes_per_user: 2MiB\n").await;
+    let mib = 1 << 20;
+    for k in 0..2 {
+        let target = format!("/attacker-0/big{k}");
+        let (c, r) = put_prepare(&domain, &s2, ATTACKERS[0], &target, mib).await;
         assert_eq!(r.status, 200, "{}", r.text());
         held.push(c);
     }
-    // Past the first attacker's own 2 MiB: 503.
-    let (_c, r) = put_prepare(&domain, &s2, ATTACKERS[0], "/attacker-0/more", big).await;
+    let (_c, r) = put_prepare(&domain, &s2, ATTACKERS[0], "/attacker-0/more", mib).await;
     assert_eq!(r.status, 503, "{}", r.text());
-    // The class's 3 MiB are held: the third attacker gets 501.
-    let (_c, r) = put_prepare(&domain, &s2, ATTACKERS[2], "/attacker-2/big", 1 << 20).await;
+    let (_c, r) = put_prepare(&domain, &s2, ATTACKERS[1], "/attacker-1/big", mib).await;
     assert_unsupported(&r);
-    let (_c, r) = put_prepare(&domain, &s2, ADMIN, "/tenant-b/big", 1 << 20).await;
+    let (_c, r) = put_prepare(&domain, &s2, ADMIN, "/tenant-b/big", 2 * mib).await;
     assert_eq!(r.status, 200, "the tenant's PUT: {}", r.text());
 }
 
