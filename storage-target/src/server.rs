@@ -1252,6 +1252,120 @@ mod tests {
         assert!(check(u64::MAX, &[&[b'1'; 2000]]).is_err());
     }
 
+    fn conns(max: usize, reserved: usize, per_address: usize, per_user: usize) -> Arc<Conns> {
+        Arc::new(Conns {
+            max,
+            reserved,
+            per_address,
+            per_user,
+            slots: Arc::new(tokio::sync::Semaphore::new(max)),
+            open: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// Opens a connection from `ip` as [`serve`] does, with a task that
+    /// gives its slot back once it is closed.
+    async fn open(conns: &Arc<Conns>, ip: &str, agent: bool) -> Result<Arc<Conn>, &'static str> {
+        let ip: IpAddr = ip.parse().unwrap();
+        let slot = conns.slot(ip, agent).await?;
+        let conn = Arc::new(Conn::new(ip, agent));
+        let id = conns.next.fetch_add(1, Ordering::Relaxed);
+        conns.lock().insert(id, Arc::clone(&conn));
+        let (cs, c) = (Arc::clone(conns), Arc::clone(&conn));
+        tokio::spawn(async move {
+            c.close.cancelled().await;
+            cs.lock().remove(&id);
+            drop(slot);
+        });
+        Ok(conn)
+    }
+
+    #[tokio::test]
+    async fn shares_choose_whom_to_close() {
+        // 4 slots, 1 reserved for agents, 2 per address.
+        let c = conns(4, 1, 2, 8);
+        let a1 = open(&c, "10.0.0.1", false).await.unwrap();
+        let a2 = open(&c, "10.0.0.1", false).await.unwrap();
+        let busy_a2 = Busy::new(Arc::clone(&a2));
+        let busy_a1 = Busy::new(Arc::clone(&a1));
+        // The address at its share, both busy: refused.
+        let e = open(&c, "10.0.0.1", false).await.unwrap_err();
+        assert!(e.contains("per_address"), "{e}");
+        // One idle: the address's own idle one makes room.
+        drop(busy_a1);
+        let a3 = open(&c, "10.0.0.1", false).await.unwrap();
+        assert!(a1.close.is_cancelled() && !a2.close.is_cancelled());
+        let _busy_a3 = Busy::new(Arc::clone(&a3));
+        let b1 = open(&c, "10.0.0.2", false).await.unwrap();
+        let _busy_b1 = Busy::new(Arc::clone(&b1));
+        // Clients hold the 3 unreserved slots, all busy; the agent's is free.
+        let e = open(&c, "10.0.0.3", false).await.unwrap_err();
+        assert!(e.contains("reserved"), "{e}");
+        let g1 = open(&c, "10.9.0.1", true).await.unwrap();
+        // Full: another agent connection closes the idle agent one.
+        let g2 = open(&c, "10.9.0.1", true).await.unwrap();
+        assert!(g1.close.is_cancelled() && !g2.close.is_cancelled());
+        drop(busy_a2);
+        // An idle client connection may go for a client, not the agent's.
+        let _d = open(&c, "10.0.0.4", false).await.unwrap();
+        assert!(a2.close.is_cancelled() && !g2.close.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn a_request_below_the_rate_for_a_whole_window_is_evictable() {
+        let c = conns(1, 0, 8, 8);
+        let a = open(&c, "10.0.0.1", false).await.unwrap();
+        let busy = Busy::new(Arc::clone(&a));
+        assert!(!a.evictable());
+        // The first look sees the request start; a window of enough bytes
+        // keeps it busy; a whole window of too few makes it trickle.
+        c.sample(100);
+        assert!(!a.evictable());
+        a.moved.fetch_add(100, Ordering::SeqCst);
+        c.sample(100);
+        assert!(!a.evictable());
+        a.moved.fetch_add(99, Ordering::SeqCst);
+        c.sample(100);
+        assert!(a.evictable());
+        // A new request on the connection starts afresh.
+        drop(busy);
+        let _busy = Busy::new(Arc::clone(&a));
+        assert!(!a.evictable());
+        c.sample(100);
+        assert!(!a.evictable());
+        let _b = open(&c, "10.0.0.2", false).await.unwrap_err();
+        c.sample(100);
+        let _b = open(&c, "10.0.0.2", false).await.unwrap();
+        assert!(a.close.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn one_user_holds_its_share_of_requests() {
+        let c = conns(8, 0, 8, 2);
+        let mut shares = Vec::new();
+        for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.9.0.1"] {
+            let conn = open(&c, ip, ip.starts_with("10.9")).await.unwrap();
+            shares.push((
+                Busy::new(Arc::clone(&conn)),
+                ConnShare {
+                    conn,
+                    conns: Arc::clone(&c),
+                },
+            ));
+        }
+        assert!(shares[0].1.claim(Some("u")));
+        assert!(shares[1].1.claim(Some("u")));
+        assert!(!shares[2].1.claim(Some("u")), "a third request of u");
+        assert!(shares[2].1.claim(Some("v")));
+        assert!(shares[2].1.claim(None), "anonymous is a user of its own");
+        assert!(shares[3].1.claim(Some("u")), "an agent's is not counted");
+        // A finished request is not counted.
+        let (busy, _) = shares.remove(0);
+        drop(busy);
+        assert!(shares[1].1.claim(Some("u")));
+    }
+
     #[test]
     fn request_id_shape() {
         let id = new_request_id();
