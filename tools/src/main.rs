@@ -213,6 +213,12 @@ enum Cmd {
         /// `verbs`: run hipobj-rc-v2 transfers on this host's RDMA device.
         #[arg(long, default_value = "tcp", value_name = "BACKEND")]
         fabric: s3dma_launcher::Backend,
+        /// The deadline of each request (connect, send and the whole
+        /// reply); a server silent for longer ends the probe with an error.
+        /// Reply bodies are bounded too: the test object's size plus 64 KiB
+        /// for its GETs, 1 MiB for any other reply.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+        timeout: std::time::Duration,
     },
     /// One tenant process of `bench` (started by the bench itself).
     #[command(hide = true)]
@@ -358,6 +364,7 @@ fn main() -> ExitCode {
             region,
             size,
             fabric,
+            timeout,
         } => {
             let keys = (
                 std::env::var("AWS_ACCESS_KEY_ID"),
@@ -371,6 +378,7 @@ fn main() -> ExitCode {
                         region,
                         size,
                         fabric,
+                        timeout,
                         access_key_id,
                         secret_access_key,
                     },

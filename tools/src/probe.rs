@@ -18,12 +18,20 @@
 //!    host's, bytes compared, with each reply's headers printed;
 //! 5. deletes what it wrote.
 //!
+//! Every request has a deadline (`--timeout`, 30 s by default: connect,
+//! send and the whole reply) and every reply body a bound: a GET of the
+//! test object may bring its size plus [`BODY_MARGIN`], any other reply
+//! [`CONTROL_BODY_MAX`]; a reply that announces or sends more ends the
+//! probe with an error saying so, after reading no more than the bound.
+//! The probe exists to meet unknown servers, so it never waits on one
+//! forever nor buffers what one chooses to send.
+//!
 //! Each line says what was sent, what came back and what it means; the
 //! exit status is 1 when a server broke a rule a client relies on (a
 //! tokened reply without `x-amz-rdma-reply` taken for a success, an empty
 //! object stored for a declined PUT, a HEAD of length 0, bytes that differ).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, anyhow, bail};
 use bytes::Bytes;
@@ -44,10 +52,30 @@ pub(crate) struct Options {
     pub size: usize,
     /// `verbs`: run real hipobj-rc-v2 transfers on this host's device.
     pub fabric: Backend,
+    /// The deadline of each request (connect, send, the whole reply).
+    pub timeout: Duration,
     /// The S3 key.
     pub access_key_id: String,
     /// Its secret.
     pub secret_access_key: String,
+}
+
+/// The most a reply other than a GET of the test object may carry (S3
+/// error documents, control replies): 1 MiB.
+pub(crate) const CONTROL_BODY_MAX: usize = 1 << 20;
+/// What a GET of the test object may carry beyond the object's size.
+pub(crate) const BODY_MARGIN: usize = 64 << 10;
+
+/// The body bound of a request: the test object's size plus a margin for a
+/// GET, [`CONTROL_BODY_MAX`] for anything else.
+fn body_limit(method: &str, object_size: usize) -> usize {
+    if method == "GET" {
+        object_size
+            .saturating_add(BODY_MARGIN)
+            .max(CONTROL_BODY_MAX)
+    } else {
+        CONTROL_BODY_MAX
+    }
 }
 
 /// A raw reply.
@@ -154,14 +182,52 @@ impl Signer<'_> {
         for h in extra {
             req = req.header(h.name(), h.value());
         }
-        let resp = self
-            .http
-            .request(req.body(http_body_util::Full::new(body))?)
-            .await
-            .with_context(|| format!("{method} {url}"))?;
+        let req = req.body(http_body_util::Full::new(body))?;
+        let limit = body_limit(method, self.opts.size);
+        let timeout = self.opts.timeout;
+        match tokio::time::timeout(timeout, self.exchange(req, limit)).await {
+            Ok(r) => r.with_context(|| format!("{method} {url}")),
+            Err(_) => bail!(
+                "{method} {url}: no complete reply within {} (--timeout)",
+                humantime::format_duration(timeout)
+            ),
+        }
+    }
+
+    /// Sends `req` and reads its reply, refusing a body over `limit` bytes
+    /// (announced by Content-Length, or sent).
+    async fn exchange(
+        &self,
+        req: http::Request<http_body_util::Full<Bytes>>,
+        limit: usize,
+    ) -> anyhow::Result<Reply> {
+        let resp = self.http.request(req).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await?.to_bytes();
+        let announced = headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(n) = announced
+            && n > limit as u64
+        {
+            bail!(
+                "HTTP {status}: the reply announces a {n}-byte body, over the probe's bound of {limit} bytes for this request"
+            );
+        }
+        let body = http_body_util::Limited::new(resp.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    anyhow!(
+                        "HTTP {status}: the reply body went over the probe's bound of {limit} bytes for this request"
+                    )
+                } else {
+                    anyhow!("reading the reply body: {e}")
+                }
+            })?
+            .to_bytes();
         Ok(Reply {
             status,
             headers,
@@ -207,8 +273,10 @@ impl Findings {
 /// Runs the probe; an error is a probe that could not run (no server, no
 /// access), a broken rule is reported and makes the result an error too.
 pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_connect_timeout(Some(opts.timeout));
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
+        .build(connector);
     let s = Signer { opts: &opts, http };
     let mut f = Findings::default();
     let bucket = &opts.bucket;
@@ -471,6 +539,7 @@ async fn verbs_transfers(
     use fabric::{Access, Domain};
     use s3dma_wire::hipobj::{self as h, FinalReply, PrepareReply, RcToken, header as hh};
     const WHAT: &str = "hipobj-rc-v2";
+    let opts_timeout = s.opts.timeout;
     let domain = Domain::open(Backend::Verbs).context("opening this host's RDMA device")?;
     let region = domain
         .alloc(payload.len(), Access::REMOTE_WRITE | Access::REMOTE_READ)
@@ -566,10 +635,13 @@ async fn verbs_transfers(
         let ready = s.send("POST", h::Control::Ready.path(), &rh, Bytes::new());
         let write = async {
             match (get, prepared.staging) {
-                (false, Some((addr, rkey))) => qp
-                    .write_with_imm(region.as_slice(), addr, rkey, cookie)
-                    .await
-                    .map_err(|e| anyhow!("the WRITE_WITH_IMM failed: {e}")),
+                (false, Some((addr, rkey))) => tokio::time::timeout(
+                    opts_timeout,
+                    qp.write_with_imm(region.as_slice(), addr, rkey, cookie),
+                )
+                .await
+                .map_err(|_| anyhow!("the WRITE_WITH_IMM did not complete within the --timeout"))?
+                .map_err(|e| anyhow!("the WRITE_WITH_IMM failed: {e}")),
                 (false, None) => Err(anyhow!("the PUT's PREPARE reply named no staging region")),
                 _ => Ok(()),
             }
@@ -606,9 +678,11 @@ async fn verbs_transfers(
             return Ok(());
         }
         let same = if get {
-            let got = recv
-                .expect("posted for a GET")
+            let got = tokio::time::timeout(opts_timeout, recv.expect("posted for a GET"))
                 .await
+                .map_err(|_| {
+                    anyhow!("GET: the server's write did not arrive within the --timeout")
+                })?
                 .map_err(|st| anyhow!("the receive failed: {st:?}"))?;
             if let Err(why) = check_recv(&got, cookie, len) {
                 f.broken(WHAT, &format!("GET: the server's write: {why}"));
@@ -647,6 +721,18 @@ async fn verbs_transfers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reply_bodies_are_bounded_by_what_the_request_expects() {
+        // A GET may bring the test object plus a margin, never less than
+        // a control reply's bound; anything else a control reply's bound.
+        assert_eq!(body_limit("GET", 10 << 20), (10 << 20) + BODY_MARGIN);
+        assert_eq!(body_limit("GET", 3), CONTROL_BODY_MAX);
+        assert_eq!(body_limit("GET", usize::MAX), usize::MAX);
+        for m in ["PUT", "HEAD", "POST", "DELETE"] {
+            assert_eq!(body_limit(m, 10 << 20), CONTROL_BODY_MAX, "{m}");
+        }
+    }
 
     #[test]
     fn the_dc_token_has_the_cuobject_layout() {

@@ -86,3 +86,159 @@ async fn probe_reports_what_a_plain_s3_server_breaks() {
         "{text}"
     );
 }
+
+/// How a hostile server answers every request.
+#[derive(Debug, Clone, Copy)]
+enum Hostile {
+    /// `Content-Length: 1.5 GiB`, then bytes without end.
+    HugeContentLength,
+    /// A chunked body without end (no length announced).
+    EndlessChunked,
+    /// Reads the request and never answers.
+    Silent,
+    /// A 1000-byte body, one byte every 200 ms.
+    Trickle,
+}
+
+/// A hostile S3 server on loopback: every connection reads one request
+/// head and gets `how`. Returns its endpoint.
+async fn hostile(how: Hostile) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let block = vec![b'x'; 64 << 10];
+                match how {
+                    Hostile::HugeContentLength => {
+                        let h =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 3u64 << 29);
+                        if conn.write_all(h.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        while conn.write_all(&block).await.is_ok() {}
+                    }
+                    Hostile::EndlessChunked => {
+                        let h = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+                        if conn.write_all(h.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let mut chunk = format!("{:x}\r\n", block.len()).into_bytes();
+                        chunk.extend_from_slice(&block);
+                        chunk.extend_from_slice(b"\r\n");
+                        while conn.write_all(&chunk).await.is_ok() {}
+                    }
+                    Hostile::Silent => {
+                        // Hold the connection until the probe lets go.
+                        while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                    }
+                    Hostile::Trickle => {
+                        let h = "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n";
+                        if conn.write_all(h.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        for _ in 0..1000 {
+                            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                            if conn.write_all(b"x").await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    endpoint
+}
+
+/// Runs the probe with `--timeout 2s` against `endpoint` and returns its
+/// output; a probe still running after a minute (no fix: it waits or
+/// buffers forever) is killed and fails the test.
+async fn probe_bounded(endpoint: String) -> (std::process::ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(S3DMA_TOOLS)
+            .args(["probe", "--endpoint", &endpoint, "--bucket", "probe"])
+            .args(["--timeout", "2s"])
+            .env("AWS_ACCESS_KEY_ID", "hostile")
+            .env("AWS_SECRET_ACCESS_KEY", "hostile")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "the probe did not end: it waits on (or buffers) a hostile server without bound\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status, text)
+    })
+    .await
+    .unwrap()
+}
+
+/// A server that answers with a body of 1.5 GiB (announced, or chunked
+/// without end): the probe reads no more than its bound and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_bounds_what_a_hostile_server_sends() {
+    for (how, want) in [
+        (
+            Hostile::HugeContentLength,
+            "the reply announces a 1610612736-byte body, over the probe's bound of 1048576 bytes",
+        ),
+        (
+            Hostile::EndlessChunked,
+            "the reply body went over the probe's bound of 1048576 bytes",
+        ),
+    ] {
+        let endpoint = hostile(how).await;
+        let (status, text) = probe_bounded(endpoint.clone()).await;
+        assert!(!status.success(), "{how:?}: {text}");
+        assert!(
+            text.contains(&format!(
+                "s3dma-tools: probe: PUT {endpoint}/probe: HTTP 200: {want}"
+            )),
+            "{how:?}: missing {want:?} in:\n{text}"
+        );
+    }
+}
+
+/// A server that accepts and never answers, and one that trickles its
+/// reply: each request ends at the probe's `--timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_times_out_on_a_silent_or_trickling_server() {
+    for how in [Hostile::Silent, Hostile::Trickle] {
+        let endpoint = hostile(how).await;
+        let (status, text) = probe_bounded(endpoint.clone()).await;
+        assert!(!status.success(), "{how:?}: {text}");
+        let want = format!(
+            "s3dma-tools: probe: PUT {endpoint}/probe: no complete reply within 2s (--timeout)"
+        );
+        assert!(
+            text.contains(&want),
+            "{how:?}: missing {want:?} in:\n{text}"
+        );
+    }
+}
