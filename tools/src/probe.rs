@@ -184,8 +184,10 @@ impl Signer<'_> {
         }
         let req = req.body(http_body_util::Full::new(body))?;
         let limit = body_limit(method, self.opts.size);
+        // A HEAD's Content-Length is the object's, with no body behind it.
+        let announced_counts = method != "HEAD";
         let timeout = self.opts.timeout;
-        match tokio::time::timeout(timeout, self.exchange(req, limit)).await {
+        match tokio::time::timeout(timeout, self.exchange(req, limit, announced_counts)).await {
             Ok(r) => r.with_context(|| format!("{method} {url}")),
             Err(_) => bail!(
                 "{method} {url}: no complete reply within {} (--timeout)",
@@ -195,17 +197,20 @@ impl Signer<'_> {
     }
 
     /// Sends `req` and reads its reply, refusing a body over `limit` bytes
-    /// (announced by Content-Length, or sent).
+    /// (sent, or announced by Content-Length where `announced_counts`: not
+    /// for a HEAD, whose Content-Length is the object's).
     async fn exchange(
         &self,
         req: http::Request<http_body_util::Full<Bytes>>,
         limit: usize,
+        announced_counts: bool,
     ) -> anyhow::Result<Reply> {
         let resp = self.http.request(req).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let announced = headers
             .get(http::header::CONTENT_LENGTH)
+            .filter(|_| announced_counts)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if let Some(n) = announced
