@@ -523,7 +523,11 @@ impl RdmaService {
                 s
             }
             Err(e) => {
-                let period = f.gate.refused(turn.key());
+                // Only an endpoint that answered and refused this user's
+                // proof backs off: one that is down (restarting, say) is
+                // dialled again by the next request, so a tenant's host
+                // coming back is used at once.
+                let period = refused_by_peer(&e).then(|| f.gate.refused(turn.key()));
                 let error = e.to_string();
                 warn!(
                     peer = %endpoint,
@@ -680,6 +684,19 @@ fn dc_sessions(
     _metrics: &Arc<Metrics>,
 ) -> Option<Arc<SessionPool>> {
     None
+}
+
+/// Whether a connect failed because the endpoint answered and refused the
+/// handshake (a wrong key or responder, a protocol error), as opposed to
+/// nothing answering.
+fn refused_by_peer(e: &ConnectError) -> bool {
+    matches!(
+        e,
+        ConnectError::Failed {
+            source: fabric::FabricError::Handshake { .. } | fabric::FabricError::Protocol { .. },
+            ..
+        }
+    )
 }
 
 #[cfg(test)]
