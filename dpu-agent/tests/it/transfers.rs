@@ -245,7 +245,16 @@ async fn overwrite_during_chunked_get_is_detected() {
         let shim = shim.clone();
         async move { shim.get("alice", "alice-data", "k", None, &tok).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Overwrite once the first chunk of v1 has landed: the GET is under way
+    // (however slowly the VM's emulated CPUs got it there).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while mem.read(0, 4096) != v1[..4096] {
+        assert!(
+            !get.is_finished() && std::time::Instant::now() < deadline,
+            "the GET never placed its first chunk"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     sdk.put_object()
         .bucket("alice-data")
         .key("k")

@@ -53,7 +53,7 @@ impl S3Store {
         }
     }
 
-    /// UploadPart's rule ([`S3Store::upload_for`]) for the user with
+    /// UploadPart's rule (that of `S3Store::upload_for`) for the user with
     /// access key `access_key`, without the request: the hipobj-rc-v2
     /// server checks it at PREPARE, before anything is held.
     ///
