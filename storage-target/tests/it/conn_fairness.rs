@@ -227,18 +227,7 @@ async fn issue42_trickling_puts_of_one_user_leave_room_for_another() {
         "the other user's PUT was never served ({} PUTs in progress, {slow_down} SlowDown, {closed} closed)",
         in_progress.len()
     );
-    let got = victim
-        .get_object()
-        .bucket("b-own")
-        .key("k")
-        .send()
-        .await
-        .unwrap()
-        .body
-        .collect()
-        .await
-        .unwrap()
-        .into_bytes();
+    let got = crate::common::get_as(&victim, "b-own", "k").await.unwrap();
     assert_eq!(&got[..], b"still served");
     assert_eq!(
         (in_progress.len(), slow_down, closed),

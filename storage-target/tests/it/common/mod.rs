@@ -361,7 +361,12 @@ pub(crate) async fn sdk_put(s: &Server, b: &str, k: &str, d: Vec<u8>) {
 
 /// The bytes at `b/k` through the SDK, `None` when there is no object.
 pub(crate) async fn sdk_get(s: &Server, b: &str, k: &str) -> Option<Vec<u8>> {
-    let r = s.admin().get_object().bucket(b).key(k).send().await.ok()?;
+    get_as(&s.admin(), b, k).await
+}
+
+/// Reads `b/k` as `client`'s user, through the SDK (plain HTTP).
+pub(crate) async fn get_as(client: &Client, b: &str, k: &str) -> Option<Vec<u8>> {
+    let r = client.get_object().bucket(b).key(k).send().await.ok()?;
     Some(r.body.collect().await.unwrap().to_vec())
 }
 
