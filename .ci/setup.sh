@@ -51,17 +51,17 @@ if ! .venv/bin/python -c 'import boto3, pytest, xdist, pytest_timeout, awscli, m
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r tests/requirements.txt
 fi
-# The Python tenant client (host-shim/python): its requirements (when the
+# The Python tenant client (python): its requirements (when the
 # venv predates them) and its gRPC stubs (s3dma/_proto, git-ignored).
 if ! .venv/bin/python -c 'import grpc, grpc_tools, numpy, google.rpc.status_pb2, s3torchconnector, tenacity' >/dev/null 2>&1; then
   echo "setup: installing the Python tenant client's requirements into .venv"
   .venv/bin/pip install -q -r tests/requirements.txt
 fi
-.venv/bin/python host-shim/python/gen_proto.py
-# The client itself, as the wheel `pip install ./host-shim/python` builds
+.venv/bin/python python/gen_proto.py
+# The client itself, as the wheel `pip install ./python` builds
 # (stubs generated at build time), with its torch and fsspec extras, so that
 # `import s3dma` works in .venv as README shows. torch is PyPI's wheel (about
 # 3 GB with its CUDA libraries, under a minute here); pip skips what is
 # already installed.
-.venv/bin/pip install -q "./host-shim/python[torch,fsspec]"
+.venv/bin/pip install -q "./python[torch,fsspec]"
 echo "setup: ok"

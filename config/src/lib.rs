@@ -16,12 +16,17 @@
 //! * [`MetricsConfig`]: the `metrics:` section (the Prometheus endpoint).
 //! * [`Validator`]: the range, path and file checks every service's
 //!   validation runs, each error naming the file and the field.
+//! * [`Escaped`], [`EscapedBytes`]: client-chosen names as they may reach
+//!   a log (control characters escaped).
+//! * [`local`]: where `s3dma local` keeps its state and socket by default.
 //! * [`ConfigError`]: `<file>: <field.path>: <problem>`, the one shape of a
 //!   configuration error in every service.
 
 mod endpoint;
 mod error;
+pub mod escape;
 mod files;
+pub mod local;
 mod metrics;
 mod runtime;
 mod size;
@@ -29,6 +34,7 @@ mod validate;
 
 pub use endpoint::{EndpointUrl, EndpointUrlError, check_endpoint_url};
 pub use error::ConfigError;
+pub use escape::{Escaped, EscapedBytes};
 pub use files::{
     FileError, Secret, check_private_file, check_readable_file, read_private_file, read_secret_file,
 };

@@ -20,7 +20,7 @@
 //! - [`private`]: state and socket directories that belong to the user who
 //!   runs the service, and files created only its owner can read.
 
-pub mod escape;
+pub use s3dma_config::escape;
 pub mod fds;
 pub mod grpc;
 pub mod metrics;

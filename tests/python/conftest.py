@@ -42,7 +42,7 @@ from botocore.config import Config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The tenant client under test is the repository's source, even where .venv
 # has an installed copy of the package (setup.sh installs the wheel).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "host-shim" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 from s3util import REGION, User, unique_bucket  # noqa: E402
 from tenant_stack import with_pdeathsig  # noqa: E402

@@ -1,5 +1,5 @@
 """Runs `s3dma local` (storage-target + dpu-agent + host-shim over the tcp
-fabric) for the tenant-client tests, and puts host-shim/python on sys.path.
+fabric) for the tenant-client tests, and puts python on sys.path.
 
 `target/debug/s3dma` and the three service binaries next to it are not
 built here (`cargo build -p storage-target -p dpu-agent -p host-shim -p
@@ -27,7 +27,7 @@ from typing import Iterator
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PY_CLIENT = REPO_ROOT / "host-shim" / "python"
+PY_CLIENT = REPO_ROOT / "python"
 if str(PY_CLIENT) not in sys.path:
     sys.path.insert(0, str(PY_CLIENT))
 

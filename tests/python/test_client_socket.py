@@ -1,6 +1,6 @@
 """Which socket the Python client connects to when given none: the rule of
 the `s3dma` CLI (`default_socket` / `pick_socket` in
-host-shim/cli/src/commands.rs). `$S3DMA_SOCKET` if set and not empty;
+cli/src/commands.rs). `$S3DMA_SOCKET` if set and not empty;
 else `/run/s3dma/shim.sock` when it exists; else local mode's socket
 (`$XDG_RUNTIME_DIR/s3dma/shim.sock`, else `/tmp/s3dma-<uid>/shim.sock`)
 when it exists; else `/run/s3dma/shim.sock`.

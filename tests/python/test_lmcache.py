@@ -1,4 +1,4 @@
-"""LMCache's remote-storage plug-in over s3dma (host-shim/python/s3dma/lmcache.py),
+"""LMCache's remote-storage plug-in over s3dma (python/s3dma/lmcache.py),
 with the real lmcache package on CPU against a real `s3dma local`
 (tenant_stack.py).
 

@@ -1,4 +1,4 @@
-"""PyTorch Distributed Checkpoint through s3dma (host-shim/python/s3dma/torch.py).
+"""PyTorch Distributed Checkpoint through s3dma (python/s3dma/torch.py).
 
 Everything runs against a real `s3dma local` (tenant_stack.py) with real
 torch: dcp.save / dcp.load / dcp.async_save round trips checked with

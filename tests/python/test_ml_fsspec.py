@@ -1,4 +1,4 @@
-"""The fsspec filesystem ``s3dma://`` (host-shim/python/s3dma/fs.py) against a
+"""The fsspec filesystem ``s3dma://`` (python/s3dma/fs.py) against a
 real `s3dma local` stack (see tenant_stack.py): fsspec's own abstract test
 suites (copy, get, put, open, pipe), then reads, writes, listings, errors,
 the registry and fork.

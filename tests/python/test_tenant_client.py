@@ -1,4 +1,4 @@
-"""The Python tenant client (host-shim/python/s3dma).
+"""The Python tenant client (python/s3dma).
 
 Unit tests (no server): lease frames, the lease handshake and fd passing
 against a fake shim on a socketpair, ranges, error decoding.

@@ -1,4 +1,4 @@
-"""Recursive transfers (host-shim/python/s3dma/transfer.py:
+"""Recursive transfers (python/s3dma/transfer.py:
 ``s3dma.download_prefix`` and ``s3dma.upload_dir``, the contract of the
 CLI's ``get/put --recursive`` and ``sync``) against a real `s3dma local`
 stack (see tenant_stack.py), with boto3 on the same storage-target as the

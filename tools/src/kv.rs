@@ -5,7 +5,7 @@
 //! It starts a stack (as the bench does), measures the machine's limits
 //! (raw loopback TCP, memcpy), then runs the embedded `kv_bench.py` with the
 //! Python the ML phase uses (`$S3DMA_PYTHON`, else the checkout's `.venv`,
-//! else `python3`; the checkout's `host-shim/python` first on `PYTHONPATH`),
+//! else `python3`; the checkout's `python` first on `PYTHONPATH`),
 //! which needs s3dma, torch, lmcache and awscrt. For an 8B-class shape
 //! (Llama-3-8B: 32 layers, 8 KV heads of 128, 32 MiB chunks) and a 70B-class
 //! one (80 layers, 80 MiB chunks), bf16, 256-token chunks, about 1 GiB each

@@ -6,7 +6,7 @@
 //! (default: the repository's `.venv/bin/python` next to this binary's
 //! target directory, else `python3`), which needs s3dma, torch, safetensors,
 //! boto3 and s3torchconnector; run from a checkout, the checkout's
-//! `host-shim/python` comes first on `PYTHONPATH`. That script loads a safetensors file and a
+//! `python` comes first on `PYTHONPATH`. That script loads a safetensors file and a
 //! DCP checkpoint of the same size (2 GiB; 64 MiB with `--quick`) through
 //! s3dma and through s3torchconnector (its S3 reader and its DCP
 //! reader/writer) and boto3, all pointed at the same storage-target, and

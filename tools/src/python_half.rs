@@ -66,15 +66,15 @@ fn repo_root() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     exe.ancestors()
         .skip(1)
-        .find(|dir| dir.join("host-shim/python/s3dma/__init__.py").is_file())
+        .find(|dir| dir.join("python/s3dma/__init__.py").is_file())
         .map(Path::to_path_buf)
 }
 
-/// `<repo>/host-shim/python` first (the client and plug-ins measured are
+/// `<repo>/python` first (the client and plug-ins measured are
 /// the checkout's), then the caller's `$PYTHONPATH`.
 pub(crate) fn python_path() -> std::ffi::OsString {
     let mut parts: Vec<PathBuf> = repo_root()
-        .map(|root| root.join("host-shim/python"))
+        .map(|root| root.join("python"))
         .into_iter()
         .collect();
     if let Some(old) = std::env::var_os("PYTHONPATH") {

@@ -178,9 +178,9 @@ pub(crate) fn client_options(shim_uid: Option<u32>) -> ClientOptions {
 #[must_use]
 pub(crate) fn default_socket() -> PathBuf {
     let env = std::env::var_os(s3dma_client::SOCKET_ENV).filter(|v| !v.is_empty());
-    let local = s3dma_launcher::default_socket(
+    let local = s3dma_config::local::default_socket(
         std::env::var_os("XDG_RUNTIME_DIR"),
-        s3dma_service::private::current_uid(),
+        nix::unistd::geteuid().as_raw(),
     );
     pick_socket(env.map(PathBuf::from), &local, |p| {
         fs::symlink_metadata(p).is_ok()

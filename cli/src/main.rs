@@ -8,7 +8,9 @@
 //! copies them between those buffers and files.
 //!
 //! `s3dma local` starts storage-target, dpu-agent and host-shim on this
-//! machine with `s3dma-launcher` (see `local.rs`). The bench and the soak
+//! machine: the CLI runs `s3dma-launcher`'s `s3dma-local` binary (beside
+//! `s3dma`, else on `PATH`; see `local.rs`) with the same arguments, so the
+//! tenant CLI itself links none of the servers. The bench and the soak
 //! are the `s3dma-tools` binary's.
 //!
 //! Exit status:
@@ -213,39 +215,11 @@ enum Cmd {
     /// (or root's) that neither group nor others may write to. The other
     /// commands find the default socket by themselves (no --socket or
     /// $S3DMA_SOCKET needed) unless /run/s3dma/shim.sock exists.
+    #[command(disable_help_flag = true, disable_version_flag = true)]
     Local {
-        /// State directory: data, generated configs, secrets, logs.
-        #[arg(
-            long,
-            value_name = "DIR",
-            help = "State directory: data, generated configs, secrets, logs; made 0700 \
-                    (an existing one owned by another user, or a symlink, is refused), \
-                    files 0600 [default: $XDG_DATA_HOME/s3dma/local, else \
-                    ~/.local/share/s3dma/local]"
-        )]
-        dir: Option<PathBuf>,
-        /// Bucket created at start-up if missing.
-        #[arg(long, default_value = "data", value_name = "NAME")]
-        bucket: String,
-        /// The fabric between the three services: `tcp` (works everywhere)
-        /// or `verbs` (needs an RDMA device, e.g. Soft-RoCE's rxe0).
-        #[arg(long, default_value = "tcp", value_name = "BACKEND")]
-        fabric: s3dma_launcher::Backend,
-        /// Stand in front of an existing S3 endpoint (`http(s)://HOST:PORT`,
-        /// e.g. your Ceph RGW or MinIO) instead of a local store: the
-        /// storage-target runs as a gateway with a read cache, as you
-        /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION from the
-        /// environment).
-        #[arg(long, value_name = "URL")]
-        upstream: Option<String>,
-        /// With --upstream: how many gateways to start (1 to 16); the agent
-        /// spreads each object's chunks over them, each caching its share.
-        #[arg(long, value_name = "N", default_value_t = s3dma_launcher::Upstream::DEFAULT_GATEWAYS, requires = "upstream")]
-        gateways: usize,
-        /// With --upstream: each gateway's read cache in MiB (registered
-        /// memory).
-        #[arg(long, value_name = "MIB", default_value_t = s3dma_launcher::Upstream::DEFAULT_CACHE_BYTES >> 20, requires = "upstream")]
-        cache_mib: u64,
+        /// The arguments of `s3dma-local` (`s3dma local --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
@@ -327,6 +301,11 @@ fn parse_shim_uid(s: &str) -> Result<u32, String> {
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Cmd::Local { args } = &cli.command {
+        // Replaces this process, so signals and the exit status are
+        // `s3dma-local`'s own.
+        return local::exec(cli.socket.as_deref(), args).report();
+    }
     let sub = matches.subcommand().map(|(_, m)| m);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -424,24 +403,7 @@ fn main() -> ExitCode {
             Cmd::Stat { url } => commands::stat(&g, &url).await,
             Cmd::Rm { url } => commands::rm(&g, &url).await,
             Cmd::Info => commands::info(&g).await,
-            Cmd::Local {
-                dir,
-                bucket,
-                fabric,
-                upstream,
-                gateways,
-                cache_mib,
-            } => local::run(local::Options {
-                dir,
-                socket: cli.socket,
-                bucket,
-                fabric,
-                upstream,
-                gateways,
-                cache_mib,
-            })
-            .await
-            .map_err(|e| Failure::Other(format!("local: {e:#}"))),
+            Cmd::Local { .. } => unreachable!("`s3dma local` replaced this process above"),
         }
     });
     // Background buffer releases must not hold the exit up.

@@ -1,5 +1,5 @@
 """Builds the gRPC stubs (gen_proto.py) before packaging, so that
-``pip install host-shim/python`` ships s3dma/_proto. Metadata is in
+``pip install python`` ships s3dma/_proto. Metadata is in
 pyproject.toml."""
 
 import sys

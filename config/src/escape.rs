@@ -12,7 +12,7 @@ use std::fmt;
 /// Displays a client-chosen string with control characters escaped.
 ///
 /// ```
-/// use s3dma_service::Escaped;
+/// use s3dma_config::Escaped;
 /// assert_eq!(Escaped("a\nb").to_string(), "a\\nb");
 /// assert_eq!(Escaped("\u{1b}[31mred").to_string(), "\\u{1b}[31mred");
 /// assert_eq!(Escaped("plain/key.bin").to_string(), "plain/key.bin");

@@ -1,7 +1,10 @@
-//! `s3dma local`: storage-target, dpu-agent and host-shim on this machine,
-//! started by the launcher (`s3dma-launcher`, which documents the state
-//! directory, the generated configurations, the secrets and the socket
-//! rules), until Ctrl-C.
+//! `s3dma-local`, the program behind `s3dma local` (the tenant CLI runs it
+//! from beside itself, else from `PATH`, with the arguments it was given):
+//! storage-target, dpu-agent and host-shim on this machine, started by the
+//! launcher (this crate's library, which documents the state directory, the
+//! generated configurations, the secrets and the socket rules), until
+//! Ctrl-C. It lives here, not in the CLI, so that the tenant CLI builds
+//! without the servers.
 //!
 //! 1. `DIR` (default [`s3dma_launcher::default_dir`]) holds the data, the
 //!    secrets (reused across runs), the generated configurations and the
@@ -24,27 +27,86 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
 
+use std::process::ExitCode;
+
 use anyhow::{Context as _, anyhow};
+use clap::Parser;
 use s3dma_launcher::{REGION, Stack, StackOptions, absolute, default_dir, default_socket};
 use tokio::signal::unix::{SignalKind, signal};
 
-/// What `s3dma local` was asked for.
-#[derive(Debug, Clone)]
-pub(crate) struct Options {
-    /// State directory (`None` = [`default_dir`]).
-    pub dir: Option<PathBuf>,
-    /// Shim socket (`None` = [`default_socket`]).
-    pub socket: Option<PathBuf>,
+/// Run storage-target, dpu-agent and host-shim on this machine
+/// (loopback only; the tcp fabric unless --fabric verbs) until Ctrl-C. Prints
+/// `s3dma local ready: socket=PATH` when they are up.
+///
+/// The socket's default directory (`$XDG_RUNTIME_DIR/s3dma`, else
+/// `/tmp/s3dma-<uid>`) is made 0700 and refused when another user owns it
+/// or it is a symlink; a --socket elsewhere needs a directory of yours
+/// (or root's) that neither group nor others may write to. The other
+/// commands find the default socket by themselves (no --socket or
+/// $S3DMA_SOCKET needed) unless /run/s3dma/shim.sock exists.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "s3dma local", bin_name = "s3dma local", version)]
+struct Options {
+    /// The host-shim's socket [default: $XDG_RUNTIME_DIR/s3dma/shim.sock,
+    /// else /tmp/s3dma-<uid>/shim.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// State directory: data, generated configs, secrets, logs.
+    #[arg(
+        long,
+        value_name = "DIR",
+        help = "State directory: data, generated configs, secrets, logs; made 0700 \
+                (an existing one owned by another user, or a symlink, is refused), \
+                files 0600 [default: $XDG_DATA_HOME/s3dma/local, else \
+                ~/.local/share/s3dma/local]"
+    )]
+    dir: Option<PathBuf>,
     /// Bucket created at start-up if missing.
-    pub bucket: String,
-    /// The fabric between the services.
-    pub fabric: s3dma_launcher::Backend,
-    /// An existing S3 endpoint to stand in front of (`--upstream`).
-    pub upstream: Option<String>,
-    /// Gateways in front of it (`--gateways`).
-    pub gateways: usize,
-    /// Each gateway's cache in MiB (`--cache-mib`).
-    pub cache_mib: u64,
+    #[arg(long, default_value = "data", value_name = "NAME")]
+    bucket: String,
+    /// The fabric between the three services: `tcp` (works everywhere)
+    /// or `verbs` (needs an RDMA device, e.g. Soft-RoCE's rxe0).
+    #[arg(long, default_value = "tcp", value_name = "BACKEND")]
+    fabric: s3dma_launcher::Backend,
+    /// Stand in front of an existing S3 endpoint (`http(s)://HOST:PORT`,
+    /// e.g. your Ceph RGW or MinIO) instead of a local store: the
+    /// storage-target runs as a gateway with a read cache, as you
+    /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION from the
+    /// environment).
+    #[arg(long, value_name = "URL")]
+    upstream: Option<String>,
+    /// With --upstream: how many gateways to start (1 to 16); the agent
+    /// spreads each object's chunks over them, each caching its share.
+    #[arg(long, value_name = "N", default_value_t = s3dma_launcher::Upstream::DEFAULT_GATEWAYS, requires = "upstream")]
+    gateways: usize,
+    /// With --upstream: each gateway's read cache in MiB (registered
+    /// memory).
+    #[arg(long, value_name = "MIB", default_value_t = s3dma_launcher::Upstream::DEFAULT_CACHE_BYTES >> 20, requires = "upstream")]
+    cache_mib: u64,
+}
+
+fn main() -> ExitCode {
+    let opts = Options::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("s3dma: local: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(run(opts));
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("s3dma: local: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `--upstream URL`: the endpoint, and the tenant's identity there from the
@@ -170,8 +232,8 @@ Ctrl-C stops all three.
 /// # Errors
 /// Missing binaries, unusable directories or socket, a child that does not
 /// start or dies.
-pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
-    let uid = s3dma_service::private::current_uid();
+async fn run(opts: Options) -> anyhow::Result<()> {
+    let uid = nix::unistd::geteuid().as_raw();
     // A malformed URL stops the storage-target's start with the field named.
     let upstream = upstream(&opts)?;
     let dir = match opts.dir {

@@ -494,7 +494,7 @@ async fn download_inner(
                 // A local file of exactly that name (an older client's)
                 // is the key's: --delete spares it.
                 in_source.insert(relative.to_owned());
-                let name = format!("s3://{}/{}", url.bucket, s3dma_service::Escaped(&o.key));
+                let name = format!("s3://{}/{}", url.bucket, s3dma_config::Escaped(&o.key));
                 let f = Failure::Other(format!("{verb} {name}: unsafe key ({why}); not written"));
                 eprintln!("s3dma: {f}");
                 tally.refused.push((name, f));
@@ -859,7 +859,7 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
         ..Tally::default()
     };
     for p in not_utf8 {
-        let name = s3dma_service::Escaped(&p.to_string_lossy()).to_string();
+        let name = s3dma_config::Escaped(&p.to_string_lossy()).to_string();
         let f = Failure::Other(format!(
             "{verb} {name}: the name is not UTF-8 (an S3 key must be)"
         ));
@@ -998,7 +998,7 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
                     KeyPlace::File(_) => {}
                     KeyPlace::Skip => continue,
                     KeyPlace::Unsafe(why) => {
-                        let shown = format!("s3://{}/{}", url.bucket, s3dma_service::Escaped(key));
+                        let shown = format!("s3://{}/{}", url.bucket, s3dma_config::Escaped(key));
                         let f = Failure::Other(format!(
                             "{verb} --delete {shown}: unsafe key ({why}); not deleted"
                         ));
@@ -1013,11 +1013,11 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
                         g.say(&format!(
                             "delete: s3://{}/{}",
                             url.bucket,
-                            s3dma_service::Escaped(key)
+                            s3dma_config::Escaped(key)
                         ));
                     }
                     Err(error) => run.fail(Failure::Client {
-                        what: format!("delete s3://{}/{}", url.bucket, s3dma_service::Escaped(key)),
+                        what: format!("delete s3://{}/{}", url.bucket, s3dma_config::Escaped(key)),
                         error,
                     }),
                 }
