@@ -1,6 +1,6 @@
 //! Error and completion-status types shared by every backend.
 
-pub use s3dma_wire::OpStatus;
+pub(crate) use s3dma_wire::OpStatus;
 
 /// A failed one-sided operation: its verbs-like status and what was going on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -138,6 +138,7 @@ mod device {
         non_upper_case_globals,
         dead_code,
         missing_debug_implementations,
+        unreachable_pub,
         unsafe_op_in_unsafe_fn,
         rust_2018_idioms,
         clippy::all,

@@ -16,16 +16,16 @@ use crate::error::{FabricError, OpError, OpStatus, Result};
 use crate::region::{Domain, LocalSlice};
 
 /// Send-queue depth of a session's QP; more operations wait in a backlog.
-pub const MAX_SEND_WR: u32 = 512;
+pub(super) const MAX_SEND_WR: u32 = 512;
 /// Outstanding RDMA READs a QP may issue / accept.
-pub const MAX_RD_ATOMIC: u8 = 16;
+pub(super) const MAX_RD_ATOMIC: u8 = 16;
 
 pub(super) fn mask(bits: &[ibv_qp_attr_mask]) -> i32 {
     bits.iter().fold(0u32, |m, b| m | b.0) as i32
 }
 
 /// RESET → INIT: port, pkey and the remote access the QP accepts.
-pub fn init_attr(port: u8, access: u32) -> (ibv_qp_attr, i32) {
+pub(super) fn init_attr(port: u8, access: u32) -> (ibv_qp_attr, i32) {
     // SAFETY: ibv_qp_attr is a plain C struct for which all-zero is valid.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = ibv_qp_state::IBV_QPS_INIT;
@@ -45,7 +45,7 @@ pub fn init_attr(port: u8, access: u32) -> (ibv_qp_attr, i32) {
 
 /// Any state → ERR: the device stops the QP and completes every
 /// outstanding work request with a flush error.
-pub fn err_attr() -> (ibv_qp_attr, i32) {
+pub(super) fn err_attr() -> (ibv_qp_attr, i32) {
     // SAFETY: as in `init_attr`.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = ibv_qp_state::IBV_QPS_ERR;
@@ -53,7 +53,7 @@ pub fn err_attr() -> (ibv_qp_attr, i32) {
 }
 
 /// INIT → RTR: the remote QP, its GID (RoCE v2 needs a GRH), the path MTU.
-pub fn rtr_attr(port: u8, sgid_index: u8, mtu: u8, remote: &QpInfo) -> (ibv_qp_attr, i32) {
+pub(super) fn rtr_attr(port: u8, sgid_index: u8, mtu: u8, remote: &QpInfo) -> (ibv_qp_attr, i32) {
     // SAFETY: as in `init_attr`.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = ibv_qp_state::IBV_QPS_RTR;
@@ -91,11 +91,11 @@ pub fn rtr_attr(port: u8, sgid_index: u8, mtu: u8, remote: &QpInfo) -> (ibv_qp_a
 /// Transport retries before an operation fails with "retry exceeded". Not 7:
 /// Soft-RoCE (rdma_rxe) treats a retry count of 7 as "retry forever", so an
 /// operation to a dead peer would never complete (found in the Soft-RoCE VM).
-pub const RETRY_COUNT: u8 = 6;
+pub(super) const RETRY_COUNT: u8 = 6;
 
 /// RTR → RTS: our PSN, retry budget (timeout 14 ≈ 67 ms × [`RETRY_COUNT`]
 /// retries before "retry exceeded"), READs in flight.
-pub fn rts_attr(local_psn: u32) -> (ibv_qp_attr, i32) {
+pub(super) fn rts_attr(local_psn: u32) -> (ibv_qp_attr, i32) {
     rts_attr_with(local_psn, 14, RETRY_COUNT, 7)
 }
 
