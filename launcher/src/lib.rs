@@ -36,11 +36,15 @@
 //! reaches only the program that started them, which then stops them in
 //! order. Dropping a [`Stack`] kills them.
 //!
+//! The children are [`s3dma_service::child`] processes (the one spawn,
+//! ready-line, stop and log-tail implementation, which `s3dma-testkit`
+//! wraps for the tests).
+//!
 //! With the `harness` feature, `harness` is the end-to-end test harness
-//! that dpu-agent's and host-shim's integration tests (and the agent's
-//! bench) share as a dev-dependency: storage-targets, dpu-agents and a moto
-//! server as processes, configured with the same serialized config
-//! structs, and a test "shim" holding tcp-fabric memory.
+//! that the end-to-end tests (`e2e/`), the agent's bench and the tools'
+//! tests share as a dev-dependency: storage-targets, dpu-agents and a moto
+//! server as processes (through `s3dma-testkit`), configured with the same
+//! serialized config structs, and a test "shim" holding tcp-fabric memory.
 //!
 //! The socket's directory: with [`StackOptions::own_socket_dir`] (the
 //! default socket of `s3dma local`, [`default_socket`], or a temporary
@@ -113,11 +117,7 @@ pub fn parse_metrics_line(line: &str) -> Option<&str> {
 }
 
 /// The last `n` lines of `text`.
-#[must_use]
-pub fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
+pub use s3dma_service::child::tail;
 
 #[cfg(test)]
 mod tests {
@@ -145,12 +145,5 @@ mod tests {
             Some("127.0.0.1:5")
         );
         assert_eq!(parse_agent_line("dpu-agent listening on "), None);
-    }
-
-    #[test]
-    fn tails() {
-        assert_eq!(tail("a\nb\nc\n", 2), "b\nc");
-        assert_eq!(tail("a", 5), "a");
-        assert_eq!(tail("", 5), "");
     }
 }

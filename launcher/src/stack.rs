@@ -1,28 +1,24 @@
 //! Starting and stopping the three services.
 
 use fabric::Backend;
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read as _, Write as _};
+use std::fs::{self, File};
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use nix::fcntl::{Flock, FlockArg};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use s3dma_service::child::{ChildError, ChildProcess, Stopped};
 use s3dma_service::private;
-use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::process::Command;
+use tokio::time::{sleep, timeout};
 
 use crate::layout::{Secrets, private_dir};
 use crate::upstream::Upstream;
 use crate::{
     AGENT_START_TIMEOUT, BUCKET_TIMEOUT, LaunchError, Layout, REGION, SHIM_START_TIMEOUT,
     STOP_TIMEOUT, TARGET_START_TIMEOUT, configs, parse_agent_line, parse_metrics_line,
-    parse_target_line, tail,
+    parse_target_line,
 };
 
 /// The service binaries, in start order.
@@ -127,38 +123,21 @@ pub struct Service {
     pub log: PathBuf,
 }
 
-/// A started child.
+/// A started child: [`s3dma_service::child`]'s process (the one
+/// implementation, which the test kit uses too), named.
 #[derive(Debug)]
 struct Proc {
     name: &'static str,
-    child: Child,
-    pid: u32,
-    log: PathBuf,
+    child: ChildProcess,
 }
 
 impl Proc {
-    fn log_tail(&self) -> String {
-        let mut text = String::new();
-        if let Ok(mut f) = File::open(&self.log) {
-            let _ = f.read_to_string(&mut text);
-        }
-        let t = tail(&text, 20);
-        if t.is_empty() {
-            format!("(its log {} is empty)", self.log.display())
-        } else {
-            format!("last lines of {}:\n{t}", self.log.display())
-        }
-    }
-
-    fn fail(&self, message: String) -> LaunchError {
+    /// `e` as the launcher's error, naming this service.
+    fn err(&self, e: ChildError) -> LaunchError {
         LaunchError::Service {
             name: self.name,
-            message: format!("{message}; {}", self.log_tail()),
+            message: e.to_string(),
         }
-    }
-
-    fn died(&self, status: ExitStatus, when: &str) -> LaunchError {
-        self.fail(format!("{} {when} ({status})", self.name))
     }
 }
 
@@ -266,12 +245,12 @@ impl Stack {
                 &config,
                 &configs::storage_target(l, key, metrics, self.upstream.as_ref()),
             )?;
-            let (p, mut lines) = spawn(self.who, BINARIES[0], &self.bins[0], &config, log)?;
+            let p = spawn(self.who, BINARIES[0], &self.bins[0], &config, log)?;
             self.procs.push(p);
             let p = self.procs.last_mut().ok_or_else(no_process)?;
-            let url = wait_for_line(p, &mut lines, TARGET_START_TIMEOUT, parse_target_line).await?;
-            let metrics = wait_metrics(metrics, p, &mut lines).await?;
-            drain(lines, p.log.clone());
+            let url = wait_for_line(p, TARGET_START_TIMEOUT, parse_target_line).await?;
+            let metrics = wait_metrics(metrics, p).await?;
+            p.child.drain();
             targets.push(TargetEndpoint { url, metrics });
         }
         let target_url = targets[0].url.clone();
@@ -283,7 +262,7 @@ impl Stack {
             &l.agent_config,
             &configs::dpu_agent(l, key, &target_urls, metrics),
         )?;
-        let (p, mut lines) = spawn(
+        let p = spawn(
             self.who,
             BINARIES[1],
             &self.bins[1],
@@ -292,16 +271,15 @@ impl Stack {
         )?;
         self.procs.push(p);
         let p = self.procs.last_mut().ok_or_else(no_process)?;
-        let agent_addr =
-            wait_for_line(p, &mut lines, AGENT_START_TIMEOUT, parse_agent_line).await?;
-        let agent_metrics = wait_metrics(metrics, p, &mut lines).await?;
-        drain(lines, p.log.clone());
+        let agent_addr = wait_for_line(p, AGENT_START_TIMEOUT, parse_agent_line).await?;
+        let agent_metrics = wait_metrics(metrics, p).await?;
+        p.child.drain();
 
         configs::write(
             &l.shim_config,
             &configs::host_shim(l, &self.socket, &agent_addr, self.uid, metrics),
         )?;
-        let (p, mut lines) = spawn(
+        let p = spawn(
             self.who,
             BINARIES[2],
             &self.bins[2],
@@ -310,9 +288,15 @@ impl Stack {
         )?;
         self.procs.push(p);
         let p = self.procs.last_mut().ok_or_else(no_process)?;
-        let shim_metrics = wait_metrics(metrics, p, &mut lines).await?;
-        drain(lines, p.log.clone());
-        wait_for_socket(p, &self.socket, SHIM_START_TIMEOUT).await?;
+        let shim_metrics = wait_metrics(metrics, p).await?;
+        p.child.drain();
+        if let Err(e) = p
+            .child
+            .wait_for_socket(&self.socket, SHIM_START_TIMEOUT)
+            .await
+        {
+            return Err(p.err(e));
+        }
         self.endpoints = Endpoints {
             target_url,
             agent_addr,
@@ -363,8 +347,8 @@ impl Stack {
             .iter()
             .map(|p| Service {
                 name: p.name,
-                pid: p.pid,
-                log: p.log.clone(),
+                pid: p.child.pid(),
+                log: p.child.log().to_path_buf(),
             })
             .collect()
     }
@@ -372,7 +356,10 @@ impl Stack {
     /// The pid of the service called `name` (the first, for the gateways).
     #[must_use]
     pub fn pid(&self, name: &str) -> Option<u32> {
-        self.procs.iter().find(|p| p.name == name).map(|p| p.pid)
+        self.procs
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.child.pid())
     }
 
     /// The pids of every service called `name`, in start order.
@@ -381,18 +368,16 @@ impl Stack {
         self.procs
             .iter()
             .filter(|p| p.name == name)
-            .map(|p| p.pid)
+            .map(|p| p.child.pid())
             .collect()
     }
 
     /// An error for the first service that has exited, with its log's tail.
     pub fn dead(&mut self) -> Option<LaunchError> {
-        self.procs
-            .iter_mut()
-            .find_map(|p| match p.child.try_wait() {
-                Ok(Some(status)) => Some(p.died(status, "exited unexpectedly")),
-                _ => None,
-            })
+        self.procs.iter_mut().find_map(|p| match p.child.exited() {
+            Ok(Some(status)) => Some(p.err(p.child.died(status, "exited unexpectedly"))),
+            _ => None,
+        })
     }
 
     /// Resolves when a service exits, with an error naming it.
@@ -409,21 +394,14 @@ impl Stack {
     /// after [`STOP_TIMEOUT`]) and removes the socket.
     pub async fn stop(&mut self) {
         for p in self.procs.iter_mut().rev() {
-            if matches!(p.child.try_wait(), Ok(Some(_))) {
-                continue;
-            }
-            if let Ok(pid) = i32::try_from(p.pid) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-            }
-            if timeout(STOP_TIMEOUT, p.child.wait()).await.is_err() {
+            if p.child.stop(STOP_TIMEOUT).await == Stopped::Killed {
                 eprintln!(
-                    "{}: {} (pid {}) did not stop within {} s; killing it",
+                    "{}: {} (pid {}) did not stop within {} s; killed it",
                     self.who,
                     p.name,
-                    p.pid,
+                    p.child.pid(),
                     STOP_TIMEOUT.as_secs()
                 );
-                let _ = p.child.kill().await;
             }
         }
         let _ = fs::remove_file(&self.socket);
@@ -497,136 +475,64 @@ fn find_binaries(bin_dir: Option<&Path>) -> Result<[PathBuf; 3], LaunchError> {
     }
 }
 
-fn append_line(path: &Path, line: &str) {
-    if let Ok(mut f) = OpenOptions::new().append(true).open(path) {
-        let _ = writeln!(f, "{line}");
-    }
-}
-
-/// Copies the rest of a child's stdout into its log.
-fn drain<R: AsyncRead + Unpin + Send + 'static>(mut lines: Lines<BufReader<R>>, log: PathBuf) {
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            append_line(&log, &line);
-        }
-    });
-}
-
+/// Starts `bin --config CONFIG` with stderr and stdout in `log` (0600).
 fn spawn(
     who: &str,
     name: &'static str,
     bin: &Path,
     config: &Path,
     log: PathBuf,
-) -> Result<(Proc, Lines<BufReader<ChildStdout>>), LaunchError> {
+) -> Result<Proc, LaunchError> {
     let stderr = private::create_private_file(&log)
         .map_err(|error| LaunchError::Private { error, hint: "" })?;
-    let mut child = Command::new(bin)
-        .arg("--config")
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config")
         .arg(config)
-        .stdin(Stdio::null())
         // Logs go to files: no colour codes in them.
         .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
         // Our own Ctrl-C handling stops the children, in order.
         .process_group(0)
         // If the launching program panics, the children do not outlive it.
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(LaunchError::io(format!("starting {}", bin.display())))?;
-    let pid = child.id().unwrap_or(0);
-    let stdout = child.stdout.take().ok_or_else(|| LaunchError::Service {
-        name,
-        message: format!("{name}: no stdout pipe"),
-    })?;
-    eprintln!("{who}: started {name} (pid {pid}), log {}", log.display());
-    Ok((
-        Proc {
-            name,
-            child,
-            pid,
-            log,
-        },
-        BufReader::new(stdout).lines(),
-    ))
+        .kill_on_drop(true);
+    let child =
+        ChildProcess::spawn(cmd, name, log.clone(), stderr, Some(log.clone())).map_err(|e| {
+            LaunchError::Service {
+                name,
+                message: e.to_string(),
+            }
+        })?;
+    eprintln!(
+        "{who}: started {name} (pid {}), log {}",
+        child.pid(),
+        log.display()
+    );
+    Ok(Proc { name, child })
 }
 
 /// Reads `p`'s stdout until `parse` accepts a line; other lines go to its log.
 async fn wait_for_line(
     p: &mut Proc,
-    lines: &mut Lines<BufReader<ChildStdout>>,
     limit: Duration,
     parse: impl Fn(&str) -> Option<&str>,
 ) -> Result<String, LaunchError> {
-    let deadline = Instant::now() + limit;
-    loop {
-        tokio::select! {
-            line = lines.next_line() => match line {
-                Ok(Some(line)) => {
-                    append_line(&p.log, &line);
-                    if let Some(v) = parse(&line) {
-                        return Ok(v.to_owned());
-                    }
-                }
-                Ok(None) | Err(_) => {
-                    // Stdout closed: it is exiting.
-                    let status = timeout(Duration::from_secs(5), p.child.wait()).await;
-                    return Err(match status {
-                        Ok(Ok(s)) => p.died(s, "exited during start-up"),
-                        _ => p.fail(format!("{} closed its stdout during start-up", p.name)),
-                    });
-                }
-            },
-            status = p.child.wait() => {
-                let status = status.map_err(LaunchError::io(format!("waiting for {}", p.name)))?;
-                return Err(p.died(status, "exited during start-up"));
-            }
-            () = tokio::time::sleep_until(deadline) => {
-                return Err(p.fail(format!("{} did not start within {} s", p.name, limit.as_secs())));
-            }
-        }
+    match p
+        .child
+        .wait_for_line(limit, |l| parse(l).map(str::to_owned))
+        .await
+    {
+        Ok(v) => Ok(v),
+        Err(e) => Err(p.err(e)),
     }
 }
 
 /// With `metrics`, reads `p`'s stdout until its `metrics on` line.
-async fn wait_metrics(
-    metrics: bool,
-    p: &mut Proc,
-    lines: &mut Lines<BufReader<ChildStdout>>,
-) -> Result<Option<String>, LaunchError> {
+async fn wait_metrics(metrics: bool, p: &mut Proc) -> Result<Option<String>, LaunchError> {
     if !metrics {
         return Ok(None);
     }
-    wait_for_line(p, lines, AGENT_START_TIMEOUT, parse_metrics_line)
+    wait_for_line(p, AGENT_START_TIMEOUT, parse_metrics_line)
         .await
         .map(Some)
-}
-
-/// Polls until something accepts connections on `socket`.
-async fn wait_for_socket(p: &mut Proc, socket: &Path, limit: Duration) -> Result<(), LaunchError> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = p
-            .child
-            .try_wait()
-            .map_err(LaunchError::io(format!("waiting for {}", p.name)))?
-        {
-            return Err(p.died(status, "exited during start-up"));
-        }
-        if tokio::net::UnixStream::connect(socket).await.is_ok() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(p.fail(format!(
-                "{} did not open {} within {} s",
-                p.name,
-                socket.display(),
-                limit.as_secs()
-            )));
-        }
-        sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Creates `bucket` on the target with aws-sdk-s3 (path-style, the

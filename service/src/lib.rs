@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! What the three s3dma services (storage-target, dpu-agent, host-shim)
 //! share beyond the fabric and `s3dma-config`:
 //!
@@ -17,10 +18,13 @@
 //!   the "listening on" lines, signals, graceful shutdown).
 //! - [`fds`]: the file-descriptor budget every service checks against
 //!   `RLIMIT_NOFILE` at start.
+//! - [`child`]: child service processes (spawn, ready lines, stop, log
+//!   tail), for `s3dma local` and the test kit.
 //! - [`private`]: state and socket directories that belong to the user who
 //!   runs the service, and files created only its owner can read.
 
 pub use s3dma_config::escape;
+pub mod child;
 pub mod fds;
 pub mod grpc;
 pub mod metrics;

@@ -6,19 +6,58 @@
 //! `cargo bench -p storage-target --bench rdma_vs_http` (add `-- --quick`
 //! for one repetition each). Prints a table and, as the last line, JSON.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use common::Server;
 use fabric::{Access, Domain, Endpoint, EndpointConfig};
 use http_body_util::BodyExt as _;
+use s3dma_testkit::{Service, ServiceSpec};
 
 const KEY_HEX: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+/// The one user (read-write on every bucket).
+const ADMIN: (&str, &str) = ("admin", "admin-secret");
+
+/// The storage-target binary on loopback with RDMA on the tcp fabric, its
+/// files in `dir`; returns it and its S3 endpoint.
+fn start_target(dir: &Path) -> (Service, String) {
+    use storage_target::config::{Access, BucketGrant, Config, UserConfig};
+    let kf = dir.join("fabric.key");
+    s3dma_testkit::write_private(&kf, KEY_HEX);
+    let mut cfg = Config::new(dir.join("data"));
+    cfg.listen = "127.0.0.1:0".parse().expect("addr");
+    cfg.region = "us-east-1".into();
+    cfg.users = vec![UserConfig {
+        access_key_id: ADMIN.0.into(),
+        secret: Some(ADMIN.1.into()),
+        secret_file: None,
+        buckets: vec![BucketGrant {
+            name: "*".into(),
+            access: Access::ReadWrite,
+        }],
+        canonical_id: None,
+        display_name: None,
+        create_buckets: false,
+    }];
+    cfg.rdma.mode = storage_target::rdma::RdmaMode::Enabled;
+    cfg.rdma.backend = fabric::Backend::Tcp;
+    cfg.rdma.fabric_key_file = Some(kf);
+    let config = dir.join("storage-target.yaml");
+    s3dma_testkit::write_yaml(&config, &cfg);
+    let svc = Service::start(
+        ServiceSpec::new(
+            "storage-target",
+            env!("CARGO_BIN_EXE_storage-target").into(),
+            config,
+            dir.join("stderr.log"),
+            &["storage-target listening on "],
+        )
+        .env("RUST_LOG", "warn"),
+    );
+    let endpoint = svc.line(0).to_owned();
+    (svc, endpoint)
+}
 
 type Http = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
@@ -27,7 +66,8 @@ type Http = hyper_util::client::legacy::Client<
 
 /// The headers of an RDMA request: the token, inside the SigV4 signature.
 fn sign(method: &str, url: &str, token: &str) -> Vec<(String, String)> {
-    let mut headers = common::sign_v4(
+    let mut headers = s3dma_testkit::sign_v4_as(
+        ADMIN,
         method,
         url,
         &[
@@ -89,15 +129,9 @@ where
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let server = Server::start_with(|dir: &Path| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, KEY_HEX);
-        format!(
-            "rdma:\n  mode: enabled\n  backend: tcp\n  fabric_key_file: {}\n",
-            kf.display()
-        )
-    });
-    let sdk = server.admin();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (_target, target_url) = start_target(dir.path());
+    let sdk = s3dma_testkit::s3_client(&target_url, ADMIN.0, ADMIN.1);
     sdk.create_bucket()
         .bucket("bench")
         .send()
@@ -141,7 +175,7 @@ async fn main() {
     let mut json = Vec::new();
     for (name, size, reps) in [("64MiB", 64usize << 20, 5usize), ("1GiB", GIB, 2)] {
         let reps = if quick { 1 } else { reps };
-        let url = server.url(&format!("/bench/rdma-{name}"));
+        let url = format!("{target_url}/bench/rdma-{name}");
         let put_w = mem
             .window(0, size, Access::REMOTE_READ, None)
             .expect("window");

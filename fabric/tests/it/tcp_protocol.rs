@@ -5,13 +5,10 @@ use std::time::Duration;
 use fabric::{
     Access, Domain, Endpoint, EndpointConfig, FabricKey, OpStatus, Session, SessionConfig,
 };
-use s3dma_wire::frame::{
-    Auth, Challenge, Hello, OpKind, RequestHeader, ResponseHeader, ResponseKind, VERSION, Verdict,
-};
+use s3dma_testkit::fabric_peer::{self, GUARD, assert_closed, read_response};
+use s3dma_wire::frame::{Challenge, Hello, OpKind, RequestHeader, ResponseKind, VERSION, Verdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const GUARD: Duration = Duration::from_secs(60);
 
 async fn endpoint(key: &FabricKey) -> (Domain, Endpoint) {
     endpoint_with(key, |_| {}).await
@@ -30,50 +27,7 @@ async fn endpoint_with(
 
 /// A hand-rolled authenticated connection, ready for operation frames.
 async fn raw_connect(ep: &Endpoint, key: &FabricKey) -> TcpStream {
-    let mut s = TcpStream::connect(ep.addr().addr).await.unwrap();
-    let hello = Hello {
-        version_min: VERSION,
-        version_max: VERSION,
-        target: ep.addr(),
-        session: 1,
-        stream: 0,
-        streams: 1,
-        nonce: [7; 32],
-    };
-    s.write_all(&hello.encode()).await.unwrap();
-    let mut b = [0u8; Challenge::LEN];
-    s.read_exact(&mut b).await.unwrap();
-    let c = Challenge::decode(&b).unwrap();
-    assert!(key.verify_responder(&hello, &c));
-    s.write_all(
-        &Auth {
-            mac: key.requester_proof(&hello, &c),
-        }
-        .encode(),
-    )
-    .await
-    .unwrap();
-    let mut v = [0u8; Verdict::LEN];
-    s.read_exact(&mut v).await.unwrap();
-    assert_eq!(Verdict::decode(&v).unwrap(), Verdict::Accepted);
-    s
-}
-
-async fn read_response(s: &mut TcpStream) -> ResponseHeader {
-    let mut b = [0u8; ResponseHeader::LEN];
-    s.read_exact(&mut b).await.unwrap();
-    ResponseHeader::decode(&b).unwrap()
-}
-
-async fn assert_closed(s: &mut TcpStream) {
-    let mut b = [0u8; 64];
-    let n = tokio::time::timeout(GUARD, s.read(&mut b))
-        .await
-        .expect("connection left open");
-    assert!(
-        matches!(n, Ok(0) | Err(_)),
-        "expected the responder to close, got {n:?}"
-    );
+    fabric_peer::connect(ep.addr(), key).await
 }
 
 async fn still_serves(d: &Domain, ep: &Endpoint, key: &FabricKey) {
@@ -567,32 +521,14 @@ async fn a_relayed_handshake_fails_on_both_ends() {
     );
     // A requester proof made for the relay's address, sent on by the relay
     // (a requester that went ahead): refused as made for another endpoint.
-    let mut s = TcpStream::connect(relay.addr.addr).await.unwrap();
-    let hello = Hello {
-        version_min: VERSION,
-        version_max: VERSION,
-        target: relay.addr,
-        session: 1,
-        stream: 0,
-        streams: 1,
-        nonce: rand::random(),
-    };
-    s.write_all(&hello.encode()).await.unwrap();
-    let mut b = [0u8; Challenge::LEN];
-    s.read_exact(&mut b).await.unwrap();
-    let ch = Challenge::decode(&b).unwrap();
-    assert!(!key.verify_responder(&hello, &ch));
-    s.write_all(
-        &Auth {
-            mac: key.requester_proof(&hello, &ch),
-        }
-        .encode(),
+    let (mut s, hello, ch, v) = fabric_peer::handshake(
+        relay.addr,
+        fabric_peer::Proof::Key(&key),
+        (VERSION, VERSION),
     )
-    .await
-    .unwrap();
-    let mut v = [0u8; Verdict::LEN];
-    s.read_exact(&mut v).await.unwrap();
-    assert_eq!(Verdict::decode(&v), Ok(Verdict::WrongResponder));
+    .await;
+    assert!(!key.verify_responder(&hello, &ch));
+    assert_eq!(v, Verdict::WrongResponder);
     assert_closed(&mut s).await;
     assert!(!relay.upstream_accepted());
     // Dialled directly, the endpoint serves as before.

@@ -1,7 +1,6 @@
 //! dpu-agent processes and their configuration.
 
 use std::net::SocketAddr;
-use std::process::Child;
 
 use s3dma_proto::agent::v1::agent_client::AgentClient;
 use tonic::transport::Channel;
@@ -167,7 +166,7 @@ fn agent_config(spec: &AgentSpec, d: &Path) -> dpu_agent::config::Config {
 /// A dpu-agent process.
 #[derive(Debug)]
 pub struct Agent {
-    child: Option<Child>,
+    svc: Service,
     /// The gRPC address, `IP:PORT`.
     pub addr: String,
     /// `http://IP:PORT/metrics`.
@@ -176,10 +175,6 @@ pub struct Agent {
     pub dir: tempfile::TempDir,
     /// Its configuration file.
     pub config: PathBuf,
-    log: PathBuf,
-    stdout_log: PathBuf,
-    rust_log: &'static str,
-    wrap: Vec<String>,
 }
 
 impl Agent {
@@ -195,49 +190,44 @@ impl Agent {
         let cfg = agent_config(&spec, p);
         let config = p.join("agent.yaml");
         crate::configs::write(&config, &cfg).unwrap();
+        let mut svc = ServiceSpec::new(
+            "dpu-agent",
+            bin_dir().join("dpu-agent"),
+            config.clone(),
+            p.join("agent.log"),
+            &["dpu-agent listening on ", "metrics on "],
+        )
+        .env("RUST_LOG", spec.rust_log);
+        svc.stdout_log = Some(p.join("agent.stdout"));
+        svc.wrap = spec.wrap;
         let mut a = Agent {
-            child: None,
+            svc: Service::start(svc),
             addr: String::new(),
             metrics: String::new(),
-            log: p.join("agent.log"),
-            stdout_log: p.join("agent.stdout"),
             dir,
             config,
-            rust_log: spec.rust_log,
-            wrap: spec.wrap,
         };
-        a.spawn();
+        a.started();
         a
     }
 
-    fn spawn(&mut self) {
-        // By path rather than CARGO_BIN_EXE_*, so host-shim's tests can
-        // start agents with this same harness.
-        let mut cmd = wrapped(&self.wrap, &bin_dir().join("dpu-agent"));
-        cmd.arg("--config")
-            .arg(&self.config)
-            .env("RUST_LOG", self.rust_log);
-        let (child, lines) = spawn_service(
-            &mut cmd,
-            "dpu-agent",
-            &self.log,
-            &["dpu-agent listening on ", "metrics on "],
-            Some(self.stdout_log.clone()),
-        );
-        let [addr, metrics]: [String; 2] = lines.try_into().unwrap();
-        self.addr = addr;
-        self.metrics = metrics;
-        self.child = Some(child);
+    fn started(&mut self) {
+        self.addr = self.svc.line(0).to_owned();
+        self.metrics = self.svc.line(1).to_owned();
     }
 
     /// The process id.
+    ///
+    /// # Panics
+    /// While it is killed.
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
+        self.svc.pid().expect("the agent is not running")
     }
 
     /// stderr and stdout so far.
     pub fn output(&self) -> String {
-        read_log(&self.log) + &read_log(&self.stdout_log)
+        let out = self.svc.spec.stdout_log.as_deref().map(read_log);
+        self.svc.log() + &out.unwrap_or_default()
     }
 
     /// The `/metrics` text.
@@ -271,19 +261,13 @@ impl Agent {
 
     /// SIGKILLs the agent (and reaps it).
     pub fn kill9(&mut self) {
-        stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
+        self.svc.kill9();
     }
 
     /// SIGKILL, then the same configuration again (the same address when
     /// `listen` was a fixed port).
     pub fn restart(&mut self) {
-        self.kill9();
-        self.spawn();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill9();
+        self.svc.restart();
+        self.started();
     }
 }

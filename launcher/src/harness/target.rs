@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Child;
 use std::time::Duration;
 
 use super::*;
@@ -10,7 +9,7 @@ use super::*;
 /// A storage-target process.
 #[derive(Debug)]
 pub struct Target {
-    child: Option<Child>,
+    svc: Service,
     /// `http://IP:PORT`.
     pub endpoint: String,
     /// `http://IP:PORT/metrics` (a new port after each restart).
@@ -18,9 +17,6 @@ pub struct Target {
     /// Its temporary directory: config, fabric key, log and (by default) data.
     pub dir: tempfile::TempDir,
     config: PathBuf,
-    log: PathBuf,
-    /// Command prefix the binary runs under (e.g. `ip netns exec NAME`).
-    wrap: Vec<String>,
     /// What `config` holds.
     cfg: storage_target::config::Config,
 }
@@ -147,49 +143,30 @@ impl Target {
         }
         let config = dir.path().join("target.yaml");
         crate::configs::write(&config, &cfg).unwrap();
-        let log = dir.path().join("target.log");
+        let mut spec = ServiceSpec::new(
+            "storage-target",
+            bin_dir().join("storage-target"),
+            config.clone(),
+            dir.path().join("target.log"),
+            &["storage-target listening on ", "metrics on "],
+        )
+        .env("RUST_LOG", "info,s3s=warn");
+        spec.wrap = wrap;
         let mut t = Target {
-            child: None,
+            svc: Service::start(spec),
             endpoint: String::new(),
             metrics: String::new(),
             dir,
             config,
-            log,
-            wrap,
             cfg,
         };
-        t.spawn(None);
+        t.started();
         t
     }
 
-    fn spawn(&mut self, port: Option<u16>) {
-        let bin = bin_dir().join("storage-target");
-        assert!(
-            bin.exists(),
-            "{} is missing: build it first (`cargo build -p storage-target`; `cargo test --workspace` does)",
-            bin.display()
-        );
-        if let Some(p) = port {
-            // Restart on the same port so the agent's config stays valid
-            // (the metrics address keeps port 0).
-            self.cfg.listen.set_port(p);
-            crate::configs::write(&self.config, &self.cfg).unwrap();
-        }
-        let mut cmd = wrapped(&self.wrap, &bin);
-        cmd.arg("--config")
-            .arg(&self.config)
-            .env("RUST_LOG", "info,s3s=warn");
-        let (child, lines) = spawn_service(
-            &mut cmd,
-            "storage-target",
-            &self.log,
-            &["storage-target listening on ", "metrics on "],
-            None,
-        );
-        let [ep, metrics]: [String; 2] = lines.try_into().unwrap();
-        self.endpoint = ep;
-        self.metrics = metrics;
-        self.child = Some(child);
+    fn started(&mut self) {
+        self.endpoint = self.svc.line(0).to_owned();
+        self.metrics = self.svc.line(1).to_owned();
     }
 
     /// The S3 port.
@@ -199,12 +176,12 @@ impl Target {
 
     /// The process id (None while killed).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.svc.pid()
     }
 
     /// SIGKILLs the target (and reaps it).
     pub fn kill9(&mut self) {
-        stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
+        self.svc.kill9();
     }
 
     /// Restarts on the same port (same data).
@@ -230,7 +207,12 @@ impl Target {
         let port = self.port();
         self.kill9();
         std::thread::sleep(down);
-        self.spawn(Some(port));
+        // Restart on the same port so the agent's config stays valid (the
+        // metrics address keeps port 0).
+        self.cfg.listen.set_port(port);
+        crate::configs::write(&self.config, &self.cfg).unwrap();
+        self.svc.spawn();
+        self.started();
     }
 
     /// An aws-sdk-s3 client for this target with the credentials `(ak, sk)`.
@@ -250,17 +232,11 @@ impl Target {
 
     /// Its log so far.
     pub fn log(&self) -> String {
-        read_log(&self.log)
+        self.svc.log()
     }
 
     /// The `/metrics` text.
     pub async fn metrics_text(&self) -> String {
         scrape(&self.metrics).await
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }

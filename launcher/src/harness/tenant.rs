@@ -6,6 +6,8 @@ use s3dma_proto::agent::v1 as pb;
 use s3dma_proto::agent::v1::agent_client::AgentClient;
 use tonic::transport::Channel;
 
+use sha2::Digest as _;
+
 use super::*;
 
 /// The test's stand-in for a host-shim: a gRPC client with a bearer token.

@@ -1,7 +1,7 @@
 //! Third-party S3 servers: moto (from the test virtualenv) and a one-node
 //! Ceph cluster (radosgw).
 
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::*;
@@ -54,7 +54,10 @@ impl Moto {
 
 impl Drop for Moto {
     fn drop(&mut self) {
-        stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 

@@ -201,7 +201,7 @@ async fn put_and_get_sizes_with_mixed_clients() {
     let s = rdma_server("");
     create_bucket(&s, "rdsz").await;
     // 256 MiB, 64 MiB under the Soft-RoCE VM's emulated CPUs.
-    let big = s3dma_launcher::harness::large_object_len() / 4;
+    let big = s3dma_testkit::large_object_len() / 4;
     let t = Tenant::new(big).await;
     for (i, &len) in [0usize, 1, 4096, (5 << 20) + 1, big].iter().enumerate() {
         let key = format!("obj-{len}");

@@ -1,19 +1,20 @@
-//! Starts the real `storage-target` binary for integration tests, through
-//! the launcher's process harness (`s3dma_launcher::harness`), on a config
-//! built from the real config types, and builds clients for it.
+//! Starts the real `storage-target` binary for integration tests, as a
+//! `s3dma_testkit::Service` (the one wrapper of a service process, which
+//! the end-to-end harness's `Target` uses too), on a config built from the
+//! real config types, and builds clients for it.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::Client;
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use s3dma_launcher::harness;
+use s3dma_testkit::{Service, ServiceSpec};
 use storage_target::config::Config;
+
+pub(crate) use s3dma_testkit::{data, files_under, get_as};
 
 /// Users in every test config.
 pub(crate) const ADMIN: (&str, &str) = ("admin", "admin-secret");
@@ -28,24 +29,11 @@ pub(crate) const OWNER_A: (&str, &str) = ("owner-a", "owner-a-secret");
 pub(crate) const OWNER_B: (&str, &str) = ("owner-b", "owner-b-secret");
 
 /// The S3 error code and HTTP status of a failed SDK call.
-pub(crate) fn err<E>(
-    e: aws_sdk_s3::error::SdkError<E, aws_smithy_runtime_api::http::Response>,
-) -> (String, u16)
-where
-    E: aws_sdk_s3::error::ProvideErrorMetadata + std::fmt::Debug,
-{
-    use aws_sdk_s3::error::SdkError;
-    let status = e.raw_response().map_or(0, |r| r.status().as_u16());
-    let code = match &e {
-        SdkError::ServiceError(s) => s.err().code().unwrap_or("<none>").to_owned(),
-        other => format!("<{other:?}>"),
-    };
-    (code, status)
-}
+pub(crate) use s3dma_testkit::sdk_error as err;
 
 /// Writes a secret file mode 0600 (the storage-target refuses secret files
 /// group or others can read).
-pub(crate) use s3dma_launcher::harness::write_private;
+pub(crate) use s3dma_testkit::write_private;
 
 /// How to launch the process beyond its config.
 #[derive(Debug, Clone, Copy, Default)]
@@ -56,17 +44,14 @@ pub(crate) struct Launch {
 
 /// A running storage-target process.
 pub(crate) struct Server {
-    child: Option<Child>,
+    svc: Service,
     /// `http://IP:PORT`.
     pub endpoint: String,
     /// `http://IP:PORT/metrics`.
     pub metrics: String,
     /// The data directory.
     pub data_dir: PathBuf,
-    config: PathBuf,
-    stderr_log: PathBuf,
-    launch: Launch,
-    _tmp: Option<tempfile::TempDir>,
+    _tmp: tempfile::TempDir,
 }
 
 /// The config every test server starts from, built from the real config
@@ -141,91 +126,71 @@ impl Server {
         let data = tmp.path().join("data");
         let base = base_config(tmp.path(), &data);
         // The test's YAML replaces whole top-level sections of the base.
-        let cfg = harness::overlay(&base, &extra(tmp.path()));
+        let cfg = s3dma_testkit::overlay(&base, &extra(tmp.path()));
         let config = tmp.path().join("storage-target.yaml");
-        s3dma_launcher::configs::write(&config, &cfg).unwrap();
-        let mut s = Server::spawn(config, data, tmp.path().join("stderr.log"), launch);
-        s._tmp = Some(tmp);
+        s3dma_testkit::write_yaml(&config, &cfg);
+        let mut spec = ServiceSpec::new(
+            "storage-target",
+            env!("CARGO_BIN_EXE_storage-target").into(),
+            config,
+            tmp.path().join("stderr.log"),
+            &["storage-target listening on ", "metrics on "],
+        )
+        .env("RUST_LOG", "info,s3s=warn");
+        if let Some(m) = launch.umask {
+            spec.wrap = vec![
+                "sh".into(),
+                "-c".into(),
+                format!("umask {m:03o}; exec \"$0\" \"$@\""),
+            ];
+        }
+        let mut s = Server {
+            svc: Service::start(spec),
+            endpoint: String::new(),
+            metrics: String::new(),
+            data_dir: data,
+            _tmp: tmp,
+        };
+        s.started();
         s
     }
 
-    fn spawn(config: PathBuf, data_dir: PathBuf, stderr_log: PathBuf, launch: Launch) -> Server {
-        let bin = env!("CARGO_BIN_EXE_storage-target");
-        let mut cmd = match launch.umask {
-            None => Command::new(bin),
-            Some(m) => {
-                let mut c = Command::new("sh");
-                c.arg("-c")
-                    .arg(format!("umask {m:03o}; exec \"$0\" \"$@\""))
-                    .arg(bin);
-                c
-            }
-        };
-        cmd.arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info,s3s=warn");
-        let (child, lines) = harness::spawn_service(
-            &mut cmd,
-            "storage-target",
-            &stderr_log,
-            &["storage-target listening on ", "metrics on "],
-            None,
-        );
+    fn started(&mut self) {
+        self.endpoint = self.svc.line(0).to_owned();
         // "metrics on http://IP:PORT/metrics[ and unix:PATH]"
-        let metrics = lines[1]
+        self.metrics = self
+            .svc
+            .line(1)
             .split(" and ")
             .next()
             .unwrap_or_default()
             .to_owned();
-        Server {
-            child: Some(child),
-            endpoint: lines[0].clone(),
-            metrics,
-            data_dir,
-            config,
-            stderr_log,
-            launch,
-            _tmp: None,
-        }
     }
 
     /// SIGKILLs the process and waits for it.
     pub(crate) fn kill9(&mut self) {
-        harness::stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
+        self.svc.kill9();
     }
 
     /// Sends SIGTERM and waits for a clean exit; returns whether it exited 0.
     pub(crate) fn terminate(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else {
-            return false;
-        };
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap());
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        c.wait().unwrap().success()
+        self.svc.terminate(Duration::from_secs(120))
     }
 
     /// Starts the binary again on the same config and data directory.
     pub(crate) fn restart(&mut self) {
-        self.kill9();
-        let mut s = Server::spawn(
-            self.config.clone(),
-            self.data_dir.clone(),
-            self.stderr_log.clone(),
-            self.launch,
-        );
-        self.child = s.child.take();
-        self.endpoint = s.endpoint.clone();
-        self.metrics = s.metrics.clone();
+        self.svc.restart();
+        self.started();
     }
 
-    /// The process id.
+    /// The process id (0 while it is not running).
     pub(crate) fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+        self.svc.pid().unwrap_or(0)
     }
 
     /// The server's log so far.
     pub(crate) fn log(&self) -> String {
-        harness::read_log(&self.stderr_log)
+        self.svc.log()
     }
 
     /// An SDK client (path style, static credentials).
@@ -244,24 +209,8 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        harness::stop_service(&mut self.child, nix::sys::signal::Signal::SIGKILL);
-    }
-}
-
 /// An SDK client for `endpoint`.
-pub(crate) fn client_for(endpoint: &str, ak: &str, sk: &str) -> Client {
-    let conf = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .http_client(storage_target::gateway::https_client())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .credentials_provider(Credentials::new(ak, sk, None, None, "test"))
-        .force_path_style(true)
-        .build();
-    Client::from_conf(conf)
-}
+pub(crate) use s3dma_testkit::s3_client as client_for;
 
 /// A raw HTTP response.
 #[derive(Debug)]
@@ -344,19 +293,12 @@ pub(crate) async fn send_signed(
 
 /// Creates bucket `b` as the admin.
 pub(crate) async fn create_bucket(s: &Server, b: &str) {
-    s.admin().create_bucket().bucket(b).send().await.unwrap();
+    s3dma_testkit::create_bucket(&s.admin(), b).await;
 }
 
 /// Stores `d` at `b/k` as the admin, through the SDK (plain HTTP).
 pub(crate) async fn sdk_put(s: &Server, b: &str, k: &str, d: Vec<u8>) {
-    s.admin()
-        .put_object()
-        .bucket(b)
-        .key(k)
-        .body(aws_sdk_s3::primitives::ByteStream::from(d))
-        .send()
-        .await
-        .unwrap();
+    s3dma_testkit::put_as(&s.admin(), b, k, d).await;
 }
 
 /// The bytes at `b/k` through the SDK, `None` when there is no object.
@@ -364,46 +306,10 @@ pub(crate) async fn sdk_get(s: &Server, b: &str, k: &str) -> Option<Vec<u8>> {
     get_as(&s.admin(), b, k).await
 }
 
-/// Reads `b/k` as `client`'s user, through the SDK (plain HTTP).
-pub(crate) async fn get_as(client: &Client, b: &str, k: &str) -> Option<Vec<u8>> {
-    let r = client.get_object().bucket(b).key(k).send().await.ok()?;
-    Some(r.body.collect().await.unwrap().to_vec())
-}
-
-/// Deterministic pseudo-random bytes.
-pub(crate) fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 /// Hex MD5.
 pub(crate) fn md5_hex(b: &[u8]) -> String {
     use s3s::crypto::Checksum as _;
     hex::encode(s3s::crypto::Md5::checksum(b))
-}
-
-/// Every regular file under `dir`, recursively.
-pub(crate) fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(files_under(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// Signs a raw request as [`ADMIN`] with SigV4 in the Authorization header
@@ -421,46 +327,4 @@ pub(crate) fn sign_v4(
 }
 
 /// [`sign_v4`] as another user.
-pub(crate) fn sign_v4_as(
-    (ak, sk): (&str, &str),
-    method: &str,
-    url: &str,
-    extra: &[(&str, &str)],
-    body: aws_sigv4::http_request::SignableBody<'_>,
-    time: SystemTime,
-) -> Vec<(String, String)> {
-    use aws_sigv4::http_request::{PayloadChecksumKind, SignableRequest, SigningSettings, sign};
-    let identity = aws_credential_types::Credentials::new(ak, sk, None, None, "t").into();
-    let mut settings = SigningSettings::default();
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(time)
-        .settings(settings)
-        .build()
-        .expect("signing params")
-        .into();
-    let host = url.split('/').nth(2).expect("url has a host").to_owned();
-    let mut headers: Vec<(String, String)> = vec![("host".into(), host)];
-    headers.extend(
-        extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
-    let req = SignableRequest::new(
-        method,
-        url,
-        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        body,
-    )
-    .expect("signable request");
-    let (instr, _) = sign(req, &params).expect("sign").into_parts();
-    let (hs, _) = instr.into_parts();
-    headers.extend(
-        hs.into_iter()
-            .map(|h| (h.name().to_owned(), h.value().to_owned())),
-    );
-    headers
-}
+pub(crate) use s3dma_testkit::sign_v4_as;

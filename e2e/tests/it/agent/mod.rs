@@ -1,0 +1,11 @@
+//! dpu-agent's end-to-end tests (`cargo test -p s3dma-e2e --test it --
+//! agent::`; one suite: `... -- agent::transfers::`). They start storage-target,
+//! dpu-agent (and Ceph for `gateway` and `fallback`, one cluster per run)
+//! as processes through the launcher's harness (`common`).
+
+mod common;
+mod fallback;
+mod gateway;
+mod qp_link;
+mod security;
+mod transfers;
