@@ -9,7 +9,7 @@
 //! `x-amz-rdma-token`s for slices of the tenant's window, falling back to
 //! plain HTTP through its own registered staging memory when a target
 //! declines RDMA. For a dialect whose queue pair lives beside the tenant's
-//! memory (hipobj-rc-v2, [`transfer::hipobj`]) it drives the calling shim's
+//! memory (hipobj-rc-v2, [`transfer::dialect::hipobj`]) it drives the calling shim's
 //! RDMA device over that shim's `QueuePairs` stream ([`qp_link`]).
 //! Configuration is one YAML file ([`config`]).
 

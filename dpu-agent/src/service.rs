@@ -28,9 +28,9 @@ use crate::error::{AgentError, BadRequest};
 use crate::gate::AuthenticatedShim;
 use crate::policy::Access;
 use crate::qp_link::QpLink;
-use crate::transfer::get::GetRequest;
-use crate::transfer::meta::ListRequest;
-use crate::transfer::put::PutRequest;
+use crate::transfer::get::{self, GetRequest};
+use crate::transfer::meta::{self, ListRequest};
+use crate::transfer::put::{self, PutRequest};
 use crate::transfer::{Core, Ctx, Tenant};
 use s3dma_wire::range::ByteRange;
 
@@ -267,15 +267,7 @@ impl AgentService {
         rid: &str,
         qp_link: Option<Arc<QpLink>>,
     ) -> Result<Arc<Ctx>, AgentError> {
-        let group = self.core.group_for(bucket)?;
-        Ok(Arc::new(Ctx {
-            core: Arc::clone(&self.core),
-            tenant: Arc::clone(tenant),
-            target: self.core.pick(&group, bucket, key, 0),
-            group,
-            request_id: rid.to_owned(),
-            qp_link,
-        }))
+        Ctx::new(&self.core, tenant, bucket, key, rid, qp_link.as_ref()).map(Arc::new)
     }
 
     /// The calling shim's `QueuePairs` link, if it has one open.
@@ -316,7 +308,7 @@ async fn get_one(
         dest,
         if_match: (!if_match.is_empty()).then(|| if_match.to_owned()),
     };
-    let r = ctx.get_object(&req).await?;
+    let r = get::get_object(&ctx, &req).await?;
     svc.core
         .metrics
         .bytes(&tenant.name, "GetObject", path_label(r.path), r.placed);
@@ -493,7 +485,7 @@ impl pb::agent_server::Agent for AgentService {
                 content_type: (!r.content_type.is_empty()).then_some(r.content_type),
                 metadata: r.metadata,
             };
-            let out = ctx.put_object(&req).await?;
+            let out = put::put_object(&ctx, &req).await?;
             self.core
                 .metrics
                 .bytes(&tenant.name, "PutObject", path_label(out.path), out.size);
@@ -523,7 +515,7 @@ impl pb::agent_server::Agent for AgentService {
             authorize(&tenant, &r.bucket, &r.key, Access::Read, "read")?;
             debug!(key = %Escaped(&r.key), "head");
             let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid, None)?;
-            let info = ctx.head_object(&r.bucket, &r.key, None).await?;
+            let info = meta::head_object(&ctx.ex, &r.bucket, &r.key, None).await?;
             Ok(pb::HeadObjectResponse {
                 object: Some(info),
                 request_id: rid.clone(),
@@ -565,7 +557,7 @@ impl pb::agent_server::Agent for AgentService {
                 },
                 start_after: r.start_after.clone(),
             };
-            let mut out = ctx.list_objects(&req).await?;
+            let mut out = meta::list_objects(&ctx.ex, &req).await?;
             out.request_id = rid.clone();
             Ok(out)
         })
@@ -587,7 +579,7 @@ impl pb::agent_server::Agent for AgentService {
             authorize(&tenant, &r.bucket, &r.key, Access::Write, "delete")?;
             debug!(key = %Escaped(&r.key), "delete");
             let ctx = self.ctx(&tenant, &r.bucket, &r.key, &rid, None)?;
-            ctx.delete_object(&r.bucket, &r.key).await?;
+            meta::delete_object(&ctx.ex, &r.bucket, &r.key).await?;
             Ok(pb::DeleteObjectResponse {
                 request_id: rid.clone(),
             })

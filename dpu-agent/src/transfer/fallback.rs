@@ -22,7 +22,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::Incoming;
 
-use super::{Attempt, Core, Tenant};
+use super::exchange::Attempt;
+use super::{Core, Tenant};
 use crate::error::{AgentError, BadReply, BadRequest};
 use crate::quota::StagingPermit;
 use crate::s3::client::{BodyError, RequestBody};

@@ -14,12 +14,13 @@ use s3dma_proto::agent::v1::{ObjectInfo, TransferPath};
 use s3dma_wire::headers::{RDMA_REPLY, RdmaReply, bytes_transferred_of};
 use s3dma_wire::range::{ByteRange, parse_content_range};
 
-use super::hipobj::{Outcome, Transfer};
-use super::{Attempt, Ctx, fallback, object_info};
+use super::ctx::Ctx;
+use super::dialect::Transfer;
+use super::exchange::{Attempt, set_if_match};
+use super::{fallback, meta, object_info};
 use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Chunk, Probe, ProbeOutcome};
-use crate::s3::client::{S3Call, header};
-use s3dma_wire::hipobj;
+use crate::s3::client::{S3Call, error_of, header, read_small};
 
 /// A GetObject request after validation.
 #[derive(Debug, Clone)]
@@ -60,299 +61,254 @@ struct RangeReply {
     fallback: bool,
 }
 
-impl Ctx {
-    /// One ranged GET placing at most `slot.size` bytes into `slot`.
-    async fn get_range(
-        self: &Arc<Self>,
-        req: &GetRequest,
-        range: ByteRange,
-        slot: RdmaToken,
-        if_match: Option<&str>,
-    ) -> Result<RangeReply, Attempt> {
-        let mut call = S3Call::new(Method::GET, &req.bucket, Some(&req.key));
-        call.header("range", &range.header_value()).map_err(|e| {
-            AgentError::InvalidArgument(BadRequest::Unsendable {
-                reason: e.to_string(),
-            })
-        })?;
-        if let Some(m) = if_match {
-            call.header("if-match", m).map_err(|e| {
-                AgentError::InvalidArgument(BadRequest::Header {
-                    field: "if_match",
-                    reason: e.to_string(),
-                })
-            })?;
-        }
-        // A token in the target's dialect: s3dma's with its marker, or a
-        // standard one the shim minted (a hipobj-rc-v2 target that declined,
-        // or whose shim has no device, gets none).
-        let sent = self.token_for(&slot).await?;
-        let tokened = sent.is_some();
-        if let Some(t) = &sent {
-            t.apply(&mut call);
-        }
-        let reply = self.send(call).await?;
-        let status = reply.status();
-        if status == StatusCode::PRECONDITION_FAILED {
-            let e = super::super::s3::client::error_of(reply).await;
-            return Err(Attempt::Fatal(match if_match {
-                Some(etag) if req.if_match.as_deref() != Some(etag) => AgentError::ObjectChanged {
-                    etag: etag.to_owned(),
-                },
-                _ => AgentError::S3(e),
-            }));
-        }
-        if !(status == StatusCode::OK || status == StatusCode::PARTIAL_CONTENT) {
-            return Err(self.failure(reply).await);
-        }
-        let headers = reply.headers().clone();
-        let (first, len, total) = match header(&headers, "content-range") {
-            Some(cr) => parse_content_range(&cr).ok_or_else(|| {
-                AgentError::Protocol(BadReply::BadContentRange { value: cr.clone() })
-            })?,
-            None => {
-                let n = header(&headers, "content-length")
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-                // A 200 without Content-Range is the whole object (RDMA
-                // replies carry the size as bytes transferred).
-                let n = if status == StatusCode::OK && tokened {
-                    bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()))
-                        .unwrap_or(n)
-                } else {
-                    n
-                };
-                (0, n, n)
-            }
-        };
-        if len > u64::from(slot.size) {
-            return Err(Attempt::Fatal(AgentError::Protocol(
-                BadReply::SlotOverrun {
-                    len,
-                    slot: slot.size,
-                },
-            )));
-        }
-        let info = object_info(&headers, total);
-        let rdma_reply = RdmaReply::parse(header(&headers, RDMA_REPLY).as_deref());
-        if let (true, RdmaReply::Ignored(other)) = (tokened, &rdma_reply) {
-            return Err(Attempt::Fatal(AgentError::Protocol(
-                BadReply::NoRdmaReply {
-                    reply: other.clone(),
-                },
-            )));
-        }
-        let by_rdma = tokened && rdma_reply == RdmaReply::Placed;
-        if by_rdma {
-            let moved = bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()));
-            if moved != Some(len) {
-                return Err(Attempt::Fatal(AgentError::Protocol(
-                    BadReply::BytesTransferred { moved, len },
-                )));
-            }
-            // Drain the (empty) body so the connection is reused.
-            let _ = super::super::s3::client::read_small(reply, 1 << 10).await;
-        } else {
-            let slice = slot
-                .slice(0, len)
-                .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
-            fallback::body_into_window(&self.core, &self.tenant, reply.into_body(), slice, len)
-                .await?;
-        }
-        Ok(RangeReply {
-            info,
-            first,
-            len,
-            total,
-            fallback: !by_rdma,
+/// One ranged GET placing at most `slot.size` bytes into `slot`.
+async fn get_range(
+    at: &Ctx,
+    req: &GetRequest,
+    range: ByteRange,
+    slot: RdmaToken,
+    if_match: Option<&str>,
+) -> Result<RangeReply, Attempt> {
+    let mut call = S3Call::new(Method::GET, &req.bucket, Some(&req.key));
+    call.header("range", &range.header_value()).map_err(|e| {
+        AgentError::InvalidArgument(BadRequest::Unsendable {
+            reason: e.to_string(),
         })
+    })?;
+    if let Some(m) = if_match {
+        set_if_match(&mut call, m)?;
     }
-
-    /// One chunk by hipobj-rc-v2 transfers (one per
-    /// [`hipobj::MAX_TRANSFER`] bytes). `false`: the target declined the
-    /// dialect before anything moved (the chunk goes over HTTP).
-    async fn hipobj_chunk(
-        self: &Arc<Self>,
-        link: &Arc<crate::qp_link::QpLink>,
-        req: &GetRequest,
-        c: Chunk,
-        slot: RdmaToken,
-        etag: &str,
-    ) -> Result<bool, Attempt> {
-        let mut done = 0u64;
-        while done < c.len {
-            let n = (c.len - done).min(hipobj::MAX_TRANSFER);
-            let piece = slot
-                .slice(done, n)
-                .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
-            let t = Transfer {
-                bucket: &req.bucket,
-                key: &req.key,
-                part: None,
-                offset: c.object_first + done,
-                slot: piece,
+    // A token in the target's dialect: s3dma's with its marker, or a
+    // standard one the shim minted (a hipobj-rc-v2 target that declined,
+    // or whose shim has no device, gets none).
+    let sent = at.dialect.token(&at.ex, &slot).await?;
+    let tokened = sent.is_some();
+    if let Some(t) = &sent {
+        t.apply(&mut call);
+    }
+    let reply = at.ex.send(call).await?;
+    let status = reply.status();
+    if status == StatusCode::PRECONDITION_FAILED {
+        let e = error_of(reply).await;
+        return Err(Attempt::Fatal(match if_match {
+            Some(etag) if req.if_match.as_deref() != Some(etag) => AgentError::ObjectChanged {
+                etag: etag.to_owned(),
+            },
+            _ => AgentError::S3(e),
+        }));
+    }
+    if !(status == StatusCode::OK || status == StatusCode::PARTIAL_CONTENT) {
+        return Err(at.ex.failure(reply).await);
+    }
+    let headers = reply.headers().clone();
+    let (first, len, total) = match header(&headers, "content-range") {
+        Some(cr) => parse_content_range(&cr)
+            .ok_or_else(|| AgentError::Protocol(BadReply::BadContentRange { value: cr.clone() }))?,
+        None => {
+            let n = header(&headers, "content-length")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            // A 200 without Content-Range is the whole object (RDMA
+            // replies carry the size as bytes transferred).
+            let n = if status == StatusCode::OK && tokened {
+                bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok())).unwrap_or(n)
+            } else {
+                n
             };
-            match self.hipobj_transfer(link, &t, true, Some(etag)).await? {
-                Outcome::Done(_) => done += n,
-                // Only the first transfer can be declined: the target
-                // answered the others.
-                Outcome::Declined if done == 0 => return Ok(false),
-                Outcome::Declined => {
-                    return Err(Attempt::Fatal(AgentError::Protocol(BadReply::Hipobj {
-                        step: "PREPARE",
-                        reason: "declined in the middle of a chunk".into(),
-                    })));
-                }
-            }
+            (0, n, n)
         }
-        Ok(true)
+    };
+    if len > u64::from(slot.size) {
+        return Err(Attempt::Fatal(AgentError::Protocol(
+            BadReply::SlotOverrun {
+                len,
+                slot: slot.size,
+            },
+        )));
     }
-
-    async fn head_probe(self: &Arc<Self>, req: &GetRequest) -> Result<ObjectInfo, AgentError> {
-        self.head_object(&req.bucket, &req.key, req.if_match.as_deref())
-            .await
+    let info = object_info(&headers, total);
+    let rdma_reply = RdmaReply::parse(header(&headers, RDMA_REPLY).as_deref());
+    if let (true, RdmaReply::Ignored(other)) = (tokened, &rdma_reply) {
+        return Err(Attempt::Fatal(AgentError::Protocol(
+            BadReply::NoRdmaReply {
+                reply: other.clone(),
+            },
+        )));
     }
-
-    /// Runs a GetObject.
-    ///
-    /// # Errors
-    /// Any [`AgentError`]; bytes may have been placed in the window even
-    /// then (the window belongs to this request only).
-    pub async fn get_object(self: &Arc<Self>, req: &GetRequest) -> Result<GetResult, AgentError> {
-        let s = &self.core.settings;
-        let window = u64::from(req.dest.size);
-        let probe = plan::probe(req.range, window, s.chunk_size)?;
-        // A hipobj-rc-v2 transfer names its offset and size: the object's
-        // size comes first, from a HEAD.
-        let probe = if self.speaks_hipobj() {
-            Probe::Head
-        } else {
-            probe
-        };
-        let mut fell_back = false;
-        let mut rdma_used = false;
-        let (info, outcome) = match probe {
-            Probe::Get { range, max_len } => {
-                let slot = req
-                    .dest
-                    .slice(0, max_len)
-                    .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
-                let first = self
-                    .retrying("GET", || {
-                        // Each attempt asks again: a target of a group
-                        // that gave no answer is cooling down.
-                        let at = self.for_chunk(&req.bucket, &req.key, 0);
-                        async move {
-                            at.get_range(req, range, slot, req.if_match.as_deref())
-                                .await
-                        }
-                    })
-                    .await;
-                match first {
-                    Ok(r) => {
-                        fell_back |= r.fallback;
-                        rdma_used |= !r.fallback;
-                        let outcome = ProbeOutcome {
-                            total_size: r.total,
-                            placed: Some((r.first, r.len)),
-                        };
-                        (r.info, outcome)
-                    }
-                    Err(AgentError::S3(e))
-                        if e.http_status == 416
-                            && plan::retry_unsatisfiable_with_head(req.range) =>
-                    {
-                        let info = self.head_probe(req).await?;
-                        let outcome = ProbeOutcome {
-                            total_size: info.size,
-                            placed: None,
-                        };
-                        (info, outcome)
-                    }
-                    Err(AgentError::S3(e)) if e.http_status == 416 => {
-                        return Err(AgentError::RangeNotSatisfiable { message: e.message });
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            Probe::Head => {
-                let info = self.head_probe(req).await?;
-                let outcome = ProbeOutcome {
-                    total_size: info.size,
-                    placed: None,
-                };
-                (info, outcome)
-            }
-        };
-        let plan = plan::plan_get(req.range, window, s.chunk_size, &outcome)?;
-        let etag = info.etag.clone();
-        if !plan.chunks.is_empty() && etag.is_empty() {
-            return Err(AgentError::Protocol(BadReply::NoEtag));
+    let by_rdma = tokened && rdma_reply == RdmaReply::Placed;
+    if by_rdma {
+        let moved = bytes_transferred_of(|h| headers.get(h).and_then(|v| v.to_str().ok()));
+        if moved != Some(len) {
+            return Err(Attempt::Fatal(AgentError::Protocol(
+                BadReply::BytesTransferred { moved, len },
+            )));
         }
-        let mut results = futures::stream::iter(plan.chunks.iter().copied())
-            .map(|c| self.get_chunk(req, c, &etag, outcome.total_size))
-            .buffer_unordered(s.max_chunks_in_flight.max(1));
-        while let Some(r) = results.next().await {
-            let fb = r?;
-            fell_back |= fb;
-            rdma_used |= !fb;
-        }
-        let path = super::path_of(rdma_used, fell_back);
-        Ok(GetResult {
-            info,
-            placed: plan.len,
-            start: plan.start,
-            path,
-        })
-    }
-
-    /// One chunk after the probe: quota, bandwidth, retries.
-    async fn get_chunk(
-        self: &Arc<Self>,
-        req: &GetRequest,
-        c: Chunk,
-        etag: &str,
-        total: u64,
-    ) -> Result<bool, AgentError> {
-        let quota = &self.tenant.quota;
-        let _bytes = quota.reserve_bytes(c.len).await;
-        quota.throttle(c.len).await;
-        let slot = req
-            .dest
-            .slice(c.window_offset, c.len)
+        // Drain the (empty) body so the connection is reused.
+        let _ = read_small(reply, 1 << 10).await;
+    } else {
+        let slice = slot
+            .slice(0, len)
             .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
-        // A group spreads an object's chunks over its targets (each caches
-        // its share); every attempt asks again which target is first.
-        let index = c.object_first / self.core.settings.chunk_size.max(1);
-        let r = self
-            .retrying("GET chunk", || {
-                let at = self.for_chunk(&req.bucket, &req.key, index);
-                async move {
-                    if let Some(link) = at.hipobj_link()
-                        && at.hipobj_chunk(link, req, c, slot, etag).await?
-                    {
-                        return Ok(RangeReply {
-                            info: ObjectInfo::default(),
-                            first: c.object_first,
-                            len: c.len,
-                            total,
-                            fallback: false,
-                        });
-                    }
-                    at.get_range(req, c.http_range(), slot, Some(etag)).await
-                }
-            })
+        fallback::body_into_window(&at.ex.core, &at.ex.tenant, reply.into_body(), slice, len)
             .await?;
-        if r.first != c.object_first || r.len != c.len || r.total != total {
-            return Err(AgentError::Protocol(BadReply::RangeMismatch {
-                first: c.object_first,
-                len: c.len,
-                total,
-                got_first: r.first,
-                got_len: r.len,
-                got_total: r.total,
-            }));
-        }
-        Ok(r.fallback)
     }
+    Ok(RangeReply {
+        info,
+        first,
+        len,
+        total,
+        fallback: !by_rdma,
+    })
+}
+
+async fn head_probe(ctx: &Ctx, req: &GetRequest) -> Result<ObjectInfo, AgentError> {
+    meta::head_object(&ctx.ex, &req.bucket, &req.key, req.if_match.as_deref()).await
+}
+
+/// Runs a GetObject.
+///
+/// # Errors
+/// Any [`AgentError`]; bytes may have been placed in the window even
+/// then (the window belongs to this request only).
+pub async fn get_object(ctx: &Arc<Ctx>, req: &GetRequest) -> Result<GetResult, AgentError> {
+    let s = &ctx.ex.core.settings;
+    let window = u64::from(req.dest.size);
+    let probe = plan::probe(req.range, window, s.chunk_size)?;
+    // A hipobj-rc-v2 transfer names its offset and size: the object's
+    // size comes first, from a HEAD.
+    let probe = if ctx.dialect.size_first() {
+        Probe::Head
+    } else {
+        probe
+    };
+    let mut fell_back = false;
+    let mut rdma_used = false;
+    let (info, outcome) = match probe {
+        Probe::Get { range, max_len } => {
+            let slot = req
+                .dest
+                .slice(0, max_len)
+                .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
+            let first = ctx
+                .ex
+                .retrying("GET", || {
+                    // Each attempt asks again: a target of a group
+                    // that gave no answer is cooling down.
+                    let at = ctx.for_chunk(&req.bucket, &req.key, 0);
+                    async move { get_range(&at, req, range, slot, req.if_match.as_deref()).await }
+                })
+                .await;
+            match first {
+                Ok(r) => {
+                    fell_back |= r.fallback;
+                    rdma_used |= !r.fallback;
+                    let outcome = ProbeOutcome {
+                        total_size: r.total,
+                        placed: Some((r.first, r.len)),
+                    };
+                    (r.info, outcome)
+                }
+                Err(AgentError::S3(e))
+                    if e.http_status == 416 && plan::retry_unsatisfiable_with_head(req.range) =>
+                {
+                    let info = head_probe(ctx, req).await?;
+                    let outcome = ProbeOutcome {
+                        total_size: info.size,
+                        placed: None,
+                    };
+                    (info, outcome)
+                }
+                Err(AgentError::S3(e)) if e.http_status == 416 => {
+                    return Err(AgentError::RangeNotSatisfiable { message: e.message });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Probe::Head => {
+            let info = head_probe(ctx, req).await?;
+            let outcome = ProbeOutcome {
+                total_size: info.size,
+                placed: None,
+            };
+            (info, outcome)
+        }
+    };
+    let plan = plan::plan_get(req.range, window, s.chunk_size, &outcome)?;
+    let etag = info.etag.clone();
+    if !plan.chunks.is_empty() && etag.is_empty() {
+        return Err(AgentError::Protocol(BadReply::NoEtag));
+    }
+    let mut results = futures::stream::iter(plan.chunks.iter().copied())
+        .map(|c| get_chunk(ctx, req, c, &etag, outcome.total_size))
+        .buffer_unordered(s.max_chunks_in_flight.max(1));
+    while let Some(r) = results.next().await {
+        let fb = r?;
+        fell_back |= fb;
+        rdma_used |= !fb;
+    }
+    let path = super::path_of(rdma_used, fell_back);
+    Ok(GetResult {
+        info,
+        placed: plan.len,
+        start: plan.start,
+        path,
+    })
+}
+
+/// One chunk after the probe: quota, bandwidth, retries.
+async fn get_chunk(
+    ctx: &Arc<Ctx>,
+    req: &GetRequest,
+    c: Chunk,
+    etag: &str,
+    total: u64,
+) -> Result<bool, AgentError> {
+    let quota = &ctx.ex.tenant.quota;
+    let _bytes = quota.reserve_bytes(c.len).await;
+    quota.throttle(c.len).await;
+    let slot = req
+        .dest
+        .slice(c.window_offset, c.len)
+        .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
+    // A group spreads an object's chunks over its targets (each caches
+    // its share); every attempt asks again which target is first.
+    let index = c.object_first / ctx.ex.core.settings.chunk_size.max(1);
+    let r = ctx
+        .ex
+        .retrying("GET chunk", || {
+            let at = ctx.for_chunk(&req.bucket, &req.key, index);
+            async move {
+                // The dialect's own way first (a hipobj-rc-v2 transfer),
+                // else a ranged GET with its token.
+                let t = Transfer {
+                    bucket: &req.bucket,
+                    key: &req.key,
+                    part: None,
+                    offset: c.object_first,
+                    slot,
+                };
+                if at.dialect.get_chunk(&at.ex, &t, etag).await? {
+                    return Ok(RangeReply {
+                        info: ObjectInfo::default(),
+                        first: c.object_first,
+                        len: c.len,
+                        total,
+                        fallback: false,
+                    });
+                }
+                get_range(&at, req, c.http_range(), slot, Some(etag)).await
+            }
+        })
+        .await?;
+    if r.first != c.object_first || r.len != c.len || r.total != total {
+        return Err(AgentError::Protocol(BadReply::RangeMismatch {
+            first: c.object_first,
+            len: c.len,
+            total,
+            got_first: r.first,
+            got_len: r.len,
+            got_total: r.total,
+        }));
+    }
+    Ok(r.fallback)
 }
