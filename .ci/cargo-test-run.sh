@@ -22,18 +22,30 @@ CARGO_ALL=(--workspace --all-features --locked)
 LOGS="$(mktemp -d)"
 trap 'rm -rf "$LOGS"' EXIT
 
-# "NAME|DIR|EXE|" lines (no filters), heaviest first, so the long suites
-# start at once and the short ones fill in around them. The weights are the
-# suites' seconds in CI (an unknown binary counts as short); they only order
-# the queue.
+# "NAME|DIR|EXE|FILTERS" lines, heaviest first, so the long suites start at
+# once and the short ones fill in around them. The end-to-end binary runs as
+# three processes, by top-level module (filters `agent::`, `shim::`, `cli::
+# launcher::`), which run side by side as the agent's, the shim's and the
+# CLI's binaries did; every other binary runs once, unfiltered. The weights
+# are the suites' seconds in CI (an unknown binary counts as short); they
+# only order the queue.
 cargo test "${CARGO_ALL[@]}" --no-run --message-format=json-render-diagnostics |
   python3 .ci/test-binaries.py |
   awk -F'|' '
     BEGIN {
-      w["dpu-agent|it"] = 100; w["host-shim|it"] = 70; w["tools|bench"] = 65
-      w["storage-target|it"] = 30; w["cli|cli"] = 20; w["fabric|it"] = 8
+      w["e2e|it|agent::"] = 100; w["e2e|it|shim::"] = 70; w["tools|bench|"] = 65
+      w["storage-target|it|"] = 30; w["e2e|it|cli:: launcher::"] = 20; w["fabric|it|"] = 8
+      runs["e2e|it"] = "agent::;shim::;cli:: launcher::"
     }
-    { k = $1 "|" $2; print ((k in w) ? w[k] : 1) "|" $3 " " $2 "|" $4 "|" $5 "|" }' |
+    {
+      k = $1 "|" $2
+      n = (k in runs) ? split(runs[k], r, ";") : split("", r)
+      if (n == 0) { n = 1; r[1] = "" }
+      for (i = 1; i <= n; i++) {
+        kf = k "|" r[i]
+        print ((kf in w) ? w[kf] : 1) "|" $3 " " $2 "|" $4 "|" $5 "|" r[i]
+      }
+    }' |
   sort -t'|' -k1,1nr | cut -d'|' -f2- >"$LOGS/queue"
 
 rc=0

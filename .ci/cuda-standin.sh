@@ -6,7 +6,7 @@
 #   - fabric's `cuda::` tests: device memory, IPC across processes, memory
 #     exported and imported as a POSIX fd, the tcp fabric's bounce path into
 #     device memory;
-#   - host-shim's `cuda::` tests: a tenant registering device memory by a
+#   - the end-to-end `shim::cuda::` tests (s3dma-e2e): a tenant registering device memory by a
 #     POSIX fd passed over its lease and GETting into / PUTting from it
 #     through host-shim, dpu-agent and storage-target processes, forged fds
 #     and legacy IPC handles refused (also another uid's), and, on a shim
@@ -32,8 +32,8 @@ run() {
     LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         S3DMA_REQUIRE_CUDA=1 "$@"
 }
-# `--test it` runs each crate's integration-test binary; only fabric's and
-# host-shim's have `cuda::` modules.
+# `--test it` runs each crate's integration-test binary; only fabric's
+# (`cuda::`) and s3dma-e2e's (`shim::cuda::`) have CUDA tests.
 run cargo test --workspace --all-features --locked --test it -- cuda:: "$@"
 run .venv/bin/python -m pytest -q tests/python/test_cuda_client.py
 echo "cuda stand-in suites: ok"

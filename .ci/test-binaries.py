@@ -2,7 +2,7 @@
 
 Reads cargo's JSON messages on stdin and prints one line per test binary:
 ``DIRNAME|TARGET|PACKAGE|DIR|EXECUTABLE`` (DIRNAME is the package
-directory's name, e.g. ``dpu-agent``; TARGET the test target, e.g. ``it``).
+directory's name, e.g. ``e2e`` for s3dma-e2e; TARGET the test target, e.g. ``it``).
 Used by .ci/cargo-test-run.sh and .ci/verbs-tests.sh.
 """
 

@@ -124,8 +124,9 @@ step "cargo doc -D warnings"
 check env RUSTDOCFLAGS=-Dwarnings cargo doc "${CARGO_ALL[@]}" --no-deps
 
 step "cargo test: build (every test binary and service binary, once)"
-# The end-to-end suites (dpu-agent, host-shim, s3dma CLI) start
-# storage-target, dpu-agent and host-shim as processes from target/debug.
+# The end-to-end suites (s3dma-e2e: agent, shim, CLI, launcher) start
+# storage-target, dpu-agent, host-shim and s3dma as processes from
+# target/debug.
 check cargo test "${CARGO_ALL[@]}" --no-run
 
 step "lmcache (CPU) into .venv for test_lmcache.py and bench --kv (started in the background before clippy; not part of README's first command)"

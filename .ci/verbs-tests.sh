@@ -9,10 +9,10 @@
 # compiling under emulation):
 #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
 #   - storage-target: the RDMA GET/PUT/UploadPart suite, target and tenant on verbs;
-#   - dpu-agent: transfers and the HTTP fallback, agent, target and tenant
-#     memory on verbs;
-#   - host-shim: the whole stack (shim, agent, target on verbs) through the
-#     Rust client.
+#   - s3dma-e2e `agent::`: the dpu-agent's transfers and HTTP fallback,
+#     agent, target and tenant memory on verbs;
+#   - s3dma-e2e `shim::e2e::`: the whole stack (shim, agent, target on
+#     verbs) through the Rust client.
 # The end-to-end suites take their fabric from S3DMA_TEST_FABRIC. Inside the
 # VM a missing RDMA device fails a test instead of skipping it, and any
 # "SKIPPED" line fails the run. Ends with the device and the test counts.
@@ -25,14 +25,16 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   mkdir -p target/rdma-vm
   # The test binaries of the workspace's one feature set (as .ci/test.sh:
   # nothing is rebuilt after its `cargo test`), one "NAME|DIR|EXE|FILTERS" line
-  # for each binary that has verbs suites, with the libtest filters it runs:
+  # for each run of a binary that has verbs suites, with the libtest filters
+  # it runs (the end-to-end binary runs twice, agent and shim suites in two
+  # processes, so that they run side by side as before):
   #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
   #   - storage-target: the RDMA GET/PUT/UploadPart suite and the
   #     hipobj-rc-v2 server against a protocol client;
-  #   - dpu-agent: transfers and the HTTP fallback (third-party servers,
-  #     Ceph's radosgw and moto, are reached over HTTP only: their fallback
-  #     tests run on the host, not under the VM's emulated CPUs);
-  #   - host-shim: the whole stack through the Rust client;
+  #   - s3dma-e2e `agent::`: transfers and the HTTP fallback (third-party
+  #     servers, Ceph's radosgw and moto, are reached over HTTP only: their
+  #     fallback tests run on the host, not under the VM's emulated CPUs);
+  #   - s3dma-e2e `shim::e2e::`: the whole stack through the Rust client;
   #   - s3dma-tools: `probe` moving a test object both ways by hipobj-rc-v2.
   cargo test --workspace --all-features --locked --no-run --message-format=json-render-diagnostics |
     python3 .ci/test-binaries.py |
@@ -41,21 +43,24 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
         f["fabric|fabric"] = "verbs::"
         f["fabric|it"] = "conformance::verbs::"
         f["storage-target|it"] = "rdma:: hipobj:: dc::"
-        f["dpu-agent|it"] = "transfers:: fallback:: --skip ceph --skip third_party"
-        f["host-shim|it"] = "e2e::"
+        # Runs of one binary are separated by ";".
+        f["e2e|it"] = "agent::transfers:: agent::fallback:: --skip ceph --skip third_party;shim::e2e::"
         f["tools|probe"] = "probe_reports_a_storage_targets_dialects"
       }
-      ($1 "|" $2) in f { print $3 " " $2 "|" $4 "|" $5 "|" f[$1 "|" $2] }' |
-    # The longest suites first (seconds in the VM: transfers 140, rdma and
-    # hipobj 110, e2e 100, conformance 50).
-    awk '{ w = /^dpu-agent/ ? 5 : /^storage-target/ ? 4 : /^host-shim/ ? 3 : / it\|/ ? 2 : 1; print w "|" $0 }' |
+      ($1 "|" $2) in f {
+        n = split(f[$1 "|" $2], runs, ";")
+        for (i = 1; i <= n; i++) print $3 " " $2 "|" $4 "|" $5 "|" runs[i]
+      }' |
+    # The longest suites first (seconds in the VM: agent transfers 140, rdma
+    # and hipobj 110, shim e2e 100, conformance 50).
+    awk -F'|' '{ w = $4 ~ /^agent::/ ? 5 : /^storage-target/ ? 4 : $4 ~ /^shim::/ ? 3 : / it\|/ ? 2 : 1; print w "|" $0 }' |
     sort -t'|' -k1,1nr | cut -d'|' -f2- >"$LIST"
   if [ "$(wc -l <"$LIST")" -ne 6 ]; then
-    echo "verbs-tests: expected 6 test binaries, found:" >&2
+    echo "verbs-tests: expected 6 runs of 5 test binaries, found:" >&2
     cat "$LIST" >&2
     exit 1
   fi
-  echo "verbs-tests: $(wc -l <"$LIST") test binaries built; booting the VM"
+  echo "verbs-tests: $(wc -l <"$LIST") test runs built; booting the VM"
   S3DMA_VM_TIMEOUT="${S3DMA_VM_TIMEOUT:-2700}" exec bash .ci/rdma-vm.sh bash .ci/verbs-tests.sh
 fi
 
