@@ -5,18 +5,23 @@
 //! COMPOSITE and FULL_OBJECT uploads, ListParts, GetObjectAttributes,
 //! CopyObject, and values that survive a restart.
 
-use std::time::SystemTime;
-
-use crate::common::{ADMIN, Server, data, err, raw, sign_v4};
+use crate::common::{ADMIN, Server, data};
+use crate::support::{
+    SignedReq, assert_s3_error, assert_status, complete, exists, fails, list_parts, mkbucket, put,
+    read, s3err, server_with_bucket,
+};
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, RequestChecksumCalculation};
+use aws_sdk_s3::operation::create_multipart_upload::builders::CreateMultipartUploadFluentBuilder;
+use aws_sdk_s3::operation::get_object::GetObjectOutput;
+use aws_sdk_s3::operation::get_object_attributes::builders::GetObjectAttributesFluentBuilder;
+use aws_sdk_s3::operation::head_object::HeadObjectOutput;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     ChecksumAlgorithm, ChecksumMode, ChecksumType, CompletedMultipartUpload, CompletedPart,
     ObjectAttributes,
 };
 use base64::Engine as _;
-use bytes::Bytes;
 use sha2::Digest as _;
 
 fn b64(b: &[u8]) -> String {
@@ -94,15 +99,56 @@ fn bare_client(s: &Server) -> Client {
     Client::from_conf(conf)
 }
 
-async fn exists(c: &Client, b: &str, k: &str) -> bool {
-    c.head_object().bucket(b).key(k).send().await.is_ok()
+/// GetObject of `b/k` with checksum mode on.
+async fn get_checked(c: &Client, b: &str, k: &str) -> GetObjectOutput {
+    let req = c.get_object().bucket(b).key(k);
+    req.checksum_mode(ChecksumMode::Enabled)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// HeadObject of `b/k` with checksum mode on.
+async fn head_checked(c: &Client, b: &str, k: &str) -> HeadObjectOutput {
+    let req = c.head_object().bucket(b).key(k);
+    req.checksum_mode(ChecksumMode::Enabled)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The body of a GetObject.
+async fn body(o: GetObjectOutput) -> Vec<u8> {
+    o.body.collect().await.unwrap().to_vec()
+}
+
+/// CreateMultipartUpload of `b/k` with algorithm `a`.
+fn create_with(
+    c: &Client,
+    b: &str,
+    k: &str,
+    a: &ChecksumAlgorithm,
+) -> CreateMultipartUploadFluentBuilder {
+    c.create_multipart_upload()
+        .bucket(b)
+        .key(k)
+        .checksum_algorithm(a.clone())
+}
+
+/// GetObjectAttributes of `b/k`, asking for `attributes`.
+fn attributes(
+    c: &Client,
+    b: &str,
+    k: &str,
+    attributes: &[ObjectAttributes],
+) -> GetObjectAttributesFluentBuilder {
+    let req = c.get_object_attributes().bucket(b).key(k);
+    req.set_object_attributes(Some(attributes.to_vec()))
 }
 
 #[tokio::test]
 async fn put_get_head_with_each_algorithm() {
-    let s = Server::start();
-    let c = s.admin();
-    c.create_bucket().bucket("cks").send().await.unwrap();
+    let (s, c) = server_with_bucket("cks").await;
     let d = data(300_001, 1);
     for a in ALL {
         let key = format!("obj-{}", a.as_str());
@@ -111,77 +157,38 @@ async fn put_get_head_with_each_algorithm() {
             .put_object()
             .bucket("cks")
             .key(&key)
-            .checksum_algorithm(a.clone())
-            .body(ByteStream::from(d.clone()))
-            .send()
-            .await
-            .unwrap();
+            .checksum_algorithm(a.clone());
+        let put = put.body(ByteStream::from(d.clone())).send().await.unwrap();
         assert_eq!(value_of!(put, &a).as_deref(), Some(want.as_str()), "{a:?}");
         assert_eq!(put.checksum_type(), Some(&ChecksumType::FullObject));
         // GET with checksum mode: the value and type come back, and the SDK
         // validates the body against the value.
-        let got = c
-            .get_object()
-            .bucket("cks")
-            .key(&key)
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .unwrap();
+        let got = get_checked(&c, "cks", &key).await;
         assert_eq!(value_of!(got, &a).as_deref(), Some(want.as_str()), "{a:?}");
         assert_eq!(count_of!(got), 1);
         assert_eq!(got.checksum_type(), Some(&ChecksumType::FullObject));
-        assert!(got.body.collect().await.unwrap().into_bytes() == d);
-        let head = c
-            .head_object()
-            .bucket("cks")
-            .key(&key)
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .unwrap();
+        assert!(body(got).await == d);
+        let head = head_checked(&c, "cks", &key).await;
         assert_eq!(value_of!(head, &a).as_deref(), Some(want.as_str()));
         assert_eq!(head.checksum_type(), Some(&ChecksumType::FullObject));
         // Without checksum mode, and for a range: no checksum.
-        let head = c
-            .head_object()
-            .bucket("cks")
-            .key(&key)
-            .send()
-            .await
-            .unwrap();
+        let head = crate::support::head(&c, "cks", &key).await.unwrap();
         assert_eq!(count_of!(head), 0);
         assert!(head.checksum_type().is_none());
-        let ranged = c
-            .get_object()
-            .bucket("cks")
-            .key(&key)
-            .range("bytes=0-9")
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .unwrap();
+        let ranged = c.get_object().bucket("cks").key(&key).range("bytes=0-9");
+        let ranged = ranged.checksum_mode(ChecksumMode::Enabled).send().await;
+        let ranged = ranged.unwrap();
         assert_eq!(count_of!(ranged), 0);
-        assert_eq!(ranged.body.collect().await.unwrap().into_bytes().len(), 10);
+        assert_eq!(body(ranged).await.len(), 10);
     }
     // A value given as a header (not a trailer) is stored too.
     let v = b64(&sum(&ChecksumAlgorithm::Sha256, b"hello"));
-    c.put_object()
-        .bucket("cks")
-        .key("hdr")
-        .checksum_sha256(&v)
-        .body(ByteStream::from_static(b"hello"))
+    let put = c.put_object().bucket("cks").key("hdr").checksum_sha256(&v);
+    put.body(ByteStream::from_static(b"hello"))
         .send()
         .await
         .unwrap();
-    let head = c
-        .head_object()
-        .bucket("cks")
-        .key("hdr")
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
+    let head = head_checked(&c, "cks", "hdr").await;
     assert_eq!(head.checksum_sha256(), Some(v.as_str()));
     // Listings name each object's algorithm and type.
     let list = c.list_objects_v2().bucket("cks").send().await.unwrap();
@@ -197,126 +204,64 @@ async fn put_get_head_with_each_algorithm() {
     // Stored on disk: the values survive a restart.
     let mut s = s;
     s.restart();
-    let c = s.admin();
-    let head = c
-        .head_object()
-        .bucket("cks")
-        .key("obj-CRC32C")
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        head.checksum_crc32_c(),
-        Some(b64(&sum(&ChecksumAlgorithm::Crc32C, &d)).as_str())
-    );
+    let head = head_checked(&s.admin(), "cks", "obj-CRC32C").await;
+    let want = b64(&sum(&ChecksumAlgorithm::Crc32C, &d));
+    assert_eq!(head.checksum_crc32_c(), Some(want.as_str()));
 }
 
 #[tokio::test]
 async fn wrong_and_malformed_values_store_nothing() {
-    let s = Server::start();
-    let c = s.admin();
-    c.create_bucket().bucket("bad").send().await.unwrap();
-    c.put_object()
-        .bucket("bad")
-        .key("kept")
-        .body(ByteStream::from_static(b"old"))
-        .send()
-        .await
-        .unwrap();
+    let (s, c) = server_with_bucket("bad").await;
+    put(&c, "bad", "kept", b"old").await;
     for (a, key) in [
         (ChecksumAlgorithm::Crc32, "new"),
         (ChecksumAlgorithm::Crc64Nvme, "kept"),
         (ChecksumAlgorithm::Sha1, "new"),
     ] {
         let wrong = b64(&sum(&a, b"not the body"));
-        let mut req = c
-            .put_object()
-            .bucket("bad")
-            .key(key)
-            .body(ByteStream::from_static(b"the body"));
-        req = match a {
+        let req = c.put_object().bucket("bad").key(key);
+        let req = req.body(ByteStream::from_static(b"the body"));
+        let req = match a {
             ChecksumAlgorithm::Crc32 => req.checksum_crc32(&wrong),
             ChecksumAlgorithm::Crc64Nvme => req.checksum_crc64_nvme(&wrong),
             _ => req.checksum_sha1(&wrong),
         };
-        let (code, status) = err(req.send().await.unwrap_err());
+        let (code, status) = fails(req.send().await);
         assert_eq!((code.as_str(), status), ("BadDigest", 400), "{a:?}");
     }
     assert!(!exists(&c, "bad", "new").await);
-    let old = c
-        .get_object()
-        .bucket("bad")
-        .key("kept")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(&old.body.collect().await.unwrap().into_bytes()[..], b"old");
+    assert_eq!(read(&c, "bad", "kept").await.unwrap(), b"old");
     // Not base64, or the wrong length for the algorithm: InvalidRequest.
     for v in ["not base64!", "AAAA", "AAAAAAAAAAA="] {
-        let (code, status) = err(c
-            .put_object()
-            .bucket("bad")
-            .key("new")
-            .checksum_crc32(v)
-            .body(ByteStream::from_static(b"x"))
-            .send()
-            .await
-            .unwrap_err());
+        let req = c.put_object().bucket("bad").key("new").checksum_crc32(v);
+        let (code, status) = fails(req.body(ByteStream::from_static(b"x")).send().await);
         assert_eq!((code.as_str(), status), ("InvalidRequest", 400), "{v}");
     }
     assert!(!exists(&c, "bad", "new").await);
     // The trailer path (aws-chunked, STREAMING-UNSIGNED-PAYLOAD-TRAILER)
     // with a wrong value, then the right one.
     let url = s.url("/bad/trailer");
-    let body = format!(
-        "5\r\nhello\r\n0\r\nx-amz-checksum-crc32:{}\r\n\r\n",
-        b64(&sum(&ChecksumAlgorithm::Crc32, b"HELLO"))
-    );
-    let extra = [
-        ("content-encoding", "aws-chunked"),
-        ("x-amz-decoded-content-length", "5"),
-        ("x-amz-trailer", "x-amz-checksum-crc32"),
-        ("x-amz-sdk-checksum-algorithm", "CRC32"),
-    ];
-    let send = |body: String| {
-        let headers = sign_v4(
-            "PUT",
-            &url,
-            &extra,
-            aws_sigv4::http_request::SignableBody::StreamingUnsignedPayloadTrailer,
-            SystemTime::now(),
-        );
-        let url = url.clone();
-        async move {
-            let hs: Vec<(&str, &str)> = headers
-                .iter()
-                .filter(|(k, _)| k != "host")
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            raw("PUT", &url, &hs, Bytes::from(body)).await
-        }
+    let trailed = |crc: String| format!("5\r\nhello\r\n0\r\nx-amz-checksum-crc32:{crc}\r\n\r\n");
+    let req = SignedReq {
+        signed: vec![
+            ("content-encoding", "aws-chunked"),
+            ("x-amz-decoded-content-length", "5"),
+            ("x-amz-trailer", "x-amz-checksum-crc32"),
+            ("x-amz-sdk-checksum-algorithm", "CRC32"),
+        ],
+        payload: aws_sigv4::http_request::SignableBody::StreamingUnsignedPayloadTrailer,
+        ..SignedReq::default()
     };
-    let r = send(body).await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"), "{}", r.text());
+    let wrong = trailed(b64(&sum(&ChecksumAlgorithm::Crc32, b"HELLO")));
+    let r = req.send("PUT", &url, wrong).await;
+    assert_s3_error(&r, 400, "BadDigest");
     assert!(!exists(&c, "bad", "trailer").await);
     // The same with the right trailer: stored with its CRC32.
     let right = b64(&sum(&ChecksumAlgorithm::Crc32, b"hello"));
-    let r = send(format!(
-        "5\r\nhello\r\n0\r\nx-amz-checksum-crc32:{right}\r\n\r\n"
-    ))
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = req.send("PUT", &url, trailed(right.clone())).await;
+    assert_status(&r, 200);
     assert_eq!(r.header("x-amz-checksum-crc32"), Some(right.as_str()));
-    let head = c
-        .head_object()
-        .bucket("bad")
-        .key("trailer")
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
+    let head = head_checked(&c, "bad", "trailer").await;
     assert_eq!(head.checksum_crc32(), Some(right.as_str()));
 }
 
@@ -324,29 +269,16 @@ async fn wrong_and_malformed_values_store_nothing() {
 async fn a_put_without_checksum_gets_crc64nvme() {
     let s = Server::start();
     let c = bare_client(&s);
-    c.create_bucket().bucket("dflt").send().await.unwrap();
+    mkbucket(&c, "dflt").await.unwrap();
     let d = data(70_000, 3);
-    let put = c
-        .put_object()
-        .bucket("dflt")
-        .key("k")
-        .body(ByteStream::from(d.clone()))
-        .send()
-        .await
-        .unwrap();
+    let put = c.put_object().bucket("dflt").key("k");
+    let put = put.body(ByteStream::from(d.clone())).send().await.unwrap();
     let want = b64(&sum(&ChecksumAlgorithm::Crc64Nvme, &d));
     assert_eq!(put.checksum_crc64_nvme(), Some(want.as_str()));
-    let got = c
-        .get_object()
-        .bucket("dflt")
-        .key("k")
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
+    let got = get_checked(&c, "dflt", "k").await;
     assert_eq!(got.checksum_crc64_nvme(), Some(want.as_str()));
     assert_eq!(count_of!(got), 1);
-    assert!(got.body.collect().await.unwrap().into_bytes() == d);
+    assert!(body(got).await == d);
 }
 
 async fn upload_parts(
@@ -360,32 +292,39 @@ async fn upload_parts(
     let mut out = Vec::new();
     for (i, p) in parts.iter().enumerate() {
         let n = i32::try_from(i + 1).unwrap();
-        let r = c
+        let req = c
             .upload_part()
             .bucket(b)
             .key(k)
             .upload_id(id)
-            .part_number(n)
-            .checksum_algorithm(a.clone())
-            .body(ByteStream::from(p.clone()))
-            .send()
-            .await
-            .unwrap();
+            .part_number(n);
+        let req = req.checksum_algorithm(a.clone());
+        let r = req.body(ByteStream::from(p.clone())).send().await.unwrap();
         let v = value_of!(r, a).expect("part checksum returned");
         assert_eq!(v, b64(&sum(a, p)), "part {n}");
-        let mut cp = CompletedPart::builder()
-            .part_number(n)
-            .e_tag(r.e_tag().unwrap());
-        cp = match a {
-            ChecksumAlgorithm::Crc32 => cp.checksum_crc32(v),
-            ChecksumAlgorithm::Crc32C => cp.checksum_crc32_c(v),
-            ChecksumAlgorithm::Crc64Nvme => cp.checksum_crc64_nvme(v),
-            ChecksumAlgorithm::Sha1 => cp.checksum_sha1(v),
-            _ => cp.checksum_sha256(v),
-        };
-        out.push(cp.build());
+        out.push(with_checksum(part(n, r.e_tag().unwrap()), a, v).build());
     }
     out
+}
+
+/// A completed part `n` with ETag `etag`.
+fn part(n: i32, etag: &str) -> aws_sdk_s3::types::builders::CompletedPartBuilder {
+    CompletedPart::builder().part_number(n).e_tag(etag)
+}
+
+/// `p` with the checksum `v` of algorithm `a`.
+fn with_checksum(
+    p: aws_sdk_s3::types::builders::CompletedPartBuilder,
+    a: &ChecksumAlgorithm,
+    v: String,
+) -> aws_sdk_s3::types::builders::CompletedPartBuilder {
+    match a {
+        ChecksumAlgorithm::Crc32 => p.checksum_crc32(v),
+        ChecksumAlgorithm::Crc32C => p.checksum_crc32_c(v),
+        ChecksumAlgorithm::Crc64Nvme => p.checksum_crc64_nvme(v),
+        ChecksumAlgorithm::Sha1 => p.checksum_sha1(v),
+        _ => p.checksum_sha256(v),
+    }
 }
 
 fn mpu(parts: Vec<CompletedPart>) -> CompletedMultipartUpload {
@@ -396,45 +335,25 @@ fn mpu(parts: Vec<CompletedPart>) -> CompletedMultipartUpload {
 
 #[tokio::test]
 async fn multipart_composite() {
-    let s = Server::start();
-    let c = s.admin();
-    c.create_bucket().bucket("mpu").send().await.unwrap();
+    let (_s, c) = server_with_bucket("mpu").await;
     let parts = vec![data(5 << 20, 21), data(5 << 20, 22), data(123_457, 23)];
     let whole: Vec<u8> = parts.concat();
     for a in [ChecksumAlgorithm::Crc32, ChecksumAlgorithm::Sha256] {
         let key = format!("comp-{}", a.as_str());
-        let up = c
-            .create_multipart_upload()
-            .bucket("mpu")
-            .key(&key)
-            .checksum_algorithm(a.clone())
-            .send()
-            .await
-            .unwrap();
+        let up = create_with(&c, "mpu", &key, &a).send().await.unwrap();
         assert_eq!(up.checksum_algorithm(), Some(&a));
         assert_eq!(up.checksum_type(), Some(&ChecksumType::Composite));
         let id = up.upload_id().unwrap().to_owned();
         let done = upload_parts(&c, "mpu", &key, &id, &a, &parts).await;
         // ListParts: the upload's algorithm and type, each part's value.
-        let lp = c
-            .list_parts()
-            .bucket("mpu")
-            .key(&key)
-            .upload_id(&id)
-            .send()
-            .await
-            .unwrap();
+        let lp = list_parts(&c, "mpu", &key, &id).await;
         assert_eq!(lp.checksum_algorithm(), Some(&a));
         assert_eq!(lp.checksum_type(), Some(&ChecksumType::Composite));
         for (p, d) in lp.parts().iter().zip(&parts) {
             assert_eq!(value_of!(p, &a), Some(b64(&sum(&a, d))));
         }
-        let ups = c
-            .list_multipart_uploads()
-            .bucket("mpu")
-            .send()
-            .await
-            .unwrap();
+        let ups = c.list_multipart_uploads().bucket("mpu").send().await;
+        let ups = ups.unwrap();
         let u = ups
             .uploads()
             .iter()
@@ -444,79 +363,38 @@ async fn multipart_composite() {
         // A Complete that leaves out a part's checksum, or lists a wrong
         // one, is refused and the upload stays.
         let mut missing = done.clone();
-        missing[1] = CompletedPart::builder()
-            .part_number(2)
-            .e_tag(done[1].e_tag().unwrap())
-            .build();
-        let (code, status) = err(c
-            .complete_multipart_upload()
-            .bucket("mpu")
-            .key(&key)
-            .upload_id(&id)
-            .multipart_upload(mpu(missing))
-            .send()
-            .await
-            .unwrap_err());
-        assert_eq!((code.as_str(), status), ("InvalidRequest", 400));
+        missing[1] = part(2, done[1].e_tag().unwrap()).build();
+        let refused = complete(&c, "mpu", &key, &id, mpu(missing)).await;
+        assert_eq!(refused.unwrap_err(), s3err("InvalidRequest", 400));
         let mut wrong = done.clone();
-        let mut b = CompletedPart::builder()
-            .part_number(1)
-            .e_tag(done[0].e_tag().unwrap());
-        let other = b64(&sum(&a, b"other"));
-        b = if a == ChecksumAlgorithm::Crc32 {
-            b.checksum_crc32(other)
-        } else {
-            b.checksum_sha256(other)
-        };
-        wrong[0] = b.build();
-        let (code, status) = err(c
-            .complete_multipart_upload()
-            .bucket("mpu")
-            .key(&key)
-            .upload_id(&id)
-            .multipart_upload(mpu(wrong))
-            .send()
-            .await
-            .unwrap_err());
-        assert_eq!((code.as_str(), status), ("InvalidPart", 400));
+        wrong[0] = with_checksum(
+            part(1, done[0].e_tag().unwrap()),
+            &a,
+            b64(&sum(&a, b"other")),
+        )
+        .build();
+        let refused = complete(&c, "mpu", &key, &id, mpu(wrong)).await;
+        assert_eq!(refused.unwrap_err(), s3err("InvalidPart", 400));
         // The right list: checksum of the concatenated part checksums, -3.
         let raws: Vec<u8> = parts.iter().flat_map(|p| sum(&a, p)).collect();
         let want = format!("{}-3", b64(&sum(&a, &raws)));
-        let out = c
-            .complete_multipart_upload()
-            .bucket("mpu")
-            .key(&key)
-            .upload_id(&id)
-            .multipart_upload(mpu(done))
-            .send()
-            .await
-            .unwrap();
+        let out = complete(&c, "mpu", &key, &id, mpu(done)).await.unwrap();
         assert_eq!(value_of!(out, &a), Some(want.clone()));
         assert_eq!(out.checksum_type(), Some(&ChecksumType::Composite));
-        let got = c
-            .get_object()
-            .bucket("mpu")
-            .key(&key)
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .unwrap();
+        let got = get_checked(&c, "mpu", &key).await;
         assert_eq!(value_of!(got, &a), Some(want.clone()));
         assert_eq!(got.checksum_type(), Some(&ChecksumType::Composite));
-        assert!(got.body.collect().await.unwrap().into_bytes() == whole);
+        assert!(body(got).await == whole);
         // GetObjectAttributes: ETag, checksum (without "-3"), parts.
-        let at = c
-            .get_object_attributes()
-            .bucket("mpu")
-            .key(&key)
-            .object_attributes(ObjectAttributes::Etag)
-            .object_attributes(ObjectAttributes::Checksum)
-            .object_attributes(ObjectAttributes::ObjectParts)
-            .object_attributes(ObjectAttributes::ObjectSize)
-            .object_attributes(ObjectAttributes::StorageClass)
-            .send()
-            .await
-            .unwrap();
+        use ObjectAttributes as A;
+        let every = [
+            A::Etag,
+            A::Checksum,
+            A::ObjectParts,
+            A::ObjectSize,
+            A::StorageClass,
+        ];
+        let at = attributes(&c, "mpu", &key, &every).send().await.unwrap();
         assert!(at.e_tag().unwrap().trim_matches('"').ends_with("-3"));
         assert_eq!(at.object_size(), Some(whole.len() as i64));
         assert_eq!(at.storage_class().map(|s| s.as_str()), Some("STANDARD"));
@@ -533,29 +411,14 @@ async fn multipart_composite() {
             assert_eq!(value_of!(p, &a), Some(b64(&sum(&a, d))));
         }
         // Paging through the parts.
-        let at = c
-            .get_object_attributes()
-            .bucket("mpu")
-            .key(&key)
-            .object_attributes(ObjectAttributes::ObjectParts)
-            .max_parts(2)
-            .send()
-            .await
-            .unwrap();
+        let object_parts = || attributes(&c, "mpu", &key, &[A::ObjectParts]);
+        let at = object_parts().max_parts(2).send().await.unwrap();
         let op = at.object_parts().unwrap();
         assert_eq!(op.parts().len(), 2);
         assert_eq!(op.is_truncated(), Some(true));
         assert_eq!(op.next_part_number_marker(), Some("2"));
         assert!(at.e_tag().is_none() && at.checksum().is_none());
-        let at = c
-            .get_object_attributes()
-            .bucket("mpu")
-            .key(&key)
-            .object_attributes(ObjectAttributes::ObjectParts)
-            .part_number_marker("2")
-            .send()
-            .await
-            .unwrap();
+        let at = object_parts().part_number_marker("2").send().await.unwrap();
         let op = at.object_parts().unwrap();
         assert_eq!(op.parts().len(), 1);
         assert_eq!(op.parts()[0].part_number(), Some(3));
@@ -565,9 +428,7 @@ async fn multipart_composite() {
 
 #[tokio::test]
 async fn multipart_full_object() {
-    let s = Server::start();
-    let c = s.admin();
-    c.create_bucket().bucket("fob").send().await.unwrap();
+    let (_s, c) = server_with_bucket("fob").await;
     let parts = vec![data(5 << 20, 31), data((5 << 20) + 17, 32), data(9, 33)];
     let whole: Vec<u8> = parts.concat();
     for (a, explicit) in [
@@ -576,11 +437,7 @@ async fn multipart_full_object() {
         (ChecksumAlgorithm::Crc32C, true),
     ] {
         let key = format!("full-{}", a.as_str());
-        let mut create = c
-            .create_multipart_upload()
-            .bucket("fob")
-            .key(&key)
-            .checksum_algorithm(a.clone());
+        let mut create = create_with(&c, "fob", &key, &a);
         if explicit {
             create = create.checksum_type(ChecksumType::FullObject);
         }
@@ -588,25 +445,18 @@ async fn multipart_full_object() {
         assert_eq!(up.checksum_type(), Some(&ChecksumType::FullObject));
         let id = up.upload_id().unwrap().to_owned();
         let done = upload_parts(&c, "fob", &key, &id, &a, &parts).await;
-        let lp = c
-            .list_parts()
-            .bucket("fob")
-            .key(&key)
-            .upload_id(&id)
-            .send()
-            .await
-            .unwrap();
+        let lp = list_parts(&c, "fob", &key, &id).await;
         assert_eq!(lp.checksum_type(), Some(&ChecksumType::FullObject));
         let want = b64(&sum(&a, &whole));
         let complete = |v: &str| {
-            let mut r = c
+            let r = c
                 .complete_multipart_upload()
                 .bucket("fob")
                 .key(&key)
-                .upload_id(&id)
-                .checksum_type(ChecksumType::FullObject)
-                .multipart_upload(mpu(done.clone()));
-            r = match a {
+                .upload_id(&id);
+            let r = r.checksum_type(ChecksumType::FullObject);
+            let r = r.multipart_upload(mpu(done.clone()));
+            let r = match a {
                 ChecksumAlgorithm::Crc64Nvme => r.checksum_crc64_nvme(v),
                 ChecksumAlgorithm::Crc32 => r.checksum_crc32(v),
                 _ => r.checksum_crc32_c(v),
@@ -614,24 +464,17 @@ async fn multipart_full_object() {
             r.send()
         };
         // A wrong whole-object value is BadDigest, the upload stays.
-        let (code, status) = err(complete(&b64(&sum(&a, b"x"))).await.unwrap_err());
+        let (code, status) = fails(complete(&b64(&sum(&a, b"x"))).await);
         assert_eq!((code.as_str(), status), ("BadDigest", 400));
         assert!(!exists(&c, "fob", &key).await);
         let out = complete(&want).await.unwrap();
         assert_eq!(value_of!(out, &a), Some(want.clone()));
         assert_eq!(out.checksum_type(), Some(&ChecksumType::FullObject));
         // GET validates the whole body against the combined CRC.
-        let got = c
-            .get_object()
-            .bucket("fob")
-            .key(&key)
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .unwrap();
+        let got = get_checked(&c, "fob", &key).await;
         assert_eq!(value_of!(got, &a), Some(want.clone()));
         assert_eq!(got.checksum_type(), Some(&ChecksumType::FullObject));
-        assert!(got.body.collect().await.unwrap().into_bytes() == whole);
+        assert!(body(got).await == whole);
     }
     // An upload created without a checksum: parts may carry one (checked),
     // the object has none.
@@ -639,304 +482,121 @@ async fn multipart_full_object() {
         .create_multipart_upload()
         .bucket("fob")
         .key("plain")
-        .send()
-        .await
-        .unwrap();
+        .send();
+    let up = up.await.unwrap();
     assert!(up.checksum_algorithm().is_none());
     let id = up.upload_id().unwrap().to_owned();
-    let done = upload_parts(
-        &c,
-        "fob",
-        "plain",
-        &id,
-        &ChecksumAlgorithm::Crc32,
-        &parts[2..],
-    )
-    .await;
-    let out = c
-        .complete_multipart_upload()
-        .bucket("fob")
-        .key("plain")
-        .upload_id(&id)
-        .multipart_upload(mpu(done))
-        .send()
-        .await
-        .unwrap();
+    let crc32 = ChecksumAlgorithm::Crc32;
+    let done = upload_parts(&c, "fob", "plain", &id, &crc32, &parts[2..]).await;
+    let out = complete(&c, "fob", "plain", &id, mpu(done)).await.unwrap();
     assert_eq!(count_of!(out), 0);
 }
 
 #[tokio::test]
 async fn multipart_rules() {
-    let s = Server::start();
-    let c = s.admin();
+    let (s, c) = server_with_bucket("rules").await;
     let bare = bare_client(&s);
-    c.create_bucket().bucket("rules").send().await.unwrap();
     for (a, t) in [
         (ChecksumAlgorithm::Crc64Nvme, ChecksumType::Composite),
         (ChecksumAlgorithm::Sha256, ChecksumType::FullObject),
         (ChecksumAlgorithm::Sha1, ChecksumType::FullObject),
     ] {
-        let (code, status) = err(c
-            .create_multipart_upload()
-            .bucket("rules")
-            .key("k")
-            .checksum_algorithm(a.clone())
-            .checksum_type(t.clone())
-            .send()
-            .await
-            .unwrap_err());
-        assert_eq!(
-            (code.as_str(), status),
-            ("InvalidRequest", 400),
-            "{a:?} {t:?}"
-        );
+        let create = create_with(&c, "rules", "k", &a).checksum_type(t.clone());
+        let (code, status) = fails(create.send().await);
+        let got = (code.as_str(), status);
+        assert_eq!(got, ("InvalidRequest", 400), "{a:?} {t:?}");
     }
     // A type without an algorithm.
-    let (code, _) = err(c
-        .create_multipart_upload()
-        .bucket("rules")
-        .key("k")
-        .checksum_type(ChecksumType::FullObject)
-        .send()
-        .await
-        .unwrap_err());
-    assert_eq!(code, "InvalidRequest");
+    let create = c.create_multipart_upload().bucket("rules").key("k");
+    let create = create.checksum_type(ChecksumType::FullObject).send().await;
+    assert_eq!(fails(create).0, "InvalidRequest");
     // An upload created with SHA1 takes only parts that carry a SHA1.
-    let id = c
-        .create_multipart_upload()
-        .bucket("rules")
-        .key("k")
-        .checksum_algorithm(ChecksumAlgorithm::Sha1)
-        .send()
-        .await
-        .unwrap()
-        .upload_id()
-        .unwrap()
-        .to_owned();
-    let (code, status) = err(bare
-        .upload_part()
-        .bucket("rules")
-        .key("k")
-        .upload_id(&id)
-        .part_number(1)
-        .body(ByteStream::from_static(b"part"))
-        .send()
-        .await
-        .unwrap_err());
+    let sha1 = ChecksumAlgorithm::Sha1;
+    let up = create_with(&c, "rules", "k", &sha1).send().await.unwrap();
+    let id = up.upload_id().unwrap().to_owned();
+    let part_one = |c: &Client| {
+        let req = c.upload_part().bucket("rules").key("k").upload_id(&id);
+        req.part_number(1).body(ByteStream::from_static(b"part"))
+    };
+    let (code, status) = fails(part_one(&bare).send().await);
     assert_eq!((code.as_str(), status), ("InvalidRequest", 400));
-    let (code, _) = err(c
-        .upload_part()
-        .bucket("rules")
-        .key("k")
-        .upload_id(&id)
-        .part_number(1)
-        .checksum_algorithm(ChecksumAlgorithm::Crc32)
-        .body(ByteStream::from_static(b"part"))
-        .send()
-        .await
-        .unwrap_err());
-    assert_eq!(code, "InvalidRequest");
+    let crc32 = part_one(&c).checksum_algorithm(ChecksumAlgorithm::Crc32);
+    assert_eq!(fails(crc32.send().await).0, "InvalidRequest");
     // A wrong part checksum: BadDigest, no part stored.
-    let (code, status) = err(c
-        .upload_part()
-        .bucket("rules")
-        .key("k")
-        .upload_id(&id)
-        .part_number(1)
-        .checksum_sha1(b64(&sum(&ChecksumAlgorithm::Sha1, b"other")))
-        .body(ByteStream::from_static(b"part"))
-        .send()
-        .await
-        .unwrap_err());
+    let wrong = part_one(&c).checksum_sha1(b64(&sum(&sha1, b"other")));
+    let (code, status) = fails(wrong.send().await);
     assert_eq!((code.as_str(), status), ("BadDigest", 400));
-    let lp = c
-        .list_parts()
-        .bucket("rules")
-        .key("k")
-        .upload_id(&id)
-        .send()
-        .await
-        .unwrap();
-    assert!(lp.parts().is_empty());
-    let done = upload_parts(
-        &c,
-        "rules",
-        "k",
-        &id,
-        &ChecksumAlgorithm::Sha1,
-        &[b"part".to_vec()],
-    )
-    .await;
+    assert!(list_parts(&c, "rules", "k", &id).await.parts().is_empty());
+    let part = [b"part".to_vec()];
+    let done = upload_parts(&c, "rules", "k", &id, &sha1, &part).await;
     // A Complete naming the other type is refused.
-    let (code, _) = err(c
-        .complete_multipart_upload()
-        .bucket("rules")
-        .key("k")
-        .upload_id(&id)
-        .checksum_type(ChecksumType::FullObject)
-        .multipart_upload(mpu(done.clone()))
-        .send()
-        .await
-        .unwrap_err());
-    assert_eq!(code, "InvalidRequest");
-    let out = c
-        .complete_multipart_upload()
-        .bucket("rules")
-        .key("k")
-        .upload_id(&id)
-        .multipart_upload(mpu(done))
-        .send()
-        .await
-        .unwrap();
-    let raw_part = sum(&ChecksumAlgorithm::Sha1, b"part");
-    assert_eq!(
-        out.checksum_sha1(),
-        Some(format!("{}-1", b64(&sum(&ChecksumAlgorithm::Sha1, &raw_part))).as_str())
-    );
+    let other = c.complete_multipart_upload().bucket("rules").key("k");
+    let other = other.upload_id(&id).checksum_type(ChecksumType::FullObject);
+    let other = other.multipart_upload(mpu(done.clone())).send().await;
+    assert_eq!(fails(other).0, "InvalidRequest");
+    let out = complete(&c, "rules", "k", &id, mpu(done)).await.unwrap();
+    let raw_part = sum(&sha1, b"part");
+    let want = format!("{}-1", b64(&sum(&sha1, &raw_part)));
+    assert_eq!(out.checksum_sha1(), Some(want.as_str()));
 }
 
 #[tokio::test]
 async fn copy_and_attributes() {
-    let s = Server::start();
-    let c = s.admin();
-    c.create_bucket().bucket("cpy").send().await.unwrap();
+    let (_s, c) = server_with_bucket("cpy").await;
     let d = data(1_000_000, 41);
-    c.put_object()
-        .bucket("cpy")
-        .key("src")
-        .checksum_algorithm(ChecksumAlgorithm::Crc32C)
-        .body(ByteStream::from(d.clone()))
-        .send()
-        .await
-        .unwrap();
+    let src = c.put_object().bucket("cpy").key("src");
+    let src = src.checksum_algorithm(ChecksumAlgorithm::Crc32C);
+    src.body(ByteStream::from(d.clone())).send().await.unwrap();
     let crc32c = b64(&sum(&ChecksumAlgorithm::Crc32C, &d));
+    let copy = |k: &str| c.copy_object().bucket("cpy").key(k).copy_source("cpy/src");
     // The copy keeps the source's checksum.
-    let out = c
-        .copy_object()
-        .bucket("cpy")
-        .key("same")
-        .copy_source("cpy/src")
-        .send()
-        .await
-        .unwrap();
+    let out = copy("same").send().await.unwrap();
     let r = out.copy_object_result().unwrap();
     assert_eq!(r.checksum_crc32_c(), Some(crc32c.as_str()));
     assert_eq!(r.checksum_type(), Some(&ChecksumType::FullObject));
-    let head = c
-        .head_object()
-        .bucket("cpy")
-        .key("same")
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
+    let head = head_checked(&c, "cpy", "same").await;
     assert_eq!(head.checksum_crc32_c(), Some(crc32c.as_str()));
     // Asked for another algorithm: computed over the copied bytes.
     let sha = b64(&sum(&ChecksumAlgorithm::Sha256, &d));
-    let out = c
-        .copy_object()
-        .bucket("cpy")
-        .key("sha")
-        .copy_source("cpy/src")
+    let out = copy("sha")
         .checksum_algorithm(ChecksumAlgorithm::Sha256)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        out.copy_object_result().unwrap().checksum_sha256(),
-        Some(sha.as_str())
-    );
-    let got = c
-        .get_object()
-        .bucket("cpy")
-        .key("sha")
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
+        .send();
+    let out = out.await.unwrap();
+    let r = out.copy_object_result().unwrap();
+    assert_eq!(r.checksum_sha256(), Some(sha.as_str()));
+    let got = get_checked(&c, "cpy", "sha").await;
     assert_eq!(got.checksum_sha256(), Some(sha.as_str()));
     assert_eq!(count_of!(got), 1);
-    assert!(got.body.collect().await.unwrap().into_bytes() == d);
+    assert!(body(got).await == d);
     // UploadPartCopy into an upload with a checksum algorithm: the part's
     // checksum is computed over the copied bytes.
-    let id = c
-        .create_multipart_upload()
-        .bucket("cpy")
-        .key("mpc")
-        .checksum_algorithm(ChecksumAlgorithm::Crc64Nvme)
-        .send()
-        .await
-        .unwrap()
-        .upload_id()
-        .unwrap()
-        .to_owned();
-    let part = c
-        .upload_part_copy()
-        .bucket("cpy")
-        .key("mpc")
-        .upload_id(&id)
-        .part_number(1)
-        .copy_source("cpy/src")
-        .send()
-        .await
-        .unwrap();
-    let crc64 = b64(&sum(&ChecksumAlgorithm::Crc64Nvme, &d));
-    let r = part.copy_part_result().unwrap();
-    assert_eq!(r.checksum_crc64_nvme(), Some(crc64.as_str()));
-    let out = c
-        .complete_multipart_upload()
-        .bucket("cpy")
-        .key("mpc")
-        .upload_id(&id)
-        .multipart_upload(mpu(vec![
-            CompletedPart::builder()
-                .part_number(1)
-                .e_tag(r.e_tag().unwrap())
-                .build(),
-        ]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(out.checksum_crc64_nvme(), Some(crc64.as_str()));
+    let crc64 = ChecksumAlgorithm::Crc64Nvme;
+    let up = create_with(&c, "cpy", "mpc", &crc64).send().await.unwrap();
+    let id = up.upload_id().unwrap().to_owned();
+    let copied = c.upload_part_copy().bucket("cpy").key("mpc").upload_id(&id);
+    let copied = copied.part_number(1).copy_source("cpy/src").send().await;
+    let copied = copied.unwrap();
+    let want = b64(&sum(&crc64, &d));
+    let r = copied.copy_part_result().unwrap();
+    assert_eq!(r.checksum_crc64_nvme(), Some(want.as_str()));
+    let done = mpu(vec![part(1, r.e_tag().unwrap()).build()]);
+    let out = complete(&c, "cpy", "mpc", &id, done).await.unwrap();
+    assert_eq!(out.checksum_crc64_nvme(), Some(want.as_str()));
     // GetObjectAttributes of a single-part object: no ObjectParts.
-    let at = c
-        .get_object_attributes()
-        .bucket("cpy")
-        .key("src")
-        .object_attributes(ObjectAttributes::Checksum)
-        .object_attributes(ObjectAttributes::ObjectParts)
-        .object_attributes(ObjectAttributes::ObjectSize)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        at.checksum().unwrap().checksum_crc32_c(),
-        Some(crc32c.as_str())
-    );
-    assert_eq!(
-        at.checksum().unwrap().checksum_type(),
-        Some(&ChecksumType::FullObject)
-    );
+    use ObjectAttributes as A;
+    let asked = [A::Checksum, A::ObjectParts, A::ObjectSize];
+    let at = attributes(&c, "cpy", "src", &asked).send().await.unwrap();
+    let ck = at.checksum().unwrap();
+    assert_eq!(ck.checksum_crc32_c(), Some(crc32c.as_str()));
+    assert_eq!(ck.checksum_type(), Some(&ChecksumType::FullObject));
     assert!(at.object_parts().is_none());
     assert_eq!(at.object_size(), Some(d.len() as i64));
     assert!(at.e_tag().is_none());
-    let (code, status) = err(c
-        .get_object_attributes()
-        .bucket("cpy")
-        .key("missing")
-        .object_attributes(ObjectAttributes::Etag)
-        .send()
-        .await
-        .unwrap_err());
-    assert_eq!((code.as_str(), status), ("NoSuchKey", 404));
+    let missing = attributes(&c, "cpy", "missing", &[A::Etag]).send().await;
+    assert_eq!(fails(missing), s3err("NoSuchKey", 404));
     // An unknown attribute name.
-    let (code, status) = err(c
-        .get_object_attributes()
-        .bucket("cpy")
-        .key("src")
-        .object_attributes(ObjectAttributes::from("Bogus"))
+    let bogus = attributes(&c, "cpy", "src", &[A::from("Bogus")])
         .send()
-        .await
-        .unwrap_err());
-    assert_eq!((code.as_str(), status), ("InvalidArgument", 400));
+        .await;
+    assert_eq!(fails(bogus), s3err("InvalidArgument", 400));
 }

@@ -15,3 +15,4 @@ mod hipobj;
 mod rdma;
 mod rdma_backoff;
 mod s3_api;
+mod support;
