@@ -2,7 +2,7 @@
 //! contract: gRPC and leases on one Unix socket, told apart by the first
 //! bytes, fds received with `SCM_RIGHTS`, object bytes written into (and read
 //! from) the passed memfds. (End-to-end tests against the real host-shim live
-//! in `host-shim/tests`.)
+//! in `e2e/tests/it/shim`.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

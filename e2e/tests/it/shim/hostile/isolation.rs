@@ -2,7 +2,7 @@
 //! each against real processes (as another uid where identity matters):
 //!
 //! 1. a fake shim: the clients' side, in `client/tests`,
-//!    `cli/tests` and `tests/python`; here, the shim refuses a
+//!    `e2e/tests/it/cli` and `tests/python`; here, the shim refuses a
 //!    socket directory others could write to;
 //! 2. memory before identification: strangers are closed at accept
 //!    (`e2e.rs::two_tenants_are_isolated`), a tenant's messages are bounded
@@ -12,7 +12,7 @@
 //!    idle gRPC connections are closed;
 //! 4. batches: items run as single requests holding the tenant's permits
 //!    and windows, minted when each starts; batches have a maximum size;
-//! 5. local state: the launcher's directories (`cli/tests`);
+//! 5. local state: the launcher's directories (`e2e/tests/it/cli`);
 //! 6. log forging: names a client chooses are logged escaped, and its
 //!    request id never replaces the shim's;
 //! 7. metrics behind a bearer token and on an owner-only Unix socket.

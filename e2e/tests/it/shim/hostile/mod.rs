@@ -28,14 +28,14 @@
 //! `HOSTILE_SEED` to replay a run.
 //!
 //! Covered elsewhere and not repeated: the tcp fabric's framing against
-//! single hand-made peers (`fabric/tests/tcp_protocol.rs`: bad frames,
+//! single hand-made peers (`fabric/tests/it/tcp_protocol.rs`: bad frames,
 //! oversized requests, drained refused payloads, an impostor endpoint, a
 //! revoke during a write); the target's refusals with a tenant endpoint of
-//! its own (`storage-target/tests/rdma.rs::refusals_and_failures`: unsigned
+//! its own (`storage-target/tests/it/rdma.rs::refusals_and_failures`: unsigned
 //! token, too small a window, dead endpoint, another key, revoke mid-GET);
-//! SigV4 and presigned basics (`storage-target/tests/auth.rs`); shim
+//! SigV4 and presigned basics (`storage-target/tests/it/auth.rs`); shim
 //! authentication and tenant policy at the agent
-//! (`dpu-agent/tests/security.rs`); bob using alice's lease and buffer ids
+//! (`e2e/tests/it/agent/security`); bob using alice's lease and buffer ids
 //! from his own uid, and hostile lease frames one by one
 //!
 //! The phases live in one module each, by attacker: [`socket_fuzz`]
