@@ -34,7 +34,7 @@ use s3s::{S3Request, S3Result, s3_error};
 
 use crate::acl::{Acl, Caller, Permission};
 use crate::config::{BucketGrant, User, default_canonical_id};
-use crate::server::OpSlot;
+use crate::http::OpSlot;
 use crate::store::{BucketInfo, Store, StoreError};
 
 /// What an operation needs before its handler runs.
@@ -361,7 +361,7 @@ impl S3Access for AccessCheck {
             slot.set(&op);
         }
         // The connection's per-user share (`connections.per_user`).
-        crate::server::claim_connection(cx)?;
+        crate::http::claim_connection(cx)?;
         // s3s verified the signature with this user's secret.
         let caller = match cx.credentials() {
             Some(c) => Some(self.users.get(&c.access_key).ok_or_else(denied)?),

@@ -34,8 +34,9 @@ pub mod attributes;
 pub mod auth;
 pub mod checksum;
 pub mod config;
+pub mod dialect;
 pub mod gateway;
-pub mod hipobj;
+pub mod http;
 pub mod metrics;
 pub mod precheck;
 pub mod rdma;
@@ -49,6 +50,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::info;
+
+use dialect::hipobj;
 
 /// Errors that stop the server from starting.
 #[derive(Debug, thiserror::Error)]
@@ -90,7 +93,7 @@ pub fn build_service(
     rdma: Arc<rdma::RdmaService>,
 ) -> s3s::service::S3Service {
     let users = auth::Users::new(users);
-    let front = s3::S3Store::new(
+    let front = s3::S3Api::new(
         Arc::clone(&store),
         cfg.region.clone(),
         users.clone(),
@@ -99,13 +102,13 @@ pub fn build_service(
     let access = auth::AccessCheck::new(users.clone(), store);
     let mut b = s3s::service::S3ServiceBuilder::new(front.clone());
     #[cfg(feature = "verbs")]
-    b.set_route(hipobj_route(
+    b.set_route(hipobj::route(
         cfg,
         &rdma,
         hipobj::StoreFront::shared(front, access.clone()),
     ));
     #[cfg(not(feature = "verbs"))]
-    b.set_route(hipobj::HipobjUnsupported(NO_VERBS_FEATURE));
+    b.set_route(hipobj::HipobjUnsupported(hipobj::NO_VERBS_FEATURE));
     b.set_validation(hipobj::ControlPathNames);
     b.set_auth(users);
     b.set_access(access);
@@ -115,43 +118,6 @@ pub fn build_service(
         s3cfg,
     ))));
     b.build()
-}
-
-/// Why a storage-target built without the `verbs` feature answers every
-/// hipobj-rc-v2 control request as unsupported (RC queue pairs need it).
-#[cfg(not(feature = "verbs"))]
-const NO_VERBS_FEATURE: &str = "this storage-target was built without the verbs feature";
-
-/// The hipobj-rc-v2 server over `front` (answering every control request
-/// as unsupported without a verbs device or with `rdma.hipobj.enabled:
-/// false`).
-#[cfg(feature = "verbs")]
-fn hipobj_route(
-    cfg: &config::Config,
-    rdma: &Arc<rdma::RdmaService>,
-    front: Arc<dyn hipobj::HipobjFront>,
-) -> impl s3s::route::S3Route {
-    let domain = cfg
-        .rdma
-        .hipobj
-        .enabled
-        .then(|| rdma.verbs_domain().cloned())
-        .flatten();
-    let why = if cfg.rdma.hipobj.enabled {
-        rdma.no_verbs_reason()
-    } else {
-        "rdma.hipobj.enabled is false"
-    };
-    let hipobj = hipobj::HipobjService::new(
-        domain,
-        why,
-        front,
-        cfg.rdma.hipobj.with_tenants(&cfg.rdma.tenant_users),
-        cfg.rdma.allowed_client_networks.clone(),
-        Arc::clone(rdma.metrics()),
-    );
-    hipobj.spawn_reaper();
-    hipobj::HipobjRoute(hipobj)
 }
 
 /// Builds the s3s service of the gateway (`store: s3`).
@@ -165,7 +131,7 @@ pub fn build_gateway_service(
     let users = auth::Users::new(users);
     let access = gateway::GatewayAccess::new(users.clone());
     #[cfg(feature = "verbs")]
-    let route = hipobj_route(
+    let route = hipobj::route(
         cfg,
         rdma,
         hipobj::GatewayFront::shared(gateway.clone(), access.clone(), users.clone()),
@@ -173,7 +139,7 @@ pub fn build_gateway_service(
     #[cfg(not(feature = "verbs"))]
     let route = {
         let _ = rdma;
-        hipobj::HipobjUnsupported(NO_VERBS_FEATURE)
+        hipobj::HipobjUnsupported(hipobj::NO_VERBS_FEATURE)
     };
     let mut b = s3s::service::S3ServiceBuilder::new(gateway);
     b.set_route(route);
@@ -375,7 +341,7 @@ pub async fn start(loaded: Loaded) -> Result<Running, StartError> {
             (service, format!("data_dir {}", data_dir.display()))
         }
     };
-    let handler = server::Handler::new(
+    let handler = http::Handler::new(
         service,
         Arc::clone(&metrics),
         &cfg.region,

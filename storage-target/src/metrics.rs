@@ -253,9 +253,9 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "s3dma_storage_target_requests_total",
-                "S3 requests by operation and HTTP status",
+                "S3 requests by operation and outcome (the HTTP status)",
             ),
-            &["op", "status"],
+            &["op", "outcome"],
         )
         .expect("valid metric");
         let duration = HistogramVec::new(
@@ -324,9 +324,9 @@ impl Metrics {
         let rdma_connects = IntCounterVec::new(
             Opts::new(
                 "s3dma_storage_target_rdma_session_connects_total",
-                "Fabric session connects by result (ok | error | timeout)",
+                "Fabric session connects by outcome (ok | error | timeout)",
             ),
-            &["result"],
+            &["outcome"],
         )
         .expect("valid metric");
         let rdma_share_cap = IntGauge::new(
@@ -664,7 +664,9 @@ mod tests {
         m.add_bytes_out(20);
         let text = m.render();
         assert!(
-            text.contains("s3dma_storage_target_requests_total{op=\"GetObject\",status=\"200\"} 1"),
+            text.contains(
+                "s3dma_storage_target_requests_total{op=\"GetObject\",outcome=\"200\"} 1"
+            ),
             "{text}"
         );
         assert!(

@@ -8,7 +8,7 @@ use s3s::{S3Request, S3Result, s3_error};
 
 use crate::acl::Permission;
 use crate::auth::{Need, Users, grants_give, need_of};
-use crate::server::OpSlot;
+use crate::http::OpSlot;
 
 /// The gateway's access check, before every operation: a signed request
 /// from a configured user whose bucket grants in this server's
@@ -62,7 +62,7 @@ impl S3Access for GatewayAccess {
         if let Some(slot) = cx.extensions_mut().get::<OpSlot>() {
             slot.set(&op);
         }
-        crate::server::claim_connection(cx)?;
+        crate::http::claim_connection(cx)?;
         let Some(user) = cx.credentials().map(|c| c.access_key.clone()) else {
             return Err(s3_error!(
                 AccessDenied,

@@ -15,8 +15,8 @@ use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use super::cache::{Chunk, ChunkCache, ChunkKey, Identity, Source};
 use super::forward::{access_key, internal, to_usize, unreachable};
 use super::{Gateway, upstream, upstream::Upstream};
+use crate::rdma::headers::check_fits;
 use crate::rdma::path::DataPath;
-use crate::rdma::plan::check_fits;
 use crate::rdma::transfer;
 
 /// What the upstream confirmed about an object for one user: its version
@@ -307,7 +307,7 @@ impl Gateway {
         if len > 0 {
             let ctx = self
                 .rdma
-                .ctx(token, &user, path.via())
+                .ctx(token, &user, path.dialect())
                 .await
                 .map_err(|e| e.to_s3())?;
             let cs = cache.chunk_size() as u64;

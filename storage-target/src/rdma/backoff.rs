@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::Via;
+use crate::dialect::Dialect;
 
 /// The first backoff period after a refusal.
 pub const INITIAL: Duration = Duration::from_secs(1);
@@ -38,14 +38,14 @@ pub const MAX_ENTRIES: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Key {
     user: String,
-    via: Via,
+    via: Dialect,
     addr: SocketAddr,
 }
 
 impl Key {
     /// The pair of `user` and `addr` over `via`.
     #[must_use]
-    pub fn new(user: &str, via: Via, addr: SocketAddr) -> Key {
+    pub fn new(user: &str, via: Dialect, addr: SocketAddr) -> Key {
         Key {
             user: user.to_owned(),
             via,
@@ -265,7 +265,11 @@ mod tests {
     use super::*;
 
     fn key(user: &str, port: u16) -> Key {
-        Key::new(user, Via::Fabric, SocketAddr::from(([127, 0, 0, 1], port)))
+        Key::new(
+            user,
+            Dialect::S3dma,
+            SocketAddr::from(([127, 0, 0, 1], port)),
+        )
     }
 
     const S: Duration = Duration::from_secs(1);
@@ -309,7 +313,11 @@ mod tests {
         assert!(b.check(&k, t0).is_err());
         assert_eq!(b.check(&key("tenant", 7000), t0), Ok(()));
         assert_eq!(b.check(&key("mallory", 7001), t0), Ok(()));
-        let dc = Key::new("mallory", Via::Dc, SocketAddr::from(([127, 0, 0, 1], 7000)));
+        let dc = Key::new(
+            "mallory",
+            Dialect::CuobjectDc,
+            SocketAddr::from(([127, 0, 0, 1], 7000)),
+        );
         assert_eq!(b.check(&dc, t0), Ok(()));
     }
 

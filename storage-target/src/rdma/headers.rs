@@ -27,7 +27,7 @@ pub fn token_is_signed(signed: &[String]) -> bool {
 
 /// Why a request cannot be served over RDMA as sent (a client error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
+pub enum RequestError {
     /// More than one `x-amz-rdma-token` header.
     #[error("x-amz-rdma-token must appear once, found {0} values")]
     DuplicateToken(usize),
@@ -55,20 +55,20 @@ pub enum PlanError {
 /// The single `x-amz-rdma-token` value, if any.
 ///
 /// # Errors
-/// [`PlanError::DuplicateToken`] or [`PlanError::TokenNotAscii`].
-pub fn token_header(headers: &HeaderMap) -> Result<Option<&str>, PlanError> {
+/// [`RequestError::DuplicateToken`] or [`RequestError::TokenNotAscii`].
+pub fn token_header(headers: &HeaderMap) -> Result<Option<&str>, RequestError> {
     let mut values = headers.get_all(RDMA_TOKEN).iter();
     let Some(first) = values.next() else {
         return Ok(None);
     };
     let extra = values.count();
     if extra > 0 {
-        return Err(PlanError::DuplicateToken(extra + 1));
+        return Err(RequestError::DuplicateToken(extra + 1));
     }
     first
         .to_str()
         .map(|s| Some(s.trim()))
-        .map_err(|_| PlanError::TokenNotAscii)
+        .map_err(|_| RequestError::TokenNotAscii)
 }
 
 /// The dialect a tokened request speaks (its `x-amz-rdma-protocol`, which
@@ -76,15 +76,15 @@ pub fn token_header(headers: &HeaderMap) -> Result<Option<&str>, PlanError> {
 /// refused before this).
 ///
 /// # Errors
-/// [`PlanError::BadProtocolHeader`].
-pub fn dialect(headers: &HeaderMap) -> Result<Dialect, PlanError> {
+/// [`RequestError::BadProtocolHeader`].
+pub fn dialect(headers: &HeaderMap) -> Result<Dialect, RequestError> {
     let mut values = headers.get_all(RDMA_PROTOCOL).iter();
     let first = values.next();
     if values.next().is_some() {
-        return Err(PlanError::BadProtocolHeader);
+        return Err(RequestError::BadProtocolHeader);
     }
     let text = first
-        .map(|v| v.to_str().map_err(|_| PlanError::BadProtocolHeader))
+        .map(|v| v.to_str().map_err(|_| RequestError::BadProtocolHeader))
         .transpose()?;
     Ok(Dialect::of(text))
 }
@@ -95,13 +95,13 @@ pub fn dialect(headers: &HeaderMap) -> Result<Dialect, PlanError> {
 /// the token's size.
 ///
 /// # Errors
-/// [`PlanError::BadPut`] naming what is wrong.
-pub fn check_put_request(headers: &HeaderMap) -> Result<(), PlanError> {
+/// [`RequestError::BadPut`] naming what is wrong.
+pub fn check_put_request(headers: &HeaderMap) -> Result<(), RequestError> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     match get("content-length").map(str::trim) {
         None | Some("0") => {}
         Some(v) => {
-            return Err(PlanError::BadPut(format!(
+            return Err(RequestError::BadPut(format!(
                 "a PUT with x-amz-rdma-token must have Content-Length: 0 (the object length is the token's size), got {v}"
             )));
         }
@@ -109,14 +109,14 @@ pub fn check_put_request(headers: &HeaderMap) -> Result<(), PlanError> {
     if headers.contains_key(http::header::TRANSFER_ENCODING)
         || headers.contains_key("x-amz-decoded-content-length")
     {
-        return Err(PlanError::BadPut(
+        return Err(RequestError::BadPut(
             "a PUT with x-amz-rdma-token must have an empty body, not a chunked or aws-chunked one"
                 .into(),
         ));
     }
     match get("x-amz-content-sha256") {
         Some("UNSIGNED-PAYLOAD" | EMPTY_SHA256) => Ok(()),
-        Some(v) => Err(PlanError::BadPut(format!(
+        Some(v) => Err(RequestError::BadPut(format!(
             "a PUT with x-amz-rdma-token must be signed with x-amz-content-sha256: UNSIGNED-PAYLOAD, got {v}"
         ))),
         // Presigned URLs carry no payload hash (UNSIGNED-PAYLOAD implied).
@@ -127,10 +127,10 @@ pub fn check_put_request(headers: &HeaderMap) -> Result<(), PlanError> {
 /// Checks that `need` bytes fit the token's `have` bytes.
 ///
 /// # Errors
-/// [`PlanError::TooSmall`].
-pub fn check_fits(need: u64, have: u64) -> Result<(), PlanError> {
+/// [`RequestError::TooSmall`].
+pub fn check_fits(need: u64, have: u64) -> Result<(), RequestError> {
     if need > have {
-        return Err(PlanError::TooSmall { need, have });
+        return Err(RequestError::TooSmall { need, have });
     }
     Ok(())
 }
@@ -192,7 +192,7 @@ mod tests {
         );
         assert_eq!(
             token_header(&hdrs(&[(RDMA_TOKEN, "a"), (RDMA_TOKEN, "b")])),
-            Err(PlanError::DuplicateToken(2))
+            Err(RequestError::DuplicateToken(2))
         );
     }
 
@@ -223,7 +223,7 @@ mod tests {
         assert!(check_fits(10, 10).is_ok());
         assert_eq!(
             check_fits(11, 10),
-            Err(PlanError::TooSmall { need: 11, have: 10 })
+            Err(RequestError::TooSmall { need: 11, have: 10 })
         );
         assert_eq!(chunks(0, 4).count(), 0);
         assert_eq!(

@@ -49,8 +49,12 @@
 //!   written at the start of the token's memory and reported by
 //!   `x-amz-rdma-bytes-transferred`.
 //!
+//! Which dialect serves a tokened request, and whether the endpoint its token
+//! names may be reached, is decided once in [`crate::dialect`]; this module
+//! is the data path that moves the bytes as that [`Decision`] says.
+//!
 //! # Modules
-//! * [`plan`]: pure helpers (signed-header check, request shape, sizes,
+//! * [`headers`]: pure helpers (signed-header check, request shape, sizes,
 //!   chunking, reply headers).
 //! * [`transfer`]: pipelined disk→WRITE and READ→disk.
 //! * [`backoff`]: an (S3 user, endpoint) whose connect was refused backs
@@ -64,8 +68,8 @@
 //! with [`s3dma_config`] and the fabric key file with [`fabric::config`].
 
 pub mod backoff;
+pub mod headers;
 pub mod path;
-pub mod plan;
 pub mod share;
 pub mod transfer;
 
@@ -81,12 +85,13 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::store::ObjectReader;
-use plan::PlanError;
-use s3dma_wire::headers::Dialect;
+use headers::RequestError;
 
 pub use crate::config::networks;
 pub use crate::config::rdma::{RdmaConfig, RdmaMode};
 pub use path::DataPath;
+
+use crate::dialect::{ClientNetworks, Decision, Declined, Dialect, Serving};
 
 /// Why an RDMA request failed (mapped to S3 errors by [`RdmaError::to_s3`]).
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +111,7 @@ pub enum RdmaError {
     EndpointNotAllowed,
     /// The request does not fit the protocol or the token.
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Request(#[from] RequestError),
     /// The client's endpoint could not be reached. The reply says only
     /// that (the same words whether the port was closed, timed out, or
     /// answered as something other than a fabric endpoint with our key),
@@ -160,11 +165,13 @@ impl RdmaError {
                 (S3ErrorCode::AccessDenied, StatusCode::FORBIDDEN)
             }
             RdmaError::InvalidToken(_)
-            | RdmaError::Plan(PlanError::DuplicateToken(_) | PlanError::TokenNotAscii) => (
-                S3ErrorCode::Custom("InvalidRDMAToken".into()),
-                StatusCode::BAD_REQUEST,
-            ),
-            RdmaError::Plan(_) => (S3ErrorCode::InvalidRequest, StatusCode::BAD_REQUEST),
+            | RdmaError::Request(RequestError::DuplicateToken(_) | RequestError::TokenNotAscii) => {
+                (
+                    S3ErrorCode::Custom("InvalidRDMAToken".into()),
+                    StatusCode::BAD_REQUEST,
+                )
+            }
+            RdmaError::Request(_) => (S3ErrorCode::InvalidRequest, StatusCode::BAD_REQUEST),
             RdmaError::Connect(_) | RdmaError::BackingOff { .. } | RdmaError::Stalled { .. } => (
                 S3ErrorCode::Custom("RDMATransferFailed".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -192,44 +199,6 @@ impl RdmaError {
     }
 }
 
-/// What to do with a request.
-#[derive(Debug, Clone)]
-pub enum Decision {
-    /// No token: plain HTTP.
-    Http,
-    /// A token this server will not serve: answer `x-amz-rdma-reply: 501`
-    /// (a GET with the object in the body, a PUT storing nothing).
-    Decline(Declined),
-    /// Serve over the fabric with this token (s3dma's own exchange).
-    Rdma(RdmaToken),
-    /// Serve over DC with this standard (cuObject) token: the client's
-    /// memory behind its DC target (`rdma.dc`, mlx5 only).
-    Dc(RdmaToken),
-}
-
-/// How an RDMA request's bytes move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Via {
-    /// s3dma's fabric session to the token's endpoint.
-    Fabric,
-    /// This server's DC initiators to the token's DC target.
-    Dc,
-}
-
-/// Why a tokened request is declined.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Declined {
-    /// `rdma: disabled`, or the fabric could not be opened.
-    Off,
-    /// A standard token (no `x-amz-rdma-protocol`: the cuObject dialect,
-    /// a DC target in the client's memory) or a raw hipobj-rc-v2 token on
-    /// an object request: this server has no DC transport, and
-    /// hipobj-rc-v2 clients use its `/.hipobj-rc/` control requests.
-    StandardToken,
-    /// `x-amz-rdma-protocol` names a dialect this server does not speak.
-    Dialect,
-}
-
 #[derive(Debug)]
 struct Fabric {
     domain: Domain,
@@ -253,7 +222,7 @@ pub struct RdmaService {
     declined: &'static str,
     metrics: Arc<Metrics>,
     /// `rdma.allowed_client_networks`.
-    allowed_networks: Vec<networks::Cidr>,
+    networks: ClientNetworks,
 }
 
 impl RdmaService {
@@ -264,7 +233,7 @@ impl RdmaService {
             fabric: None,
             declined: "RDMA is disabled on this server",
             metrics,
-            allowed_networks: Vec::new(),
+            networks: ClientNetworks::default(),
         }
     }
 
@@ -281,7 +250,7 @@ impl RdmaService {
             fabric: None,
             declined: "the RDMA fabric is unavailable on this server",
             metrics,
-            allowed_networks: Vec::new(),
+            networks: ClientNetworks::default(),
         };
         let domain = match Domain::open(backend) {
             Ok(d) => d,
@@ -303,7 +272,7 @@ impl RdmaService {
                 return unavailable(metrics);
             }
         };
-        let dc_sessions = dc_sessions(cfg, &domain, &key, &metrics);
+        let dc_sessions = crate::dialect::cuobject_dc::sessions(cfg, &domain, &key, &metrics);
         let sessions = SessionPool::new(
             domain.clone(),
             key,
@@ -349,7 +318,7 @@ impl RdmaService {
             }),
             declined: "",
             metrics,
-            allowed_networks: cfg.allowed_client_networks.clone(),
+            networks: ClientNetworks::new(cfg.allowed_client_networks.clone()),
         }
     }
 
@@ -384,53 +353,22 @@ impl RdmaService {
         headers: &HeaderMap,
         signed: &[String],
     ) -> Result<Decision, RdmaError> {
-        let Some(text) = plan::token_header(headers)? else {
-            return Ok(Decision::Http);
+        let serving = Serving {
+            fabric: self.fabric.is_some(),
+            dc: self
+                .fabric
+                .as_ref()
+                .is_some_and(|f| f.dc_sessions.is_some()),
+            networks: &self.networks,
         };
-        if !plan::token_is_signed(signed) {
-            return Err(RdmaError::NotSigned);
-        }
-        match plan::dialect(headers)? {
-            Dialect::S3dma => {}
-            Dialect::Standard => {
-                // A malformed token is still the client's error (400); a
-                // well-formed standard one names memory behind a DC
-                // target, served when this server's device does DC.
-                let parsed = RdmaToken::parse(text);
-                if parsed.is_err() && s3dma_wire::hipobj::RcToken::parse(text).is_err() {
-                    return Err(RdmaError::InvalidToken(RdmaToken::parse(text).unwrap_err()));
-                }
-                let dc = self.fabric.as_ref().and_then(|f| f.dc_sessions.as_ref());
-                return match (parsed, dc) {
-                    (Ok(token), Some(_)) if token.gid_valid => {
-                        let endpoint = token.endpoint()?;
-                        if !networks::allowed(&self.allowed_networks, endpoint.addr.ip()) {
-                            warn!(peer = %endpoint, "a standard token names a DC target outside rdma.allowed_client_networks: refused");
-                            return Err(RdmaError::EndpointNotAllowed);
-                        }
-                        Ok(Decision::Dc(token))
-                    }
-                    _ => Ok(Decision::Decline(Declined::StandardToken)),
-                };
-            }
-            Dialect::Other(name) => {
-                info!(
-                    protocol = %s3dma_service::escape::Escaped(&name),
-                    "a token in a dialect this server does not speak: declined (501)"
-                );
-                return Ok(Decision::Decline(Declined::Dialect));
-            }
-        }
-        if self.fabric.is_none() {
-            return Ok(Decision::Decline(Declined::Off));
-        }
-        let token = RdmaToken::parse(text)?;
-        let endpoint = token.endpoint()?;
-        if !networks::allowed(&self.allowed_networks, endpoint.addr.ip()) {
-            warn!(peer = %endpoint, "RDMA token names an endpoint outside rdma.allowed_client_networks: refused");
-            return Err(RdmaError::EndpointNotAllowed);
-        }
-        Ok(Decision::Rdma(token))
+        crate::dialect::decide(headers, signed, &serving)
+    }
+
+    /// `rdma.allowed_client_networks` (the hipobj-rc-v2 server checks a
+    /// client QP's GID against them).
+    #[must_use]
+    pub fn client_networks(&self) -> &ClientNetworks {
+        &self.networks
     }
 
     fn fabric(&self) -> Result<&Fabric, RdmaError> {
@@ -492,23 +430,19 @@ impl RdmaService {
         &self,
         token: &RdmaToken,
         user: &str,
-        via: Via,
+        dialect: Dialect,
     ) -> Result<transfer::Ctx, RdmaError> {
         let f = self.fabric()?;
         let endpoint = token.endpoint()?;
-        let pool = match via {
-            Via::Fabric => &f.sessions,
-            Via::Dc => f
-                .dc_sessions
-                .as_ref()
-                .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?,
-        };
+        let pool = dialect
+            .sessions(&f.sessions, f.dc_sessions.as_ref())
+            .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?;
         // One connect of a (user, endpoint) at a time, and none while the
         // pair backs off after a refusal: the requests queued behind a
         // refused connect fail without dialing.
         let turn = f
             .gate
-            .turn(backoff::Key::new(user, via, endpoint.addr))
+            .turn(backoff::Key::new(user, dialect, endpoint.addr))
             .await;
         if let Err(left) = f.gate.check(turn.key()) {
             debug!(peer = %endpoint, ?left, "RDMA: this user's connect to the endpoint was refused lately: not dialing");
@@ -563,14 +497,14 @@ impl RdmaService {
         reader: &ObjectReader,
         range: std::ops::Range<u64>,
         user: &str,
-        via: Via,
+        dialect: Dialect,
     ) -> Result<u64, RdmaError> {
         let len = range.end - range.start;
-        plan::check_fits(len, u64::from(token.size))?;
+        headers::check_fits(len, u64::from(token.size))?;
         if len == 0 {
             return Ok(0);
         }
-        let ctx = self.ctx(token, user, via).await?;
+        let ctx = self.ctx(token, user, dialect).await?;
         let n = transfer::write_range(&ctx, reader, range, token.remote()).await?;
         self.metrics.path_bytes("rdma", "out", n);
         Ok(n)
@@ -588,11 +522,11 @@ impl RdmaService {
         token: &RdmaToken,
         headers: &HeaderMap,
         user: &str,
-        via: Via,
+        dialect: Dialect,
     ) -> Result<transfer::RdmaBody, RdmaError> {
-        plan::check_put_request(headers)?;
+        headers::check_put_request(headers)?;
         let size = u64::from(token.size);
-        let ctx = self.ctx(token, user, via).await?;
+        let ctx = self.ctx(token, user, dialect).await?;
         Ok(transfer::read_stream(ctx, token.remote(), size))
     }
 
@@ -600,19 +534,13 @@ impl RdmaService {
     /// `x-amz-rdma-reply: 501`, an `RDMANotSupported` error body; nothing stored.
     #[must_use]
     pub fn declined_put(&self, why: &Declined) -> S3Error {
-        let reason = match why {
-            Declined::Off => self.declined,
-            Declined::StandardToken => {
-                "this server serves RDMA tokens only in s3dma's exchange (x-amz-rdma-protocol: s3dma-v1) and hipobj-rc-v2 (/.hipobj-rc/); it has no DC transport for a standard token"
-            }
-            Declined::Dialect => "x-amz-rdma-protocol names a dialect this server does not speak",
-        };
+        let reason = why.reason(self.declined);
         let mut e = S3Error::with_message(
             S3ErrorCode::Custom("RDMANotSupported".into()),
             format!("{reason}; nothing was stored. Retry with the data in the HTTP body."),
         );
         e.set_status_code(StatusCode::OK);
-        let mut h = plan::reply_headers(501, None);
+        let mut h = headers::reply_headers(501, None);
         h.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/xml"),
@@ -620,70 +548,6 @@ impl RdmaService {
         e.set_headers(h);
         e
     }
-}
-
-/// The DC sessions of a verbs fabric whose device does DC (`rdma.dc`,
-/// `dc` feature); `None` (standard tokens declined with 501) otherwise,
-/// logged with the reason.
-#[cfg(feature = "dc")]
-fn dc_sessions(
-    cfg: &RdmaConfig,
-    domain: &Domain,
-    key: &FabricKey,
-    metrics: &Arc<Metrics>,
-) -> Option<Arc<SessionPool>> {
-    use fabric::verbs::dc_session::{DcInitiator, DcInitiatorConfig};
-    if !cfg.dc.enabled || domain.backend() != fabric::Backend::Verbs {
-        return None;
-    }
-    let probe = match fabric::verbs::dc::probe(domain) {
-        Ok(p) => p,
-        Err(e) => {
-            info!(reason = %e, "no DC: standard (cuObject) tokens are declined with 501");
-            return None;
-        }
-    };
-    let dc = &cfg.dc;
-    let init = DcInitiator::new(
-        domain,
-        DcInitiatorConfig {
-            initiators: dc.initiators,
-            dci: fabric::verbs::dc::DciConfig {
-                depth: dc.depth,
-                ..fabric::verbs::dc::DciConfig::default()
-            },
-            dc_key: dc.dc_key,
-            traffic_class: dc.traffic_class,
-            hop_limit: dc.hop_limit,
-            max_address_handles: dc.max_address_handles,
-        },
-    );
-    match init {
-        Ok(init) => {
-            info!(device = %probe.device, port = probe.port, initiators = dc.initiators, "serving standard (cuObject) tokens over DC");
-            Some(SessionPool::dc(
-                init,
-                key.clone(),
-                cfg.max_ops_per_session,
-                Arc::clone(metrics) as _,
-            ))
-        }
-        Err(e) => {
-            warn!(error = %e, "creating the DC initiators failed: standard tokens are declined with 501");
-            None
-        }
-    }
-}
-
-/// Without the `dc` feature standard tokens are always declined.
-#[cfg(not(feature = "dc"))]
-fn dc_sessions(
-    _cfg: &RdmaConfig,
-    _domain: &Domain,
-    _key: &FabricKey,
-    _metrics: &Arc<Metrics>,
-) -> Option<Arc<SessionPool>> {
-    None
 }
 
 /// Whether a connect failed because the endpoint answered and refused the
@@ -814,7 +678,7 @@ mod tests {
         let e = RdmaError::InvalidToken(TokenError::Length(3)).to_s3();
         assert_eq!(e.code().as_str(), "InvalidRDMAToken");
         assert_eq!(e.status_code(), Some(StatusCode::BAD_REQUEST));
-        let e = RdmaError::Plan(PlanError::TooSmall { need: 2, have: 1 }).to_s3();
+        let e = RdmaError::Request(RequestError::TooSmall { need: 2, have: 1 }).to_s3();
         assert_eq!(e.code(), &S3ErrorCode::InvalidRequest);
         let op = OpError {
             status: OpStatus::RemoteAccess,
@@ -846,54 +710,8 @@ mod tests {
     }
 
     #[test]
-    fn decisions() {
-        let m = Arc::new(Metrics::new());
-        let svc = RdmaService::disabled(m);
-        let signed = vec!["host".to_owned(), plan::RDMA_TOKEN.to_owned()];
-        assert!(matches!(
-            svc.decide_signed(&HeaderMap::new(), &[]),
-            Ok(Decision::Http)
-        ));
-        let mut h = HeaderMap::new();
-        h.insert(plan::RDMA_TOKEN, HeaderValue::from_static("x"));
-        assert!(matches!(
-            svc.decide_signed(&h, &[]),
-            Err(RdmaError::NotSigned)
-        ));
-        // A malformed standard token is the client's error.
-        assert!(matches!(
-            svc.decide_signed(&h, &signed),
-            Err(RdmaError::InvalidToken(_))
-        ));
-        let standard =
-            "00007f0000001000:00001000:00000001:0000:000001:1:00000000000000000000ffff7f000001";
-        let rc = format!("01{}", "00".repeat(43));
-        for token in [standard, rc.as_str()] {
-            h.insert(plan::RDMA_TOKEN, HeaderValue::from_str(token).unwrap());
-            assert!(matches!(
-                svc.decide_signed(&h, &signed),
-                Ok(Decision::Decline(Declined::StandardToken))
-            ));
-        }
-        h.insert(
-            plan::RDMA_PROTOCOL,
-            HeaderValue::from_static("hipobj-rc-v2"),
-        );
-        assert!(matches!(
-            svc.decide_signed(&h, &signed),
-            Ok(Decision::Decline(Declined::Dialect))
-        ));
-        h.insert(plan::RDMA_PROTOCOL, HeaderValue::from_static("s3dma-v1"));
-        h.insert(plan::RDMA_TOKEN, HeaderValue::from_static(standard));
-        assert!(matches!(
-            svc.decide_signed(&h, &signed),
-            Ok(Decision::Decline(Declined::Off))
-        ));
-        h.append(plan::RDMA_PROTOCOL, HeaderValue::from_static("s3dma-v1"));
-        assert!(matches!(
-            svc.decide_signed(&h, &signed),
-            Err(RdmaError::Plan(PlanError::BadProtocolHeader))
-        ));
+    fn declined_puts() {
+        let svc = RdmaService::disabled(Arc::new(Metrics::new()));
         let e = svc.declined_put(&Declined::StandardToken);
         assert_eq!(e.status_code(), Some(StatusCode::OK));
         assert_eq!(e.code().as_str(), "RDMANotSupported");

@@ -8,8 +8,9 @@
 use http::HeaderMap;
 use s3s::{S3Request, S3Result};
 
-use super::plan::reply_headers;
-use super::{Decision, RdmaService, Via, transfer};
+use super::headers::reply_headers;
+use super::{RdmaService, transfer};
+use crate::dialect::{Decision, Dialect};
 use fabric::RdmaToken;
 
 /// How one GetObject/PutObject/UploadPart is served ([`RdmaService::data_path`]).
@@ -53,20 +54,14 @@ impl DataPath<'_> {
     /// The token, when the request is served over RDMA.
     #[must_use]
     pub fn token(&self) -> Option<&RdmaToken> {
-        match &self.decision {
-            Decision::Rdma(t) | Decision::Dc(t) => Some(t),
-            Decision::Http | Decision::Decline(_) => None,
-        }
+        self.decision.token()
     }
 
-    /// How an RDMA request's bytes move (s3dma's fabric, or DC for a
-    /// standard token).
+    /// The dialect an RDMA request's bytes move in (s3dma's fabric, or DC
+    /// for a standard token).
     #[must_use]
-    pub fn via(&self) -> Via {
-        match self.decision {
-            Decision::Dc(_) => Via::Dc,
-            _ => Via::Fabric,
-        }
+    pub fn dialect(&self) -> Dialect {
+        self.decision.dialect()
     }
 
     /// The access key id that signed the request (empty: anonymous).
@@ -87,18 +82,19 @@ impl DataPath<'_> {
         &self,
         headers: &HeaderMap,
     ) -> S3Result<Option<(transfer::RdmaBody, u64)>> {
-        match &self.decision {
-            Decision::Http => Ok(None),
-            Decision::Decline(why) => Err(self.rdma.declined_put(why)),
-            Decision::Rdma(token) | Decision::Dc(token) => {
-                let body = self
-                    .rdma
-                    .put_body(token, headers, &self.user, self.via())
-                    .await
-                    .map_err(|e| e.to_s3())?;
-                Ok(Some((body, u64::from(token.size))))
-            }
-        }
+        let Some((dialect, token)) = self
+            .decision
+            .served()
+            .map_err(|why| self.rdma.declined_put(why))?
+        else {
+            return Ok(None);
+        };
+        let body = self
+            .rdma
+            .put_body(token, headers, &self.user, dialect)
+            .await
+            .map_err(|e| e.to_s3())?;
+        Ok(Some((body, u64::from(token.size))))
     }
 
     /// Records a PutObject/UploadPart (`op`) of `size` bytes served over
@@ -112,17 +108,9 @@ impl DataPath<'_> {
         Some(reply_headers(200, Some(size)))
     }
 
-    /// The reply headers of a GetObject: over RDMA `200`, or `206` for
-    /// `partial` content, with the bytes `transferred`; `501` when declined
-    /// (the object went in the HTTP body); none over HTTP.
+    /// The reply headers of a GetObject ([`Decision::get_reply`]).
     #[must_use]
     pub fn get_reply(&self, partial: bool, transferred: u64) -> HeaderMap {
-        match self.decision {
-            Decision::Rdma(_) | Decision::Dc(_) => {
-                reply_headers(if partial { 206 } else { 200 }, Some(transferred))
-            }
-            Decision::Decline(_) => reply_headers(501, None),
-            Decision::Http => HeaderMap::new(),
-        }
+        self.decision.get_reply(partial, transferred)
     }
 }

@@ -44,7 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 use super::RdmaError;
-use super::plan::chunks;
+use super::headers::chunks;
 use super::share::{RequestShares, SharedBuf};
 use crate::metrics::Metrics;
 use crate::store::{BodyError, ObjectReader};

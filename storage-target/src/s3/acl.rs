@@ -6,7 +6,7 @@ use s3s::dto::Permission as Permission_;
 use s3s::dto::*;
 use s3s::{S3Error, S3Request, S3Response, S3Result, s3_error};
 
-use super::S3Store;
+use super::S3Api;
 use super::dto::check_version_id;
 use super::error::{access_denied, acl_error, store_error};
 use crate::acl::{self, Acl, AclError, GrantHeaders, Permission, PolicyGrant};
@@ -16,7 +16,7 @@ use crate::store::{
 };
 
 /// Object-level checks, and the ACLs writes ask for and documents show.
-impl S3Store {
+impl S3Api {
     /// A failed open: a missing key is NoSuchKey only to callers who may
     /// list the bucket, AccessDenied to others (as AWS answers).
     pub(super) fn open_error(
@@ -214,7 +214,7 @@ impl S3Store {
 }
 
 pub(super) async fn get_bucket_acl(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<GetBucketAclInput>,
 ) -> S3Result<S3Response<GetBucketAclOutput>> {
     let info = s3.bucket_info(&req.extensions, &req.input.bucket)?;
@@ -226,7 +226,7 @@ pub(super) async fn get_bucket_acl(
 }
 
 pub(super) async fn put_bucket_acl(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<PutBucketAclInput>,
 ) -> S3Result<S3Response<PutBucketAclOutput>> {
     let input = req.input;
@@ -247,7 +247,7 @@ pub(super) async fn put_bucket_acl(
 }
 
 pub(super) async fn get_object_acl(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<GetObjectAclInput>,
 ) -> S3Result<S3Response<GetObjectAclOutput>> {
     let caller = s3.caller(&req);
@@ -277,7 +277,7 @@ pub(super) async fn get_object_acl(
 }
 
 pub(super) async fn put_object_acl(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<PutObjectAclInput>,
 ) -> S3Result<S3Response<PutObjectAclOutput>> {
     let caller = s3.caller(&req);

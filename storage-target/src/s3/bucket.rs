@@ -4,7 +4,7 @@
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
-use super::S3Store;
+use super::S3Api;
 use super::dto::{access_key, ts};
 use super::error::{WithStatus as _, access_denied, store_error};
 
@@ -12,7 +12,7 @@ use super::error::{WithStatus as _, access_denied, store_error};
 const LEGACY_REGION: &str = "us-east-1";
 
 pub(super) async fn create_bucket(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<CreateBucketInput>,
 ) -> S3Result<S3Response<CreateBucketOutput>> {
     let who = access_key(&req);
@@ -61,7 +61,7 @@ pub(super) async fn create_bucket(
 }
 
 pub(super) async fn head_bucket(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<HeadBucketInput>,
 ) -> S3Result<S3Response<HeadBucketOutput>> {
     s3.store
@@ -74,7 +74,7 @@ pub(super) async fn head_bucket(
 }
 
 pub(super) async fn delete_bucket(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<DeleteBucketInput>,
 ) -> S3Result<S3Response<DeleteBucketOutput>> {
     s3.store
@@ -85,7 +85,7 @@ pub(super) async fn delete_bucket(
 }
 
 pub(super) async fn list_buckets(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<ListBucketsInput>,
 ) -> S3Result<S3Response<ListBucketsOutput>> {
     let caller = s3.caller(&req).ok_or_else(access_denied)?;
@@ -115,7 +115,7 @@ pub(super) async fn list_buckets(
 }
 
 pub(super) async fn get_bucket_location(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<GetBucketLocationInput>,
 ) -> S3Result<S3Response<GetBucketLocationOutput>> {
     s3.store

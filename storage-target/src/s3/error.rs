@@ -86,9 +86,9 @@ pub fn store_error(e: StoreError) -> S3Error {
 pub(super) fn body_error(e: &(dyn std::error::Error + 'static)) -> S3Error {
     let text = e.to_string();
     debug!(error = %s3dma_service::Escaped(&text), "request body error");
-    if let Some(at) = text.find(crate::server::AWS_CHUNK_REFUSED) {
+    if let Some(at) = text.find(crate::http::AWS_CHUNK_REFUSED) {
         S3Error::with_message(S3ErrorCode::InvalidRequest, text[at..].to_owned())
-    } else if text.contains(crate::server::BODY_IDLE_MESSAGE) {
+    } else if text.contains(crate::http::BODY_IDLE_MESSAGE) {
         s3_error!(
             RequestTimeout,
             "Your socket connection to the server was not read from or written to within the timeout period."

@@ -5,7 +5,7 @@
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 
-use super::S3Store;
+use super::S3Api;
 use super::dto::{strong, ts};
 use super::error::store_error;
 use crate::store::IndexEntry;
@@ -62,7 +62,7 @@ pub(super) fn to_prefixes(cps: Vec<String>, url: bool) -> Option<CommonPrefixLis
 }
 
 pub(super) async fn list_objects_v2(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<ListObjectsV2Input>,
 ) -> S3Result<S3Response<ListObjectsV2Output>> {
     let input = req.input;
@@ -124,7 +124,7 @@ pub(super) async fn list_objects_v2(
 }
 
 pub(super) async fn list_objects(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<ListObjectsInput>,
 ) -> S3Result<S3Response<ListObjectsOutput>> {
     let input = req.input;
@@ -170,7 +170,7 @@ pub(super) async fn list_objects(
 
 /// Versioning is not supported: every object is its one version, `null`.
 pub(super) async fn list_object_versions(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<ListObjectVersionsInput>,
 ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
     let input = req.input;

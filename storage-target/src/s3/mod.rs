@@ -2,7 +2,7 @@
 //! operations (s3s DTOs) into [`Store`] calls, and [`StoreError`]s into S3
 //! errors ([`store_error`], the one place where that mapping lives).
 //!
-//! [`S3Store`]'s `impl S3` only delegates, one call per operation, to the
+//! [`S3Api`]'s `impl S3` only delegates, one call per operation, to the
 //! module of its concern:
 //! - `bucket`: CreateBucket, HeadBucket, DeleteBucket, ListBuckets,
 //!   GetBucketLocation.
@@ -63,19 +63,19 @@ pub const DEFAULT_CONTENT_TYPE: &str = "binary/octet-stream";
 
 /// The S3 front end of a [`Store`].
 #[derive(Debug, Clone)]
-pub struct S3Store {
+pub struct S3Api {
     store: Arc<Store>,
     region: String,
     users: Users,
     rdma: Arc<RdmaService>,
 }
 
-impl S3Store {
+impl S3Api {
     /// Creates the front end; `rdma` serves (or declines) requests that
     /// carry `x-amz-rdma-token`.
     #[must_use]
     pub fn new(store: Arc<Store>, region: String, users: Users, rdma: Arc<RdmaService>) -> Self {
-        S3Store {
+        S3Api {
             store,
             region,
             users,
@@ -85,7 +85,7 @@ impl S3Store {
 }
 
 /// What every handler asks: who signed, and the bucket's metadata.
-impl S3Store {
+impl S3Api {
     /// Whether `access_key` is one of the configured users.
     #[must_use]
     pub fn knows(&self, access_key: &str) -> bool {
@@ -114,7 +114,7 @@ impl S3Store {
 }
 
 #[async_trait::async_trait]
-impl S3 for S3Store {
+impl S3 for S3Api {
     async fn create_bucket(
         &self,
         req: S3Request<CreateBucketInput>,

@@ -5,7 +5,7 @@
 use s3s::dto::*;
 use s3s::{S3ErrorCode, S3Request, S3Response, S3Result, StdError, s3_error};
 
-use super::S3Store;
+use super::S3Api;
 use super::conditions::copy_source_range;
 use super::dto::{
     access_key, content_md5, etag_cond, make_attrs, part_number, strong, ts, ts_secs,
@@ -15,12 +15,11 @@ use super::list::{enc, is_url, to_prefixes};
 use crate::acl::Permission;
 use crate::checksum::{self, RequestChecksum, UploadChecksum, set_checksum};
 use crate::config::User;
-use crate::rdma::Decision;
 use crate::store::conditions::Conditions;
 use crate::store::{BucketInfo, MAX_PUT_SIZE, UploadInfo};
 
 /// Who may act on an in-progress upload.
-impl S3Store {
+impl S3Api {
     /// An in-progress upload the caller may act on (UploadPart,
     /// UploadPartCopy, CompleteMultipartUpload, AbortMultipartUpload,
     /// ListParts): as in AWS, only its initiator and the bucket's owner (or
@@ -53,7 +52,7 @@ impl S3Store {
         }
     }
 
-    /// UploadPart's rule (that of `S3Store::upload_for`) for the user with
+    /// UploadPart's rule (that of `S3Api::upload_for`) for the user with
     /// access key `access_key`, without the request: the hipobj-rc-v2
     /// server checks it at PREPARE, before anything is held.
     ///
@@ -74,7 +73,7 @@ impl S3Store {
 
     /// Whether `caller` is the initiator (canonical id `initiator`; `None`:
     /// an anonymous caller started it, and anonymous callers are one
-    /// principal) or owns the bucket (see [`S3Store::upload_for`]).
+    /// principal) or owns the bucket (see [`S3Api::upload_for`]).
     pub(super) fn may_use_upload(
         &self,
         caller: Option<&User>,
@@ -91,7 +90,7 @@ impl S3Store {
 }
 
 pub(super) async fn create_multipart_upload(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
     let who = access_key(&req);
@@ -139,7 +138,7 @@ pub(super) async fn create_multipart_upload(
 }
 
 pub(super) async fn upload_part(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
     let path = s3.rdma.data_path(&req)?;
@@ -156,9 +155,9 @@ pub(super) async fn upload_part(
         .checksum;
     // The size the request declares, held against the initiator's byte
     // cap before the body is read.
-    let declared = match path.decision() {
-        Decision::Rdma(token) | Decision::Dc(token) => Some(u64::from(token.size)),
-        _ => req
+    let declared = match path.token() {
+        Some(token) => Some(u64::from(token.size)),
+        None => req
             .headers
             .get("x-amz-decoded-content-length")
             .and_then(|v| v.to_str().ok())
@@ -198,7 +197,7 @@ pub(super) async fn upload_part(
 }
 
 pub(super) async fn upload_part_copy(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<UploadPartCopyInput>,
 ) -> S3Result<S3Response<UploadPartCopyOutput>> {
     let caller = s3.caller(&req);
@@ -294,7 +293,7 @@ pub(super) async fn upload_part_copy(
 }
 
 pub(super) async fn complete_multipart_upload(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<CompleteMultipartUploadInput>,
 ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
     let caller = s3.caller(&req);
@@ -361,7 +360,7 @@ pub(super) async fn complete_multipart_upload(
 }
 
 pub(super) async fn abort_multipart_upload(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<AbortMultipartUploadInput>,
 ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
     s3.upload_for(
@@ -380,7 +379,7 @@ pub(super) async fn abort_multipart_upload(
 }
 
 pub(super) async fn list_parts(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<ListPartsInput>,
 ) -> S3Result<S3Response<ListPartsOutput>> {
     s3.upload_for(
@@ -459,7 +458,7 @@ pub(super) async fn list_parts(
 }
 
 pub(super) async fn list_multipart_uploads(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<ListMultipartUploadsInput>,
 ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
     let input = req.input;

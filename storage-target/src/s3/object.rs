@@ -18,7 +18,7 @@ use super::dto::{
     ts, ts_secs, user_metadata,
 };
 use super::error::store_error;
-use super::{DEFAULT_CONTENT_TYPE, S3Store};
+use super::{DEFAULT_CONTENT_TYPE, S3Api};
 use crate::acl::Permission;
 use crate::checksum::{RequestChecksum, set_checksum};
 use crate::config::User;
@@ -28,7 +28,7 @@ use crate::store::{ObjectMeta, ObjectReader, RangeStream};
 
 /// The data path of PutObject, GetObject and UploadPart (HTTP or RDMA), and
 /// the source of a copy.
-impl S3Store {
+impl S3Api {
     /// The body of a PutObject/UploadPart: the HTTP body, or RDMA READs of
     /// the token's memory (declined: nothing is read or stored). An RDMA
     /// body must be exactly the token's size: `check` (which hashes the
@@ -152,7 +152,7 @@ impl ByteStream for ObjectBody {
 }
 
 pub(super) async fn put_object(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<PutObjectInput>,
 ) -> S3Result<S3Response<PutObjectOutput>> {
     let path = s3.rdma.data_path(&req)?;
@@ -216,7 +216,7 @@ pub(super) async fn put_object(
 }
 
 pub(super) async fn get_object(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<GetObjectInput>,
 ) -> S3Result<S3Response<GetObjectOutput>> {
     let path = s3.rdma.data_path(&req)?;
@@ -246,7 +246,7 @@ pub(super) async fn get_object(
         Some(token) => {
             let n = s3
                 .rdma
-                .get(token, &reader, range, path.user(), path.via())
+                .get(token, &reader, range, path.user(), path.dialect())
                 .await
                 .map_err(|e| e.to_s3())?;
             m.path_request("GetObject", "rdma");
@@ -271,7 +271,7 @@ pub(super) async fn get_object(
 }
 
 pub(super) async fn head_object(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<HeadObjectInput>,
 ) -> S3Result<S3Response<HeadObjectOutput>> {
     let caller = s3.caller(&req);
@@ -310,14 +310,13 @@ pub(super) async fn head_object(
     }
     let mut resp = S3Response::new(out);
     if let Some(status) = part_status {
-        resp.extensions
-            .insert(crate::server::StatusOverride(status));
+        resp.extensions.insert(crate::http::StatusOverride(status));
     }
     Ok(resp)
 }
 
 pub(super) async fn get_object_attributes(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<GetObjectAttributesInput>,
 ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
     let caller = s3.caller(&req);
@@ -338,7 +337,7 @@ pub(super) async fn get_object_attributes(
 }
 
 pub(super) async fn delete_object(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<DeleteObjectInput>,
 ) -> S3Result<S3Response<DeleteObjectOutput>> {
     check_version_id(req.input.version_id.as_deref())?;
@@ -353,7 +352,7 @@ pub(super) async fn delete_object(
 }
 
 pub(super) async fn delete_objects(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<DeleteObjectsInput>,
 ) -> S3Result<S3Response<DeleteObjectsOutput>> {
     let input = req.input;
@@ -411,7 +410,7 @@ pub(super) async fn delete_objects(
 }
 
 pub(super) async fn copy_object(
-    s3: &S3Store,
+    s3: &S3Api,
     req: S3Request<CopyObjectInput>,
 ) -> S3Result<S3Response<CopyObjectOutput>> {
     let caller = s3.caller(&req);

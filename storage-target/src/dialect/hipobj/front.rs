@@ -19,7 +19,7 @@ use s3s::{S3, S3Request, S3Response, S3Result};
 
 use crate::auth::AccessCheck;
 use crate::gateway::{Gateway, GatewayAccess};
-use crate::s3::S3Store;
+use crate::s3::S3Api;
 
 /// A store the hipobj-rc-v2 server serves.
 #[async_trait::async_trait]
@@ -71,14 +71,14 @@ pub trait HipobjFront: Send + Sync + std::fmt::Debug + 'static {
 /// The filesystem store and its access check.
 #[derive(Debug, Clone)]
 pub struct StoreFront {
-    s3: S3Store,
+    s3: S3Api,
     access: AccessCheck,
 }
 
 impl StoreFront {
     /// The store `s3`, checked by `access` (the service's hook).
     #[must_use]
-    pub fn shared(s3: S3Store, access: AccessCheck) -> Arc<dyn HipobjFront> {
+    pub fn shared(s3: S3Api, access: AccessCheck) -> Arc<dyn HipobjFront> {
         Arc::new(StoreFront { s3, access })
     }
 }

@@ -42,3 +42,43 @@ pub use front::{GatewayFront, HipobjFront, StoreFront};
 pub use route::HipobjRoute;
 #[cfg(feature = "verbs")]
 pub use service::HipobjService;
+
+#[cfg(feature = "verbs")]
+use std::sync::Arc;
+
+/// Why a storage-target built without the `verbs` feature answers every
+/// hipobj-rc-v2 control request as unsupported (RC queue pairs need it).
+#[cfg(not(feature = "verbs"))]
+pub const NO_VERBS_FEATURE: &str = "this storage-target was built without the verbs feature";
+
+/// The hipobj-rc-v2 server over `front` (answering every control request
+/// as unsupported without a verbs device or with `rdma.hipobj.enabled:
+/// false`).
+#[cfg(feature = "verbs")]
+pub fn route(
+    cfg: &crate::config::Config,
+    rdma: &Arc<crate::rdma::RdmaService>,
+    front: Arc<dyn HipobjFront>,
+) -> impl s3s::route::S3Route {
+    let domain = cfg
+        .rdma
+        .hipobj
+        .enabled
+        .then(|| rdma.verbs_domain().cloned())
+        .flatten();
+    let why = if cfg.rdma.hipobj.enabled {
+        rdma.no_verbs_reason()
+    } else {
+        "rdma.hipobj.enabled is false"
+    };
+    let hipobj = HipobjService::new(
+        domain,
+        why,
+        front,
+        cfg.rdma.hipobj.with_tenants(&cfg.rdma.tenant_users),
+        rdma.client_networks().clone(),
+        Arc::clone(rdma.metrics()),
+    );
+    hipobj.spawn_reaper();
+    HipobjRoute(hipobj)
+}

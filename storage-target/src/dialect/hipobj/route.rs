@@ -737,7 +737,7 @@ impl Drop for ReleaseOnDrop<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hipobj::HipobjUnsupported;
+    use crate::dialect::hipobj::HipobjUnsupported;
 
     #[tokio::test]
     async fn unsupported_answers_501_with_the_marker() {

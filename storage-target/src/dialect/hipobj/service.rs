@@ -9,7 +9,7 @@ use fabric::Domain;
 use s3dma_wire::hipobj::SessionId;
 
 use crate::config::hipobj::HipobjConfig;
-use crate::config::networks::{self, Cidr};
+use crate::dialect::ClientNetworks;
 use crate::metrics::Metrics;
 
 use super::front::HipobjFront;
@@ -30,7 +30,7 @@ pub struct HipobjService {
     pub(super) cfg: HipobjConfig,
     /// `rdma.allowed_client_networks`: the GIDs (as IP addresses) a
     /// client's QP may have.
-    pub(super) allowed: Vec<Cidr>,
+    pub(super) allowed: ClientNetworks,
     pub(super) metrics: Arc<Metrics>,
     state: Mutex<State>,
 }
@@ -159,7 +159,7 @@ impl HipobjService {
         unsupported: &'static str,
         s3: Arc<dyn HipobjFront>,
         cfg: HipobjConfig,
-        allowed: Vec<Cidr>,
+        allowed: ClientNetworks,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(HipobjService {
@@ -302,10 +302,7 @@ impl HipobjService {
     /// Whether a client GID (an IP address on RoCE v2) is on a network
     /// this server may send to.
     pub(super) fn allowed_gid(&self, gid: [u8; 16]) -> bool {
-        networks::allowed(
-            &self.allowed,
-            std::net::IpAddr::V6(std::net::Ipv6Addr::from(gid)),
-        )
+        self.allowed.allows_gid(gid)
     }
 
     /// Sessions held (for tests and the log).

@@ -1,0 +1,85 @@
+//! Metrics behind a bearer token and on a Unix socket.
+
+use super::*;
+
+/// `GET /metrics` on `metrics` (`http://A/metrics`, or `unix:PATH`) with an
+/// optional bearer token: (status code, body).
+fn scrape(metrics: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+    let mut out = String::new();
+    if let Some(path) = metrics.strip_prefix("unix:") {
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        s.read_to_string(&mut out).unwrap();
+    } else {
+        let addr = metrics
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        s.read_to_string(&mut out).unwrap();
+    }
+    let code = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (code, body)
+}
+
+// ---------------------------------------------------------------------------
+// 10. Metrics behind a token and on a Unix socket
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_the_token_and_are_served_on_the_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_secrets(d);
+    let token = "metrics-token-0123456789abcdef";
+    write_private(&d.join("metrics.token"), format!("{token}\n"));
+    let dd = d.display().to_string();
+    let shims =
+        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
+    let sock = d.join("metrics.sock");
+    let yaml = agent_yaml(d, "", &shims, "http://127.0.0.1:9")
+        + &format!(
+            "  unix_socket: {}\n  bearer_token_file: {dd}/metrics.token\n",
+            sock.display()
+        );
+    write_private(&d.join("agent.yaml"), &yaml);
+    let agent = OwnAgent::start(&d.join("agent.yaml"), d.join("agent.log"));
+    assert!(
+        agent.metrics.contains(&format!("unix:{}", sock.display())),
+        "{}",
+        agent.metrics
+    );
+    let tcp = agent.metrics.split(' ').next().unwrap().to_owned();
+    let unix = format!("unix:{}", sock.display());
+    // A failed call, so there is a tenant-free metric to see.
+    let anon = Agent::shim_for(&agent.addr, "").await;
+    let _ = head(&anon, "alice", "alice-data", "k").await;
+    for at in [&tcp, &unix] {
+        let (code, body) = scrape(at, None);
+        assert_eq!(code, 401, "{at}: {body}");
+        assert!(!body.contains("s3dma_agent"), "{body}");
+        let (code, _) = scrape(at, Some("wrong-token-0123456789abcdef"));
+        assert_eq!(code, 401, "{at}");
+        let (code, body) = scrape(at, Some(token));
+        assert_eq!(code, 200, "{at}: {body}");
+        assert!(
+            body.contains("s3dma_agent_auth_failures_total"),
+            "{at}: {body}"
+        );
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(!agent.log().contains(token));
+}
