@@ -2,6 +2,7 @@
 //! `s3dma-client`).
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IsTerminal as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -452,18 +453,40 @@ pub(crate) async fn get(
     Ok(())
 }
 
+/// A `--meta` item that is not `NAME=VALUE`.
+#[derive(Debug)]
+pub(crate) enum BadMeta {
+    /// No `=`.
+    NoEquals(String),
+    /// `=VALUE`.
+    EmptyName(String),
+}
+
+impl fmt::Display for BadMeta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BadMeta::NoEquals(item) => write!(f, "--meta {item:?}: expected NAME=VALUE"),
+            BadMeta::EmptyName(item) => write!(f, "--meta {item:?}: the name is empty"),
+        }
+    }
+}
+
+impl std::error::Error for BadMeta {}
+
 /// Parses `--meta k=v`.
 ///
 /// # Errors
-/// No `=`, or an empty name.
-pub(crate) fn parse_meta(items: &[String]) -> std::result::Result<HashMap<String, String>, String> {
+/// No `=`, or an empty name ([`BadMeta`]).
+pub(crate) fn parse_meta(
+    items: &[String],
+) -> std::result::Result<HashMap<String, String>, BadMeta> {
     let mut out = HashMap::new();
     for item in items {
         let (k, v) = item
             .split_once('=')
-            .ok_or_else(|| format!("--meta {item:?}: expected NAME=VALUE"))?;
+            .ok_or_else(|| BadMeta::NoEquals(item.clone()))?;
         if k.is_empty() {
-            return Err(format!("--meta {item:?}: the name is empty"));
+            return Err(BadMeta::EmptyName(item.clone()));
         }
         out.insert(k.to_ascii_lowercase(), v.to_owned());
     }

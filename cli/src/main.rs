@@ -218,7 +218,11 @@ enum Cmd {
     #[command(disable_help_flag = true, disable_version_flag = true)]
     Local {
         /// The arguments of `s3dma-local` (`s3dma local --help` lists them).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "ARGS"
+        )]
         args: Vec<std::ffi::OsString>,
     },
 }
@@ -279,7 +283,7 @@ impl TreeArgs {
             ));
         }
         Ok(recursive::TreeOptions {
-            filters: Filters::new(filters).map_err(Failure::Usage)?,
+            filters: Filters::new(filters).map_err(|e| Failure::Usage(e.to_string()))?,
             concurrency: usize::from(self.concurrency),
             memory: self.memory.0,
             chunk: self.chunk_size.0,
@@ -294,9 +298,22 @@ impl TreeArgs {
 }
 
 /// `--shim-uid`: a uid or a user name.
-fn parse_shim_uid(s: &str) -> Result<u32, String> {
-    s3dma_client::resolve_uid(s).map_err(|e| e.message().to_owned())
+fn parse_shim_uid(s: &str) -> Result<u32, BadUid> {
+    s3dma_client::resolve_uid(s).map_err(BadUid)
 }
+
+/// A `--shim-uid` that names no user: the client's message alone (clap
+/// names the option).
+#[derive(Debug)]
+struct BadUid(s3dma_client::Error);
+
+impl std::fmt::Display for BadUid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.message())
+    }
+}
+
+impl std::error::Error for BadUid {}
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();

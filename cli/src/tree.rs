@@ -155,21 +155,40 @@ pub(crate) struct FilterArg {
     pub glob: String,
 }
 
+/// An `--include`/`--exclude` glob that does not parse: `--exclude "[": why`.
+#[derive(Debug)]
+pub(crate) struct BadGlob {
+    include: bool,
+    glob: String,
+    source: globset::Error,
+}
+
+impl std::fmt::Display for BadGlob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let flag = if self.include { "include" } else { "exclude" };
+        write!(f, "--{flag} {:?}: {}", self.glob, self.source)
+    }
+}
+
+impl std::error::Error for BadGlob {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 impl Filters {
     /// Builds the filters from the arguments, ordered by position.
     ///
     /// # Errors
-    /// A glob that does not parse (its text and why).
-    pub(crate) fn new(mut args: Vec<FilterArg>) -> Result<Filters, String> {
+    /// A glob that does not parse ([`BadGlob`]: its text and why).
+    pub(crate) fn new(mut args: Vec<FilterArg>) -> Result<Filters, BadGlob> {
         args.sort_by_key(|a| a.position);
         let mut rules = Vec::with_capacity(args.len());
         for a in args {
-            let glob = Glob::new(&a.glob).map_err(|e| {
-                format!(
-                    "--{} {:?}: {e}",
-                    if a.include { "include" } else { "exclude" },
-                    a.glob
-                )
+            let glob = Glob::new(&a.glob).map_err(|source| BadGlob {
+                include: a.include,
+                glob: a.glob.clone(),
+                source,
             })?;
             rules.push((a.include, glob.compile_matcher()));
         }
@@ -420,7 +439,8 @@ mod tests {
             include: false,
             glob: "[".into(),
         }])
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.starts_with("--exclude \"[\""), "{e}");
     }
 

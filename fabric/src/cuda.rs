@@ -140,7 +140,24 @@ struct Api {
     error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
 }
 
-fn load() -> std::result::Result<Api, String> {
+/// Why the CUDA driver API could not be loaded (kept for the process's
+/// life: every later use fails the same way).
+#[derive(Debug, Clone, thiserror::Error)]
+enum LoadError {
+    /// Neither library name loads; both reasons.
+    #[error(
+        "cannot load libcuda.so.1 ({first}) nor libcuda.so ({second}); is the NVIDIA driver installed?"
+    )]
+    Library { first: String, second: String },
+    /// The library loads but lacks a function.
+    #[error("libcuda lacks {name}: {reason}")]
+    Symbol { name: String, reason: String },
+    /// `cuInit` failed: the driver's text for its code.
+    #[error("cuInit: {0}")]
+    Init(String),
+}
+
+fn load() -> std::result::Result<Api, LoadError> {
     // SAFETY: loading the CUDA driver library runs its initialisers, which
     // is what every CUDA program does; we call nothing before cuInit.
     let lib = unsafe { libloading::Library::new("libcuda.so.1") }.or_else(|first| {
@@ -148,17 +165,20 @@ fn load() -> std::result::Result<Api, String> {
         unsafe { libloading::Library::new("libcuda.so") }.map_err(|second| {
             // Both reasons: the first is the one that matters when
             // libcuda.so.1 exists but does not load.
-            format!(
-                "cannot load libcuda.so.1 ({first}) nor libcuda.so ({second}); is the NVIDIA driver installed?"
-            )
+            LoadError::Library {
+                first: first.to_string(),
+                second: second.to_string(),
+            }
         })
     })?;
     macro_rules! sym {
         ($name:literal) => {
             // SAFETY: the symbol has the C signature of the CUDA driver API
             // function of that name (cuda.h), matching the field's type.
-            *unsafe { lib.get($name) }
-                .map_err(|e| format!("libcuda lacks {}: {e}", String::from_utf8_lossy($name)))?
+            *unsafe { lib.get($name) }.map_err(|e| LoadError::Symbol {
+                name: String::from_utf8_lossy($name).into_owned(),
+                reason: e.to_string(),
+            })?
         };
     }
     let api = Api {
@@ -194,16 +214,16 @@ fn load() -> std::result::Result<Api, String> {
     // SAFETY: cuInit(0) is the documented first call.
     let rc = unsafe { (api.init)(0) };
     if rc != 0 {
-        return Err(format!("cuInit: {}", describe(&api, rc)));
+        return Err(LoadError::Init(describe(&api, rc)));
     }
     Ok(api)
 }
 
 fn api() -> Result<&'static Api> {
-    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+    static API: OnceLock<std::result::Result<Api, LoadError>> = OnceLock::new();
     API.get_or_init(load)
         .as_ref()
-        .map_err(|e| FabricError::Cuda(e.clone()))
+        .map_err(|e| FabricError::Cuda(e.to_string()))
 }
 
 /// The driver's text for `rc` and the number, e.g. `invalid resource

@@ -181,9 +181,9 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     #[cfg(feature = "verbs")]
     let qp_host = {
         let dc = if !c.fabric.dc.enabled {
-            Err("fabric.dc.enabled is false".to_owned())
+            Err(crate::qp_link::NoDcTarget::Disabled)
         } else if domain.backend() != fabric::Backend::Verbs {
-            Err("the fabric backend is tcp".to_owned())
+            Err(crate::qp_link::NoDcTarget::Tcp)
         } else {
             // One DC target per tenant, in the tenant's domain: a DC
             // peer reaches one tenant's windows at most (the well-known
@@ -195,7 +195,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
                     crate::qp_link::DcHost::create(&t.domain, &c.fabric.dc)
                         .map(|d| (t.domain.clone(), d))
                 })
-                .collect::<Result<Vec<_>, String>>()
+                .collect::<Result<Vec<_>, _>>()
         };
         match &dc {
             Ok(d) => tracing::info!(

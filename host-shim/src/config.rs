@@ -705,20 +705,26 @@ fn valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// Why `socket.mode` is refused ([`parse_mode`]).
+#[derive(Debug, thiserror::Error)]
+enum ModeError {
+    #[error("{0:?} is not an octal mode such as \"0660\"")]
+    NotOctal(String),
+    #[error("{0:?} has bits beyond 0777 (setuid, setgid and sticky make no sense on a socket)")]
+    SpecialBits(String),
+    #[error("{0:?} must let the owner read and write (0600 at least)")]
+    OwnerCannotReadWrite(String),
+}
+
 /// `"0660"` → `0o660`: octal permission bits, no setuid/setgid/sticky.
-fn parse_mode(s: &str) -> Result<u32, String> {
+fn parse_mode(s: &str) -> Result<u32, ModeError> {
     let digits = s.strip_prefix("0o").unwrap_or(s);
-    let mode = u32::from_str_radix(digits, 8)
-        .map_err(|_| format!("{s:?} is not an octal mode such as \"0660\""))?;
+    let mode = u32::from_str_radix(digits, 8).map_err(|_| ModeError::NotOctal(s.to_owned()))?;
     if mode > 0o777 {
-        return Err(format!(
-            "{s:?} has bits beyond 0777 (setuid, setgid and sticky make no sense on a socket)"
-        ));
+        return Err(ModeError::SpecialBits(s.to_owned()));
     }
     if mode & 0o600 != 0o600 {
-        return Err(format!(
-            "{s:?} must let the owner read and write (0600 at least)"
-        ));
+        return Err(ModeError::OwnerCannotReadWrite(s.to_owned()));
     }
     Ok(mode)
 }
@@ -745,14 +751,26 @@ pub(crate) fn check_socket_dir(socket: &Path) -> Result<(), s3dma_service::priva
     }
 }
 
-fn resolve_group(g: &str) -> Result<u32, String> {
+/// Why `socket.group` names no group ([`resolve_group`]).
+#[derive(Debug, thiserror::Error)]
+enum GroupError {
+    #[error("no group named {0:?} on this host")]
+    Unknown(String),
+    #[error("cannot look up group {name:?}: {source}")]
+    Lookup { name: String, source: nix::Error },
+}
+
+fn resolve_group(g: &str) -> Result<u32, GroupError> {
     if let Ok(gid) = g.parse::<u32>() {
         return Ok(gid);
     }
     match nix::unistd::Group::from_name(g) {
         Ok(Some(group)) => Ok(group.gid.as_raw()),
-        Ok(None) => Err(format!("no group named {g:?} on this host")),
-        Err(e) => Err(format!("cannot look up group {g:?}: {e}")),
+        Ok(None) => Err(GroupError::Unknown(g.to_owned())),
+        Err(source) => Err(GroupError::Lookup {
+            name: g.to_owned(),
+            source,
+        }),
     }
 }
 

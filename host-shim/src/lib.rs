@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! s3dma's host-shim: the tenant API (`s3dma.tenant.v1`) on a Unix socket.
 //!
 //! * [`socket`]: binds the socket, takes each connection's peer credentials

@@ -59,21 +59,45 @@ impl std::fmt::Debug for DcHost {
     }
 }
 
+/// Why the shim has no DC target (cuObject-dialect targets are then
+/// reached over HTTP through the agent).
+#[derive(Debug, thiserror::Error)]
+pub enum NoDcTarget {
+    /// `fabric.dc.enabled: false`.
+    #[error("fabric.dc.enabled is false")]
+    Disabled,
+    /// The fabric backend is tcp: DC needs verbs.
+    #[error("the fabric backend is tcp")]
+    Tcp,
+    /// A build without the `dc` feature.
+    #[error("this host-shim was built without the dc feature")]
+    NotBuilt,
+    /// The device has no DC (`fabric::verbs::dc::probe`).
+    #[error("{0}")]
+    Probe(fabric::FabricError),
+    /// The device refused the DC target.
+    #[error("creating the DC target: {0}")]
+    Dct(fabric::FabricError),
+    /// The DC retry settings give no bounded budget.
+    #[error("{0}")]
+    Budget(s3dma_wire::dc::RetryBudgetError),
+}
+
 impl DcHost {
     /// The DC target of `domain`'s port (`dc` feature, an mlx5 device with
     /// DC), or why there is none.
     ///
     /// # Errors
-    /// The reason, in words: no DC build, no DC on the device, a refused
-    /// DCT.
-    pub fn create(domain: &Domain, cfg: &crate::config::DcConfig) -> Result<DcHost, String> {
+    /// The reason ([`NoDcTarget`]): no DC build, no DC on the device, a
+    /// refused DCT.
+    pub fn create(domain: &Domain, cfg: &crate::config::DcConfig) -> Result<DcHost, NoDcTarget> {
         #[cfg(feature = "dc")]
         {
             use fabric::verbs::dc::{Dct, probe};
             // IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ: what a
             // window's own registration allows decides, per window.
             const ACCESS: u32 = 1 | 2 | 4;
-            probe(domain).map_err(|e| e.to_string())?;
+            probe(domain).map_err(NoDcTarget::Probe)?;
             let dct = Dct::create(
                 domain,
                 cfg.dc_key,
@@ -85,10 +109,10 @@ impl DcHost {
                 Some(cfg.traffic_class),
                 cfg.hop_limit,
             )
-            .map_err(|e| format!("creating the DC target: {e}"))?;
+            .map_err(NoDcTarget::Dct)?;
             let budget = s3dma_wire::dc::RetrySettings::default()
                 .budget()
-                .map_err(|e| e.to_string())?;
+                .map_err(NoDcTarget::Budget)?;
             Ok(DcHost {
                 target: dct.target(),
                 budget,
@@ -98,7 +122,7 @@ impl DcHost {
         #[cfg(not(feature = "dc"))]
         {
             let _ = (domain, cfg);
-            Err("this host-shim was built without the dc feature".into())
+            Err(NoDcTarget::NotBuilt)
         }
     }
 
@@ -133,7 +157,7 @@ pub struct QpHost {
     tables: Mutex<Tables>,
     /// Each tenant's DC target by the tenant's protection domain, or why
     /// there are none.
-    dc: Result<Vec<(Domain, DcHost)>, String>,
+    dc: Result<Vec<(Domain, DcHost)>, NoDcTarget>,
 }
 
 impl std::fmt::Debug for QpHost {
@@ -215,7 +239,7 @@ impl QpHost {
     pub fn new(
         domain: &Domain,
         max_queue_pairs: usize,
-        dc: Result<Vec<(Domain, DcHost)>, String>,
+        dc: Result<Vec<(Domain, DcHost)>, NoDcTarget>,
     ) -> Option<Arc<QpHost>> {
         (domain.backend() == fabric::Backend::Verbs).then(|| {
             Arc::new(QpHost {

@@ -445,7 +445,10 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
                 }
                 Ok(req) => match refused {
                     Some(message) => (req.seq(), Err(message)),
-                    None => (req.seq(), accept_fds(registry, &tenant, &lease, req, fds)),
+                    None => (
+                        req.seq(),
+                        accept_fds(registry, &tenant, &lease, req, fds).map_err(|e| e.to_string()),
+                    ),
                 },
             };
             let reply = match result {
@@ -461,26 +464,28 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
     tracing::debug!(tenant = %tenant.name, pid = peer.pid, "lease closed");
 }
 
+/// Why an FD frame's descriptor was not added to the lease.
+#[derive(Debug, thiserror::Error)]
+enum FdRefused {
+    #[error("an FD frame must carry exactly one file descriptor (SCM_RIGHTS), not {0}")]
+    NotOne(usize),
+    #[error(transparent)]
+    Registry(#[from] crate::error::ShimError),
+}
+
 fn accept_fds(
     registry: &Registry,
     tenant: &crate::registry::Tenant,
     lease: &crate::registry::Lease,
     req: Request,
-    mut fds: Vec<OwnedFd>,
-) -> Result<lease::Id, String> {
-    if fds.len() != 1 {
-        // Extra fds are closed when `fds` drops.
-        return Err(format!(
-            "an FD frame must carry exactly one file descriptor (SCM_RIGHTS), not {}",
-            fds.len()
-        ));
-    }
-    let fd = fds.pop().ok_or("no fd")?;
-    match req {
+    fds: Vec<OwnedFd>,
+) -> Result<lease::Id, FdRefused> {
+    // Extra fds are closed when the refused `Vec` drops.
+    let [fd] = <[OwnedFd; 1]>::try_from(fds).map_err(|fds| FdRefused::NotOne(fds.len()))?;
+    Ok(match req {
         Request::Fd(_) => registry.add_fd(tenant, lease, fd),
         Request::CudaFd(_) => registry.add_cuda_fd(tenant, lease, fd),
-    }
-    .map_err(|e| e.to_string())
+    }?)
 }
 
 /// Reads one 8-byte request frame and the fds that came with it. `None` at

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! s3dma's gRPC contracts, generated from the `.proto` files next to this
 //! crate by tonic/prost, and the one non-gRPC wire format they rely on.
 //!

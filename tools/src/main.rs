@@ -270,8 +270,8 @@ get_1g_vs_raw_tcp, raw_tcp_gbps, get_4k_p50_us, http_get_4k_p50_us,
 get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see tools/README.md, JSON keys).";
 
 /// `--shim-uid`: a uid or a user name.
-fn parse_shim_uid(s: &str) -> Result<u32, String> {
-    s3dma_client::resolve_uid(s).map_err(|e| e.message().to_owned())
+fn parse_shim_uid(s: &str) -> anyhow::Result<u32> {
+    s3dma_client::resolve_uid(s).map_err(|e| anyhow::anyhow!("{}", e.message()))
 }
 
 fn main() -> ExitCode {

@@ -397,7 +397,7 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
         let k = rng.random_range(0..KEYS);
         let key = format!("{prefix}k{k}");
         let op = pick_op(rng.random());
-        let r: Result<usize, String> = match op {
+        let r: anyhow::Result<usize> = match op {
             SoakOp::Put => {
                 let len = if i == 0 && rng.random_ratio(1, 40) {
                     MULTIPART_SIZE
@@ -428,12 +428,12 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
                         // The object's state is unknown now.
                         model[k] = None;
                         let _ = client.delete(BUCKET, &key).await;
-                        Err(format!("PUT {key}: {len} bytes stored as {}", out.size))
+                        Err(anyhow!("PUT {key}: {len} bytes stored as {}", out.size))
                     }
                     Err(e) => {
                         model[k] = None;
                         let _ = client.delete(BUCKET, &key).await;
-                        Err(format!("PUT {key} ({len} bytes): {e}"))
+                        Err(anyhow!("PUT {key} ({len} bytes): {e}"))
                     }
                 }
             }
@@ -450,17 +450,20 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
                         .get_object_into(BUCKET, &key, &mut buf, 0, GetOptions::default())
                         .await
                     {
-                        Err(e) => Err(format!("GET {key}: {e}")),
+                        Err(e) => Err(anyhow!("GET {key}: {e}")),
                         Ok(got)
                             if got.bytes_placed != o.len as u64 || got.object.etag != o.etag =>
                         {
-                            Err(format!(
+                            Err(anyhow!(
                                 "GET {key}: {} bytes, ETag {}; expected {} bytes, ETag {}",
-                                got.bytes_placed, got.object.etag, o.len, o.etag
+                                got.bytes_placed,
+                                got.object.etag,
+                                o.len,
+                                o.etag
                             ))
                         }
                         Ok(_) if crc32fast::hash(&buf.as_slice()[..o.len]) != o.crc => {
-                            Err(format!("GET {key}: the {} bytes differ (CRC-32)", o.len))
+                            Err(anyhow!("GET {key}: the {} bytes differ (CRC-32)", o.len))
                         }
                         Ok(_) => Ok(o.len),
                     }
@@ -497,13 +500,14 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
                             .get_object_into(BUCKET, &key, &mut buf, at, opts)
                             .await
                         {
-                            Err(e) => Err(format!("GET {key} bytes {first}-{last}: {e}")),
+                            Err(e) => Err(anyhow!("GET {key} bytes {first}-{last}: {e}")),
                             Ok(got)
                                 if got.bytes_placed != want as u64 || got.range_start != first =>
                             {
-                                Err(format!(
+                                Err(anyhow!(
                                     "GET {key} bytes {first}-{last}: {} bytes from {}",
-                                    got.bytes_placed, got.range_start
+                                    got.bytes_placed,
+                                    got.range_start
                                 ))
                             }
                             Ok(_) => {
@@ -512,7 +516,7 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
                                 if buf.as_slice()[at..at + want] == scratch[f..=l] {
                                     Ok(want)
                                 } else {
-                                    Err(format!("GET {key} bytes {first}-{last}: the bytes differ"))
+                                    Err(anyhow!("GET {key} bytes {first}-{last}: the bytes differ"))
                                 }
                             }
                         }
@@ -524,7 +528,7 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
                 Some(o) => check_head(&client, &key, o).await.map(|()| 0),
             },
             SoakOp::List => match client.list_all(BUCKET, &prefix).await {
-                Err(e) => Err(format!("LIST {prefix}: {e}")),
+                Err(e) => Err(anyhow!("LIST {prefix}: {e}")),
                 Ok(listed) => {
                     let mut got: Vec<(String, u64, String)> = listed
                         .into_iter()
@@ -543,19 +547,19 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
                     if got == want {
                         Ok(0)
                     } else {
-                        Err(format!("LIST {prefix}: got {got:?}, expected {want:?}"))
+                        Err(anyhow!("LIST {prefix}: got {got:?}, expected {want:?}"))
                     }
                 }
             },
             SoakOp::Delete => {
                 let r = client.delete(BUCKET, &key).await;
                 model[k] = None;
-                r.map(|()| 0).map_err(|e| format!("DELETE {key}: {e}"))
+                r.map(|()| 0).map_err(|e| anyhow!("DELETE {key}: {e}"))
             }
         };
         match r {
             Ok(bytes) => shared.done(op, bytes),
-            Err(msg) => shared.fail(i, &msg),
+            Err(msg) => shared.fail(i, &msg.to_string()),
         }
     }
     if let Err(e) = buf.release().await {
@@ -564,28 +568,33 @@ async fn worker(i: usize, socket: &Path, seed: u64, end: Instant, shared: &Share
 }
 
 /// A missing object must be `NotFound`.
-fn expect_missing(r: Result<(), s3dma_client::Error>, key: &str) -> Result<usize, String> {
+fn expect_missing(r: Result<(), s3dma_client::Error>, key: &str) -> anyhow::Result<usize> {
     match r {
         Err(e) if e.kind == ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(format!("{key} should be missing: {e}")),
-        Ok(()) => Err(format!("{key} should be missing but was read")),
+        Err(e) => Err(anyhow!("{key} should be missing: {e}")),
+        Ok(()) => Err(anyhow!("{key} should be missing but was read")),
     }
 }
 
-async fn check_head(client: &Client, key: &str, o: &Obj) -> Result<(), String> {
+async fn check_head(client: &Client, key: &str, o: &Obj) -> anyhow::Result<()> {
     let info = client
         .head(BUCKET, key)
         .await
-        .map_err(|e| format!("HEAD {key}: {e}"))?;
+        .map_err(|e| anyhow!("HEAD {key}: {e}"))?;
     let seed = info.metadata.get("seed").cloned().unwrap_or_default();
     if info.size != o.len as u64
         || info.etag != o.etag
         || seed != format!("{:016x}", o.seed)
         || info.content_type != "application/x-s3dma-soak"
     {
-        return Err(format!(
+        return Err(anyhow!(
             "HEAD {key}: size {} ETag {} seed {seed:?} type {:?}; expected {} {} {:016x}",
-            info.size, info.etag, info.content_type, o.len, o.etag, o.seed
+            info.size,
+            info.etag,
+            info.content_type,
+            o.len,
+            o.etag,
+            o.seed
         ));
     }
     Ok(())

@@ -550,8 +550,11 @@ mod device {
             hop_limit: u8,
         ) -> Result<Dct> {
             let v = verbs_of(domain)?;
-            let sgid = select_target_gid(&v.gids, v.ethernet, gid)
-                .map_err(|reason| FabricError::Unavailable { reason })?;
+            let sgid = select_target_gid(&v.gids, v.ethernet, gid).map_err(|e| {
+                FabricError::Unavailable {
+                    reason: e.to_string(),
+                }
+            })?;
             let ctx = v.context();
             // SAFETY: `ctx` is open.
             let cq =

@@ -124,27 +124,47 @@ pub struct GidChoice {
     pub allow_link_local: bool,
 }
 
+/// Why no GID of a port fits a [`GidChoice`] ([`select_target_gid`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoTargetGid {
+    /// The configured index has no GID.
+    #[error("GID index {0} is not populated on this port")]
+    NotPopulated(u8),
+    /// An InfiniBand port without a valid GID.
+    #[error("the port has no valid GID")]
+    NoValid,
+    /// A RoCE port without a RoCE v2 GID (link-local ones allowed).
+    #[error("the port has no RoCE v2 GID")]
+    NoRoceV2,
+    /// A RoCE port without a routable RoCE v2 GID (link-local ones not allowed).
+    #[error(
+        "the port has no routable RoCE v2 GID (configure an IPv4 or global IPv6 \
+         address on its netdev, or allow link-local GIDs)"
+    )]
+    NoRoutableRoceV2,
+}
+
 /// The GID a token names ([`GidChoice`]): the configured index, else on
 /// RoCE the best routable RoCE v2 GID ([`select_gid`]'s order: IPv4-mapped
 /// first; RoCE v1 never), a link-local one only when allowed; on
 /// InfiniBand the first valid GID.
 ///
 /// # Errors
-/// Why no GID fits, in words.
+/// Why no GID fits ([`NoTargetGid`]).
 pub fn select_target_gid(
     entries: &[GidEntry],
     link_layer_ethernet: bool,
     choice: GidChoice,
-) -> Result<GidEntry, String> {
+) -> Result<GidEntry, NoTargetGid> {
     if let Some(index) = choice.index {
         return entries
             .iter()
             .find(|e| e.index == index && e.gid != [0; 16])
             .copied()
-            .ok_or_else(|| format!("GID index {index} is not populated on this port"));
+            .ok_or(NoTargetGid::NotPopulated(index));
     }
     if !link_layer_ethernet {
-        return select_gid(entries, false).ok_or_else(|| "the port has no valid GID".to_owned());
+        return select_gid(entries, false).ok_or(NoTargetGid::NoValid);
     }
     let usable: Vec<GidEntry> = entries
         .iter()
@@ -152,14 +172,10 @@ pub fn select_target_gid(
         .filter(|e| choice.allow_link_local || GidKind::of(&e.gid) != GidKind::LinkLocal)
         .copied()
         .collect();
-    select_gid(&usable, true).ok_or_else(|| {
-        if choice.allow_link_local {
-            "the port has no RoCE v2 GID".to_owned()
-        } else {
-            "the port has no routable RoCE v2 GID (configure an IPv4 or global IPv6 \
-             address on its netdev, or allow link-local GIDs)"
-                .to_owned()
-        }
+    select_gid(&usable, true).ok_or(if choice.allow_link_local {
+        NoTargetGid::NoRoceV2
+    } else {
+        NoTargetGid::NoRoutableRoceV2
     })
 }
 
@@ -250,7 +266,9 @@ mod tests {
         let table = roce_table();
         let auto = GidChoice::default();
         assert_eq!(select_target_gid(&table, true, auto).unwrap().index, 3);
-        let err = select_target_gid(&table[..3], true, auto).unwrap_err();
+        let err = select_target_gid(&table[..3], true, auto)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("no routable RoCE v2 GID"),
             "RoCE v1 never: {err}"
@@ -274,7 +292,9 @@ mod tests {
             select_target_gid(&table, true, by_index(1)).unwrap().index,
             1
         );
-        let err = select_target_gid(&table, true, by_index(9)).unwrap_err();
+        let err = select_target_gid(&table, true, by_index(9))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("index 9"), "{err}");
         let ib = [e(0, "fe80::2", GidType::Ib)];
         assert_eq!(select_target_gid(&ib, false, auto).unwrap().index, 0);

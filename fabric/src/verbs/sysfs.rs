@@ -146,7 +146,9 @@ mod tests {
             ],
         );
         let table = gid_table(dir.path(), "mlx5_bond_0", 1);
-        let err = select_target_gid(&table, true, GidChoice::default()).unwrap_err();
+        let err = select_target_gid(&table, true, GidChoice::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no routable RoCE v2 GID"), "{err}");
         let allowed = GidChoice {
             allow_link_local: true,

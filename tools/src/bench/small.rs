@@ -19,7 +19,7 @@ use crate::stats::{Latencies, per_second};
 struct WorkerResult<B> {
     state: B,
     lat: Latencies,
-    error: Option<String>,
+    error: Option<anyhow::Error>,
 }
 
 /// Runs `n` workers for warm-up + cell time; `work(i, state)` does one
@@ -35,7 +35,7 @@ async fn cell<B, W, F>(
 where
     B: Send + 'static,
     W: Fn(usize, B) -> F + Send + Sync + 'static,
-    F: Future<Output = (B, Result<(), String>)> + Send + 'static,
+    F: Future<Output = (B, anyhow::Result<()>)> + Send + 'static,
 {
     let start = Instant::now();
     let measure_from = start + plan.warmup;
@@ -159,17 +159,17 @@ pub(super) async fn small(
                                     },
                                 )
                                 .await
-                                .map_err(|e| format!("s3dma GET {key}: {e}"))
+                                .map_err(|e| anyhow!("s3dma GET {key}: {e}"))
                                 .and_then(|o| {
                                     (o.bytes_placed == size.bytes).then_some(()).ok_or_else(|| {
-                                        format!("s3dma GET {key}: {} bytes", o.bytes_placed)
+                                        anyhow!("s3dma GET {key}: {} bytes", o.bytes_placed)
                                     })
                                 }),
                             Op::Put => client
                                 .put_object_from(BUCKET, &key, &buf, 0..n, PutOptions::default())
                                 .await
                                 .map(|_| ())
-                                .map_err(|e| format!("s3dma PUT {key}: {e}")),
+                                .map_err(|e| anyhow!("s3dma PUT {key}: {e}")),
                         };
                         (buf, r)
                     }
@@ -195,11 +195,11 @@ pub(super) async fn small(
                         let r = match op {
                             Op::Get => http_get_into(&s3, &key, &mut dst)
                                 .await
-                                .map_err(|e| format!("HTTP GET {key}: {e:#}"))
+                                .map_err(|e| anyhow!("HTTP GET {key}: {e:#}"))
                                 .and_then(|got| {
                                     (got == n)
                                         .then_some(())
-                                        .ok_or_else(|| format!("HTTP GET {key}: {got} bytes"))
+                                        .ok_or_else(|| anyhow!("HTTP GET {key}: {got} bytes"))
                                 }),
                             Op::Put => s3
                                 .put_object()
@@ -211,7 +211,7 @@ pub(super) async fn small(
                                 .await
                                 .map(|_| ())
                                 .map_err(|e| {
-                                    format!(
+                                    anyhow!(
                                         "HTTP PUT {key}: {}",
                                         aws_sdk_s3::error::DisplayErrorContext(e)
                                     )
