@@ -50,7 +50,7 @@ impl Metrics {
                 "s3dma_agent_requests_total",
                 "Tenant requests by operation and outcome",
             ),
-            &["tenant", "op", "status"],
+            &["tenant", "op", "outcome"],
         )
         .expect("metric");
         let latency = HistogramVec::new(
@@ -91,7 +91,7 @@ impl Metrics {
                 "s3dma_agent_target_requests_total",
                 "S3 requests sent to targets, by HTTP status (or `error` when no reply came)",
             ),
-            &["target", "method", "status"],
+            &["target", "method", "outcome"],
         )
         .expect("metric");
         let target_up = prometheus::IntGaugeVec::new(
@@ -144,9 +144,9 @@ impl Metrics {
         let connects = IntCounterVec::new(
             Opts::new(
                 "s3dma_agent_fabric_connects_total",
-                "Fabric session connects by result (ok | error | timeout)",
+                "Fabric session connects by outcome (ok | error | timeout)",
             ),
-            &["result"],
+            &["outcome"],
         )
         .expect("metric");
         let connections = IntGauge::new(
@@ -216,8 +216,10 @@ impl Metrics {
     }
 
     /// A finished tenant request.
-    pub fn request(&self, tenant: &str, op: &str, status: &str, elapsed: Duration) {
-        self.requests.with_label_values(&[tenant, op, status]).inc();
+    pub fn request(&self, tenant: &str, op: &str, outcome: &str, elapsed: Duration) {
+        self.requests
+            .with_label_values(&[tenant, op, outcome])
+            .inc();
         self.latency
             .with_label_values(&[tenant, op])
             .observe(elapsed.as_secs_f64());
@@ -243,10 +245,11 @@ impl Metrics {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// An S3 request to a target finished with `status` (HTTP code or `error`).
-    pub fn target_request(&self, target: &str, method: &str, status: &str) {
+    /// An S3 request to a target ended with `outcome` (its HTTP status
+    /// code, or `error` when no reply came).
+    pub fn target_request(&self, target: &str, method: &str, outcome: &str) {
         self.target_requests
-            .with_label_values(&[target, method, status])
+            .with_label_values(&[target, method, outcome])
             .inc();
     }
 

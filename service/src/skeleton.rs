@@ -113,16 +113,27 @@ pub fn main<P: Program>(args: &ServiceArgs) -> ExitCode {
         |cfg, shutdown| async move {
             let mut running = P::start(cfg)
                 .await
-                .map_err(|e| P::start_error(&config, &e))?;
+                .map_err(|e| ServeError::Start(P::start_error(&config, &e)))?;
             announce(running.ready_lines());
             tokio::select! {
-                r = running.wait() => r.map_err(|e| report(&e))?,
+                r = running.wait() => r.map_err(ServeError::Stopped)?,
                 () = shutdown.cancelled() => {}
             }
             running.shutdown().await;
-            Ok::<(), String>(())
+            Ok::<(), ServeError>(())
         },
     )
+}
+
+/// Why [`main`] ends with an error once the configuration is loaded.
+#[derive(Debug, thiserror::Error)]
+enum ServeError {
+    /// The service did not start (as [`Program::start_error`] reads it).
+    #[error("{0}")]
+    Start(String),
+    /// The service stopped on its own (the error and its sources).
+    #[error("{}", report(.0))]
+    Stopped(ServerStopped),
 }
 
 /// The command line every service takes: `--config FILE [--check]`.

@@ -109,17 +109,20 @@ pub enum RdmaProtocol {
     CuobjectDc,
 }
 
-impl std::str::FromStr for RdmaProtocol {
-    type Err = String;
+/// A `protocol` that names no dialect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a dialect: s3dma, hipobj-rc-v2 or cuobject-dc")]
+pub struct UnknownProtocol(pub String);
 
-    fn from_str(s: &str) -> Result<RdmaProtocol, String> {
+impl std::str::FromStr for RdmaProtocol {
+    type Err = UnknownProtocol;
+
+    fn from_str(s: &str) -> Result<RdmaProtocol, UnknownProtocol> {
         match s {
             "s3dma" => Ok(RdmaProtocol::S3dma),
             "hipobj-rc-v2" => Ok(RdmaProtocol::HipobjRcV2),
             "cuobject-dc" => Ok(RdmaProtocol::CuobjectDc),
-            other => Err(format!(
-                "{other:?} is not a dialect: s3dma, hipobj-rc-v2 or cuobject-dc"
-            )),
+            other => Err(UnknownProtocol(other.to_owned())),
         }
     }
 }
