@@ -49,9 +49,9 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "s3dma_shim_requests_total",
-                "Tenant calls by tenant, op and status (the gRPC code name)",
+                "Tenant calls by tenant, op and outcome (the gRPC code name)",
             ),
-            &["tenant", "op", "status"],
+            &["tenant", "op", "outcome"],
         )
         .expect("metric");
         let latency = HistogramVec::new(

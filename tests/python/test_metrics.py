@@ -1,5 +1,5 @@
 """Prometheus metrics: GET /metrics on metrics_listen exposes
-s3dma_storage_target_requests_total with op and status labels."""
+s3dma_storage_target_requests_total with op and outcome labels."""
 
 from __future__ import annotations
 
@@ -36,19 +36,19 @@ def norm(op: str) -> str:
     return op.replace("_", "").replace("-", "").lower()
 
 
-def total(samples, op=None, status=None) -> float:
+def total(samples, op=None, outcome=None) -> float:
     out = 0.0
     for labels, v in samples.items():
         d = dict(labels)
         if op is not None and norm(d.get("op", "")) != norm(op):
             continue
-        if status is not None and d.get("status") != str(status):
+        if outcome is not None and d.get("outcome") != str(outcome):
             continue
         out += v
     return out
 
 
-def test_requests_total_by_op_and_status(target, s3, bucket):
+def test_requests_total_by_op_and_outcome(target, s3, bucket):
     assert target.metrics_url, "metrics_listen is configured; the binary must print 'metrics on http://...'"
     _, before = scrape(target.metrics_url)
     for i in range(3):
@@ -62,7 +62,7 @@ def test_requests_total_by_op_and_status(target, s3, bucket):
     assert after, f"no {METRIC} samples:\n{text[:2000]}"
     for labels in after:
         keys = dict(labels)
-        assert "op" in keys and "status" in keys, f"{METRIC} needs op and status labels: {labels}"
+        assert "op" in keys and "outcome" in keys, f"{METRIC} needs op and outcome labels: {labels}"
     assert total(after, "PutObject", 200) - total(before, "PutObject", 200) >= 3, after
     assert total(after, "GetObject", 200) - total(before, "GetObject", 200) >= 1, after
     assert total(after, "GetObject", 404) - total(before, "GetObject", 404) >= 2, after
