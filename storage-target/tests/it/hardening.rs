@@ -1045,7 +1045,7 @@ async fn issue30_two_users_naming_one_endpoint_get_separate_sessions() {
     assert_eq!(
         metric(
             &m,
-            "s3dma_storage_target_rdma_session_connects_total{result=\"ok\"}"
+            "s3dma_storage_target_rdma_session_connects_total{outcome=\"ok\"}"
         ),
         2,
         "{m}"

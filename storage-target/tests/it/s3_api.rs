@@ -609,7 +609,7 @@ async fn request_ids_and_metrics() {
     assert_eq!(m.status, 200);
     let text = m.text();
     assert!(
-        text.contains("s3dma_storage_target_requests_total{op=\"GetObject\",status=\"404\"} 1"),
+        text.contains("s3dma_storage_target_requests_total{op=\"GetObject\",outcome=\"404\"} 1"),
         "{text}"
     );
     assert!(

@@ -484,7 +484,7 @@ async fn quota_exceeded_is_slow_down() {
     let m = agent.metrics_text().await;
     assert!(
         m.contains(
-            r#"s3dma_agent_requests_total{op="GetObject",status="slow_down",tenant="alice"} 1"#
+            r#"s3dma_agent_requests_total{op="GetObject",outcome="slow_down",tenant="alice"} 1"#
         ),
         "{m}"
     );

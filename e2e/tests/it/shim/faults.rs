@@ -239,7 +239,7 @@ impl Faults {
             "s3dma_agent_target_requests_total",
             &[
                 &format!("method=\"{method}\""),
-                &format!("status=\"{status}\""),
+                &format!("outcome=\"{status}\""),
             ],
         )
     }

@@ -218,13 +218,13 @@ async fn tenants_are_isolated_by_bucket_and_prefix_policy() {
         sha256(&other)
     );
 
-    // Denials are counted per tenant with status "denied".
+    // Denials are counted per tenant with outcome "denied".
     let m = agent.metrics_text().await;
     assert!(
         m.lines()
             .any(|l| l.starts_with("s3dma_agent_requests_total{")
                 && l.contains("tenant=\"bob\"")
-                && l.contains("status=\"denied\"")),
+                && l.contains("outcome=\"denied\"")),
         "{m}"
     );
 }
