@@ -45,13 +45,7 @@ async fn main() {
     let sdk = target.s3(ALICE);
     let body = data(len, 9);
     let want = sha256(&body);
-    sdk.put_object()
-        .bucket("alice-data")
-        .key("big")
-        .body(body.into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&sdk, "alice-data", "big", body).await;
     let mem = Memory::new(len).await;
     let gb = len as f64 / 1e9;
 

@@ -29,7 +29,9 @@ pub mod s3;
 pub use files::{files_under, overlay, read_log, write_private, write_yaml};
 pub use net::{fd_count, free_port, metric_value, rss_anon_kib, scrape, scrape_blocking};
 pub use process::{Process, Service, ServiceSpec, block_on, wrapped};
-pub use s3::{create_bucket, get_as, https_client, put_as, s3_client, sdk_error, sign_v4_as};
+pub use s3::{
+    Raw, create_bucket, get_as, https_client, put_as, raw, s3_client, sdk_error, sign_v4_as,
+};
 
 use sha2::Digest as _;
 

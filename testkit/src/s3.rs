@@ -149,3 +149,66 @@ pub fn sign_v4_as(
     );
     headers
 }
+
+/// A raw HTTP response ([`raw`]).
+#[derive(Debug)]
+pub struct Raw {
+    /// The status code.
+    pub status: u16,
+    /// The headers.
+    pub headers: http::HeaderMap,
+    /// The whole body.
+    pub body: bytes::Bytes,
+}
+
+impl Raw {
+    /// The body as text (lossy).
+    #[must_use]
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Header `name`, when present and text.
+    #[must_use]
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The text of the first `<tag>` in the body.
+    #[must_use]
+    pub fn xml(&self, tag: &str) -> Option<String> {
+        let t = self.text();
+        let open = format!("<{tag}>");
+        let a = t.find(&open)? + open.len();
+        let b = t[a..].find(&format!("</{tag}>"))? + a;
+        Some(t[a..b].to_owned())
+    }
+}
+
+/// Sends a raw HTTP/1 request (unsigned unless `headers` carry a
+/// signature, e.g. from [`sign_v4_as`], or the URL is presigned) and reads
+/// the whole response.
+///
+/// # Panics
+/// When the request cannot be sent or the response read.
+pub async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: bytes::Bytes) -> Raw {
+    use http_body_util::BodyExt as _;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let mut req = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(req.body(http_body_util::Full::new(body)).unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Raw {
+        status,
+        headers,
+        body,
+    }
+}

@@ -61,13 +61,7 @@ async fn starts_creates_the_bucket_restarts_and_stops() {
     // The bucket exists; an object goes in and out over plain S3.
     let c = s3(&stack);
     c.head_bucket().bucket("launched").send().await.unwrap();
-    c.put_object()
-        .bucket("launched")
-        .key("k")
-        .body(b"kept".to_vec().into())
-        .send()
-        .await
-        .unwrap();
+    s3dma_testkit::put_as(&c, "launched", "k", b"kept".to_vec()).await;
 
     // Everything it wrote is private.
     let l = stack.layout().clone();

@@ -27,9 +27,9 @@ use fabric::FabricKey;
 
 pub use agent::{Agent, AgentSpec, TargetSpec};
 pub use s3dma_testkit::{
-    Process, Service, ServiceSpec, bin_dir, data, fd_count, free_port, get_as, large_object_len,
-    metric_value, overlay, put_as, read_log, rss_anon_kib, s3_client, scrape, sdk_error, sha256,
-    sign_v4_as, wrapped, write_private,
+    Process, Service, ServiceSpec, bin_dir, create_bucket, data, fd_count, free_port, get_as,
+    large_object_len, metric_value, overlay, put_as, read_log, rss_anon_kib, s3_client, scrape,
+    sdk_error, sha256, sign_v4_as, wrapped, write_private,
 };
 pub use target::{Target, TargetOpts};
 pub use tenant::{Memory, Shim};

@@ -110,7 +110,7 @@ async fn foreign_server(
     sdk: &aws_sdk_s3::Client,
     bucket: &'static str,
 ) {
-    sdk.create_bucket().bucket(bucket).send().await.unwrap();
+    create_bucket(&sdk, bucket).await;
     let mut spec = AgentSpec::new(vec![TargetSpec {
         name,
         endpoint: endpoint.to_string(),
@@ -165,7 +165,7 @@ async fn third_party_server_ignoring_the_token_is_never_a_success() {
     let moto = Moto::start();
     let sdk = s3_client(&moto.endpoint, ALICE.0, ALICE.1);
     let bucket = "alice-ignorer";
-    sdk.create_bucket().bucket(bucket).send().await.unwrap();
+    create_bucket(&sdk, bucket).await;
     let mut spec = AgentSpec::new(vec![TargetSpec {
         name: "ignorer",
         endpoint: moto.endpoint.clone(),

@@ -73,78 +73,74 @@ async fn upstream_in(t: &Target) -> f64 {
     )
 }
 
-/// PUT (single and multipart) and GET through the agent and the gateway:
-/// the bytes land in Ceph (read back straight from radosgw), come back
-/// over RDMA, and the second read of each object is served from the cache.
 /// A SigV4-signed (as alice) hipobj-rc-v2 PREPARE to `endpoint`: its status
 /// and `x-amz-rdma-protocol-status`.
 async fn signed_hipobj_prepare(endpoint: &str) -> (u16, Option<String>) {
-    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
     let url = format!("{endpoint}/.hipobj-rc/prepare");
-    let identity = aws_credential_types::Credentials::new(ALICE.0, ALICE.1, None, None, "t").into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(std::time::SystemTime::now())
-        .settings(SigningSettings::default())
-        .build()
-        .unwrap()
-        .into();
-    let host = url.split('/').nth(2).unwrap().to_owned();
-    let mut headers = vec![
-        ("host".to_owned(), host),
-        ("x-amz-rdma-protocol".to_owned(), "hipobj-rc-v2".to_owned()),
-        (
-            "x-amz-content-sha256".to_owned(),
-            "UNSIGNED-PAYLOAD".to_owned(),
-        ),
-    ];
-    let req = SignableRequest::new(
+    let headers = sign_v4_as(
+        ALICE,
         "POST",
         &url,
-        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        SignableBody::UnsignedPayload,
-    )
-    .unwrap();
-    let (instr, _) = sign(req, &params).unwrap().into_parts();
-    let (hs, _) = instr.into_parts();
-    headers.extend(
-        hs.into_iter()
-            .map(|h| (h.name().to_owned(), h.value().to_owned())),
+        &[("x-amz-rdma-protocol", "hipobj-rc-v2")],
+        aws_sigv4::http_request::SignableBody::UnsignedPayload,
+        std::time::SystemTime::now(),
     );
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<bytes::Bytes>>();
-    let mut b = http::Request::builder().method("POST").uri(&url);
-    for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
-        b = b.header(k, v);
-    }
-    let r = client
-        .request(
-            b.body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let marker = r
-        .headers()
-        .get("x-amz-rdma-protocol-status")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    (r.status().as_u16(), marker)
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| k != "host")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let r = s3dma_testkit::raw("POST", &url, &headers, bytes::Bytes::new()).await;
+    (
+        r.status,
+        r.header("x-amz-rdma-protocol-status").map(str::to_owned),
+    )
 }
 
+/// `n` gateways (`gw-0`, …) in front of the cluster without prefetch (it
+/// would fetch the chunks the other gateways own), with `cache_mib` of
+/// cache each, as one target group for `bucket`; an agent (alice may use
+/// `bucket`) with `transfer` routing to them.
+fn gateway_group(
+    ceph: &Ceph,
+    bucket: &'static str,
+    n: usize,
+    cache_mib: u64,
+    transfer: &str,
+) -> (Vec<Target>, Agent) {
+    const NAMES: [&str; 4] = ["gw-0", "gw-1", "gw-2", "gw-3"];
+    let cache = CacheConfig {
+        prefetch_chunks: 0,
+        ..cache(cache_mib, 0.0)
+    };
+    let gws: Vec<Target> = (0..n)
+        .map(|_| Target::start_opts(TargetOpts::gateway(&ceph.endpoint, cache.clone())))
+        .collect();
+    let mut spec = AgentSpec::new(
+        gws.iter()
+            .zip(NAMES)
+            .map(|(g, name)| TargetSpec {
+                name,
+                endpoint: g.endpoint.clone(),
+                buckets: vec![bucket],
+                rdma: true,
+            })
+            .collect(),
+    );
+    spec.transfer = transfer.into();
+    spec.extra_buckets = vec![("alice", bucket)];
+    (gws, Agent::start(spec))
+}
+
+/// PUT (single and multipart) and GET through the agent and the gateway:
+/// the bytes land in Ceph (read back straight from radosgw), come back
+/// over RDMA, and the second read of each object is served from the cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn puts_and_gets_through_the_gateway() {
     let ceph = ceph();
     let (gw, agent) = stack(&ceph.endpoint, cache(64, 0.0), vec!["gw-round-trips"]);
     // Buckets are made through the gateway too (forwarded as alice).
-    gw.s3(ALICE)
-        .create_bucket()
-        .bucket("gw-round-trips")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&gw.s3(ALICE), "gw-round-trips").await;
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
     // hipobj-rc-v2 clients get the dialect's fallback signal from a
     // gateway (501 + x-amz-rdma-protocol-status), not a bucket-name error.
@@ -248,25 +244,13 @@ async fn an_upstream_overwrite_is_seen_by_the_next_read() {
     let ceph = ceph();
     let (gw, agent) = stack(&ceph.endpoint, cache(16, 0.0), vec!["gw-overwrite"]);
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-overwrite")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&direct, "gw-overwrite").await;
     let shim = agent.client().await;
     let len = (2 << 20) + 5;
     let mem = Memory::new(len).await;
     for (round, seed) in [(0, 1u64), (1, 2)] {
         let body = data(len, seed);
-        direct
-            .put_object()
-            .bucket("gw-overwrite")
-            .key("k")
-            .body(body.clone().into())
-            .send()
-            .await
-            .unwrap();
+        put_as(&direct, "gw-overwrite", "k", body.clone()).await;
         for _ in 0..2 {
             let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
             shim.get("alice", "gw-overwrite", "k", None, &tok)
@@ -293,21 +277,9 @@ async fn a_user_denied_upstream_is_denied_through_a_warm_cache() {
     let ceph = ceph();
     let (gw, agent) = stack(&ceph.endpoint, cache(16, 0.0), vec!["gw-private"]);
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-private")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&direct, "gw-private").await;
     let body = data(1 << 20, 9);
-    direct
-        .put_object()
-        .bucket("gw-private")
-        .key("secret")
-        .body(body.clone().into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&direct, "gw-private", "secret", body.clone()).await;
     let shim = agent.client().await;
     let mem = Memory::new(1 << 20).await;
     let (w, tok) = mem.window(0, 1 << 20, Access::REMOTE_WRITE);
@@ -346,22 +318,10 @@ async fn a_fan_out_reads_the_upstream_about_once() {
     let mib = (len as u64 >> 20) + 8;
     let (gw, agent) = stack(&ceph.endpoint, cache(mib, 0.0), vec!["gw-fanout"]);
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-fanout")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&direct, "gw-fanout").await;
     let body = data(len, 77);
     let want = sha256(&body);
-    direct
-        .put_object()
-        .bucket("gw-fanout")
-        .key("ckpt")
-        .body(body.into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&direct, "gw-fanout", "ckpt", body).await;
     let shim = Arc::new(agent.client().await);
     let mut readers = Vec::new();
     for r in 0..8 {
@@ -444,21 +404,9 @@ impl Relay {
 async fn upstream_down() {
     let ceph = ceph();
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-down")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&direct, "gw-down").await;
     let body = data((1 << 20) + 3, 5);
-    direct
-        .put_object()
-        .bucket("gw-down")
-        .key("k")
-        .body(body.clone().into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&direct, "gw-down", "k", body.clone()).await;
     let len = body.len();
     for revalidate_after in [0.0, 600.0] {
         let relay = Relay::start(&ceph.endpoint).await;
@@ -509,36 +457,15 @@ async fn upstream_down() {
 async fn three_gateways_share_an_object_and_survive_one_killed() {
     let ceph = ceph();
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-group")
-        .send()
-        .await
-        .unwrap();
-    // No prefetch: it would fetch the chunks the other gateways own.
-    let cache = CacheConfig {
-        prefetch_chunks: 0,
-        ..cache(64, 0.0)
-    };
-    let mut gws: Vec<Target> = (0..3)
-        .map(|_| Target::start_opts(TargetOpts::gateway(&ceph.endpoint, cache.clone())))
-        .collect();
-    let names = ["gw-0", "gw-1", "gw-2"];
-    let mut spec = AgentSpec::new(
-        gws.iter()
-            .zip(names)
-            .map(|(g, name)| TargetSpec {
-                name,
-                endpoint: g.endpoint.clone(),
-                buckets: vec!["gw-group"],
-                rdma: true,
-            })
-            .collect(),
-    );
+    create_bucket(&direct, "gw-group").await;
     // Agent chunks the size of the gateways' cache chunks.
-    spec.transfer = "chunk_size: 1MiB\nmultipart_threshold: 8MiB\npart_size: 5MiB\n".into();
-    spec.extra_buckets = vec![("alice", "gw-group")];
-    let agent = Agent::start(spec);
+    let (mut gws, agent) = gateway_group(
+        ceph,
+        "gw-group",
+        3,
+        64,
+        "chunk_size: 1MiB\nmultipart_threshold: 8MiB\npart_size: 5MiB\n",
+    );
     let shim = agent.client().await;
     let len = 24 << 20;
     let body = data(len, 42);
@@ -620,46 +547,13 @@ async fn three_gateways_share_an_object_and_survive_one_killed() {
 async fn a_gateway_killed_mid_read_costs_no_bytes() {
     let ceph = ceph();
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-kill")
-        .send()
-        .await
-        .unwrap();
-    let cache = CacheConfig {
-        prefetch_chunks: 0,
-        ..cache(96, 0.0)
-    };
-    let mut gws: Vec<Target> = (0..3)
-        .map(|_| Target::start_opts(TargetOpts::gateway(&ceph.endpoint, cache.clone())))
-        .collect();
-    let names = ["gw-0", "gw-1", "gw-2"];
-    let mut spec = AgentSpec::new(
-        gws.iter()
-            .zip(names)
-            .map(|(g, name)| TargetSpec {
-                name,
-                endpoint: g.endpoint.clone(),
-                buckets: vec!["gw-kill"],
-                rdma: true,
-            })
-            .collect(),
-    );
-    spec.transfer = "chunk_size: 1MiB\n".into();
-    spec.extra_buckets = vec![("alice", "gw-kill")];
-    let agent = Agent::start(spec);
+    create_bucket(&direct, "gw-kill").await;
+    let (mut gws, agent) = gateway_group(ceph, "gw-kill", 3, 96, "chunk_size: 1MiB\n");
     let shim = agent.client().await;
     // Written straight to the cluster: every gateway's cache is cold.
     let len = 64 << 20;
     let body = data(len, 77);
-    direct
-        .put_object()
-        .bucket("gw-kill")
-        .key("big")
-        .body(body.clone().into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&direct, "gw-kill", "big", body.clone()).await;
 
     let mem = Memory::new(len).await;
     mem.clear(0);
@@ -736,12 +630,7 @@ async fn a_write_allocated_object_is_read_from_the_cache() {
     };
     let (gw, agent) = stack(&ceph.endpoint, cache, vec!["gw-write-alloc"]);
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-write-alloc")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&direct, "gw-write-alloc").await;
     enable_versioning(&direct, "gw-write-alloc").await;
     let shim = agent.client().await;
     let mem = Memory::new(7 << 20).await;
@@ -813,12 +702,7 @@ async fn an_overwrite_during_a_read_never_mixes_versions() {
     };
     let (gw, agent) = stack(&ceph.endpoint, cache, vec!["gw-torn"]);
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
-    direct
-        .create_bucket()
-        .bucket("gw-torn")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&direct, "gw-torn").await;
     let shim = agent.client().await;
     let len = 48 << 20;
     // A small new version: its PUT lands while the read is still going.
@@ -1047,7 +931,7 @@ async fn md5_collision_after_a_read_fill_is_never_served_for_long() {
     let (_gw, agent) = stack(&ceph.endpoint, cache, buckets.clone());
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
     for b in &buckets {
-        direct.create_bucket().bucket(*b).send().await.unwrap();
+        create_bucket(&direct, *b).await;
     }
     enable_versioning(&direct, "gw-collide-versioned").await;
     let shim = agent.client().await;
@@ -1124,7 +1008,7 @@ async fn md5_collision_after_a_write_allocation_is_never_served_for_long() {
     let (gw, agent) = stack(&ceph.endpoint, cache, buckets.clone());
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
     for b in &buckets {
-        direct.create_bucket().bucket(*b).send().await.unwrap();
+        create_bucket(&direct, *b).await;
     }
     enable_versioning(&direct, "gw-collide-alloc-versioned").await;
     let shim = agent.client().await;
@@ -1159,14 +1043,7 @@ async fn md5_collision_after_a_write_allocation_is_never_served_for_long() {
             if !quick {
                 cluster_clock_reaches(&ceph.endpoint, first.1 + 1).await;
             }
-            direct
-                .put_object()
-                .bucket(bucket)
-                .key("k")
-                .body(c2.clone().into())
-                .send()
-                .await
-                .unwrap();
+            put_as(&direct, bucket, "k", c2.clone()).await;
             let second = identity(&direct, bucket, "k").await;
             let same = a_collision_is_seen(
                 &shim,

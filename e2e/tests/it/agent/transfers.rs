@@ -232,13 +232,7 @@ async fn overwrite_during_chunked_get_is_detected() {
     let sdk = target.s3(ALICE);
     let v1 = data(len, 1);
     let v2 = data(64 << 10, 2);
-    sdk.put_object()
-        .bucket("alice-data")
-        .key("k")
-        .body(v1.clone().into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&sdk, "alice-data", "k", v1.clone()).await;
     let mem = Memory::new(len).await;
     let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
     let get = tokio::spawn({
@@ -255,13 +249,7 @@ async fn overwrite_during_chunked_get_is_detected() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    sdk.put_object()
-        .bucket("alice-data")
-        .key("k")
-        .body(v2.clone().into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&sdk, "alice-data", "k", v2.clone()).await;
     let res = get.await.unwrap();
     drop(w);
     let e = res.expect_err("the object changed mid-GET: the GET must fail");
@@ -291,13 +279,7 @@ async fn list_head_delete_and_batch() {
     let sdk = target.s3(ALICE);
     let keys = ["a/1", "a/2", "b/1", "c", "d e+f/ü"];
     for (i, k) in keys.iter().enumerate() {
-        sdk.put_object()
-            .bucket("alice-data")
-            .key(*k)
-            .body(data(1000 + i, i as u64).into())
-            .send()
-            .await
-            .unwrap();
+        put_as(&sdk, "alice-data", *k, data(1000 + i, i as u64)).await;
     }
     let mut c = shim.inner.clone();
     // Paging through everything, 2 per page.
@@ -434,15 +416,7 @@ async fn quota_exceeded_is_slow_down() {
     let agent = Agent::start(spec);
     let shim = agent.client().await;
     let len = 16usize << 20;
-    target
-        .s3(ALICE)
-        .put_object()
-        .bucket("alice-data")
-        .key("k")
-        .body(data(len, 5).into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&target.s3(ALICE), "alice-data", "k", data(len, 5)).await;
     let mem = Memory::new(3 * len).await;
     let mut running = Vec::new();
     for i in 0..2 {
@@ -509,15 +483,7 @@ async fn target_killed_mid_get_is_an_error() {
     let agent = Agent::start(spec);
     let shim = agent.client().await;
     let len = 32usize << 20;
-    target
-        .s3(ALICE)
-        .put_object()
-        .bucket("alice-data")
-        .key("k")
-        .body(data(len, 6).into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&target.s3(ALICE), "alice-data", "k", data(len, 6)).await;
     let mem = Memory::new(len).await;
     let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
     let started = std::time::Instant::now();
@@ -559,15 +525,7 @@ async fn cancelled_get_is_abandoned_safely() {
     let agent = Agent::start(spec);
     let shim = agent.client().await;
     let len = 32usize << 20;
-    target
-        .s3(ALICE)
-        .put_object()
-        .bucket("alice-data")
-        .key("k")
-        .body(data(len, 8).into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&target.s3(ALICE), "alice-data", "k", data(len, 8)).await;
     let mem = Memory::new(len).await;
     let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
     let r = tokio::time::timeout(
@@ -624,15 +582,7 @@ async fn chunks_are_retried_across_a_target_restart() {
     let shim = agent.client().await;
     let len = 48usize << 20;
     let body = data(len, 12);
-    target
-        .s3(ALICE)
-        .put_object()
-        .bucket("alice-data")
-        .key("k")
-        .body(body.clone().into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&target.s3(ALICE), "alice-data", "k", body.clone()).await;
     let mem = Memory::new(len).await;
     let (w, tok) = mem.window(0, len, Access::REMOTE_WRITE);
     let get = tokio::spawn({

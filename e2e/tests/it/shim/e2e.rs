@@ -572,16 +572,13 @@ async fn a_cancelled_get_revokes_its_window() {
     let c = stack.client().await;
     // Stored straight at the target (the quota would slow a PUT as well).
     let len = 32 << 20;
-    stack
-        .target
-        .s3(ALICE)
-        .put_object()
-        .bucket("alice-data")
-        .key("slow")
-        .body(vec![7u8; len].into())
-        .send()
-        .await
-        .unwrap();
+    put_as(
+        &stack.target.s3(ALICE),
+        "alice-data",
+        "slow",
+        vec![7u8; len],
+    )
+    .await;
     let mut buf = c.alloc(len).await.unwrap();
     let get = c.get_object_into("alice-data", "slow", &mut buf, 0, GetOptions::default());
     assert!(

@@ -192,7 +192,7 @@ impl Faults {
         };
         f.s3(|s3| async move {
             for b in ["alice-data", "bob-data", "shared"] {
-                s3.create_bucket().bucket(b).send().await.unwrap();
+                create_bucket(&s3, b).await;
             }
         })
         .await;

@@ -10,7 +10,6 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::Client;
 use bytes::Bytes;
-use http_body_util::BodyExt as _;
 use s3dma_testkit::{Service, ServiceSpec};
 use storage_target::config::Config;
 
@@ -212,54 +211,9 @@ impl Server {
 /// An SDK client for `endpoint`.
 pub(crate) use s3dma_testkit::s3_client as client_for;
 
-/// A raw HTTP response.
-#[derive(Debug)]
-pub(crate) struct Raw {
-    pub status: u16,
-    pub headers: http::HeaderMap,
-    pub body: Bytes,
-}
-
-impl Raw {
-    pub(crate) fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    /// The text of `<tag>` in the body.
-    pub(crate) fn xml(&self, tag: &str) -> Option<String> {
-        let t = self.text();
-        let open = format!("<{tag}>");
-        let a = t.find(&open)? + open.len();
-        let b = t[a..].find(&format!("</{tag}>"))? + a;
-        Some(t[a..b].to_owned())
-    }
-}
-
-/// Sends a raw (unsigned unless the URL is presigned) HTTP request.
-pub(crate) async fn raw(method: &str, url: &str, headers: &[(&str, &str)], body: Bytes) -> Raw {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<Bytes>>();
-    let mut req = http::Request::builder().method(method).uri(url);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = client
-        .request(req.body(http_body_util::Full::new(body)).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    Raw {
-        status,
-        headers,
-        body,
-    }
-}
+/// A raw HTTP response, and sending a raw (unsigned unless the URL is
+/// presigned or the headers carry a signature) HTTP request.
+pub(crate) use s3dma_testkit::{Raw, raw};
 
 /// A body-less request signed as `user` with SigV4 (UNSIGNED-PAYLOAD) over
 /// the `signed` headers, with the `unsigned` ones added after signing.

@@ -1,4 +1,5 @@
-//! Logs cannot be forged (keys and request ids escaped); the agent's request ids are its own.
+//! Logs cannot be forged (keys and request ids escaped); the agent's
+//! request ids are its own.
 
 use super::*;
 

@@ -2,37 +2,6 @@
 
 use super::*;
 
-/// `GET /metrics` on `metrics` (`http://A/metrics`, or `unix:PATH`) with an
-/// optional bearer token: (status code, body).
-fn scrape(metrics: &str, token: Option<&str>) -> (u16, String) {
-    use std::io::{Read as _, Write as _};
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
-    let mut out = String::new();
-    if let Some(path) = metrics.strip_prefix("unix:") {
-        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        s.read_to_string(&mut out).unwrap();
-    } else {
-        let addr = metrics
-            .trim_start_matches("http://")
-            .split('/')
-            .next()
-            .unwrap()
-            .to_owned();
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        s.read_to_string(&mut out).unwrap();
-    }
-    let code = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (code, body)
-}
-
 // ---------------------------------------------------------------------------
 // 10. Metrics behind a token and on a Unix socket
 // ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-//! Tenant isolation by bucket and prefix policy; a tenant's batches bounded by its quotas and its share of the staging pool.
+//! Tenant isolation by bucket and prefix policy; a tenant's batches bounded
+//! by its quotas and its share of the staging pool.
 
 use super::*;
 
@@ -335,15 +336,7 @@ async fn a_tenant_holds_at_most_its_share_of_the_staging_pool() {
     target.create_bucket("bob-data").await;
     let object = data(6 << 20, 7);
     for (bucket, who) in [("alice-data", ALICE), ("bob-data", BOB)] {
-        target
-            .s3(who)
-            .put_object()
-            .bucket(bucket)
-            .key("big")
-            .body(object.clone().into())
-            .send()
-            .await
-            .unwrap();
+        put_as(&target.s3(who), bucket, "big", object.clone()).await;
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

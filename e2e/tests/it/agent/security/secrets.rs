@@ -1,4 +1,5 @@
-//! Secrets never leave the agent (logs, metrics, errors, replies), and configuration errors name the file and the field but never a secret.
+//! Secrets never leave the agent (logs, metrics, errors, replies), and
+//! configuration errors name the file and the field but never a secret.
 
 use super::*;
 

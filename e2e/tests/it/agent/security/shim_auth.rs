@@ -1,4 +1,5 @@
-//! Shim authentication: bearer tokens, and mTLS client certificates (a test CA and leaves made with rcgen).
+//! Shim authentication: bearer tokens, and mTLS client certificates (a test
+//! CA and leaves made with rcgen).
 
 use super::*;
 

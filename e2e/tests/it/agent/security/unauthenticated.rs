@@ -1,4 +1,5 @@
-//! Callers are identified before they cost anything: unauthenticated connections pin no memory and are closed.
+//! Callers are identified before they cost anything: unauthenticated
+//! connections pin no memory and are closed.
 
 use super::*;
 
@@ -74,9 +75,6 @@ fn closed_by_peer(mut s: std::net::TcpStream) -> bool {
         }
     }
 }
-
-/// Turns a hang into a failure; not a performance threshold.
-const HANG_GUARD: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-pub(crate) use agent::{ALICE, Agent, AgentSpec, Target, data, sha256};
+pub(crate) use agent::{ALICE, Agent, AgentSpec, Target, create_bucket, data, put_as, sha256};
 
 /// A uid no tenant has.
 pub(crate) const STRANGER_UID: u32 = 4242;

@@ -85,13 +85,7 @@ async fn a_handshake_relayed_from_a_target_to_the_shim_is_refused() {
     let stack = Stack::start().await;
     let fabric = shim_fabric_addr(&stack);
     let s3 = stack.target.s3(ALICE);
-    s3.put_object()
-        .bucket("alice-data")
-        .key("relayed")
-        .body(data(4096, 5).into())
-        .send()
-        .await
-        .unwrap();
+    put_as(&s3, "alice-data", "relayed", data(4096, 5)).await;
     let (relay, seen) = start_relay(fabric).await;
     let relay_ep = fabric::EndpointAddr {
         addr: relay,

@@ -76,9 +76,7 @@ use s3_http::*;
 use s3dma_client::{Client, GetOptions, PutOptions};
 use s3dma_proto::agent::v1 as agent_pb;
 use s3dma_proto::tenant::v1 as api;
-use s3dma_wire::frame::{
-    Auth, Challenge, Hello, OpKind, RequestHeader, VERSION, Verdict,
-};
+use s3dma_wire::frame::{Auth, Challenge, Hello, OpKind, RequestHeader, VERSION, Verdict};
 use socket_fuzz::*;
 use storage_peer::*;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
@@ -230,13 +228,7 @@ impl World {
             ("replayed", 4096, 14),
             ("big", 16 << 20, 15),
         ] {
-            s3.put_object()
-                .bucket("alice-data")
-                .key(k)
-                .body(data(len, seed).into())
-                .send()
-                .await
-                .unwrap();
+            put_as(&s3, "alice-data", k, data(len, seed)).await;
         }
         still_serving(&stack, &c, &health, "warm-up").await;
         let baseline: Vec<(usize, u64)> =
