@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -22,7 +23,7 @@ pub struct Metrics {
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
     target_requests: IntCounterVec,
-    target_up: prometheus::IntGaugeVec,
+    target_up: IntGaugeVec,
     target_skips: IntCounterVec,
     retries: IntCounterVec,
     auth_failures: IntCounterVec,
@@ -45,162 +46,111 @@ impl Metrics {
     #[must_use]
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
+        let r = &registry;
+        let latency = registered(
+            r,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "s3dma_agent_request_seconds",
+                    "Tenant request latency in seconds",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0,
+                ]),
+                &["tenant", "op"],
+            ),
+        );
+        Metrics {
+            requests: counters(
+                r,
                 "s3dma_agent_requests_total",
                 "Tenant requests by operation and outcome",
+                &["tenant", "op", "outcome"],
             ),
-            &["tenant", "op", "outcome"],
-        )
-        .expect("metric");
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "s3dma_agent_request_seconds",
-                "Tenant request latency in seconds",
-            )
-            .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0, 30.0, 60.0,
-            ]),
-            &["tenant", "op"],
-        )
-        .expect("metric");
-        let bytes = IntCounterVec::new(
-            Opts::new(
+            latency,
+            bytes: counters(
+                r,
                 "s3dma_agent_bytes_total",
                 "Object bytes moved for tenants, by path (rdma | fallback)",
+                &["tenant", "op", "path"],
             ),
-            &["tenant", "op", "path"],
-        )
-        .expect("metric");
-        let in_flight = IntGaugeVec::new(
-            Opts::new("s3dma_agent_requests_in_flight", "Tenant requests running"),
-            &["tenant"],
-        )
-        .expect("metric");
-        let queued = IntGaugeVec::new(
-            Opts::new(
+            in_flight: gauges(
+                r,
+                "s3dma_agent_requests_in_flight",
+                "Tenant requests running",
+                &["tenant"],
+            ),
+            queued: gauges(
+                r,
                 "s3dma_agent_requests_queued",
                 "Tenant requests waiting for a concurrency slot",
+                &["tenant"],
             ),
-            &["tenant"],
-        )
-        .expect("metric");
-        let target_requests = IntCounterVec::new(
-            Opts::new(
+            target_requests: counters(
+                r,
                 "s3dma_agent_target_requests_total",
                 "S3 requests sent to targets, by HTTP status (or `error` when no reply came)",
+                &["target", "method", "outcome"],
             ),
-            &["target", "method", "outcome"],
-        )
-        .expect("metric");
-        let target_up = prometheus::IntGaugeVec::new(
-            Opts::new(
+            target_up: gauges(
+                r,
                 "s3dma_agent_target_up",
                 "1 while a target is healthy, 0 during the cool-down after a request got no answer from it (a group then skips it)",
+                &["target"],
             ),
-            &["target"],
-        )
-        .expect("metric");
-        let target_skips = IntCounterVec::new(
-            Opts::new(
+            target_skips: counters(
+                r,
                 "s3dma_agent_target_skips_total",
                 "Chunks sent to another target of a group because their first choice was cooling down",
+                &["target"],
             ),
-            &["target"],
-        )
-        .expect("metric");
-        let retries = IntCounterVec::new(
-            Opts::new(
+            retries: counters(
+                r,
                 "s3dma_agent_retries_total",
                 "Retried S3 attempts by target and reason",
+                &["target", "reason"],
             ),
-            &["target", "reason"],
-        )
-        .expect("metric");
-        let auth_failures = IntCounterVec::new(
-            Opts::new(
+            auth_failures: counters(
+                r,
                 "s3dma_agent_auth_failures_total",
                 "Calls refused before reaching a tenant (bad shim credentials or tenant not assigned)",
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .expect("metric");
-        let staging_total = IntGauge::new(
-            "s3dma_agent_staging_buffers",
-            "Registered staging buffers (fallback path)",
-        )
-        .expect("metric");
-        let staging_in_use = IntGauge::new(
-            "s3dma_agent_staging_buffers_in_use",
-            "Staging buffers in use",
-        )
-        .expect("metric");
-        let sessions = IntGauge::new(
-            "s3dma_agent_fabric_sessions",
-            "Open fabric sessions to tenant endpoints (fallback path)",
-        )
-        .expect("metric");
-        let connects = IntCounterVec::new(
-            Opts::new(
+            staging_total: gauge(
+                r,
+                "s3dma_agent_staging_buffers",
+                "Registered staging buffers (fallback path)",
+            ),
+            staging_in_use: gauge(
+                r,
+                "s3dma_agent_staging_buffers_in_use",
+                "Staging buffers in use",
+            ),
+            sessions: gauge(
+                r,
+                "s3dma_agent_fabric_sessions",
+                "Open fabric sessions to tenant endpoints (fallback path)",
+            ),
+            connects: counters(
+                r,
                 "s3dma_agent_fabric_connects_total",
                 "Fabric session connects by outcome (ok | error | timeout)",
+                &["outcome"],
             ),
-            &["outcome"],
-        )
-        .expect("metric");
-        let connections = IntGauge::new(
-            "s3dma_agent_grpc_connections",
-            "Open gRPC connections (authenticated or not)",
-        )
-        .expect("metric");
-        let connections_closed = IntCounterVec::new(
-            Opts::new(
+            connections: gauge(
+                r,
+                "s3dma_agent_grpc_connections",
+                "Open gRPC connections (authenticated or not)",
+            ),
+            connections_closed: counters(
+                r,
                 "s3dma_agent_grpc_connections_closed_total",
                 "gRPC connections the agent closed: over listen.max_connections (refused), \
                  never authenticated (unauthenticated) or idle",
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .expect("metric");
-        for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(latency.clone()),
-            Box::new(bytes.clone()),
-            Box::new(in_flight.clone()),
-            Box::new(queued.clone()),
-            Box::new(target_requests.clone()),
-            Box::new(target_up.clone()),
-            Box::new(target_skips.clone()),
-            Box::new(retries.clone()),
-            Box::new(auth_failures.clone()),
-            Box::new(staging_total.clone()),
-            Box::new(staging_in_use.clone()),
-            Box::new(sessions.clone()),
-            Box::new(connects.clone()),
-            Box::new(connections.clone()),
-            Box::new(connections_closed.clone()),
-        ] {
-            registry.register(c).expect("unique metric");
-        }
-        Metrics {
             registry,
-            requests,
-            latency,
-            bytes,
-            in_flight,
-            queued,
-            target_requests,
-            target_up,
-            target_skips,
-            retries,
-            auth_failures,
-            staging_total,
-            staging_in_use,
-            sessions,
-            connects,
-            connections,
-            connections_closed,
         }
     }
 
@@ -284,6 +234,33 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// `metric` (names are static and unique: never an error), registered.
+fn registered<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: prometheus::Result<C>,
+) -> C {
+    let metric = metric.expect("metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
+}
+
+/// A registered counter family.
+fn counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    registered(registry, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+/// A registered gauge family.
+fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    registered(registry, IntGaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// A registered gauge.
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    registered(registry, IntGauge::new(name, help))
 }
 
 impl fabric::pool::PoolObserver for Metrics {

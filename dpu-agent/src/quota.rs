@@ -182,6 +182,16 @@ impl TenantQuota {
         }
     }
 
+    /// What a chunk or part of `len` bytes waits for before it moves: its
+    /// place in the bytes in flight ([`TenantQuota::reserve_bytes`], held
+    /// while the permit lives), then the bandwidth limit
+    /// ([`TenantQuota::throttle`]).
+    pub async fn admit_bytes(&self, len: u64) -> BytesPermit {
+        let permit = self.reserve_bytes(len).await;
+        self.throttle(len).await;
+        permit
+    }
+
     /// Waits as long as the bandwidth limit asks before moving `len` bytes.
     pub async fn throttle(&self, len: u64) {
         let Some(rate) = &self.rate else {

@@ -85,11 +85,7 @@ impl Ctx {
     }
 
     /// The leg of `target` (a member of `group`).
-    fn leg(
-        group: &[Arc<TargetClient>],
-        legs: &[Leg],
-        target: &Arc<TargetClient>,
-    ) -> Leg {
+    fn leg(group: &[Arc<TargetClient>], legs: &[Leg], target: &Arc<TargetClient>) -> Leg {
         let i = group
             .iter()
             .position(|t| Arc::ptr_eq(t, target))

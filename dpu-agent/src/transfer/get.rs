@@ -263,9 +263,7 @@ async fn get_chunk(
     etag: &str,
     total: u64,
 ) -> Result<bool, AgentError> {
-    let quota = &ctx.ex.tenant.quota;
-    let _bytes = quota.reserve_bytes(c.len).await;
-    quota.throttle(c.len).await;
+    let _bytes = ctx.ex.tenant.quota.admit_bytes(c.len).await;
     let slot = req
         .dest
         .slice(c.window_offset, c.len)

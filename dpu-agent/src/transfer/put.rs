@@ -243,9 +243,7 @@ pub async fn put_object(ctx: &Ctx, req: &PutRequest) -> Result<PutResult, AgentE
     let plan = plan::plan_put(size, ctx.ex.core.settings.put)?;
     match plan {
         PutPlan::Single => {
-            let quota = &ctx.ex.tenant.quota;
-            let _bytes = quota.reserve_bytes(size).await;
-            quota.throttle(size).await;
+            let _bytes = ctx.ex.tenant.quota.admit_bytes(size).await;
             let (etag, fb) = put_bytes(ctx, req, req.src, None).await?;
             Ok(PutResult {
                 etag,
@@ -294,9 +292,7 @@ async fn put_multipart(
         let upload_id = upload_id.as_str();
         let mut results = futures::stream::iter(parts.iter().copied())
             .map(|p| async move {
-                let quota = &ex.tenant.quota;
-                let _bytes = quota.reserve_bytes(p.len).await;
-                quota.throttle(p.len).await;
+                let _bytes = ex.tenant.quota.admit_bytes(p.len).await;
                 let slot = req
                     .src
                     .slice(p.offset, p.len)

@@ -32,7 +32,7 @@ use http::{HeaderMap, Method, StatusCode};
 use s3dma_wire::hipobj::{self, FinalReply, PrepareReply, RcToken, header as h};
 use tracing::debug;
 
-use super::mover::{ChunkMover, SentToken, Transfer};
+use super::mover::{ChunkMover, Transfer};
 use crate::error::{AgentError, BadReply};
 use crate::qp_link::{QpLink, QpLinkError, ShimQp};
 use crate::s3::client::{S3Call, header, read_small};
@@ -50,9 +50,10 @@ enum Outcome<T> {
     Declined,
 }
 
-/// hipobj-rc-v2 (`protocol: hipobj-rc-v2`): transfers over queue pairs on
-/// the calling shim's device, when it has a `QueuePairs` link; without
-/// one, every byte goes over HTTP (never with an s3dma token).
+/// hipobj-rc-v2 (`protocol: hipobj-rc-v2`; its requests carry no token):
+/// transfers over queue pairs on the calling shim's device, when it has a
+/// `QueuePairs` link; without one, every byte goes over HTTP (never with
+/// an s3dma token).
 #[derive(Debug)]
 pub struct HipobjRc {
     /// The calling shim's link.
@@ -64,15 +65,6 @@ impl ChunkMover for HipobjRc {
     /// first, from a HEAD (also without a link).
     fn size_first(&self) -> bool {
         true
-    }
-
-    /// Requests of this dialect carry no token.
-    fn token<'a>(
-        &'a self,
-        _ex: &'a Exchange,
-        _slot: &'a RdmaToken,
-    ) -> BoxFuture<'a, Result<Option<SentToken>, AgentError>> {
-        Box::pin(std::future::ready(Ok(None)))
     }
 
     /// One transfer per [`hipobj::MAX_TRANSFER`] bytes. `false`: no link,

@@ -29,8 +29,8 @@ pub trait ChunkMover: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// The token a ranged GET or a PUT carries for `slot` (`None`: plain
-    /// HTTP, the bytes go through the agent).
+    /// The token a ranged GET or a PUT carries for `slot` (`None`, the
+    /// default: plain HTTP, the bytes go through the agent).
     ///
     /// # Errors
     /// A header the target's configuration made unsendable.
@@ -38,7 +38,10 @@ pub trait ChunkMover: Send + Sync + std::fmt::Debug {
         &'a self,
         ex: &'a Exchange,
         slot: &'a RdmaToken,
-    ) -> BoxFuture<'a, Result<Option<SentToken>, AgentError>>;
+    ) -> BoxFuture<'a, Result<Option<SentToken>, AgentError>> {
+        let _ = (ex, slot);
+        Box::pin(std::future::ready(Ok(None)))
+    }
 
     /// Moves one chunk of a GET (`t.offset`: the object's first byte of
     /// it, `t.slot`: its place in the window) outside a ranged GET, the

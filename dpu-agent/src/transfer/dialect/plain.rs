@@ -2,23 +2,10 @@
 //! no `QueuePairs` link): no token; every byte goes through the agent's
 //! staging memory ([`crate::transfer::fallback`]).
 
-use fabric::RdmaToken;
-use futures::future::BoxFuture;
+use super::mover::ChunkMover;
 
-use super::mover::{ChunkMover, SentToken};
-use crate::error::AgentError;
-use crate::transfer::exchange::Exchange;
-
-/// No RDMA.
+/// No RDMA: every default of [`ChunkMover`].
 #[derive(Debug)]
 pub struct Plain;
 
-impl ChunkMover for Plain {
-    fn token<'a>(
-        &'a self,
-        _ex: &'a Exchange,
-        _slot: &'a RdmaToken,
-    ) -> BoxFuture<'a, Result<Option<SentToken>, AgentError>> {
-        Box::pin(std::future::ready(Ok(None)))
-    }
-}
+impl ChunkMover for Plain {}
