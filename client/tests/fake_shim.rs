@@ -678,18 +678,10 @@ const OTHER_UID: u32 = 65534;
 const SOCKET_ENV: &str = "S3DMA_TEST_FAKE_SOCKET";
 const EVENTS_ENV: &str = "S3DMA_TEST_FAKE_EVENTS";
 
-/// Whether this process may run a child as another uid; without root the
-/// test skips, unless `CI` is set (CI runs as root and must run it).
+/// Whether this process may run a child as another uid (else the test
+/// skips).
 fn root_or_skip(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test} needs root (it runs a fake shim as uid {OTHER_UID}), and CI is set"
-    );
-    eprintln!("skipping {test}: it needs root (it runs a fake shim as uid {OTHER_UID})");
-    false
+    s3dma_testkit::root_or_skip(test, &format!("it runs a fake shim as uid {OTHER_UID}"))
 }
 
 /// The whole fake, as `OTHER_UID`, in a child process: this test binary
@@ -703,32 +695,19 @@ struct Impostor {
 
 impl Impostor {
     fn start() -> Impostor {
-        use std::os::unix::fs::PermissionsExt as _;
-        use std::os::unix::process::CommandExt as _;
         let dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::chown(dir.path(), Some(OTHER_UID), Some(OTHER_UID)).unwrap();
-        // A copy any uid can execute.
-        let exe = dir.path().join("fake-shim-bin");
-        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
         let socket = dir.path().join("shim.sock");
         let events = dir.path().join("events");
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.args([
+        let mut cmd = s3dma_testkit::self_test_command(
+            dir.path(),
+            Some(OTHER_UID),
             "fake_shim_as_another_user",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .uid(OTHER_UID)
-        .gid(OTHER_UID)
-        .current_dir(dir.path())
-        .env("HOME", dir.path())
-        .env(SOCKET_ENV, &socket)
-        .env(EVENTS_ENV, &events)
-        .stdin(std::process::Stdio::null());
-        let child = spawn_retrying(&mut cmd);
+        );
+        cmd.env(SOCKET_ENV, &socket)
+            .env(EVENTS_ENV, &events)
+            .stdin(std::process::Stdio::null());
+        let child = s3dma_testkit::spawn_retrying(&mut cmd);
         let mut me = Impostor {
             child,
             socket,
@@ -755,23 +734,6 @@ impl Impostor {
     /// Whether any connection sent it a byte.
     fn received_anything(&self) -> bool {
         self.events().lines().any(|l| l == "lease" || l == "grpc")
-    }
-}
-
-/// Spawns `cmd`, retrying while its freshly copied binary is "busy": a
-/// child forked meanwhile by another test thread may still hold the copy's
-/// write fd until it execs.
-fn spawn_retrying(cmd: &mut std::process::Command) -> std::process::Child {
-    let mut tries = 0;
-    loop {
-        match cmd.spawn() {
-            Ok(c) => return c,
-            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && tries < 500 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("starting {cmd:?}: {e}"),
-        }
     }
 }
 

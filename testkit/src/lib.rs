@@ -13,6 +13,8 @@
 //!   descriptors and memory;
 //! - [`s3`]: aws-sdk-s3 clients for a user and the get/put helpers, the
 //!   error code of a failed call, SigV4 signing of raw requests;
+//! - [`self_exec`]: this test binary run again for one of its ignored
+//!   tests, as another uid;
 //! - [`fabric_peer`]: a raw tcp-fabric peer (handshake with or without the
 //!   key, operation frames), on `s3dma-wire` alone, so fabric's own tests
 //!   can use it;
@@ -25,6 +27,7 @@ pub mod files;
 pub mod net;
 pub mod process;
 pub mod s3;
+pub mod self_exec;
 
 pub use files::{files_under, overlay, read_log, write_private, write_yaml};
 pub use net::{fd_count, free_port, metric_value, rss_anon_kib, scrape, scrape_blocking};
@@ -32,6 +35,7 @@ pub use process::{Process, Service, ServiceSpec, block_on, wrapped};
 pub use s3::{
     Raw, create_bucket, get_as, https_client, put_as, raw, s3_client, sdk_error, sign_v4_as,
 };
+pub use self_exec::{executable_copy, root_or_skip, self_test_command, spawn_retrying};
 
 use sha2::Digest as _;
 

@@ -773,7 +773,7 @@ async fn issue30_another_tenants_legacy_ipc_handle_is_refused() {
         run_test_as(
             &dir,
             BOB_UID,
-            "cuda::child_bob_presents_alices_ipc_handle",
+            "shim::cuda::child_bob_presents_alices_ipc_handle",
             &env,
         )
     })

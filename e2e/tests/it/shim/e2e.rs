@@ -417,12 +417,12 @@ async fn two_tenants_are_isolated() {
     let dir = stack.dir.path().to_owned();
     let d = dir.clone();
     let e = env.clone();
-    tokio::task::spawn_blocking(move || run_test_as(&d, BOB_UID, "e2e::child_as_bob", &e))
+    tokio::task::spawn_blocking(move || run_test_as(&d, BOB_UID, "shim::e2e::child_as_bob", &e))
         .await
         .unwrap();
     let refused_before = stack.shim.metric("s3dma_shim_connections_refused_total");
     tokio::task::spawn_blocking(move || {
-        run_test_as(&dir, STRANGER_UID, "e2e::child_as_stranger", &env)
+        run_test_as(&dir, STRANGER_UID, "shim::e2e::child_as_stranger", &env)
     })
     .await
     .unwrap();
@@ -474,7 +474,7 @@ async fn a_dead_process_releases_its_buffers() {
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(std::env::current_exe().unwrap())
             .args([
-                "e2e::child_allocates_and_exits",
+                "shim::e2e::child_allocates_and_exits",
                 "--exact",
                 "--ignored",
                 "--nocapture",

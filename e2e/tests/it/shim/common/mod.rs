@@ -249,29 +249,16 @@ fn shim_config(dir: &Path, agent: &Agent, opts: &ShimOpts, me: u32) -> host_shim
 /// returns its combined output, panicking (with it) when the child failed.
 /// The binary is copied next to the socket so any uid can execute it.
 pub(crate) fn run_test_as(dir: &Path, uid: u32, name: &str, env: &[(&str, String)]) -> String {
-    let exe = std::env::current_exe().unwrap();
-    let copy = dir.join(format!("test-bin-{uid}"));
-    if !copy.exists() {
-        std::fs::copy(&exe, &copy).unwrap();
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let mut cmd = Command::new(&copy);
-    cmd.args([
-        name,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .uid(uid)
-    .gid(uid)
-    .current_dir(dir)
-    .env("HOME", dir);
-    use std::os::unix::process::CommandExt as _;
+    let mut cmd = s3dma_testkit::self_test_command(dir, Some(uid), name);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap();
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = s3dma_testkit::spawn_retrying(&mut cmd)
+        .wait_with_output()
+        .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(

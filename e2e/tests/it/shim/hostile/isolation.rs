@@ -216,7 +216,7 @@ async fn connections_are_capped_per_tenant_and_the_other_tenant_gets_in() {
         run_test_as(
             &dir,
             BOB_UID,
-            "hostile::isolation::child_bob_registers",
+            "shim::hostile::isolation::child_bob_registers",
             &env,
         )
     })

@@ -8,30 +8,18 @@ use super::*;
 /// Phase 5: another tenant's buffer, named with spoofed metadata: not
 /// found.
 pub(super) async fn another_tenants_buffer(w: &mut World, raw: &mut RawTenant) {
-    let exe = std::env::current_exe().unwrap();
-    let copy = w.stack.dir.path().join("test-bin-hostile");
-    std::fs::copy(&exe, &copy).unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut child = tokio::process::Command::new(&copy)
-        .args([
-            "hostile::child_bob_holds_a_buffer",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .uid(BOB_UID)
-        .gid(BOB_UID)
-        .current_dir(w.stack.dir.path())
-        .env("HOME", w.stack.dir.path())
-        .env("HOSTILE_SOCKET", &w.stack.shim.socket)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = tokio::process::Command::from(s3dma_testkit::self_test_command(
+        w.stack.dir.path(),
+        Some(BOB_UID),
+        "shim::hostile::child_bob_holds_a_buffer",
+    ))
+    .env("HOSTILE_SOCKET", &w.stack.shim.socket)
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .kill_on_drop(true)
+    .spawn()
+    .unwrap();
     let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
     let mut seen = String::new();
     let bob_buffer: u64 = guard("bob's buffer id", async {
