@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::networks::Cidr;
 
+use super::FieldError;
+
 /// The `connections:` section: shares of the S3 port's `max_connections`.
 ///
 /// A connection is *evictable* (closed, longest idle first, when a new
@@ -95,22 +97,22 @@ impl Default for ConnectionsConfig {
 }
 
 impl ConnectionsConfig {
-    /// Checks the values against `max_connections`; `Err((field,
+    /// Checks the values against `max_connections`; `Err(FieldError::new(field,
     /// message))` names the first bad one (relative to the section).
     ///
     /// # Errors
     /// A share of 0, a window out of range, a reserve not below
     /// `max_connections` while `agent_networks` is set.
-    pub fn check(&self, max_connections: usize) -> Result<(), (String, String)> {
+    pub fn check(&self, max_connections: usize) -> Result<(), FieldError> {
         if self.per_address == 0 {
-            return Err(("per_address".into(), "must be at least 1".into()));
+            return Err(FieldError::new("per_address", "must be at least 1"));
         }
         if self.per_user == 0 {
-            return Err(("per_user".into(), "must be at least 1".into()));
+            return Err(FieldError::new("per_user", "must be at least 1"));
         }
         if !(0.1..=3600.0).contains(&self.transfer_rate_window) {
-            return Err((
-                "transfer_rate_window".into(),
+            return Err(FieldError::new(
+                "transfer_rate_window",
                 format!(
                     "must be between 0.1 and 3600 seconds, got {}",
                     self.transfer_rate_window
@@ -118,8 +120,8 @@ impl ConnectionsConfig {
             ));
         }
         if !self.agent_networks.is_empty() && self.agent_reserved >= max_connections {
-            return Err((
-                "agent_reserved".into(),
+            return Err(FieldError::new(
+                "agent_reserved",
                 format!(
                     "must be less than max_connections ({max_connections}) when agent_networks is set, got {}",
                     self.agent_reserved
@@ -174,7 +176,7 @@ mod tests {
         assert!(agents.is_agent("10.0.0.7".parse().unwrap()));
         assert!(agents.is_agent("::ffff:10.0.0.7".parse().unwrap()));
         assert!(!agents.is_agent("10.0.1.7".parse().unwrap()));
-        assert_eq!(agents.check(64).unwrap_err().0, "agent_reserved");
+        assert_eq!(agents.check(64).unwrap_err().field, "agent_reserved");
         for (bad, field) in [
             (
                 ConnectionsConfig {
@@ -205,7 +207,7 @@ mod tests {
                 "transfer_rate_window",
             ),
         ] {
-            assert_eq!(bad.check(1024).unwrap_err().0, field, "{bad:?}");
+            assert_eq!(bad.check(1024).unwrap_err().field, field, "{bad:?}");
         }
         let y: ConnectionsConfig = serde_yaml::from_str(
             "{per_address: 4, min_transfer_rate: 1KiB, agent_networks: [127.0.0.9]}",

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use s3dma_config::ByteSize;
 use serde::{Deserialize, Serialize};
 
+use super::FieldError;
+
 /// Where a storage-target keeps its objects (`store`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -115,40 +117,40 @@ impl Default for CacheConfig {
 }
 
 impl CacheConfig {
-    /// Checks the values; `Err((field, message))` names the first bad one
+    /// Checks the values; `Err(FieldError::new(field, message))` names the first bad one
     /// (relative to the section).
     ///
     /// # Errors
     /// Sizes out of range, a negative or non-finite `revalidate_after`.
-    pub fn check(&self) -> Result<(), (String, String)> {
+    pub fn check(&self) -> Result<(), FieldError> {
         let chunk = self.chunk_size.0;
         if !(64 << 10..=256 << 20).contains(&chunk) {
-            return Err((
-                "chunk_size".into(),
-                "must be between 64KiB and 256MiB".into(),
+            return Err(FieldError::new(
+                "chunk_size",
+                "must be between 64KiB and 256MiB",
             ));
         }
         if self.size.0 < chunk.saturating_mul(4) {
-            return Err((
-                "size".into(),
+            return Err(FieldError::new(
+                "size",
                 format!("must hold at least 4 chunks ({} bytes)", chunk * 4),
             ));
         }
         if !self.revalidate_after.is_finite() || self.revalidate_after < 0.0 {
-            return Err((
-                "revalidate_after".into(),
-                "must be a number of seconds, 0 or more".into(),
+            return Err(FieldError::new(
+                "revalidate_after",
+                "must be a number of seconds, 0 or more",
             ));
         }
         if self.prefetch_chunks > 64 {
-            return Err(("prefetch_chunks".into(), "must be at most 64".into()));
+            return Err(FieldError::new("prefetch_chunks", "must be at most 64"));
         }
         if self.settle_after > 3600 {
-            return Err(("settle_after".into(), "must be at most 3600".into()));
+            return Err(FieldError::new("settle_after", "must be at most 3600"));
         }
         if self.write_allocate_max.0 > self.size.0 / 2 {
-            return Err((
-                "write_allocate_max".into(),
+            return Err(FieldError::new(
+                "write_allocate_max",
                 format!("must be at most half of size ({} bytes)", self.size.0 / 2),
             ));
         }
@@ -219,33 +221,33 @@ impl UpstreamConfig {
         }
     }
 
-    /// Checks the values; `Err((field, message))` names the first bad one
+    /// Checks the values; `Err(FieldError::new(field, message))` names the first bad one
     /// (relative to the section).
     ///
     /// # Errors
     /// No endpoint, a malformed endpoint URL, a zero timeout or attempt count.
-    pub fn check(&self) -> Result<(), (String, String)> {
+    pub fn check(&self) -> Result<(), FieldError> {
         if self.endpoints.is_empty() {
-            return Err((
-                "endpoints".into(),
-                "at least one endpoint is required".into(),
+            return Err(FieldError::new(
+                "endpoints",
+                "at least one endpoint is required",
             ));
         }
         for (i, e) in self.endpoints.iter().enumerate() {
             s3dma_config::check_endpoint_url(e)
-                .map_err(|m| (format!("endpoints[{i}]"), m.to_string()))?;
+                .map_err(|m| FieldError::new(format!("endpoints[{i}]"), m.to_string()))?;
         }
         if self.region.as_deref() == Some("") {
-            return Err(("region".into(), "must not be empty".into()));
+            return Err(FieldError::new("region", "must not be empty"));
         }
         if self.connect_timeout_ms == 0 {
-            return Err(("connect_timeout_ms".into(), "must be at least 1".into()));
+            return Err(FieldError::new("connect_timeout_ms", "must be at least 1"));
         }
         if self.read_timeout_ms == 0 {
-            return Err(("read_timeout_ms".into(), "must be at least 1".into()));
+            return Err(FieldError::new("read_timeout_ms", "must be at least 1"));
         }
         if self.max_attempts == 0 {
-            return Err(("max_attempts".into(), "must be at least 1".into()));
+            return Err(FieldError::new("max_attempts", "must be at least 1"));
         }
         Ok(())
     }
@@ -262,27 +264,27 @@ mod tests {
         assert_eq!(ok.slots(), 256);
         let mut c = ok.clone();
         c.chunk_size = ByteSize(1024);
-        assert_eq!(c.check().unwrap_err().0, "chunk_size");
+        assert_eq!(c.check().unwrap_err().field, "chunk_size");
         let mut c = ok.clone();
         c.size = ByteSize(3 * (4 << 20));
-        assert_eq!(c.check().unwrap_err().0, "size");
+        assert_eq!(c.check().unwrap_err().field, "size");
         let mut c = ok.clone();
         c.revalidate_after = -1.0;
-        assert_eq!(c.check().unwrap_err().0, "revalidate_after");
+        assert_eq!(c.check().unwrap_err().field, "revalidate_after");
         c.revalidate_after = f64::NAN;
-        assert_eq!(c.check().unwrap_err().0, "revalidate_after");
+        assert_eq!(c.check().unwrap_err().field, "revalidate_after");
         let mut c = ok.clone();
         c.prefetch_chunks = 65;
-        assert_eq!(c.check().unwrap_err().0, "prefetch_chunks");
+        assert_eq!(c.check().unwrap_err().field, "prefetch_chunks");
         let mut c = ok.clone();
         assert_eq!(c.settle_after, 1);
         c.settle_after = 3601;
-        assert_eq!(c.check().unwrap_err().0, "settle_after");
+        assert_eq!(c.check().unwrap_err().field, "settle_after");
         let mut c = ok;
         c.write_allocate_max = ByteSize(c.size.0 / 2);
         assert!(c.check().is_ok());
         c.write_allocate_max = ByteSize(c.size.0 / 2 + 1);
-        assert_eq!(c.check().unwrap_err().0, "write_allocate_max");
+        assert_eq!(c.check().unwrap_err().field, "write_allocate_max");
     }
 
     #[test]
@@ -291,15 +293,15 @@ mod tests {
         assert!(ok.check().is_ok());
         let mut c = ok.clone();
         c.endpoints.clear();
-        assert_eq!(c.check().unwrap_err().0, "endpoints");
+        assert_eq!(c.check().unwrap_err().field, "endpoints");
         let mut c = ok.clone();
         c.endpoints.push("ftp://x:1".into());
-        assert_eq!(c.check().unwrap_err().0, "endpoints[1]");
+        assert_eq!(c.check().unwrap_err().field, "endpoints[1]");
         let mut c = ok.clone();
         c.read_timeout_ms = 0;
-        assert_eq!(c.check().unwrap_err().0, "read_timeout_ms");
+        assert_eq!(c.check().unwrap_err().field, "read_timeout_ms");
         let mut c = ok;
         c.region = Some(String::new());
-        assert_eq!(c.check().unwrap_err().0, "region");
+        assert_eq!(c.check().unwrap_err().field, "region");
     }
 }

@@ -27,6 +27,28 @@ use serde::Deserialize;
 
 pub use s3dma_config::ConfigError;
 
+/// A bad value in one section of the file: the field, named within its
+/// section (the caller prefixes the section), and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct FieldError {
+    /// The field, e.g. `per_address` or `endpoints[1]`.
+    pub field: String,
+    /// What is wrong with its value.
+    pub problem: String,
+}
+
+impl FieldError {
+    /// The `problem` of `field`.
+    #[must_use]
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -420,7 +442,7 @@ impl Config {
         }
         self.connections
             .check(self.max_connections)
-            .map_err(|(f, m)| invalid(format!("connections.{f}"), m))?;
+            .map_err(|e| invalid(format!("connections.{}", e.field), e.problem))?;
         let chunk = self.max_aws_chunk_size.0;
         if !(64 << 10..=256 << 20).contains(&chunk) {
             return Err(invalid(
@@ -431,7 +453,7 @@ impl Config {
         self.rdma.validate(file)?;
         self.multipart
             .check()
-            .map_err(|(f, m)| invalid(format!("multipart.{f}"), m))?;
+            .map_err(|e| invalid(format!("multipart.{}", e.field), e.problem))?;
         self.metrics_options(file)?;
         if self.users.is_empty() {
             return Err(invalid(
@@ -582,10 +604,10 @@ impl Config {
                     ));
                 }
                 up.check()
-                    .map_err(|(f, m)| invalid(format!("upstream.{f}"), m))?;
+                    .map_err(|e| invalid(format!("upstream.{}", e.field), e.problem))?;
                 self.cache
                     .check()
-                    .map_err(|(f, m)| invalid(format!("cache.{f}"), m))?;
+                    .map_err(|e| invalid(format!("cache.{}", e.field), e.problem))?;
                 Ok(StoreBackend::S3 {
                     upstream: up,
                     cache: &self.cache,

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::FieldError;
+
 /// Smallest size of every multipart part but the last: 5 MiB.
 pub const MIN_PART_SIZE: u64 = 5 << 20;
 
@@ -95,37 +97,37 @@ impl Default for MultipartConfig {
 }
 
 impl MultipartConfig {
-    /// Checks the values; `Err((field, message))` names the first bad one
+    /// Checks the values; `Err(FieldError::new(field, message))` names the first bad one
     /// (relative to the section).
     ///
     /// # Errors
     /// A cap of 0 (or bytes below 5 MiB), a negative or non-finite age.
-    pub fn check(&self) -> Result<(), (String, String)> {
+    pub fn check(&self) -> Result<(), FieldError> {
         if self.max_open_uploads_per_user == 0 {
-            return Err((
-                "max_open_uploads_per_user".into(),
-                "must be at least 1".into(),
+            return Err(FieldError::new(
+                "max_open_uploads_per_user",
+                "must be at least 1",
             ));
         }
         if self.max_parts_per_user == 0 {
-            return Err(("max_parts_per_user".into(), "must be at least 1".into()));
+            return Err(FieldError::new("max_parts_per_user", "must be at least 1"));
         }
         if self.max_bytes_per_user.0 < MIN_PART_SIZE {
-            return Err((
-                "max_bytes_per_user".into(),
-                "must be at least 5MiB (one part)".into(),
+            return Err(FieldError::new(
+                "max_bytes_per_user",
+                "must be at least 5MiB (one part)",
             ));
         }
         if self.copy_bytes_per_minute_per_user.0 < 5 << 30 {
-            return Err((
-                "copy_bytes_per_minute_per_user".into(),
-                "must be at least 5GiB (one largest part)".into(),
+            return Err(FieldError::new(
+                "copy_bytes_per_minute_per_user",
+                "must be at least 5GiB (one largest part)",
             ));
         }
         if !self.abort_incomplete_after.is_finite() || self.abort_incomplete_after < 0.0 {
-            return Err((
-                "abort_incomplete_after".into(),
-                "must be a number of seconds, 0 (off) or more".into(),
+            return Err(FieldError::new(
+                "abort_incomplete_after",
+                "must be a number of seconds, 0 (off) or more",
             ));
         }
         Ok(())
