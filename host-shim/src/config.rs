@@ -478,11 +478,7 @@ pub struct LoadedConfig {
 /// # Errors
 /// [`ConfigError`], naming the file and the field.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        file: file.clone(),
-        source,
-    })?;
+    let (file, text) = s3dma_service::skeleton::read_config(path)?;
     let config = parse(path, &text)?;
     let v = Validator::new(file);
     let socket_mode = parse_mode(&config.socket.mode).map_err(|m| v.err("socket.mode", m))?;

@@ -77,11 +77,7 @@ pub struct LoadedShim {
 /// # Errors
 /// A [`ConfigError`] naming the file, the field and what is wrong.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        file: file.clone(),
-        source,
-    })?;
+    let (file, text) = s3dma_service::skeleton::read_config(path)?;
     let config = parse(path, &text)?;
     let v = Validator::new(file);
 
