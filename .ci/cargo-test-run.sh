@@ -33,7 +33,7 @@ cargo test "${CARGO_ALL[@]}" --no-run --message-format=json-render-diagnostics |
   python3 .ci/test-binaries.py |
   awk -F'|' '
     BEGIN {
-      w["e2e|it|agent::"] = 100; w["e2e|it|shim::"] = 70; w["tools|bench|"] = 65
+      w["e2e|it|agent::"] = 100; w["e2e|it|shim::"] = 70; w["tools|it|"] = 65
       w["storage-target|it|"] = 30; w["e2e|it|cli:: launcher::"] = 20; w["fabric|it|"] = 8
       runs["e2e|it"] = "agent::;shim::;cli:: launcher::"
     }

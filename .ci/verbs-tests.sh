@@ -45,7 +45,7 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
         f["storage-target|it"] = "rdma:: hipobj:: dc::"
         # Runs of one binary are separated by ";".
         f["e2e|it"] = "agent::transfers:: agent::fallback:: --skip ceph --skip third_party;shim::e2e::"
-        f["tools|probe"] = "probe_reports_a_storage_targets_dialects"
+        f["tools|it"] = "probe::probe_reports_a_storage_targets_dialects"
       }
       ($1 "|" $2) in f {
         n = split(f[$1 "|" $2], runs, ";")

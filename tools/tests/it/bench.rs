@@ -10,8 +10,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-mod common;
-use common::{S3DMA_TOOLS, check_binaries};
+use crate::common::{S3DMA_TOOLS, check_binaries};
 
 /// The keys every bench run must report.
 const REQUIRED: [&str; 7] = [

@@ -7,8 +7,7 @@ use std::process::{Command, Output, Stdio};
 
 use s3dma_launcher::harness::{self, ALICE, Moto, Target};
 
-mod common;
-use common::S3DMA_TOOLS;
+use crate::common::S3DMA_TOOLS;
 
 fn probe(endpoint: &str, (ak, sk): (&str, &str), extra: &[&str]) -> (Output, String) {
     let out = Command::new(S3DMA_TOOLS)
@@ -30,7 +29,7 @@ fn probe(endpoint: &str, (ak, sk): (&str, &str), extra: &[&str]) -> (Output, Str
 /// and, on verbs, a GET and a PUT transfer with bytes compared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_reports_a_storage_targets_dialects() {
-    common::check_binaries();
+    crate::common::check_binaries();
     let target = Target::start(true);
     target.create_bucket("probe").await;
     let verbs = harness::backend() == s3dma_launcher::Backend::Verbs;
