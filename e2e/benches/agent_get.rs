@@ -2,7 +2,7 @@
 //! object fetched by one RDMA GET straight from the target and by aws-sdk-s3
 //! over HTTP, plus the agent's CPU time per request (from /proc).
 //!
-//! Run: `cargo build --release -p storage-target && cargo bench -p dpu-agent --bench agent_get`
+//! Run: `cargo build --release -p storage-target -p dpu-agent && cargo bench -p s3dma-e2e --bench agent_get`
 
 use std::time::Instant;
 

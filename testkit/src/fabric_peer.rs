@@ -215,3 +215,84 @@ pub async fn run_ops(stream: TcpStream, ops: &[Op], fill: u8) -> Vec<Outcome> {
     drop(writer.await);
     out
 }
+
+/// A peer without the key that forwards every connection to `upstream`
+/// byte for byte (both ways) and records, per connection, what `upstream`
+/// sent back: the relay of a handshake that should fail on both ends.
+/// Stops when dropped.
+#[derive(Debug)]
+pub struct Relay {
+    /// Where it listens (loopback).
+    pub addr: SocketAddr,
+    /// What `upstream` sent, one entry per relayed connection.
+    pub from_upstream: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Starts a relay to `upstream` on a free loopback port.
+    ///
+    /// # Panics
+    /// When it cannot listen.
+    pub async fn start(upstream: SocketAddr) -> Relay {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let from_upstream: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>> = Default::default();
+        let rec = from_upstream.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = l.accept().await {
+                let rec = rec.clone();
+                tokio::spawn(async move {
+                    let Ok(up) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let slot = {
+                        let mut r = rec.lock().unwrap();
+                        r.push(Vec::new());
+                        r.len() - 1
+                    };
+                    let (mut dr, mut dw) = down.into_split();
+                    let (mut ur, mut uw) = up.into_split();
+                    let to_up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut dr, &mut uw).await;
+                    });
+                    let mut b = [0u8; 4096];
+                    loop {
+                        match ur.read(&mut b).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                rec.lock().unwrap()[slot].extend_from_slice(&b[..n]);
+                                if dw.write_all(&b[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    to_up.abort();
+                });
+            }
+        });
+        Relay {
+            addr,
+            from_upstream,
+            task,
+        }
+    }
+
+    /// Whether `upstream` accepted any relayed handshake: sent an accepting
+    /// verdict after its challenge.
+    #[must_use]
+    pub fn upstream_accepted(&self) -> bool {
+        self.from_upstream.lock().unwrap().iter().any(|b| {
+            b.len() >= Challenge::LEN + Verdict::LEN
+                && Verdict::decode(&b[Challenge::LEN..Challenge::LEN + Verdict::LEN])
+                    == Ok(Verdict::Accepted)
+        })
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

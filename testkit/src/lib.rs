@@ -85,6 +85,28 @@ pub fn bin_dir() -> std::path::PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
+/// Whether the CUDA suites can run, from the driver's `init` result
+/// (`fabric::cuda::init()`): otherwise prints why `test` is skipped, or
+/// fails it when `S3DMA_REQUIRE_CUDA=1` (`.ci/cuda-standin.sh` sets it).
+///
+/// # Panics
+/// No driver while `S3DMA_REQUIRE_CUDA=1`.
+pub fn cuda_driver<E: std::fmt::Display>(test: &str, init: Result<(), E>) -> bool {
+    match init {
+        Ok(()) => true,
+        Err(e) if std::env::var("S3DMA_REQUIRE_CUDA").as_deref() == Ok("1") => {
+            panic!("S3DMA_REQUIRE_CUDA=1 but no CUDA driver could be used: {e}")
+        }
+        Err(e) => {
+            eprintln!(
+                "{test}: SKIPPED, no CUDA driver ({e}). Run .ci/cuda-standin.sh (the test-only \
+                 stand-in), or run on a GPU host; S3DMA_REQUIRE_CUDA=1 turns this skip into a failure."
+            );
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

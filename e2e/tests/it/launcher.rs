@@ -9,8 +9,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
-use s3dma_launcher::{REGION, Stack, StackOptions};
+use s3dma_launcher::{Stack, StackOptions};
 
 fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
@@ -18,15 +17,7 @@ fn mode(p: &Path) -> u32 {
 
 fn s3(stack: &Stack) -> aws_sdk_s3::Client {
     let (key, secret) = stack.credentials();
-    let conf = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .http_client(s3dma_launcher::https_client())
-        .region(Region::new(REGION))
-        .endpoint_url(&stack.endpoints().target_url)
-        .credentials_provider(Credentials::new(key, secret, None, None, "test"))
-        .force_path_style(true)
-        .build();
-    aws_sdk_s3::Client::from_conf(conf)
+    s3dma_testkit::s3_client(&stack.endpoints().target_url, key, secret)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,18 +93,9 @@ async fn starts_creates_the_bucket_restarts_and_stops() {
         stack.stop().await;
         panic!("{e}");
     }
-    let got = s3(&stack)
-        .get_object()
-        .bucket("launched")
-        .key("k")
-        .send()
+    let got = s3dma_testkit::get_as(&s3(&stack), "launched", "k")
         .await
-        .unwrap()
-        .body
-        .collect()
-        .await
-        .unwrap()
-        .into_bytes();
+        .expect("the object kept across the restart");
     assert_eq!(&got[..], b"kept");
     stack.stop().await;
 }

@@ -19,19 +19,7 @@ use fabric::{
 /// Whether a CUDA driver is loaded; otherwise prints why `test` is skipped
 /// (or fails it when `S3DMA_REQUIRE_CUDA=1`).
 fn driver(test: &str) -> bool {
-    match fabric::cuda::init() {
-        Ok(()) => true,
-        Err(e) if std::env::var("S3DMA_REQUIRE_CUDA").as_deref() == Ok("1") => {
-            panic!("S3DMA_REQUIRE_CUDA=1 but no CUDA driver could be used: {e}")
-        }
-        Err(e) => {
-            eprintln!(
-                "{test}: SKIPPED, no CUDA driver ({e}). Run .ci/cuda-standin.sh (the test-only \
-                 stand-in), or run on a GPU host; S3DMA_REQUIRE_CUDA=1 turns this skip into a failure."
-            );
-            false
-        }
-    }
+    s3dma_testkit::cuda_driver(test, fabric::cuda::init())
 }
 
 /// Whether the driver is the test-only stand-in, judged while `live` (an

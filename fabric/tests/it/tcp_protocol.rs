@@ -5,7 +5,7 @@ use std::time::Duration;
 use fabric::{
     Access, Domain, Endpoint, EndpointConfig, FabricKey, OpStatus, Session, SessionConfig,
 };
-use s3dma_testkit::fabric_peer::{self, GUARD, assert_closed, read_response};
+use s3dma_testkit::fabric_peer::{self, GUARD, Relay, assert_closed, read_response};
 use s3dma_wire::frame::{Challenge, Hello, OpKind, RequestHeader, ResponseKind, VERSION, Verdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -423,73 +423,6 @@ async fn peer_process_killed_mid_transfer() {
 // ---------------------------------------------------------------------------
 // Issue 30: relays, idle connections and connection caps.
 
-/// A peer without the key that requesters dial (its address is in their
-/// tokens): it relays every byte between each requester and `upstream`, and
-/// records what `upstream` sent back.
-struct Relay {
-    addr: fabric::EndpointAddr,
-    from_upstream: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Relay {
-    async fn start(upstream: std::net::SocketAddr) -> Relay {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = fabric::EndpointAddr {
-            addr: l.local_addr().unwrap(),
-            responder: 1,
-        };
-        let from_upstream = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let rec = from_upstream.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((down, _)) = l.accept().await {
-                let rec = rec.clone();
-                tokio::spawn(async move {
-                    let up = TcpStream::connect(upstream).await.unwrap();
-                    let (mut dr, mut dw) = down.into_split();
-                    let (mut ur, mut uw) = up.into_split();
-                    let to_up = tokio::spawn(async move {
-                        let _ = tokio::io::copy(&mut dr, &mut uw).await;
-                    });
-                    let mut b = [0u8; 4096];
-                    loop {
-                        match ur.read(&mut b).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                rec.lock().unwrap().extend_from_slice(&b[..n]);
-                                if dw.write_all(&b[..n]).await.is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    to_up.abort();
-                });
-            }
-        });
-        Relay {
-            addr,
-            from_upstream,
-            task,
-        }
-    }
-
-    /// Whether `upstream` ever sent an accepting verdict (the 8 bytes after
-    /// its challenge).
-    fn upstream_accepted(&self) -> bool {
-        let b = self.from_upstream.lock().unwrap();
-        b.len() >= Challenge::LEN + Verdict::LEN
-            && Verdict::decode(&b[Challenge::LEN..Challenge::LEN + Verdict::LEN])
-                == Ok(Verdict::Accepted)
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// Issue 30 finding 3: a peer without the key gets a requester with the key
 /// to dial it and relays the handshake to another endpoint, to keep the
 /// authenticated connection and send its own operations. The requester
@@ -502,11 +435,17 @@ async fn a_relayed_handshake_fails_on_both_ends() {
     let (d, ep) = endpoint(&key).await;
     let r = d.alloc(8, Access::REMOTE_READ).unwrap();
     r.write_at(0, b"secret!!").unwrap();
+    // A peer without the key that requesters dial (its address is in
+    // their tokens).
     let relay = Relay::start(ep.addr().addr).await;
+    let relay_ep = fabric::EndpointAddr {
+        addr: relay.addr,
+        responder: 1,
+    };
     // The real requester, dialling the relay (as a token naming it says).
     let c = Domain::tcp();
     let l = c.alloc(8, Access::LOCAL_WRITE).unwrap();
-    match Session::connect(&c, relay.addr, SessionConfig::new(key.clone())).await {
+    match Session::connect(&c, relay_ep, SessionConfig::new(key.clone())).await {
         Err(e) => assert!(e.to_string().contains("relayed"), "{e}"),
         Ok(s) => {
             // (The unbound handshake: the relay now holds an authenticated
@@ -521,12 +460,8 @@ async fn a_relayed_handshake_fails_on_both_ends() {
     );
     // A requester proof made for the relay's address, sent on by the relay
     // (a requester that went ahead): refused as made for another endpoint.
-    let (mut s, hello, ch, v) = fabric_peer::handshake(
-        relay.addr,
-        fabric_peer::Proof::Key(&key),
-        (VERSION, VERSION),
-    )
-    .await;
+    let (mut s, hello, ch, v) =
+        fabric_peer::handshake(relay_ep, fabric_peer::Proof::Key(&key), (VERSION, VERSION)).await;
     assert!(!key.verify_responder(&hello, &ch));
     assert_eq!(v, Verdict::WrongResponder);
     assert_closed(&mut s).await;

@@ -942,19 +942,9 @@ fn local_mode_in_front_of_an_existing_cluster() {
     std::fs::write(&src, &data).unwrap();
     ok(&local.s3dma(&["put", src.to_str().unwrap(), "s3://cli-upstream/k"]));
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let stored = rt.block_on(async {
-        sdk.get_object()
-            .bucket("cli-upstream")
-            .key("k")
-            .send()
-            .await
-            .unwrap()
-            .body
-            .collect()
-            .await
-            .unwrap()
-            .into_bytes()
-    });
+    let stored = rt
+        .block_on(s3dma_testkit::get_as(&sdk, "cli-upstream", "k"))
+        .expect("the object in Ceph");
     assert!(stored[..] == data[..], "the object in Ceph differs");
     for _ in 0..2 {
         let out = local.s3dma(&["get", "s3://cli-upstream/k", "-"]);

@@ -14,7 +14,7 @@
 //! `LD_LIBRARY_PATH`). Without a driver each test prints why it is skipped
 //! and passes, unless `S3DMA_REQUIRE_CUDA=1` makes that a failure. The shim
 //! under test is `target/<profile>/host-shim`, which must be built with the
-//! feature: `cargo test -p host-shim --features cuda --test it -- cuda::`
+//! feature: `cargo test -p s3dma-e2e --features cuda --test it -- shim::cuda::`
 //! builds it so (on a GPU host: `S3DMA_REQUIRE_CUDA=1 cargo test -p
 //! host-shim --features cuda --test it -- cuda::`, after `cargo build
 //! --bins` for the other two binaries).
@@ -43,27 +43,16 @@ type Raw = api::tenant_client::TenantClient<tonic::transport::Channel>;
 /// otherwise prints why `test` is skipped (or fails it when no driver
 /// loads and `S3DMA_REQUIRE_CUDA=1`).
 fn driver(test: &str) -> bool {
-    match fabric::cuda::init() {
-        Ok(()) if matches!(agent::backend(), fabric::Backend::Verbs) && uses_standin() => {
-            eprintln!(
-                "{test}: SKIPPED, S3DMA_TEST_FABRIC=verbs registers CUDA memory by dma-buf \
-                 (GPUDirect RDMA), which the test-only stand-in cannot give; run with the tcp \
-                 fabric, or on a GPU host with an RDMA NIC"
-            );
-            false
-        }
-        Ok(()) => true,
-        Err(e) if std::env::var("S3DMA_REQUIRE_CUDA").as_deref() == Ok("1") => {
-            panic!("S3DMA_REQUIRE_CUDA=1 but no CUDA driver could be used: {e}")
-        }
-        Err(e) => {
-            eprintln!(
-                "{test}: SKIPPED, no CUDA driver ({e}). Run .ci/cuda-standin.sh (the test-only \
-                 stand-in), or run on a GPU host; S3DMA_REQUIRE_CUDA=1 turns this skip into a failure."
-            );
-            false
-        }
+    let init = fabric::cuda::init();
+    if init.is_ok() && matches!(agent::backend(), fabric::Backend::Verbs) && uses_standin() {
+        eprintln!(
+            "{test}: SKIPPED, S3DMA_TEST_FABRIC=verbs registers CUDA memory by dma-buf \
+             (GPUDirect RDMA), which the test-only stand-in cannot give; run with the tcp \
+             fabric, or on a GPU host with an RDMA NIC"
+        );
+        return false;
     }
+    s3dma_testkit::cuda_driver(test, init)
 }
 
 /// Mappings of this process's stand-in allocations in the shim's address
@@ -201,7 +190,7 @@ async fn register_fd(
             st.code(),
             Code::Unimplemented,
             "the host-shim binary under test was built without the `cuda` feature \
-             (cargo test -p host-shim --features cuda builds it with it), or has no driver: {st:?}"
+             (cargo test -p s3dma-e2e --features cuda builds it with it), or has no driver: {st:?}"
         );
     }
     let r = r?;
@@ -223,7 +212,7 @@ async fn register(
             st.code(),
             Code::Unimplemented,
             "the host-shim binary under test was built without the `cuda` feature \
-             (cargo test -p host-shim --features cuda builds it with it), or has no driver: {st:?}"
+             (cargo test -p s3dma-e2e --features cuda builds it with it), or has no driver: {st:?}"
         );
     }
     let r = r?;

@@ -346,20 +346,10 @@ async fn child_as_stranger() {
         "the shim took 16 MiB from a stranger"
     );
     // gRPC fails without a tenant reply.
-    let mut raw = tokio::time::timeout(HANG_GUARD, async {
-        let path = std::path::PathBuf::from(&socket);
-        tonic::transport::Endpoint::from_static("http://[::]:50051")
-            .connect_with_connector(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await
-            .map(s3dma_proto::tenant::v1::tenant_client::TenantClient::new)
-    })
+    let mut raw = tokio::time::timeout(
+        HANG_GUARD,
+        try_raw_tenant_client(std::path::Path::new(&socket)),
+    )
     .await
     .unwrap();
     if let Ok(c) = raw.as_mut() {
@@ -1144,7 +1134,7 @@ async fn cuobject_dc_without_dc_on_this_host_goes_over_http() {
 /// and PUT by the target's DC initiators straight into and out of the
 /// tenant's buffer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p host-shim --all-features --test it cuobject_dc_through_the_stack_on_mlx5 -- --ignored"]
+#[ignore = "needs an mlx5 device with DC (ConnectX-5 or newer, BlueField): S3DMA_TEST_FABRIC=verbs cargo test -p s3dma-e2e --all-features --test it shim::e2e::cuobject_dc_through_the_stack_on_mlx5 -- --ignored"]
 async fn cuobject_dc_through_the_stack_on_mlx5() {
     assert_eq!(
         agent::backend(),

@@ -11,12 +11,8 @@ use super::*;
 async fn keys_and_client_request_ids_are_logged_escaped_and_never_reused() {
     let target = Target::start(true);
     target.create_bucket("alice-data").await;
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, shims) = secrets_dir();
     let d = dir.path();
-    write_secrets(d);
-    let dd = d.display().to_string();
-    let shims =
-        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
     write_private(
         &d.join("agent.yaml"),
         agent_yaml(d, "", &shims, &target.endpoint),

@@ -188,6 +188,19 @@ fn write_secrets(d: &Path) {
     write_private(&d.join("other-shim.token"), OTHER_SHIM_TOKEN);
 }
 
+/// A fresh directory with the secret files of [`write_secrets`], and the
+/// one shim `host1` (for alice and bob, with `shim.token`) as YAML under
+/// `shims:`.
+fn secrets_dir() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    write_secrets(dir.path());
+    let shims = format!(
+        "  - name: host1\n    token_file: {}/shim.token\n    tenants: [alice, bob]\n",
+        dir.path().display()
+    );
+    (dir, shims)
+}
+
 /// A valid agent configuration over the files of [`write_secrets`]: `tls`
 /// is YAML under `listen:` (indented two spaces), `shims` the list under
 /// `shims:`.

@@ -338,12 +338,8 @@ async fn a_tenant_holds_at_most_its_share_of_the_staging_pool() {
     for (bucket, who) in [("alice-data", ALICE), ("bob-data", BOB)] {
         put_as(&target.s3(who), bucket, "big", object.clone()).await;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, shims) = secrets_dir();
     let d = dir.path();
-    write_secrets(d);
-    let dd = d.display().to_string();
-    let shims =
-        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
     // A pool of 4 x 1 MiB; alice's byte quota (the default 1 GiB) is far
     // larger than the pool, bob's is 1 MiB; the share is 50%.
     let yaml = agent_yaml(d, "", &shims, &target.endpoint)

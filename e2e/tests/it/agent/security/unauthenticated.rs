@@ -79,12 +79,8 @@ fn closed_by_peer(mut s: std::net::TcpStream) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
     let target = Target::start(true);
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, shims) = secrets_dir();
     let d = dir.path();
-    write_secrets(d);
-    let dd = d.display().to_string();
-    let shims =
-        format!("  - name: host1\n    token_file: {dd}/shim.token\n    tenants: [alice, bob]\n");
     // (a) A long unauthenticated timeout: only the gate is at work.
     let yaml = agent_yaml(
         d,

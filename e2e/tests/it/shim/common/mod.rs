@@ -277,8 +277,18 @@ pub(crate) fn run_test_as(dir: &Path, uid: u32, name: &str, env: &[(&str, String
 pub(crate) async fn raw_tenant_client(
     socket: &Path,
 ) -> s3dma_proto::tenant::v1::tenant_client::TenantClient<tonic::transport::Channel> {
+    try_raw_tenant_client(socket).await.unwrap()
+}
+
+/// [`raw_tenant_client`], or the connection's error.
+pub(crate) async fn try_raw_tenant_client(
+    socket: &Path,
+) -> Result<
+    s3dma_proto::tenant::v1::tenant_client::TenantClient<tonic::transport::Channel>,
+    tonic::transport::Error,
+> {
     let path = socket.to_owned();
-    let ch = tonic::transport::Endpoint::from_static("http://[::]:50051")
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
             async move {
@@ -288,8 +298,7 @@ pub(crate) async fn raw_tenant_client(
             }
         }))
         .await
-        .unwrap();
-    s3dma_proto::tenant::v1::tenant_client::TenantClient::new(ch)
+        .map(s3dma_proto::tenant::v1::tenant_client::TenantClient::new)
 }
 
 /// `(grpc code, ErrorInfo reason)` of a status.

@@ -30,49 +30,6 @@ fn shim_fabric_addr(stack: &Stack) -> SocketAddr {
     socks[0]
 }
 
-/// A relay without the fabric key: every connection to it is forwarded to
-/// `upstream`; what `upstream` sends back is recorded.
-async fn start_relay(upstream: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-    let rec = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((down, _)) = l.accept().await {
-            let rec = Arc::clone(&rec);
-            tokio::spawn(async move {
-                let Ok(up) = TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let slot = {
-                    let mut r = rec.lock().unwrap();
-                    r.push(Vec::new());
-                    r.len() - 1
-                };
-                let (mut dr, mut dw) = down.into_split();
-                let (mut ur, mut uw) = up.into_split();
-                let to_up = tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut dr, &mut uw).await;
-                });
-                let mut b = [0u8; 4096];
-                loop {
-                    match ur.read(&mut b).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            rec.lock().unwrap()[slot].extend_from_slice(&b[..n]);
-                            if dw.write_all(&b[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                    }
-                }
-                to_up.abort();
-            });
-        }
-    });
-    (addr, seen)
-}
-
 /// Issue 30 finding 3: alice (no fabric key) hands the storage target a
 /// signed GET whose token names her own relay; the relay forwards the
 /// target's handshake to the shim's fabric port, to keep an authenticated
@@ -86,9 +43,11 @@ async fn a_handshake_relayed_from_a_target_to_the_shim_is_refused() {
     let fabric = shim_fabric_addr(&stack);
     let s3 = stack.target.s3(ALICE);
     put_as(&s3, "alice-data", "relayed", data(4096, 5)).await;
-    let (relay, seen) = start_relay(fabric).await;
+    // A relay without the fabric key: every connection to it is forwarded
+    // to the shim's fabric port; what the shim sends back is recorded.
+    let relay = s3dma_testkit::fabric_peer::Relay::start(fabric).await;
     let relay_ep = fabric::EndpointAddr {
-        addr: relay,
+        addr: relay.addr,
         responder: 1,
     };
     let tok = RdmaToken::new(
@@ -107,7 +66,7 @@ async fn a_handshake_relayed_from_a_target_to_the_shim_is_refused() {
     )
     .await;
     assert_ne!(r.status, 200, "{}", r.text());
-    let seen = seen.lock().unwrap().clone();
+    let seen = relay.from_upstream.lock().unwrap().clone();
     // The target dialled the relay and the relay reached the shim...
     assert!(
         seen.iter().any(|b| b.len() >= Challenge::LEN),
@@ -126,37 +85,15 @@ async fn a_handshake_relayed_from_a_target_to_the_shim_is_refused() {
     }
     // A requester that went ahead with a proof for the relay's address,
     // relayed to the shim: refused as made for another endpoint.
-    let mut s = TcpStream::connect(relay).await.unwrap();
-    let hello = Hello {
-        version_min: VERSION,
-        version_max: VERSION,
-        target: relay_ep,
-        session: 1,
-        stream: 0,
-        streams: 1,
-        nonce: rand::random(),
-    };
-    s.write_all(&hello.encode()).await.unwrap();
-    let mut b = [0u8; Challenge::LEN];
-    guard("the relayed challenge", s.read_exact(&mut b))
-        .await
-        .unwrap();
-    let c = Challenge::decode(&b).unwrap();
     let key = agent::fabric_key();
-    assert!(!key.verify_responder(&hello, &c));
-    s.write_all(
-        &Auth {
-            mac: key.requester_proof(&hello, &c),
-        }
-        .encode(),
+    let (_s, hello, c, v) = s3dma_testkit::fabric_peer::handshake(
+        relay_ep,
+        s3dma_testkit::fabric_peer::Proof::Key(&key),
+        (VERSION, VERSION),
     )
-    .await
-    .unwrap();
-    let mut v = [0u8; Verdict::LEN];
-    guard("the relayed verdict", s.read_exact(&mut v))
-        .await
-        .unwrap();
-    assert_eq!(Verdict::decode(&v), Ok(Verdict::WrongResponder));
+    .await;
+    assert!(!key.verify_responder(&hello, &c));
+    assert_eq!(v, Verdict::WrongResponder);
     // Tenants' transfers still work.
     let c = stack.client().await;
     let mut dst = c.alloc(4096).await.unwrap();

@@ -167,6 +167,17 @@ impl<'a> Req<'a> {
 }
 
 /// An HTTP response read to the end of the connection.
+/// Header `name` of an HTTP message head (the start line, then `Name:
+/// value` lines).
+pub(super) fn header_of(head: &str, name: &str) -> Option<String> {
+    head.lines().skip(1).find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_owned())
+    })
+}
+
 #[derive(Debug)]
 pub(super) struct Resp {
     pub(super) status: u16,
@@ -176,12 +187,7 @@ pub(super) struct Resp {
 
 impl Resp {
     pub(super) fn header(&self, name: &str) -> Option<String> {
-        self.head.lines().skip(1).find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_owned())
-        })
+        header_of(&self.head, name)
     }
 
     pub(super) fn text(&self) -> String {

@@ -24,12 +24,7 @@ pub(super) struct Captured {
 
 impl Captured {
     pub(super) fn header(&self, name: &str) -> Option<String> {
-        self.head.lines().skip(1).find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_owned())
-        })
+        header_of(&self.head, name)
     }
 
     pub(super) fn token(&self) -> RdmaToken {
