@@ -292,13 +292,8 @@ async fn upload_parts(
     let mut out = Vec::new();
     for (i, p) in parts.iter().enumerate() {
         let n = i32::try_from(i + 1).unwrap();
-        let req = c
-            .upload_part()
-            .bucket(b)
-            .key(k)
-            .upload_id(id)
-            .part_number(n);
-        let req = req.checksum_algorithm(a.clone());
+        let req = c.upload_part().bucket(b).key(k).upload_id(id);
+        let req = req.part_number(n).checksum_algorithm(a.clone());
         let r = req.body(ByteStream::from(p.clone())).send().await.unwrap();
         let v = value_of!(r, a).expect("part checksum returned");
         assert_eq!(v, b64(&sum(a, p)), "part {n}");

@@ -64,7 +64,7 @@ async fn ask(c: &mut TcpStream, request: &[u8]) -> Option<String> {
 async fn server_with_public_object(connections: &str) -> Server {
     let s = Server::start_with(|_| format!("max_connections: {CAP}\nconnections: {connections}\n"));
     let admin = s.admin();
-    admin.create_bucket().bucket("pub").send().await.unwrap();
+    crate::support::mkbucket(&admin, "pub").await.unwrap();
     for (key, len) in [("big", 32 << 20), ("small", 1000)] {
         admin
             .put_object()
@@ -157,18 +157,8 @@ async fn issue42_trickling_puts_of_one_user_leave_room_for_another() {
         format!("max_connections: {CAP}\nconnections: {{per_user: 4, min_transfer_rate: 0}}\n")
     });
     let attacker = s.client(OWNER_A);
-    attacker
-        .create_bucket()
-        .bucket("a-own")
-        .send()
-        .await
-        .unwrap();
-    s.admin()
-        .create_bucket()
-        .bucket("b-own")
-        .send()
-        .await
-        .unwrap();
+    crate::support::mkbucket(&attacker, "a-own").await.unwrap();
+    crate::support::mkbucket(&s.admin(), "b-own").await.unwrap();
     let mut in_progress = Vec::new();
     let mut slow_down = 0;
     let mut closed = 0;

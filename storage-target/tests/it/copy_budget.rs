@@ -112,16 +112,7 @@ async fn anonymous_upload_part_copies_stop_at_the_anonymous_budget() {
     // A signed user has a budget of its own (64 GiB a minute): more copies
     // than the anonymous class got, all stored.
     let c = s.client(OTHER);
-    let mine = c
-        .create_multipart_upload()
-        .bucket("pub")
-        .key("signed")
-        .send()
-        .await
-        .unwrap()
-        .upload_id()
-        .unwrap()
-        .to_owned();
+    let mine = crate::support::start_upload(&c, "pub", "signed").await;
     for n in 1..=12 {
         c.upload_part_copy()
             .bucket("pub")

@@ -16,7 +16,7 @@ use http_body::Frame;
 async fn kill9_during_large_put_keeps_old_object() {
     let mut s = Server::start();
     let c = s.admin();
-    c.create_bucket().bucket("crash").send().await.unwrap();
+    crate::support::mkbucket(&c, "crash").await.unwrap();
     let old = data(1 << 20, 5);
     let old_etag = c
         .put_object()
@@ -83,13 +83,7 @@ async fn kill9_during_large_put_keeps_old_object() {
     s.restart();
     assert!(files_under(&tmp).is_empty(), ".tmp not cleaned at start-up");
     let c = s.admin();
-    let g = c
-        .get_object()
-        .bucket("crash")
-        .key("obj")
-        .send()
-        .await
-        .unwrap();
+    let g = crate::support::get(&c, "crash", "obj").await.unwrap();
     assert_eq!(g.e_tag(), Some(old_etag.as_str()));
     assert_eq!(g.content_length(), Some(1 << 20));
     assert!(

@@ -18,14 +18,12 @@
 //! `addr:size:rkey:lid:dctn:gidflag:gid` laid out by hand, a raw SigV4
 //! request with the token signed and no `x-amz-rdma-protocol`.
 
-use std::path::Path;
-
 use fabric::Backend;
 use sha2::Digest as _;
 
-use crate::common::{self, ADMIN, Server, create_bucket, data, sdk_get, sdk_put, send_signed};
+use crate::common::{ADMIN, Raw, Server, create_bucket, data, sdk_get, sdk_put, send_signed};
 
-const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+use crate::support::fabric_server;
 
 fn backend() -> Backend {
     std::env::var("S3DMA_TEST_FABRIC").map_or(Backend::Tcp, |v| v.parse().unwrap())
@@ -36,12 +34,10 @@ fn backend() -> Backend {
 fn server(backend: Backend, networks: &str, dc: &str) -> Server {
     let networks = networks.to_owned();
     let dc = dc.to_owned();
-    Server::start_with(move |dir: &Path| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, format!("{KEY_HEX}\n"));
+    fabric_server(move |key_file| {
         format!(
             "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  dc:\n    enabled: true\n{dc}",
-            kf.display()
+            key_file
         )
     })
 }
@@ -67,29 +63,29 @@ fn foreign_token(size: u32) -> String {
     standard_token(0x7f00_0000_1000, size, 0x1234, 0, 0x2a, gid)
 }
 
+/// A GET of `url` signed as the admin, the standard `token` and the
+/// `extra` headers signed (no `x-amz-rdma-protocol`: the cuObject dialect).
+async fn token_get(url: &str, token: &str, extra: &[(&str, &str)]) -> Raw {
+    let mut h = vec![("x-amz-rdma-token", token)];
+    h.extend_from_slice(extra);
+    send_signed(ADMIN, "GET", url, &h, &[]).await
+}
+
+/// A body-less PUT of `url` signed as the admin with the standard `token`.
+async fn token_put(url: &str, token: &str) -> Raw {
+    let h = [("x-amz-rdma-token", token), ("content-length", "0")];
+    send_signed(ADMIN, "PUT", url, &h, &[]).await
+}
+
 /// Asks `s` to GET `bucket/k` (holding `body`) and PUT `bucket/put` with
 /// `token`, and checks the declines of the reply rules: the GET served in
 /// the body with `x-amz-rdma-reply: 501`, the PUT `RDMANotSupported`.
 async fn assert_declined(s: &Server, bucket: &str, token: &str, body: &[u8]) {
-    let r = send_signed(
-        ADMIN,
-        "GET",
-        &s.url(&format!("/{bucket}/k")),
-        &[("x-amz-rdma-token", token)],
-        &[],
-    )
-    .await;
+    let r = token_get(&s.url(&format!("/{bucket}/k")), token, &[]).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
     assert_eq!(sha(&r.body), sha(body));
-    let r = send_signed(
-        ADMIN,
-        "PUT",
-        &s.url(&format!("/{bucket}/put")),
-        &[("x-amz-rdma-token", token), ("content-length", "0")],
-        &[],
-    )
-    .await;
+    let r = token_put(&s.url(&format!("/{bucket}/put")), token).await;
     assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{}", r.text());
     assert!(r.text().contains("RDMANotSupported"), "{}", r.text());
 }
@@ -127,12 +123,10 @@ async fn dc_unavailable_declines_standard_tokens_with_501() {
 fn gateway(upstream: &Server, backend: Backend, networks: &str) -> Server {
     let up = upstream.endpoint.clone();
     let networks = networks.to_owned();
-    Server::start_with(move |dir: &Path| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, format!("{KEY_HEX}\n"));
+    fabric_server(move |key_file| {
         format!(
             "store: s3\ndata_dir: ''\nupstream:\n  endpoints: [{up}]\ncache:\n  size: 32MiB\n  chunk_size: 1MiB\nrdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  dc:\n    enabled: true\n",
-            kf.display()
+            key_file
         )
     })
 }
@@ -192,7 +186,29 @@ mod mlx5 {
         }
     }
 
+    /// The allowed-networks list naming `gid` alone.
+    fn only(gid: [u8; 16]) -> String {
+        let ip = std::net::Ipv6Addr::from(gid);
+        match ip.to_ipv4_mapped() {
+            Some(v4) => format!("[{v4}/32]"),
+            None => format!("[{ip}/128]"),
+        }
+    }
+
+    /// `len` bytes of `r` from `off`.
+    fn read(r: &Region, off: usize, len: usize) -> Vec<u8> {
+        let mut got = vec![0u8; len];
+        r.read_at(off, &mut got).unwrap();
+        got
+    }
+
     impl Client {
+        /// Memory the server may write and read.
+        fn alloc(&self, len: usize) -> Region {
+            let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
+            self.domain.alloc(len, access).unwrap()
+        }
+
         fn token(&self, r: &Region, off: u64, len: u32, rkey: u32) -> String {
             standard_token(
                 r.addr() + off,
@@ -206,12 +222,7 @@ mod mlx5 {
 
         /// The server allowed to send to this client's GID.
         fn server(&self) -> Server {
-            let ip = std::net::Ipv6Addr::from(self.gid);
-            let net = match ip.to_ipv4_mapped() {
-                Some(v4) => format!("[{v4}/32]"),
-                None => format!("[{ip}/128]"),
-            };
-            server(Backend::Verbs, &net, "")
+            server(Backend::Verbs, &only(self.gid), "")
         }
     }
 
@@ -237,20 +248,10 @@ mod mlx5 {
             let body = data(len, i as u64 + 1);
             let key = format!("obj-{len}");
             sdk_put(&s, "dc-b", &key, body.clone()).await;
-            let region = c
-                .domain
-                .alloc(len.max(1), Access::REMOTE_WRITE | Access::REMOTE_READ)
-                .unwrap();
+            let region = c.alloc(len.max(1));
             let n = u32::try_from(len).unwrap();
             let token = c.token(&region, 0, n.max(1), region.rkey());
-            let r = send_signed(
-                ADMIN,
-                "GET",
-                &s.url(&format!("/dc-b/{key}")),
-                &[("x-amz-rdma-token", &token)],
-                &[],
-            )
-            .await;
+            let r = token_get(&s.url(&format!("/dc-b/{key}")), &token, &[]).await;
             assert_eq!(r.status, 200, "{key}: {}", r.text());
             assert_eq!(r.header("x-amz-rdma-reply"), Some("200"), "{key}");
             assert_eq!(
@@ -258,20 +259,12 @@ mod mlx5 {
                 Some(len.to_string().as_str())
             );
             assert!(r.body.is_empty());
-            let mut got = vec![0u8; len];
-            region.read_at(0, &mut got).unwrap();
+            let got = read(&region, 0, len);
             assert_eq!(sha(&got), sha(&body), "{key} by DC WRITE");
             // The same bytes back as a PUT by DC READ.
             if len > 0 {
                 let put_key = format!("put-{len}");
-                let r = send_signed(
-                    ADMIN,
-                    "PUT",
-                    &s.url(&format!("/dc-b/{put_key}")),
-                    &[("x-amz-rdma-token", &token), ("content-length", "0")],
-                    &[],
-                )
-                .await;
+                let r = token_put(&s.url(&format!("/dc-b/{put_key}")), &token).await;
                 assert_eq!(r.status, 200, "{put_key}: {}", r.text());
                 assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
                 let stored = sdk_get(&s, "dc-b", &put_key).await.expect("stored");
@@ -279,22 +272,16 @@ mod mlx5 {
             }
         }
         // A range lands at the start of the token's memory: 206.
-        let region = c
-            .domain
-            .alloc(4096, Access::REMOTE_WRITE | Access::REMOTE_READ)
-            .unwrap();
+        let region = c.alloc(4096);
         let token = c.token(&region, 0, 4096, region.rkey());
-        let r = send_signed(
-            ADMIN,
-            "GET",
+        let r = token_get(
             &s.url("/dc-b/obj-4096"),
-            &[("x-amz-rdma-token", &token), ("range", "bytes=100-199")],
-            &[],
+            &token,
+            &[("range", "bytes=100-199")],
         )
         .await;
         assert_eq!(r.status, 206, "{}", r.text());
-        let mut got = vec![0u8; 100];
-        region.read_at(0, &mut got).unwrap();
+        let got = read(&region, 0, 100);
         assert_eq!(got, data(4096, 3)[100..200]);
     }
 
@@ -314,37 +301,19 @@ mod mlx5 {
             ("a DCT with another DC key", &other_key, 0u32),
             ("a wrong rkey", &good, 1u32),
         ] {
-            let region = c
-                .domain
-                .alloc(65_536, Access::REMOTE_WRITE | Access::REMOTE_READ)
-                .unwrap();
+            let region = c.alloc(65_536);
             region.write_at(0, &[0xAB; 65_536]).unwrap();
             let token = c.token(&region, 0, 65_536, region.rkey().wrapping_add(rkey_delta));
-            let r = send_signed(
-                ADMIN,
-                "GET",
-                &s.url("/dc-b/k"),
-                &[("x-amz-rdma-token", &token)],
-                &[],
-            )
-            .await;
+            let r = token_get(&s.url("/dc-b/k"), &token, &[]).await;
             assert!(r.status >= 400, "{what}: {} {}", r.status, r.text());
             assert!(
                 r.text().contains("RDMATransferFailed"),
                 "{what}: {}",
                 r.text()
             );
-            let mut got = vec![0u8; 65_536];
-            region.read_at(0, &mut got).unwrap();
+            let got = read(&region, 0, 65_536);
             assert!(got.iter().all(|&b| b == 0xAB), "{what}: memory written");
-            let r = send_signed(
-                ADMIN,
-                "PUT",
-                &s.url("/dc-b/never"),
-                &[("x-amz-rdma-token", &token), ("content-length", "0")],
-                &[],
-            )
-            .await;
+            let r = token_put(&s.url("/dc-b/never"), &token).await;
             assert!(r.status >= 400, "{what}: PUT {} {}", r.status, r.text());
             assert!(
                 sdk_get(&s, "dc-b", "never").await.is_none(),
@@ -366,10 +335,7 @@ mod mlx5 {
         create_bucket(&s, "dc-b").await;
         let body = data(65_536, 5);
         sdk_put(&s, "dc-b", "k", body.clone()).await;
-        let region = c
-            .domain
-            .alloc(3 * 65_536, Access::REMOTE_WRITE | Access::REMOTE_READ)
-            .unwrap();
+        let region = c.alloc(3 * 65_536);
         region.write_at(0, &[0xAB; 3 * 65_536]).unwrap();
         let window = region
             .window(65_536, 65_536, Access::REMOTE_WRITE, None)
@@ -387,22 +353,14 @@ mod mlx5 {
                 tokio::time::sleep(rest).await;
                 assert!(fence.poll(std::time::Instant::now()));
             }
-            let r = send_signed(
-                ADMIN,
-                "GET",
-                &s.url("/dc-b/k"),
-                &[("x-amz-rdma-token", &token)],
-                &[],
-            )
-            .await;
+            let r = token_get(&s.url("/dc-b/k"), &token, &[]).await;
             assert!(r.status >= 400, "{when}: {} {}", r.status, r.text());
             assert!(
                 r.text().contains("RDMATransferFailed"),
                 "{when}: {}",
                 r.text()
             );
-            let mut got = vec![0u8; 3 * 65_536];
-            region.read_at(0, &mut got).unwrap();
+            let got = read(&region, 0, 3 * 65_536);
             assert!(got.iter().all(|&b| b == 0xAB), "{when}: memory written");
         }
     }
@@ -423,10 +381,7 @@ mod mlx5 {
         create_bucket(&s, "dc-b").await;
         let body = data(LEN, 11);
         sdk_put(&s, "dc-b", "big", body.clone()).await;
-        let region = c
-            .domain
-            .alloc(LEN + 2 * GUARD, Access::REMOTE_WRITE | Access::REMOTE_READ)
-            .unwrap();
+        let region = c.alloc(LEN + 2 * GUARD);
         let fill = vec![0xABu8; LEN + 2 * GUARD];
         region.write_at(0, &fill).unwrap();
         let window = region
@@ -466,22 +421,11 @@ mod mlx5 {
                 "a write landed outside the window"
             );
             // The server is still serving.
-            let other = c
-                .domain
-                .alloc(4096, Access::REMOTE_WRITE | Access::REMOTE_READ)
-                .unwrap();
+            let other = c.alloc(4096);
             let small = c.token(&other, 0, 4096, other.rkey());
-            let r = send_signed(
-                ADMIN,
-                "GET",
-                &s.url("/dc-b/big"),
-                &[("x-amz-rdma-token", &small), ("range", "bytes=0-4095")],
-                &[],
-            )
-            .await;
+            let r = token_get(&s.url("/dc-b/big"), &small, &[("range", "bytes=0-4095")]).await;
             assert_eq!(r.status, 206, "{}", r.text());
-            let mut got = vec![0u8; 4096];
-            other.read_at(0, &mut got).unwrap();
+            let got = read(&other, 0, 4096);
             assert_eq!(got, body[..4096]);
             return;
         }
@@ -498,57 +442,28 @@ mod mlx5 {
         create_bucket(&upstream, "dc-g").await;
         let body = data((1 << 20) + 3, 41);
         sdk_put(&upstream, "dc-g", "read-me", body.clone()).await;
-        let ip = std::net::Ipv6Addr::from(c.gid);
-        let net = match ip.to_ipv4_mapped() {
-            Some(v4) => format!("[{v4}/32]"),
-            None => format!("[{ip}/128]"),
-        };
-        let gw = gateway(&upstream, Backend::Verbs, &net);
-        let region = c
-            .domain
-            .alloc(body.len(), Access::REMOTE_WRITE | Access::REMOTE_READ)
-            .unwrap();
+        let gw = gateway(&upstream, Backend::Verbs, &only(c.gid));
+        let region = c.alloc(body.len());
         let n = u32::try_from(body.len()).unwrap();
         let token = c.token(&region, 0, n, region.rkey());
-        let r = send_signed(
-            ADMIN,
-            "GET",
-            &gw.url("/dc-g/read-me"),
-            &[("x-amz-rdma-token", &token)],
-            &[],
-        )
-        .await;
+        let r = token_get(&gw.url("/dc-g/read-me"), &token, &[]).await;
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
-        let mut got = vec![0u8; body.len()];
-        region.read_at(0, &mut got).unwrap();
+        let got = read(&region, 0, body.len());
         assert_eq!(sha(&got), sha(&body), "GET by DC WRITE through the gateway");
-        let small = c
-            .domain
-            .alloc(4096, Access::REMOTE_WRITE | Access::REMOTE_READ)
-            .unwrap();
+        let small = c.alloc(4096);
         let t = c.token(&small, 0, 4096, small.rkey());
-        let r = send_signed(
-            ADMIN,
-            "GET",
+        let r = token_get(
             &gw.url("/dc-g/read-me"),
-            &[("x-amz-rdma-token", &t), ("range", "bytes=1000-5095")],
-            &[],
+            &t,
+            &[("range", "bytes=1000-5095")],
         )
         .await;
         assert_eq!(r.status, 206, "{}", r.text());
-        let mut got = vec![0u8; 4096];
-        small.read_at(0, &mut got).unwrap();
+        let got = read(&small, 0, 4096);
         assert_eq!(got, body[1000..5096]);
         // PUT: the same bytes back by DC READ, stored upstream.
-        let r = send_signed(
-            ADMIN,
-            "PUT",
-            &gw.url("/dc-g/written"),
-            &[("x-amz-rdma-token", &token), ("content-length", "0")],
-            &[],
-        )
-        .await;
+        let r = token_put(&gw.url("/dc-g/written"), &token).await;
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
         let stored = sdk_get(&upstream, "dc-g", "written")

@@ -12,10 +12,14 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use crate::common::{
-    ADMIN, Launch, OTHER, READER, Raw, Server, data, raw, send_signed, sign_v4_as, write_private,
+    ADMIN, Launch, OTHER, READER, Raw, Server, data, get_as, raw, sdk_get, send_signed, sign_v4_as,
+    write_private,
+};
+use crate::support::{
+    assert_s3_error, assert_status, complete, completed, metrics_text, mkbucket, put, start_upload,
+    stored,
 };
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
 use fabric::{
     Access, Domain, Endpoint, EndpointAddr, EndpointConfig, FabricKey, RdmaToken, Region,
@@ -24,8 +28,9 @@ use s3dma_wire::frame::{Auth, Challenge, Hello, VERSION, Verdict};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server};
 
 fn key() -> FabricKey {
     fabric::config::parse_fabric_key(KEY_HEX).unwrap()
@@ -68,54 +73,19 @@ async fn data_directory_and_every_stored_file_are_private() {
         Launch { umask: Some(0o022) },
     );
     let c = s.admin();
-    c.create_bucket().bucket("priv").send().await.unwrap();
-    c.put_object()
-        .bucket("priv")
-        .key("single")
-        .body(ByteStream::from(data(10_000, 1)))
-        .send()
-        .await
-        .unwrap();
+    mkbucket(&c, "priv").await.unwrap();
+    put(&c, "priv", "single", &data(10_000, 1)).await;
     // A completed multipart upload, and one left in progress with a part
     // on disk.
     let part = data((5 << 20) + 1, 2);
-    for (key, complete) in [("mp-done", true), ("mp-open", false)] {
-        let up = c
-            .create_multipart_upload()
-            .bucket("priv")
-            .key(key)
-            .send()
-            .await
-            .unwrap();
-        let id = up.upload_id().unwrap();
-        let p = c
-            .upload_part()
-            .bucket("priv")
-            .key(key)
-            .upload_id(id)
-            .part_number(1)
-            .body(ByteStream::from(part.clone()))
-            .send()
-            .await
-            .unwrap();
-        if complete {
-            c.complete_multipart_upload()
-                .bucket("priv")
-                .key(key)
-                .upload_id(id)
-                .multipart_upload(
-                    CompletedMultipartUpload::builder()
-                        .parts(
-                            CompletedPart::builder()
-                                .part_number(1)
-                                .e_tag(p.e_tag().unwrap())
-                                .build(),
-                        )
-                        .build(),
-                )
-                .send()
-                .await
-                .unwrap();
+    for (key, done) in [("mp-done", true), ("mp-open", false)] {
+        let id = start_upload(&c, "priv", key).await;
+        let p = c.upload_part().bucket("priv").key(key).upload_id(&id);
+        let p = p.part_number(1).body(ByteStream::from(part.clone())).send();
+        let etag = p.await.unwrap().e_tag.unwrap();
+        if done {
+            let parts = completed(&[(1, etag)]);
+            complete(&c, "priv", key, &id, parts).await.unwrap();
         }
     }
     assert_eq!(
@@ -140,15 +110,20 @@ fn run_binary(config: &Path, check: bool) -> (bool, String) {
     if check {
         cmd.arg("--check");
     }
+    outcome(&mut cmd)
+}
+
+/// Runs `cmd` to completion: whether it succeeded, and its stdout and
+/// stderr together.
+fn outcome(cmd: &mut Command) -> (bool, String) {
     let out = cmd.output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(stdout),
+        String::from_utf8_lossy(stderr)
+    );
+    (out.status.success(), text)
 }
 
 fn minimal_config(dir: &Path, data: &Path, users: &str) -> PathBuf {
@@ -416,17 +391,48 @@ async fn pipe(
 /// A signed RDMA GET of `path` as `user`.
 async fn rdma_get_as(user: (&str, &str), endpoint: &str, path: &str, token: &str) -> Raw {
     let url = format!("{endpoint}{path}");
-    send_signed(
-        user,
-        "GET",
-        &url,
-        &[
-            ("x-amz-rdma-token", token),
-            ("x-amz-rdma-protocol", "s3dma-v1"),
-        ],
-        &[],
-    )
-    .await
+    let signed = [
+        ("x-amz-rdma-token", token),
+        ("x-amz-rdma-protocol", "s3dma-v1"),
+    ];
+    send_signed(user, "GET", &url, &signed, &[]).await
+}
+
+/// [`rdma_get_as`] of `/shared/big` on `s` into the window of `token`.
+async fn get_big(s: &Server, user: (&str, &str), token: &str) -> Raw {
+    rdma_get_as(user, &s.endpoint, "/shared/big", token).await
+}
+
+/// [`get_big`], on a task of its own (to stall).
+fn spawn_get_big(s: &Server, user: (&'static str, &'static str), token: String) -> JoinHandle<Raw> {
+    let ep = s.endpoint.clone();
+    tokio::spawn(async move { rdma_get_as(user, &ep, "/shared/big", &token).await })
+}
+
+/// Awaits stalled GETs once their endpoints answer again: each served in
+/// full into `tenant` at `len * (first + i)`.
+async fn served(gets: [JoinHandle<Raw>; 2], tenant: &Tenant, len: usize, first: usize, obj: &[u8]) {
+    for (i, g) in gets.into_iter().enumerate() {
+        let r = g.await.unwrap();
+        assert_status(&r, 200);
+        let got = tenant.bytes(len * (first + i), len);
+        assert!(got == obj, "stalled GET {i} differs");
+    }
+}
+
+/// Scrapes until the staging pool has `in_use` buffers taken and a wait
+/// on the share `limit` was counted.
+async fn wait_share_wait(s: &Server, what: &str, in_use: i64, limit: &str) {
+    let waits = format!("s3dma_storage_target_rdma_staging_share_waits_total{{limit=\"{limit}\"}}");
+    wait_metrics(s, what, |m| {
+        metric(m, IN_USE) == in_use && metric(m, &waits) >= 1
+    })
+    .await;
+}
+
+/// Scrapes until every staging buffer is back.
+async fn wait_all_back(s: &Server) {
+    wait_metrics(s, "every buffer back", |m| metric(m, IN_USE) == 0).await;
 }
 
 fn metric(text: &str, name_and_labels: &str) -> i64 {
@@ -436,7 +442,7 @@ fn metric(text: &str, name_and_labels: &str) -> i64 {
 }
 
 async fn scrape(s: &Server) -> String {
-    raw("GET", &s.metrics, &[], Bytes::new()).await.text()
+    metrics_text(s).await
 }
 
 /// Scrapes until `ok` holds (a liveness deadline, not a timing assertion).
@@ -482,25 +488,8 @@ async fn stalled_client_case(len: usize) {
     // is a tenant user) may take the whole pool: this case is about the
     // per-endpoint and per-user caps. Operations stall here on purpose, for
     // longer than the default progress timeout on a loaded machine.
-    let s = Server::start_with(|dir: &Path| {
-        let kf = dir.join("fabric.key");
-        write_private(&kf, format!("{KEY_HEX}\n"));
-        format!(
-            "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 5000\n  staging_buffers: 4\n  staging_buffer_size: 4KiB\n  max_shared_staging_share: 1\n  progress_timeout_secs: 600\n",
-            kf.display()
-        )
-    });
-    let admin = s.admin();
-    admin.create_bucket().bucket("shared").send().await.unwrap();
-    let obj = data(len, 7);
-    admin
-        .put_object()
-        .bucket("shared")
-        .key("big")
-        .body(ByteStream::from(obj.clone()))
-        .send()
-        .await
-        .unwrap();
+    let s = rdma_server("  max_shared_staging_share: 1\n  progress_timeout_secs: 600\n");
+    let obj = shared_object(&s, len).await;
     let m = scrape(&s).await;
     assert_eq!(
         metric(&m, "s3dma_storage_target_rdma_staging_share_buffers"),
@@ -515,98 +504,42 @@ async fn stalled_client_case(len: usize) {
     // Open the proxied sessions (one per user and endpoint) while they
     // still answer.
     for (user, at, p) in [(ADMIN, 0, &p1), (ADMIN, 1, &p2), (OTHER, 6, &p1)] {
-        let r = rdma_get_as(
-            user,
-            &s.endpoint,
-            "/shared/big",
-            &stalled.token(len * at, len, Some(p)),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
+        let r = get_big(&s, user, &stalled.token(len * at, len, Some(p))).await;
+        assert_status(&r, 200);
     }
 
     // (a) One endpoint: two GETs signed by two users through the same
     // stalled endpoint hold the endpoint's share (2), not the pool (4).
     p1.stall(true);
-    let g1 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 2, len, Some(&p1)));
-        tokio::spawn(async move { rdma_get_as(ADMIN, &ep, "/shared/big", &tok).await })
-    };
-    let g2 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 3, len, Some(&p1)));
-        tokio::spawn(async move { rdma_get_as(OTHER, &ep, "/shared/big", &tok).await })
-    };
-    wait_metrics(&s, "the stalled session holds its share and waits", |m| {
-        metric(m, IN_USE) == 2
-            && metric(
-                m,
-                "s3dma_storage_target_rdma_staging_share_waits_total{limit=\"session\"}",
-            ) >= 1
-    })
-    .await;
+    let g1 = spawn_get_big(&s, ADMIN, stalled.token(len * 2, len, Some(&p1)));
+    let g2 = spawn_get_big(&s, OTHER, stalled.token(len * 3, len, Some(&p1)));
+    let what = "the stalled session holds its share and waits";
+    wait_share_wait(&s, what, 2, "session").await;
     // Another client, another user: served while the stalled one waits.
-    let r = unblocked(rdma_get_as(
-        READER,
-        &s.endpoint,
-        "/shared/big",
-        &other.token(0, len, None),
-    ))
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = unblocked(get_big(&s, READER, &other.token(0, len, None))).await;
+    assert_status(&r, 200);
     assert!(other.bytes(0, len) == obj, "the other client's GET differs");
     assert!(!g1.is_finished() && !g2.is_finished());
     assert_eq!(metric(&scrape(&s).await, IN_USE), 2);
     p1.stall(false);
-    for (i, g) in [g1, g2].into_iter().enumerate() {
-        let r = g.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert!(
-            stalled.bytes(len * (2 + i), len) == obj,
-            "stalled GET {i} differs"
-        );
-    }
-    wait_metrics(&s, "every buffer back", |m| metric(m, IN_USE) == 0).await;
+    served([g1, g2], &stalled, len, 2, &obj).await;
+    wait_all_back(&s).await;
 
     // (b) One user: GETs through two stalled sessions hold the user's share.
     p1.stall(true);
     p2.stall(true);
-    let g1 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 4, len, Some(&p1)));
-        tokio::spawn(async move { rdma_get_as(ADMIN, &ep, "/shared/big", &tok).await })
-    };
-    let g2 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 5, len, Some(&p2)));
-        tokio::spawn(async move { rdma_get_as(ADMIN, &ep, "/shared/big", &tok).await })
-    };
-    wait_metrics(&s, "the stalled user holds its share and waits", |m| {
-        metric(m, IN_USE) == 2
-            && metric(
-                m,
-                "s3dma_storage_target_rdma_staging_share_waits_total{limit=\"user\"}",
-            ) >= 1
-    })
-    .await;
-    let r = unblocked(rdma_get_as(
-        OTHER,
-        &s.endpoint,
-        "/shared/big",
-        &other.token(len, len, None),
-    ))
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let g1 = spawn_get_big(&s, ADMIN, stalled.token(len * 4, len, Some(&p1)));
+    let g2 = spawn_get_big(&s, ADMIN, stalled.token(len * 5, len, Some(&p2)));
+    let what = "the stalled user holds its share and waits";
+    wait_share_wait(&s, what, 2, "user").await;
+    let r = unblocked(get_big(&s, OTHER, &other.token(len, len, None))).await;
+    assert_status(&r, 200);
     assert!(other.bytes(len, len) == obj, "the other user's GET differs");
     assert!(!g1.is_finished() && !g2.is_finished());
     p1.stall(false);
     p2.stall(false);
-    for (i, g) in [g1, g2].into_iter().enumerate() {
-        let r = g.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert!(
-            stalled.bytes(len * (4 + i), len) == obj,
-            "stalled GET {i} differs"
-        );
-    }
-    wait_metrics(&s, "every buffer back", |m| metric(m, IN_USE) == 0).await;
+    served([g1, g2], &stalled, len, 4, &obj).await;
+    wait_all_back(&s).await;
 }
 
 #[test]
@@ -657,7 +590,7 @@ async fn send_raw_bytes(endpoint: &str, head: &[u8]) -> String {
 async fn a_request_answered_before_its_body_ends_the_connection() {
     let s = Server::start();
     let c = s.admin();
-    c.create_bucket().bucket("early").send().await.unwrap();
+    mkbucket(&c, "early").await.unwrap();
     let addr = s.endpoint.strip_prefix("http://").unwrap();
     for (what, body) in [
         ("expect 100-continue, body never sent", ""),
@@ -686,39 +619,17 @@ async fn a_request_answered_before_its_body_ends_the_connection() {
         assert_eq!(text.matches("http/1.1 ").count(), 1, "{what}: {text}");
     }
     // A PUT whose body was read keeps its connection (no needless closes).
-    c.put_object()
-        .bucket("early")
-        .key("ok")
-        .body(ByteStream::from_static(b"x"))
-        .send()
-        .await
-        .unwrap();
+    put(&c, "early", "ok", b"x").await;
 }
 
 #[tokio::test]
 async fn keys_and_client_request_ids_cannot_forge_log_lines() {
     let s = Server::start();
     let c = s.admin();
-    c.create_bucket().bucket("logs").send().await.unwrap();
+    mkbucket(&c, "logs").await.unwrap();
     let evil = "k\n2030-01-01T00:00:00Z  INFO request{id=FORGED}: tenant=bob\x1b[31mred\u{202e}";
-    c.put_object()
-        .bucket("logs")
-        .key(evil)
-        .body(ByteStream::from_static(b"x"))
-        .send()
-        .await
-        .unwrap();
-    let got = c
-        .get_object()
-        .bucket("logs")
-        .key(evil)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        got.body.collect().await.unwrap().into_bytes().as_ref(),
-        b"x"
-    );
+    put(&c, "logs", evil, b"x").await;
+    assert_eq!(get_as(&c, "logs", evil).await.unwrap(), b"x");
     // Client-chosen request ids: printable, with a tab, with ESC or DEL
     // (hyper refuses those requests with 400 before any handler runs, so
     // they cannot reach the log; if one ever got through, it must be logged
@@ -820,12 +731,7 @@ async fn metrics_behind_a_bearer_token_and_on_a_private_unix_socket() {
         )
     });
     let sock = sock.lock().unwrap().clone();
-    s.admin()
-        .create_bucket()
-        .bucket("metrics-b")
-        .send()
-        .await
-        .unwrap();
+    mkbucket(&s.admin(), "metrics-b").await.unwrap();
     for auth in [
         None,
         Some("Bearer wrong"),
@@ -839,7 +745,7 @@ async fn metrics_behind_a_bearer_token_and_on_a_private_unix_socket() {
     }
     let good = format!("Bearer {TOKEN}");
     let r = raw("GET", &s.metrics, &[("authorization", &good)], Bytes::new()).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert!(
         r.text().contains("s3dma_storage_target_requests_total"),
         "{}",
@@ -866,12 +772,10 @@ async fn metrics_behind_a_bearer_token_and_on_a_private_unix_socket() {
 /// lines added to its `rdma:` section.
 fn rdma_server(extra: &str) -> Server {
     let extra = extra.to_owned();
-    Server::start_with(move |dir: &Path| {
-        let kf = dir.join("fabric.key");
-        write_private(&kf, format!("{KEY_HEX}\n"));
+    fabric_server(move |key_file| {
         format!(
             "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 5000\n  staging_buffers: 4\n  staging_buffer_size: 4KiB\n{extra}",
-            kf.display()
+            key_file
         )
     })
 }
@@ -879,16 +783,9 @@ fn rdma_server(extra: &str) -> Server {
 /// Bucket `shared` with object `big` of `len` bytes; returns the bytes.
 async fn shared_object(s: &Server, len: usize) -> Vec<u8> {
     let admin = s.admin();
-    admin.create_bucket().bucket("shared").send().await.unwrap();
+    mkbucket(&admin, "shared").await.unwrap();
     let obj = data(len, 11);
-    admin
-        .put_object()
-        .bucket("shared")
-        .key("big")
-        .body(ByteStream::from(obj.clone()))
-        .send()
-        .await
-        .unwrap();
+    put(&admin, "shared", "big", &obj).await;
     obj
 }
 
@@ -914,52 +811,24 @@ async fn issue30_non_tenant_users_with_stalled_sessions_cannot_starve_a_tenant_u
     let p2 = Proxy::start(stalled.endpoint.addr()).await;
     // Each user's session through its proxy, opened while it answers.
     for (user, at, p) in [(OTHER, 0, &p1), (READER, 1, &p2)] {
-        let r = rdma_get_as(
-            user,
-            &s.endpoint,
-            "/shared/big",
-            &stalled.token(len * at, len, Some(p)),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
+        let r = get_big(&s, user, &stalled.token(len * at, len, Some(p))).await;
+        assert_status(&r, 200);
     }
     p1.stall(true);
     p2.stall(true);
-    let g1 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 2, len, Some(&p1)));
-        tokio::spawn(async move { rdma_get_as(OTHER, &ep, "/shared/big", &tok).await })
-    };
-    let g2 = {
-        let (ep, tok) = (s.endpoint.clone(), stalled.token(len * 3, len, Some(&p2)));
-        tokio::spawn(async move { rdma_get_as(READER, &ep, "/shared/big", &tok).await })
-    };
-    wait_metrics(&s, "the shared class holds its share and waits", |m| {
-        metric(m, IN_USE) == 2
-            && metric(
-                m,
-                "s3dma_storage_target_rdma_staging_share_waits_total{limit=\"shared\"}",
-            ) >= 1
-    })
-    .await;
+    let g1 = spawn_get_big(&s, OTHER, stalled.token(len * 2, len, Some(&p1)));
+    let g2 = spawn_get_big(&s, READER, stalled.token(len * 3, len, Some(&p2)));
+    let what = "the shared class holds its share and waits";
+    wait_share_wait(&s, what, 2, "shared").await;
     // The tenant user is served from the half the shared class cannot take.
-    let r = unblocked(rdma_get_as(
-        ADMIN,
-        &s.endpoint,
-        "/shared/big",
-        &tenant.token(0, len, None),
-    ))
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = unblocked(get_big(&s, ADMIN, &tenant.token(0, len, None))).await;
+    assert_status(&r, 200);
     assert!(tenant.bytes(0, len) == obj, "the tenant user's GET differs");
     assert!(!g1.is_finished() && !g2.is_finished());
     p1.stall(false);
     p2.stall(false);
-    for (i, g) in [g1, g2].into_iter().enumerate() {
-        let r = g.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert!(stalled.bytes(len * (2 + i), len) == obj, "GET {i} differs");
-    }
-    wait_metrics(&s, "every buffer back", |m| metric(m, IN_USE) == 0).await;
+    served([g1, g2], &stalled, len, 2, &obj).await;
+    wait_all_back(&s).await;
 }
 
 /// Issue 30 finding 4: an RDMA operation that does not complete within
@@ -974,29 +843,11 @@ async fn issue30_a_stalled_transfer_fails_and_frees_its_staging_buffers() {
     let obj = shared_object(&s, len).await;
     let stalled = Tenant::new(len * 3).await;
     let p = Proxy::start(stalled.endpoint.addr()).await;
-    let r = rdma_get_as(
-        ADMIN,
-        &s.endpoint,
-        "/shared/big",
-        &stalled.token(0, len, Some(&p)),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get_big(&s, ADMIN, &stalled.token(0, len, Some(&p))).await;
+    assert_status(&r, 200);
     p.stall(true);
-    let r = unblocked(rdma_get_as(
-        ADMIN,
-        &s.endpoint,
-        "/shared/big",
-        &stalled.token(len, len, Some(&p)),
-    ))
-    .await;
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert_eq!(
-        r.xml("Code").as_deref(),
-        Some("RDMATransferFailed"),
-        "{}",
-        r.text()
-    );
+    let r = unblocked(get_big(&s, ADMIN, &stalled.token(len, len, Some(&p)))).await;
+    assert_s3_error(&r, 500, "RDMATransferFailed");
     assert!(
         r.text().contains("completed no operation within"),
         "{}",
@@ -1009,14 +860,8 @@ async fn issue30_a_stalled_transfer_fails_and_frees_its_staging_buffers() {
     .await;
     // Once the endpoint answers again, a new session serves.
     p.stall(false);
-    let r = rdma_get_as(
-        ADMIN,
-        &s.endpoint,
-        "/shared/big",
-        &stalled.token(len * 2, len, Some(&p)),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get_big(&s, ADMIN, &stalled.token(len * 2, len, Some(&p))).await;
+    assert_status(&r, 200);
     assert!(stalled.bytes(len * 2, len) == obj);
 }
 
@@ -1031,14 +876,8 @@ async fn issue30_two_users_naming_one_endpoint_get_separate_sessions() {
     let obj = shared_object(&s, len).await;
     let host = Tenant::new(len * 3).await;
     for (user, at) in [(ADMIN, 0), (OTHER, 1), (ADMIN, 2)] {
-        let r = rdma_get_as(
-            user,
-            &s.endpoint,
-            "/shared/big",
-            &host.token(len * at, len, None),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
+        let r = get_big(&s, user, &host.token(len * at, len, None)).await;
+        assert_status(&r, 200);
         assert!(host.bytes(len * at, len) == obj);
     }
     let m = scrape(&s).await;
@@ -1083,12 +922,7 @@ async fn issue30_an_aws_chunk_declared_huge_is_refused_before_it_is_read() {
     const DECLARED: u64 = 1 << 30;
     const SEND: usize = 256 << 20;
     let s = Server::start();
-    s.admin()
-        .create_bucket()
-        .bucket("chunky")
-        .send()
-        .await
-        .unwrap();
+    mkbucket(&s.admin(), "chunky").await.unwrap();
     let url = s.url("/chunky/huge");
     let sig = format!(";chunk-signature={}\r\n", "0".repeat(64));
     let head_line = format!("{DECLARED:x}{sig}");
@@ -1177,22 +1011,8 @@ async fn issue30_an_aws_chunk_declared_huge_is_refused_before_it_is_read() {
         "{m}"
     );
     // Nothing was stored, and a normal PUT still works.
-    let e = s
-        .admin()
-        .head_object()
-        .bucket("chunky")
-        .key("huge")
-        .send()
-        .await;
-    assert!(e.is_err());
-    s.admin()
-        .put_object()
-        .bucket("chunky")
-        .key("small")
-        .body(ByteStream::from(data(300 << 10, 3)))
-        .send()
-        .await
-        .unwrap();
+    assert!(!stored(&s, "chunky", "huge").await);
+    put(&s.admin(), "chunky", "small", &data(300 << 10, 3)).await;
 }
 
 /// Issue 30 finding 6: connections beyond `max_connections` on the S3 port,
@@ -1205,12 +1025,7 @@ async fn issue30_held_connections_beyond_the_caps_keep_fds_bounded_and_serve() {
     const CAP: usize = 16;
     const HELD: usize = 200;
     let s = Server::start_with(|_| format!("max_connections: {CAP}\n"));
-    s.admin()
-        .create_bucket()
-        .bucket("conns")
-        .send()
-        .await
-        .unwrap();
+    mkbucket(&s.admin(), "conns").await.unwrap();
     let pid = s.pid();
     let base = fds(pid);
     let addr = s.endpoint.strip_prefix("http://").unwrap().to_owned();
@@ -1220,27 +1035,8 @@ async fn issue30_held_connections_beyond_the_caps_keep_fds_bounded_and_serve() {
     }
     // A legitimate client is served; connections are accepted in order,
     // so by its answer every held one has been accepted.
-    s.admin()
-        .put_object()
-        .bucket("conns")
-        .key("k")
-        .body(ByteStream::from_static(b"still serving"))
-        .send()
-        .await
-        .unwrap();
-    let got = s
-        .admin()
-        .get_object()
-        .bucket("conns")
-        .key("k")
-        .send()
-        .await
-        .unwrap()
-        .body
-        .collect()
-        .await
-        .unwrap()
-        .into_bytes();
+    put(&s.admin(), "conns", "k", b"still serving").await;
+    let got = sdk_get(&s, "conns", "k").await.unwrap();
     assert_eq!(&got[..], b"still serving");
     let open = fds(pid);
     assert!(
@@ -1290,19 +1086,14 @@ fn issue30_caps_beyond_the_fd_limit_refuse_to_start() {
         &t.path().join("data"),
         "  - {access_key_id: a, secret: s}\nmax_connections: 4096\n",
     );
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 1024 && exec \"$0\" --config \"$1\"")
-        .arg(env!("CARGO_BIN_EXE_storage-target"))
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (ok, text) = outcome(
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 1024 && exec \"$0\" --config \"$1\"")
+            .arg(env!("CARGO_BIN_EXE_storage-target"))
+            .arg(&cfg),
     );
-    assert!(!out.status.success(), "{text}");
+    assert!(!ok, "{text}");
     assert!(
         text.contains("RLIMIT_NOFILE is 1024") && text.contains("max_connections"),
         "{text}"

@@ -10,7 +10,6 @@
 //! may skip; on a host without one they print `SKIPPED` and return. The
 //! unsupported path runs everywhere.
 
-use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,7 +20,7 @@ use sha2::Digest as _;
 
 use crate::common::{self, ADMIN, OTHER, Raw, Server, data, raw, sdk_get, sdk_put, send_signed};
 
-const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+use crate::support::fabric_server;
 
 fn backend() -> Backend {
     std::env::var("S3DMA_TEST_FABRIC").map_or(Backend::Tcp, |v| v.parse().unwrap())
@@ -36,12 +35,10 @@ fn server(backend: Backend, hipobj: &str) -> Server {
 fn server_for(backend: Backend, networks: &str, hipobj: &str) -> Server {
     let hipobj = hipobj.to_owned();
     let networks = networks.to_owned();
-    Server::start_with(move |dir: &Path| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, format!("{KEY_HEX}\n"));
+    fabric_server(move |key_file| {
         format!(
             "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  hipobj:\n    enabled: true\n{hipobj}",
-            kf.display()
+            key_file
         )
     })
 }
@@ -313,10 +310,7 @@ fn check_final(fin: &Raw, cookie: u32, size: u64) {
 #[tokio::test]
 async fn hipobj_without_verbs_answers_unsupported() {
     let s = server(Backend::Tcp, "");
-    s.admin()
-        .create_bucket()
-        .bucket("hipobj-b")
-        .send()
+    crate::support::mkbucket(&s.admin(), "hipobj-b")
         .await
         .unwrap();
     let gid = std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets();
@@ -361,10 +355,7 @@ async fn hipobj_without_verbs_answers_unsupported() {
 async fn hipobj_transfers_on_verbs() {
     let Some(domain) = verbs() else { return };
     let s = server(Backend::Verbs, "");
-    s.admin()
-        .create_bucket()
-        .bucket("hipobj-v")
-        .send()
+    crate::support::mkbucket(&s.admin(), "hipobj-v")
         .await
         .unwrap();
     let big = 64 << 20;
@@ -464,10 +455,7 @@ async fn hipobj_refusals_on_verbs() {
         Backend::Verbs,
         "    max_sessions_per_user: 2\n    prepared_timeout_secs: 2\n    transfer_timeout_secs: 3\n",
     );
-    s.admin()
-        .create_bucket()
-        .bucket("hipobj-r")
-        .send()
+    crate::support::mkbucket(&s.admin(), "hipobj-r")
         .await
         .unwrap();
     sdk_put(&s, "hipobj-r", "k", data(10_000, 1)).await;
@@ -516,11 +504,7 @@ async fn hipobj_refusals_on_verbs() {
     // A target whose allowed networks do not hold the client's GID sends
     // nothing there: 403 before any queue pair is made.
     let narrow = server_for(Backend::Verbs, "[192.0.2.0/24]", "");
-    narrow
-        .admin()
-        .create_bucket()
-        .bucket("hipobj-n")
-        .send()
+    crate::support::mkbucket(&narrow.admin(), "hipobj-n")
         .await
         .unwrap();
     sdk_put(&narrow, "hipobj-n", "k", data(100, 2)).await;
@@ -658,10 +642,7 @@ async fn hipobj_refusals_on_verbs() {
 async fn hipobj_answers_from_a_gid_of_the_clients_kind() {
     let Some(domain) = verbs() else { return };
     let s = server_for(Backend::Verbs, "[127.0.0.0/8, 10.0.0.0/8, 'fe80::/10']", "");
-    s.admin()
-        .create_bucket()
-        .bucket("hipobj-k")
-        .send()
+    crate::support::mkbucket(&s.admin(), "hipobj-k")
         .await
         .unwrap();
     let d = data(70_000, 5);
@@ -722,22 +703,16 @@ async fn hipobj_sessions(s: &Server) -> (u64, u64) {
 async fn hipobj_through_a_gateway_on_verbs() {
     let Some(domain) = verbs() else { return };
     let upstream = Server::start();
-    upstream
-        .admin()
-        .create_bucket()
-        .bucket("hipobj-g")
-        .send()
+    crate::support::mkbucket(&upstream.admin(), "hipobj-g")
         .await
         .unwrap();
     let d = data((1 << 20) + 3, 41);
     sdk_put(&upstream, "hipobj-g", "read-me", d.clone()).await;
     let up = upstream.endpoint.clone();
-    let gw = Server::start_with(move |dir: &Path| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, format!("{KEY_HEX}\n"));
+    let gw = fabric_server(move |key_file| {
         format!(
             "store: s3\ndata_dir: ''\nupstream:\n  endpoints: [{up}]\ncache:\n  size: 32MiB\n  chunk_size: 1MiB\nrdma:\n  mode: enabled\n  backend: verbs\n  fabric_key_file: {}\n  allowed_client_networks: [127.0.0.0/8, 10.0.0.0/8]\n  hipobj:\n    enabled: true\n",
-            kf.display()
+            key_file
         )
     });
     // GET through the gateway: the whole object, then a range.
@@ -862,13 +837,10 @@ async fn hipobj_a_session_cannot_write_into_another_users_put() {
 /// [`OTHER`], and `tenant-b` of [`ADMIN`].
 async fn tenant_server(hipobj: &str) -> Server {
     let hipobj = hipobj.to_owned();
-    let s = Server::start_with(move |dir: &Path| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, format!("{KEY_HEX}\n"));
+    let s = fabric_server(move |key_file| {
         format!(
             "rdma:\n  mode: enabled\n  backend: verbs\n  fabric_key_file: {}\n  allowed_client_networks: [127.0.0.0/8, 10.0.0.0/8]\n  tenant_users: [{}]\n  hipobj:\n    enabled: true\n{hipobj}",
-            kf.display(),
-            ADMIN.0
+            key_file, ADMIN.0
         )
     });
     for (i, u) in ATTACKERS.iter().enumerate() {
@@ -988,10 +960,7 @@ async fn hipobj_upload_part_into_another_users_upload_is_refused_at_prepare() {
     // OWNER_A's upload in it.
     let (a, b) = (common::OWNER_A, common::OWNER_B);
     let owner = s.client(a);
-    owner
-        .create_bucket()
-        .bucket("hipobj-mpu")
-        .send()
+    crate::support::mkbucket(&owner, "hipobj-mpu")
         .await
         .unwrap();
     owner
@@ -1002,16 +971,7 @@ async fn hipobj_upload_part_into_another_users_upload_is_refused_at_prepare() {
         .send()
         .await
         .unwrap();
-    let id = owner
-        .create_multipart_upload()
-        .bucket("hipobj-mpu")
-        .key("obj")
-        .send()
-        .await
-        .unwrap()
-        .upload_id()
-        .unwrap()
-        .to_owned();
+    let id = crate::support::start_upload(&owner, "hipobj-mpu", "obj").await;
     let target = format!("/hipobj-mpu/obj?partNumber=1&uploadId={id}");
     let before = hipobj_sessions(&s).await;
     let intruder = Client::new(&domain, 1000);

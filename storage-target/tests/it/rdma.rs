@@ -3,18 +3,22 @@
 //! signs requests (SigV4, token among the signed headers) with aws-sigv4.
 
 use crate::common;
-use std::path::Path;
 use std::time::Duration;
 
 use crate::common::{Raw, Server, create_bucket, data, md5_hex, raw};
+use crate::support::{
+    assert_code, assert_s3_error, assert_status, complete, completed, list_parts, metrics_text,
+    raw_get, start_upload, stored,
+};
 use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::ChecksumMode;
 use base64::Engine as _;
 use bytes::Bytes;
 use fabric::{Access, Backend, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
 use s3s::crypto::Checksum as _;
 use sha2::Digest as _;
 
-const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server};
 
 fn key() -> FabricKey {
     fabric::config::parse_fabric_key(KEY_HEX).unwrap()
@@ -34,12 +38,10 @@ fn rdma_server(extra: &str) -> Server {
     } else {
         format!("{extra}  backend: {}\n", backend())
     };
-    Server::start_with(move |dir: &Path| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, format!("{KEY_HEX}\n"));
+    fabric_server(move |key_file| {
         format!(
             "rdma:\n  mode: enabled\n  fabric_key_file: {}\n  connect_timeout_ms: 1000\n{extra}",
-            kf.display()
+            key_file
         )
     })
 }
@@ -112,59 +114,43 @@ impl Tenant {
     }
 }
 
-/// Signs with SigV4 (UNSIGNED-PAYLOAD), `extra` headers included in the
-/// signature; `after` headers are added after signing (unsigned).
-async fn send(
-    s: &Server,
-    method: &str,
-    path: &str,
-    extra: &[(&str, &str)],
-    after: &[(&str, &str)],
-) -> Raw {
-    send_to(&s.endpoint, method, path, extra, after).await
-}
-
-/// [`send_exact`] of s3dma's exchange: a signed `x-amz-rdma-token` goes
-/// with the signed dialect marker `x-amz-rdma-protocol: s3dma-v1`, as the
-/// dpu-agent sends it.
-async fn send_to(
-    endpoint: &str,
-    method: &str,
-    path: &str,
-    extra: &[(&str, &str)],
-    after: &[(&str, &str)],
-) -> Raw {
+/// s3dma's exchange: signed with SigV4 (UNSIGNED-PAYLOAD) over `extra`,
+/// where a signed `x-amz-rdma-token` goes with the signed dialect marker
+/// `x-amz-rdma-protocol: s3dma-v1`, as the dpu-agent sends it.
+async fn send_to(endpoint: &str, method: &str, path: &str, extra: &[(&str, &str)]) -> Raw {
     let mut extra = extra.to_vec();
     if extra.iter().any(|(k, _)| *k == "x-amz-rdma-token")
         && !extra.iter().any(|(k, _)| *k == "x-amz-rdma-protocol")
     {
         extra.push(("x-amz-rdma-protocol", "s3dma-v1"));
     }
-    send_exact(endpoint, method, path, &extra, after).await
+    send_exact(&format!("{endpoint}{path}"), method, &extra, &[]).await
 }
 
-/// A request signed with SigV4 over `extra` (and unsigned `after` headers).
+/// A request signed as the admin over `signed`, with the unsigned `after`
+/// headers, exactly as given.
 async fn send_exact(
-    endpoint: &str,
+    url: &str,
     method: &str,
-    path: &str,
-    extra: &[(&str, &str)],
+    signed: &[(&str, &str)],
     after: &[(&str, &str)],
 ) -> Raw {
-    let url = format!("{endpoint}{path}");
-    common::send_signed(common::ADMIN, method, &url, extra, after).await
+    common::send_signed(common::ADMIN, method, url, signed, after).await
+}
+
+/// [`send_to`] `s` with `token` and the `extra` headers signed.
+async fn rdma(s: &Server, method: &str, path: &str, token: &str, extra: &[(&str, &str)]) -> Raw {
+    let mut h = vec![("x-amz-rdma-token", token)];
+    h.extend_from_slice(extra);
+    send_to(&s.endpoint, method, path, &h).await
 }
 
 async fn rdma_get(s: &Server, path: &str, token: &str, extra: &[(&str, &str)]) -> Raw {
-    let mut h = vec![("x-amz-rdma-token", token)];
-    h.extend_from_slice(extra);
-    send(s, "GET", path, &h, &[]).await
+    rdma(s, "GET", path, token, extra).await
 }
 
 async fn rdma_put(s: &Server, path: &str, token: &str, extra: &[(&str, &str)]) -> Raw {
-    let mut h = vec![("x-amz-rdma-token", token)];
-    h.extend_from_slice(extra);
-    send(s, "PUT", path, &h, &[]).await
+    rdma(s, "PUT", path, token, extra).await
 }
 
 fn etag(r: &Raw) -> String {
@@ -174,26 +160,34 @@ fn etag(r: &Raw) -> String {
         .to_owned()
 }
 
+/// The object at `b/k` read through the SDK as the admin.
 async fn sdk_get(s: &Server, b: &str, k: &str) -> Vec<u8> {
-    let o = s
-        .admin()
-        .get_object()
-        .bucket(b)
-        .key(k)
-        .send()
-        .await
-        .unwrap();
-    o.body.collect().await.unwrap().into_bytes().to_vec()
+    common::sdk_get(s, b, k).await.expect("object stored")
 }
 
-async fn exists(s: &Server, b: &str, k: &str) -> bool {
-    s.admin()
-        .head_object()
-        .bucket(b)
-        .key(k)
-        .send()
-        .await
-        .is_ok()
+/// Asserts `r` is a transfer answered `status` with the RDMA reply `reply`.
+#[track_caller]
+fn assert_reply(r: &Raw, status: u16, reply: &str) {
+    assert_eq!(r.status, status, "{}", r.text());
+    assert_eq!(r.header("x-amz-rdma-reply"), Some(reply), "{}", r.text());
+}
+
+/// Asserts `r` reports `len` bytes moved over the fabric.
+#[track_caller]
+fn assert_moved(r: &Raw, len: usize) {
+    let moved = r.header("x-amz-rdma-bytes-transferred");
+    assert_eq!(moved, Some(len.to_string().as_str()), "{}", r.text());
+}
+
+/// [`send_to`] `endpoint` with `token` signed, and nothing else.
+async fn with_token(endpoint: &str, method: &str, path: &str, token: &str) -> Raw {
+    send_to(endpoint, method, path, &[("x-amz-rdma-token", token)]).await
+}
+
+/// [`send_exact`] to `s` with `token` signed, and nothing else (no marker).
+async fn bare_token(s: &Server, method: &str, path: &str, token: &str) -> Raw {
+    let token = [("x-amz-rdma-token", token)];
+    send_exact(&s.url(path), method, &token, &[]).await
 }
 
 #[tokio::test]
@@ -223,10 +217,7 @@ async fn put_and_get_sizes_with_mixed_clients() {
         let r = rdma_get(&s, &path, &t.token(&w), &[]).await;
         assert_eq!(r.status, 200, "GET {len}: {}", r.text());
         assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
-        assert_eq!(
-            r.header("x-amz-rdma-bytes-transferred"),
-            Some(len.to_string().as_str())
-        );
+        assert_moved(&r, len);
         assert_eq!(r.header("content-length"), Some("0"));
         assert!(r.body.is_empty());
         assert_eq!(etag(&r), md5);
@@ -255,7 +246,7 @@ async fn put_and_get_sizes_with_mixed_clients() {
     t.clear(0);
     let w = t.window(4096, 200_000, Access::REMOTE_WRITE);
     let r = rdma_get(&s, "/rdsz/http-put", &t.token(&w), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert_eq!(r.header("x-amz-meta-color"), Some("blue"));
     assert_eq!(r.header("x-amz-rdma-bytes-transferred"), Some("100000"));
     assert_eq!(t.bytes(4096, d.len()), d);
@@ -268,16 +259,7 @@ async fn ranged_and_conditional_gets() {
     let s = rdma_server("");
     create_bucket(&s, "rng").await;
     let d = data((3 << 20) + 17, 5);
-    let put = s
-        .admin()
-        .put_object()
-        .bucket("rng")
-        .key("k")
-        .body(ByteStream::from(d.clone()))
-        .send()
-        .await
-        .unwrap();
-    let et = put.e_tag().unwrap().to_owned();
+    let et = crate::support::put(&s.admin(), "rng", "k", &d).await;
     let t = Tenant::new(4 << 20).await;
     let total = d.len();
     let cases: Vec<(String, usize, usize)> = vec![
@@ -293,10 +275,7 @@ async fn ranged_and_conditional_gets() {
         let r = rdma_get(&s, "/rng/k", &t.token(&w), &[("range", &range)]).await;
         assert_eq!(r.status, 206, "{range}: {}", r.text());
         assert_eq!(r.header("x-amz-rdma-reply"), Some("206"));
-        assert_eq!(
-            r.header("x-amz-rdma-bytes-transferred"),
-            Some(len.to_string().as_str())
-        );
+        assert_moved(&r, len);
         assert_eq!(
             r.header("content-range"),
             Some(format!("bytes {start}-{}/{total}", start + len - 1).as_str())
@@ -315,7 +294,7 @@ async fn ranged_and_conditional_gets() {
     assert_eq!(r.status, 304);
     assert!(t.bytes(0, 4096).iter().all(|&b| b == 0));
     let r = rdma_get(&s, "/rng/k", &tok, &[("if-match", &et)]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert_eq!(t.bytes(0, total), d);
     let r = rdma_get(&s, "/rng/k", &tok, &[("range", "bytes=99999999-")]).await;
     assert_eq!(r.status, 416);
@@ -326,14 +305,7 @@ async fn multipart_with_rdma_and_http_parts_and_checksums() {
     let s = rdma_server("");
     create_bucket(&s, "mpu").await;
     let c = s.admin();
-    let up = c
-        .create_multipart_upload()
-        .bucket("mpu")
-        .key("big")
-        .send()
-        .await
-        .unwrap();
-    let id = up.upload_id().unwrap().to_owned();
+    let id = start_upload(&c, "mpu", "big").await;
     let p1 = data(5 << 20, 11);
     let p2 = data(5 << 20, 12);
     let p3 = data(1_000_003, 13);
@@ -350,21 +322,13 @@ async fn multipart_with_rdma_and_http_parts_and_checksums() {
         &[("x-amz-checksum-sha256", &sum)],
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+    assert_reply(&r, 200, "200");
     assert_eq!(etag(&r), md5_hex(&p1));
     let e1 = etag(&r);
     // Part 2 over HTTP.
-    let r2 = c
-        .upload_part()
-        .bucket("mpu")
-        .key("big")
-        .upload_id(&id)
-        .part_number(2)
-        .body(ByteStream::from(p2.clone()))
-        .send()
-        .await
-        .unwrap();
+    let r2 = c.upload_part().bucket("mpu").key("big").upload_id(&id);
+    let r2 = r2.part_number(2).body(ByteStream::from(p2.clone())).send();
+    let r2 = r2.await.unwrap();
     // Part 3 over RDMA with a wrong checksum: refused, then right.
     let w3 = t.window(5 << 20, p3.len(), Access::REMOTE_READ);
     let path3 = format!("/mpu/big?partNumber=3&uploadId={id}");
@@ -375,27 +339,13 @@ async fn multipart_with_rdma_and_http_parts_and_checksums() {
         &[("x-amz-checksum-sha256", &sum)],
     )
     .await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"));
+    assert_s3_error(&r, 400, "BadDigest");
     let md5 = base64::engine::general_purpose::STANDARD.encode(s3s::crypto::Md5::checksum(&p3));
     let r = rdma_put(&s, &path3, &t.token(&w3), &[("content-md5", &md5)]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     let e3 = etag(&r);
-    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-    let parts = [(1, e1), (2, r2.e_tag().unwrap().to_owned()), (3, e3)]
-        .into_iter()
-        .map(|(n, e)| CompletedPart::builder().part_number(n).e_tag(e).build())
-        .collect::<Vec<_>>();
-    c.complete_multipart_upload()
-        .bucket("mpu")
-        .key("big")
-        .upload_id(&id)
-        .multipart_upload(
-            CompletedMultipartUpload::builder()
-                .set_parts(Some(parts))
-                .build(),
-        )
-        .send()
+    let parts = [(1, e1), (2, r2.e_tag().unwrap().to_owned()), (3, e3)];
+    complete(&c, "mpu", "big", &id, completed(&parts))
         .await
         .unwrap();
     let got = sdk_get(&s, "mpu", "big").await;
@@ -406,7 +356,7 @@ async fn multipart_with_rdma_and_http_parts_and_checksums() {
     t.clear(0);
     let w = t.window(0, want.len(), Access::REMOTE_WRITE);
     let r = rdma_get(&s, "/mpu/big", &t.token(&w), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert!(t.bytes(0, want.len()) == want);
 
     // A whole-object PUT with a wrong checksum stores nothing.
@@ -420,8 +370,8 @@ async fn multipart_with_rdma_and_http_parts_and_checksums() {
         )],
     )
     .await;
-    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"), "{}", r.text());
-    assert!(!exists(&s, "mpu", "bad-sum").await);
+    assert_code(&r, "BadDigest");
+    assert!(!stored(&s, "mpu", "bad-sum").await);
 
     let text = reqwest_metrics(&s).await;
     assert!(
@@ -459,16 +409,13 @@ async fn checksums_over_rdma() {
     // PUT with the right CRC64NVME: verified over the bytes READ from the
     // tenant's memory, stored, returned.
     let r = rdma_put(&s, "/rck/k", &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
+    assert_reply(&r, 200, "200");
     assert_eq!(r.header("x-amz-checksum-crc64nvme"), Some(good.as_str()));
     assert_eq!(r.header("x-amz-checksum-type"), Some("FULL_OBJECT"));
     assert_eq!(etag(&r), md5);
-    let head = c
-        .head_object()
-        .bucket("rck")
-        .key("k")
-        .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+    let head = c.head_object().bucket("rck").key("k");
+    let head = head
+        .checksum_mode(ChecksumMode::Enabled)
         .send()
         .await
         .unwrap();
@@ -482,7 +429,7 @@ async fn checksums_over_rdma() {
         &[("x-amz-checksum-mode", "ENABLED")],
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert_eq!(r.header("x-amz-checksum-crc64nvme"), Some(good.as_str()));
     assert!(t.bytes(len, len) == d);
     drop(wg);
@@ -492,13 +439,12 @@ async fn checksums_over_rdma() {
     // previous version intact.
     t.mem.write_at(len / 2, &[d[len / 2] ^ 0xff]).unwrap();
     let r = rdma_put(&s, "/rck/k", &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"));
+    assert_s3_error(&r, 400, "BadDigest");
     assert!(r.header("etag").is_none());
     assert!(sdk_get(&s, "rck", "k").await == d);
     let r = rdma_put(&s, "/rck/new", &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
-    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"), "{}", r.text());
-    assert!(!exists(&s, "rck", "new").await);
+    assert_code(&r, "BadDigest");
+    assert!(!stored(&s, "rck", "new").await);
     // A malformed value is refused before anything is read.
     let r = rdma_put(
         &s,
@@ -507,9 +453,8 @@ async fn checksums_over_rdma() {
         &[("x-amz-checksum-crc64nvme", "AAAA")],
     )
     .await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
-    assert!(!exists(&s, "rck", "new").await);
+    assert_s3_error(&r, 400, "InvalidRequest");
+    assert!(!stored(&s, "rck", "new").await);
     t.mem.write_at(len / 2, &[d[len / 2]]).unwrap();
 
     // UploadPart over RDMA in a CRC64NVME (FULL_OBJECT) upload.
@@ -525,8 +470,7 @@ async fn checksums_over_rdma() {
     let path = format!("/rck/mp?partNumber=1&uploadId={id}");
     // Without the checksum the upload was created with: refused.
     let r = rdma_put(&s, &path, &tok, &[]).await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    assert_s3_error(&r, 400, "InvalidRequest");
     // A wrong one: BadDigest and no part.
     let r = rdma_put(
         &s,
@@ -535,51 +479,23 @@ async fn checksums_over_rdma() {
         &[("x-amz-checksum-crc64nvme", &crc64nvme(b"x"))],
     )
     .await;
-    assert_eq!(r.xml("Code").as_deref(), Some("BadDigest"), "{}", r.text());
-    let parts = c
-        .list_parts()
-        .bucket("rck")
-        .key("mp")
-        .upload_id(&id)
-        .send()
-        .await
-        .unwrap();
+    assert_code(&r, "BadDigest");
+    let parts = list_parts(&c, "rck", "mp", &id).await;
     assert!(parts.parts().is_empty());
     // The right one: stored and listed.
     let r = rdma_put(&s, &path, &tok, &[("x-amz-checksum-crc64nvme", &good)]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert_eq!(r.header("x-amz-checksum-crc64nvme"), Some(good.as_str()));
     let e1 = etag(&r);
-    let parts = c
-        .list_parts()
-        .bucket("rck")
-        .key("mp")
-        .upload_id(&id)
-        .send()
-        .await
-        .unwrap();
+    let parts = list_parts(&c, "rck", "mp", &id).await;
     assert_eq!(parts.parts()[0].checksum_crc64_nvme(), Some(good.as_str()));
-    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-    let out = c
-        .complete_multipart_upload()
-        .bucket("rck")
-        .key("mp")
-        .upload_id(&id)
-        .multipart_upload(
-            CompletedMultipartUpload::builder()
-                .parts(CompletedPart::builder().part_number(1).e_tag(e1).build())
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    let out = complete(&c, "rck", "mp", &id, completed(&[(1, e1)])).await;
+    let out = out.unwrap();
     // One part: the object's full CRC64NVME is the part's.
     assert_eq!(out.checksum_crc64_nvme(), Some(good.as_str()));
-    let got = c
-        .get_object()
-        .bucket("rck")
-        .key("mp")
-        .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+    let got = c.get_object().bucket("rck").key("mp");
+    let got = got
+        .checksum_mode(ChecksumMode::Enabled)
         .send()
         .await
         .unwrap();
@@ -588,7 +504,7 @@ async fn checksums_over_rdma() {
 }
 
 async fn reqwest_metrics(s: &Server) -> String {
-    raw("GET", &s.metrics, &[], Bytes::new()).await.text()
+    metrics_text(s).await
 }
 
 #[tokio::test]
@@ -597,60 +513,39 @@ async fn refusals_and_failures() {
     let s = rdma_server("  staging_buffers: 4\n  staging_buffer_size: 64KiB\n");
     create_bucket(&s, "neg").await;
     let d = data(1 << 20, 9);
-    s.admin()
-        .put_object()
-        .bucket("neg")
-        .key("k")
-        .body(ByteStream::from(d.clone()))
-        .send()
-        .await
-        .unwrap();
+    common::sdk_put(&s, "neg", "k", d.clone()).await;
     let t = Tenant::new(32 << 20).await;
     t.clear(0);
     let w = t.window(0, 2 << 20, Access::REMOTE_WRITE | Access::REMOTE_READ);
     let tok = t.token(&w);
 
     // Unsigned token header: AccessDenied, nothing moved or stored.
-    let r = send(&s, "GET", "/neg/k", &[], &[("x-amz-rdma-token", &tok)]).await;
-    assert_eq!(r.status, 403, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("AccessDenied"));
+    let r = send_exact(&s.url("/neg/k"), "GET", &[], &[("x-amz-rdma-token", &tok)]).await;
+    assert_s3_error(&r, 403, "AccessDenied");
     assert!(r.text().contains("signed"), "{}", r.text());
     assert!(t.bytes(0, 4096).iter().all(|&b| b == 0));
-    let r = send(
-        &s,
-        "PUT",
-        "/neg/unsigned",
-        &[],
-        &[("x-amz-rdma-token", &tok)],
-    )
-    .await;
+    let unsigned = [("x-amz-rdma-token", tok.as_str())];
+    let r = send_exact(&s.url("/neg/unsigned"), "PUT", &[], &unsigned).await;
     assert_eq!(r.status, 403);
-    assert!(!exists(&s, "neg", "unsigned").await);
+    assert!(!stored(&s, "neg", "unsigned").await);
 
     // Malformed token.
     let r = rdma_get(&s, "/neg/k", "not-a-token", &[]).await;
-    assert_eq!(r.status, 400);
-    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRDMAToken"));
+    assert_s3_error(&r, 400, "InvalidRDMAToken");
     assert!(r.header("x-amz-rdma-reply").is_none());
     let r = rdma_put(&s, "/neg/bad", &tok.to_uppercase(), &[]).await;
-    assert_eq!(
-        r.xml("Code").as_deref(),
-        Some("InvalidRDMAToken"),
-        "{}",
-        r.text()
-    );
-    assert!(!exists(&s, "neg", "bad").await);
+    assert_code(&r, "InvalidRDMAToken");
+    assert!(!stored(&s, "neg", "bad").await);
 
     // A PUT with a body besides the token is refused.
     let r = rdma_put(&s, "/neg/body", &tok, &[("content-length", "5")]).await;
     assert!(r.status >= 400, "{}", r.text());
-    assert!(!exists(&s, "neg", "body").await);
+    assert!(!stored(&s, "neg", "body").await);
 
     // Window too small: clear error, nothing written anywhere.
     let small = t.window(0, 1000, Access::REMOTE_WRITE);
     let r = rdma_get(&s, "/neg/k", &t.token(&small), &[]).await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("InvalidRequest"));
+    assert_s3_error(&r, 400, "InvalidRequest");
     assert!(r.text().contains("grants only 1000 bytes"), "{}", r.text());
     assert!(t.bytes(0, 1 << 20).iter().all(|&b| b == 0));
 
@@ -658,27 +553,16 @@ async fn refusals_and_failures() {
     let mut bad: fabric::RdmaToken = tok.parse().unwrap();
     bad.rkey ^= 0x5a5a_5a5a;
     let r = rdma_get(&s, "/neg/k", &bad.to_string(), &[]).await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
+    assert_s3_error(&r, 400, "RDMATransferFailed");
     assert!(r.text().contains("remote access"), "{}", r.text());
     let r = rdma_put(&s, "/neg/wrong-rkey", &bad.to_string(), &[]).await;
-    assert_eq!(
-        r.xml("Code").as_deref(),
-        Some("RDMATransferFailed"),
-        "{}",
-        r.text()
-    );
-    assert!(!exists(&s, "neg", "wrong-rkey").await);
+    assert_code(&r, "RDMATransferFailed");
+    assert!(!stored(&s, "neg", "wrong-rkey").await);
     // Write-only window used for a PUT (needs remote read): refused by the tenant.
     let wo = t.window(0, 1000, Access::REMOTE_WRITE);
     let r = rdma_put(&s, "/neg/write-only", &t.token(&wo), &[]).await;
-    assert_eq!(
-        r.xml("Code").as_deref(),
-        Some("RDMATransferFailed"),
-        "{}",
-        r.text()
-    );
-    assert!(!exists(&s, "neg", "write-only").await);
+    assert_code(&r, "RDMATransferFailed");
+    assert!(!stored(&s, "neg", "write-only").await);
 
     // A token naming an endpoint nobody listens on fails quickly and cleanly...
     let dead = {
@@ -689,26 +573,20 @@ async fn refusals_and_failures() {
     gone.lid = dead;
     let started = std::time::Instant::now();
     let r = rdma_get(&s, "/neg/k", &gone.to_string(), &[]).await;
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
+    assert_s3_error(&r, 500, "RDMATransferFailed");
     assert!(r.text().contains("connect"), "{}", r.text());
     assert!(started.elapsed() < Duration::from_secs(30));
     let r = rdma_put(&s, "/neg/dead", &gone.to_string(), &[]).await;
     assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
-    assert!(!exists(&s, "neg", "dead").await);
+    assert!(!stored(&s, "neg", "dead").await);
     // ...as does an endpoint with another fabric key...
     let stranger = Tenant::with_key(1 << 20, FabricKey::random()).await;
     let sw = stranger.window(0, 1 << 20, Access::REMOTE_WRITE);
     let r = rdma_get(&s, "/neg/k", &stranger.token(&sw), &[]).await;
-    assert_eq!(
-        r.xml("Code").as_deref(),
-        Some("RDMATransferFailed"),
-        "{}",
-        r.text()
-    );
+    assert_code(&r, "RDMATransferFailed");
     // ...and later requests to a good endpoint are not poisoned.
     let r = rdma_get(&s, "/neg/k", &tok, &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert_eq!(t.bytes(0, d.len()), d);
 
     // A dead tenant endpoint: its pooled session is replaced by a fresh one.
@@ -721,23 +599,11 @@ async fn refusals_and_failures() {
     let Tenant { endpoint, .. } = t2;
     endpoint.shutdown().await;
     let r = rdma_get(&s, "/neg/k", &tok2, &[]).await;
-    assert_eq!(
-        r.xml("Code").as_deref(),
-        Some("RDMATransferFailed"),
-        "{}",
-        r.text()
-    );
+    assert_code(&r, "RDMATransferFailed");
 
     // Window revoked mid-request: the GET fails, no byte lands afterwards.
     let big = data(24 << 20, 21);
-    s.admin()
-        .put_object()
-        .bucket("neg")
-        .key("big")
-        .body(ByteStream::from(big.clone()))
-        .send()
-        .await
-        .unwrap();
+    common::sdk_put(&s, "neg", "big", big.clone()).await;
     // (Retried in the unlikely case the whole GET finished before the revoke.)
     let mut r = None;
     for _ in 0..5 {
@@ -746,16 +612,7 @@ async fn refusals_and_failures() {
         let tok = t.token(&w);
         let req = tokio::spawn({
             let endpoint = s.endpoint.clone();
-            async move {
-                send_to(
-                    &endpoint,
-                    "GET",
-                    "/neg/big",
-                    &[("x-amz-rdma-token", &tok)],
-                    &[],
-                )
-                .await
-            }
+            async move { with_token(&endpoint, "GET", "/neg/big", &tok).await }
         });
         // Revoke once the first chunk has landed.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -771,8 +628,7 @@ async fn refusals_and_failures() {
         }
     }
     let r = r.expect("the GET always finished before the window was revoked");
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.xml("Code").as_deref(), Some("RDMATransferFailed"));
+    assert_s3_error(&r, 400, "RDMATransferFailed");
     let tail = t.sha256(0, big.len());
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
@@ -789,14 +645,7 @@ async fn disabled_rdma_answers_501() {
     let s = Server::start();
     create_bucket(&s, "dis").await;
     let d = data(70_000, 3);
-    s.admin()
-        .put_object()
-        .bucket("dis")
-        .key("k")
-        .body(ByteStream::from(d.clone()))
-        .send()
-        .await
-        .unwrap();
+    common::sdk_put(&s, "dis", "k", d.clone()).await;
     let t = Tenant::new(1 << 20).await;
     t.fill(0, 1 << 20, 8);
     let w = t.window(0, 1 << 20, Access::REMOTE_READ | Access::REMOTE_WRITE);
@@ -813,25 +662,16 @@ async fn disabled_rdma_answers_501() {
     assert_eq!(r.body.as_ref(), &d[10..20]);
     // PUT: declined, nothing stored (never a zero-byte object).
     let r = rdma_put(&s, "/dis/new", &tok, &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    assert_reply(&r, 200, "501");
     assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
     assert!(r.header("etag").is_none());
-    assert!(!exists(&s, "dis", "new").await);
+    assert!(!stored(&s, "dis", "new").await);
     // Replacing an existing object: it stays as it was.
     let r = rdma_put(&s, "/dis/k", &tok, &[]).await;
     assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
     assert_eq!(sdk_get(&s, "dis", "k").await, d);
     // UploadPart: declined, no part recorded.
-    let up = s
-        .admin()
-        .create_multipart_upload()
-        .bucket("dis")
-        .key("mpu")
-        .send()
-        .await
-        .unwrap();
-    let id = up.upload_id().unwrap();
+    let id = start_upload(&s.admin(), "dis", "mpu").await;
     let r = rdma_put(
         &s,
         &format!("/dis/mpu?partNumber=1&uploadId={id}"),
@@ -841,18 +681,10 @@ async fn disabled_rdma_answers_501() {
     .await;
     assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
     assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
-    let parts = s
-        .admin()
-        .list_parts()
-        .bucket("dis")
-        .key("mpu")
-        .upload_id(id)
-        .send()
-        .await
-        .unwrap();
+    let parts = list_parts(&s.admin(), "dis", "mpu", &id).await;
     assert!(parts.parts().is_empty());
     // The token must still be signed.
-    let r = send(&s, "GET", "/dis/k", &[], &[("x-amz-rdma-token", &tok)]).await;
+    let r = send_exact(&s.url("/dis/k"), "GET", &[], &[("x-amz-rdma-token", &tok)]).await;
     assert_eq!(r.status, 403);
 }
 
@@ -866,7 +698,7 @@ async fn verbs_without_a_device_declines() {
     // On a machine with an RDMA device this is served; without one it is declined.
     if r.header("x-amz-rdma-reply") == Some("501") {
         assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
-        assert!(!exists(&s, "vrb", "x").await);
+        assert!(!stored(&s, "vrb", "x").await);
         assert!(s.log().contains("unavailable"), "{}", s.log());
     }
 }
@@ -878,14 +710,7 @@ async fn concurrent_rdma_and_http_clients_on_the_same_object() {
     const LEN: usize = 3 << 20;
     let versions: Vec<Vec<u8>> = (0..3).map(|i| data(LEN, 100 + i)).collect();
     let md5s: Vec<String> = versions.iter().map(|v| md5_hex(v)).collect();
-    s.admin()
-        .put_object()
-        .bucket("mix")
-        .key("k")
-        .body(ByteStream::from(versions[0].clone()))
-        .send()
-        .await
-        .unwrap();
+    common::sdk_put(&s, "mix", "k", versions[0].clone()).await;
     let readers = 4;
     let t = Tenant::new(LEN * readers + LEN).await;
     // The last slot holds version 2 as the source of RDMA PUTs.
@@ -900,8 +725,8 @@ async fn concurrent_rdma_and_http_clients_on_the_same_object() {
         tasks.push(tokio::spawn(async move {
             let mut etags = Vec::new();
             for _ in 0..3 {
-                let r = send_to(&ep, "GET", "/mix/k", &[("x-amz-rdma-token", &tok)], &[]).await;
-                assert_eq!(r.status, 200, "{}", r.text());
+                let r = with_token(&ep, "GET", "/mix/k", &tok).await;
+                assert_status(&r, 200);
                 etags.push(etag(&r));
             }
             drop(w);
@@ -914,15 +739,9 @@ async fn concurrent_rdma_and_http_clients_on_the_same_object() {
         let ep = s.endpoint.clone();
         tokio::spawn(async move {
             for _ in 0..2 {
-                c.put_object()
-                    .bucket("mix")
-                    .key("k")
-                    .body(ByteStream::from(v1.clone()))
-                    .send()
-                    .await
-                    .unwrap();
-                let r = send_to(&ep, "PUT", "/mix/k", &[("x-amz-rdma-token", &src_tok)], &[]).await;
-                assert_eq!(r.status, 200, "{}", r.text());
+                crate::support::put(&c, "mix", "k", &v1).await;
+                let r = with_token(&ep, "PUT", "/mix/k", &src_tok).await;
+                assert_status(&r, 200);
             }
         })
     };
@@ -950,21 +769,12 @@ async fn concurrent_rdma_and_http_clients_on_the_same_object() {
         .map(|i| {
             let ep = s.endpoint.clone();
             let tok = t.token(&src);
-            tokio::spawn(async move {
-                send_to(
-                    &ep,
-                    "PUT",
-                    &format!("/mix/p{i}"),
-                    &[("x-amz-rdma-token", &tok)],
-                    &[],
-                )
-                .await
-            })
+            tokio::spawn(async move { with_token(&ep, "PUT", &format!("/mix/p{i}"), &tok).await })
         })
         .collect();
     for p in puts {
         let r = p.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
+        assert_status(&r, 200);
         assert_eq!(etag(&r), md5s[2]);
     }
 }
@@ -977,12 +787,12 @@ async fn idle_sessions_are_closed() {
     t.fill(0, 4096, 1);
     let w = t.window(0, 4096, Access::REMOTE_READ);
     let r = rdma_put(&s, "/idle/k", &t.token(&w), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let m = raw("GET", &s.metrics, &[], Bytes::new()).await.text();
+    assert_status(&r, 200);
+    let m = metrics_text(&s).await;
     assert!(m.contains("s3dma_storage_target_rdma_sessions 1"), "{m}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let m = raw("GET", &s.metrics, &[], Bytes::new()).await.text();
+        let m = metrics_text(&s).await;
         if m.contains("s3dma_storage_target_rdma_sessions 0") {
             break;
         }
@@ -994,7 +804,7 @@ async fn idle_sessions_are_closed() {
     }
     // A later request reconnects.
     let r = rdma_put(&s, "/idle/k2", &t.token(&w), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert!(s.log().contains("closing idle"), "{}", s.log());
 }
 
@@ -1013,19 +823,12 @@ async fn tiny_pool_serves_many_concurrent_puts_and_gets() {
     for i in 0..4 {
         let (ep, tok) = (s.endpoint.clone(), t.token(&src));
         tasks.push(tokio::spawn(async move {
-            send_to(
-                &ep,
-                "PUT",
-                &format!("/tiny/k{i}"),
-                &[("x-amz-rdma-token", &tok)],
-                &[],
-            )
-            .await
+            with_token(&ep, "PUT", &format!("/tiny/k{i}"), &tok).await
         }));
     }
     for task in tasks {
         let r = task.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
+        assert_status(&r, 200);
         assert_eq!(etag(&r), md5);
     }
     let mut windows = Vec::new();
@@ -1035,23 +838,16 @@ async fn tiny_pool_serves_many_concurrent_puts_and_gets() {
         let (ep, tok) = (s.endpoint.clone(), t.token(&w));
         windows.push(w);
         tasks.push(tokio::spawn(async move {
-            send_to(
-                &ep,
-                "GET",
-                &format!("/tiny/k{i}"),
-                &[("x-amz-rdma-token", &tok)],
-                &[],
-            )
-            .await
+            with_token(&ep, "GET", &format!("/tiny/k{i}"), &tok).await
         }));
     }
     let want = t.bytes(0, LEN);
     for (i, task) in tasks.into_iter().enumerate() {
         let r = task.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
+        assert_status(&r, 200);
         assert!(t.bytes(LEN * (i + 1), LEN) == want, "GET {i} differs");
     }
-    let m = raw("GET", &s.metrics, &[], Bytes::new()).await.text();
+    let m = metrics_text(&s).await;
     assert!(
         m.contains("s3dma_storage_target_rdma_staging_buffers 2"),
         "{m}"
@@ -1130,8 +926,8 @@ async fn issue30_anonymous_requests_never_get_rdma() {
         .await
         .unwrap();
     // Anonymous HTTP reads and writes work: the bucket is public.
-    let r = raw("GET", &s.url("/pub/k"), &[], Bytes::new()).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = raw_get(&s.url("/pub/k")).await;
+    assert_status(&r, 200);
 
     let t = Tenant::new(1 << 20).await;
     t.clear(0);
@@ -1164,11 +960,11 @@ async fn issue30_anonymous_requests_never_get_rdma() {
         }
     }
     assert!(t.bytes(0, 4096).iter().all(|&b| b == 0), "bytes landed");
-    assert!(!exists(&s, "pub", "anon-rdma").await);
+    assert!(!stored(&s, "pub", "anon-rdma").await);
     assert_eq!(watcher.connections(), 0, "the target connected");
     // A signed request with the same token is served (the path works).
     let r = rdma_get(&s, "/pub/k", &real, &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_status(&r, 200);
     assert_eq!(t.bytes(0, 4096), data(4096, 3));
 }
 
@@ -1180,14 +976,7 @@ async fn issue30_anonymous_requests_never_get_rdma() {
 async fn issue30_tokens_outside_the_allowed_networks_are_refused() {
     let s = rdma_server("  allowed_client_networks: [192.0.2.0/24]\n");
     create_bucket(&s, "net").await;
-    s.admin()
-        .put_object()
-        .bucket("net")
-        .key("k")
-        .body(ByteStream::from(data(4096, 5)))
-        .send()
-        .await
-        .unwrap();
+    common::sdk_put(&s, "net", "k", data(4096, 5)).await;
     let t = Tenant::new(1 << 20).await;
     t.clear(0);
     let w = t.window(0, 1 << 20, Access::REMOTE_WRITE | Access::REMOTE_READ);
@@ -1195,13 +984,12 @@ async fn issue30_tokens_outside_the_allowed_networks_are_refused() {
     let watcher = Watcher::start(None).await;
     for tok in [real.clone(), at_port(&real, watcher.port)] {
         let r = rdma_get(&s, "/net/k", &tok, &[]).await;
-        assert_eq!(r.status, 403, "{}", r.text());
-        assert_eq!(r.xml("Code").as_deref(), Some("AccessDenied"));
+        assert_s3_error(&r, 403, "AccessDenied");
         assert!(r.text().contains("allowed_client_networks"), "{}", r.text());
         let r = rdma_put(&s, "/net/put", &tok, &[]).await;
         assert_eq!(r.status, 403, "{}", r.text());
     }
-    assert!(!exists(&s, "net", "put").await);
+    assert!(!stored(&s, "net", "put").await);
     assert!(t.bytes(0, 4096).iter().all(|&b| b == 0));
     assert_eq!(watcher.connections(), 0, "the target connected");
 }
@@ -1214,14 +1002,7 @@ async fn issue30_tokens_outside_the_allowed_networks_are_refused() {
 async fn issue30_connect_errors_do_not_tell_a_ports_state() {
     let s = rdma_server("");
     create_bucket(&s, "scan").await;
-    s.admin()
-        .put_object()
-        .bucket("scan")
-        .key("k")
-        .body(ByteStream::from(data(4096, 6)))
-        .send()
-        .await
-        .unwrap();
+    common::sdk_put(&s, "scan", "k", data(4096, 6)).await;
     let t = Tenant::new(1 << 20).await;
     let w = t.window(0, 1 << 20, Access::REMOTE_WRITE);
     let real = t.token(&w);
@@ -1287,12 +1068,8 @@ async fn issue32_reply_rules_and_dialects() {
 
     // PUT over RDMA: 200, reply 200, the byte count, an empty body.
     let r = rdma_put(&s, "/rules/k", &src_tok, &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
-    assert_eq!(
-        r.header("x-amz-rdma-bytes-transferred"),
-        Some(len.to_string().as_str())
-    );
+    assert_reply(&r, 200, "200");
+    assert_moved(&r, len);
     assert!(r.body.is_empty());
     assert_eq!(etag(&r), md5);
 
@@ -1300,12 +1077,8 @@ async fn issue32_reply_rules_and_dialects() {
     // with Content-Range.
     let dst = t.window(len, len, Access::REMOTE_WRITE);
     let r = rdma_get(&s, "/rules/k", &t.token(&dst), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("200"));
-    assert_eq!(
-        r.header("x-amz-rdma-bytes-transferred"),
-        Some(len.to_string().as_str())
-    );
+    assert_reply(&r, 200, "200");
+    assert_moved(&r, len);
     assert_eq!(r.header("content-length"), Some("0"));
     assert!(r.body.is_empty());
     assert!(t.bytes(len, len) == d);
@@ -1316,8 +1089,7 @@ async fn issue32_reply_rules_and_dialects() {
         &[("range", "bytes=100-1099")],
     )
     .await;
-    assert_eq!(r.status, 206, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("206"));
+    assert_reply(&r, 206, "206");
     assert_eq!(r.header("x-amz-rdma-bytes-transferred"), Some("1000"));
     assert_eq!(
         r.header("content-range"),
@@ -1326,14 +1098,7 @@ async fn issue32_reply_rules_and_dialects() {
     assert_eq!(r.header("content-length"), Some("0"));
 
     // HEAD with a token: the object's real length, not the empty body's.
-    let r = send(
-        &s,
-        "HEAD",
-        "/rules/k",
-        &[("x-amz-rdma-token", &t.token(&dst))],
-        &[],
-    )
-    .await;
+    let r = rdma(&s, "HEAD", "/rules/k", &t.token(&dst), &[]).await;
     assert_eq!(r.status, 200);
     assert_eq!(
         r.header("content-length"),
@@ -1345,16 +1110,8 @@ async fn issue32_reply_rules_and_dialects() {
     // our tenant's endpoint, yet nothing is written there.
     t.clear(0xee);
     let standard = t.token(&dst);
-    let r = send_exact(
-        &s.endpoint,
-        "GET",
-        "/rules/k",
-        &[("x-amz-rdma-token", &standard)],
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+    let r = bare_token(&s, "GET", "/rules/k", &standard).await;
+    assert_reply(&r, 200, "501");
     assert_eq!(r.header("x-amz-rdma-protocol-status"), Some("unsupported"));
     assert!(r.header("x-amz-rdma-bytes-transferred").is_none());
     assert!(
@@ -1365,14 +1122,11 @@ async fn issue32_reply_rules_and_dialects() {
         t.bytes(len, len).iter().all(|&b| b == 0xee),
         "nothing placed"
     );
-    let r = send_exact(
-        &s.endpoint,
-        "GET",
-        "/rules/k",
-        &[("x-amz-rdma-token", &standard), ("range", "bytes=5-9")],
-        &[],
-    )
-    .await;
+    let ranged = [
+        ("x-amz-rdma-token", standard.as_str()),
+        ("range", "bytes=5-9"),
+    ];
+    let r = send_exact(&s.url("/rules/k"), "GET", &ranged, &[]).await;
     assert_eq!((r.status, r.header("x-amz-rdma-reply")), (206, Some("501")));
     assert!(r.body.as_ref() == &d[5..10]);
 
@@ -1381,48 +1135,23 @@ async fn issue32_reply_rules_and_dialects() {
     t.fill(0, len, 33);
     let src_tok = t.token(&src);
     for (method, path) in [("PUT", "/rules/k"), ("PUT", "/rules/new")] {
-        let r = send_exact(
-            &s.endpoint,
-            method,
-            path,
-            &[("x-amz-rdma-token", &src_tok)],
-            &[],
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
+        let r = bare_token(&s, method, path, &src_tok).await;
+        assert_reply(&r, 200, "501");
         assert_eq!(r.xml("Code").as_deref(), Some("RDMANotSupported"));
         assert!(r.header("etag").is_none());
     }
     assert!(sdk_get(&s, "rules", "k").await == d);
-    assert!(!exists(&s, "rules", "new").await);
-    let up = s
-        .admin()
-        .create_multipart_upload()
-        .bucket("rules")
-        .key("mpu")
-        .send()
-        .await
-        .unwrap();
-    let id = up.upload_id().unwrap();
-    let r = send_exact(
-        &s.endpoint,
+    assert!(!stored(&s, "rules", "new").await);
+    let id = start_upload(&s.admin(), "rules", "mpu").await;
+    let r = bare_token(
+        &s,
         "PUT",
         &format!("/rules/mpu?partNumber=1&uploadId={id}"),
-        &[("x-amz-rdma-token", &src_tok)],
-        &[],
+        &src_tok,
     )
     .await;
     assert_eq!(r.header("x-amz-rdma-reply"), Some("501"));
-    let parts = s
-        .admin()
-        .list_parts()
-        .bucket("rules")
-        .key("mpu")
-        .upload_id(id)
-        .send()
-        .await
-        .unwrap();
+    let parts = list_parts(&s.admin(), "rules", "mpu", &id).await;
     assert!(
         parts.parts().is_empty(),
         "a declined UploadPart records no part"
@@ -1440,10 +1169,10 @@ async fn issue32_reply_rules_and_dialects() {
         if let Some(m) = marker {
             h.push(("x-amz-rdma-protocol", m));
         }
-        let r = send_exact(&s.endpoint, "GET", "/rules/k", &h, &[]).await;
+        let r = send_exact(&s.url("/rules/k"), "GET", &h, &[]).await;
         assert_eq!(r.status, 200, "{marker:?}: {}", r.text());
         assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{marker:?}");
-        let r = send_exact(&s.endpoint, "PUT", "/rules/k", &h, &[]).await;
+        let r = send_exact(&s.url("/rules/k"), "PUT", &h, &[]).await;
         assert_eq!(r.header("x-amz-rdma-reply"), Some("501"), "{marker:?}");
     }
     assert!(
@@ -1453,14 +1182,7 @@ async fn issue32_reply_rules_and_dialects() {
 
     // A malformed token: 400 InvalidRDMAToken, no reply header.
     for bad in ["zz", &src_tok[..80], &format!("{src_tok}0")] {
-        let r = send_exact(
-            &s.endpoint,
-            "GET",
-            "/rules/k",
-            &[("x-amz-rdma-token", bad)],
-            &[],
-        )
-        .await;
+        let r = bare_token(&s, "GET", "/rules/k", bad).await;
         assert_eq!(r.status, 400, "{bad}: {}", r.text());
         assert_eq!(r.xml("Code").as_deref(), Some("InvalidRDMAToken"));
         assert!(r.header("x-amz-rdma-reply").is_none());
@@ -1468,23 +1190,17 @@ async fn issue32_reply_rules_and_dialects() {
 
     // The marker must be signed: added after signing, the request is
     // refused before anything moves.
-    let r = send_exact(
-        &s.endpoint,
-        "PUT",
-        "/rules/k",
-        &[("x-amz-rdma-token", &src_tok)],
-        &[("x-amz-rdma-protocol", "s3dma-v1")],
-    )
-    .await;
+    let token = [("x-amz-rdma-token", src_tok.as_str())];
+    let after = [("x-amz-rdma-protocol", "s3dma-v1")];
+    let r = send_exact(&s.url("/rules/k"), "PUT", &token, &after).await;
     assert_eq!(r.status, 403, "{}", r.text());
     assert!(sdk_get(&s, "rules", "k").await == d);
     // Twice: refused (400 from the RDMA check, or 403 when the two values
     // already break the signature), nothing moves.
     t.clear(0xee);
     let r = send_exact(
-        &s.endpoint,
+        &s.url("/rules/k"),
         "GET",
-        "/rules/k",
         &[
             ("x-amz-rdma-token", &src_tok),
             ("x-amz-rdma-protocol", "s3dma-v1"),

@@ -13,15 +13,13 @@ use crate::common::{self, Raw, Server, create_bucket, data};
 use aws_sdk_s3::primitives::ByteStream;
 use fabric::{Access, Backend, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
 
-const KEY_HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server};
 
 fn server() -> Server {
-    Server::start_with(|dir| {
-        let kf = dir.join("fabric.key");
-        common::write_private(&kf, format!("{KEY_HEX}\n"));
+    fabric_server(|key_file| {
         format!(
             "rdma:\n  mode: enabled\n  backend: tcp\n  fabric_key_file: {}\n  connect_timeout_ms: 5000\n",
-            kf.display()
+            key_file
         )
     })
 }

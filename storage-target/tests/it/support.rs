@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use std::fmt::Debug;
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::Client;
@@ -19,7 +20,7 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use aws_sigv4::http_request::SignableBody;
 use bytes::Bytes;
 
-use crate::common::{ADMIN, Raw, Server, err, raw, sign_v4_as};
+use crate::common::{ADMIN, Raw, Server, err, raw, sign_v4_as, write_private};
 
 /// An S3 error as code and HTTP status (what [`crate::common::err`] gives).
 pub(crate) type S3Err = (String, u16);
@@ -58,6 +59,20 @@ pub(crate) async fn server_with_bucket(b: &str) -> (Server, Client) {
     let c = s.admin();
     mkbucket(&c, b).await.unwrap();
     (s, c)
+}
+
+/// The fabric key of every RDMA test server and its tenants' endpoints.
+pub(crate) const FABRIC_KEY_HEX: &str =
+    "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+/// A server whose config adds the YAML `section` returns for the path of
+/// a private fabric key file holding [`FABRIC_KEY_HEX`].
+pub(crate) fn fabric_server(section: impl FnOnce(&str) -> String) -> Server {
+    Server::start_with(move |dir: &Path| {
+        let kf = dir.join("fabric.key");
+        write_private(&kf, format!("{FABRIC_KEY_HEX}\n"));
+        section(&kf.display().to_string())
+    })
 }
 
 /// *Generic.* PutObject of `body` at `b/k` as `c`'s user; the ETag.
@@ -160,6 +175,57 @@ pub(crate) async fn complete(
     s3(req.multipart_upload(parts).send().await)
 }
 
+/// *Generic.* UploadPart `n` of `body` into upload `id` of `b/k`; the ETag.
+pub(crate) async fn upload_part(
+    c: &Client,
+    (b, k, id): (&str, &str, &str),
+    n: i32,
+    body: Vec<u8>,
+) -> Result<String, S3Err> {
+    let req = c.upload_part().bucket(b).key(k).upload_id(id);
+    let req = req.part_number(n).body(ByteStream::from(body));
+    let out = s3(req.send().await)?;
+    Ok(out.e_tag.unwrap_or_default())
+}
+
+/// *Generic.* UploadPartCopy of `source` as part `n` of upload `id` of
+/// `b/k`; the ETag.
+pub(crate) async fn upload_part_copy(
+    c: &Client,
+    (b, k, id): (&str, &str, &str),
+    n: i32,
+    source: &str,
+) -> Result<String, S3Err> {
+    let req = c.upload_part_copy().bucket(b).key(k).upload_id(id);
+    let out = s3(req.part_number(n).copy_source(source).send().await)?;
+    Ok(out.copy_part_result().unwrap().e_tag().unwrap().to_owned())
+}
+
+/// *Generic.* The part numbers ListParts of upload `id` of `b/k` gives.
+pub(crate) async fn part_numbers(c: &Client, b: &str, k: &str, id: &str) -> Vec<i32> {
+    let listed = list_parts(c, b, k, id).await;
+    listed
+        .parts()
+        .iter()
+        .map(|p| p.part_number().unwrap())
+        .collect()
+}
+
+/// *Generic.* AbortMultipartUpload of upload `id` of `b/k`.
+pub(crate) async fn abort(c: &Client, b: &str, k: &str, id: &str) -> Result<(), S3Err> {
+    let req = c.abort_multipart_upload().bucket(b).key(k).upload_id(id);
+    s3(req.send().await).map(drop)
+}
+
+/// *Generic.* The upload ids ListMultipartUploads of `b` gives (one page).
+pub(crate) async fn upload_ids(c: &Client, b: &str) -> Vec<String> {
+    let out = c.list_multipart_uploads().bucket(b).send().await.unwrap();
+    out.uploads()
+        .iter()
+        .map(|u| u.upload_id().unwrap().to_owned())
+        .collect()
+}
+
 /// *Generic.* A Complete body naming `(part number, ETag)` in this order.
 pub(crate) fn completed<S: AsRef<str>>(parts: &[(i32, S)]) -> CompletedMultipartUpload {
     let part = |(n, e): &(i32, S)| CompletedPart::builder().part_number(*n).e_tag(e.as_ref());
@@ -182,26 +248,14 @@ pub(crate) fn presign_at(start: SystemTime) -> PresigningConfig {
 
 /// *Generic.* A presigned GetObject URL of `b/k`.
 pub(crate) async fn presigned_get(c: &Client, b: &str, k: &str, cfg: PresigningConfig) -> String {
-    let p = c
-        .get_object()
-        .bucket(b)
-        .key(k)
-        .presigned(cfg)
-        .await
-        .unwrap();
-    p.uri().to_owned()
+    let p = c.get_object().bucket(b).key(k).presigned(cfg);
+    p.await.unwrap().uri().to_owned()
 }
 
 /// *Generic.* A presigned PutObject URL of `b/k`.
 pub(crate) async fn presigned_put(c: &Client, b: &str, k: &str, cfg: PresigningConfig) -> String {
-    let p = c
-        .put_object()
-        .bucket(b)
-        .key(k)
-        .presigned(cfg)
-        .await
-        .unwrap();
-    p.uri().to_owned()
+    let p = c.put_object().bucket(b).key(k).presigned(cfg);
+    p.await.unwrap().uri().to_owned()
 }
 
 /// *Generic.* Signed headers as `raw` takes them (without `host`, which
@@ -280,6 +334,22 @@ pub(crate) async fn raw_get(url: &str) -> Raw {
 pub(crate) fn assert_s3_error(r: &Raw, status: u16, code: &str) {
     assert_eq!(r.status, status, "{}", r.text());
     assert_eq!(r.xml("Code").as_deref(), Some(code), "{}", r.text());
+}
+
+/// Asserts a raw response's S3 error code is `code` (whatever its status).
+#[track_caller]
+pub(crate) fn assert_code(r: &Raw, code: &str) {
+    assert_eq!(r.xml("Code").as_deref(), Some(code), "{}", r.text());
+}
+
+/// Whether `b/k` exists on `s` (HEAD as the admin).
+pub(crate) async fn stored(s: &Server, b: &str, k: &str) -> bool {
+    exists(&s.admin(), b, k).await
+}
+
+/// The text of `s`'s metrics endpoint.
+pub(crate) async fn metrics_text(s: &Server) -> String {
+    raw_get(&s.metrics).await.text()
 }
 
 /// Asserts a raw response has `status` (the body shown when not).
