@@ -29,6 +29,8 @@
 //! s3s does the S3 protocol work: routing, XML, SigV4 (header and presigned)
 //! verification, aws-chunked decoding and clock-skew checks.
 
+#![warn(missing_docs)]
+
 pub mod acl;
 pub mod attributes;
 pub mod auth;
