@@ -156,9 +156,13 @@ fn help_text(stack: &Stack, default_socket_used: bool) -> String {
     let started = stack.endpoints();
     let (key, _) = stack.credentials();
     let bucket = stack.bucket();
+    // The tenant's `s3dma` (installed beside this binary, which it runs
+    // for `s3dma local`), else the bare name.
     let exe = std::env::current_exe()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "s3dma".into());
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("s3dma")))
+        .filter(|p| p.is_file())
+        .map_or_else(|| "s3dma".into(), |p| p.display().to_string());
     let s = socket.display();
     let mut out = String::new();
     let _ = writeln!(
