@@ -23,7 +23,7 @@ use sha2::Digest as _;
 
 use crate::common::{ADMIN, Raw, Server, create_bucket, data, sdk_get, sdk_put, send_signed};
 
-use crate::support::fabric_server;
+use crate::support::{fabric_server, rdma_dialect_server};
 
 fn backend() -> Backend {
     std::env::var("S3DMA_TEST_FABRIC").map_or(Backend::Tcp, |v| v.parse().unwrap())
@@ -32,14 +32,8 @@ fn backend() -> Backend {
 /// A server with RDMA on `backend`, sending to `networks`, `dc` lines under
 /// `rdma.dc:`.
 fn server(backend: Backend, networks: &str, dc: &str) -> Server {
-    let networks = networks.to_owned();
-    let dc = dc.to_owned();
-    fabric_server(move |key_file| {
-        format!(
-            "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  dc:\n    enabled: true\n{dc}",
-            key_file
-        )
-    })
+    let section = format!("  dc:\n    enabled: true\n{dc}");
+    rdma_dialect_server(backend, networks, section)
 }
 
 /// The token laid out by hand: `addr(16):size(8):rkey(8):lid(4):dctn(6):gidflag(1):gid(32)`.

@@ -445,6 +445,12 @@ async fn scrape(s: &Server) -> String {
     metrics_text(s).await
 }
 
+/// The value of the metric `name_and_labels` on `s` now.
+async fn metric_now(s: &Server, name_and_labels: &str) -> (i64, String) {
+    let m = scrape(s).await;
+    (metric(&m, name_and_labels), m)
+}
+
 /// Scrapes until `ok` holds (a liveness deadline, not a timing assertion).
 async fn wait_metrics(s: &Server, what: &str, ok: impl Fn(&str) -> bool) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -490,12 +496,8 @@ async fn stalled_client_case(len: usize) {
     // longer than the default progress timeout on a loaded machine.
     let s = rdma_server("  max_shared_staging_share: 1\n  progress_timeout_secs: 600\n");
     let obj = shared_object(&s, len).await;
-    let m = scrape(&s).await;
-    assert_eq!(
-        metric(&m, "s3dma_storage_target_rdma_staging_share_buffers"),
-        2,
-        "{m}"
-    );
+    let (share, m) = metric_now(&s, "s3dma_storage_target_rdma_staging_share_buffers").await;
+    assert_eq!(share, 2, "{m}");
 
     let stalled = Tenant::new(len * 8).await;
     let other = Tenant::new(len * 4).await;
@@ -799,12 +801,9 @@ async fn issue30_non_tenant_users_with_stalled_sessions_cannot_starve_a_tenant_u
     let len = 64 << 10; // 16 chunks of 4 KiB
     let s = rdma_server("  tenant_users: [admin]\n  progress_timeout_secs: 600\n");
     let obj = shared_object(&s, len).await;
-    let m = scrape(&s).await;
-    assert_eq!(
-        metric(&m, "s3dma_storage_target_rdma_staging_shared_class_buffers"),
-        2,
-        "{m}"
-    );
+    let shared = "s3dma_storage_target_rdma_staging_shared_class_buffers";
+    let (class, m) = metric_now(&s, shared).await;
+    assert_eq!(class, 2, "{m}");
     let stalled = Tenant::new(len * 4).await;
     let tenant = Tenant::new(len).await;
     let p1 = Proxy::start(stalled.endpoint.addr()).await;
@@ -1005,11 +1004,8 @@ async fn issue30_an_aws_chunk_declared_huge_is_refused_before_it_is_read() {
         grown < 64 << 20,
         "the target grew by {grown} bytes while the client sent {sent} of a declared {DECLARED}-byte chunk"
     );
-    let m = scrape(&s).await;
-    assert!(
-        metric(&m, "s3dma_storage_target_aws_chunks_refused_total") >= 1,
-        "{m}"
-    );
+    let (refused, m) = metric_now(&s, "s3dma_storage_target_aws_chunks_refused_total").await;
+    assert!(refused >= 1, "{m}");
     // Nothing was stored, and a normal PUT still works.
     assert!(!stored(&s, "chunky", "huge").await);
     put(&s.admin(), "chunky", "small", &data(300 << 10, 3)).await;
@@ -1043,11 +1039,8 @@ async fn issue30_held_connections_beyond_the_caps_keep_fds_bounded_and_serve() {
         open <= base + CAP + 8,
         "the target holds {open} descriptors (was {base}) with {HELD} S3 connections held"
     );
-    let m = scrape(&s).await;
-    assert!(
-        metric(&m, "s3dma_storage_target_connections") <= CAP as i64,
-        "{m}"
-    );
+    let (conns, m) = metric_now(&s, "s3dma_storage_target_connections").await;
+    assert!(conns <= CAP as i64, "{m}");
 
     // The metrics listener: held connections beyond its cap are closed.
     let maddr = s

@@ -20,7 +20,7 @@ use sha2::Digest as _;
 
 use crate::common::{self, ADMIN, OTHER, Raw, Server, data, raw, sdk_get, sdk_put, send_signed};
 
-use crate::support::fabric_server;
+use crate::support::{fabric_server, rdma_dialect_server};
 
 fn backend() -> Backend {
     std::env::var("S3DMA_TEST_FABRIC").map_or(Backend::Tcp, |v| v.parse().unwrap())
@@ -33,14 +33,8 @@ fn server(backend: Backend, hipobj: &str) -> Server {
 }
 
 fn server_for(backend: Backend, networks: &str, hipobj: &str) -> Server {
-    let hipobj = hipobj.to_owned();
-    let networks = networks.to_owned();
-    fabric_server(move |key_file| {
-        format!(
-            "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {}\n  allowed_client_networks: {networks}\n  hipobj:\n    enabled: true\n{hipobj}",
-            key_file
-        )
-    })
+    let section = format!("  hipobj:\n    enabled: true\n{hipobj}");
+    rdma_dialect_server(backend, networks, section)
 }
 
 /// The verbs domain of the VM's device, or `None` (printed as skipped)

@@ -414,11 +414,8 @@ async fn checksums_over_rdma() {
     assert_eq!(r.header("x-amz-checksum-type"), Some("FULL_OBJECT"));
     assert_eq!(etag(&r), md5);
     let head = c.head_object().bucket("rck").key("k");
-    let head = head
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
+    let head = head.checksum_mode(ChecksumMode::Enabled).send();
+    let head = head.await.unwrap();
     assert_eq!(head.checksum_crc64_nvme(), Some(good.as_str()));
     // An RDMA GET with checksum mode returns it too.
     let wg = t.window(len, len, Access::REMOTE_WRITE);
@@ -494,11 +491,8 @@ async fn checksums_over_rdma() {
     // One part: the object's full CRC64NVME is the part's.
     assert_eq!(out.checksum_crc64_nvme(), Some(good.as_str()));
     let got = c.get_object().bucket("rck").key("mp");
-    let got = got
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await
-        .unwrap();
+    let got = got.checksum_mode(ChecksumMode::Enabled).send();
+    let got = got.await.unwrap();
     assert_eq!(got.checksum_crc64_nvme(), Some(good.as_str()));
     assert!(got.body.collect().await.unwrap().into_bytes() == d);
 }

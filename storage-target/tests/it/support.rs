@@ -75,6 +75,21 @@ pub(crate) fn fabric_server(section: impl FnOnce(&str) -> String) -> Server {
     })
 }
 
+/// A [`fabric_server`] with RDMA on `backend`, sending to `networks` (a
+/// YAML list), and `section` lines added to `rdma:` (a dialect's).
+pub(crate) fn rdma_dialect_server(
+    backend: fabric::Backend,
+    networks: &str,
+    section: String,
+) -> Server {
+    let networks = networks.to_owned();
+    fabric_server(move |key_file| {
+        format!(
+            "rdma:\n  mode: enabled\n  backend: {backend}\n  fabric_key_file: {key_file}\n  allowed_client_networks: {networks}\n{section}"
+        )
+    })
+}
+
 /// *Generic.* PutObject of `body` at `b/k` as `c`'s user; the ETag.
 pub(crate) async fn put(c: &Client, b: &str, k: &str, body: &[u8]) -> String {
     try_put(c, b, k, body).await.unwrap()

@@ -126,12 +126,8 @@ async fn issue30_f7_delimiter_listings_do_not_walk_a_rolled_up_prefix() {
     let n = visited(&s, "ListObjects").await - before;
     assert!((3..=4).contains(&n), "ListObjects read {n} entries");
     let before = visited(&s, "ListObjectVersions").await;
-    let out = a
-        .list_object_versions()
-        .bucket("wide")
-        .delimiter("/")
-        .send();
-    let out = out.await.unwrap();
+    let versions = a.list_object_versions().bucket("wide").delimiter("/");
+    let out = versions.send().await.unwrap();
     assert_eq!(out.common_prefixes().len(), 2);
     let n = visited(&s, "ListObjectVersions").await - before;
     assert!((3..=4).contains(&n), "ListObjectVersions read {n} entries");
@@ -147,12 +143,8 @@ async fn issue30_f7_delimiter_listings_do_not_walk_a_rolled_up_prefix() {
         .await;
     start_upload(&a, "wide", "top").await;
     let before = visited(&s, "ListMultipartUploads").await;
-    let out = a
-        .list_multipart_uploads()
-        .bucket("wide")
-        .delimiter("/")
-        .send();
-    let out = out.await.unwrap();
+    let uploads = a.list_multipart_uploads().bucket("wide").delimiter("/");
+    let out = uploads.send().await.unwrap();
     assert_eq!(out.common_prefixes().len(), 1);
     assert_eq!(out.uploads().len(), 1);
     let n = visited(&s, "ListMultipartUploads").await - before;
