@@ -110,7 +110,7 @@ async fn foreign_server(
     sdk: &aws_sdk_s3::Client,
     bucket: &'static str,
 ) {
-    create_bucket(&sdk, bucket).await;
+    create_bucket(sdk, bucket).await;
     let mut spec = AgentSpec::new(vec![TargetSpec {
         name,
         endpoint: endpoint.to_string(),

@@ -931,7 +931,7 @@ async fn md5_collision_after_a_read_fill_is_never_served_for_long() {
     let (_gw, agent) = stack(&ceph.endpoint, cache, buckets.clone());
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
     for b in &buckets {
-        create_bucket(&direct, *b).await;
+        create_bucket(&direct, b).await;
     }
     enable_versioning(&direct, "gw-collide-versioned").await;
     let shim = agent.client().await;
@@ -1008,7 +1008,7 @@ async fn md5_collision_after_a_write_allocation_is_never_served_for_long() {
     let (gw, agent) = stack(&ceph.endpoint, cache, buckets.clone());
     let direct = s3_client(&ceph.endpoint, ALICE.0, ALICE.1);
     for b in &buckets {
-        create_bucket(&direct, *b).await;
+        create_bucket(&direct, b).await;
     }
     enable_versioning(&direct, "gw-collide-alloc-versioned").await;
     let shim = agent.client().await;

@@ -279,7 +279,7 @@ async fn list_head_delete_and_batch() {
     let sdk = target.s3(ALICE);
     let keys = ["a/1", "a/2", "b/1", "c", "d e+f/ü"];
     for (i, k) in keys.iter().enumerate() {
-        put_as(&sdk, "alice-data", *k, data(1000 + i, i as u64)).await;
+        put_as(&sdk, "alice-data", k, data(1000 + i, i as u64)).await;
     }
     let mut c = shim.inner.clone();
     // Paging through everything, 2 per page.
