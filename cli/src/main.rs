@@ -28,7 +28,7 @@
 //! | 8 | untrusted shim: the socket is served by a uid that is neither root nor the expected one |
 //! | 130 | interrupted (Ctrl-C, SIGTERM): finished files stay, no partial file is left |
 //!
-//! The recursive commands (`get -r`, `put -r`, `sync`, in `recursive.rs`)
+//! The recursive commands (`get -r`, `put -r`, `sync`, in `recursive/`)
 //! go on past a file that fails, report each one, and exit with the first
 //! failure's code.
 //!

@@ -1,0 +1,303 @@
+//! `put --recursive` and `sync DIR URL`: each file read into a buffer
+//! through a checked open and put whole.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::io::{self, Read as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use s3dma_client::{Buffer, PutOptions};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::local::{FileId, LocalTree, local_tree, open_seen};
+use super::{
+    Pool, Run, Tally, TreeOptions, client_failure, finish, interruptible, lock, pool_shape,
+};
+use crate::commands::{Failure, Global};
+use crate::tree::{self, KeyPlace, Stamp};
+use crate::url::S3Url;
+
+/// One local file to upload.
+struct Upload {
+    path: PathBuf,
+    key: String,
+    size: u64,
+    /// The file the walk saw (what the open must find).
+    id: FileId,
+}
+
+/// `s3dma put --recursive DIR URL` and `s3dma sync DIR URL`.
+pub(crate) async fn upload(
+    g: &Global,
+    dir: &Path,
+    url: &str,
+    opts: TreeOptions,
+) -> Result<(), Failure> {
+    interruptible(upload_inner(g, dir, url, opts)).await
+}
+
+async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> Result<(), Failure> {
+    let url = S3Url::parse(url).map_err(|e| Failure::Usage(e.to_string()))?;
+    let prefix = tree::directory_prefix(&url.key);
+    let verb = if opts.sync { "sync" } else { "put" };
+    let started = Instant::now();
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Failure::Usage(format!(
+                "{} is not a directory",
+                dir.display()
+            )));
+        }
+        Err(e) => return Err(Failure::Other(format!("reading {}: {e}", dir.display()))),
+    }
+    let LocalTree {
+        files: local,
+        not_utf8,
+        skipped,
+        names: local_names,
+    } = local_tree(dir).map_err(|e| Failure::Other(format!("reading {}: {e}", dir.display())))?;
+    let client = g.connect().await?;
+    let remote: BTreeMap<String, Stamp> = if opts.sync || opts.delete {
+        client
+            .list_all(&url.bucket, &prefix)
+            .await
+            .map_err(client_failure(format!(
+                "{verb} s3://{}/{prefix}",
+                url.bucket
+            )))?
+            .into_iter()
+            .map(|o| {
+                (
+                    o.key,
+                    Stamp {
+                        size: o.size,
+                        secs: o.last_modified_unix_ms.div_euclid(1000),
+                    },
+                )
+            })
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let mut tally = Tally {
+        skipped,
+        ..Tally::default()
+    };
+    for p in not_utf8 {
+        let name = s3dma_config::Escaped(&p.to_string_lossy()).to_string();
+        let f = Failure::Other(format!(
+            "{verb} {name}: the name is not UTF-8 (an S3 key must be)"
+        ));
+        eprintln!("s3dma: {f}");
+        tally.refused.push((name, f));
+    }
+    let mut uploads = Vec::new();
+    let mut in_source: HashSet<String> = HashSet::new();
+    for (name, (path, stamp, id)) in &local {
+        if !opts.filters.includes(name) {
+            continue;
+        }
+        let key = format!("{prefix}{name}");
+        in_source.insert(key.clone());
+        if opts.sync && !tree::sync_copies(*stamp, remote.get(&key).copied()) {
+            tally.up_to_date += 1;
+            continue;
+        }
+        uploads.push(Upload {
+            path: path.clone(),
+            key,
+            size: stamp.size,
+            id: *id,
+        });
+    }
+    let total: u64 = uploads.iter().map(|u| u.size).sum();
+    let largest = uploads.iter().map(|u| u.size).max().unwrap_or(0);
+    // Half the memory for the pool of small-file buffers, half for the
+    // files larger than a buffer (each needs one of its own size).
+    let half = TreeOptions {
+        memory: (opts.memory / 2).max(1),
+        ..opts.clone()
+    };
+    let (slots, chunk) =
+        pool_shape(&client, &half, largest.max(1))
+            .await
+            .map_err(client_failure(format!(
+                "{verb} s3://{}/{prefix}",
+                url.bucket
+            )))?;
+    let large_mib = u32::try_from((half.memory >> 20).max(1)).unwrap_or(u32::MAX);
+    let large = Arc::new(Semaphore::new(large_mib as usize));
+    let pb = g.progress(total, verb);
+    let run = Arc::new(Run {
+        client: client.clone(),
+        bucket: url.bucket.clone(),
+        pb: pb.clone(),
+        tally: Mutex::new(tally),
+    });
+    let pool = Arc::new(Pool::new(
+        slots,
+        usize::try_from(chunk).unwrap_or(usize::MAX),
+        "s3dma put -r",
+    ));
+    let inflight = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let mut tasks = JoinSet::new();
+    for u in uploads {
+        let (run, pool, large, inflight) = (
+            Arc::clone(&run),
+            Arc::clone(&pool),
+            Arc::clone(&large),
+            Arc::clone(&inflight),
+        );
+        tasks.spawn(async move {
+            let Ok(_turn) = inflight.acquire_owned().await else {
+                return;
+            };
+            let what = format!("put s3://{}/{}", run.bucket, u.key);
+            let r = if u.size <= chunk {
+                match pool.take(&run.client).await {
+                    Ok((permit, buf)) => {
+                        let (buf, r) = put_file(&run, &u, buf).await;
+                        pool.give_back(buf);
+                        drop(permit);
+                        r
+                    }
+                    Err(error) => Err(Failure::Client {
+                        what: what.clone(),
+                        error,
+                    }),
+                }
+            } else {
+                let mib = u32::try_from((u.size >> 20).max(1))
+                    .unwrap_or(u32::MAX)
+                    .min(large_mib);
+                let Ok(_mem) = large.acquire_many_owned(mib).await else {
+                    return;
+                };
+                match usize::try_from(u.size) {
+                    Err(_) => Err(Failure::Other(format!(
+                        "{what}: too large for this machine"
+                    ))),
+                    Ok(n) => match run.client.alloc_labeled(n, "s3dma put -r").await {
+                        Ok(buf) => {
+                            let (buf, r) = put_file(&run, &u, buf).await;
+                            let _ = buf.release().await;
+                            r
+                        }
+                        Err(error) => Err(Failure::Client {
+                            what: what.clone(),
+                            error,
+                        }),
+                    },
+                }
+            };
+            match r {
+                Ok(()) => run.done(u.size),
+                Err(f) => run.fail(f),
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = r
+            && e.is_panic()
+        {
+            run.fail(Failure::Other(format!("{verb}: internal error: {e}")));
+        }
+    }
+    pool.release_all().await;
+    pb.finish_and_clear();
+
+    if opts.delete {
+        if run.copies_clean() {
+            for key in remote.keys() {
+                let name = &key[prefix.len().min(key.len())..];
+                // Only keys a file could have made: no directory markers,
+                // no unsafe names (named, and kept), none a local entry
+                // (even a skipped symlink) shadows.
+                if in_source.contains(key)
+                    || local_names.contains(name)
+                    || !opts.filters.includes(name)
+                {
+                    continue;
+                }
+                match tree::key_place(name) {
+                    KeyPlace::File(_) => {}
+                    KeyPlace::Skip => continue,
+                    KeyPlace::Unsafe(why) => {
+                        let shown = format!("s3://{}/{}", url.bucket, s3dma_config::Escaped(key));
+                        let f = Failure::Other(format!(
+                            "{verb} --delete {shown}: unsafe key ({why}); not deleted"
+                        ));
+                        run.pb.suspend(|| eprintln!("s3dma: {f}"));
+                        lock(&run.tally).refused.push((shown, f));
+                        continue;
+                    }
+                }
+                match client.delete(&url.bucket, key).await {
+                    Ok(()) => {
+                        lock(&run.tally).deleted += 1;
+                        g.say(&format!(
+                            "delete: s3://{}/{}",
+                            url.bucket,
+                            s3dma_config::Escaped(key)
+                        ));
+                    }
+                    Err(error) => run.fail(Failure::Client {
+                        what: format!("delete s3://{}/{}", url.bucket, s3dma_config::Escaped(key)),
+                        error,
+                    }),
+                }
+            }
+            run.say_refused(verb);
+        } else {
+            g.say("delete: skipped, some files failed");
+        }
+    }
+    let tally = std::mem::take(&mut *lock(&run.tally));
+    finish(g, verb, tally, started.elapsed())
+}
+
+/// Reads a file into `buf` and PutObjects it; gives the buffer back.
+async fn put_file(run: &Run, u: &Upload, mut buf: Buffer) -> (Buffer, Result<(), Failure>) {
+    let what = format!("put s3://{}/{}", run.bucket, u.key);
+    let n = usize::try_from(u.size).unwrap_or(usize::MAX);
+    let read = tokio::task::block_in_place(|| -> io::Result<()> {
+        let mut f = open_seen(&u.path, u.id)?;
+        let slice = &mut buf.as_mut_slice()[..n];
+        f.read_exact(slice).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                io::Error::other("the file shrank while being read")
+            } else {
+                e
+            }
+        })?;
+        let mut one = [0u8; 1];
+        if f.read(&mut one)? != 0 {
+            return Err(io::Error::other("the file grew while being read"));
+        }
+        Ok(())
+    });
+    if let Err(e) = read {
+        return (
+            buf,
+            Err(Failure::Other(format!(
+                "{what}: reading {}: {e}",
+                u.path.display()
+            ))),
+        );
+    }
+    let r = run
+        .client
+        .put_object_from(&run.bucket, &u.key, &buf, 0..n, PutOptions::default())
+        .await;
+    match r {
+        Ok(_) => {
+            run.pb.inc(u.size);
+            (buf, Ok(()))
+        }
+        Err(error) => (buf, Err(Failure::Client { what, error })),
+    }
+}
