@@ -187,21 +187,48 @@ fn check_fabric(v: &Validator, f: &FabricConfig) -> Check {
     Ok(())
 }
 
+/// Where each value of one field of a list's items stood last, to refuse
+/// a repeat: `duplicate <what> "<value>" (also <list>[<j>])`.
+struct Unique<'a> {
+    list: &'static str,
+    what: &'static str,
+    seen: HashMap<&'a str, usize>,
+}
+
+impl<'a> Unique<'a> {
+    fn new(list: &'static str, what: &'static str) -> Unique<'a> {
+        Unique {
+            list,
+            what,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// `value`, the `field` of item `i`, unless an earlier item had it.
+    fn check(&mut self, v: &Validator, field: String, i: usize, value: &'a str) -> Check {
+        match self.seen.insert(value, i) {
+            Some(j) => Err(v.err(
+                field,
+                format!(
+                    "duplicate {} {value:?} (also {}[{j}])",
+                    self.what, self.list
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 fn check_tenants(v: &Validator, c: &Config) -> Check {
     if c.tenants.is_empty() {
         return Err(v.err("tenants", "at least one tenant is required"));
     }
-    let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut keys: HashMap<&str, usize> = HashMap::new();
+    let mut names = Unique::new("tenants", "tenant name");
+    let mut keys = Unique::new("tenants", "access key id");
     for (i, t) in c.tenants.iter().enumerate() {
         let at = |f: &str| format!("tenants[{i}].{f}");
         check_name(v, &at("name"), &t.name)?;
-        if let Some(j) = names.insert(&t.name, i) {
-            return Err(v.err(
-                at("name"),
-                format!("duplicate tenant name {:?} (also tenants[{j}])", t.name),
-            ));
-        }
+        names.check(v, at("name"), i, &t.name)?;
         if t.access_key_id.is_empty() {
             return Err(v.err(at("access_key_id"), "must not be empty"));
         }
@@ -211,15 +238,7 @@ fn check_tenants(v: &Validator, c: &Config) -> Check {
                 "must be printable ASCII without spaces",
             ));
         }
-        if let Some(j) = keys.insert(&t.access_key_id, i) {
-            return Err(v.err(
-                at("access_key_id"),
-                format!(
-                    "duplicate access key id {:?} (also tenants[{j}])",
-                    t.access_key_id
-                ),
-            ));
-        }
+        keys.check(v, at("access_key_id"), i, &t.access_key_id)?;
         v.non_empty_path(&at("secret_access_key_file"), &t.secret_access_key_file)?;
         for (j, g) in t.allow.iter().enumerate() {
             let ga = |f: &str| format!("tenants[{i}].allow[{j}].{f}");
@@ -259,17 +278,12 @@ fn check_shims(v: &Validator, c: &Config) -> Check {
     if c.shims.is_empty() {
         return Err(v.err("shims", "at least one shim is required"));
     }
-    let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut tls_names: HashMap<&str, usize> = HashMap::new();
+    let mut names = Unique::new("shims", "shim name");
+    let mut tls_names = Unique::new("shims", "tls_name");
     for (i, s) in c.shims.iter().enumerate() {
         let at = |f: &str| format!("shims[{i}].{f}");
         check_name(v, &at("name"), &s.name)?;
-        if let Some(j) = names.insert(&s.name, i) {
-            return Err(v.err(
-                at("name"),
-                format!("duplicate shim name {:?} (also shims[{j}])", s.name),
-            ));
-        }
+        names.check(v, at("name"), i, &s.name)?;
         if s.token_file.is_none() && s.tls_name.is_none() {
             return Err(v.err(
                 format!("shims[{i}]"),
@@ -287,12 +301,7 @@ fn check_shims(v: &Validator, c: &Config) -> Check {
                     "requires listen.tls (client certificates need TLS)",
                 ));
             }
-            if let Some(j) = tls_names.insert(n, i) {
-                return Err(v.err(
-                    at("tls_name"),
-                    format!("duplicate tls_name {n:?} (also shims[{j}])"),
-                ));
-            }
+            tls_names.check(v, at("tls_name"), i, n)?;
         }
         if s.tenants.is_empty() {
             return Err(v.err(at("tenants"), "must name at least one tenant"));
@@ -313,17 +322,12 @@ fn check_targets(v: &Validator, targets: &[TargetConfig]) -> Check {
     if targets.is_empty() {
         return Err(v.err("targets", "at least one target is required"));
     }
-    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut names = Unique::new("targets", "target name");
     for (i, t) in targets.iter().enumerate() {
         let mut buckets: HashMap<&str, usize> = HashMap::new();
         let at = |f: &str| format!("targets[{i}].{f}");
         check_name(v, &at("name"), &t.name)?;
-        if let Some(j) = names.insert(&t.name, i) {
-            return Err(v.err(
-                at("name"),
-                format!("duplicate target name {:?} (also targets[{j}])", t.name),
-            ));
-        }
+        names.check(v, at("name"), i, &t.name)?;
         let https = s3dma_config::check_endpoint_url(&t.endpoint)
             .map_err(|m| v.err(at("endpoint"), m))?
             .https;
