@@ -686,61 +686,28 @@ fn root_or_skip(test: &str) -> bool {
 
 /// The whole fake, as `OTHER_UID`, in a child process: this test binary
 /// running [`fake_shim_as_another_user`].
-struct Impostor {
-    child: std::process::Child,
-    socket: PathBuf,
-    events: PathBuf,
-    _dir: tempfile::TempDir,
+struct Impostor(s3dma_testkit::ChildAsUser);
+
+impl std::ops::Deref for Impostor {
+    type Target = s3dma_testkit::ChildAsUser;
+    fn deref(&self) -> &s3dma_testkit::ChildAsUser {
+        &self.0
+    }
 }
 
 impl Impostor {
     fn start() -> Impostor {
-        let dir = tempfile::tempdir().unwrap();
-        std::os::unix::fs::chown(dir.path(), Some(OTHER_UID), Some(OTHER_UID)).unwrap();
-        let socket = dir.path().join("shim.sock");
-        let events = dir.path().join("events");
-        let mut cmd = s3dma_testkit::self_test_command(
-            dir.path(),
-            Some(OTHER_UID),
+        Impostor(s3dma_testkit::ChildAsUser::start(
+            OTHER_UID,
             "fake_shim_as_another_user",
-        );
-        cmd.env(SOCKET_ENV, &socket)
-            .env(EVENTS_ENV, &events)
-            .stdin(std::process::Stdio::null());
-        let child = s3dma_testkit::spawn_retrying(&mut cmd);
-        let mut me = Impostor {
-            child,
-            socket,
-            events,
-            _dir: dir,
-        };
-        // Wait for its "ready" line (the child's own failure ends the wait).
-        for _ in 0..6000 {
-            if me.events().contains("ready") {
-                return me;
-            }
-            if let Some(status) = me.child.try_wait().unwrap() {
-                panic!("the fake shim as uid {OTHER_UID} exited: {status}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("the fake shim as uid {OTHER_UID} did not start");
-    }
-
-    fn events(&self) -> String {
-        std::fs::read_to_string(&self.events).unwrap_or_default()
+            SOCKET_ENV,
+            EVENTS_ENV,
+        ))
     }
 
     /// Whether any connection sent it a byte.
     fn received_anything(&self) -> bool {
         self.events().lines().any(|l| l == "lease" || l == "grpc")
-    }
-}
-
-impl Drop for Impostor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -35,7 +35,9 @@ pub use process::{Process, Service, ServiceSpec, block_on, wrapped};
 pub use s3::{
     Raw, create_bucket, get_as, https_client, put_as, raw, s3_client, sdk_error, sign_v4_as,
 };
-pub use self_exec::{executable_copy, root_or_skip, self_test_command, spawn_retrying};
+pub use self_exec::{
+    ChildAsUser, executable_copy, root_or_skip, self_test_command, spawn_retrying,
+};
 
 use sha2::Digest as _;
 

@@ -88,3 +88,69 @@ pub fn root_or_skip(test: &str, why: &str) -> bool {
     eprintln!("skipping {test}: it needs root ({why})");
     false
 }
+
+/// This test binary's ignored test `test` running as another uid in a
+/// directory of its own (owned by that uid), told where its socket and its
+/// events file are by two environment variables; started once the test
+/// wrote `ready` to the events file. Killed when dropped.
+#[derive(Debug)]
+pub struct ChildAsUser {
+    child: Child,
+    /// The socket the child serves (`DIR/shim.sock`).
+    pub socket: PathBuf,
+    /// The file the child notes its events in, one a line.
+    pub events: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ChildAsUser {
+    /// Starts it as `uid`, passing the socket's path in `$socket_env` and
+    /// the events file's in `$events_env`, and waits (60 s at most) for
+    /// its `ready` line.
+    ///
+    /// # Panics
+    /// When it exits or is not ready in time.
+    #[must_use]
+    pub fn start(uid: u32, test: &str, socket_env: &str, events_env: &str) -> ChildAsUser {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
+        let socket = dir.path().join("shim.sock");
+        let events = dir.path().join("events");
+        let mut cmd = self_test_command(dir.path(), Some(uid), test);
+        cmd.env(socket_env, &socket)
+            .env(events_env, &events)
+            .stdin(std::process::Stdio::null());
+        let child = spawn_retrying(&mut cmd);
+        let mut me = ChildAsUser {
+            child,
+            socket,
+            events,
+            _dir: dir,
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !me.events().contains("ready") {
+            if let Some(status) = me.child.try_wait().unwrap() {
+                panic!("{test} as uid {uid} exited: {status}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{test} as uid {uid} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        me
+    }
+
+    /// Its events so far.
+    #[must_use]
+    pub fn events(&self) -> String {
+        std::fs::read_to_string(&self.events).unwrap_or_default()
+    }
+}
+
+impl Drop for ChildAsUser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -618,47 +618,23 @@ fn append(path: &Path, line: &str) {
 /// A fake shim run as [`OTHER_UID`] (this test binary running
 /// [`recording_shim_as_another_user`]): it notes what each connection sends
 /// first and hangs up without answering.
-struct Impostor {
-    child: Child,
-    socket: PathBuf,
-    events: PathBuf,
-    _dir: tempfile::TempDir,
+struct Impostor(s3dma_testkit::ChildAsUser);
+
+impl std::ops::Deref for Impostor {
+    type Target = s3dma_testkit::ChildAsUser;
+    fn deref(&self) -> &s3dma_testkit::ChildAsUser {
+        &self.0
+    }
 }
 
 impl Impostor {
     fn start() -> Impostor {
-        let dir = tempfile::tempdir().unwrap();
-        std::os::unix::fs::chown(dir.path(), Some(OTHER_UID), Some(OTHER_UID)).unwrap();
-        let socket = dir.path().join("shim.sock");
-        let events = dir.path().join("events");
-        let mut cmd = s3dma_testkit::self_test_command(
-            dir.path(),
-            Some(OTHER_UID),
+        Impostor(s3dma_testkit::ChildAsUser::start(
+            OTHER_UID,
             "cli::recording_shim_as_another_user",
-        );
-        cmd.env(FAKE_SOCKET_ENV, &socket)
-            .env(FAKE_EVENTS_ENV, &events)
-            .stdin(Stdio::null());
-        let child = s3dma_testkit::spawn_retrying(&mut cmd);
-        let mut me = Impostor {
-            child,
-            socket,
-            events,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !me.events().contains("ready") {
-            if let Some(status) = me.child.try_wait().unwrap() {
-                panic!("the fake shim as uid {OTHER_UID} exited: {status}");
-            }
-            assert!(Instant::now() < deadline, "the fake shim did not start");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        me
-    }
-
-    fn events(&self) -> String {
-        std::fs::read_to_string(&self.events).unwrap_or_default()
+            FAKE_SOCKET_ENV,
+            FAKE_EVENTS_ENV,
+        ))
     }
 
     /// Connections that sent the lease magic.
@@ -671,13 +647,6 @@ impl Impostor {
         self.events()
             .lines()
             .any(|l| l.starts_with("bytes ") && l != "bytes 0")
-    }
-}
-
-impl Drop for Impostor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
