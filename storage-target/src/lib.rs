@@ -111,6 +111,18 @@ pub fn build_service(
     ));
     #[cfg(not(feature = "verbs"))]
     b.set_route(hipobj::HipobjUnsupported(hipobj::NO_VERBS_FEATURE));
+    finish(b, cfg, users, access)
+}
+
+/// What both services end with: the control path's bucket-name rule, the
+/// users' SigV4 secrets, the access check, and the presigned URLs' clock
+/// skew.
+fn finish(
+    mut b: s3s::service::S3ServiceBuilder,
+    cfg: &config::Config,
+    users: auth::Users,
+    access: impl s3s::access::S3Access,
+) -> s3s::service::S3Service {
     b.set_validation(hipobj::ControlPathNames);
     b.set_auth(users);
     b.set_access(access);
@@ -145,15 +157,7 @@ pub fn build_gateway_service(
     };
     let mut b = s3s::service::S3ServiceBuilder::new(gateway);
     b.set_route(route);
-    b.set_validation(hipobj::ControlPathNames);
-    b.set_auth(users);
-    b.set_access(access);
-    let mut s3cfg = s3s::config::S3Config::default();
-    s3cfg.presigned_url_max_skew_time_secs = cfg.max_clock_skew_secs;
-    b.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
-        s3cfg,
-    ))));
-    b.build()
+    finish(b, cfg, users, access)
 }
 
 /// A loaded configuration: the file's path, the file, its users with their

@@ -681,6 +681,15 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// Why the file `yaml` (`t.yaml`) parses but does not validate.
+    fn invalid(yaml: &str) -> String {
+        Config::parse("t.yaml", yaml)
+            .unwrap()
+            .validate("t.yaml")
+            .unwrap_err()
+            .to_string()
+    }
+
     const EXAMPLE: &str = include_str!("../../storage-target.example.yaml");
 
     #[test]
@@ -785,12 +794,9 @@ mod tests {
 
     #[test]
     fn rdma_errors_name_the_field() {
-        let c = Config::parse(
-            "t.yaml",
+        let msg = invalid(
             "data_dir: /x\nusers: [{access_key_id: a, secret: s}]\nrdma: {mode: enabled}\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        );
         assert!(msg.starts_with("t.yaml: rdma.fabric_key_file:"), "{msg}");
         let e = Config::parse("t.yaml", "data_dir: /x\nrdma: {bogus: 1}\n").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
@@ -857,12 +863,9 @@ mod tests {
 
     #[test]
     fn worker_threads_are_checked() {
-        let c = Config::parse(
-            "t.yaml",
+        let msg = invalid(
             "data_dir: /x\nusers: [{access_key_id: a, secret: b}]\nruntime: {worker_threads: 0}\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        );
         assert!(
             msg.starts_with("t.yaml: runtime.worker_threads: 0 worker threads: must be 1 to"),
             "{msg}"
@@ -951,26 +954,17 @@ mod tests {
         let o = c.metrics_options("t.yaml").unwrap();
         assert_eq!(o.address, Some("127.0.0.1:1".parse().unwrap()));
         assert_eq!(o.unix_socket.as_deref(), Some(Path::new("/run/m.sock")));
-        let c = Config::parse(
-            "t.yaml",
+        let msg = invalid(
             "data_dir: /x\nmetrics_listen: 127.0.0.1:0\nmetrics: {address: 127.0.0.1:1}\nusers: [{access_key_id: a, secret: b}]\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        );
         assert!(msg.starts_with("t.yaml: metrics_listen: "), "{msg}");
-        let c = Config::parse(
-            "t.yaml",
+        let msg = invalid(
             "data_dir: /x\nmetrics: {unix_socket: rel.sock}\nusers: [{access_key_id: a, secret: b}]\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        );
         assert!(msg.contains("metrics.unix_socket"), "{msg}");
-        let c = Config::parse(
-            "t.yaml",
+        let msg = invalid(
             "data_dir: /x\nmetrics: {bearer_token_file: /nonexistent/t}\nusers: [{access_key_id: a, secret: b}]\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        );
         assert!(
             msg.contains("metrics.bearer_token_file: cannot read /nonexistent/t"),
             "{msg}"
@@ -980,30 +974,20 @@ mod tests {
 
     #[test]
     fn both_secrets_rejected() {
-        let c = Config::parse(
-            "t.yaml",
-            "data_dir: /x\nusers: [{access_key_id: a, secret: s, secret_file: /f}]\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        let msg =
+            invalid("data_dir: /x\nusers: [{access_key_id: a, secret: s, secret_file: /f}]\n");
         assert!(msg.contains("users[0].secret:"), "{msg}");
     }
 
     #[test]
     fn bad_grant_and_duplicate_rejected() {
-        let c = Config::parse(
-            "t.yaml",
+        let msg = invalid(
             "data_dir: /x\nusers: [{access_key_id: a, secret: s, buckets: [{name: Bad_Name, access: read}]}]\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        );
         assert!(msg.contains("users[0].buckets[0].name:"), "{msg}");
-        let c = Config::parse(
-            "t.yaml",
+        let msg = invalid(
             "data_dir: /x\nusers: [{access_key_id: a, secret: s}, {access_key_id: a, secret: t}]\n",
-        )
-        .unwrap();
-        let msg = c.validate("t.yaml").unwrap_err().to_string();
+        );
         assert!(msg.contains("users[1].access_key_id: duplicate"), "{msg}");
     }
 

@@ -18,6 +18,19 @@ use super::{Gateway, upstream};
 use crate::rdma::DataPath;
 use fabric::pool::StagingBuf;
 
+/// A PutObject or UploadPart request builder `$b` given the Content-MD5
+/// and the flexible checksums of the s3s input `$i`, as the client sent them.
+macro_rules! with_checksums {
+    ($b:expr, $i:expr) => {
+        $b.set_content_md5($i.content_md5.clone())
+            .set_checksum_crc32($i.checksum_crc32.clone())
+            .set_checksum_crc32_c($i.checksum_crc32c.clone())
+            .set_checksum_sha1($i.checksum_sha1.clone())
+            .set_checksum_sha256($i.checksum_sha256.clone())
+            .set_checksum_crc64_nvme($i.checksum_crc64nvme.clone())
+    };
+}
+
 impl Gateway {
     /// PutObject: an RDMA body streamed through to the upstream (and
     /// write-allocated into the cache when small enough), or forwarded as
@@ -52,13 +65,8 @@ impl Gateway {
                     .set_cache_control(i.cache_control.clone())
                     .set_content_disposition(i.content_disposition.clone())
                     .set_content_encoding(i.content_encoding.clone())
-                    .set_content_language(i.content_language.clone())
-                    .set_content_md5(i.content_md5.clone())
-                    .set_checksum_crc32(i.checksum_crc32.clone())
-                    .set_checksum_crc32_c(i.checksum_crc32c.clone())
-                    .set_checksum_sha1(i.checksum_sha1.clone())
-                    .set_checksum_sha256(i.checksum_sha256.clone())
-                    .set_checksum_crc64_nvme(i.checksum_crc64nvme.clone())
+                    .set_content_language(i.content_language.clone());
+                let b = with_checksums!(b, i)
                     .set_if_match(i.if_match.as_ref().map(etag_condition))
                     .set_if_none_match(i.if_none_match.as_ref().map(etag_condition));
                 b.customize()
@@ -110,19 +118,15 @@ impl Gateway {
         let out = self
             .upstream
             .call_once(&user, "UploadPart", |c| {
-                c.upload_part()
+                let b = c
+                    .upload_part()
                     .bucket(&i.bucket)
                     .key(&i.key)
                     .upload_id(&i.upload_id)
                     .part_number(i.part_number)
                     .content_length(len)
-                    .body(body)
-                    .set_content_md5(i.content_md5.clone())
-                    .set_checksum_crc32(i.checksum_crc32.clone())
-                    .set_checksum_crc32_c(i.checksum_crc32c.clone())
-                    .set_checksum_sha1(i.checksum_sha1.clone())
-                    .set_checksum_sha256(i.checksum_sha256.clone())
-                    .set_checksum_crc64_nvme(i.checksum_crc64nvme.clone())
+                    .body(body);
+                with_checksums!(b, i)
                     .customize()
                     .disable_payload_signing()
                     .send()

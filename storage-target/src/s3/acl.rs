@@ -50,6 +50,21 @@ impl S3Api {
         Ok(reader)
     }
 
+    /// Opens `key` of `bucket` for a request by `caller` that needs `need`
+    /// on it (the bucket's metadata as the access check read it, in
+    /// `checked`), and whose `version_id` is none or `null`.
+    pub(super) async fn open_for(
+        &self,
+        checked: &http::Extensions,
+        caller: Option<&User>,
+        (bucket, key, version_id): (&str, &str, Option<&str>),
+        need: Permission,
+    ) -> S3Result<ObjectReader> {
+        check_version_id(version_id)?;
+        let info = self.bucket_info(checked, bucket)?;
+        self.open_checked(caller, &info, key, need).await
+    }
+
     /// The ACL in force on an object instance: PutObjectAcl's, else the one
     /// it was written with.
     pub(super) async fn object_acl(&self, bucket: &str, meta: &ObjectMeta) -> S3Result<Acl> {
@@ -250,17 +265,7 @@ pub(super) async fn get_object_acl(
     s3: &S3Api,
     req: S3Request<GetObjectAclInput>,
 ) -> S3Result<S3Response<GetObjectAclOutput>> {
-    let caller = s3.caller(&req);
-    let input = req.input;
-    check_version_id(input.version_id.as_deref())?;
-    let reader = s3
-        .open_checked(
-            caller,
-            &*s3.bucket_info(&req.extensions, &input.bucket)?,
-            &input.key,
-            Permission::ReadAcp,
-        )
-        .await?;
+    open_input!(s3, req, Permission::ReadAcp => caller, input, reader);
     let info = s3.bucket_info(&req.extensions, &input.bucket)?;
     let owner = reader
         .meta
@@ -280,17 +285,7 @@ pub(super) async fn put_object_acl(
     s3: &S3Api,
     req: S3Request<PutObjectAclInput>,
 ) -> S3Result<S3Response<PutObjectAclOutput>> {
-    let caller = s3.caller(&req);
-    let input = req.input;
-    check_version_id(input.version_id.as_deref())?;
-    let reader = s3
-        .open_checked(
-            caller,
-            &*s3.bucket_info(&req.extensions, &input.bucket)?,
-            &input.key,
-            Permission::WriteAcp,
-        )
-        .await?;
+    open_input!(s3, req, Permission::WriteAcp => caller, input, reader);
     let info = s3.bucket_info(&req.extensions, &input.bucket)?;
     let bucket_owner = s3.users.bucket_owner(&info);
     let owner = reader

@@ -61,6 +61,29 @@ pub(super) fn to_prefixes(cps: Vec<String>, url: bool) -> Option<CommonPrefixLis
     })
 }
 
+impl S3Api {
+    /// One page of `bucket`'s listing for `op` (its visited entries
+    /// counted), and the bucket's owner (the bucket's metadata as the access
+    /// check read it, in `checked`).
+    fn list_page(
+        &self,
+        checked: &http::Extensions,
+        op: &str,
+        bucket: &str,
+        params: &ListParams<'_>,
+    ) -> S3Result<(listing::ListPage<IndexEntry>, String)> {
+        let page = self
+            .store
+            .list_objects(bucket, params)
+            .map_err(store_error)?;
+        self.rdma.metrics().listing_visited(op, page.visited);
+        let owner = self
+            .users
+            .bucket_owner(&*self.bucket_info(checked, bucket)?);
+        Ok((page, owner))
+    }
+}
+
 pub(super) async fn list_objects_v2(
     s3: &S3Api,
     req: S3Request<ListObjectsV2Input>,
@@ -77,25 +100,18 @@ pub(super) async fn list_objects_v2(
         None => input.start_after.clone(),
     };
     let prefix = input.prefix.clone().unwrap_or_default();
-    let page = s3
-        .store
-        .list_objects(
-            &input.bucket,
-            &ListParams {
-                prefix: &prefix,
-                delimiter: input.delimiter.as_deref().filter(|d| !d.is_empty()),
-                marker: marker.as_deref(),
-                max_keys: max,
-            },
-        )
-        .map_err(store_error)?;
-    s3.rdma
-        .metrics()
-        .listing_visited("ListObjectsV2", page.visited);
+    let (page, bucket_owner) = s3.list_page(
+        &req.extensions,
+        "ListObjectsV2",
+        &input.bucket,
+        &ListParams {
+            prefix: &prefix,
+            delimiter: input.delimiter.as_deref().filter(|d| !d.is_empty()),
+            marker: marker.as_deref(),
+            max_keys: max,
+        },
+    )?;
     let url = is_url(input.encoding_type.as_ref());
-    let bucket_owner = s3
-        .users
-        .bucket_owner(&*s3.bucket_info(&req.extensions, &input.bucket)?);
     let show_owner = |e: &IndexEntry| s3.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
     let owner_id = if input.fetch_owner.unwrap_or(false) {
         Some(&show_owner as &dyn Fn(&IndexEntry) -> Owner)
@@ -130,25 +146,18 @@ pub(super) async fn list_objects(
     let input = req.input;
     let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
-    let page = s3
-        .store
-        .list_objects(
-            &input.bucket,
-            &ListParams {
-                prefix: &prefix,
-                delimiter: input.delimiter.as_deref().filter(|d| !d.is_empty()),
-                marker: input.marker.as_deref(),
-                max_keys: max,
-            },
-        )
-        .map_err(store_error)?;
-    s3.rdma
-        .metrics()
-        .listing_visited("ListObjects", page.visited);
+    let (page, bucket_owner) = s3.list_page(
+        &req.extensions,
+        "ListObjects",
+        &input.bucket,
+        &ListParams {
+            prefix: &prefix,
+            delimiter: input.delimiter.as_deref().filter(|d| !d.is_empty()),
+            marker: input.marker.as_deref(),
+            max_keys: max,
+        },
+    )?;
     let url = is_url(input.encoding_type.as_ref());
-    let bucket_owner = s3
-        .users
-        .bucket_owner(&*s3.bucket_info(&req.extensions, &input.bucket)?);
     let show_owner = |e: &IndexEntry| s3.owner_of(e.owner.as_deref().unwrap_or(&bucket_owner));
     Ok(S3Response::new(ListObjectsOutput {
         name: Some(input.bucket),
@@ -177,25 +186,18 @@ pub(super) async fn list_object_versions(
     let max = max_keys(input.max_keys)?;
     let prefix = input.prefix.clone().unwrap_or_default();
     let delimiter = input.delimiter.as_deref().filter(|d| !d.is_empty());
-    let page = s3
-        .store
-        .list_objects(
-            &input.bucket,
-            &ListParams {
-                prefix: &prefix,
-                delimiter,
-                marker: input.key_marker.as_deref(),
-                max_keys: max,
-            },
-        )
-        .map_err(store_error)?;
-    s3.rdma
-        .metrics()
-        .listing_visited("ListObjectVersions", page.visited);
+    let (page, bucket_owner) = s3.list_page(
+        &req.extensions,
+        "ListObjectVersions",
+        &input.bucket,
+        &ListParams {
+            prefix: &prefix,
+            delimiter,
+            marker: input.key_marker.as_deref(),
+            max_keys: max,
+        },
+    )?;
     let url = is_url(input.encoding_type.as_ref());
-    let bucket_owner = s3
-        .users
-        .bucket_owner(&*s3.bucket_info(&req.extensions, &input.bucket)?);
     let versions: Vec<ObjectVersion> = page
         .objects
         .into_iter()

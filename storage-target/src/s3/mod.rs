@@ -37,6 +37,70 @@ macro_rules! grant_headers {
     };
 }
 
+/// The attributes a PutObject or CreateMultipartUpload input gives the
+/// object it writes (its headers and metadata, moved out of it), stamped
+/// with the owner and ACL ([`S3Api::stamp`]); `?` on the bucket or ACL
+/// errors.
+macro_rules! stamped_attrs {
+    ($s3:expr, $checked:expr, $caller:expr, $input:expr) => {{
+        let mut attrs = $crate::s3::dto::make_attrs(
+            $input.content_type,
+            $input.content_encoding,
+            $input.content_disposition,
+            $input.content_language,
+            $input.cache_control,
+            $input.expires,
+            $input.metadata,
+        );
+        $s3.stamp(
+            &mut attrs,
+            $caller,
+            &*$s3.bucket_info($checked, &$input.bucket)?,
+            $input.acl.as_ref().map(s3s::dto::ObjectCannedACL::as_str),
+            &grant_headers!($input),
+        )?;
+        attrs
+    }};
+}
+
+/// Opens the object a request on one object names (`$req.input`'s bucket,
+/// key and version id, which must be none or `null`) if its caller holds
+/// `$need` on it ([`S3Api::open_for`]), binding the caller, the input
+/// (moved out of the request) and the reader; `?` on the errors.
+macro_rules! open_input {
+    ($s3:ident, $req:ident, $need:expr => $caller:ident, $input:ident, $reader:ident) => {
+        let $caller = $s3.caller(&$req);
+        let $input = $req.input;
+        let $reader = $s3
+            .open_for(
+                &$req.extensions,
+                $caller,
+                (&$input.bucket, &$input.key, $input.version_id.as_deref()),
+                $need,
+            )
+            .await?;
+    };
+}
+
+/// The `x-amz-copy-source-if-*` conditions of a CopyObject or
+/// UploadPartCopy input, moved out of it.
+macro_rules! copy_source_conditions {
+    ($input:expr) => {
+        $crate::store::conditions::Conditions {
+            if_match: $input.copy_source_if_match.map($crate::s3::dto::etag_cond),
+            if_none_match: $input
+                .copy_source_if_none_match
+                .map($crate::s3::dto::etag_cond),
+            if_modified_since: $input
+                .copy_source_if_modified_since
+                .map($crate::s3::dto::ts_secs),
+            if_unmodified_since: $input
+                .copy_source_if_unmodified_since
+                .map($crate::s3::dto::ts_secs),
+        }
+    };
+}
+
 mod acl;
 mod bucket;
 mod conditions;

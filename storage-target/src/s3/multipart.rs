@@ -7,15 +7,12 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result, StdError, s3_error};
 
 use super::S3Api;
 use super::conditions::copy_source_range;
-use super::dto::{
-    access_key, content_md5, etag_cond, make_attrs, part_number, strong, ts, ts_secs,
-};
+use super::dto::{access_key, content_md5, part_number, strong, ts};
 use super::error::{access_denied, store_error};
 use super::list::{enc, is_url, to_prefixes};
 use crate::acl::Permission;
 use crate::checksum::{self, RequestChecksum, UploadChecksum, set_checksum};
 use crate::config::User;
-use crate::store::conditions::Conditions;
 use crate::store::{BucketInfo, MAX_PUT_SIZE, UploadInfo};
 
 /// Who may act on an in-progress upload.
@@ -100,22 +97,7 @@ pub(super) async fn create_multipart_upload(
         input.checksum_algorithm.as_ref(),
         input.checksum_type.as_ref(),
     )?;
-    let mut attrs = make_attrs(
-        input.content_type,
-        input.content_encoding,
-        input.content_disposition,
-        input.content_language,
-        input.cache_control,
-        input.expires,
-        input.metadata,
-    );
-    s3.stamp(
-        &mut attrs,
-        caller,
-        &*s3.bucket_info(&req.extensions, &input.bucket)?,
-        input.acl.as_ref().map(ObjectCannedACL::as_str),
-        &grant_headers!(input),
-    )?;
+    let attrs = stamped_attrs!(s3, &req.extensions, caller, input);
     let info = s3
         .store
         .create_upload(
@@ -220,12 +202,7 @@ pub(super) async fn upload_part_copy(
             caller,
             &input.copy_source,
             input.expected_source_bucket_owner.as_deref(),
-            Conditions {
-                if_match: input.copy_source_if_match.map(etag_cond),
-                if_none_match: input.copy_source_if_none_match.map(etag_cond),
-                if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
-                if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
-            },
+            copy_source_conditions!(input),
         )
         .await?;
     let range = copy_source_range(input.copy_source_range.as_deref(), reader.meta.size)?;
@@ -359,17 +336,36 @@ pub(super) async fn complete_multipart_upload(
     Ok(S3Response::new(out))
 }
 
+/// The in-progress upload a request on it names, if its caller may act on
+/// it ([`S3Api::upload_for`]).
+fn upload_of<T: UploadRequest>(s3: &S3Api, req: &S3Request<T>) -> S3Result<UploadInfo> {
+    let (bucket, key, upload_id) = req.input.upload();
+    s3.upload_for(&req.extensions, s3.caller(req), bucket, key, upload_id)
+}
+
+/// The input of a request on an in-progress upload.
+trait UploadRequest {
+    /// Its bucket, key and upload id.
+    fn upload(&self) -> (&str, &str, &str);
+}
+
+impl UploadRequest for AbortMultipartUploadInput {
+    fn upload(&self) -> (&str, &str, &str) {
+        (&self.bucket, &self.key, &self.upload_id)
+    }
+}
+
+impl UploadRequest for ListPartsInput {
+    fn upload(&self) -> (&str, &str, &str) {
+        (&self.bucket, &self.key, &self.upload_id)
+    }
+}
+
 pub(super) async fn abort_multipart_upload(
     s3: &S3Api,
     req: S3Request<AbortMultipartUploadInput>,
 ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-    s3.upload_for(
-        &req.extensions,
-        s3.caller(&req),
-        &req.input.bucket,
-        &req.input.key,
-        &req.input.upload_id,
-    )?;
+    upload_of(s3, &req)?;
     let input = req.input;
     s3.store
         .abort_upload(&input.bucket, &input.key, &input.upload_id)
@@ -382,13 +378,7 @@ pub(super) async fn list_parts(
     s3: &S3Api,
     req: S3Request<ListPartsInput>,
 ) -> S3Result<S3Response<ListPartsOutput>> {
-    s3.upload_for(
-        &req.extensions,
-        s3.caller(&req),
-        &req.input.bucket,
-        &req.input.key,
-        &req.input.upload_id,
-    )?;
+    upload_of(s3, &req)?;
     let input = req.input;
     let (info, parts) = s3
         .store

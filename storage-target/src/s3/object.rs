@@ -98,6 +98,20 @@ impl S3Api {
     }
 }
 
+/// The conditional headers (`If-Match`, `If-None-Match`,
+/// `If-Modified-Since`, `If-Unmodified-Since`) of a GetObject or
+/// HeadObject input, moved out of it.
+macro_rules! conditions {
+    ($input:expr) => {
+        Conditions {
+            if_match: $input.if_match.map(etag_cond),
+            if_none_match: $input.if_none_match.map(etag_cond),
+            if_modified_since: $input.if_modified_since.map(ts_secs),
+            if_unmodified_since: $input.if_unmodified_since.map(ts_secs),
+        }
+    };
+}
+
 /// Builds a GetObject or HeadObject output: the fields both return for an
 /// object, from its metadata, plus the call's own fields.
 macro_rules! object_output {
@@ -161,22 +175,7 @@ pub(super) async fn put_object(
     let headers = req.headers;
     let mut input = req.input;
     let md5 = content_md5(input.content_md5.as_ref())?;
-    let mut attrs = make_attrs(
-        input.content_type,
-        input.content_encoding,
-        input.content_disposition,
-        input.content_language,
-        input.cache_control,
-        input.expires,
-        input.metadata,
-    );
-    s3.stamp(
-        &mut attrs,
-        caller,
-        &*s3.bucket_info(&req.extensions, &input.bucket)?,
-        input.acl.as_ref().map(ObjectCannedACL::as_str),
-        &grant_headers!(input),
-    )?;
+    let attrs = stamped_attrs!(s3, &req.extensions, caller, input);
     if let Some(ETagCondition::Any) = input.if_none_match
         && s3
             .store
@@ -220,25 +219,9 @@ pub(super) async fn get_object(
     req: S3Request<GetObjectInput>,
 ) -> S3Result<S3Response<GetObjectOutput>> {
     let path = s3.rdma.data_path(&req)?;
-    let caller = s3.caller(&req);
-    let input = req.input;
-    check_version_id(input.version_id.as_deref())?;
-    let reader = s3
-        .open_checked(
-            caller,
-            &*s3.bucket_info(&req.extensions, &input.bucket)?,
-            &input.key,
-            Permission::Read,
-        )
-        .await?;
+    open_input!(s3, req, Permission::Read => caller, input, reader);
     let meta = &reader.meta;
-    let conds = Conditions {
-        if_match: input.if_match.map(etag_cond),
-        if_none_match: input.if_none_match.map(etag_cond),
-        if_modified_since: input.if_modified_since.map(ts_secs),
-        if_unmodified_since: input.if_unmodified_since.map(ts_secs),
-    };
-    let (range, content_range) = select(meta, &conds, input.range, input.part_number)?;
+    let (range, content_range) = select(meta, &conditions!(input), input.range, input.part_number)?;
     let len = range.end - range.start;
     let partial = content_range.is_some();
     let m = s3.rdma.metrics();
@@ -274,25 +257,9 @@ pub(super) async fn head_object(
     s3: &S3Api,
     req: S3Request<HeadObjectInput>,
 ) -> S3Result<S3Response<HeadObjectOutput>> {
-    let caller = s3.caller(&req);
-    let input = req.input;
-    check_version_id(input.version_id.as_deref())?;
-    let reader = s3
-        .open_checked(
-            caller,
-            &*s3.bucket_info(&req.extensions, &input.bucket)?,
-            &input.key,
-            Permission::Read,
-        )
-        .await?;
+    open_input!(s3, req, Permission::Read => caller, input, reader);
     let meta = &reader.meta;
-    let conds = Conditions {
-        if_match: input.if_match.map(etag_cond),
-        if_none_match: input.if_none_match.map(etag_cond),
-        if_modified_since: input.if_modified_since.map(ts_secs),
-        if_unmodified_since: input.if_unmodified_since.map(ts_secs),
-    };
-    let (range, content_range) = select(meta, &conds, input.range, input.part_number)?;
+    let (range, content_range) = select(meta, &conditions!(input), input.range, input.part_number)?;
     let full = content_range.is_none();
     // A part is partial content on HEAD too (s3s implies 206 for GET
     // only, and drops a HEAD response's status; server.rs applies it).
@@ -319,18 +286,8 @@ pub(super) async fn get_object_attributes(
     s3: &S3Api,
     req: S3Request<GetObjectAttributesInput>,
 ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
-    let caller = s3.caller(&req);
-    let input = req.input;
-    check_version_id(input.version_id.as_deref())?;
     // Object READ, as GetObject/HeadObject.
-    let reader = s3
-        .open_checked(
-            caller,
-            &*s3.bucket_info(&req.extensions, &input.bucket)?,
-            &input.key,
-            Permission::Read,
-        )
-        .await?;
+    open_input!(s3, req, Permission::Read => caller, input, reader);
     let meta = &reader.meta;
     let out = crate::attributes::get_object_attributes(meta, &input, ts(meta.last_modified_ms))?;
     Ok(S3Response::new(out))
@@ -420,12 +377,7 @@ pub(super) async fn copy_object(
             caller,
             &input.copy_source,
             input.expected_source_bucket_owner.as_deref(),
-            Conditions {
-                if_match: input.copy_source_if_match.map(etag_cond),
-                if_none_match: input.copy_source_if_none_match.map(etag_cond),
-                if_modified_since: input.copy_source_if_modified_since.map(ts_secs),
-                if_unmodified_since: input.copy_source_if_unmodified_since.map(ts_secs),
-            },
+            copy_source_conditions!(input),
         )
         .await?;
     let replace = input

@@ -37,6 +37,19 @@ pub struct ListPage<E> {
     pub visited: usize,
 }
 
+impl<E> Default for ListPage<E> {
+    /// An empty page, not truncated.
+    fn default() -> Self {
+        ListPage {
+            objects: Vec::new(),
+            common_prefixes: Vec::new(),
+            is_truncated: false,
+            next_marker: None,
+            visited: 0,
+        }
+    }
+}
+
 /// Lists `index` according to `p`.
 ///
 /// The work is proportional to the page, not to the bucket: keys are read
@@ -47,13 +60,7 @@ pub struct ListPage<E> {
 /// with one ordered-map step or seek.
 #[must_use]
 pub fn list<E: Clone>(index: &BTreeMap<String, E>, p: &ListParams<'_>) -> ListPage<E> {
-    let mut page = ListPage {
-        objects: Vec::new(),
-        common_prefixes: Vec::new(),
-        is_truncated: false,
-        next_marker: None,
-        visited: 0,
-    };
+    let mut page = ListPage::default();
     if p.max_keys == 0 {
         return page;
     }
@@ -310,13 +317,7 @@ mod tests {
     /// stepped through, also those under a common prefix already returned.
     /// The reference for [`list`].
     fn naive<E: Clone>(index: &BTreeMap<String, E>, p: &ListParams<'_>) -> ListPage<E> {
-        let mut page = ListPage {
-            objects: Vec::new(),
-            common_prefixes: Vec::new(),
-            is_truncated: false,
-            next_marker: None,
-            visited: 0,
-        };
+        let mut page = ListPage::default();
         if p.max_keys == 0 {
             return page;
         }

@@ -431,12 +431,9 @@ impl Store {
         let u = self.upload(bucket, key, upload_id)?;
         let reservation = self.reserve_part(&u, part_number, declared.unwrap_or(0))?;
         let tmp = self.tmp_path();
-        let (file, written) = self.write_body(&tmp, body, check).await?;
-        if let Some(expect) = content_md5_hex
-            && expect != written.md5_hex
-        {
-            return Err(StoreError::BadDigest);
-        }
+        let (file, written) = self
+            .write_body_md5(&tmp, body, check, content_md5_hex)
+            .await?;
         let meta = ObjectMeta {
             key: String::new(),
             size: written.size,
@@ -771,6 +768,15 @@ impl Store {
         }
         *gone = true;
         lock(&self.uploads).remove(upload_id);
+        self.remove_upload_dir(upload_id).await?;
+        info!(upload_id, "multipart upload removed");
+        Ok(())
+    }
+
+    /// Removes the directory of an upload no longer in the map: renamed
+    /// into `.tmp/` first (and that fsynced), so a crash leaves none
+    /// half-removed.
+    async fn remove_upload_dir(&self, upload_id: &str) -> StoreResult<()> {
         let dir = self.upload_dir(upload_id);
         let tmp = self.tmp_path();
         let uploads_dir = self.uploads_dir.clone();
@@ -782,9 +788,7 @@ impl Store {
             tmp.disarm();
             Ok(())
         })
-        .await?;
-        info!(upload_id, "multipart upload removed");
-        Ok(())
+        .await
     }
 }
 

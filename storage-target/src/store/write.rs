@@ -57,6 +57,30 @@ pub(super) struct Written {
 impl Store {
     // ----- objects -----------------------------------------------------------
 
+    /// [`Store::write_body`], then the body's MD5 checked against
+    /// `content_md5_hex` (Content-MD5, hex), if given (`BadDigest`).
+    ///
+    /// # Errors
+    /// As [`Store::write_body`], and `BadDigest`.
+    pub(super) async fn write_body_md5<S>(
+        &self,
+        tmp: &TmpGuard,
+        body: S,
+        check: &mut dyn BodyCheck,
+        content_md5_hex: Option<&str>,
+    ) -> StoreResult<(tokio::fs::File, Written)>
+    where
+        S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
+    {
+        let (file, written) = self.write_body(tmp, body, check).await?;
+        if let Some(expect) = content_md5_hex
+            && expect != written.md5_hex
+        {
+            return Err(StoreError::BadDigest);
+        }
+        Ok((file, written))
+    }
+
     /// Streams `body` into a new temporary file, hashing it; returns the open
     /// file (positioned at the end of the data).
     ///
@@ -240,12 +264,9 @@ impl Store {
     {
         let b = self.bucket(bucket)?;
         let tmp = self.tmp_path();
-        let (file, written) = self.write_body(&tmp, body, check).await?;
-        if let Some(expect) = content_md5_hex
-            && expect != written.md5_hex
-        {
-            return Err(StoreError::BadDigest);
-        }
+        let (file, written) = self
+            .write_body_md5(&tmp, body, check, content_md5_hex)
+            .await?;
         let meta = ObjectMeta {
             key: key.to_owned(),
             size: written.size,

@@ -49,23 +49,32 @@ pub trait HipobjFront: Send + Sync + std::fmt::Debug + 'static {
         Ok(())
     }
 
+    /// The store's S3 handlers.
+    fn handlers(&self) -> &dyn S3;
+
     /// The store's GetObject handler.
     async fn get_object(
         &self,
         req: S3Request<GetObjectInput>,
-    ) -> S3Result<S3Response<GetObjectOutput>>;
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.handlers().get_object(req).await
+    }
 
     /// The store's PutObject handler.
     async fn put_object(
         &self,
         req: S3Request<PutObjectInput>,
-    ) -> S3Result<S3Response<PutObjectOutput>>;
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.handlers().put_object(req).await
+    }
 
     /// The store's UploadPart handler.
     async fn upload_part(
         &self,
         req: S3Request<UploadPartInput>,
-    ) -> S3Result<S3Response<UploadPartOutput>>;
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.handlers().upload_part(req).await
+    }
 }
 
 /// The filesystem store and its access check.
@@ -110,25 +119,8 @@ impl HipobjFront for StoreFront {
             .may_upload_part(checked, access_key, bucket, key, upload_id)
     }
 
-    async fn get_object(
-        &self,
-        req: S3Request<GetObjectInput>,
-    ) -> S3Result<S3Response<GetObjectOutput>> {
-        S3::get_object(&self.s3, req).await
-    }
-
-    async fn put_object(
-        &self,
-        req: S3Request<PutObjectInput>,
-    ) -> S3Result<S3Response<PutObjectOutput>> {
-        S3::put_object(&self.s3, req).await
-    }
-
-    async fn upload_part(
-        &self,
-        req: S3Request<UploadPartInput>,
-    ) -> S3Result<S3Response<UploadPartOutput>> {
-        S3::upload_part(&self.s3, req).await
+    fn handlers(&self) -> &dyn S3 {
+        &self.s3
     }
 }
 
@@ -168,24 +160,7 @@ impl HipobjFront for GatewayFront {
         Ok(Extensions::new())
     }
 
-    async fn get_object(
-        &self,
-        req: S3Request<GetObjectInput>,
-    ) -> S3Result<S3Response<GetObjectOutput>> {
-        S3::get_object(&self.gateway, req).await
-    }
-
-    async fn put_object(
-        &self,
-        req: S3Request<PutObjectInput>,
-    ) -> S3Result<S3Response<PutObjectOutput>> {
-        S3::put_object(&self.gateway, req).await
-    }
-
-    async fn upload_part(
-        &self,
-        req: S3Request<UploadPartInput>,
-    ) -> S3Result<S3Response<UploadPartOutput>> {
-        S3::upload_part(&self.gateway, req).await
+    fn handlers(&self) -> &dyn S3 {
+        &self.gateway
     }
 }

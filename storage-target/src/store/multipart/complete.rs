@@ -141,19 +141,7 @@ impl Store {
         *gone = true;
         drop(gone);
         lock(&self.uploads).remove(upload_id);
-        let dir = self.upload_dir(upload_id);
-        let tmp = self.tmp_path();
-        let uploads_dir = self.uploads_dir.clone();
-        let cleanup = blocking(move || {
-            std::fs::rename(&dir, tmp.path())?;
-            fsync_dir(&uploads_dir)?;
-            std::fs::remove_dir_all(tmp.path())?;
-            let mut tmp = tmp;
-            tmp.disarm();
-            Ok(())
-        })
-        .await;
-        if let Err(e) = cleanup {
+        if let Err(e) = self.remove_upload_dir(upload_id).await {
             warn!(upload_id, error = %e, "cleaning up completed upload failed");
         }
         Ok(meta)
