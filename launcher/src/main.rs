@@ -44,6 +44,8 @@ use tokio::signal::unix::{SignalKind, signal};
 /// (or root's) that neither group nor others may write to. The other
 /// commands find the default socket by themselves (no --socket or
 /// $S3DMA_SOCKET needed) unless /run/s3dma/shim.sock exists.
+// The doc comments are the `--help` text: `<uid>` there is not HTML.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Clone, Parser)]
 #[command(name = "s3dma local", bin_name = "s3dma local", version)]
 struct Options {
