@@ -199,18 +199,8 @@ async fn download_inner(
             landings[*object].parts_left.fetch_add(1, Ordering::Relaxed);
         }
     }
-    let pb = g.progress(total, verb);
-    let run = Arc::new(Run {
-        client: client.clone(),
-        bucket: url.bucket.clone(),
-        pb: pb.clone(),
-        tally: Mutex::new(tally),
-    });
-    let pool = Arc::new(Pool::new(
-        slots,
-        usize::try_from(chunk).unwrap_or(usize::MAX),
-        "s3dma get -r",
-    ));
+    let run = Run::start(g, &client, &url.bucket, total, verb, tally);
+    let pool = Pool::new(slots, chunk, "s3dma get -r");
     let root = Arc::new(dir.to_path_buf());
     let wanted = Arc::new(wanted);
     let mut tasks = JoinSet::new();
@@ -271,7 +261,7 @@ async fn download_inner(
     }
     pool.release_all().await;
     drop(landings);
-    pb.finish_and_clear();
+    run.pb.finish_and_clear();
 
     // --delete: only when every copy succeeded (unsafe keys, refused by
     // name, hold nothing up).

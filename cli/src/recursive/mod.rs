@@ -94,6 +94,23 @@ struct Run {
 }
 
 impl Run {
+    /// A run of `verb` over `total` bytes in `bucket` (its progress bar).
+    fn start(
+        g: &Global,
+        client: &Client,
+        bucket: &str,
+        total: u64,
+        verb: &str,
+        tally: Tally,
+    ) -> Arc<Run> {
+        Arc::new(Run {
+            client: client.clone(),
+            bucket: bucket.to_owned(),
+            pb: g.progress(total, verb),
+            tally: Mutex::new(tally),
+        })
+    }
+
     /// Records a file's failure and prints it (even with --quiet).
     fn fail(&self, f: Failure) {
         self.pb.suspend(|| eprintln!("s3dma: {f}"));
@@ -143,13 +160,14 @@ struct Pool {
 }
 
 impl Pool {
-    fn new(slots: usize, size: usize, label: &'static str) -> Pool {
-        Pool {
+    /// `slots` buffers of `chunk` bytes, made as they are first needed.
+    fn new(slots: usize, chunk: u64, label: &'static str) -> Arc<Pool> {
+        Arc::new(Pool {
             slots: Arc::new(Semaphore::new(slots.max(1))),
             free: Mutex::new(Vec::new()),
-            size: size.max(1),
+            size: usize::try_from(chunk).unwrap_or(usize::MAX).max(1),
             label,
-        }
+        })
     }
 
     /// A buffer of the pool (waiting for one to come back when all are

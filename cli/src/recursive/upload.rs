@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::io::{self, Read as _};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use s3dma_client::{Buffer, PutOptions};
@@ -131,18 +131,8 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
             )))?;
     let large_mib = u32::try_from((half.memory >> 20).max(1)).unwrap_or(u32::MAX);
     let large = Arc::new(Semaphore::new(large_mib as usize));
-    let pb = g.progress(total, verb);
-    let run = Arc::new(Run {
-        client: client.clone(),
-        bucket: url.bucket.clone(),
-        pb: pb.clone(),
-        tally: Mutex::new(tally),
-    });
-    let pool = Arc::new(Pool::new(
-        slots,
-        usize::try_from(chunk).unwrap_or(usize::MAX),
-        "s3dma put -r",
-    ));
+    let run = Run::start(g, &client, &url.bucket, total, verb, tally);
+    let pool = Pool::new(slots, chunk, "s3dma put -r");
     let inflight = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let mut tasks = JoinSet::new();
     for u in uploads {
@@ -208,7 +198,7 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
         }
     }
     pool.release_all().await;
-    pb.finish_and_clear();
+    run.pb.finish_and_clear();
 
     if opts.delete {
         if run.copies_clean() {
