@@ -210,7 +210,23 @@ class GetItem:
 # -- buffers ----------------------------------------------------------------
 
 
-class Buffer:
+class _Releasing:
+    """What :class:`Buffer` and :class:`CudaBuffer` share as context
+    managers: leaving the ``with`` block releases the buffer (unless it is
+    already released, the client closed, or this is a forked child)."""
+
+    released: bool
+    _client: "Client"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.released and not self._client.closed and self._client._same_process():
+            self.release()
+
+
+class Buffer(_Releasing):
     """Host memory registered with the shim: a sealed memfd mapped here and
     in the shim. Object bytes land in :attr:`mmap` with no copy.
 
@@ -285,15 +301,9 @@ class Buffer:
         except BufferError:
             pass  # numpy/torch/memoryview views still use it; unmapped when they go
 
-    def __enter__(self) -> "Buffer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if not self.released and not self._client.closed and self._client._same_process():
-            self.release()
 
 
-class CudaBuffer:
+class CudaBuffer(_Releasing):
     """CUDA device memory registered with the shim (:meth:`Client.alloc_cuda`,
     :meth:`Client.register_cuda_fd`, or the legacy :meth:`Client.register_cuda`).
     Use it (or its id) as the buffer of GETs and PUTs; there is no host
@@ -350,12 +360,6 @@ class CudaBuffer:
             if self._allocation is not None:
                 self._allocation.free()
 
-    def __enter__(self) -> "CudaBuffer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if not self.released and not self._client.closed and self._client._same_process():
-            self.release()
 
 
 # -- the client -------------------------------------------------------------
