@@ -37,7 +37,7 @@ use tracing::{info, warn};
 
 use crate::config::networks::{self, Cidr};
 use crate::rdma::RdmaError;
-use crate::rdma::headers::{self, reply_headers};
+use crate::rdma::headers::{self, RequestError, reply_headers};
 
 /// The dialect an object request's bytes move in over RDMA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -214,7 +214,7 @@ pub fn decide(
     if !headers::token_is_signed(signed) {
         return Err(RdmaError::NotSigned);
     }
-    let offer = match headers::dialect(headers)? {
+    let offer = match marker(headers)? {
         Marker::S3dma => s3dma::offer(text, serving)?,
         Marker::Standard => cuobject_dc::offer(text, serving)?,
         Marker::Other(name) => {
@@ -238,10 +238,28 @@ pub fn decide(
     }
 }
 
+/// The dialect a tokened request speaks (its `x-amz-rdma-protocol`, which
+/// SigV4 signs like every `x-amz-*` header: unsigned, the request was
+/// refused before this).
+///
+/// # Errors
+/// [`RequestError::BadProtocolHeader`].
+fn marker(headers: &HeaderMap) -> Result<Marker, RequestError> {
+    let mut values = headers.get_all(headers::RDMA_PROTOCOL).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(RequestError::BadProtocolHeader);
+    }
+    let text = first
+        .map(|v| v.to_str().map_err(|_| RequestError::BadProtocolHeader))
+        .transpose()?;
+    Ok(Marker::of(text))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rdma::headers::{RDMA_PROTOCOL, RDMA_TOKEN, RequestError};
+    use crate::rdma::headers::{RDMA_PROTOCOL, RDMA_TOKEN};
     use http::HeaderValue;
 
     #[test]

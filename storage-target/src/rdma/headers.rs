@@ -5,8 +5,7 @@
 use http::{HeaderMap, HeaderValue};
 
 pub use s3dma_wire::headers::{
-    Dialect, RDMA_BYTES, RDMA_BYTES_SHORT, RDMA_PROTOCOL, RDMA_PROTOCOL_STATUS, RDMA_REPLY,
-    RDMA_TOKEN,
+    RDMA_BYTES, RDMA_BYTES_SHORT, RDMA_PROTOCOL, RDMA_PROTOCOL_STATUS, RDMA_REPLY, RDMA_TOKEN,
 };
 pub use s3dma_wire::plan::rdma_chunks as chunks;
 
@@ -69,24 +68,6 @@ pub fn token_header(headers: &HeaderMap) -> Result<Option<&str>, RequestError> {
         .to_str()
         .map(|s| Some(s.trim()))
         .map_err(|_| RequestError::TokenNotAscii)
-}
-
-/// The dialect a tokened request speaks (its `x-amz-rdma-protocol`, which
-/// SigV4 signs like every `x-amz-*` header: unsigned, the request was
-/// refused before this).
-///
-/// # Errors
-/// [`RequestError::BadProtocolHeader`].
-pub fn dialect(headers: &HeaderMap) -> Result<Dialect, RequestError> {
-    let mut values = headers.get_all(RDMA_PROTOCOL).iter();
-    let first = values.next();
-    if values.next().is_some() {
-        return Err(RequestError::BadProtocolHeader);
-    }
-    let text = first
-        .map(|v| v.to_str().map_err(|_| RequestError::BadProtocolHeader))
-        .transpose()?;
-    Ok(Dialect::of(text))
 }
 
 /// Checks the shape of a PutObject/UploadPart over RDMA: an empty body
