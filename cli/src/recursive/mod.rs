@@ -2,7 +2,7 @@
 //! (either direction), over one client connection (one lease) with a pool
 //! of registered buffers.
 //!
-//! Downloads are cut by [`tree::plan_fetches`]: large objects as ranged
+//! Downloads are cut by [`crate::tree::plan_fetches`]: large objects as ranged
 //! GETs (each with `If-Match` on the listed ETag, so a file is never two
 //! versions) landing at their offsets in a temporary file, small ones
 //! batched into one buffer per `GetObjects` call. A file appears under its
