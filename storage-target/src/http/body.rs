@@ -1,5 +1,5 @@
 //! The request and response bodies around the s3s service: the request
-//! body counts its bytes, fails once the client stalls for [`IDLE_TIMEOUT`]
+//! body counts its bytes, fails once the client stalls for `IDLE_TIMEOUT`
 //! and runs the aws-chunked check; the response body counts its bytes and
 //! records the request's metrics once it ends or is dropped.
 

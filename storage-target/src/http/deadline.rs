@@ -1,6 +1,6 @@
 //! The connection's deadlines: the time a request head may take
-//! ([`HEADER_READ_TIMEOUT`]), and the write deadline ([`WriteDeadline`]):
-//! a client that takes no response bytes for [`IDLE_TIMEOUT`] fails its
+//! (`HEADER_READ_TIMEOUT`), and the write deadline (`WriteDeadline`):
+//! a client that takes no response bytes for `IDLE_TIMEOUT` fails its
 //! connection. It also counts the bytes a connection moves, for the
 //! transfer rate of the caps.
 

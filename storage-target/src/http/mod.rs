@@ -5,25 +5,25 @@
 //! [`Handler`] runs a request in these steps, in this order (each a
 //! function of its own, in the manner of axum's middleware layers, outer to
 //! inner and back):
-//! 1. [`envelope`]: the request's envelope: this server's request id, the
+//! 1. `envelope`: the request's envelope: this server's request id, the
 //!    client's id (escaped, bounded, in its own field), an `info` span
 //!    naming the method and the path (decoded, so a key reads as written,
 //!    and escaped, so it cannot forge a log line).
-//! 2. [`extensions`]: what the inner layers read from the request: its id,
+//! 2. `extensions`: what the inner layers read from the request: its id,
 //!    the slot the access check names the S3 operation in, the
 //!    connection's share (the per-user cap).
-//! 3. [`counted_body`]: the body wrapped: bytes counted, failed when the
+//! 3. `counted_body`: the body wrapped: bytes counted, failed when the
 //!    client stalls, aws-chunked framing checked ([`chunked`]).
-//! 4. [`call`]: the pre-check ([`crate::precheck`]) and, when it passes,
+//! 4. `call`: the pre-check ([`crate::precheck`]) and, when it passes,
 //!    the s3s call; a failed call is answered `500 InternalError`.
-//! 5. [`fix_status`]: the status a handler set where s3s drops it
+//! 5. `fix_status`: the status a handler set where s3s drops it
 //!    ([`StatusOverride`]), and a `304` without a body.
-//! 6. [`fix_error_body`]: the request id in an XML error body (with a
+//! 6. `fix_error_body`: the request id in an XML error body (with a
 //!    message for errors s3s raises without one), no body for `HEAD`.
-//! 7. [`id_headers`]: `x-amz-request-id`, `x-amz-id-2`, `Server`.
-//! 8. [`close_if_unread`]: `Connection: close` for a request answered
+//! 7. `id_headers`: `x-amz-request-id`, `x-amz-id-2`, `Server`.
+//! 8. `close_if_unread`: `Connection: close` for a request answered
 //!    before its body was read.
-//! 9. [`log`]: one line per request.
+//! 9. `log`: one line per request.
 //! 10. [`ResponseBody`]: the response body, counting its bytes and
 //!     recording the request's metrics once it ends or is dropped.
 //!
