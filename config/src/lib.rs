@@ -39,6 +39,6 @@ pub use files::{
     FileError, Secret, check_private_file, check_readable_file, read_private_file, read_secret_file,
 };
 pub use metrics::MetricsConfig;
-pub use runtime::{MAX_WORKER_THREADS, RuntimeConfig};
+pub use runtime::{MAX_WORKER_THREADS, RuntimeConfig, WorkerThreadsError};
 pub use size::{ByteSize, GIB, KIB, MIB, SizeError, TIB, parse_size};
 pub use validate::{Check, Validator};

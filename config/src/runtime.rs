@@ -22,14 +22,20 @@ pub struct RuntimeConfig {
     pub worker_threads: Option<usize>,
 }
 
+/// A `worker_threads` out of range: the problem, for
+/// `ConfigError::invalid(file, "runtime.worker_threads", problem)`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} worker threads: must be 1 to {MAX_WORKER_THREADS} (or absent: one per CPU)")]
+pub struct WorkerThreadsError(pub usize);
+
 impl RuntimeConfig {
-    /// Checks `worker_threads`; the error is the problem, for
-    /// `ConfigError::invalid(file, "runtime.worker_threads", problem)`.
-    pub fn check(&self) -> Result<(), String> {
+    /// Checks `worker_threads`.
+    ///
+    /// # Errors
+    /// [`WorkerThreadsError`] for 0 or more than [`MAX_WORKER_THREADS`].
+    pub fn check(&self) -> Result<(), WorkerThreadsError> {
         match self.worker_threads {
-            Some(n) if !(1..=MAX_WORKER_THREADS).contains(&n) => Err(format!(
-                "{n} worker threads: must be 1 to {MAX_WORKER_THREADS} (or absent: one per CPU)"
-            )),
+            Some(n) if !(1..=MAX_WORKER_THREADS).contains(&n) => Err(WorkerThreadsError(n)),
             _ => Ok(()),
         }
     }
@@ -45,7 +51,11 @@ mod tests {
         assert_eq!(parse("{}").unwrap().worker_threads, None);
         assert!(parse("worker_threads: 1").unwrap().check().is_ok());
         assert!(parse("worker_threads: 1024").unwrap().check().is_ok());
-        let e = parse("worker_threads: 0").unwrap().check().unwrap_err();
+        let e = parse("worker_threads: 0")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("must be 1 to 1024"), "{e}");
         assert!(parse("worker_threads: 1025").unwrap().check().is_err());
         assert!(parse("worker_threads: -1").is_err());

@@ -429,7 +429,7 @@ impl Config {
         }
         self.runtime
             .check()
-            .map_err(|m| invalid("runtime.worker_threads".into(), m))?;
+            .map_err(|m| invalid("runtime.worker_threads".into(), m.to_string()))?;
         self.backend(file)?;
         if !(1..=1_000_000).contains(&self.max_connections) {
             return Err(invalid(

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::{Declined, Dialect, Offer, Serving};
 use crate::config::rdma::RdmaConfig;
 use crate::metrics::Metrics;
-use crate::rdma::RdmaError;
+use crate::rdma::error::RdmaError;
 
 /// Why a standard token is declined, in the reply's words.
 pub(super) const DECLINED: &str = "this server serves RDMA tokens only in s3dma's exchange (x-amz-rdma-protocol: s3dma-v1) and hipobj-rc-v2 (/.hipobj-rc/); it has no DC transport for a standard token";

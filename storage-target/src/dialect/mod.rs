@@ -36,7 +36,7 @@ use s3dma_wire::headers::Dialect as Marker;
 use tracing::{info, warn};
 
 use crate::config::networks::{self, Cidr};
-use crate::rdma::RdmaError;
+use crate::rdma::error::RdmaError;
 use crate::rdma::headers::{self, RequestError, reply_headers};
 
 /// The dialect an object request's bytes move in over RDMA.

@@ -5,7 +5,7 @@
 use fabric::RdmaToken;
 
 use super::{Declined, Dialect, Offer, Serving};
-use crate::rdma::RdmaError;
+use crate::rdma::error::RdmaError;
 
 /// What s3dma-v1 makes of the token `text`: declined while the fabric is
 /// off, served over the fabric otherwise.
