@@ -128,6 +128,10 @@ step "cargo test: build (every test binary and service binary, once)"
 # storage-target, dpu-agent, host-shim and s3dma as processes from
 # target/debug.
 check cargo test "${CARGO_ALL[@]}" --no-run
+# The service binaries themselves: no service crate has an integration test
+# of its own that would make cargo build them (the multi-service suites are
+# s3dma-e2e's), so they are built here, from the same dependency builds.
+check cargo build "${CARGO_ALL[@]}" --bins
 
 step "lmcache (CPU) into .venv for test_lmcache.py and bench --kv (started in the background before clippy; not part of README's first command)"
 lmcache_ready() {

@@ -276,11 +276,12 @@ impl Store {
         let mut map = BTreeMap::new();
         for e in std::fs::read_dir(&self.uploads_dir)? {
             let dir = e?.path();
-            let info: Result<UploadInfo, String> = std::fs::read(dir.join("upload.json"))
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()));
+            // Unreadable or malformed: the directory is removed below.
+            let info: Option<UploadInfo> = std::fs::read(dir.join("upload.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
             match info {
-                Ok(info) if valid_upload_id(&info.upload_id) => {
+                Some(info) if valid_upload_id(&info.upload_id) => {
                     // What the upload counts against its initiator's caps.
                     let sizes = match Self::read_parts(&dir) {
                         Ok(parts) => parts.into_iter().map(|(n, p)| (n, p.size)).collect(),
@@ -291,7 +292,7 @@ impl Store {
                     };
                     map.insert(info.upload_id.clone(), Upload::new(info, sizes));
                 }
-                Ok(_) | Err(_) => {
+                Some(_) | None => {
                     warn!(dir = %dir.display(), "removing malformed multipart upload directory");
                     let _ = std::fs::remove_dir_all(&dir);
                 }
