@@ -483,8 +483,14 @@ fn spawn(
     config: &Path,
     log: PathBuf,
 ) -> Result<Proc, LaunchError> {
-    let stderr = private::create_private_file(&log)
-        .map_err(|error| LaunchError::Private { error, hint: "" })?;
+    // Created private (0600, emptied), then used in append mode: the
+    // child's stderr and the stdout lines copied after its ready line share
+    // the file, and neither may overwrite the other.
+    private::create_private_file(&log).map_err(|error| LaunchError::Private { error, hint: "" })?;
+    let stderr = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .map_err(LaunchError::io(format!("opening {}", log.display())))?;
     let mut cmd = Command::new(bin);
     cmd.arg("--config")
         .arg(config)

@@ -366,7 +366,13 @@ mod tests {
             "-c",
             "echo noise; echo 'svc listening on 1.2.3.4:5'; echo oops >&2; exec sleep 30",
         ]);
-        let stderr = File::create(&log).unwrap();
+        // Appending, as the callers open it: stderr's writes and the copied
+        // stdout lines share the file without overwriting each other.
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
         let mut c =
             ChildProcess::spawn(cmd, "svc", log.clone(), stderr, Some(log.clone())).unwrap();
         let addr = c
@@ -380,7 +386,7 @@ mod tests {
             Stopped::Exited(_)
         ));
         let text = std::fs::read_to_string(&log).unwrap();
-        assert!(text.contains("noise"), "{text}");
+        assert!(text.contains("noise") && text.contains("oops"), "{text}");
     }
 
     #[tokio::test]
