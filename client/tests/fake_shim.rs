@@ -364,6 +364,30 @@ impl Tenant for Fake {
             request_id: "req-del".into(),
         }))
     }
+
+    async fn head_objects(
+        &self,
+        _request: Request<tenant::HeadObjectsRequest>,
+    ) -> Result<Response<agent::HeadObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("head_objects"))
+    }
+
+    async fn put_objects(
+        &self,
+        _request: Request<tenant::PutObjectsRequest>,
+    ) -> Result<Response<agent::PutObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("put_objects"))
+    }
+
+    async fn delete_objects(
+        &self,
+        _request: Request<tenant::DeleteObjectsRequest>,
+    ) -> Result<Response<agent::DeleteObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("delete_objects"))
+    }
 }
 
 /// Serves one lease connection: the magic, then `FD` frames with one fd each.

@@ -588,6 +588,30 @@ impl pb::agent_server::Agent for AgentService {
         .map(Response::new)
     }
 
+    async fn head_objects(
+        &self,
+        _request: Request<pb::HeadObjectsRequest>,
+    ) -> Result<Response<pb::HeadObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("head_objects"))
+    }
+
+    async fn put_objects(
+        &self,
+        _request: Request<pb::PutObjectsRequest>,
+    ) -> Result<Response<pb::PutObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("put_objects"))
+    }
+
+    async fn delete_objects(
+        &self,
+        _request: Request<pb::DeleteObjectsRequest>,
+    ) -> Result<Response<pb::DeleteObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("delete_objects"))
+    }
+
     type QueuePairsStream = QueuePairsStream;
 
     async fn queue_pairs(

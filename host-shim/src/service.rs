@@ -809,6 +809,30 @@ impl api::tenant_server::Tenant for TenantService {
         )
         .await
     }
+
+    async fn head_objects(
+        &self,
+        _request: Request<api::HeadObjectsRequest>,
+    ) -> Result<Response<agent::HeadObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("head_objects"))
+    }
+
+    async fn put_objects(
+        &self,
+        _request: Request<api::PutObjectsRequest>,
+    ) -> Result<Response<agent::PutObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("put_objects"))
+    }
+
+    async fn delete_objects(
+        &self,
+        _request: Request<api::DeleteObjectsRequest>,
+    ) -> Result<Response<agent::DeleteObjectsResponse>, Status> {
+        // TODO(issue 44): batched operations are being built.
+        Err(Status::unimplemented("delete_objects"))
+    }
 }
 
 /// The tenant's deadline from `grpc-timeout` (e.g. `100m`, `5S`).
