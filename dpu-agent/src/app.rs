@@ -194,6 +194,7 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
         attempt_timeout: Duration::from_secs(tr.attempt_timeout_secs),
         batch_concurrency: tr.batch_concurrency,
         max_batch_items: tr.max_batch_items,
+        max_batch_bytes: tr.max_batch_bytes.0,
     };
     Ok(Arc::new(Core {
         targets,

@@ -194,18 +194,28 @@ pub enum BadRequest {
         /// Why it does not parse.
         reason: String,
     },
-    /// A GetObjects batch without items.
-    #[error("GetObjects needs at least one item")]
+    /// A batch without items.
+    #[error("a batch needs at least one item")]
     EmptyBatch,
-    /// A GetObjects batch beyond `transfer.max_batch_items`.
+    /// A batch beyond `transfer.max_batch_items`.
     #[error(
-        "a GetObjects batch takes at most {max} items (transfer.max_batch_items); this one has {items}: split it into several batches"
+        "a batch takes at most {max} items (transfer.max_batch_items); this one has {items}: split it into several batches"
     )]
     BatchTooLarge {
         /// `transfer.max_batch_items`.
         max: usize,
         /// Items in the batch.
         items: usize,
+    },
+    /// A batch moving more than `transfer.max_batch_bytes`.
+    #[error(
+        "a batch moves at most {max} bytes (transfer.max_batch_bytes); this one names {bytes}: split it into several batches"
+    )]
+    BatchTooManyBytes {
+        /// `transfer.max_batch_bytes`.
+        max: u64,
+        /// Bytes the batch's windows name.
+        bytes: u64,
     },
 }
 

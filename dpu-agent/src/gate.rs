@@ -46,13 +46,15 @@ use crate::metrics::Metrics;
 /// metadata. 64 KiB is far above any valid request.
 pub const UNARY_MESSAGE_LIMIT: usize = 64 << 10;
 
-/// Bytes one GetObjects item may take in a request (a 1 KiB key, a bucket
+/// Bytes one batch item (GetObjects, HeadObjects, PutObjects with up to
+/// 2 KiB of metadata, DeleteObjects) may take in a request (a 1 KiB key, a bucket
 /// name, a range and a token fit in well under this).
 pub const BATCH_ITEM_LIMIT: usize = 4 << 10;
 
 /// Request body bounds per gRPC method for batches of at most
 /// `max_batch_items` items: [`UNARY_MESSAGE_LIMIT`] for any method but
-/// GetObjects, which may add [`BATCH_ITEM_LIMIT`] per item; a shim's
+/// the batches (GetObjects, HeadObjects, PutObjects, DeleteObjects), which
+/// may add [`BATCH_ITEM_LIMIT`] per item; a shim's
 /// `QueuePairs` stream (answers of a few dozen bytes, for as long as the
 /// shim is connected) bounds each message, not the stream.
 #[must_use]
@@ -60,7 +62,7 @@ pub fn method_limits(max_batch_items: usize) -> MethodLimits {
     MethodLimits::new(UNARY_MESSAGE_LIMIT)
         .with(
             MethodLimits::batch(UNARY_MESSAGE_LIMIT, BATCH_ITEM_LIMIT, max_batch_items),
-            &["GetObjects"],
+            &["GetObjects", "HeadObjects", "PutObjects", "DeleteObjects"],
         )
         .streaming(&["QueuePairs"])
 }

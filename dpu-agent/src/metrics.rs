@@ -20,6 +20,7 @@ pub struct Metrics {
     requests: IntCounterVec,
     latency: HistogramVec,
     bytes: IntCounterVec,
+    batch_items: IntCounterVec,
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
     target_requests: IntCounterVec,
@@ -74,6 +75,12 @@ impl Metrics {
                 "s3dma_agent_bytes_total",
                 "Object bytes moved for tenants, by path (rdma | fallback)",
                 &["tenant", "op", "path"],
+            ),
+            batch_items: counters(
+                r,
+                "s3dma_agent_batch_items_total",
+                "Items of HeadObjects, PutObjects and DeleteObjects batches, by outcome (ok | missing | the error's status label)",
+                &["tenant", "op", "outcome"],
             ),
             in_flight: gauges(
                 r,
@@ -181,6 +188,15 @@ impl Metrics {
             return; // an empty object moved nothing on either path
         }
         self.bytes.with_label_values(&[tenant, op, path]).inc_by(n);
+    }
+
+    /// Items of one batch of `op` that ended with `outcome`.
+    pub fn batch_item(&self, tenant: &str, op: &str, outcome: &str, n: u64) {
+        if n > 0 {
+            self.batch_items
+                .with_label_values(&[tenant, op, outcome])
+                .inc_by(n);
+        }
     }
 
     /// Requests running for `tenant` changed by `delta`.

@@ -28,6 +28,7 @@ use crate::error::{AgentError, BadRequest};
 use crate::gate::AuthenticatedShim;
 use crate::policy::Access;
 use crate::qp_link::QpLink;
+use crate::transfer::batch::{self, Batch, Op, Outcome};
 use crate::transfer::get::{self, GetRequest};
 use crate::transfer::meta::{self, ListRequest};
 use crate::transfer::put::{self, PutRequest};
@@ -110,7 +111,8 @@ impl Failure for AgentError {
     }
 }
 
-fn check_bucket(bucket: &str) -> Result<(), AgentError> {
+/// A bucket name as S3 takes it (shared by the batches, [`crate::transfer::batch`]).
+pub(crate) fn check_bucket(bucket: &str) -> Result<(), AgentError> {
     let ok = (1..=63).contains(&bucket.len())
         && bucket.bytes().all(|b| {
             b.is_ascii_lowercase()
@@ -129,7 +131,8 @@ fn check_bucket(bucket: &str) -> Result<(), AgentError> {
     }
 }
 
-fn check_key(key: &str) -> Result<(), AgentError> {
+/// A key of 1..=1024 bytes (shared by the batches).
+pub(crate) fn check_key(key: &str) -> Result<(), AgentError> {
     if key.is_empty() || key.len() > 1024 {
         return Err(AgentError::InvalidArgument(BadRequest::KeyLength {
             len: key.len(),
@@ -270,6 +273,112 @@ impl AgentService {
         Ctx::new(&self.core, tenant, bucket, key, rid, qp_link.as_ref()).map(Arc::new)
     }
 
+    /// Runs a HeadObjects, PutObjects or DeleteObjects batch in one
+    /// envelope (one span, one request metric, one failure line for the
+    /// batch): the caps (`transfer.max_batch_items`, and `bytes` against
+    /// `transfer.max_batch_bytes`) refuse the whole batch; then every item
+    /// runs through [`batch`] under the request deadline, and its result
+    /// (or error) comes back in request order. The batch takes none of the
+    /// tenant's concurrency slots itself (its items do, one each), so a
+    /// batch never waits on itself. Failed items are counted per outcome.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_batch<I>(
+        &self,
+        env: &Envelope,
+        tenant: &Arc<Tenant>,
+        op: Op,
+        concurrency: u32,
+        qp_link: Option<Arc<QpLink>>,
+        items: I,
+        bytes: u64,
+    ) -> Result<Vec<Result<Outcome, pb::ItemError>>, Status>
+    where
+        I: ExactSizeIterator<Item = (String, String, Option<Result<batch::PutSource, AgentError>>)>,
+    {
+        let name = op.name();
+        env.record_client_id()
+            .record("tenant", &tenant.name)
+            .record("op", name);
+        let total = items.len();
+        let core = &self.core;
+        let settings = &core.settings;
+        let concurrency = match concurrency {
+            0 => settings.batch_concurrency,
+            n => (n as usize).min(settings.batch_concurrency.max(1) * 4),
+        }
+        .clamp(1, total.max(1));
+        let res = env
+            .run(async {
+                if total == 0 {
+                    return Err(AgentError::InvalidArgument(BadRequest::EmptyBatch));
+                }
+                if total > settings.max_batch_items {
+                    return Err(AgentError::InvalidArgument(BadRequest::BatchTooLarge {
+                        max: settings.max_batch_items,
+                        items: total,
+                    }));
+                }
+                if bytes > settings.max_batch_bytes {
+                    return Err(AgentError::InvalidArgument(BadRequest::BatchTooManyBytes {
+                        max: settings.max_batch_bytes,
+                        bytes,
+                    }));
+                }
+                core.metrics.in_flight(&tenant.name, 1);
+                let _guard = InFlight {
+                    core: Arc::clone(core),
+                    tenant: tenant.name.clone(),
+                };
+                let b = Batch {
+                    core,
+                    tenant,
+                    request_id: env.id(),
+                    qp_link,
+                    concurrency,
+                    limit: tokio::sync::Semaphore::new(concurrency),
+                };
+                let (groups, refused) = batch::group(&b, op, items);
+                let deadline = settings.request_timeout;
+                let done =
+                    tokio::time::timeout(deadline, batch::run(&b, op, groups, refused, total))
+                        .await
+                        .map_err(|_| AgentError::DeadlineExceeded { deadline })?;
+                // Per-item failures, counted by outcome (one counter
+                // update per distinct outcome, not per item).
+                let mut failed: Vec<(&'static str, u64)> = Vec::new();
+                let out = done
+                    .into_iter()
+                    .map(|r| match r {
+                        Some(Ok(o)) => Ok(o),
+                        Some(Err(e)) => {
+                            let label = e.metric_label();
+                            match failed.iter_mut().find(|(l, _)| *l == label) {
+                                Some((_, n)) => *n += 1,
+                                None => failed.push((label, 1)),
+                            }
+                            Err(batch::item_error(&e, env.id()))
+                        }
+                        None => Err(batch::item_error(
+                            &AgentError::internal("the item did not run"),
+                            env.id(),
+                        )),
+                    })
+                    .collect::<Vec<_>>();
+                for (label, n) in failed {
+                    core.metrics.batch_item(&tenant.name, name, label, n);
+                }
+                Ok(out)
+            })
+            .await;
+        let about = About {
+            tenant: &tenant.name,
+            op: name,
+            object: "",
+            pid: None,
+        };
+        env.finish(&*core.metrics, about, res)
+    }
+
     /// The calling shim's `QueuePairs` link, if it has one open.
     fn qp_link<T>(&self, req: &Request<T>) -> Option<Arc<QpLink>> {
         let AuthenticatedShim(shim) = req.extensions().get::<AuthenticatedShim>()?;
@@ -399,6 +508,20 @@ impl pb::agent_server::Agent for AgentService {
             return Err(AgentError::InvalidArgument(BadRequest::BatchTooLarge {
                 max,
                 items: r.items.len(),
+            })
+            .to_status(&rid));
+        }
+        let bytes: u64 = r
+            .items
+            .iter()
+            .filter_map(|it| it.destination.parse::<RdmaToken>().ok())
+            .map(|t| u64::from(t.size))
+            .sum();
+        let max_bytes = self.core.settings.max_batch_bytes;
+        if bytes > max_bytes {
+            return Err(AgentError::InvalidArgument(BadRequest::BatchTooManyBytes {
+                max: max_bytes,
+                bytes,
             })
             .to_status(&rid));
         }
@@ -590,26 +713,131 @@ impl pb::agent_server::Agent for AgentService {
 
     async fn head_objects(
         &self,
-        _request: Request<pb::HeadObjectsRequest>,
+        request: Request<pb::HeadObjectsRequest>,
     ) -> Result<Response<pb::HeadObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("head_objects"))
+        let env = envelope(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, env.id())?;
+        let r = request.into_inner();
+        let items = r.items.into_iter().map(|k| (k.bucket, k.key, None));
+        let results = self
+            .run_batch(&env, &tenant, Op::Head, r.concurrency, None, items, 0)
+            .await?;
+        let (mut found, mut missing) = (0u64, 0u64);
+        let results = results
+            .into_iter()
+            .map(|r| pb::HeadObjectsResult {
+                result: Some(match r {
+                    Ok(Outcome::Found(info)) => {
+                        found += 1;
+                        pb::head_objects_result::Result::Object(info)
+                    }
+                    Ok(_) => {
+                        missing += 1;
+                        pb::head_objects_result::Result::Missing(pb::MissingObject {})
+                    }
+                    Err(e) => pb::head_objects_result::Result::Error(e),
+                }),
+            })
+            .collect();
+        let m = &self.core.metrics;
+        m.batch_item(&tenant.name, "HeadObjects", "ok", found);
+        m.batch_item(&tenant.name, "HeadObjects", "missing", missing);
+        Ok(Response::new(pb::HeadObjectsResponse {
+            results,
+            request_id: env.id().to_owned(),
+        }))
     }
 
     async fn put_objects(
         &self,
-        _request: Request<pb::PutObjectsRequest>,
+        request: Request<pb::PutObjectsRequest>,
     ) -> Result<Response<pb::PutObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("put_objects"))
+        let env = envelope(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, env.id())?;
+        let qp_link = self.qp_link(&request);
+        let r = request.into_inner();
+        // Bytes of the batch: its source windows' sizes (a token that does
+        // not parse is that item's error, and counts nothing).
+        let bytes: u64 = r
+            .items
+            .iter()
+            .filter_map(|it| it.source.parse::<RdmaToken>().ok())
+            .map(|t| u64::from(t.size))
+            .sum();
+        let items = r.items.into_iter().enumerate().map(|(i, it)| {
+            let src = batch::put_source(i, &it.source, it.content_type, it.metadata);
+            (it.bucket, it.key, Some(src))
+        });
+        let results = self
+            .run_batch(&env, &tenant, Op::Put, r.concurrency, qp_link, items, bytes)
+            .await?;
+        let mut stored = 0u64;
+        let results = results
+            .into_iter()
+            .map(|r| pb::PutObjectsResult {
+                result: Some(match r {
+                    Ok(Outcome::Stored(out)) => {
+                        stored += out.size;
+                        pb::put_objects_result::Result::Ok(pb::PutObjectResponse {
+                            etag: out.etag,
+                            size: out.size,
+                            path: out.path as i32,
+                            parts: out.parts,
+                            request_id: env.id().to_owned(),
+                        })
+                    }
+                    Ok(_) => pb::put_objects_result::Result::Error(batch::item_error(
+                        &AgentError::internal("a PUT item came to no object"),
+                        env.id(),
+                    )),
+                    Err(e) => pb::put_objects_result::Result::Error(e),
+                }),
+            })
+            .collect::<Vec<_>>();
+        let ok = results
+            .iter()
+            .filter(|r| matches!(r.result, Some(pb::put_objects_result::Result::Ok(_))))
+            .count() as u64;
+        let m = &self.core.metrics;
+        m.batch_item(&tenant.name, "PutObjects", "ok", ok);
+        m.bytes(&tenant.name, "PutObjects", "batch", stored);
+        Ok(Response::new(pb::PutObjectsResponse {
+            results,
+            request_id: env.id().to_owned(),
+        }))
     }
 
     async fn delete_objects(
         &self,
-        _request: Request<pb::DeleteObjectsRequest>,
+        request: Request<pb::DeleteObjectsRequest>,
     ) -> Result<Response<pb::DeleteObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("delete_objects"))
+        let env = envelope(&request);
+        let tenant = self.tenant(&request, &request.get_ref().tenant, env.id())?;
+        let r = request.into_inner();
+        let items = r.items.into_iter().map(|k| (k.bucket, k.key, None));
+        let results = self
+            .run_batch(&env, &tenant, Op::Delete, 0, None, items, 0)
+            .await?;
+        let mut ok = 0u64;
+        let results = results
+            .into_iter()
+            .map(|r| pb::DeleteObjectsResult {
+                error: match r {
+                    Ok(_) => {
+                        ok += 1;
+                        None
+                    }
+                    Err(e) => Some(e),
+                },
+            })
+            .collect();
+        self.core
+            .metrics
+            .batch_item(&tenant.name, "DeleteObjects", "ok", ok);
+        Ok(Response::new(pb::DeleteObjectsResponse {
+            results,
+            request_id: env.id().to_owned(),
+        }))
     }
 
     type QueuePairsStream = QueuePairsStream;

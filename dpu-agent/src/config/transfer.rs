@@ -58,6 +58,11 @@ pub struct TransferConfig {
     /// (4KiB per item). Default 1024; 1..=65536.
     #[serde(default = "default_max_batch_items")]
     pub max_batch_items: usize,
+    /// Most bytes one batch moves: the sum of its windows' sizes (GetObjects:
+    /// destinations, PutObjects: sources); a larger batch is refused with
+    /// `INVALID_ARGUMENT` before any item runs. Default 4GiB; 1MiB..=1TiB.
+    #[serde(default = "default_max_batch_bytes")]
+    pub max_batch_bytes: ByteSize,
 }
 
 impl Default for TransferConfig {
@@ -75,6 +80,7 @@ impl Default for TransferConfig {
             connect_timeout_ms: default_target_connect_timeout_ms(),
             batch_concurrency: default_batch_concurrency(),
             max_batch_items: default_max_batch_items(),
+            max_batch_bytes: default_max_batch_bytes(),
         }
     }
 }
@@ -121,6 +127,10 @@ fn default_target_connect_timeout_ms() -> u64 {
 
 fn default_batch_concurrency() -> usize {
     16
+}
+
+fn default_max_batch_bytes() -> ByteSize {
+    ByteSize(4 * 1024 * MIB)
 }
 
 fn default_max_batch_items() -> usize {

@@ -143,6 +143,12 @@ fn check_transfer(v: &Validator, t: &TransferConfig) -> Check {
         1,
         65536,
     )?;
+    v.between(
+        "transfer.max_batch_bytes",
+        t.max_batch_bytes.0,
+        1 << 20,
+        1 << 40,
+    )?;
     Ok(())
 }
 

@@ -89,6 +89,45 @@ async fn head_not_found(ex: &Exchange, reply: Reply, bucket: &str) -> Attempt {
     Attempt::Fatal(AgentError::S3(err))
 }
 
+/// HeadObject for a batch item: a missing key is `Ok(None)`. A 404 is
+/// taken as a missing key without the HeadBucket [`head_object`] sends to
+/// tell a missing bucket: a batch asks that once per bucket
+/// ([`bucket_exists`]).
+///
+/// # Errors
+/// Any [`AgentError`] but a 404.
+pub async fn head_object_or_missing(
+    ex: &Exchange,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<ObjectInfo>, AgentError> {
+    ex.retrying("HEAD", || async {
+        let reply = ex
+            .send(S3Call::new(Method::HEAD, bucket, Some(key)))
+            .await?;
+        if reply.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if reply.status() != StatusCode::OK {
+            return Err(ex.failure(reply).await);
+        }
+        let size = header(reply.headers(), "content-length")
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| AgentError::Protocol(BadReply::NoContentLength))?;
+        Ok(Some(object_info(reply.headers(), size)))
+    })
+    .await
+}
+
+/// Whether `bucket` exists at the exchange's target (HeadBucket; anything
+/// but a 404, a failure included, counts as existing).
+pub async fn bucket_exists(ex: &Exchange, bucket: &str) -> bool {
+    !matches!(
+        ex.send(S3Call::new(Method::HEAD, bucket, None)).await,
+        Ok(r) if r.status() == StatusCode::NOT_FOUND
+    )
+}
+
 /// DeleteObject.
 ///
 /// # Errors

@@ -9,7 +9,8 @@
 //! never 4xx. How a chunk or a part moves in a target's dialect is the
 //! target's [`dialect::ChunkMover`] ([`dialect`]), chosen once per target
 //! when the request starts. The operations live in [`get`], [`put`] and
-//! [`meta`]; moving bytes through the agent when a target speaks plain
+//! [`meta`], the batched HeadObjects, PutObjects and DeleteObjects in
+//! [`batch`]; moving bytes through the agent when a target speaks plain
 //! HTTP is [`fallback`].
 //!
 //! Cancellation: dropping a request's future drops its in-flight HTTP
@@ -17,6 +18,7 @@
 //! until they complete, and the shim revokes the window, which fences any
 //! late placement by a target.
 
+pub mod batch;
 pub mod ctx;
 pub mod dialect;
 pub mod exchange;
@@ -59,10 +61,14 @@ pub struct Settings {
     pub request_timeout: Duration,
     /// Deadline of one HTTP attempt.
     pub attempt_timeout: Duration,
-    /// Default GetObjects concurrency.
+    /// Default concurrency of a batch (GetObjects, HeadObjects,
+    /// PutObjects, DeleteObjects).
     pub batch_concurrency: usize,
-    /// Most items in one GetObjects batch.
+    /// Most items in one batch.
     pub max_batch_items: usize,
+    /// Most bytes one batch moves (GetObjects: the destinations' sizes,
+    /// PutObjects: the sources' sizes).
+    pub max_batch_bytes: u64,
 }
 
 /// A tenant as the executor sees it.

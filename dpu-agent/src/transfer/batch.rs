@@ -1,0 +1,395 @@
+//! Batched HeadObjects, PutObjects and DeleteObjects: the per-item work.
+//!
+//! A batch arrives validated as a whole (item count, bytes: the service,
+//! [`crate::service`]); here every item is checked like the single call
+//! (bucket name, key length, token, the tenant's policy) and an item that
+//! fails any check gets its own error while the others run. The items are
+//! then grouped by (target, bucket): the target is the one of the key's
+//! first chunk in the bucket's group of targets ([`Core::pick`]), as for a
+//! single request. Each group runs through [`run_group`], the one place
+//! that decides how a group travels to its target.
+//!
+//! Quotas: every item is one request of the tenant's, as in GetObjects: it
+//! takes one of the tenant's concurrency slots (or waits in its queue, or is
+//! refused with `SlowDown` as that item's error) while it runs, and a PUT's
+//! bytes count against the tenant's bytes in flight. At most `concurrency`
+//! items of a batch run at once (one semaphore per batch, over all its
+//! groups).
+//!
+//! Cost per item: the item's strings move from the request into the group
+//! (no copies), one [`Exchange`] per group (not per item), results land in
+//! a vector indexed by the item's place in the request; logging and the
+//! request metrics are one record per batch (the service's envelope), plus
+//! one outcome counter per item ([`crate::metrics::Metrics::batch_item`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fabric::RdmaToken;
+use futures::StreamExt as _;
+use s3dma_proto::agent::v1 as pb;
+use tokio::sync::Semaphore;
+
+use super::ctx::Ctx;
+use super::exchange::Exchange;
+use super::put::{self, PutRequest};
+use super::{Core, Tenant, meta};
+use crate::error::{AgentError, BadRequest};
+use crate::policy::Access;
+use crate::qp_link::QpLink;
+use crate::s3::TargetClient;
+
+/// The operation of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// HeadObjects.
+    Head,
+    /// PutObjects.
+    Put,
+    /// DeleteObjects.
+    Delete,
+}
+
+impl Op {
+    /// The operation's name (metrics, logs).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Head => "HeadObjects",
+            Op::Put => "PutObjects",
+            Op::Delete => "DeleteObjects",
+        }
+    }
+
+    fn access(self) -> (Access, &'static str) {
+        match self {
+            Op::Head => (Access::Read, "read"),
+            Op::Put => (Access::Write, "write"),
+            Op::Delete => (Access::Write, "delete"),
+        }
+    }
+}
+
+/// What a PUT item writes besides its key.
+#[derive(Debug)]
+pub struct PutSource {
+    /// The source window (the object is exactly its bytes).
+    pub src: RdmaToken,
+    /// Content-Type to store.
+    pub content_type: Option<String>,
+    /// User metadata.
+    pub metadata: HashMap<String, String>,
+}
+
+/// One checked item of a batch.
+#[derive(Debug)]
+pub struct Item {
+    /// The item's place in the request (and so in the results).
+    pub index: usize,
+    /// Key.
+    pub key: String,
+    /// PUT only: the bytes and what to store with them.
+    pub put: Option<PutSource>,
+}
+
+/// What an item came to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// HEAD: the object.
+    Found(pb::ObjectInfo),
+    /// HEAD: no such key (a result, not a failure).
+    Missing,
+    /// PUT: stored.
+    Stored(put::PutResult),
+    /// DELETE: deleted (or was already missing, as in S3).
+    Deleted,
+}
+
+/// Items of one (target, bucket) group, all of one operation.
+#[derive(Debug)]
+pub struct Group {
+    /// The target every item's first chunk goes to.
+    pub target: Arc<TargetClient>,
+    /// The bucket.
+    pub bucket: String,
+    /// The items, in request order.
+    pub items: Vec<Item>,
+}
+
+/// One batch in progress: what its groups share.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    /// Shared state.
+    pub core: &'a Arc<Core>,
+    /// The tenant.
+    pub tenant: &'a Arc<Tenant>,
+    /// The batch's request id (targets see it as `x-s3dma-request-id`;
+    /// every item's error carries it).
+    pub request_id: &'a str,
+    /// The calling shim's `QueuePairs` link (PUT), if it has one open.
+    pub qp_link: Option<Arc<QpLink>>,
+    /// Items of the batch running at once (at least 1).
+    pub concurrency: usize,
+    /// Holds `concurrency` permits: one per running item.
+    pub limit: Semaphore,
+}
+
+/// An item's result: its index and what it came to.
+pub type ItemResult = (usize, Result<Outcome, AgentError>);
+
+/// An item's error as the API carries it.
+#[must_use]
+pub fn item_error(e: &AgentError, request_id: &str) -> pb::ItemError {
+    pb::ItemError {
+        grpc_code: e.grpc_code() as i32,
+        s3_code: e.s3_code().to_owned(),
+        message: e.report(),
+        request_id: request_id.to_owned(),
+    }
+}
+
+/// Checks one item like the single call does (bucket name, key length,
+/// the tenant's policy); a PUT's token is parsed by the caller.
+fn check(tenant: &Tenant, op: Op, bucket: &str, key: &str) -> Result<(), AgentError> {
+    crate::service::check_bucket(bucket)?;
+    crate::service::check_key(key)?;
+    let (access, verb) = op.access();
+    if tenant.policy.allows(bucket, key, access) {
+        Ok(())
+    } else {
+        Err(AgentError::AccessDenied {
+            tenant: tenant.name.clone(),
+            verb: verb.to_owned(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+        })
+    }
+}
+
+/// Groups the checked items by (target, bucket); items that fail a check
+/// (or whose bucket has no target) are returned as results at once.
+///
+/// `items` yields each item's bucket, key and (PUT) source, in request
+/// order.
+pub fn group<I>(b: &Batch<'_>, op: Op, items: I) -> (Vec<Group>, Vec<ItemResult>)
+where
+    I: IntoIterator<Item = (String, String, Option<Result<PutSource, AgentError>>)>,
+{
+    let mut groups: Vec<Group> = Vec::new();
+    let mut refused = Vec::new();
+    // Most batches name one bucket served by one target: the last group
+    // used is tried first.
+    let mut last: Option<usize> = None;
+    for (index, (bucket, key, put)) in items.into_iter().enumerate() {
+        if let Err(e) = check(b.tenant, op, &bucket, &key) {
+            refused.push((index, Err(e)));
+            continue;
+        }
+        let put = match put {
+            Some(Ok(p)) => Some(p),
+            Some(Err(e)) => {
+                refused.push((index, Err(e)));
+                continue;
+            }
+            None => None,
+        };
+        let targets = match b.core.group_for(&bucket) {
+            Ok(t) => t,
+            Err(e) => {
+                refused.push((index, Err(e)));
+                continue;
+            }
+        };
+        let target = b.core.pick(&targets, &bucket, &key, 0);
+        let same = |g: &Group| Arc::ptr_eq(&g.target, &target) && g.bucket == bucket;
+        let at = match last.filter(|&i| same(&groups[i])) {
+            Some(i) => i,
+            None => match groups.iter().position(same) {
+                Some(i) => i,
+                None => {
+                    groups.push(Group {
+                        target,
+                        bucket,
+                        items: Vec::new(),
+                    });
+                    groups.len() - 1
+                }
+            },
+        };
+        last = Some(at);
+        groups[at].items.push(Item { index, key, put });
+    }
+    (groups, refused)
+}
+
+/// Runs one (target, bucket) group of `op`: the one place that decides how
+/// a group travels to its target.
+///
+/// Today: the group's items as parallel single S3 requests over one
+/// [`Exchange`] (HEAD, DELETE) or one [`Ctx`] (PUT, whose multipart parts
+/// may go to other targets of the bucket's group), each item under the
+/// batch's concurrency limit and one of the tenant's concurrency slots.
+/// A target that takes a whole group as one signed request can be served
+/// here instead, falling back to this path when it declines.
+///
+/// Returns one result per item of the group (any order).
+pub async fn run_group(b: &Batch<'_>, op: Op, group: Group) -> Vec<ItemResult> {
+    let Group {
+        target,
+        bucket,
+        items,
+    } = group;
+    let ex = Exchange {
+        core: Arc::clone(b.core),
+        tenant: Arc::clone(b.tenant),
+        target,
+        request_id: b.request_id.to_owned(),
+    };
+    // PUT: one Ctx for the group (its first target is the group's, since
+    // every item's first chunk picked it).
+    let ctx = match (op, items.first()) {
+        (Op::Put, Some(first)) => {
+            match Ctx::new(
+                b.core,
+                b.tenant,
+                &bucket,
+                &first.key,
+                b.request_id,
+                b.qp_link.as_ref(),
+            ) {
+                Ok(c) => Some(Arc::new(c)),
+                Err(e) => {
+                    return items
+                        .into_iter()
+                        .map(|it| (it.index, Err(e.clone())))
+                        .collect();
+                }
+            }
+        }
+        _ => None,
+    };
+    let (ex, bucket, ctx) = (&ex, bucket.as_str(), ctx.as_ref());
+    let mut results: Vec<ItemResult> = futures::stream::iter(items)
+        .map(|item| async move {
+            let index = item.index;
+            (index, one(b, op, ex, ctx, bucket, item).await)
+        })
+        .buffer_unordered(b.concurrency.max(1))
+        .collect()
+        .await;
+    // HEAD: a 404 cannot tell a missing key from a missing bucket; one
+    // HeadBucket per group (not per item) tells.
+    if op == Op::Head
+        && results
+            .iter()
+            .any(|(_, r)| matches!(r, Ok(Outcome::Missing)))
+        && !meta::bucket_exists(ex, bucket).await
+    {
+        for (_, r) in &mut results {
+            if matches!(r, Ok(Outcome::Missing)) {
+                *r = Err(no_such_bucket(bucket));
+            }
+        }
+    }
+    results
+}
+
+/// One item of a group as a single request, under the batch's limit and
+/// one of the tenant's concurrency slots.
+async fn one(
+    b: &Batch<'_>,
+    op: Op,
+    ex: &Exchange,
+    ctx: Option<&Arc<Ctx>>,
+    bucket: &str,
+    item: Item,
+) -> Result<Outcome, AgentError> {
+    let _running = b
+        .limit
+        .acquire()
+        .await
+        .map_err(|_| AgentError::internal("the batch's limit closed"))?;
+    let _slot = b.tenant.quota.admit().await.map_err(AgentError::SlowDown)?;
+    match op {
+        Op::Head => Ok(meta::head_object_or_missing(ex, bucket, &item.key)
+            .await?
+            .map_or(Outcome::Missing, Outcome::Found)),
+        Op::Delete => {
+            meta::delete_object(ex, bucket, &item.key).await?;
+            Ok(Outcome::Deleted)
+        }
+        Op::Put => {
+            let (Some(ctx), Some(p)) = (ctx, item.put) else {
+                return Err(AgentError::internal("a PUT item without its source"));
+            };
+            let req = PutRequest {
+                bucket: bucket.to_owned(),
+                key: item.key,
+                src: p.src,
+                content_type: p.content_type,
+                metadata: p.metadata,
+            };
+            let out = put::put_object(ctx, &req).await?;
+            Ok(Outcome::Stored(out))
+        }
+    }
+}
+
+fn no_such_bucket(bucket: &str) -> AgentError {
+    AgentError::S3(crate::error::S3Error {
+        code: "NoSuchBucket".to_owned(),
+        message: format!(
+            "The specified bucket does not exist ({})",
+            s3dma_service::Escaped(bucket)
+        ),
+        request_id: String::new(),
+        http_status: 404,
+    })
+}
+
+/// Runs a whole batch: every group through [`run_group`] at once (the
+/// batch's limit bounds the items running), then the results in request
+/// order, `refused` among them.
+pub async fn run(
+    b: &Batch<'_>,
+    op: Op,
+    groups: Vec<Group>,
+    refused: Vec<ItemResult>,
+    total: usize,
+) -> Vec<Option<Result<Outcome, AgentError>>> {
+    let mut out: Vec<Option<Result<Outcome, AgentError>>> = Vec::with_capacity(total);
+    out.resize_with(total, || None);
+    for (i, r) in refused {
+        out[i] = Some(r);
+    }
+    let done = futures::future::join_all(groups.into_iter().map(|g| run_group(b, op, g))).await;
+    for (i, r) in done.into_iter().flatten() {
+        if let Some(slot) = out.get_mut(i) {
+            *slot = Some(r);
+        }
+    }
+    out
+}
+
+/// A PUT item's source token, parsed (field named `items[i].source`).
+///
+/// # Errors
+/// [`AgentError::InvalidArgument`].
+pub fn put_source(
+    index: usize,
+    source: &str,
+    content_type: String,
+    metadata: HashMap<String, String>,
+) -> Result<PutSource, AgentError> {
+    let src = source.parse::<RdmaToken>().map_err(|e| {
+        AgentError::InvalidArgument(BadRequest::Token {
+            field: format!("items[{index}].source"),
+            reason: e.to_string(),
+        })
+    })?;
+    Ok(PutSource {
+        src,
+        content_type: (!content_type.is_empty()).then_some(content_type),
+        metadata,
+    })
+}
