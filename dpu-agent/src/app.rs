@@ -143,6 +143,12 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
     let mut routes = HashMap::new();
     for (i, t) in c.targets.iter().enumerate() {
         targets.push(TargetClient::new(t, connect_timeout)?);
+        if t.rdma {
+            metrics.parts_over_http(
+                &t.name,
+                t.multipart_parts == crate::config::MultipartParts::Http,
+            );
+        }
         for b in &t.buckets {
             routes.entry(b.clone()).or_insert_with(Vec::new).push(i);
         }

@@ -306,6 +306,28 @@ pub enum BadReply {
     /// A HEAD reply without `Content-Length`.
     #[error("HEAD reply without Content-Length")]
     NoContentLength,
+    /// The object a target holds after it answered a PUT or
+    /// CompleteMultipartUpload with success is not the one sent (its size,
+    /// or the part count its `-N` ETag names). The call fails: nothing is
+    /// reported stored.
+    #[error(
+        "the target stored {stored} bytes of {sent}{}: {behaviour}; {left}",
+        match .etag_parts { Some(n) if *n != u64::from(*.parts) => format!(" (its ETag names {n} parts of the {} sent)", .parts), _ => String::new() }
+    )]
+    StoredMismatch {
+        /// The stored object's size (0 when it is missing).
+        stored: u64,
+        /// The bytes sent.
+        sent: u64,
+        /// The part count the stored object's ETag names (`"…-N"`).
+        etag_parts: Option<u64>,
+        /// The parts sent (0: a single PUT).
+        parts: u32,
+        /// What the server does, in words.
+        behaviour: &'static str,
+        /// What became of the wrong object, and what to do.
+        left: &'static str,
+    },
     /// A hipobj-rc-v2 reply that breaks the dialect (a PREPARE reply
     /// without `x-amz-rdma-reply: 200:<token>`, a final reply with another
     /// cookie or byte count). Never taken for a success.

@@ -34,6 +34,8 @@ pub struct Metrics {
     connects: IntCounterVec,
     connections: IntGauge,
     connections_closed: IntCounterVec,
+    stored_mismatches: IntCounterVec,
+    parts_over_http: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -157,6 +159,20 @@ impl Metrics {
                  never authenticated (unauthenticated) or idle",
                 &["reason"],
             ),
+            stored_mismatches: counters(
+                r,
+                "s3dma_agent_stored_mismatches_total",
+                "PUTs failed because the object the target stored is not the one sent \
+                 (kind: size, parts, bytes_transferred), by target",
+                &["target", "kind"],
+            ),
+            parts_over_http: gauges(
+                r,
+                "s3dma_agent_target_parts_over_http",
+                "1 when a target's multipart PUTs send their parts over HTTP \
+                 (multipart_parts: http, or found to ignore the part target)",
+                &["target"],
+            ),
             registry,
         }
     }
@@ -234,6 +250,21 @@ impl Metrics {
     /// An attempt is retried.
     pub fn retry(&self, target: &str, reason: &str) {
         self.retries.with_label_values(&[target, reason]).inc();
+    }
+
+    /// A PUT to `target` found its stored object other than what was sent
+    /// (`kind`: `size`, `parts`, `bytes_transferred`).
+    pub fn stored_mismatch(&self, target: &str, kind: &str) {
+        self.stored_mismatches
+            .with_label_values(&[target, kind])
+            .inc();
+    }
+
+    /// Sets whether `target`'s multipart PUTs send their parts over HTTP.
+    pub fn parts_over_http(&self, target: &str, yes: bool) {
+        self.parts_over_http
+            .with_label_values(&[target])
+            .set(i64::from(yes));
     }
 
     /// A call refused before reaching a tenant.

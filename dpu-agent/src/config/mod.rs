@@ -62,7 +62,7 @@ mod fixtures;
 pub use fabric_section::FabricConfig;
 pub use listen::{ListenConfig, TlsConfig};
 pub use load::{LoadedConfig, LoadedShim, LoadedTenant, load};
-pub use targets::{RdmaProtocol, TargetConfig, UnknownProtocol};
+pub use targets::{MultipartParts, RdmaProtocol, TargetConfig, UnknownProtocol};
 pub use tenants::{Grant, Quotas, ShimConfig, TenantConfig};
 pub use transfer::TransferConfig;
 

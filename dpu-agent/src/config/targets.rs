@@ -51,6 +51,18 @@ pub struct TargetConfig {
     /// the default with `protocol: s3dma`.
     #[serde(default = "default_token_header")]
     pub token_header: String,
+    /// How the parts of a multipart PUT (above `transfer.multipart_threshold`)
+    /// move when `rdma` is true: `rdma` (default: each part in the target's
+    /// dialect, like a single PUT) or `http` (each part as an HTTP body
+    /// through the agent's staging memory; GETs and single PUTs still move
+    /// by RDMA). `http` is for servers whose RDMA path ignores the part
+    /// target and stores each part as the whole object (elbencho's
+    /// `s3rdma-server`): the agent finds that out itself after the first
+    /// such upload (it checks every completed upload's stored size, fails
+    /// that call and sends the target's later parts over HTTP), and this
+    /// setting saves that first failed call. No effect with `rdma: false`.
+    #[serde(default = "default_multipart_parts")]
+    pub multipart_parts: MultipartParts,
     /// PEM CA bundle to trust for an `https://` endpoint with a private CA
     /// (in addition to the system roots). Only with `https://`.
     #[serde(default)]
@@ -78,6 +90,7 @@ impl TargetConfig {
             rdma: default_rdma(),
             protocol: RdmaProtocol::default(),
             token_header: default_token_header(),
+            multipart_parts: default_multipart_parts(),
             ca_file: None,
             max_idle_connections: default_max_idle_connections(),
         }
@@ -94,6 +107,21 @@ fn default_rdma() -> bool {
 
 fn default_token_header() -> String {
     s3dma_wire::headers::RDMA_TOKEN.to_owned()
+}
+
+fn default_multipart_parts() -> MultipartParts {
+    MultipartParts::Rdma
+}
+
+/// `targets[].multipart_parts`: how a multipart PUT's parts move.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MultipartParts {
+    /// In the target's dialect, like a single PUT.
+    #[default]
+    Rdma,
+    /// As HTTP bodies through the agent.
+    Http,
 }
 
 /// `targets[].protocol`: the S3-over-RDMA dialect of a target.

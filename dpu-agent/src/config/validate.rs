@@ -404,9 +404,9 @@ fn check_hipobj_sizes(v: &Validator, c: &Config) -> Check {
     Ok(())
 }
 
-/// `protocol` and `token_header`.
+/// `protocol`, `token_header` and `multipart_parts`.
 fn check_dialect(v: &Validator, i: usize, t: &TargetConfig) -> Check {
-    use super::targets::RdmaProtocol;
+    use super::targets::{MultipartParts, RdmaProtocol};
     let at = |f: &str| format!("targets[{i}].{f}");
     let h = t.token_header.as_str();
     let well_formed = (3..=64).contains(&h.len())
@@ -423,6 +423,12 @@ fn check_dialect(v: &Validator, i: usize, t: &TargetConfig) -> Check {
         return Err(v.err(
             at("token_header"),
             "must be x-amz-rdma-token with protocol: s3dma (storage-targets read no other)",
+        ));
+    }
+    if !t.rdma && t.multipart_parts == MultipartParts::Http {
+        return Err(v.err(
+            at("multipart_parts"),
+            "http needs rdma: true (with rdma: false every byte goes over HTTP already); remove it",
         ));
     }
     Ok(())
@@ -686,6 +692,10 @@ mod tests {
         ("transfer.part_size:", "hipobj-rc-v2 target", |c| {
             c.targets[0].protocol = crate::config::targets::RdmaProtocol::HipobjRcV2;
             c.transfer.part_size = ByteSize(2 * GIB)
+        }),
+        ("targets[0].multipart_parts:", "needs rdma: true", |c| {
+            c.targets[0].rdma = false;
+            c.targets[0].multipart_parts = crate::config::targets::MultipartParts::Http
         }),
         ("targets[0].token_header:", "with protocol: s3dma", |c| {
             c.targets[0].token_header = "x-scal-rdma".into()

@@ -170,6 +170,10 @@ pub struct TargetClient {
     pub token_header: String,
     /// Whether it answers (groups skip a target that does not, for a while).
     pub health: Health,
+    /// Whether its multipart PUTs send their parts over HTTP: configured
+    /// (`multipart_parts: http`), or set once an upload whose parts went by
+    /// RDMA was found stored short (the server ignores the part target).
+    pub parts_over_http: std::sync::atomic::AtomicBool,
     http: Client<hyper_rustls::HttpsConnector<HttpConnector>, RequestBody>,
 }
 
@@ -290,6 +294,9 @@ impl TargetClient {
             protocol: cfg.protocol,
             token_header: cfg.token_header.clone(),
             health: Health::default(),
+            parts_over_http: std::sync::atomic::AtomicBool::new(
+                cfg.multipart_parts == crate::config::MultipartParts::Http,
+            ),
             http: client,
         }))
     }

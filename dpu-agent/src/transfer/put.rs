@@ -4,9 +4,28 @@
 //! bytes as an HTTP body read from the window instead. A failed multipart
 //! upload is aborted — also when the request is cancelled — so no partial
 //! object ever becomes visible.
+//!
+//! A stored object is what was sent, or the call fails: after every
+//! CompleteMultipartUpload (every dialect, and HTTP) the agent HEADs the
+//! object and checks its size, and the part count where its ETag has the
+//! `"…-N"` form (an opaque ETag by size alone); a single PUT moved by RDMA
+//! is checked by the byte count its reply reports, or by a HEAD when the
+//! reply reports none ([`verify_stored`]). On a mismatch the call fails
+//! with [`BadReply::StoredMismatch`], naming what the server does, and the
+//! wrong object is deleted (`If-Match` its ETag, so a concurrent writer's
+//! object stays): it holds bytes no caller sent, and a reader is better
+//! served by `NoSuchKey` than by them. A target found storing short an
+//! upload whose parts went by RDMA ignores the part target (it stores each
+//! part as the whole object, as elbencho's `s3rdma-server` does): it is
+//! remembered ([`TargetClient::parts_over_http`], also set up front by
+//! `multipart_parts: http`) and its later multipart PUTs send their parts
+//! over HTTP.
+//!
+//! [`TargetClient::parts_over_http`]: crate::s3::TargetClient::parts_over_http
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use fabric::RdmaToken;
 use futures::StreamExt as _;
@@ -135,14 +154,27 @@ fn put_headers(call: &mut S3Call, req: &PutRequest) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// How one PUT or part went.
+struct Sent {
+    /// The ETag the target answered.
+    etag: String,
+    /// Whether its bytes went over HTTP (the fallback path).
+    fallback: bool,
+    /// Whether the target reported the bytes it stored (an HTTP body's
+    /// length, a dialect's byte count); `false`: placed by RDMA with no
+    /// count in the reply, so only a HEAD can tell.
+    counted: bool,
+}
+
 /// Sends the bytes of `slot` as one PUT (or UploadPart when `part` is
-/// given); returns the ETag and whether the fallback path was used.
+/// given), over HTTP alone when `http_only`.
 async fn put_bytes(
     ctx: &Ctx,
     req: &PutRequest,
     slot: RdmaToken,
     part: Option<(u32, &str)>,
-) -> Result<(String, bool), AgentError> {
+    http_only: bool,
+) -> Result<Sent, AgentError> {
     let build = |token: Option<&SentToken>| -> Result<S3Call, AgentError> {
         let mut call = S3Call::new(Method::PUT, &req.bucket, Some(&req.key));
         match part {
@@ -167,12 +199,22 @@ async fn put_bytes(
         offset: 0,
         slot,
     };
-    if let Some(etag) = ctx.dialect.put(ex, &t).await? {
-        return Ok((etag, false));
+    if !http_only && let Some(etag) = ctx.dialect.put(ex, &t).await? {
+        // The dialect checked the byte count of its final reply.
+        return Ok(Sent {
+            etag,
+            fallback: false,
+            counted: true,
+        });
     }
     // A token in the target's dialect (s3dma's, or a standard one the
     // shim minted); none for hipobj-rc-v2 (done above) or plain HTTP.
-    if let Some(token) = ctx.dialect.token(ex, &slot).await? {
+    let token = if http_only {
+        None
+    } else {
+        ctx.dialect.token(ex, &slot).await?
+    };
+    if let Some(token) = token {
         let outcome = ex
             .retrying("PUT", || async {
                 let mut call = build(Some(&token))?;
@@ -188,21 +230,30 @@ async fn put_bytes(
                 let moved =
                     bytes_transferred_of(|h| reply.headers().get(h).and_then(|v| v.to_str().ok()));
                 if rdma_reply == RdmaReply::Placed && moved.is_some_and(|m| m != len) {
+                    ex.core
+                        .metrics
+                        .stored_mismatch(&ex.target.name, "bytes_transferred");
                     return Err(Attempt::Fatal(AgentError::Protocol(
                         BadReply::BytesTransferred { moved, len },
                     )));
                 }
                 let etag = header(reply.headers(), "etag").unwrap_or_default();
                 let _ = read_small(reply, 64 << 10).await;
-                Ok((rdma_reply, etag))
+                Ok((rdma_reply, etag, moved.is_some()))
             })
             .await?;
         match outcome {
-            (RdmaReply::Placed, etag) => return Ok((etag, false)),
-            (RdmaReply::Declined, _) => {
+            (RdmaReply::Placed, etag, counted) => {
+                return Ok(Sent {
+                    etag,
+                    fallback: false,
+                    counted,
+                });
+            }
+            (RdmaReply::Declined, _, _) => {
                 debug!(target = %ex.target.name, "target declined RDMA for PUT; sending over HTTP");
             }
-            (RdmaReply::Ignored(other), _) => {
+            (RdmaReply::Ignored(other), _, _) => {
                 warn!(id = %ex.request_id, tenant = %ex.tenant.name, target = %ex.target.name, reply = ?other, "target ignored x-amz-rdma-token on PUT (it may have stored an empty object); rewriting over HTTP — configure it with rdma: false");
             }
         }
@@ -230,7 +281,11 @@ async fn put_bytes(
             Ok(etag)
         })
         .await?;
-    Ok((etag, true))
+    Ok(Sent {
+        etag,
+        fallback: true,
+        counted: true,
+    })
 }
 
 /// Runs a PutObject.
@@ -244,9 +299,13 @@ pub async fn put_object(ctx: &Ctx, req: &PutRequest) -> Result<PutResult, AgentE
     match plan {
         PutPlan::Single => {
             let _bytes = ctx.ex.tenant.quota.admit_bytes(size).await;
-            let (etag, fb) = put_bytes(ctx, req, req.src, None).await?;
+            let sent = put_bytes(ctx, req, req.src, None, false).await?;
+            if !sent.counted {
+                verify_stored(ctx, req, 0, false).await?;
+            }
+            let fb = sent.fallback;
             Ok(PutResult {
-                etag,
+                etag: sent.etag,
                 size,
                 parts: 0,
                 path: super::path_of(!fb, fb),
@@ -288,6 +347,9 @@ async fn put_multipart(
     let mut etags: Vec<(u32, String)> = Vec::with_capacity(parts.len());
     let mut any_fallback = false;
     let mut any_rdma = false;
+    // A target known to ignore the part target (or configured so) gets
+    // its parts over HTTP.
+    let http_only = ex.target.parts_over_http.load(Ordering::Relaxed);
     {
         let upload_id = upload_id.as_str();
         let mut results = futures::stream::iter(parts.iter().copied())
@@ -297,7 +359,9 @@ async fn put_multipart(
                     .src
                     .slice(p.offset, p.len)
                     .map_err(|e| AgentError::internal_from("a part of the tenant's window", e))?;
-                let (etag, fb) = put_bytes(ctx, req, slot, Some((p.number, upload_id))).await?;
+                let sent =
+                    put_bytes(ctx, req, slot, Some((p.number, upload_id)), http_only).await?;
+                let (etag, fb) = (sent.etag, sent.fallback);
                 if etag.is_empty() {
                     return Err(AgentError::Protocol(BadReply::PartWithoutEtag {
                         part: p.number,
@@ -347,10 +411,144 @@ async fn put_multipart(
         })
         .await?;
     guard.ctx = None; // completed: nothing to abort
+    let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+    verify_stored(ctx, req, count, any_rdma).await?;
     Ok(PutResult {
         etag,
         size: u64::from(req.src.size),
-        parts: u32::try_from(parts.len()).unwrap_or(u32::MAX),
+        parts: count,
         path: super::path_of(any_rdma, any_fallback),
     })
+}
+
+/// The part count an ETag of the `"<32 hex>-N"` form names (S3's
+/// multipart ETag); `None` for any other (opaque) ETag.
+fn etag_part_count(etag: &str) -> Option<u64> {
+    let e = etag.trim().trim_matches('"');
+    let (digest, n) = e.rsplit_once('-')?;
+    if digest.len() != 32 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
+
+/// Checks, by a HEAD, that the object `req` wrote holds what was sent: its
+/// size, and for an upload of `parts` parts (0: a single PUT) the part
+/// count its ETag names when it has the `-N` form. On a mismatch the
+/// wrong object is deleted (`If-Match` its ETag) and the call fails; when
+/// the parts went by RDMA (`rdma_parts`) the target is remembered as
+/// ignoring the part target.
+async fn verify_stored(
+    ctx: &Ctx,
+    req: &PutRequest,
+    parts: u32,
+    rdma_parts: bool,
+) -> Result<(), AgentError> {
+    let ex = &ctx.ex;
+    let sent = u64::from(req.src.size);
+    let (stored, etag) = match super::meta::head_object(ex, &req.bucket, &req.key, None).await {
+        Ok(info) => (Some(info.size), info.etag),
+        // Answered 200, yet nothing is there.
+        Err(AgentError::S3(e)) if e.code == "NoSuchKey" => (None, String::new()),
+        Err(e) => return Err(e),
+    };
+    let etag_parts = if parts > 0 {
+        etag_part_count(&etag)
+    } else {
+        None
+    };
+    let size_ok = stored == Some(sent);
+    let parts_ok = etag_parts.is_none_or(|n| n == u64::from(parts));
+    if size_ok && parts_ok {
+        return Ok(());
+    }
+    let target = &ex.target;
+    ex.core
+        .metrics
+        .stored_mismatch(&target.name, if size_ok { "parts" } else { "size" });
+    let behaviour = if parts == 0 {
+        "it answered the RDMA PUT with success but did not store the bytes it was sent"
+    } else if rdma_parts {
+        let first = !target.parts_over_http.swap(true, Ordering::Relaxed);
+        if first {
+            ex.core.metrics.parts_over_http(&target.name, true);
+            warn!(id = %ex.request_id, tenant = %ex.tenant.name, target = %target.name, stored = ?stored, sent, parts, "the target stored a multipart upload short: it ignores the part target of parts sent by RDMA; its later multipart PUTs send their parts over HTTP (configure it with multipart_parts: http)");
+        }
+        "it ignores the part target of parts sent by RDMA and stores each part as the whole \
+         object (as elbencho's s3rdma-server does); its later multipart PUTs send their parts \
+         over HTTP (configure multipart_parts: http to skip this failure), so retry the PUT"
+    } else {
+        "it did not assemble the parts it was sent over HTTP into the object"
+    };
+    let left = if stored.is_none() {
+        "no object is there"
+    } else if delete_wrong(ex, &req.bucket, &req.key, &etag).await {
+        "the wrong object was deleted"
+    } else {
+        "deleting the wrong object failed: delete it at the target"
+    };
+    Err(AgentError::Protocol(BadReply::StoredMismatch {
+        stored: stored.unwrap_or(0),
+        sent,
+        etag_parts,
+        parts,
+        behaviour,
+        left,
+    }))
+}
+
+/// Deletes the wrong object `etag` names (`If-Match`: a server that
+/// honours it keeps a concurrent writer's object); whether it went.
+async fn delete_wrong(ex: &Exchange, bucket: &str, key: &str, etag: &str) -> bool {
+    let r = ex
+        .retrying("DELETE (wrong object)", || async {
+            let mut call = S3Call::new(Method::DELETE, bucket, Some(key));
+            if !etag.is_empty() {
+                super::exchange::set_if_match(&mut call, etag)?;
+            }
+            let reply = ex.send(call).await?;
+            match reply.status() {
+                StatusCode::NO_CONTENT | StatusCode::OK => {
+                    let _ = read_small(reply, 64 << 10).await;
+                    Ok(())
+                }
+                _ => Err(ex.failure(reply).await),
+            }
+        })
+        .await;
+    if let Err(e) = &r {
+        warn!(id = %ex.request_id, target = %ex.target.name, bucket = %s3dma_service::Escaped(bucket), error = %s3dma_service::Escaped(&e.to_string()), "deleting an object stored short failed; it stays at the target");
+    }
+    r.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::etag_part_count;
+
+    #[test]
+    fn only_s3_multipart_etags_name_a_part_count() {
+        assert_eq!(
+            etag_part_count("\"9b2cf535f27731c974343645a3985328-3\""),
+            Some(3)
+        );
+        assert_eq!(
+            etag_part_count("9b2cf535f27731c974343645a3985328-12"),
+            Some(12)
+        );
+        // Opaque ETags: checked by size alone.
+        for e in [
+            "\"9b2cf535f27731c974343645a3985328\"",
+            "\"abc-3\"",
+            "\"9b2cf535f27731c974343645a3985328-\"",
+            "\"9b2cf535f27731c974343645a398532z-3\"",
+            "\"9b2cf535f27731c974343645a3985328-3a\"",
+            "",
+        ] {
+            assert_eq!(etag_part_count(e), None, "{e}");
+        }
+    }
 }

@@ -8,4 +8,5 @@ mod fallback;
 mod gateway;
 mod qp_link;
 mod security;
+mod short_objects;
 mod transfers;
