@@ -103,14 +103,22 @@ pub fn build_service(
     );
     let access = auth::AccessCheck::new(users.clone(), store);
     let mut b = s3s::service::S3ServiceBuilder::new(front.clone());
+    let batch = dialect::s3dma_batch::BatchRoute::store(
+        front.clone(),
+        access.clone(),
+        cfg.rdma.batch,
+        rdma.enabled(),
+        Arc::clone(rdma.metrics()),
+    );
     #[cfg(feature = "verbs")]
-    b.set_route(hipobj::route(
+    let control = hipobj::route(
         cfg,
         &rdma,
         hipobj::StoreFront::shared(front, access.clone()),
-    ));
+    );
     #[cfg(not(feature = "verbs"))]
-    b.set_route(hipobj::HipobjUnsupported(hipobj::NO_VERBS_FEATURE));
+    let control = hipobj::HipobjUnsupported(hipobj::NO_VERBS_FEATURE);
+    b.set_route(dialect::s3dma_batch::Routes::new(batch, control));
     finish(b, cfg, users, access)
 }
 
@@ -156,7 +164,10 @@ pub fn build_gateway_service(
         hipobj::HipobjUnsupported(hipobj::NO_VERBS_FEATURE)
     };
     let mut b = s3s::service::S3ServiceBuilder::new(gateway);
-    b.set_route(route);
+    let batch = dialect::s3dma_batch::BatchRoute::declined(
+        "the gateway (store: s3) serves single requests only",
+    );
+    b.set_route(dialect::s3dma_batch::Routes::new(batch, route));
     finish(b, cfg, users, access)
 }
 

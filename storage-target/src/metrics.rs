@@ -28,6 +28,41 @@ pub struct Metrics {
     gateway: GatewayMetrics,
     limits: LimitMetrics,
     hipobj: HipobjMetrics,
+    batch: BatchMetrics,
+}
+
+/// s3dma batch requests (`POST /?s3dma-batch`) and their items.
+#[derive(Debug, Clone)]
+struct BatchMetrics {
+    requests: IntCounterVec,
+    items: IntCounterVec,
+}
+
+impl BatchMetrics {
+    fn new() -> Self {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        BatchMetrics {
+            requests: counter(
+                "s3dma_storage_target_batch_requests_total",
+                "s3dma batch requests by outcome (served: items ran; refused: the whole batch was refused)",
+                &["outcome"],
+            ),
+            items: counter(
+                "s3dma_storage_target_batch_items_total",
+                "Items of s3dma batch requests by operation (HeadObject, GetObject, PutObject) and outcome (ok | error)",
+                &["op", "outcome"],
+            ),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.requests.clone()),
+            Box::new(self.items.clone()),
+        ]
+    }
 }
 
 /// The hipobj-rc-v2 server's sessions.
@@ -353,6 +388,7 @@ impl Metrics {
         let gateway = GatewayMetrics::new();
         let limits = LimitMetrics::new();
         let hipobj = HipobjMetrics::new();
+        let batch = BatchMetrics::new();
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
@@ -372,6 +408,7 @@ impl Metrics {
         .chain(gateway.collectors())
         .chain(limits.collectors())
         .chain(hipobj.collectors())
+        .chain(batch.collectors())
         {
             registry.register(m).expect("unique metric");
         }
@@ -393,7 +430,18 @@ impl Metrics {
             gateway,
             limits,
             hipobj,
+            batch,
         }
+    }
+
+    /// Counts a batch request that ended with `outcome`.
+    pub fn batch_request(&self, outcome: &str) {
+        self.batch.requests.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts a batch item of `op` that ended with `outcome`.
+    pub fn batch_item(&self, op: &str, outcome: &str) {
+        self.batch.items.with_label_values(&[op, outcome]).inc();
     }
 
     /// Counts a hipobj-rc-v2 session of `op` that ended with `outcome`.

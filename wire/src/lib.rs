@@ -24,8 +24,11 @@
 //! * [`plan`]: the dpu-agent's transfer planner (which S3 requests a GET or
 //!   PUT becomes) and the storage-target's RDMA chunk plan;
 //! * [`rendezvous`]: which target of a group serves a chunk (rendezvous
-//!   hashing), so gateways cache distinct shares of an object.
+//!   hashing), so gateways cache distinct shares of an object;
+//! * [`batch`]: the s3dma batch request (many HEADs, GETs and PUTs, each
+//!   with its own window, as one signed request) and its reply.
 
+pub mod batch;
 pub mod dc;
 pub mod frame;
 pub mod handshake;

@@ -9,6 +9,7 @@
 //! naming rules they check ([`bucket_name`]), and the modules that use
 //! them re-export them.
 
+pub mod batch;
 pub mod bucket_name;
 pub mod connections;
 pub mod dc;

@@ -122,6 +122,10 @@ pub struct RdmaConfig {
     /// devices): initiators, the DC key, traffic class.
     #[serde(default)]
     pub dc: super::dc::DcConfig,
+    /// s3dma batch requests (`POST /?s3dma-batch`): items, body and
+    /// window bytes per batch.
+    #[serde(default)]
+    pub batch: super::batch::BatchConfig,
 }
 
 fn default_tcp_streams() -> usize {
@@ -179,6 +183,7 @@ impl Default for RdmaConfig {
             allowed_client_networks: networks::default_allowed(),
             hipobj: super::hipobj::HipobjConfig::default(),
             dc: super::dc::DcConfig::default(),
+            batch: super::batch::BatchConfig::default(),
         }
     }
 }
@@ -222,6 +227,7 @@ impl RdmaConfig {
         }
         self.hipobj.validate(file)?;
         self.dc.validate(file)?;
+        self.batch.validate(file)?;
         let share = self.max_staging_share;
         if !(share > 0.0 && share <= 1.0) {
             return bad(

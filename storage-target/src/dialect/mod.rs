@@ -8,6 +8,9 @@
 //! * [`hipobj`]: AMD's hipobj-rc-v2, which moves bytes through its own
 //!   control requests (`/.hipobj-rc/`) rather than an object request's
 //!   token: its route, service, sessions and fronts.
+//! * [`s3dma_batch`]: s3dma batch requests (`POST /?s3dma-batch`): many
+//!   HEADs, GETs and PUTs, each GET or PUT with its own window, as one
+//!   signed request, beside the hipobj-rc-v2 route ([`s3dma_batch::Routes`]).
 //!
 //! [`decide`] is the seam for an object request (GetObject, PutObject,
 //! UploadPart): the token header is read, its signing checked, the dialect
@@ -25,6 +28,7 @@
 pub mod cuobject_dc;
 pub mod hipobj;
 pub mod s3dma;
+pub mod s3dma_batch;
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 //! with real S3 clients.
 
 mod auth;
+mod batch;
 mod checksums;
 mod common;
 mod conn_fairness;

@@ -32,7 +32,7 @@ fn backend() -> Backend {
 
 /// A server with RDMA enabled on the test fabric ([`backend`]); `extra`
 /// adds `rdma:` fields (a `backend:` there wins).
-fn rdma_server(extra: &str) -> Server {
+pub(crate) fn rdma_server(extra: &str) -> Server {
     let extra = if extra.contains("backend:") {
         extra.to_owned()
     } else {
@@ -47,13 +47,13 @@ fn rdma_server(extra: &str) -> Server {
 }
 
 /// The tenant side: registered memory served by a fabric endpoint.
-struct Tenant {
+pub(crate) struct Tenant {
     endpoint: Endpoint,
     mem: Region,
 }
 
 impl Tenant {
-    async fn new(len: usize) -> Tenant {
+    pub(crate) async fn new(len: usize) -> Tenant {
         Tenant::with_key(len, key()).await
     }
 
@@ -69,16 +69,16 @@ impl Tenant {
         Tenant { endpoint, mem }
     }
 
-    fn window(&self, off: usize, len: usize, access: Access) -> Window {
+    pub(crate) fn window(&self, off: usize, len: usize, access: Access) -> Window {
         self.mem.window(off, len, access, None).unwrap()
     }
 
-    fn token(&self, w: &Window) -> String {
+    pub(crate) fn token(&self, w: &Window) -> String {
         self.endpoint.token(w).unwrap().to_string()
     }
 
     /// Fills `[off, off+len)` with deterministic data; returns its SHA-256 and MD5.
-    fn fill(&self, off: usize, len: usize, seed: u64) -> (String, String) {
+    pub(crate) fn fill(&self, off: usize, len: usize, seed: u64) -> (String, String) {
         let d = data(len, seed);
         self.mem.write_at(off, &d).unwrap();
         (hex::encode(sha2::Sha256::digest(&d)), md5_hex(&d))
@@ -94,7 +94,7 @@ impl Tenant {
         }
     }
 
-    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+    pub(crate) fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
         let mut v = vec![0; len];
         self.mem.read_at(off, &mut v).unwrap();
         v
