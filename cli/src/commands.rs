@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use indicatif::{BinaryBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use s3dma_client::{
     Buffer, ByteRange, Client, ClientOptions, ErrorKind, GetOptions, GetOutput, ListOptions,
-    PutOptions,
+    ObjectKey, PutOptions,
 };
 use tokio::task::JoinHandle;
 
@@ -719,6 +719,98 @@ pub(crate) async fn rm(g: &Global, url: &str) -> Result<()> {
         .map_err(client_err(format_args!("rm {url}")))?;
     g.say(&format!("delete: {url}"));
     Ok(())
+}
+
+/// Keys of one DeleteObjects call of `rm -r` (a tenant whose shim allows
+/// fewer gets halving batches).
+const RM_BATCH: usize = 256;
+
+/// `s3dma rm -r`: every object under the URL's prefix, listed a page at a
+/// time and deleted in DeleteObjects batches of up to [`RM_BATCH`] keys.
+/// A key that fails is reported and the others go on; the command exits
+/// with the first failure's code.
+pub(crate) async fn rm_recursive(g: &Global, url: &str) -> Result<()> {
+    let url = S3Url::parse(url).map_err(usage)?;
+    let client = g.connect().await?;
+    let mut token = None;
+    let mut batch = RM_BATCH;
+    let (mut deleted, mut failures) = (0usize, Vec::new());
+    loop {
+        let page = client
+            .list(
+                &url.bucket,
+                ListOptions {
+                    prefix: (!url.key.is_empty()).then(|| url.key.clone()),
+                    continuation_token: token.take(),
+                    ..ListOptions::default()
+                },
+            )
+            .await
+            .map_err(client_err(format_args!("rm -r {url}")))?;
+        let keys: Vec<ObjectKey> = page
+            .objects
+            .into_iter()
+            .map(|o| ObjectKey {
+                bucket: url.bucket.clone(),
+                key: o.key,
+            })
+            .collect();
+        let mut rest = &keys[..];
+        while !rest.is_empty() {
+            let n = batch.min(rest.len());
+            let results = match client.delete_objects(&rest[..n]).await {
+                Ok(r) => r,
+                // A shim allowing fewer items per batch: smaller batches.
+                Err(e)
+                    if e.kind() == ErrorKind::InvalidArgument
+                        && e.message().contains("max_batch_items")
+                        && n > 1 =>
+                {
+                    batch = n / 2;
+                    continue;
+                }
+                Err(e) => return Err(client_err(format_args!("rm -r {url}"))(e)),
+            };
+            for (k, r) in rest[..n].iter().zip(results) {
+                let one = S3Url {
+                    bucket: k.bucket.clone(),
+                    key: k.key.clone(),
+                };
+                match r {
+                    Ok(()) => {
+                        deleted += 1;
+                        g.say(&format!("delete: {one}"));
+                    }
+                    Err(error) => {
+                        let f = Failure::Client {
+                            what: format!("rm {one}"),
+                            error,
+                        };
+                        eprintln!("s3dma: {f}");
+                        failures.push(f);
+                    }
+                }
+            }
+            rest = &rest[n..];
+        }
+        match page.next_continuation_token {
+            Some(t) if page.is_truncated => token = Some(t),
+            _ => break,
+        }
+    }
+    g.say(&format!(
+        "rm -r: {deleted} objects deleted, {} failed",
+        failures.len()
+    ));
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        let n = failures.len();
+        Err(Failure::Partial {
+            failed: n,
+            first: Box::new(failures.swap_remove(0)),
+        })
+    }
 }
 
 /// `s3dma info`.

@@ -28,9 +28,10 @@
 //! | 8 | untrusted shim: the socket is served by a uid that is neither root nor the expected one |
 //! | 130 | interrupted (Ctrl-C, SIGTERM): finished files stay, no partial file is left |
 //!
-//! The recursive commands (`get -r`, `put -r`, `sync`, in `recursive/`)
-//! go on past a file that fails, report each one, and exit with the first
-//! failure's code.
+//! The recursive commands (`get -r`, `put -r`, `sync`, in `recursive/`;
+//! `rm -r`, which deletes in batched DeleteObjects calls) go on past a
+//! file that fails, report each one, and exit with the first failure's
+//! code.
 //!
 //! Every connection to the socket is checked (`SO_PEERCRED`) before a byte
 //! is sent: the shim must run as root or as the caller's own uid, or as the
@@ -195,11 +196,17 @@ enum Cmd {
         #[command(flatten)]
         tree: TreeArgs,
     },
-    /// Delete an object (deleting a missing key succeeds, as in S3).
+    /// Delete an object (deleting a missing key succeeds, as in S3); with
+    /// --recursive, every object under a prefix, in batched calls.
     #[command(after_help = EXIT_CODES)]
     Rm {
-        /// s3://bucket/key
+        /// s3://bucket/key (with --recursive: s3://bucket[/prefix])
         url: String,
+        /// Delete every object whose key starts with the URL's prefix
+        /// (DeleteObjects, up to 256 keys a call); goes on past a key that
+        /// fails, reports each, and exits with the first failure's code.
+        #[arg(short, long)]
+        recursive: bool,
     },
     /// Show who the shim thinks you are, your limits and whether the
     /// dpu-agent is connected.
@@ -418,7 +425,14 @@ fn main() -> ExitCode {
             }
             Cmd::Ls { url, recursive } => commands::ls(&g, &url, recursive).await,
             Cmd::Stat { url } => commands::stat(&g, &url).await,
-            Cmd::Rm { url } => commands::rm(&g, &url).await,
+            Cmd::Rm {
+                url,
+                recursive: false,
+            } => commands::rm(&g, &url).await,
+            Cmd::Rm {
+                url,
+                recursive: true,
+            } => commands::rm_recursive(&g, &url).await,
             Cmd::Info => commands::info(&g).await,
             Cmd::Local { .. } => unreachable!("`s3dma local` replaced this process above"),
         }

@@ -103,8 +103,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 pub use buffer::{Buffer, CudaBuffer};
 pub use error::{Error, ErrorKind};
 pub use options::{
-    ClientOptions, GetItem, GetOptions, GetOutput, ListOptions, ListPage, PutOptions, PutOutput,
-    TransferPath,
+    ClientOptions, GetItem, GetOptions, GetOutput, ListOptions, ListPage, PutItem, PutOptions,
+    PutOutput, TransferPath,
 };
 pub use peer::{SHIM_UID_ENV, resolve_uid};
 /// The generated protobuf types and gRPC stubs (`s3dma-proto`).
@@ -114,6 +114,9 @@ pub use s3dma_proto::agent::v1::ListedObject;
 /// An object's size, ETag, content type, user metadata and modification time.
 pub use s3dma_proto::agent::v1::ObjectInfo;
 /// A buffer the tenant holds, as [`Client::list_buffers`] reports it.
+/// A bucket and key, one item of [`Client::head_objects`] and
+/// [`Client::delete_objects`].
+pub use s3dma_proto::agent::v1::ObjectKey;
 pub use s3dma_proto::tenant::v1::BufferInfo;
 pub use s3dma_wire::range::{ByteRange, ParseRangeError};
 
@@ -746,6 +749,140 @@ fn slice_for(
     Ok(tenant::BufferSlice {
         buffer_id: buf.id(),
         offset: offset as u64,
+
+    /// Size, ETag and metadata of many keys in one call, up to
+    /// `concurrency` looked up at a time (0 = the agent's default). The
+    /// outer error is for the call as a whole (too many items, the shim
+    /// unreachable); each item has its own result, in the order of
+    /// `items`: `Ok(None)` when the key does not exist.
+    pub async fn head_objects(
+        &self,
+        items: &[ObjectKey],
+        concurrency: u32,
+    ) -> Result<Vec<Result<Option<ObjectInfo>, Error>>, Error> {
+        let req = tenant::HeadObjectsRequest {
+            items: items.to_vec(),
+            concurrency,
+        };
+        let mut g = self.grpc();
+        let r = self
+            .call(g.head_objects(self.request(req)))
+            .await?
+            .into_inner();
+        in_order(items.len(), r.results, |r| match r.result {
+            Some(agent::head_objects_result::Result::Object(o)) => Ok(Some(o)),
+            Some(agent::head_objects_result::Result::Missing(_)) => Ok(None),
+            Some(agent::head_objects_result::Result::Error(e)) => Err(Error::from_item(e)),
+            None => Err(empty_result()),
+        })
+    }
+
+    /// Writes many objects from one buffer in one call, each
+    /// `buf[item.offset..item.offset + item.length]`, up to `concurrency`
+    /// at a time (0 = the agent's default). The outer error is for the
+    /// call as a whole (an item outside the buffer, too many items or
+    /// bytes); each item has its own result, in the order of `items`.
+    pub async fn put_objects(
+        &self,
+        buf: &Buffer,
+        items: &[PutItem],
+        concurrency: u32,
+    ) -> Result<Vec<Result<PutOutput, Error>>, Error> {
+        let mut wire = Vec::with_capacity(items.len());
+        for (i, it) in items.iter().enumerate() {
+            if it
+                .offset
+                .checked_add(it.length)
+                .is_none_or(|end| end > buf.len())
+            {
+                return Err(Error::invalid(format!(
+                    "item {i} ({}/{}): {} bytes at offset {} are not within the {}-byte buffer {}",
+                    it.bucket,
+                    it.key,
+                    it.length,
+                    it.offset,
+                    buf.len(),
+                    buf.id()
+                )));
+            }
+            wire.push(tenant::PutObjectsItem {
+                bucket: it.bucket.clone(),
+                key: it.key.clone(),
+                source: Some(tenant::BufferSlice {
+                    buffer_id: buf.id(),
+                    offset: it.offset as u64,
+                    length: Some(it.length as u64),
+                }),
+                content_type: it.opts.content_type.clone().unwrap_or_default(),
+                metadata: it.opts.metadata.clone(),
+            });
+        }
+        let req = tenant::PutObjectsRequest {
+            items: wire,
+            concurrency,
+        };
+        let mut g = self.grpc();
+        let r = self
+            .call(g.put_objects(self.request(req)))
+            .await?
+            .into_inner();
+        in_order(items.len(), r.results, |r| match r.result {
+            Some(agent::put_objects_result::Result::Ok(r)) => Ok(PutOutput {
+                etag: r.etag,
+                size: r.size,
+                path: TransferPath::from_proto(r.path),
+                parts: r.parts,
+                request_id: r.request_id,
+            }),
+            Some(agent::put_objects_result::Result::Error(e)) => Err(Error::from_item(e)),
+            None => Err(empty_result()),
+        })
+    }
+
+    /// Deletes many keys in one call (a missing key succeeds, as in S3).
+    /// The outer error is for the call as a whole; each item has its own
+    /// result, in the order of `items`.
+    pub async fn delete_objects(
+        &self,
+        items: &[ObjectKey],
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        let req = tenant::DeleteObjectsRequest {
+            items: items.to_vec(),
+        };
+        let mut g = self.grpc();
+        let r = self
+            .call(g.delete_objects(self.request(req)))
+            .await?
+            .into_inner();
+        in_order(items.len(), r.results, |r| match r.error {
+            None => Ok(()),
+            Some(e) => Err(Error::from_item(e)),
+        })
+    }
+}
+
+/// A batch's results, one per item in request order: a reply with another
+/// count is the call's error (a shim that broke the API), not a guess.
+fn in_order<R, T>(
+    items: usize,
+    results: Vec<R>,
+    each: impl FnMut(R) -> Result<T, Error>,
+) -> Result<Vec<Result<T, Error>>, Error> {
+    if results.len() != items {
+        return Err(Error::new(
+            ErrorKind::Other,
+            "Internal",
+            format!(
+                "the host-shim answered {} results for {items} items",
+                results.len()
+            ),
+        ));
+    }
+    Ok(results.into_iter().map(each).collect())
+}
+
+fn empty_result() -> Error {
+    Error::new(ErrorKind::Other, "Internal", "an empty batch result")
         length,
     })
 }

@@ -152,6 +152,22 @@ pub struct GetItem {
     pub if_match: Option<String>,
 }
 
+/// One object of a [`Client::put_objects`] batch: `buf[offset..offset +
+/// length]` written as `bucket/key`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PutItem {
+    /// Bucket.
+    pub bucket: String,
+    /// Key.
+    pub key: String,
+    /// Where in the buffer its bytes start.
+    pub offset: usize,
+    /// Its size (0 = an empty object).
+    pub length: usize,
+    /// Content type and user metadata.
+    pub opts: PutOptions,
+}
+
 /// How [`Client::connect_with`] connects.
 ///
 /// ```

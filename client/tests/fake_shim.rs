@@ -19,8 +19,8 @@ use s3dma_client::proto::lease::{FdRequest, Id, MAGIC, Reply};
 use s3dma_client::proto::tenant::v1 as tenant;
 use s3dma_client::proto::{AGENT_ERROR_DOMAIN, SHIM_ERROR_DOMAIN};
 use s3dma_client::{
-    ByteRange, Client, ClientOptions, ErrorKind, GetItem, GetOptions, ListOptions, PutOptions,
-    TransferPath,
+    ByteRange, Client, ClientOptions, ErrorKind, GetItem, GetOptions, ListOptions, ObjectKey,
+    PutItem, PutOptions, TransferPath,
 };
 use tenant::tenant_server::{Tenant, TenantServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -367,26 +367,104 @@ impl Tenant for Fake {
 
     async fn head_objects(
         &self,
-        _request: Request<tenant::HeadObjectsRequest>,
+        r: Request<tenant::HeadObjectsRequest>,
     ) -> Result<Response<agent::HeadObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("head_objects"))
+        let st = self.0.lock().unwrap();
+        let results = r
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|k| {
+                use agent::head_objects_result::Result as R;
+                let result = match st.objects.get(&format!("{}/{}", k.bucket, k.key)) {
+                    _ if k.bucket != "b" => R::Error(item_error(Code::NotFound, "NoSuchBucket")),
+                    Some((data, etag)) => R::Object(agent::ObjectInfo {
+                        size: data.len() as u64,
+                        etag: etag.clone(),
+                        ..Default::default()
+                    }),
+                    None => R::Missing(agent::MissingObject {}),
+                };
+                agent::HeadObjectsResult {
+                    result: Some(result),
+                }
+            })
+            .collect();
+        Ok(Response::new(agent::HeadObjectsResponse {
+            results,
+            request_id: "req-heads".into(),
+        }))
     }
 
     async fn put_objects(
         &self,
-        _request: Request<tenant::PutObjectsRequest>,
+        r: Request<tenant::PutObjectsRequest>,
     ) -> Result<Response<agent::PutObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("put_objects"))
+        let mut st = self.0.lock().unwrap();
+        let mut results = Vec::new();
+        for it in r.into_inner().items {
+            use agent::put_objects_result::Result as R;
+            let src = it.source.unwrap();
+            let Some((file, _, _)) = st.buffers.get(&src.buffer_id) else {
+                results.push(agent::PutObjectsResult {
+                    result: Some(R::Error(item_error(Code::NotFound, "NoSuchBuffer"))),
+                });
+                continue;
+            };
+            let mut data = vec![0u8; src.length.unwrap() as usize];
+            file.read_exact_at(&mut data, src.offset).unwrap();
+            let size = data.len() as u64;
+            let etag = format!("\"etag-{}-{}\"", it.key, size);
+            st.objects
+                .insert(format!("{}/{}", it.bucket, it.key), (data, etag.clone()));
+            results.push(agent::PutObjectsResult {
+                result: Some(R::Ok(agent::PutObjectResponse {
+                    etag,
+                    size,
+                    path: agent::TransferPath::Rdma as i32,
+                    parts: 0,
+                    request_id: "req-puts".into(),
+                })),
+            });
+        }
+        Ok(Response::new(agent::PutObjectsResponse {
+            results,
+            request_id: "req-puts".into(),
+        }))
     }
 
     async fn delete_objects(
         &self,
-        _request: Request<tenant::DeleteObjectsRequest>,
+        r: Request<tenant::DeleteObjectsRequest>,
     ) -> Result<Response<agent::DeleteObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("delete_objects"))
+        let mut st = self.0.lock().unwrap();
+        let results = r
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|k| agent::DeleteObjectsResult {
+                error: if k.bucket == "b" {
+                    st.objects.remove(&format!("{}/{}", k.bucket, k.key));
+                    None
+                } else {
+                    Some(item_error(Code::NotFound, "NoSuchBucket"))
+                },
+            })
+            .collect();
+        Ok(Response::new(agent::DeleteObjectsResponse {
+            results,
+            request_id: "req-dels".into(),
+        }))
+    }
+}
+
+/// A batch item's error as the agent reports it.
+fn item_error(code: Code, reason: &str) -> agent::ItemError {
+    agent::ItemError {
+        grpc_code: code as i32,
+        s3_code: reason.to_owned(),
+        message: format!("{reason} (fake)"),
+        request_id: "req-item".into(),
     }
 }
 
@@ -629,6 +707,54 @@ async fn the_whole_api_against_a_fake_shim() {
     assert_eq!(results[2].as_ref().unwrap().request_id, "req-a3");
     assert_eq!(&buf.as_slice()[1000..1002], b"a1");
     assert_eq!(&buf.as_slice()[1020..1022], b"a3");
+
+    // HeadObjects, PutObjects, DeleteObjects: typed results in request
+    // order (a missing key is `Ok(None)`, a missing bucket an error).
+    let key = |b: &str, k: &str| ObjectKey {
+        bucket: b.into(),
+        key: k.into(),
+    };
+    buf.as_mut_slice()[2000..2006].copy_from_slice(b"p1p2p3");
+    let puts: Vec<PutItem> = (0..3)
+        .map(|i| PutItem {
+            bucket: "b".into(),
+            key: format!("p{i}"),
+            offset: 2000 + 2 * i,
+            length: 2,
+            ..Default::default()
+        })
+        .collect();
+    let stored = client.put_objects(&buf, &puts, 0).await.unwrap();
+    assert_eq!(stored.len(), 3);
+    assert_eq!(stored[2].as_ref().unwrap().size, 2);
+    assert_eq!(stored[2].as_ref().unwrap().path, TransferPath::Rdma);
+    let bad = PutItem {
+        offset: 8190,
+        length: 10,
+        ..puts[0].clone()
+    };
+    let e = client.put_objects(&buf, &[bad], 0).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let heads = client
+        .head_objects(&[key("b", "p1"), key("b", "nope"), key("other", "p1")], 0)
+        .await
+        .unwrap();
+    assert_eq!(heads[0].as_ref().unwrap().as_ref().unwrap().size, 2);
+    assert!(heads[1].as_ref().unwrap().is_none());
+    assert_eq!(heads[2].as_ref().unwrap_err().code(), "NoSuchBucket");
+    assert_eq!(fake.0.lock().unwrap().objects["b/p1"].0, b"p2");
+    let dels = client
+        .delete_objects(&[
+            key("b", "p0"),
+            key("other", "p1"),
+            key("b", "p1"),
+            key("b", "p2"),
+        ])
+        .await
+        .unwrap();
+    assert!(dels[0].is_ok() && dels[2].is_ok() && dels[3].is_ok());
+    assert_eq!(dels[1].as_ref().unwrap_err().kind(), ErrorKind::NotFound);
+    assert!(!fake.0.lock().unwrap().objects.contains_key("b/p0"));
 
     // Head, list (paged by the fake at 2 keys), delete.
     assert_eq!(client.head("b", "a2").await.unwrap().size, 2);

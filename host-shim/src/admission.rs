@@ -5,7 +5,7 @@
 //! permits (`max_concurrent_requests`) first; without one it is answered
 //! RESOURCE_EXHAUSTED and its body is never read. An admitted call's body
 //! is read through a per-method size limit (a registration is a few hundred
-//! bytes, a GetObjects batch at most `max_batch_items` items), so what one
+//! bytes, a batch at most `max_batch_items` items), so what one
 //! tenant can make the shim buffer is bounded by its permits times these
 //! limits. The call also counts as activity on its connection for the
 //! idle timeout until its response ends.
@@ -29,11 +29,16 @@ const SERVICE_PREFIX: &str = "/s3dma.tenant.v1.Tenant/";
 /// a range and a buffer slice, with protobuf framing.
 pub const BATCH_ITEM_BYTES: usize = 1280;
 
+/// Bytes an encoded PutObjects item may take: a [`BATCH_ITEM_BYTES`] item
+/// plus a content type and user metadata up to 2 KiB, as PutObject takes.
+pub const PUT_ITEM_BYTES: usize = BATCH_ITEM_BYTES + 2816;
+
 /// The largest request message (with its 5-byte gRPC prefix) each method
 /// of the tenant API may send, for tenants whose largest batch is
 /// `max_batch_items`: a registration is a few hundred bytes; single-object
 /// calls carry a key (1 KiB), a bucket, a range, a slice and user metadata
-/// up to 2 KiB; a GetObjects batch up to [`BATCH_ITEM_BYTES`] per item.
+/// up to 2 KiB; a GetObjects, HeadObjects or DeleteObjects batch up to
+/// [`BATCH_ITEM_BYTES`] per item, a PutObjects batch [`PUT_ITEM_BYTES`].
 #[must_use]
 pub fn method_limits(max_batch_items: u32) -> MethodLimits {
     MethodLimits::new(1024)
@@ -50,7 +55,11 @@ pub fn method_limits(max_batch_items: u32) -> MethodLimits {
         )
         .with(
             MethodLimits::batch(1024, BATCH_ITEM_BYTES, max_batch_items as usize),
-            &["GetObjects"],
+            &["GetObjects", "HeadObjects", "DeleteObjects"],
+        )
+        .with(
+            MethodLimits::batch(1024, PUT_ITEM_BYTES, max_batch_items as usize),
+            &["PutObjects"],
         )
 }
 

@@ -280,10 +280,18 @@ pub struct TenantConfig {
     /// RESOURCE_EXHAUSTED.
     #[serde(default = "default_max_windows")]
     pub max_windows: u32,
-    /// Items in one GetObjects batch (default 1024); a larger batch is
-    /// INVALID_ARGUMENT. Windows are minted as items start, not up front.
+    /// Items in one batch (GetObjects, HeadObjects, PutObjects,
+    /// DeleteObjects; default 1024); a larger batch is INVALID_ARGUMENT.
+    /// GetObjects mints its windows as items start; PutObjects mints one
+    /// per item up front, so its items in flight are also bounded by
+    /// `max_windows`. 1..=100000.
     #[serde(default = "default_max_batch_items")]
     pub max_batch_items: u32,
+    /// Bytes one GetObjects or PutObjects batch may name (the sum of its
+    /// slices; default 4GiB); a larger batch is INVALID_ARGUMENT before any
+    /// item runs. 1MiB..=1TiB.
+    #[serde(default = "default_max_batch_bytes")]
+    pub max_batch_bytes: ByteSize,
 }
 
 /// `leases:`
@@ -406,6 +414,7 @@ fn default_max_windows() -> u32 {
 fn default_max_batch_items() -> u32 {
     1024
 }
+            max_batch_bytes: default_max_batch_bytes(),
 fn default_connect_timeout_ms() -> u64 {
     2000
 }
@@ -427,6 +436,9 @@ fn default_fabric_max_queue_pairs() -> u32 {
 
 fn default_fabric_max_connections() -> u32 {
     1024
+}
+fn default_max_batch_bytes() -> ByteSize {
+    ByteSize(4 << 30)
 }
 fn default_fabric_max_connections_per_address() -> u32 {
     256
@@ -703,6 +715,7 @@ fn valid_name(s: &str) -> bool {
 
 /// Why `socket.mode` is refused ([`parse_mode`]).
 #[derive(Debug, thiserror::Error)]
+            v.between(&f("max_batch_bytes"), t.max_batch_bytes.0, MIB, 1 << 40)?;
 enum ModeError {
     #[error("{0:?} is not an octal mode such as \"0660\"")]
     NotOctal(String),

@@ -61,8 +61,10 @@ pub struct Tenant {
     pub connections: Arc<Semaphore>,
     /// The configured connection limit.
     pub max_connections: u32,
-    /// Items in one GetObjects batch.
+    /// Items in one batch.
     pub max_batch_items: u32,
+    /// Bytes one GetObjects or PutObjects batch may name.
+    pub max_batch_bytes: u64,
     /// The configured live-window limit.
     pub max_windows: u32,
     /// The protection domain its buffers (and so its windows) are
@@ -235,6 +237,7 @@ impl Registry {
                     connections: Arc::new(Semaphore::new(t.max_connections as usize)),
                     max_connections: t.max_connections,
                     max_batch_items: t.max_batch_items,
+                    max_batch_bytes: t.max_batch_bytes.0,
                     max_windows: t.max_windows,
                     domain: tenant_domain,
                     windows: AtomicUsize::new(0),

@@ -13,7 +13,14 @@
 //! agent GetObject calls, each holding a request permit and minting its
 //! window only when it starts: the batch's own permit runs items one at a
 //! time, and as many more as the tenant has free permits (up to the
-//! requested concurrency) run beside it.
+//! requested concurrency) run beside it. HeadObjects and DeleteObjects
+//! name no buffer: the shim checks their item count and forwards them as
+//! one agent call. PutObjects checks every item's slice against the
+//! caller's buffers and mints a window per item (an item that fails either
+//! is refused alone, with its own error), sends the good items to the agent
+//! as one call and revokes every window when that call ends. Every batch
+//! has at most the tenant's `max_batch_items` items, and a GetObjects or
+//! PutObjects batch names at most its `max_batch_bytes` bytes.
 //!
 //! Request ids: the shim always makes its own (`shim-<hex>`), sends it to
 //! the agent and returns it in errors; a tenant's `x-request-id` is only
@@ -630,6 +637,16 @@ impl api::tenant_server::Tenant for TenantService {
                 Err(e) => return self.finish(&call, Err(self.err(&call, e))),
             }
         }
+        let bytes = items
+            .iter()
+            .fold(0u64, |n, (_, _, (_, _, len))| n.saturating_add(*len));
+        let max_bytes = call.tenant.max_batch_bytes;
+        if bytes > max_bytes {
+            let e = ShimError::InvalidArgument(format!(
+                "a batch moves at most {max_bytes} bytes (this tenant's max_batch_bytes), not {bytes}; split it"
+            ));
+            return self.finish(&call, Err(self.err(&call, e)));
+        }
         let wanted = match r.concurrency {
             0 => DEFAULT_BATCH_CONCURRENCY,
             n => n,
@@ -812,26 +829,215 @@ impl api::tenant_server::Tenant for TenantService {
 
     async fn head_objects(
         &self,
-        _request: Request<api::HeadObjectsRequest>,
+        req: Request<api::HeadObjectsRequest>,
     ) -> Result<Response<agent::HeadObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("head_objects"))
+        let call = self.begin(&req, "HeadObjects")?;
+        let r = req.into_inner();
+        if let Err(e) = check_batch_len(&call, r.items.len()) {
+            return self.finish(&call, Err(self.err(&call, e)));
+        }
+        let msg = agent::HeadObjectsRequest {
+            tenant: call.tenant.name.clone(),
+            items: r.items,
+            concurrency: r.concurrency,
+        };
+        self.forward(
+            &call,
+            msg,
+            |mut c, m| async move { c.head_objects(m).await },
+        )
+        .await
     }
 
     async fn put_objects(
         &self,
-        _request: Request<api::PutObjectsRequest>,
+        req: Request<api::PutObjectsRequest>,
     ) -> Result<Response<agent::PutObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("put_objects"))
+        let call = self.begin(&req, "PutObjects")?;
+        let r = req.into_inner();
+        if let Err(e) = check_batch_len(&call, r.items.len()) {
+            return self.finish(&call, Err(self.err(&call, e)));
+        }
+        let result = self.put_batch(&call, r).await;
+        self.finish(&call, result)
     }
 
     async fn delete_objects(
         &self,
-        _request: Request<api::DeleteObjectsRequest>,
+        req: Request<api::DeleteObjectsRequest>,
     ) -> Result<Response<agent::DeleteObjectsResponse>, Status> {
-        // TODO(issue 44): batched operations are being built.
-        Err(Status::unimplemented("delete_objects"))
+        let call = self.begin(&req, "DeleteObjects")?;
+        let r = req.into_inner();
+        if let Err(e) = check_batch_len(&call, r.items.len()) {
+            return self.finish(&call, Err(self.err(&call, e)));
+        }
+        let msg = agent::DeleteObjectsRequest {
+            tenant: call.tenant.name.clone(),
+            items: r.items,
+        };
+        self.forward(
+            &call,
+            msg,
+            |mut c, m| async move { c.delete_objects(m).await },
+        )
+        .await
+    }
+}
+
+/// A batch's item count against the tenant's `max_batch_items` (an empty
+/// batch is refused too): the whole batch is refused, nothing runs.
+fn check_batch_len(call: &Call, items: usize) -> Result<(), ShimError> {
+    let max = call.tenant.max_batch_items as usize;
+    if items == 0 {
+        return Err(ShimError::InvalidArgument(
+            "a batch needs at least one item".into(),
+        ));
+    }
+    if items > max {
+        return Err(ShimError::InvalidArgument(format!(
+            "a batch has at most {max} items (this tenant's max_batch_items), not {items}; split it"
+        )));
+    }
+    Ok(())
+}
+
+/// A shim-side refusal of one batch item, as the agent's items carry errors.
+fn shim_item_error(e: &ShimError, request_id: &str) -> agent::ItemError {
+    agent::ItemError {
+        grpc_code: e.code() as i32,
+        s3_code: e.reason().to_owned(),
+        message: e.to_string(),
+        request_id: request_id.to_owned(),
+    }
+}
+
+impl TenantService {
+    /// A PutObjects batch: every item's slice is checked against the
+    /// caller's buffers (a bad one is that item's error), the batch's bytes
+    /// against the tenant's `max_batch_bytes` (the whole batch refused),
+    /// then a remote-read window is minted per item (a window the tenant's
+    /// `max_windows` refuses is that item's error) and the good items go to
+    /// the agent in one call. Every window is revoked when the call ends,
+    /// before the answer; results come back in request order.
+    async fn put_batch(
+        &self,
+        call: &Call,
+        r: api::PutObjectsRequest,
+    ) -> Result<agent::PutObjectsResponse, Status> {
+        let rid = call.request_id();
+        let n = r.items.len();
+        let mut results: Vec<Option<agent::PutObjectsResult>> = Vec::with_capacity(n);
+        results.resize_with(n, || None);
+        let refuse = |e: &ShimError| agent::PutObjectsResult {
+            result: Some(agent::put_objects_result::Result::Error(shim_item_error(
+                e, rid,
+            ))),
+        };
+        let mut slices = Vec::with_capacity(n);
+        let mut bytes = 0u64;
+        for (i, item) in r.items.into_iter().enumerate() {
+            match self.resolve(
+                call,
+                item.source.as_ref(),
+                &format!("items[{i}].source"),
+                None,
+                true,
+            ) {
+                Ok(slice) => {
+                    bytes = bytes.saturating_add(slice.2);
+                    slices.push((i, item, slice));
+                }
+                Err(e) => results[i] = Some(refuse(&e)),
+            }
+        }
+        let max_bytes = call.tenant.max_batch_bytes;
+        if bytes > max_bytes {
+            return Err(self.err(
+                call,
+                ShimError::InvalidArgument(format!(
+                    "a batch moves at most {max_bytes} bytes (this tenant's max_batch_bytes), not {bytes}; split it"
+                )),
+            ));
+        }
+        let mut windows = Vec::with_capacity(slices.len());
+        let mut sent = Vec::with_capacity(slices.len());
+        let mut items = Vec::with_capacity(slices.len());
+        for (i, item, (buffer, offset, len)) in slices {
+            match self.mint(
+                &call.tenant,
+                call.timeout,
+                buffer,
+                offset,
+                len,
+                Access::REMOTE_READ,
+            ) {
+                Ok(w) => {
+                    items.push(agent::PutObjectsItem {
+                        bucket: item.bucket,
+                        key: item.key,
+                        source: w.token.clone(),
+                        content_type: item.content_type,
+                        metadata: item.metadata,
+                    });
+                    windows.push(w);
+                    sent.push(i);
+                }
+                Err(e) => results[i] = Some(refuse(&e)),
+            }
+        }
+        let mut request_id = rid.to_owned();
+        if !items.is_empty() {
+            let msg = agent::PutObjectsRequest {
+                tenant: call.tenant.name.clone(),
+                items,
+                concurrency: r.concurrency,
+            };
+            let resp = self
+                .agent
+                .call(msg, rid, call.timeout, |mut c, m| async move {
+                    c.put_objects(m).await
+                })
+                .await;
+            // Revoke before answering: nothing is read once the tenant
+            // has its answer.
+            let ok = resp.as_ref().is_ok_and(|a| a.results.len() == sent.len());
+            for w in windows {
+                w.close(ok).await;
+            }
+            let resp = resp?;
+            if resp.results.len() != sent.len() {
+                return Err(self.err(
+                    call,
+                    ShimError::Internal(format!(
+                        "the agent answered {} results for {} items",
+                        resp.results.len(),
+                        sent.len()
+                    )),
+                ));
+            }
+            let mut stored = 0u64;
+            for (i, res) in sent.into_iter().zip(resp.results) {
+                if let Some(agent::put_objects_result::Result::Ok(ok)) = &res.result {
+                    stored += ok.size;
+                }
+                results[i] = Some(res);
+            }
+            self.metrics
+                .bytes
+                .with_label_values(&[&call.tenant.name, "PutObjects"])
+                .inc_by(stored);
+            request_id = resp.request_id;
+        }
+        let results = results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| refuse(&ShimError::Internal("the item got no result".into())))
+            })
+            .collect();
+        Ok(agent::PutObjectsResponse {
+            results,
+            request_id,
+        })
     }
 }
 

@@ -1,5 +1,6 @@
 //! `put --recursive` and `sync DIR URL`: each file read into a buffer
-//! through a checked open and put whole.
+//! through a checked open and put whole; `--delete` removes the keys no
+//! file made in DeleteObjects batches.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use s3dma_client::{Buffer, PutOptions};
+use s3dma_client::{Buffer, ObjectKey, PutOptions};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -19,6 +20,9 @@ use super::{
 use crate::commands::{Failure, Global};
 use crate::tree::{self, KeyPlace, Stamp};
 use crate::url::S3Url;
+
+/// Keys of one DeleteObjects call of `sync --delete`.
+const DELETE_BATCH: usize = 256;
 
 /// One local file to upload.
 struct Upload {
@@ -202,6 +206,7 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
 
     if opts.delete {
         if run.copies_clean() {
+            let mut doomed: Vec<ObjectKey> = Vec::new();
             for key in remote.keys() {
                 let name = &key[prefix.len().min(key.len())..];
                 // Only keys a file could have made: no directory markers,
@@ -226,17 +231,36 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
                         continue;
                     }
                 }
-                match client.delete(&url.bucket, key).await {
-                    Ok(()) => {
-                        lock(&run.tally).deleted += 1;
-                        g.say(&format!(
-                            "delete: s3://{}/{}",
-                            url.bucket,
-                            s3dma_config::Escaped(key)
-                        ));
+                doomed.push(ObjectKey {
+                    bucket: url.bucket.clone(),
+                    key: key.clone(),
+                });
+            }
+            // DeleteObjects batches; each key's own result.
+            for keys in doomed.chunks(DELETE_BATCH) {
+                let shown =
+                    |k: &ObjectKey| format!("s3://{}/{}", k.bucket, s3dma_config::Escaped(&k.key));
+                match client.delete_objects(keys).await {
+                    Ok(results) => {
+                        for (k, r) in keys.iter().zip(results) {
+                            match r {
+                                Ok(()) => {
+                                    lock(&run.tally).deleted += 1;
+                                    g.say(&format!("delete: {}", shown(k)));
+                                }
+                                Err(error) => run.fail(Failure::Client {
+                                    what: format!("delete {}", shown(k)),
+                                    error,
+                                }),
+                            }
+                        }
                     }
                     Err(error) => run.fail(Failure::Client {
-                        what: format!("delete s3://{}/{}", url.bucket, s3dma_config::Escaped(key)),
+                        what: format!(
+                            "delete {} keys from {}",
+                            keys.len(),
+                            keys.first().map(shown).unwrap_or_default()
+                        ),
                         error,
                     }),
                 }

@@ -477,6 +477,20 @@ fn round_trips_errors_and_clean_stop() {
     let status = local.wait_exit(15);
     assert!(status.success(), "{status:?}\n{}", local.stderr());
     for (name, pid) in &local.pids {
+    // rm -r: every key under the prefix (DeleteObjects), none beside it.
+    let rm_r = || {
+        let o = local.s3dma(&["rm", "-r", "s3://data/sizes/"]);
+        ok(&o);
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let said = rm_r();
+    assert!(said.contains("3 objects deleted, 0 failed"), "{said}");
+    assert!(said.contains("delete: s3://data/sizes/zero"), "{said}");
+    let ls = ok(&local.s3dma(&["ls", "--recursive", "s3://data"]));
+    assert_eq!(ls.lines().count(), 0, "{ls}");
+    let said = rm_r();
+    assert!(said.contains("0 objects deleted"), "{said}");
+
         assert!(!alive(*pid), "{name} (pid {pid}) still runs");
     }
     assert!(!local.socket.exists(), "the socket was not removed");

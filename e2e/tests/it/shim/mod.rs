@@ -1,12 +1,14 @@
 //! host-shim's integration tests, one binary: the end-to-end suite
-//! (`e2e`), fault injection (`faults`), hostile input (`hostile`) and CUDA
-//! buffers (`cuda`, feature `cuda`), all against real storage-target,
+//! (`e2e`), the batched calls (`batch`), fault injection (`faults`),
+//! hostile input (`hostile`) and CUDA buffers (`cuda`, feature `cuda`),
+//! all against real storage-target,
 //! dpu-agent and host-shim processes (`common`, through
 //! `s3dma_launcher::harness`).
 //!
 //! Run one part with a name filter, e.g. `cargo test -p s3dma-e2e --test it
 //! -- shim::e2e::`.
 
+mod batch;
 mod common;
 #[cfg(feature = "cuda")]
 mod cuda;
