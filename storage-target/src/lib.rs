@@ -334,6 +334,11 @@ pub async fn start(loaded: Loaded) -> Result<Running, StartError> {
         key,
         Arc::clone(&metrics),
     ));
+    let control = dialect::hipobj::ControlAuth::new(
+        auth::Users::new(users.clone()),
+        &cfg.region,
+        cfg.max_clock_skew_secs,
+    );
     let (service, serving) = match cfg.backend(&config_path.display().to_string())? {
         config::StoreBackend::S3 { upstream, cache } => {
             let g = gateway::Gateway::new(upstream, cache, &cfg.region, &users, Arc::clone(&rdma))?;
@@ -367,7 +372,8 @@ pub async fn start(loaded: Loaded) -> Result<Running, StartError> {
             max_clock_skew_secs: cfg.max_clock_skew_secs,
         },
     )
-    .with_max_aws_chunk_size(cfg.max_aws_chunk_size.0);
+    .with_max_aws_chunk_size(cfg.max_aws_chunk_size.0)
+    .with_control_auth(control);
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

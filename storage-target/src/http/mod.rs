@@ -14,8 +14,12 @@
 //!    connection's share (the per-user cap).
 //! 3. `counted_body`: the body wrapped: bytes counted, failed when the
 //!    client stalls, aws-chunked framing checked ([`chunked`]).
-//! 4. `call`: the pre-check ([`crate::precheck`]) and, when it passes,
-//!    the s3s call; a failed call is answered `500 InternalError`.
+//! 4. `call`: the pre-check ([`crate::precheck`]), for a hipobj-rc-v2
+//!    control request its own SigV4 verification
+//!    ([`crate::dialect::hipobj::ControlAuth`]: these are not S3
+//!    operations, and their peers sign them as service `hipobj`), and,
+//!    when they pass, the s3s call; a failed call is answered
+//!    `500 InternalError`.
 //! 5. `fix_status`: the status a handler set where s3s drops it
 //!    ([`StatusOverride`]), and a `304` without a body.
 //! 6. `fix_error_body`: the request id in an XML error body (with a
@@ -81,6 +85,9 @@ pub struct Handler {
     conn: Option<ConnShare>,
     /// The operator's authentication choices (SigV2, clock skew).
     auth: crate::precheck::AuthOptions,
+    /// The control requests' verification (ahead of s3s); `None`: s3s
+    /// verifies them like S3 requests.
+    control: Option<Arc<crate::dialect::hipobj::ControlAuth>>,
 }
 
 impl std::fmt::Debug for Handler {
@@ -106,7 +113,16 @@ impl Handler {
             max_aws_chunk: DEFAULT_MAX_AWS_CHUNK,
             conn: None,
             auth,
+            control: None,
         }
+    }
+
+    /// Verifies the hipobj-rc-v2 control requests with `control`, ahead
+    /// of s3s.
+    #[must_use]
+    pub fn with_control_auth(mut self, control: crate::dialect::hipobj::ControlAuth) -> Self {
+        self.control = Some(Arc::new(control));
+        self
     }
 
     /// Sets the largest aws-chunked chunk a request body may declare
@@ -227,7 +243,12 @@ async fn call(
     body: s3s::Body,
     env: &Envelope,
 ) -> Response<s3s::Body> {
-    let outcome = match crate::precheck::precheck(&mut parts, &h.region, h.auth) {
+    let checked =
+        crate::precheck::precheck(&mut parts, &h.region, h.auth).and_then(|()| match &h.control {
+            Some(c) if crate::dialect::hipobj::ControlAuth::applies(&parts) => c.verify(&mut parts),
+            _ => Ok(()),
+        });
+    let outcome = match checked {
         Ok(()) => h.s3.call(Request::from_parts(parts, body)).await,
         Err(mut e) => {
             e.set_request_id(env.id().to_owned());

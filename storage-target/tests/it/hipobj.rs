@@ -10,7 +10,7 @@
 //! may skip; on a host without one they print `SKIPPED` and return. The
 //! unsupported path runs everywhere.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use fabric::verbs::policy::GidKind;
@@ -48,7 +48,8 @@ fn verbs() -> Option<Domain> {
 }
 
 /// A signed control request (every header in `h` signed, as the dialect
-/// requires), from `user`.
+/// requires), from `user`, signed as hipObject's v2 client signs it
+/// ([`send_as_hipobject`]).
 async fn control(
     s: &Server,
     user: (&str, &str),
@@ -57,7 +58,86 @@ async fn control(
     unsigned: &[(&str, &str)],
 ) -> Raw {
     let url = s.url(&format!("/.hipobj-rc/{what}"));
-    send_signed(user, "POST", &url, h, unsigned).await
+    send_as_hipobject(user, &url, h, unsigned, "hipobj", SystemTime::now()).await
+}
+
+/// A control request signed as hipObject's v2 client signs it (its
+/// `v2_sigv4` signer): SigV4 with the credential scope's service
+/// `service` (`hipobj` as published), every header it sends signed
+/// (`host`, `x-amz-date` and `h`), the payload hash that of the empty body,
+/// and no `x-amz-content-sha256` header; `unsigned` added after signing.
+async fn send_as_hipobject(
+    user: (&str, &str),
+    url: &str,
+    h: &[(&str, &str)],
+    unsigned: &[(&str, &str)],
+    service: &str,
+    at: SystemTime,
+) -> Raw {
+    let mut all = hipobject_headers(user, url, h, service, at);
+    all.extend(
+        unsigned
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    send_headers(url, &all, Bytes::new()).await
+}
+
+/// The headers of [`send_as_hipobject`]'s request, `host` among them.
+fn hipobject_headers(
+    (ak, sk): (&str, &str),
+    url: &str,
+    h: &[(&str, &str)],
+    service: &str,
+    at: SystemTime,
+) -> Vec<(String, String)> {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
+    };
+    let identity = aws_credential_types::Credentials::new(ak, sk, None, None, "t").into();
+    let mut settings = SigningSettings::default();
+    settings.payload_checksum_kind = PayloadChecksumKind::NoHeader;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name(service)
+        .time(at)
+        .settings(settings)
+        .build()
+        .unwrap()
+        .into();
+    let host = url.split('/').nth(2).unwrap().to_owned();
+    let mut all: Vec<(String, String)> = vec![("host".into(), host)];
+    all.extend(h.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let req = SignableRequest::new(
+        "POST",
+        url,
+        all.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        SignableBody::Bytes(&[]),
+    )
+    .unwrap();
+    let (instr, _) = sign(req, &params).unwrap().into_parts();
+    let (signing, _) = instr.into_parts();
+    all.extend(
+        signing
+            .into_iter()
+            .map(|x| (x.name().to_owned(), x.value().to_owned())),
+    );
+    assert!(
+        all.iter().all(|(k, _)| k != "x-amz-content-sha256"),
+        "hipObject sends no payload hash"
+    );
+    all
+}
+
+/// Sends `headers` (but `host`, which the client sets) and `body`.
+async fn send_headers(url: &str, headers: &[(String, String)], body: Bytes) -> Raw {
+    let hs: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| k != "host")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    raw("POST", url, &hs, body).await
 }
 
 /// The 44-byte token, laid out as the wire description says: transport
@@ -262,7 +342,7 @@ impl Client {
         let url = s.url("/.hipobj-rc/ready");
         let ready = tokio::spawn(async move {
             let hs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            send_signed(ADMIN, "POST", &url, &hs, &[]).await
+            send_as_hipobject(ADMIN, &url, &hs, &[], "hipobj", SystemTime::now()).await
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         self.qp
@@ -340,6 +420,100 @@ async fn hipobj_without_verbs_answers_unsupported() {
     // No bucket may take the control path's name.
     let r = s.admin().create_bucket().bucket(".hipobj-rc").send().await;
     assert!(r.is_err(), "created a bucket named .hipobj-rc");
+}
+
+/// The control requests take the peers as they are: signed with the
+/// credential scope's service `hipobj` or `s3`, with no
+/// `x-amz-content-sha256`, they pass the signature check (and get this
+/// build's `501` unsupported from the route); every auth failure is a `403`
+/// with the S3 error, never a `501`: a wrong signature, an unknown user, a
+/// skewed clock, an `x-amz-*` header outside the signature, another
+/// service, a presigned URL. A body is refused (`400`).
+#[tokio::test]
+async fn hipobj_control_auth_takes_the_peers_as_they_are() {
+    let s = server(Backend::Tcp, "");
+    let url = s.url("/.hipobj-rc/prepare");
+    let gid = std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets();
+    let tok = token_hex(7, gid, 1);
+    let h = [
+        ("x-amz-rdma-protocol", "hipobj-rc-v2"),
+        ("x-amz-rdma-token", tok.as_str()),
+        ("x-amz-rdma-psn", "000001"),
+        ("x-amz-rdma-cookie", "00000001"),
+        ("x-amz-rdma-op", "GET"),
+        ("x-amz-rdma-target", "/b/k"),
+        ("x-amz-rdma-size", "1"),
+    ];
+    let now = SystemTime::now();
+    // Verified: the route answers (unsupported without verbs).
+    for service in ["hipobj", "s3"] {
+        let r = send_as_hipobject(ADMIN, &url, &h, &[], service, now).await;
+        assert_eq!(r.status, 501, "{service}: {}", r.text());
+        assert_eq!(r.header("x-amz-rdma-protocol-status"), Some("unsupported"));
+    }
+    let refused = |r: &Raw, status: u16, code: &str, what: &str| {
+        assert_eq!(r.status, status, "{what}: {}", r.text());
+        assert_eq!(r.xml("Code").as_deref(), Some(code), "{what}: {}", r.text());
+        assert!(
+            r.header("x-amz-rdma-protocol-status").is_none(),
+            "{what}: an auth failure is not the fallback signal"
+        );
+    };
+    let r = send_as_hipobject((ADMIN.0, "not-the-secret"), &url, &h, &[], "hipobj", now).await;
+    refused(&r, 403, "SignatureDoesNotMatch", "wrong secret");
+    let r = send_as_hipobject(("NOSUCHUSER", "x"), &url, &h, &[], "hipobj", now).await;
+    refused(&r, 403, "InvalidAccessKeyId", "unknown user");
+    let skewed = now - Duration::from_secs(3600);
+    let r = send_as_hipobject(ADMIN, &url, &h, &[], "hipobj", skewed).await;
+    refused(&r, 403, "RequestTimeTooSkewed", "an hour behind");
+    let ahead = now + Duration::from_secs(3600);
+    let r = send_as_hipobject(ADMIN, &url, &h, &[], "hipobj", ahead).await;
+    refused(&r, 403, "RequestTimeTooSkewed", "an hour ahead");
+    let r = send_as_hipobject(
+        ADMIN,
+        &url,
+        &h[..6],
+        &[("x-amz-rdma-size", "1")],
+        "hipobj",
+        now,
+    )
+    .await;
+    refused(&r, 403, "AccessDenied", "an x-amz-* header not signed");
+    let r = send_as_hipobject(ADMIN, &url, &h, &[], "iam", now).await;
+    refused(&r, 403, "AccessDenied", "another service");
+    // A header changed after signing.
+    let mut changed = hipobject_headers(ADMIN, &url, &h, "hipobj", now);
+    for (k, v) in &mut changed {
+        if k == "x-amz-rdma-target" {
+            *v = "/b/other".into();
+        }
+    }
+    let r = send_headers(&url, &changed, Bytes::new()).await;
+    refused(
+        &r,
+        403,
+        "SignatureDoesNotMatch",
+        "a header changed after signing",
+    );
+    // Unsigned: refused before anything.
+    let r = raw("POST", &url, &h, Bytes::new()).await;
+    refused(&r, 403, "AccessDenied", "unsigned");
+    // Another user's signature over the same headers verifies as that user.
+    let r = send_as_hipobject(OTHER, &url, &h, &[], "hipobj", now).await;
+    assert_eq!(r.status, 501, "{}", r.text());
+    // A body: refused, whatever the signature.
+    let signed = hipobject_headers(ADMIN, &url, &h, "hipobj", now);
+    let r = send_headers(&url, &signed, Bytes::from_static(b"x")).await;
+    refused(&r, 400, "InvalidRequest", "a body");
+    // A presigned URL is no control request's signature.
+    let presigned = format!(
+        "{url}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={}%2F20260101%2Fus-east-1%2Fhipobj%2Faws4_request&X-Amz-Date=20260101T000000Z&X-Amz-Expires=60&X-Amz-SignedHeaders=host&X-Amz-Signature={}",
+        ADMIN.0,
+        "0".repeat(64)
+    );
+    let r = raw("POST", &presigned, &[], Bytes::new()).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.header("x-amz-rdma-protocol-status").is_none());
 }
 
 /// GET and PUT of 1 B, 4 KiB, 1 MiB + 3 and 64 MiB, a GET at an offset, an

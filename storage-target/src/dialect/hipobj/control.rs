@@ -9,6 +9,26 @@ use s3dma_wire::hipobj::{self, Control};
 use s3s::route::S3Route;
 use s3s::{Body, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
+/// The verified user of a control request: the one [`super::ControlAuth`]
+/// verified ahead of s3s (or, for a request s3s verified, its credentials).
+pub(super) fn control_caller(req: &S3Request<Body>) -> Option<s3s::auth::Credentials> {
+    req.extensions
+        .get::<super::ControlCaller>()
+        .map(|c| c.0.clone())
+        .or_else(|| req.credentials.clone())
+}
+
+/// The control requests' access rule: signed by a user of this server.
+pub(super) fn signed_only(req: &S3Request<Body>) -> S3Result<()> {
+    match control_caller(req) {
+        Some(_) => Ok(()),
+        None => Err(S3Error::with_message(
+            S3ErrorCode::AccessDenied,
+            "the hipobj-rc-v2 control requests must be signed (SigV4) by a user of this server",
+        )),
+    }
+}
+
 /// Whether a request is for the control path (both routes take it).
 pub(super) fn is_control_request(method: &Method, uri: &Uri) -> bool {
     *method == Method::POST && Control::is_control_path(uri.path())
@@ -45,6 +65,10 @@ impl S3Route for HipobjUnsupported {
         _extensions: &mut Extensions,
     ) -> bool {
         is_control_request(method, uri)
+    }
+
+    async fn check_access(&self, req: &mut S3Request<Body>) -> S3Result<()> {
+        signed_only(req)
     }
 
     async fn call(&self, _req: S3Request<Body>) -> S3Result<S3Response<Body>> {

@@ -1,6 +1,10 @@
 //! AMD's hipobj-rc-v2 dialect as a server: `POST /.hipobj-rc/prepare`,
 //! `/ready` and `/cancel` (the wire format is [`s3dma_wire::hipobj`]'s).
 //!
+//! Every control request is SigV4-verified ahead of s3s ([`ControlAuth`]:
+//! the credential scope's service `s3` or `hipobj`, no payload hash needed
+//! for the body-less requests, a `403` for every auth failure).
+//!
 //! * PREPARE (SigV4-signed, every `x-amz-rdma-*` header among the signed
 //!   ones, which the pre-check enforces for every `x-amz-*` header): the
 //!   client's GID must be in `rdma.allowed_client_networks`; the caps are
@@ -25,6 +29,7 @@
 //! recent-pairs ring remembers it, and a client's (GID, QP, PSN) never
 //! prepares twice.
 
+mod auth;
 mod control;
 #[cfg(feature = "verbs")]
 mod front;
@@ -35,6 +40,7 @@ mod service;
 #[cfg(feature = "verbs")]
 mod session;
 
+pub use auth::{CONTROL_SERVICES, ControlAuth, ControlCaller};
 pub use control::{ControlPathNames, HipobjUnsupported};
 #[cfg(feature = "verbs")]
 pub use front::{GatewayFront, HipobjFront, StoreFront};

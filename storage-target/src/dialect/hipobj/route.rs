@@ -1,6 +1,7 @@
-//! The control requests as an s3s custom route: s3s verifies the SigV4
-//! signature first (the pre-check has already refused unsigned `x-amz-*`
-//! headers), then [`HipobjRoute`] answers PREPARE, READY and CANCEL.
+//! The control requests as an s3s custom route: [`super::ControlAuth`]
+//! verifies the SigV4 signature first, ahead of s3s (the pre-check has
+//! already refused unsigned `x-amz-*` headers), then [`HipobjRoute`]
+//! answers PREPARE, READY and CANCEL as the verified user.
 
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
@@ -22,7 +23,7 @@ use s3dma_wire::hipobj::{
     ReadyRequest, SessionId,
 };
 
-use super::control::{error, is_control_request};
+use super::control::{control_caller, error, is_control_request};
 use super::service::{HipobjService, Refusal};
 use super::session::{Session, op_name};
 
@@ -107,7 +108,7 @@ impl S3Route for HipobjRoute {
     async fn check_access(&self, req: &mut S3Request<Body>) -> S3Result<()> {
         // Only SigV4-signed requests of configured users; the data moves
         // as that user.
-        match &req.credentials {
+        match control_caller(req) {
             Some(c) if self.0.s3.knows(&c.access_key) => Ok(()),
             _ => Err(S3Error::with_message(
                 S3ErrorCode::AccessDenied,
@@ -132,10 +133,12 @@ impl S3Route for HipobjRoute {
                 format!("hipobj-rc-v2 is not served here: {}", svc.unsupported),
             ));
         }
-        let owner = req
-            .credentials
-            .clone()
-            .expect("check_access let only signed requests in");
+        let Some(owner) = control_caller(&req) else {
+            return Err(S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                "the hipobj-rc-v2 control requests must be signed (SigV4) by a user of this server",
+            ));
+        };
         match control {
             Control::Prepare => svc.prepare(&req.headers, owner).await,
             Control::Ready => svc.ready(&req.headers, &owner.access_key).await,
