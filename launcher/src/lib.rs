@@ -58,6 +58,7 @@ mod error;
 #[cfg(feature = "harness")]
 pub mod harness;
 mod layout;
+mod remote;
 mod stack;
 mod upstream;
 
@@ -66,6 +67,7 @@ pub use dpu_agent::config::RdmaProtocol;
 pub use error::LaunchError;
 pub use fabric::Backend;
 pub use layout::{Layout, Secrets, default_dir, default_socket};
+pub use remote::RemoteTarget;
 pub use stack::{Endpoints, Service, Stack, StackOptions, TargetEndpoint, absolute};
 pub use storage_target::gateway::https_client;
 pub use upstream::Upstream;

@@ -85,6 +85,29 @@ struct Options {
     /// memory).
     #[arg(long, value_name = "MIB", default_value_t = s3dma_launcher::Upstream::DEFAULT_CACHE_BYTES >> 20, requires = "upstream")]
     cache_mib: u64,
+    /// Point the dpu-agent and host-shim at an S3-over-RDMA server
+    /// (`http(s)://HOST:PORT`: another stack's storage-target, AIStor,
+    /// versitygw, elbencho's s3rdma-server...) instead of starting a
+    /// storage-target, as you (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION from the environment). The bucket must exist there.
+    #[arg(long, value_name = "URL", conflicts_with = "upstream")]
+    target: Option<String>,
+    /// With --target: the dialect it speaks: `s3dma`, `hipobj-rc-v2`
+    /// (needs --fabric verbs) or `cuobject-dc` (needs an mlx5 device with
+    /// DC; without one the bytes go over HTTP).
+    #[arg(
+        long,
+        value_name = "DIALECT",
+        default_value = "s3dma",
+        requires = "target"
+    )]
+    protocol: s3dma_launcher::RdmaProtocol,
+    /// With --target --protocol s3dma: the server's fabric key file (its
+    /// storage-target's `fabric.key_file`; for another `s3dma local`,
+    /// DIR/secrets/fabric.key), with which it authenticates the fabric
+    /// sessions it opens to this host-shim.
+    #[arg(long, value_name = "FILE", requires = "target")]
+    fabric_key: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -111,6 +134,76 @@ fn main() -> ExitCode {
     }
 }
 
+/// The tenant's identity on another S3 endpoint (for `flag`), from the
+/// usual AWS environment variables: access key id, secret and region.
+fn aws_identity(flag: &str) -> anyhow::Result<(String, String, Option<String>)> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let (Some(access_key_id), Some(secret_access_key)) =
+        (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
+    else {
+        return Err(anyhow!(
+            "{flag} needs your credentials on that endpoint in AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY"
+        ));
+    };
+    if var("AWS_SESSION_TOKEN").is_some() {
+        return Err(anyhow!(
+            "{flag}: temporary credentials (AWS_SESSION_TOKEN) are not supported; use a \
+             user's access key"
+        ));
+    }
+    let region = var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION"));
+    Ok((access_key_id, secret_access_key, region))
+}
+
+/// `--target URL --protocol P`: the server, and the tenant's identity
+/// there from the usual AWS environment variables.
+fn remote(o: &Options) -> anyhow::Result<Option<s3dma_launcher::RemoteTarget>> {
+    let Some(endpoint) = o.target.clone() else {
+        return Ok(None);
+    };
+    if o.protocol == s3dma_launcher::RdmaProtocol::HipobjRcV2
+        && o.fabric != s3dma_launcher::Backend::Verbs
+    {
+        return Err(anyhow!(
+            "--protocol hipobj-rc-v2 needs --fabric verbs (its queue pairs live on the \
+             shim's RDMA device)"
+        ));
+    }
+    let fabric_key = match (&o.fabric_key, o.protocol) {
+        (Some(f), s3dma_launcher::RdmaProtocol::S3dma) => {
+            let k = std::fs::read_to_string(f)
+                .with_context(|| format!("reading --fabric-key {}", f.display()))?;
+            let k = k.trim().to_owned();
+            if k.is_empty() {
+                return Err(anyhow!("--fabric-key {} is empty", f.display()));
+            }
+            Some(k)
+        }
+        (Some(_), p) => {
+            return Err(anyhow!(
+                "--fabric-key is for --protocol s3dma; {p} authenticates no fabric sessions"
+            ));
+        }
+        (None, s3dma_launcher::RdmaProtocol::S3dma) => {
+            return Err(anyhow!(
+                "--protocol s3dma needs the server's fabric key: --fabric-key FILE (its \
+                 storage-target's fabric.key_file; DIR/secrets/fabric.key of another s3dma local)"
+            ));
+        }
+        (None, _) => None,
+    };
+    let (access_key_id, secret_access_key, region) = aws_identity("--target")?;
+    Ok(Some(s3dma_launcher::RemoteTarget {
+        endpoint,
+        protocol: o.protocol,
+        region,
+        access_key_id,
+        secret_access_key,
+        fabric_key,
+    }))
+}
+
 /// `--upstream URL`: the endpoint, and the tenant's identity there from the
 /// usual AWS environment variables.
 fn upstream(o: &Options) -> anyhow::Result<Option<s3dma_launcher::Upstream>> {
@@ -127,24 +220,10 @@ fn upstream(o: &Options) -> anyhow::Result<Option<s3dma_launcher::Upstream>> {
     if !(64..=1 << 20).contains(&o.cache_mib) {
         return Err(anyhow!("--cache-mib must be 64 to 1048576"));
     }
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let (Some(access_key_id), Some(secret_access_key)) =
-        (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
-    else {
-        return Err(anyhow!(
-            "--upstream needs your credentials on that endpoint in AWS_ACCESS_KEY_ID and \
-             AWS_SECRET_ACCESS_KEY"
-        ));
-    };
-    if var("AWS_SESSION_TOKEN").is_some() {
-        return Err(anyhow!(
-            "--upstream: temporary credentials (AWS_SESSION_TOKEN) are not supported; use a \
-             user's access key"
-        ));
-    }
+    let (access_key_id, secret_access_key, region) = aws_identity("--upstream")?;
     Ok(Some(s3dma_launcher::Upstream {
         endpoint,
-        region: var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")),
+        region,
         access_key_id,
         secret_access_key,
         gateways: o.gateways,
@@ -167,13 +246,29 @@ fn help_text(stack: &Stack, default_socket_used: bool) -> String {
         .map_or_else(|| "s3dma".into(), |p| p.display().to_string());
     let s = socket.display();
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\ns3dma local is running: storage-target, dpu-agent and host-shim on this machine\n\
-         ({} fabric, loopback only). State, data and configs: {}",
-        l.fabric,
-        l.dir.display()
-    );
+    match stack.remote() {
+        None => {
+            let _ = writeln!(
+                out,
+                "\ns3dma local is running: storage-target, dpu-agent and host-shim on this \
+                 machine\n({} fabric, loopback only). State, data and configs: {}",
+                l.fabric,
+                l.dir.display()
+            );
+        }
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "\ns3dma local is running: dpu-agent and host-shim on this machine ({} fabric),\n\
+                 pointed at {} ({}), as {}. State and configs: {}",
+                l.fabric,
+                r.endpoint,
+                r.protocol,
+                r.access_key_id,
+                l.dir.display()
+            );
+        }
+    }
     let mut target_urls = started.targets.iter().map(|t| t.url.clone());
     for p in stack.services() {
         let at = match p.name {
@@ -225,7 +320,7 @@ The same objects over plain S3 (HTTP to the storage-target, no RDMA), e.g. with 
   export AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY=$(cat {secret}) AWS_DEFAULT_REGION={REGION}
   aws --endpoint-url {url} s3 ls s3://{bucket}/
 
-Ctrl-C stops all three.
+Ctrl-C stops them.
 ",
         secret = l.secret_key_file.display(),
         url = started.target_url,
@@ -242,6 +337,7 @@ async fn run(opts: Options) -> anyhow::Result<()> {
     let uid = nix::unistd::geteuid().as_raw();
     // A malformed URL stops the storage-target's start with the field named.
     let upstream = upstream(&opts)?;
+    let remote = remote(&opts)?;
     let dir = match opts.dir {
         Some(d) => absolute(d)?,
         None => default_dir(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
@@ -254,7 +350,7 @@ async fn run(opts: Options) -> anyhow::Result<()> {
         opts.socket
             .unwrap_or_else(|| default_socket(std::env::var_os("XDG_RUNTIME_DIR"), uid)),
     )?;
-    let mut stack = Stack::prepare(StackOptions {
+    let opts = StackOptions {
         dir,
         data_dir: None,
         socket,
@@ -266,7 +362,11 @@ async fn run(opts: Options) -> anyhow::Result<()> {
         fabric: opts.fabric,
         upstream,
         protocol: s3dma_launcher::RdmaProtocol::S3dma,
-    })?;
+    };
+    let mut stack = match remote {
+        Some(r) => Stack::prepare_remote(opts, r)?,
+        None => Stack::prepare(opts)?,
+    };
 
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

@@ -14,6 +14,7 @@ use tokio::process::Command;
 use tokio::time::{sleep, timeout};
 
 use crate::layout::{Secrets, private_dir};
+use crate::remote::RemoteTarget;
 use crate::upstream::Upstream;
 use crate::{
     AGENT_START_TIMEOUT, BUCKET_TIMEOUT, LaunchError, Layout, REGION, SHIM_START_TIMEOUT,
@@ -40,7 +41,8 @@ pub struct Endpoints {
     /// See `target_metrics`.
     pub shim_metrics: Option<String>,
     /// Every storage-target, in start order (the first is `target_url`):
-    /// one, or [`Upstream::gateways`] gateways in front of an upstream.
+    /// one, or [`Upstream::gateways`] gateways in front of an upstream; for
+    /// a stack pointed at a [`RemoteTarget`], that server alone.
     pub targets: Vec<TargetEndpoint>,
 }
 
@@ -154,6 +156,7 @@ pub struct Stack {
     metrics: bool,
     bins: [PathBuf; 3],
     upstream: Option<Upstream>,
+    remote: Option<RemoteTarget>,
     uid: u32,
     procs: Vec<Proc>,
     endpoints: Endpoints,
@@ -168,6 +171,33 @@ impl Stack {
     /// # Errors
     /// Missing binaries, an unusable or locked directory, a bad socket path.
     pub fn prepare(opts: StackOptions) -> Result<Stack, LaunchError> {
+        Stack::prepare_with(opts, None)
+    }
+
+    /// [`Stack::prepare`] for a stack of dpu-agent and host-shim only,
+    /// pointed at `remote` (its endpoint, dialect and region, as the
+    /// tenant's identity there): no storage-target is started and nothing
+    /// is created on the remote server (`opts.bucket` must exist there;
+    /// `opts.upstream` and `opts.protocol` are not used). The credentials
+    /// are written to the secrets directory as `--upstream`'s are.
+    ///
+    /// # Errors
+    /// As [`Stack::prepare`]; an endpoint that breaks the endpoint-URL rule.
+    pub fn prepare_remote(opts: StackOptions, remote: RemoteTarget) -> Result<Stack, LaunchError> {
+        s3dma_config::check_endpoint_url(&remote.endpoint)
+            .map_err(|e| LaunchError::Unusable(format!("the target's URL {e}")))?;
+        let opts = StackOptions {
+            upstream: None,
+            protocol: remote.protocol,
+            ..opts
+        };
+        Stack::prepare_with(opts, Some(remote))
+    }
+
+    fn prepare_with(
+        opts: StackOptions,
+        remote: Option<RemoteTarget>,
+    ) -> Result<Stack, LaunchError> {
         let uid = private::current_uid();
         let bins = find_binaries(opts.bin_dir.as_deref())?;
         let mut l = Layout::new(&opts.dir);
@@ -194,9 +224,18 @@ impl Stack {
         })?;
         private_dir(&l.logs_dir)?;
         private_dir(&l.data_dir)?;
-        let secrets = match &opts.upstream {
-            None => l.prepare_secrets()?,
-            Some(u) => l.prepare_upstream_secrets(&u.access_key_id, &u.secret_access_key)?,
+        let secrets = match (&remote, &opts.upstream) {
+            (Some(r), _) => {
+                let s = l.prepare_upstream_secrets(&r.access_key_id, &r.secret_access_key)?;
+                if let Some(k) = &r.fabric_key {
+                    crate::layout::write_private(&l.fabric_key_file, k)?;
+                }
+                s
+            }
+            (None, None) => l.prepare_secrets()?,
+            (None, Some(u)) => {
+                l.prepare_upstream_secrets(&u.access_key_id, &u.secret_access_key)?
+            }
         };
         prepare_socket(&opts.socket, opts.own_socket_dir)?;
         Ok(Stack {
@@ -208,6 +247,7 @@ impl Stack {
             metrics: opts.metrics,
             bins,
             upstream: opts.upstream,
+            remote,
             uid,
             procs: Vec::new(),
             endpoints: Endpoints {
@@ -229,8 +269,12 @@ impl Stack {
         let metrics = self.metrics;
 
         let key = &self.secrets.access_key_id;
-        let count = self.upstream.as_ref().map_or(1, |u| u.gateways);
-        let mut targets = Vec::with_capacity(count);
+        // A remote target: no storage-target of the stack's own.
+        let count = match (&self.remote, &self.upstream) {
+            (Some(_), _) => 0,
+            (None, u) => u.as_ref().map_or(1, |u| u.gateways),
+        };
+        let mut targets = Vec::with_capacity(count.max(1));
         for i in 0..count {
             // The first keeps the single-target names; more gateways get -1, -2...
             let (config, log) = if i == 0 {
@@ -253,15 +297,27 @@ impl Stack {
             p.child.drain();
             targets.push(TargetEndpoint { url, metrics });
         }
+        if let Some(r) = &self.remote {
+            targets.push(TargetEndpoint {
+                url: r.endpoint.clone(),
+                metrics: None,
+            });
+        }
         let target_url = targets[0].url.clone();
         let target_metrics = targets[0].metrics.clone();
-        create_bucket(&target_url, &self.secrets, &self.bucket).await?;
+        if self.remote.is_none() {
+            create_bucket(&target_url, &self.secrets, &self.bucket).await?;
+        }
 
         let target_urls: Vec<&str> = targets.iter().map(|t| t.url.as_str()).collect();
-        configs::write(
-            &l.agent_config,
-            &configs::dpu_agent(l, key, &target_urls, metrics),
-        )?;
+        let mut agent = configs::dpu_agent(l, key, &target_urls, metrics);
+        if let Some(r) = &self.remote {
+            agent.targets[0].name = "remote".to_owned();
+            if let Some(region) = &r.region {
+                agent.targets[0].region.clone_from(region);
+            }
+        }
+        configs::write(&l.agent_config, &agent)?;
         let p = spawn(
             self.who,
             BINARIES[1],
@@ -325,6 +381,12 @@ impl Stack {
     #[must_use]
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The remote target the stack is pointed at ([`Stack::prepare_remote`]).
+    #[must_use]
+    pub fn remote(&self) -> Option<&RemoteTarget> {
+        self.remote.as_ref()
     }
 
     /// The bucket created at start-up.
