@@ -20,6 +20,7 @@ from .client import (  # noqa: F401
     ListedObject,
     ListPage,
     ObjectInfo,
+    PutItem,
     PutResult,
     default_socket,
     local_socket,

@@ -207,6 +207,72 @@ class GetItem:
     if_match: str = ""
 
 
+@dataclass
+class PutItem:
+    """One item of :meth:`Client.put_objects`: ``length`` bytes of
+    ``buffer`` from ``offset`` become the object (``length`` defaults to
+    the end of a :class:`Buffer`; it is required with a buffer id)."""
+
+    bucket: str
+    key: str
+    buffer: Union["Buffer", "CudaBuffer", int]
+    offset: int = 0
+    length: Optional[int] = None
+    content_type: str = ""
+    metadata: Optional[Dict[str, str]] = None
+
+
+#: The shim's reasons (ErrorInfo domain ``s3dma.shim``) a batch item may
+#: carry; any other item error is the agent's.
+_SHIM_ITEM_REASONS = frozenset(
+    {"UnknownTenant", "NoSuchBuffer", "NoSuchLease", "BufferLimit", "BadBuffer", "OutOfBounds", "AgentUnavailable"}
+)
+
+
+def _item_error(e) -> S3dmaError:
+    """The :class:`S3dmaError` of one failed batch item (an ``ItemError``)."""
+    return errors.make_error(
+        e.message,
+        code=e.s3_code,
+        grpc_code=errors.grpc_code_from_number(e.grpc_code),
+        request_id=e.request_id,
+        domain=errors.SHIM_DOMAIN if e.s3_code in _SHIM_ITEM_REASONS else errors.AGENT_DOMAIN,
+    )
+
+
+def _object_info(o, request_id: str) -> "ObjectInfo":
+    return ObjectInfo(
+        size=o.size,
+        etag=o.etag,
+        content_type=o.content_type,
+        metadata=dict(o.metadata),
+        last_modified_ms=o.last_modified_unix_ms,
+        request_id=request_id,
+    )
+
+
+def _put_result(r) -> "PutResult":
+    return PutResult(
+        etag=r.etag, size=r.size, path=_PATHS.get(r.path, str(r.path)), parts=r.parts, request_id=r.request_id
+    )
+
+
+def _object_keys(items: Iterable[Any], what: str) -> List[Tuple[str, str]]:
+    """``(bucket, key)`` pairs from pairs or dicts with ``bucket`` and ``key``."""
+    out: List[Tuple[str, str]] = []
+    for i, it in enumerate(items):
+        if isinstance(it, dict):
+            pair = (it.get("bucket"), it.get("key"))
+        elif isinstance(it, (tuple, list)) and len(it) == 2:
+            pair = (it[0], it[1])
+        else:
+            raise TypeError(f"{what}: item {i} must be a (bucket, key) pair or a dict of them, not {it!r}")
+        if not isinstance(pair[0], str) or not isinstance(pair[1], str):
+            raise TypeError(f"{what}: item {i} needs a str bucket and key, not {pair!r}")
+        out.append(pair)  # type: ignore[arg-type]
+    return out
+
+
 # -- buffers ----------------------------------------------------------------
 
 
@@ -898,14 +964,7 @@ class Client:
                 if rep.HasField("ok"):
                     out[rep.index] = self._get_result(rep.ok, it.buffer, it.offset)
                 else:
-                    e = rep.error
-                    out[rep.index] = errors.make_error(
-                        e.message,
-                        code=e.s3_code,
-                        grpc_code=errors.grpc_code_from_number(e.grpc_code),
-                        request_id=e.request_id,
-                        domain=errors.AGENT_DOMAIN,
-                    )
+                    out[rep.index] = _item_error(rep.error)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, f"GetObjects on host-shim {self.socket}") from None
         for i, r in enumerate(out):
@@ -941,22 +1000,95 @@ class Client:
             content_type=content_type,
             metadata=metadata or {},
         )
-        r = self._call("PutObject", req, timeout)
-        return PutResult(
-            etag=r.etag, size=r.size, path=_PATHS.get(r.path, str(r.path)), parts=r.parts, request_id=r.request_id
-        )
+        return _put_result(self._call("PutObject", req, timeout))
+
+    def put_objects(
+        self,
+        items: Iterable[Union[PutItem, Sequence, Dict[str, Any]]],
+        concurrency: int = 0,
+        timeout: Optional[float] = None,
+    ) -> List[Union[PutResult, S3dmaError]]:
+        """Many PUTs in one call, each from a slice of a registered buffer.
+        Returns, in the order of ``items``, a :class:`PutResult` or the
+        :class:`S3dmaError` of each item: an item whose slice is not within
+        its buffer (``OutOfBounds``), names an unknown buffer
+        (``NoSuchBuffer``) or fails in the agent or the storage fails alone;
+        the others are stored. Items are :class:`PutItem`, dicts of its
+        fields, or tuples ``(bucket, key, buffer[, offset[, length[,
+        content_type[, metadata]]]])``. Up to ``concurrency`` items are
+        written at once (0 = the agent's default). The call as a whole
+        raises when the shim refuses it: more than the tenant's
+        ``max_batch_items`` items (1,024 by default) or ``max_batch_bytes``
+        bytes. No items: ``[]``, without a call."""
+        norm: List[PutItem] = []
+        for it in items:
+            if isinstance(it, PutItem):
+                norm.append(it)
+            elif isinstance(it, dict):
+                norm.append(PutItem(**it))
+            else:
+                norm.append(PutItem(*it))
+        if not norm:
+            return []
+        req = tenant_pb2.PutObjectsRequest(concurrency=concurrency)
+        for i, it in enumerate(norm):
+            length = it.length
+            if length is None:
+                if not isinstance(it.buffer, (Buffer, CudaBuffer)):
+                    raise ValueError(f"put_objects: item {i} ({it.bucket}/{it.key}) needs a length (its buffer is an id)")
+                length = it.buffer.size - it.offset
+            req.items.add(
+                bucket=it.bucket,
+                key=it.key,
+                source=self._slice(it.buffer, it.offset, length),
+                content_type=it.content_type or "",
+                metadata=it.metadata or {},
+            )
+        r = self._call("PutObjects", req, timeout)
+        self._check_count("PutObjects", len(r.results), len(norm))
+        return [
+            _put_result(x.ok) if x.WhichOneof("result") == "ok" else self._result_error(x, i)
+            for i, x in enumerate(r.results)
+        ]
 
     def head(self, bucket: str, key: str) -> ObjectInfo:
         r = self._call("HeadObject", tenant_pb2.HeadObjectRequest(bucket=bucket, key=key))
-        o = r.object
-        return ObjectInfo(
-            size=o.size,
-            etag=o.etag,
-            content_type=o.content_type,
-            metadata=dict(o.metadata),
-            last_modified_ms=o.last_modified_unix_ms,
-            request_id=r.request_id,
-        )
+        return _object_info(r.object, r.request_id)
+
+    def head_objects(
+        self,
+        items: Iterable[Union[Tuple[str, str], Dict[str, str]]],
+        concurrency: int = 0,
+        timeout: Optional[float] = None,
+    ) -> List[Union[ObjectInfo, None, S3dmaError]]:
+        """Size, ETag and metadata of many keys in one call. ``items`` are
+        ``(bucket, key)`` pairs (or dicts with ``bucket`` and ``key``).
+        Returns, in their order, an :class:`ObjectInfo`, ``None`` when the
+        key does not exist (a result, not an error), or the
+        :class:`S3dmaError` of an item that failed (e.g. ``AccessDenied``
+        for a bucket the tenant may not read). Up to ``concurrency`` keys
+        are looked up at once (0 = the agent's default). The call raises
+        only for the batch as a whole (more than ``max_batch_items`` keys,
+        the shim or its agent unreachable). No items: ``[]``, without a
+        call."""
+        keys = _object_keys(items, "head_objects")
+        if not keys:
+            return []
+        req = tenant_pb2.HeadObjectsRequest(concurrency=concurrency)
+        for b, k in keys:
+            req.items.add(bucket=b, key=k)
+        r = self._call("HeadObjects", req, timeout)
+        self._check_count("HeadObjects", len(r.results), len(keys))
+        out: List[Union[ObjectInfo, None, S3dmaError]] = []
+        for i, x in enumerate(r.results):
+            which = x.WhichOneof("result")
+            if which == "object":
+                out.append(_object_info(x.object, r.request_id))
+            elif which == "missing":
+                out.append(None)
+            else:
+                out.append(self._result_error(x, i))
+        return out
 
     def list(
         self,
@@ -1012,3 +1144,39 @@ class Client:
     def delete(self, bucket: str, key: str) -> str:
         """Deletes an object (a missing key is not an error); returns the request id."""
         return self._call("DeleteObject", tenant_pb2.DeleteObjectRequest(bucket=bucket, key=key)).request_id
+
+    def delete_objects(
+        self, items: Iterable[Union[Tuple[str, str], Dict[str, str]]], timeout: Optional[float] = None
+    ) -> List[Optional[S3dmaError]]:
+        """Deletes many keys in one call (``(bucket, key)`` pairs, or dicts
+        with ``bucket`` and ``key``). Returns, in their order, ``None`` for
+        each key deleted (or already missing, as in S3) and the
+        :class:`S3dmaError` of each that failed. The call raises only for
+        the batch as a whole. No items: ``[]``, without a call."""
+        keys = _object_keys(items, "delete_objects")
+        if not keys:
+            return []
+        req = tenant_pb2.DeleteObjectsRequest()
+        for b, k in keys:
+            req.items.add(bucket=b, key=k)
+        r = self._call("DeleteObjects", req, timeout)
+        self._check_count("DeleteObjects", len(r.results), len(keys))
+        return [_item_error(x.error) if x.HasField("error") else None for x in r.results]
+
+    def _check_count(self, method: str, got: int, want: int) -> None:
+        """A batch answered with another number of results is the call's
+        error (a shim that broke the API), not something to guess around."""
+        if got != want:
+            raise errors.InternalError(
+                f"{method} on host-shim {self.socket}: {got} results for {want} items",
+                code="Internal",
+                domain=errors.CLIENT_DOMAIN,
+            )
+
+    @staticmethod
+    def _result_error(x, index: int) -> S3dmaError:
+        if x.HasField("error"):
+            return _item_error(x.error)
+        return S3dmaError(
+            f"the shim sent an empty result for item {index}", code="MissingReply", domain=errors.CLIENT_DOMAIN
+        )

@@ -53,7 +53,7 @@ import threading
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import errors
-from .client import Buffer, Client, GetItem
+from .client import Buffer, Client, GetItem, GetResult
 from .transfer import parse_url
 
 try:  # torch is optional: subclass its dataset types only when it is there
@@ -121,7 +121,10 @@ class ObjectDataset:
     ``ObjectDataset(url, keys, max_size, *, socket=None, ...)``: the keys
     are names under the URL's prefix (``s3://data/train/`` and ``a.bin``
     read ``train/a.bin``); ``ObjectDataset(factory, bucket_or_url, keys,
-    max_size, ...)`` as before."""
+    max_size, ...)`` as before.
+
+    :meth:`get_batch` (also ``__getitems__``, which a torch DataLoader
+    uses for a batch) reads many objects with one ``get_objects`` call."""
 
     def __init__(
         self,
@@ -203,15 +206,50 @@ class ObjectDataset:
             self._state_pid = pid
         return self._client  # type: ignore[return-value]
 
-    def __getitem__(self, index: int):
+    def _key(self, index: int) -> str:
         if index < 0:
             index += len(self.keys)
-        key = self.keys[index]
+        return self.keys[index]
+
+    def __getitem__(self, index: int):
+        key = self._key(index)
         with self._lock:
             client = self._ensure()
             buf = self._buffers[self._next]
             self._next = (self._next + 1) % self.slots
-        r = client.get_object_into(self.bucket, key, buf)
+        return self._sample(buf, client.get_object_into(self.bucket, key, buf))
+
+    def get_batch(self, indices: Sequence[int]) -> list:
+        """The samples of ``indices``, as ``[ds[i] for i in indices]`` gives
+        them, read with one ``get_objects`` call per ``slots`` of them
+        (each into the next buffer of the ring) instead of a call each. A
+        failed object raises its :class:`s3dma.S3dmaError` (naming it), as
+        ``ds[i]`` does. Also ``__getitems__``, which a torch DataLoader
+        calls for a batch: with ``slots`` at least the batch size, every
+        sample of a batch is a distinct view."""
+        keys = [self._key(int(i)) for i in indices]
+        out = []
+        for w in range(0, len(keys), self.slots):
+            part = keys[w : w + self.slots]
+            with self._lock:
+                client = self._ensure()
+                bufs = [self._buffers[(self._next + j) % self.slots] for j in range(len(part))]
+                self._next = (self._next + len(part)) % self.slots
+            if len(part) == 1:  # no batch overhead for one object
+                out.append(self._sample(bufs[0], client.get_object_into(self.bucket, part[0], bufs[0])))
+                continue
+            res = client.get_objects([GetItem(self.bucket, k, b) for k, b in zip(part, bufs)])
+            for k, b, r in zip(part, bufs, res):
+                if isinstance(r, errors.S3dmaError):
+                    r.message = f"s3://{self.bucket}/{k}: {r.message}"
+                    r.args = (r.message,)
+                    raise r
+                out.append(self._sample(b, r))
+        return out
+
+    __getitems__ = get_batch
+
+    def _sample(self, buf: Buffer, r: GetResult):
         if self.as_torch:
             t = buf.torch(self.dtype, count=self._count(r.bytes_placed, torch_dtype=True))
             return t.clone() if self.copy else t

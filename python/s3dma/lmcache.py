@@ -28,10 +28,14 @@ keys of ``extra_config`` (a key wins over the query):
                   PUT (default: 256 MiB or 8 full chunks, whichever is
                   larger; always at least one chunk; bounded by what is
                   left of the tenant's ``max_buffer_bytes``)
-``concurrency``   HEADs and PUTs in flight per process (default 16)
-``exists_via``    ``auto`` (default), ``head`` or ``list``: see below
-``list_min_keys`` in ``auto``, existence checks of at least this many keys
-                  start with a listing (default 8)
+``concurrency``   items of one batched call the agent works on at once
+                  (HEADs, PUTs; default 16), and shim calls in flight per
+                  process
+``batch_items``   most keys in one batched call (default 1024, the shim's
+                  default ``max_batch_items``; keep it at most the
+                  tenant's)
+``exists_via``    ``head`` (default; ``auto`` is the same) or ``list``: see
+                  below
 ``retry_interval`` seconds between reconnection attempts after the shim was
                   unreachable (default 1); calls in between fail at once
 
@@ -42,22 +46,21 @@ What each LMCache call costs
   ``GetObjects`` call to the shim for up to as many chunks as the staging
   slab holds (more chunks: more calls, one after the other); the agent
   fetches the items concurrently and places each chunk by RDMA.
-  ``put``: one ``PutObject``; ``batched_put``: one ``PutObject`` per chunk,
-  ``concurrency`` at a time (the shim has no batched PUT).
+* ``batched_put`` (LMCache's store of an engine batch): **one**
+  ``PutObjects`` call for the batch's chunks, the agent writing
+  ``concurrency`` of them at once; chunks staged through the slab go in
+  slab-fulls (more chunks than the slab holds: more calls, one after the
+  other), and a call has at most ``batch_items`` chunks. A chunk that
+  fails fails alone (the others are stored); the call then raises naming
+  how many failed. ``put``: one ``PutObject``.
 * Existence (``exists``/``exists_sync``: one ``HeadObject``;
   ``batched_contains``/``batched_async_contains``, which count the leading
-  chunks that exist): with ``auto``, a check of ``list_min_keys`` keys or
-  more first lists the keys' common prefix: **one** ``ListObjects`` page
-  (at most 1,000 names, starting just before the smallest key) answers
-  every key that sorts before the page's last name, and when the listing
-  ends within that page it answers all of them. The keys it leaves open are
-  checked with ``HeadObject`` calls, ``concurrency`` at a time, in order,
-  stopping at the first missing chunk. Fewer keys go straight to HEADs.
-  LMCache's keys are hashes, so the listing answers everything at once when
-  the prefix holds up to about a thousand chunks (a fresh cache, one model
-  per prefix, the bench), and otherwise costs one page on top of the HEADs.
-  ``head`` never lists; ``list`` pages through the listing until every key
-  is answered (for prefixes known to be small). A GET is never used to ask
+  chunks that exist): **one** ``HeadObjects`` call for up to
+  ``batch_items`` keys (the agent looking up ``concurrency`` at once); a
+  missing key ends the count, and keys after it are not asked about in
+  another call. ``list`` instead pages through a listing of the keys'
+  common prefix (from just before the smallest key) until every key is
+  answered (for prefixes known to be small). A GET is never used to ask
   whether a chunk exists.
 
 Where the bytes land
@@ -143,7 +146,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, unquote
 
 from . import errors
-from .client import Buffer, Client, GetItem, GetResult, default_socket
+from .client import Buffer, Client, GetItem, GetResult, PutItem, default_socket
 from .errors import S3dmaError
 from .transfer import parse_url as _parse_s3_url
 
@@ -199,8 +202,8 @@ _OPTION_KEYS = (
     "timeout",
     "slab_mib",
     "concurrency",
+    "batch_items",
     "exists_via",
-    "list_min_keys",
     "retry_interval",
 )
 
@@ -218,8 +221,8 @@ class S3dmaOptions:
     timeout: float = 60.0
     slab_bytes: Optional[int] = None  # None: max(256 MiB, 8 chunks)
     concurrency: int = 16
-    exists_via: str = "auto"
-    list_min_keys: int = 8
+    batch_items: int = 1024
+    exists_via: str = "head"
     retry_interval: float = 1.0
 
     def object_key(self, key: "CacheEngineKey") -> str:
@@ -276,9 +279,11 @@ def parse_options(url: Optional[str] = None, overrides: Optional[Mapping[str, An
             "(s3dma://bucket/prefix) or remote_storage_plugin.<name>.bucket"
         )
     bucket, prefix = _parse_s3_url(f"s3://{bucket}/{merged.get('prefix') or ''}")
-    exists_via = str(merged.get("exists_via", "auto"))
+    exists_via = str(merged.get("exists_via", "head"))
     if exists_via not in ("auto", "head", "list"):
-        raise ValueError(f"s3dma LMCache option exists_via={exists_via!r} must be auto, head or list")
+        raise ValueError(f"s3dma LMCache option exists_via={exists_via!r} must be head (or auto) or list")
+    if exists_via == "auto":
+        exists_via = "head"
     return S3dmaOptions(
         bucket=bucket,
         prefix=prefix,
@@ -288,8 +293,8 @@ def parse_options(url: Optional[str] = None, overrides: Optional[Mapping[str, An
             int(_number("slab_mib", merged["slab_mib"], float, 0.001) * MIB) if merged.get("slab_mib") is not None else None
         ),
         concurrency=_number("concurrency", merged.get("concurrency", 16), int, 1),
+        batch_items=_number("batch_items", merged.get("batch_items", 1024), int, 1),
         exists_via=exists_via,
-        list_min_keys=_number("list_min_keys", merged.get("list_min_keys", 8), int, 1),
         retry_interval=_number("retry_interval", merged.get("retry_interval", 1.0), float, 0.0),
     )
 
@@ -350,11 +355,9 @@ class _Process:
         self.lock = threading.Lock()
         self._slots: Optional[_Slots] = None
         self.placement: Optional[str] = None
-        # Blocking shim calls (HEAD, PUT, GetObjects, LIST) ...
+        # Blocking shim calls (HEAD, HeadObjects, PUT, PutObjects,
+        # GetObjects, LIST).
         self.io = concurrent.futures.ThreadPoolExecutor(opts.concurrency, thread_name_prefix="s3dma-lmcache-io")
-        # ... and the calls that fan out over `io` and wait for it (kept apart
-        # so that waiting never takes an io thread).
-        self.drivers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="s3dma-lmcache")
 
     def slots(self, chunk_bytes: int) -> _Slots:
         with self.lock:
@@ -377,7 +380,6 @@ class _Process:
 
     def close(self) -> None:
         self.io.shutdown(wait=False, cancel_futures=True)
-        self.drivers.shutdown(wait=False, cancel_futures=True)
         if os.getpid() == self.pid:
             try:
                 self.client.close()  # the shim releases the slab with the lease
@@ -540,11 +542,6 @@ class S3dmaConnector(RemoteConnector):
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._proc().io, fn, *args)
 
-    def _drive(self, fn, *args):
-        """Runs a call that fans out over the io pool."""
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._proc().drivers, fn, *args)
-
     # -- metadata ---------------------------------------------------------------
 
     def _encode_meta(self, memory_obj: MemoryObj, nbytes: int) -> Dict[str, str]:
@@ -586,17 +583,15 @@ class S3dmaConnector(RemoteConnector):
     async def exists(self, key: CacheEngineKey) -> bool:
         return await self._run(self.exists_sync, key)
 
-    def _listed(self, st: _Process, okeys: Sequence[str], pages: Optional[int]) -> Tuple[set, Optional[bytes]]:
-        """Lists the keys' common prefix from just before the smallest key:
-        the names seen, and the last one (None when the listing ended, so
-        every key is answered)."""
+    def _listed(self, st: _Process, okeys: Sequence[str]) -> set:
+        """Lists the keys' common prefix from just before the smallest key
+        until every key is answered: the names seen."""
         common = os.path.commonprefix(list(okeys))
         smallest = min(okeys, key=lambda k: k.encode())
         start_after = smallest[:-1] if len(smallest) > len(common) else ""
+        largest = max(k.encode() for k in okeys)
         seen: set = set()
         token = ""
-        n = 0
-        last: Optional[bytes] = None
         while True:
             try:
                 page = st.client.list(
@@ -609,51 +604,47 @@ class S3dmaConnector(RemoteConnector):
             except S3dmaError as e:
                 raise self._failed(st, e) from None
             seen.update(o.key for o in page.objects)
-            n += 1
             if not page.is_truncated or not page.next_continuation_token:
-                return seen, None
-            if page.objects:
-                last = max(last or b"", page.objects[-1].key.encode())
-            if (pages is not None and n >= pages) or all(last is not None and k.encode() <= last for k in okeys):
-                return seen, last or b""
+                return seen
+            if page.objects and page.objects[-1].key.encode() >= largest:
+                return seen
             token = page.next_continuation_token
 
     def _count_prefix(self, keys: Sequence[CacheEngineKey]) -> int:
-        """How many of ``keys``, from the first, exist (see the module's
-        documentation for what it costs)."""
+        """How many of ``keys``, from the first, exist: one HeadObjects call
+        per ``batch_items`` keys, stopping at the first missing one (see the
+        module's documentation)."""
         if not keys:
             return 0
         st = self._proc()
         okeys = [self.options.object_key(k) for k in keys]
-        known: Dict[str, bool] = {}
-        via = self.options.exists_via
-        if via == "list" or (via == "auto" and len(okeys) >= self.options.list_min_keys):
-            seen, last = self._listed(st, okeys, None if via == "list" else 1)
+        if self.options.exists_via == "list":
+            seen = self._listed(st, okeys)
+            count = 0
             for k in okeys:
-                if last is None or k.encode() <= last:
-                    known[k] = k in seen
-        count = 0
-        i = 0
-        window = self.options.concurrency
-        while i < len(okeys):
-            k = okeys[i]
-            if k in known:
-                if not known[k]:
-                    return count
+                if k not in seen:
+                    break
                 count += 1
-                i += 1
-                continue
-            # HEADs for the open keys from here on, a window at a time.
-            todo = [j for j in range(i, len(okeys)) if okeys[j] not in known][:window]
-            futs = {j: st.io.submit(self._head, st, okeys[j]) for j in todo}
+            return count
+        count = 0
+        step = self.options.batch_items
+        for w in range(0, len(okeys), step):
+            window = okeys[w : w + step]
             try:
-                for j in todo:
-                    known[okeys[j]] = futs[j].result()
-                    if not known[okeys[j]]:
-                        break
-            finally:
-                for f in futs.values():
-                    f.cancel()
+                res = st.client.head_objects(
+                    [(self.options.bucket, k) for k in window],
+                    concurrency=self.options.concurrency,
+                    timeout=self.options.timeout,
+                )
+            except S3dmaError as e:
+                raise self._failed(st, e) from None
+            for r in res:
+                # A missing key, or a missing bucket: the chunk is not there.
+                if r is None or isinstance(r, errors.NotFound):
+                    return count
+                if isinstance(r, S3dmaError):
+                    raise self._failed(st, r)
+                count += 1
         return count
 
     def support_batched_contains(self) -> bool:
@@ -666,7 +657,7 @@ class S3dmaConnector(RemoteConnector):
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
-        return await self._drive(self._count_prefix, list(keys))
+        return await self._run(self._count_prefix, list(keys))
 
     # -- GET ------------------------------------------------------------------------
 
@@ -907,32 +898,86 @@ class S3dmaConnector(RemoteConnector):
         await self._run(self._put_one, key, memory_obj)
 
     def _put_many(self, keys: Sequence[CacheEngineKey], memory_objs: Sequence[MemoryObj]) -> None:
+        """One PutObjects call for the chunks (those staged through the slab
+        in slab-fulls; at most ``batch_items`` a call); raises after the
+        calls when any chunk failed."""
+        if not keys:
+            return
         st = self._proc()
-        futs = [st.io.submit(self._put_one, k, o) for k, o in zip(keys, memory_objs)]
-        first: Optional[BaseException] = None
-        failed = 0
-        for f in futs:
-            try:
-                f.result()
-            except Exception as e:
-                failed += 1
-                first = first or e
-        if first is not None:
-            if isinstance(first, S3dmaError):
-                raise type(first)(
-                    f"s3dma LMCache backend: {failed} of {len(futs)} chunk PUTs failed, the first with: {first.message}",
-                    code=first.code,
-                    grpc_code=first.grpc_code,
-                    request_id=first.request_id,
-                    domain=first.domain,
+        bucket = self.options.bucket
+        failures: List[S3dmaError] = []
+        direct: List[PutItem] = []
+        staged: List[Tuple[str, MemoryObj, int, Dict[str, str]]] = []
+        slots: Optional[_Slots] = None
+        for key, obj in zip(keys, memory_objs):
+            okey = self.options.object_key(key)
+            n = obj.get_size()
+            meta = self._encode_meta(obj, n)
+            where = st.client.find_buffer(obj.data_ptr, n)
+            if where is not None:
+                buf, off = where
+                direct.append(PutItem(bucket, okey, buf, offset=off, length=n, metadata=meta))
+                continue
+            if slots is None:
+                try:
+                    slots = st.slots(self.full_chunk_size_bytes)
+                except S3dmaError as e:
+                    raise self._failed(st, e) from None
+            if n > slots.slot_size:
+                failures.append(
+                    errors.InvalidArgument(
+                        f"s3dma LMCache backend: chunk {okey} has {n} bytes, more than a staging slot "
+                        f"({slots.slot_size}, the engine's full chunk)",
+                        code="InvalidArgument",
+                        domain=errors.CLIENT_DOMAIN,
+                    )
                 )
-            raise first
+                continue
+            staged.append((okey, obj, n, meta))
+        total = len(keys)
+        step = self.options.batch_items
+        for w in range(0, len(direct), step):
+            self._put_batch(st, direct[w : w + step], failures)
+        if staged and slots is not None:
+            step = min(step, slots.count)
+            for w in range(0, len(staged), step):
+                part = staged[w : w + step]
+                taken = slots.take(len(part))
+                try:
+                    items = []
+                    for (okey, obj, n, meta), slot in zip(part, taken):
+                        ctypes.memmove(slots.address(slot), obj.data_ptr, n)
+                        items.append(
+                            PutItem(bucket, okey, slots.buf, offset=slot * slots.slot_size, length=n, metadata=meta)
+                        )
+                    self._put_batch(st, items, failures)
+                finally:
+                    slots.give(taken)
+        if failures:
+            first = self._failed(st, failures[0])
+            raise type(first)(
+                f"s3dma LMCache backend: {len(failures)} of {total} chunk PUTs failed, the first with: {first.message}",
+                code=first.code,
+                grpc_code=first.grpc_code,
+                request_id=first.request_id,
+                domain=first.domain,
+            )
+
+    def _put_batch(self, st: _Process, items: List[PutItem], failures: List[S3dmaError]) -> None:
+        try:
+            res = st.client.put_objects(items, concurrency=self.options.concurrency, timeout=self.options.timeout)
+        except S3dmaError as e:
+            raise self._failed(st, e) from None
+        for it, r in zip(items, res):
+            if isinstance(r, S3dmaError):
+                logger.warning("s3dma LMCache backend: PUT %s failed: %s", it.key, r)
+                failures.append(r)
 
     def support_batched_put(self) -> bool:
         return True
 
     async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
-        await self._drive(self._put_many, list(keys), list(memory_objs))
+        await self._run(self._put_many, list(keys), list(memory_objs))
 
     # -- the rest -------------------------------------------------------------------
 

@@ -6,8 +6,9 @@ with the real lmcache package on CPU against a real `s3dma local`
   (``CreateConnector("plugin://s3dma", ...)`` with the plug-in config a user
   writes): put/get bit-exact with both ``save_chunk_meta`` settings, partial
   last chunks, missing keys, chunks of another size, exists, list, the
-  batched calls (one GetObjects per slab-full, the existence check's LIST
-  and HEAD costs), direct placement into registered memory vs the staged
+  batched calls (one GetObjects or PutObjects per slab-full, one
+  HeadObjects per existence check; a chunk that fails fails alone), direct
+  placement into registered memory vs the staged
   path of LMCache's default allocator, a forked process, and an outage of
   the agent and of the shim of a private agent + shim (LMCache's
   RemoteBackend answers "missing" and goes on; the backend reconnects).
@@ -15,7 +16,9 @@ with the real lmcache package on CPU against a real `s3dma local`
   small synthetic model (4 layers, 2 KV heads of 64, bf16, chunks of 256
   tokens, a partial last chunk) through a CPU stand-in for vLLM's paged
   KV connector, retrieves it bit-exact, and a fresh engine on the same
-  prefix finds every chunk again in s3dma.
+  prefix finds every chunk again in s3dma. Over a private shim whose
+  metrics count the calls it answers, an engine batch is one batched call
+  (store: PutObjects, lookup: HeadObjects, retrieve: GetObjects).
 
 lmcache is an optional extra: without it these tests skip, except under CI
 (``$CI`` set), where they fail.
@@ -244,11 +247,16 @@ def test_options_from_urls_and_extra_config():
         "plugin://s3dma",
     )
     assert (o.bucket, o.prefix, o.timeout, o.exists_via) == ("kv", "p/", 5.0, "head")
+    assert s3lmc.parse_options("s3dma://kv?exists_via=auto").exists_via == "head"
+    o = s3lmc.parse_options("s3dma://kv?batch_items=100")
+    assert (o.batch_items, s3lmc.parse_options("s3dma://kv").batch_items) == (100, 1024)
     for bad, why in [
         ("s3://kv/p", "s3dma://bucket"),
         ("s3dma:///p", "bucket is empty"),
         ("s3dma://kv?bogus=1", "unknown option 'bogus'"),
-        ("s3dma://kv?exists_via=get", "auto, head or list"),
+        ("s3dma://kv?exists_via=get", "head \\(or auto\\) or list"),
+        ("s3dma://kv?batch_items=0", "at least 1"),
+        ("s3dma://kv?list_min_keys=8", "unknown option 'list_min_keys'"),
         ("s3dma://kv?concurrency=0", "at least 1"),
         ("s3dma://kv?timeout=soon", "not a number"),
     ]:
@@ -348,13 +356,18 @@ def test_chunks_of_another_size_read_as_missing(env_factory, client, prefix):
     assert env2.conn.exists_sync(k)  # it exists; it just is not a chunk of this engine
 
 
-def test_batched_calls_cost_one_get_and_one_list(env_factory, client, prefix):
-    # A slab of 8 chunks (of 32 KiB): 8 chunks are one GetObjects call, 10 two.
+def test_batched_calls_are_one_call_per_batch(env_factory, client, prefix):
+    # A slab of 8 chunks (of 32 KiB): 8 chunks are one GetObjects or
+    # PutObjects call, 10 are two.
     env = env_factory(prefix, extra={"remote_storage_plugin.s3dma.slab_mib": 0.25})
     keys = [env.key() for _ in range(10)]
     objs, datas = zip(*(env.chunk(seed=10 + i) for i in range(10)))
-    env.run(env.conn.batched_put(keys, list(objs)))
     raw_client = env.raw.client
+    with Counting(raw_client, "put_objects") as puts, Counting(raw_client, "put_object_from") as singles:
+        env.run(env.conn.batched_put(keys[:8], list(objs[:8])))
+        assert (len(puts.calls), len(singles.calls)) == (1, 0), "8 chunks that fit the slab are one PutObjects call"
+        env.run(env.conn.batched_put(keys[8:], list(objs[8:])))
+    assert [len(a[0]) for a, _ in puts.calls] == [8, 2] and not singles.calls
     slots = env.raw._proc().slots(env.raw.full_chunk_size_bytes)
     assert slots.count == 8
     with Counting(raw_client, "get_objects") as gets:
@@ -369,36 +382,60 @@ def test_batched_calls_cost_one_get_and_one_list(env_factory, client, prefix):
     for o in got:
         o.ref_count_down()
 
-    # Existence of many keys: one listing, no HEAD (the prefix is small) ...
+    # Existence of many keys: one HeadObjects call, no HEAD and no listing;
+    # the count ends at the first missing chunk.
     missing = env.key()
-    with Counting(raw_client, "list") as lists, Counting(raw_client, "head") as heads:
+    with Counting(raw_client, "head_objects") as batches, Counting(raw_client, "head") as heads, Counting(
+        raw_client, "list"
+    ) as lists:
         assert env.conn.batched_contains(keys) == 10
         assert env.run(env.conn.batched_async_contains("l", keys[:5] + [missing] + keys[5:])) == 5
-    assert (len(lists.calls), len(heads.calls)) == (2, 0)
-    # ... a few keys: HEADs, stopping at the first miss
-    with Counting(raw_client, "list") as lists, Counting(raw_client, "head") as heads:
-        assert env.conn.batched_contains(keys[:2] + [missing] + keys[2:4]) == 2
-    assert len(lists.calls) == 0 and 3 <= len(heads.calls) <= 5
+        assert env.conn.batched_contains([missing] + keys) == 0
+    assert [len(a[0]) for a, _ in batches.calls] == [10, 11, 11]
+    assert (len(heads.calls), len(lists.calls)) == (0, 0)
 
-    # exists_via=head never lists, list never HEADs; a listing that does not
-    # cover every key (pages of 1000) leaves the rest to HEADs: all agree.
-    for via, want in (("head", (0, None)), ("list", (None, 0))):
-        e = env_factory(prefix, extra={"remote_storage_plugin.s3dma.exists_via": via})
-        with Counting(e.raw.client, "list") as lists, Counting(e.raw.client, "head") as heads:
-            assert e.conn.batched_contains(keys + [missing]) == 10
-        if want[0] is not None:
-            assert len(lists.calls) == want[0]
-        if want[1] is not None:
-            assert len(heads.calls) == want[1]
-    with Counting(raw_client, "list") as lists:
+    # batch_items splits a check into calls of at most that many keys, and
+    # no call is made for keys after a missing one.
+    e = env_factory(prefix, extra={"remote_storage_plugin.s3dma.batch_items": 4})
+    with Counting(e.raw.client, "head_objects") as batches:
+        assert e.conn.batched_contains(keys) == 10
+        assert e.conn.batched_contains(keys[:2] + [missing] + keys[2:]) == 2
+    assert [len(a[0]) for a, _ in batches.calls] == [4, 4, 2, 4]
+
+    # exists_via=list pages through a listing (pages of 3 here) and never HEADs.
+    e = env_factory(prefix, extra={"remote_storage_plugin.s3dma.exists_via": "list"})
+    with Counting(e.raw.client, "list") as lists, Counting(e.raw.client, "head_objects") as batches:
         original = s3lmc._LIST_PAGE
         s3lmc._LIST_PAGE = 3
         try:
-            assert env.conn.batched_contains(keys) == 10
+            assert e.conn.batched_contains(keys) == 10
+            assert e.conn.batched_contains(keys[:3] + [missing]) == 3
         finally:
             s3lmc._LIST_PAGE = original
-    assert len(lists.calls) == 1
+    assert len(lists.calls) >= 5 and not batches.calls
     assert sorted(env.run(env.conn.list())) == sorted(k.to_string() for k in keys)
+
+
+def test_a_batched_put_stores_the_good_chunks_when_one_fails(env_factory, client, prefix):
+    # A chunk larger than a staging slot (the engine's full chunk) fails
+    # alone; the others of the batch are stored by the same PutObjects call.
+    env = env_factory(prefix, save_chunk_meta=True)
+    keys = [env.key() for _ in range(3)]
+    good = [env.chunk(seed=50), env.chunk(tokens=3, seed=51)]
+    big = env.backend.allocate(
+        env.metadata.get_shapes(2 * env.chunk_size), env.metadata.get_dtypes(), MemoryFormat.KV_2LTD
+    )
+    assert big is not None
+    with Counting(env.raw.client, "put_objects") as puts:
+        with pytest.raises(s3dma.InvalidArgument, match="1 of 3 chunk PUTs failed.*more than a staging slot"):
+            # the raw connector: LMCache's wrapper logs the error and drops it
+            env.run(env.raw.batched_put(keys, [good[0][0], big, good[1][0]]))
+    assert len(puts.calls) == 1
+    assert env.conn.batched_contains(keys[:1]) == 1 and not env.conn.exists_sync(keys[1])
+    got = env.run(env.conn.batched_get([keys[0], keys[2]]))
+    assert torch.equal(bits(got[0].tensor), bits(good[0][1])) and torch.equal(bits(got[1].tensor), bits(good[1][1]))
+    for o in got:
+        o.ref_count_down()
 
 
 def test_direct_placement_into_registered_memory(env_factory, prefix):
@@ -500,6 +537,8 @@ class Front:
         self.shim_cfg = yaml.safe_load((stack.dir / "host-shim.yaml").read_text())
         self.shim_cfg["socket"]["path"] = self.socket
         self.shim_cfg["fabric"]["listen"] = "127.0.0.1:0"
+        self.shim_cfg["metrics"] = {"address": "127.0.0.1:0"}
+        self.metrics_url: str | None = None
         self.agent = self.shim = None
 
     def _spawn(self, name: str, cfg: dict):
@@ -534,7 +573,15 @@ class Front:
 
     def start_shim(self):
         self.shim = self._spawn("host-shim", self.shim_cfg)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in self.shim.stdout] + [lines.put(None)], daemon=True).start()
         deadline = time.monotonic() + 60
+        self.metrics_url = None
+        while self.metrics_url is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, (self.work / "host-shim.log").read_text()
+            if line.startswith("metrics on "):
+                self.metrics_url = line[len("metrics on ") :].strip()
         while True:
             assert self.shim.poll() is None, (self.work / "host-shim.log").read_text()
             try:
@@ -557,6 +604,25 @@ class Front:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+    def calls(self) -> dict:
+        """The shim's tenant calls so far by operation
+        (``s3dma_shim_requests_total``, every tenant and outcome)."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+        out: dict = {}
+        for line in text.splitlines():
+            if line.startswith("s3dma_shim_requests_total{"):
+                labels, _, value = line.rpartition(" ")
+                op = labels.split('op="', 1)[1].split('"', 1)[0]
+                out[op] = out.get(op, 0) + int(float(value))
+        return out
+
+    def calls_since(self, before: dict) -> dict:
+        now = self.calls()
+        return {op: n - before.get(op, 0) for op, n in now.items() if n != before.get(op, 0)}
 
     def stop_agent(self):
         self._stop(self.agent)
@@ -758,4 +824,52 @@ def test_an_lmcache_engine_stores_and_finds_kv_in_s3dma(stack, client, prefix, s
         longer = torch.cat([tokens, torch.randint(0, 32000, (300,), generator=g)])
         assert eng.lookup(longer) == 3 * chunk
     for o in objs:
+        client.delete(BUCKET, o.key)
+
+
+def test_an_engine_batch_is_one_batched_call_at_the_shim(front, client, prefix):
+    # An LMCache engine over a private shim, whose metrics count every call
+    # it answers: storing 4 chunks is one PutObjects, a fresh engine's
+    # lookup of them one HeadObjects, its retrieve one GetObjects, and no
+    # single-object call at all.
+    chunk = 64
+    url = f"s3dma://{BUCKET}/{prefix}?socket={front.socket}"
+    metadata = model_metadata(chunk)
+    n = 4 * chunk
+    g = torch.Generator().manual_seed(8)
+    tokens = torch.randint(0, 32000, (n,), generator=g)
+    slot_mapping = torch.randperm(1024, generator=g)[:n]
+    kv = [torch.randn(2, 1024, HIDDEN, generator=g).to(DTYPE) for _ in range(LAYERS)]
+    single = {"PutObject", "HeadObject", "GetObject", "ListObjects"}
+
+    def config():
+        return plugin_config(url, chunk_size=chunk)
+
+    with engine(f"s3dma-c-{prefix}", config(), metadata) as eng:
+        before = front.calls()
+        eng.store(tokens, kvcaches=kv, slot_mapping=slot_mapping)
+        # The remote put runs in the background: wait for the four objects
+        # (listed through the stack's own shim) and the private shim's
+        # answer to whatever stored them.
+        deadline = time.monotonic() + 30
+        while True:
+            stored = front.calls_since(before)
+            if {"PutObjects", "PutObject"} & set(stored) and len(list(client.list_all(BUCKET, prefix=prefix + "/"))) == 4:
+                break
+            assert time.monotonic() < deadline, f"the chunks did not reach s3dma: {stored}"
+            time.sleep(0.05)
+    assert stored.get("PutObjects") == 1 and not single & set(stored), stored
+
+    with engine(f"s3dma-d-{prefix}", config(), metadata) as eng:
+        before = front.calls()
+        assert eng.lookup(tokens) == n
+        looked = front.calls_since(before)
+        assert looked.get("HeadObjects") == 1 and not single & set(looked), looked
+        before = front.calls()
+        got = [torch.zeros_like(x) for x in kv]
+        assert int(eng.retrieve(tokens, kvcaches=got, slot_mapping=slot_mapping).sum()) == n
+        fetched = front.calls_since(before)
+        assert fetched.get("GetObjects") == 1 and not single & set(fetched), fetched
+        assert all(torch.equal(bits(a[:, slot_mapping]), bits(b[:, slot_mapping])) for a, b in zip(kv, got))
+    for o in client.list_all(BUCKET, prefix=prefix + "/"):
         client.delete(BUCKET, o.key)

@@ -836,6 +836,113 @@ def test_get_objects_batch(client, prefix):
         client.delete(BUCKET, k)
 
 
+def test_put_head_delete_objects_batches(client, prefix):
+    sizes = [0, 10, 5000, 70000]
+    offsets = [0, 100, 4096, 16384]
+    keys = [f"{prefix}pb{i}" for i in range(len(sizes))]
+    no_bucket = f"no-such-bucket-{uuid.uuid4().hex[:12]}"
+    with client.alloc(128 * KIB) as buf:
+        arr = buf.numpy()
+        fill_random(arr, 400)
+        wants = [sha(buf.memoryview()[o : o + n]) for o, n in zip(offsets, sizes)]
+        items = [
+            s3dma.PutItem(BUCKET, k, buf, offset=o, length=n, content_type="application/x-batch", metadata={"i": str(i)})
+            for i, (k, o, n) in enumerate(zip(keys, offsets, sizes))
+        ]
+        put = client.put_objects(items, concurrency=2)
+        assert len(put) == 4
+        for r, n in zip(put, sizes):
+            assert isinstance(r, s3dma.PutResult), r
+            assert r.size == n and r.etag.startswith('"') and r.path in ("rdma", "fallback", "mixed")
+        # Tuples and dicts; a Buffer's length defaults to its end.
+        tail = client.put_objects(
+            [(BUCKET, f"{prefix}tail", buf, 128 * KIB - 7), {"bucket": BUCKET, "key": f"{prefix}d", "buffer": buf.id, "length": 1}]
+        )
+        assert [r.size for r in tail] == [7, 1], tail
+
+        # HEAD: one result per item in request order; a missing key is None,
+        # a missing bucket that item's own error.
+        heads = client.head_objects(
+            [(BUCKET, k) for k in keys] + [(BUCKET, f"{prefix}missing"), (no_bucket, "k"), {"bucket": BUCKET, "key": keys[1]}],
+            concurrency=3,
+        )
+        assert len(heads) == 7
+        for i, (h, n, r) in enumerate(zip(heads, sizes, put)):
+            assert isinstance(h, s3dma.ObjectInfo), h
+            assert (h.size, h.etag, h.content_type, h.metadata) == (n, r.etag, "application/x-batch", {"i": str(i)})
+            assert h.request_id
+        assert heads[4] is None
+        assert isinstance(heads[5], s3dma.NotFound) and heads[5].code == "NoSuchBucket", heads[5]
+        assert isinstance(heads[6], s3dma.ObjectInfo) and heads[6].etag == put[1].etag
+
+        # The bytes stored are the slices'.
+        arr[:] = SENTINEL
+        got = client.get_objects([(BUCKET, k, buf, o) for k, o in zip(keys, offsets)])
+        for g, want in zip(got, wants):
+            assert isinstance(g, s3dma.GetResult) and sha(g.memoryview()) == want
+
+    # DELETE: a missing key succeeds (as in S3), a missing bucket fails alone.
+    dels = client.delete_objects(
+        [(BUCKET, k) for k in keys + [f"{prefix}tail", f"{prefix}d", f"{prefix}missing"]] + [(no_bucket, "k")]
+    )
+    assert dels[:7] == [None] * 7, dels
+    assert isinstance(dels[7], s3dma.NotFound) and dels[7].code == "NoSuchBucket", dels[7]
+    assert client.head_objects([(BUCKET, k) for k in keys]) == [None] * 4
+    # No items: no call, no result.
+    assert client.head_objects([]) == [] and client.put_objects([]) == [] and client.delete_objects([]) == []
+    with pytest.raises(TypeError, match="item 0"):
+        client.head_objects(["just-a-key"])
+    with pytest.raises(ValueError, match="needs a length"):
+        client.put_objects([(BUCKET, "k", 1)])
+
+
+def test_put_objects_refuses_bad_slices_item_by_item(client, prefix):
+    # A hostile tenant's batch: slices past the buffer's end, an offset
+    # that overflows, buffers it does not have or released. Each bad item
+    # is refused alone with its own error, the shim's reason and domain;
+    # nothing of it is stored; the good items beside it are.
+    keys = [f"{prefix}hb{i}" for i in range(8)]
+    with client.alloc(64 * KIB) as buf, client.alloc(4 * KIB) as gone:
+        fill_random(buf.numpy(), 500)
+        want = sha(buf.memoryview()[1000:2000])
+        gone_id = gone.id
+        gone.release()
+        res = client.put_objects(
+            [
+                (BUCKET, keys[0], buf, 1000, 1000),
+                (BUCKET, keys[1], buf, 64 * KIB - 10, 11),  # one byte past the end
+                (BUCKET, keys[2], buf, 64 * KIB + 1, 0),  # starts past the end
+                (BUCKET, keys[3], buf.id, (1 << 64) - 1, 2),  # offset + length overflows
+                (BUCKET, keys[4], 1 << 60, 0, 10),  # no such buffer
+                (BUCKET, keys[5], gone_id, 0, 10),  # released
+                (BUCKET, keys[6], buf, 1000, 1000),
+                (f"no-such-bucket-{uuid.uuid4().hex[:12]}", keys[7], buf, 0, 10),
+            ]
+        )
+    assert len(res) == 8
+    for i in (0, 6):
+        assert isinstance(res[i], s3dma.PutResult) and res[i].size == 1000, res[i]
+    for i in (1, 2, 3):
+        assert isinstance(res[i], s3dma.OutOfBounds) and res[i].code == "OutOfBounds", res[i]
+        assert res[i].domain == errors.SHIM_DOMAIN and f"items[{i}]" in res[i].message, res[i]
+    for i in (4, 5):
+        assert isinstance(res[i], s3dma.NotFound) and res[i].code == "NoSuchBuffer", res[i]
+        assert res[i].domain == errors.SHIM_DOMAIN, res[i]
+    assert isinstance(res[7], s3dma.NotFound) and res[7].code == "NoSuchBucket", res[7]
+    heads = client.head_objects([(BUCKET, k) for k in keys[:7]])
+    assert heads[1:6] == [None] * 5, heads
+    assert heads[0].size == heads[6].size == 1000
+    with client.alloc(4 * KIB) as back:
+        got = client.get_object_into(BUCKET, keys[6], back)
+        assert sha(got.memoryview()) == want
+    assert client.delete_objects([(BUCKET, k) for k in keys[:7]]) == [None] * 7
+
+    # A batch over the tenant's max_batch_items (1024 by default) is refused
+    # as a whole before anything runs.
+    with pytest.raises(s3dma.InvalidArgument, match="max_batch_items"):
+        client.head_objects([(BUCKET, f"{prefix}x{i}") for i in range(1025)])
+
+
 def test_object_dataset_with_numpy(stack, client, prefix):
     sizes = [1, 100, 4096, 5000, 65536, 0, 777, 30000]
     keys = [f"{prefix}ds/{i}" for i in range(len(sizes))]
@@ -884,6 +991,45 @@ def test_object_dataset_with_numpy(stack, client, prefix):
         ds.close()
     for k in keys:
         client.delete(BUCKET, k)
+
+
+def test_object_dataset_batches_small_samples(stack, client, prefix):
+    sizes = [1, 100, 4096, 0, 777, 3000]
+    keys = [f"{prefix}dsb/{i}" for i in range(len(sizes))]
+    wants = []
+    with client.alloc(4 * KIB) as buf:
+        for i, (k, n) in enumerate(zip(keys, sizes)):
+            fill_random(buf.numpy()[:n], 600 + i)
+            wants.append(bytes(buf.numpy()[:n]))
+            client.put_object_from(BUCKET, k, buf, length=n)
+    factory = functools.partial(s3dma.Client, stack.socket)
+    ds = ObjectDataset(factory, BUCKET, keys, max_size=4 * KIB, slots=4)
+    try:
+        c = ds._ensure()
+        calls = {"get_objects": [], "get_object_into": []}
+        for name in calls:
+            real = getattr(c, name)
+            setattr(c, name, lambda *a, _real=real, _name=name, **kw: calls[_name].append(a) or _real(*a, **kw))
+        # A DataLoader's batch (__getitems__) of 4 small samples is one
+        # GetObjects call; 6 are one call per `slots` (4, then 2).
+        batch = ds.__getitems__([0, 1, 2, 3])
+        assert [len(a[0]) for a in calls["get_objects"]] == [4] and not calls["get_object_into"]
+        assert [a.tobytes() for a in batch] == wants[:4]
+        assert len({id(_backing(a)) for a in batch[:3]}) == 3  # distinct views: one buffer each
+        calls["get_objects"].clear()
+        got = ds.get_batch(range(6))
+        assert [len(a[0]) for a in calls["get_objects"]] == [4, 2]
+        assert [a.tobytes() for a in got[4:]] == wants[4:]
+        # Samples are what ds[i] gives, one call each.
+        assert [ds[i].tobytes() for i in range(6)] == wants and len(calls["get_object_into"]) == 6
+        # A missing object in a batch raises, naming it, as ds[i] does.
+        bad = ObjectDataset(factory, BUCKET, [keys[0], f"{prefix}dsb/missing"], max_size=4 * KIB, slots=2)
+        with pytest.raises(s3dma.NotFound, match=f"s3://{BUCKET}/{prefix}dsb/missing"):
+            bad.get_batch([0, 1])
+        bad.close()
+    finally:
+        ds.close()
+    client.delete_objects([(BUCKET, k) for k in keys])
 
 
 _FORK_WORKER = textwrap.dedent(
