@@ -54,18 +54,6 @@ impl Wanted {
     }
 }
 
-/// The wire value GetObjectAttributes shows for a checksum: a COMPOSITE
-/// value without its `-<N>` suffix (the part count is in `ObjectParts`).
-fn attribute_checksum(c: &StoredChecksum) -> StoredChecksum {
-    let mut c = c.clone();
-    if c.checksum_type == ChecksumType::Composite
-        && let Some((base, _)) = c.value.rsplit_once('-')
-    {
-        c.value = base.to_owned();
-    }
-    c
-}
-
 /// Builds the GetObjectAttributes answer for `meta`.
 ///
 /// `ObjectParts` is returned for multipart objects only: `PartsCount`, and
@@ -91,7 +79,9 @@ pub fn get_object_attributes(
     if want.checksum
         && let Some(c) = &meta.checksum
     {
-        out.checksum = Some(attribute_checksum(c).to_dto());
+        // A COMPOSITE value with its `-<N>` suffix, as CompleteMultipartUpload
+        // and HeadObject give it.
+        out.checksum = Some(c.to_dto());
     }
     if want.storage_class {
         out.storage_class = Some(StorageClass::from_static(StorageClass::STANDARD));
@@ -241,8 +231,8 @@ mod tests {
         .unwrap();
         assert_eq!(out.e_tag.unwrap().value(), "abc-3");
         let c = out.checksum.unwrap();
-        // The composite value without "-3".
-        assert_eq!(c.checksum_crc32.as_deref(), Some("AAAAAA=="));
+        // The composite value with its "-3", as Complete and HeadObject.
+        assert_eq!(c.checksum_crc32.as_deref(), Some("AAAAAA==-3"));
         assert_eq!(c.checksum_type.unwrap().as_str(), "COMPOSITE");
         let p = out.object_parts.unwrap();
         assert_eq!(p.total_parts_count, Some(3));

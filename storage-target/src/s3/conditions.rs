@@ -81,15 +81,29 @@ pub(super) fn part_range(meta: &ObjectMeta, n: i32) -> S3Result<std::ops::Range<
     }
 }
 
-/// The object checksum a GetObject/HeadObject returns: only with
-/// `x-amz-checksum-mode: ENABLED` and for the whole object (a ranged read
-/// gets none, as from AWS S3).
+/// The checksum a GetObject/HeadObject returns, only with
+/// `x-amz-checksum-mode: ENABLED`: with `partNumber` on a multipart
+/// object, that part's checksum (with the object's checksum type, as AWS
+/// answers part requests); otherwise the object's, for the whole object
+/// only (a ranged read gets none, as from AWS S3).
 pub(super) fn returned_checksum(
     meta: &ObjectMeta,
     mode: Option<&ChecksumMode>,
     whole_object: bool,
+    part_number: Option<i32>,
 ) -> Option<Checksum> {
-    if !whole_object || !checksum::mode_enabled(mode) {
+    if !checksum::mode_enabled(mode) {
+        return None;
+    }
+    if let Some(n) = part_number
+        && !meta.parts.is_empty()
+    {
+        return u32::try_from(n)
+            .ok()
+            .and_then(|n| meta.part_checksum(n))
+            .map(|c| c.to_dto());
+    }
+    if !whole_object {
         return None;
     }
     meta.checksum.as_ref().map(checksum::StoredChecksum::to_dto)

@@ -247,7 +247,8 @@ pub(super) async fn get_object(
     let meta = &reader.meta;
     let full = content_range.is_none();
     let mut out = object_output!(GetObjectOutput, meta, body_len, content_range, { body: body });
-    if let Some(c) = returned_checksum(meta, input.checksum_mode.as_ref(), full) {
+    if let Some(c) = returned_checksum(meta, input.checksum_mode.as_ref(), full, input.part_number)
+    {
         set_checksum!(out, c, with_type);
     }
     Ok(S3Response::with_headers(out, reply))
@@ -272,7 +273,8 @@ pub(super) async fn head_object(
         content_range,
         {}
     );
-    if let Some(c) = returned_checksum(meta, input.checksum_mode.as_ref(), full) {
+    if let Some(c) = returned_checksum(meta, input.checksum_mode.as_ref(), full, input.part_number)
+    {
         set_checksum!(out, c, with_type);
     }
     let mut resp = S3Response::new(out);

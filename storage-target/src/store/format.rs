@@ -153,6 +153,22 @@ impl ObjectMeta {
         self.last_modified_ms.div_euclid(1000)
     }
 
+    /// Part `n`'s checksum of a multipart object (the object's algorithm
+    /// and checksum type, the part's value), when the object has a
+    /// checksum and kept its parts' (what GetObject and HeadObject with
+    /// `partNumber` return with `x-amz-checksum-mode: ENABLED`).
+    #[must_use]
+    pub fn part_checksum(&self, n: u32) -> Option<crate::checksum::StoredChecksum> {
+        let c = self.checksum.as_ref()?;
+        let i = usize::try_from(n.checked_sub(1)?).ok()?;
+        let value = self.parts.get(i)?.checksum.clone()?;
+        Some(crate::checksum::StoredChecksum {
+            algorithm: c.algorithm,
+            checksum_type: c.checksum_type,
+            value,
+        })
+    }
+
     /// The id of this instance of the key: its instance id, or for objects
     /// written without one, its ETag and modification time.
     #[must_use]
