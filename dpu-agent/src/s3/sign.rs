@@ -19,6 +19,12 @@
 //!
 //! The tests hold the first way to the second: for any request both produce
 //! the same `authorization` header.
+//!
+//! A request whose body must be signed (an s3dma batch request, whose body
+//! lists keys and tokens) carries the body's SHA-256 in
+//! `x-amz-content-sha256` when it is signed: that hash, not
+//! `UNSIGNED-PAYLOAD`, is then the payload hash of its signature (the
+//! second way).
 
 use std::fmt;
 use std::sync::Mutex;
@@ -110,7 +116,10 @@ impl Signer {
         headers: &mut HeaderMap,
         now: SystemTime,
     ) -> Result<(), SignError> {
-        if url.contains('?') || !headers.contains_key(http::header::HOST) {
+        if url.contains('?')
+            || !headers.contains_key(http::header::HOST)
+            || headers.contains_key("x-amz-content-sha256")
+        {
             return self.sign_with_aws_sigv4(method, url, region, headers, now);
         }
         let path = url_path(url)?;
@@ -174,6 +183,16 @@ impl Signer {
         headers: &mut HeaderMap,
         now: SystemTime,
     ) -> Result<(), SignError> {
+        // A body hash the caller set is the payload hash (aws-sigv4 puts
+        // the header back).
+        let payload = headers
+            .remove("x-amz-content-sha256")
+            .map(|v| {
+                v.to_str()
+                    .map(str::to_owned)
+                    .map_err(|_| SignError("x-amz-content-sha256 is not text".into()))
+            })
+            .transpose()?;
         let mut settings = SigningSettings::default();
         settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
         // S3 signs the path as sent: encoded once, not normalised.
@@ -200,7 +219,11 @@ impl Signer {
             method,
             url,
             pairs.into_iter(),
-            SignableBody::UnsignedPayload,
+            payload
+                .as_deref()
+                .map_or(SignableBody::UnsignedPayload, |h| {
+                    SignableBody::Precomputed(h.to_owned())
+                }),
         )
         .map_err(|e| SignError(e.to_string()))?;
         let (instructions, _signature) = sign(signable, &params)
@@ -331,6 +354,44 @@ mod tests {
         assert_eq!(h["x-amz-content-sha256"], "UNSIGNED-PAYLOAD");
         assert!(!format!("{s:?}").contains("very-secret"));
         assert!(!auth.contains("very-secret"));
+    }
+
+    #[test]
+    fn a_body_hash_set_by_the_caller_is_the_payload_hash() {
+        let s = Signer::new("AKIDEXAMPLE", "very-secret-value");
+        let sign = |hash: Option<&str>| {
+            let mut h = HeaderMap::new();
+            h.insert("host", HeaderValue::from_static("127.0.0.1:9000"));
+            if let Some(v) = hash {
+                h.insert("x-amz-content-sha256", HeaderValue::from_str(v).unwrap());
+            }
+            s.sign(
+                "POST",
+                "http://127.0.0.1:9000/?s3dma-batch",
+                "us-east-1",
+                &mut h,
+                at(1_700_000_000),
+            )
+            .unwrap();
+            h
+        };
+        let body = hex::encode(Sha256::digest(b"{}"));
+        let hashed = sign(Some(&body));
+        assert_eq!(hashed["x-amz-content-sha256"], body.as_str());
+        assert_eq!(hashed.get_all("x-amz-content-sha256").iter().count(), 1);
+        let unsigned = sign(None);
+        assert_eq!(unsigned["x-amz-content-sha256"], "UNSIGNED-PAYLOAD");
+        assert_ne!(hashed["authorization"], unsigned["authorization"]);
+        // Without a query string too.
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("127.0.0.1:9000"));
+        h.insert(
+            "x-amz-content-sha256",
+            HeaderValue::from_str(&body).unwrap(),
+        );
+        s.sign("PUT", "http://127.0.0.1:9000/b/k", "us-east-1", &mut h, at(1))
+            .unwrap();
+        assert_eq!(h["x-amz-content-sha256"], body.as_str());
     }
 
     /// A signer and headers holding only `host`, as the agent's requests start.

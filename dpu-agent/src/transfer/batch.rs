@@ -234,6 +234,12 @@ where
 ///
 /// Returns one result per item of the group (any order).
 pub async fn run_group(b: &Batch<'_>, op: Op, group: Group) -> Vec<ItemResult> {
+    // A target that speaks s3dma's dialect takes the group as batched
+    // requests; what it does not take runs below.
+    let (batched, group) = super::target_batch::batched(b, op, group).await;
+    if group.items.is_empty() {
+        return batched;
+    }
     let Group {
         target,
         bucket,
@@ -291,6 +297,7 @@ pub async fn run_group(b: &Batch<'_>, op: Op, group: Group) -> Vec<ItemResult> {
             }
         }
     }
+    results.extend(batched);
     results
 }
 

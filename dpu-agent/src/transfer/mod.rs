@@ -26,6 +26,7 @@ pub mod fallback;
 pub mod get;
 pub mod meta;
 pub mod put;
+pub mod target_batch;
 
 pub use ctx::Ctx;
 pub use exchange::{Attempt, Exchange};

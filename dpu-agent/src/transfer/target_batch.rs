@@ -1,0 +1,452 @@
+//! A (target, bucket) group of HEADs or PUTs as s3dma batch requests
+//! (`POST /?s3dma-batch`, [`s3dma_wire::batch`]) to a target that speaks
+//! s3dma's dialect: one signed request per up to [`MAX_ITEMS`] items
+//! instead of one per item.
+//!
+//! [`batched`] is what [`super::batch::run_group`] tries first. It takes
+//! the items it can send batched (a target with `protocol: s3dma`, RDMA on
+//! and the standard token header; HEADs; PUTs no larger than a single PUT,
+//! by their own window) and leaves the rest to the group's parallel single
+//! requests. A target that declines batches (`501`, or a `400`/`404`/`405`
+//! without `x-amz-rdma-batch`: the gateway, a plain S3 server) is
+//! remembered as such for the life of the agent, and its items go as
+//! single requests, now and later. A batch that fails otherwise (a refusal
+//! of the whole batch, retries spent, a reply that does not read) is sent
+//! as single requests this time; a PUT batch sent twice stores the same
+//! bytes twice, which is harmless.
+//!
+//! The body is signed: its SHA-256 is the request's payload hash
+//! ([`crate::s3::Signer`]), so the keys and tokens it carries are covered
+//! by the tenant's signature as a single request's headers are.
+//!
+//! Quotas: a batched request takes one of the batch's running places and
+//! one of the tenant's concurrency slots, and its PUT windows' bytes from
+//! the tenant's bytes in flight, while it runs.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use s3dma_proto::agent::v1 as pb;
+use s3dma_wire::batch::{self, BatchReply, BatchRequest, ItemReply};
+use sha2::{Digest as _, Sha256};
+use tracing::{debug, info};
+
+use super::batch::{Batch, Group, Item, ItemResult, Op, Outcome};
+use super::exchange::{Attempt, Exchange, read_body};
+use super::put::PutResult;
+use crate::config::RdmaProtocol;
+use crate::error::{AgentError, BadReply};
+use crate::s3::TargetClient;
+use crate::s3::client::{S3Call, full_body, header};
+
+/// Most items one batched request carries (the storage-target's default
+/// `rdma.batch.max_items`).
+pub const MAX_ITEMS: usize = 1000;
+/// Largest body one batched request has (under the storage-target's
+/// default `rdma.batch.max_body_bytes`, 2 MiB).
+pub const MAX_BODY: usize = 1536 << 10;
+/// Most PUT window bytes one batched request moves (the storage-target's
+/// default `rdma.batch.max_bytes`).
+pub const MAX_BYTES: u64 = 256 << 20;
+
+/// The targets (name and endpoint) that declined a batch: their groups go
+/// as single requests.
+static DECLINED: LazyLock<Mutex<HashSet<(String, String)>>> =
+    LazyLock::new(|| Mutex::new(HashSet::new()));
+
+fn key_of(t: &TargetClient) -> (String, String) {
+    (t.name.clone(), t.url(&S3Call::new(Method::GET, "", None)))
+}
+
+fn declined(t: &TargetClient) -> bool {
+    DECLINED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&key_of(t))
+}
+
+fn remember_declined(t: &TargetClient) {
+    let new = DECLINED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(key_of(t));
+    if new {
+        info!(target = %t.name, "the target declines s3dma batch requests: its batches go as single requests");
+    }
+}
+
+/// Whether `target` may be sent batches at all.
+fn speaks_batches(target: &TargetClient) -> bool {
+    target.protocol == RdmaProtocol::S3dma
+        && target.rdma
+        && target
+            .token_header
+            .eq_ignore_ascii_case(s3dma_wire::headers::RDMA_TOKEN)
+        && !declined(target)
+}
+
+/// Sends what it can of `group` as batched requests: the results of the
+/// items it sent, and the group of those left for single requests.
+pub async fn batched(b: &Batch<'_>, op: Op, group: Group) -> (Vec<ItemResult>, Group) {
+    if op == Op::Delete || !speaks_batches(&group.target) {
+        return (Vec::new(), group);
+    }
+    let Group {
+        target,
+        bucket,
+        items,
+    } = group;
+    let threshold = b.core.settings.put.multipart_threshold;
+    let (send, mut rest): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|i| match op {
+        Op::Head => true,
+        Op::Put => i
+            .put
+            .as_ref()
+            .is_some_and(|p| u64::from(p.src.size) <= threshold.min(MAX_BYTES)),
+        Op::Delete => false,
+    });
+    let ex = Exchange {
+        core: Arc::clone(b.core),
+        tenant: Arc::clone(b.tenant),
+        target: Arc::clone(&target),
+        request_id: b.request_id.to_owned(),
+    };
+    let chunks = split(send, &bucket);
+    let ran = futures::future::join_all(
+        chunks
+            .into_iter()
+            .map(|c| one_request(b, &ex, op, &bucket, c)),
+    )
+    .await;
+    let mut done = Vec::new();
+    for r in ran {
+        match r {
+            Ok(results) => done.extend(results),
+            Err(items) => rest.extend(items),
+        }
+    }
+    rest.sort_by_key(|i| i.index);
+    (
+        done,
+        Group {
+            target,
+            bucket,
+            items: rest,
+        },
+    )
+}
+
+/// The wire item of a group's item.
+fn wire_item(bucket: &str, item: &Item) -> batch::Item {
+    match &item.put {
+        None => batch::Item::head(bucket, &item.key),
+        Some(p) => {
+            let mut w = batch::Item::put(bucket, &item.key, &p.src.format());
+            w.content_type.clone_from(&p.content_type);
+            w.metadata = p
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            w
+        }
+    }
+}
+
+/// The items cut into requests within [`MAX_ITEMS`], [`MAX_BODY`] (by an
+/// estimate of each item's encoded size) and [`MAX_BYTES`].
+fn split(items: Vec<Item>, bucket: &str) -> Vec<Vec<Item>> {
+    let mut out: Vec<Vec<Item>> = Vec::new();
+    let (mut body, mut bytes) = (0usize, 0u64);
+    for item in items {
+        let size = 160
+            + bucket.len()
+            + item.key.len() * 6
+            + item.put.as_ref().map_or(0, |p| {
+                p.metadata
+                    .iter()
+                    .map(|(k, v)| 8 + (k.len() + v.len()) * 6)
+                    .sum::<usize>()
+                    + p.content_type.as_ref().map_or(0, |c| c.len() * 6)
+            });
+        let window = item.put.as_ref().map_or(0, |p| u64::from(p.src.size));
+        let full = out.last().is_none_or(|c| {
+            c.len() >= MAX_ITEMS || body + size > MAX_BODY || bytes + window > MAX_BYTES
+        });
+        if full {
+            out.push(Vec::new());
+            (body, bytes) = (0, 0);
+        }
+        body += size;
+        bytes += window;
+        if let Some(c) = out.last_mut() {
+            c.push(item);
+        }
+    }
+    out
+}
+
+/// What one batched request came to.
+enum Sent {
+    /// The target's reply, one item per item sent.
+    Reply(BatchReply),
+    /// The target declined batches.
+    Declined,
+}
+
+/// One batched request of `items`: their results, or the items back for
+/// single requests.
+async fn one_request(
+    b: &Batch<'_>,
+    ex: &Exchange,
+    op: Op,
+    bucket: &str,
+    items: Vec<Item>,
+) -> Result<Vec<ItemResult>, Vec<Item>> {
+    let body =
+        match BatchRequest::new(items.iter().map(|i| wire_item(bucket, i)).collect()).encode() {
+            Ok(body) if body.len() <= MAX_BODY || items.len() == 1 => Bytes::from(body),
+            _ => return Err(items),
+        };
+    let Ok(_running) = b.limit.acquire().await else {
+        return Err(items);
+    };
+    let _slot = match b.tenant.quota.admit().await {
+        Ok(s) => s,
+        Err(e) => {
+            let e = AgentError::SlowDown(e);
+            return Ok(items
+                .into_iter()
+                .map(|i| (i.index, Err(e.clone())))
+                .collect());
+        }
+    };
+    let window: u64 = items
+        .iter()
+        .filter_map(|i| i.put.as_ref())
+        .map(|p| u64::from(p.src.size))
+        .sum();
+    let _bytes = if window > 0 {
+        Some(b.tenant.quota.admit_bytes(window).await)
+    } else {
+        None
+    };
+    let hash = hex::encode(Sha256::digest(&body));
+    let n = items.len();
+    let sent = ex
+        .retrying("batch", || {
+            let (body, hash) = (body.clone(), hash.clone());
+            async move { send(ex, body, &hash, n).await }
+        })
+        .await;
+    match sent {
+        Ok(Sent::Reply(reply)) => Ok(items
+            .into_iter()
+            .zip(reply.items)
+            .map(|(item, r)| (item.index, outcome(op, bucket, &item, r, &ex.request_id)))
+            .collect()),
+        Ok(Sent::Declined) => {
+            remember_declined(&ex.target);
+            Err(items)
+        }
+        Err(e) => {
+            debug!(target = %ex.target.name, error = %e, "a batch request failed: its items go as single requests");
+            Err(items)
+        }
+    }
+}
+
+/// One attempt of a batched request.
+async fn send(ex: &Exchange, body: Bytes, hash: &str, n: usize) -> Result<Sent, Attempt> {
+    let mut call = S3Call::new(Method::POST, "", None);
+    call.query.push((batch::QUERY, None));
+    let bad =
+        |e: crate::s3::client::InvalidHeader| Attempt::Fatal(AgentError::internal(e.to_string()));
+    call.header(
+        s3dma_wire::headers::RDMA_PROTOCOL,
+        s3dma_wire::headers::S3DMA_PROTOCOL,
+    )
+    .map_err(bad)?;
+    call.header("content-type", batch::CONTENT_TYPE)
+        .map_err(bad)?;
+    call.header("x-amz-content-sha256", hash).map_err(bad)?;
+    call.body = Some(full_body(body));
+    let reply = ex.send(call).await?;
+    let marked =
+        header(reply.headers(), batch::REPLY_HEADER).as_deref() == Some(batch::REPLY_VALUE);
+    let status = reply.status();
+    if status == StatusCode::NOT_IMPLEMENTED
+        || (!marked
+            && matches!(
+                status,
+                StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+            ))
+    {
+        let _ = read_body(reply, 64 << 10).await;
+        return Ok(Sent::Declined);
+    }
+    if status != StatusCode::OK || !marked {
+        return Err(ex.failure(reply).await);
+    }
+    let (_, bytes) = read_body(reply, batch::MAX_REPLY_BODY).await?;
+    BatchReply::parse(&bytes, n).map(Sent::Reply).map_err(|e| {
+        Attempt::Fatal(AgentError::Protocol(BadReply::Unparsable {
+            reply: "s3dma batch",
+            reason: e.to_string(),
+        }))
+    })
+}
+
+/// An item's reply as what the item came to.
+fn outcome(
+    op: Op,
+    bucket: &str,
+    item: &Item,
+    r: ItemReply,
+    request_id: &str,
+) -> Result<Outcome, AgentError> {
+    if !r.ok() {
+        let code = r.code.unwrap_or_default();
+        if op == Op::Head && r.status == 404 && code != "NoSuchBucket" {
+            return Ok(Outcome::Missing);
+        }
+        return Err(AgentError::S3(crate::error::S3Error {
+            code,
+            message: r.message.unwrap_or_default(),
+            request_id: request_id.to_owned(),
+            http_status: r.status,
+        }));
+    }
+    let bad = |reason: String| {
+        AgentError::Protocol(BadReply::Unparsable {
+            reply: "s3dma batch",
+            reason,
+        })
+    };
+    match (op, &item.put) {
+        (Op::Head, _) => Ok(Outcome::Found(pb::ObjectInfo {
+            size: r
+                .size
+                .ok_or_else(|| bad("a HEAD item without its size".into()))?,
+            etag: r.etag.unwrap_or_default(),
+            content_type: r.content_type.unwrap_or_default(),
+            metadata: r.metadata.into_iter().collect::<HashMap<_, _>>(),
+            last_modified_unix_ms: r.last_modified_ms.unwrap_or(0),
+        })),
+        (Op::Put, Some(p)) => {
+            // Never report an object stored unless its stored size is what
+            // was sent.
+            let size = u64::from(p.src.size);
+            if r.bytes != Some(size) || r.size.is_some_and(|s| s != size) {
+                return Err(bad(format!(
+                    "the target stored {:?} bytes of a {size}-byte object in {bucket}",
+                    r.bytes
+                )));
+            }
+            Ok(Outcome::Stored(PutResult {
+                etag: r.etag.unwrap_or_default(),
+                size,
+                parts: 0,
+                path: super::path_of(true, false),
+            }))
+        }
+        _ => Err(AgentError::internal("a batched item without its operation")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabric::RdmaToken;
+
+    fn item(index: usize, key: &str, size: Option<u32>) -> Item {
+        let put = size.map(|s| {
+            let mut src: RdmaToken =
+                "00007f0000001000:00001000:00000001:0000:000001:1:00000000000000000000ffff7f000001"
+                    .parse()
+                    .unwrap();
+            src.size = s;
+            super::super::batch::PutSource {
+                src,
+                content_type: None,
+                metadata: HashMap::new(),
+            }
+        });
+        Item {
+            index,
+            key: key.to_owned(),
+            put,
+        }
+    }
+
+    #[test]
+    fn groups_split_by_items_body_and_bytes() {
+        let heads: Vec<Item> = (0..2500).map(|i| item(i, "k", None)).collect();
+        let chunks = split(heads, "b");
+        assert_eq!(
+            chunks.iter().map(Vec::len).collect::<Vec<_>>(),
+            [1000, 1000, 500]
+        );
+        // Long keys: by the body estimate.
+        let long = "k".repeat(1024);
+        let heads: Vec<Item> = (0..600).map(|i| item(i, &long, None)).collect();
+        let chunks = split(heads, "b");
+        assert!(chunks.len() > 1);
+        for c in &chunks {
+            let body = BatchRequest::new(c.iter().map(|i| wire_item("b", i)).collect())
+                .encode()
+                .unwrap();
+            assert!(body.len() <= MAX_BODY, "{}", body.len());
+        }
+        // Window bytes.
+        let puts: Vec<Item> = (0..5).map(|i| item(i, "k", Some(100 << 20))).collect();
+        let chunks = split(puts, "b");
+        assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+    }
+
+    #[test]
+    fn item_replies_become_outcomes() {
+        let head = item(0, "k", None);
+        let miss = ItemReply::error(404, "NoSuchKey", "no");
+        assert!(matches!(
+            outcome(Op::Head, "b", &head, miss, "r"),
+            Ok(Outcome::Missing)
+        ));
+        let nb = ItemReply::error(404, "NoSuchBucket", "no");
+        let e = outcome(Op::Head, "b", &head, nb, "r").unwrap_err();
+        assert_eq!(e.s3_code(), "NoSuchBucket");
+        let found = ItemReply {
+            status: 200,
+            size: Some(5),
+            etag: Some("\"e\"".into()),
+            ..ItemReply::default()
+        };
+        match outcome(Op::Head, "b", &head, found, "r") {
+            Ok(Outcome::Found(info)) => assert_eq!((info.size, info.etag.as_str()), (5, "\"e\"")),
+            other => panic!("{other:?}"),
+        }
+        let put = item(1, "k", Some(10));
+        let short = ItemReply {
+            status: 200,
+            bytes: Some(9),
+            ..ItemReply::default()
+        };
+        assert!(outcome(Op::Put, "b", &put, short, "r").is_err());
+        let whole = ItemReply {
+            status: 200,
+            bytes: Some(10),
+            size: Some(10),
+            etag: Some("\"e\"".into()),
+            ..ItemReply::default()
+        };
+        assert!(matches!(
+            outcome(Op::Put, "b", &put, whole, "r"),
+            Ok(Outcome::Stored(PutResult { size: 10, .. }))
+        ));
+        let denied = ItemReply::error(403, "AccessDenied", "no");
+        let e = outcome(Op::Put, "b", &put, denied, "r").unwrap_err();
+        assert_eq!(e.s3_code(), "AccessDenied");
+    }
+}
