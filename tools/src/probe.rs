@@ -30,6 +30,10 @@
 //! exit status is 1 when a server broke a rule a client relies on (a
 //! tokened reply without `x-amz-rdma-reply` taken for a success, an empty
 //! object stored for a declined PUT, a HEAD of length 0, bytes that differ).
+//! Where a reply differs from the draft "RDMA for S3" in a way a known peer
+//! does, a `peer` line names that peer's rule ([`peer_rule`]: e.g. "declines
+//! GET with an empty 501, as elbencho's s3rdma-server does"), so a report
+//! says which server's behaviour it met, not only which rule broke.
 
 use std::time::{Duration, SystemTime};
 
@@ -54,6 +58,9 @@ pub(crate) struct Options {
     pub fabric: Backend,
     /// The deadline of each request (connect, send, the whole reply).
     pub timeout: Duration,
+    /// `--path-mtu`: the queue pairs' path MTU is the lower of it and the
+    /// port's active MTU (`None`: the active MTU).
+    pub path_mtu: Option<fabric::config::PathMtu>,
     /// The S3 key.
     pub access_key_id: String,
     /// Its secret.
@@ -273,6 +280,71 @@ impl Findings {
         println!("BROKEN  {what}: {detail}");
         self.broken.push(what.to_owned());
     }
+
+    /// The peer rule `r` follows at `step`, if it differs from the draft
+    /// in a way a known peer does.
+    fn peer(&self, what: &str, step: Step, r: &Reply, stored: Option<u64>) {
+        if let Some(rule) = peer_rule(step, r, stored) {
+            println!("peer    {what}: {rule}");
+        }
+    }
+}
+
+/// Where in the probe a reply came back, for [`peer_rule`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// A GET carrying a cuObject token for a DC target nobody has.
+    DcGet,
+    /// A PUT carrying that token.
+    DcPut,
+    /// A hipobj-rc-v2 PREPARE.
+    Prepare,
+}
+
+/// The rule of a known peer that a reply at `step` follows where it
+/// differs from the draft "RDMA for S3" (`stored`: the size of what a
+/// tokened PUT left, if anything). The draft: a declined GET carries the
+/// object in its body (200/206 with `x-amz-rdma-reply: 501`), a declined
+/// PUT stores nothing, a dialect not spoken answers 501 with
+/// `x-amz-rdma-protocol-status: unsupported`, PREPARE's reply token is
+/// `200:<token>`. `None`: the draft's rule, or no peer known to differ so.
+fn peer_rule(step: Step, r: &Reply, stored: Option<u64>) -> Option<&'static str> {
+    let reply = r.header("x-amz-rdma-reply");
+    match step {
+        Step::DcGet if reply == Some("501") && r.body.is_empty() => {
+            Some("declines GET with an empty 501, as elbencho's s3rdma-server does")
+        }
+        Step::DcGet if reply.is_none() && r.status == 200 => Some(
+            "ignores x-amz-rdma-token and serves the body, as a plain S3 server does \
+             (moto; Ceph RGW and MinIO without their RDMA builds)",
+        ),
+        Step::DcPut if reply.is_none() && stored == Some(0) => Some(
+            "ignores x-amz-rdma-token and stores the empty body, as a plain S3 server does \
+             (moto; Ceph RGW and MinIO without their RDMA builds)",
+        ),
+        Step::Prepare
+            if r.status == 501
+                && r.header(s3dma_wire::hipobj::header::PROTOCOL_STATUS)
+                    .is_none() =>
+        {
+            Some(
+                "answers an unknown control route with a bare 501 (no \
+                 x-amz-rdma-protocol-status), as a plain S3 server does: a hipobj-rc-v2 \
+                 client neither transfers nor falls back",
+            )
+        }
+        Step::Prepare
+            if r.status == 200
+                && r.header("x-amz-rdma-reply")
+                    .is_some_and(|v| v.starts_with("200 ")) =>
+        {
+            Some(
+                "answers PREPARE with the older `200 <token>` spelling of the reply \
+                 (hipObject's first v2 servers), which clients accept beside `200:<token>`",
+            )
+        }
+        _ => None,
+    }
 }
 
 /// Runs the probe; an error is a probe that could not run (no server, no
@@ -347,6 +419,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let r = s
         .send("GET", &path, &[("x-amz-rdma-token", &token)], Bytes::new())
         .await?;
+    f.peer("cuObject (DC) GET", Step::DcGet, &r, None);
     let reply = r.header("x-amz-rdma-reply").map(str::to_owned);
     match (r.status, reply.as_deref()) {
         (200, Some("501")) if sha(&r.body) == sha(&payload) => f.ok(
@@ -382,7 +455,13 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
             Bytes::new(),
         )
         .await?;
-    let stored = s.send("HEAD", &put_key, &[], Bytes::new()).await?.status == 200;
+    let head = s.send("HEAD", &put_key, &[], Bytes::new()).await?;
+    let stored = head.status == 200;
+    let stored_len = head
+        .header("content-length")
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|_| stored);
+    f.peer("cuObject (DC) PUT", Step::DcPut, &r, stored_len);
     match (r.header("x-amz-rdma-reply"), stored) {
         (Some("501"), false) => f.ok(
             "cuObject (DC) PUT",
@@ -449,6 +528,7 @@ async fn hipobj(
         );
         token.lid = 0;
         let r = prepare(s, &token.encode(), 1, 0x5eed, "GET", &target, &size).await?;
+        f.peer(WHAT, Step::Prepare, &r, None);
         let unsupported = r.status == 501
             && r.header(h::header::PROTOCOL_STATUS)
                 .is_some_and(|v| v.eq_ignore_ascii_case("unsupported"));
@@ -585,6 +665,7 @@ async fn verbs_transfers(
             format!("{path}-rc-put")
         };
         let r = prepare(s, &token.encode(), psn, cookie, op, &target, &size).await?;
+        f.peer(WHAT, Step::Prepare, &r, None);
         if r.status == 501 {
             f.info(WHAT, &format!("{op}: not spoken ({})", r.rdma_headers()));
             return Ok(());
@@ -613,7 +694,7 @@ async fn verbs_transfers(
                 return Ok(());
             }
         };
-        qp.connect(
+        qp.connect_with_mtu(
             &RcRemote {
                 qpn: prepared.token.qpn,
                 gid: prepared.token.gid,
@@ -621,6 +702,7 @@ async fn verbs_transfers(
                 psn: prepared.server_psn,
             },
             psn,
+            s.opts.path_mtu,
         )?;
         if !get {
             region.write_at(0, payload)?;
@@ -737,6 +819,47 @@ mod tests {
         for m in ["PUT", "HEAD", "POST", "DELETE"] {
             assert_eq!(body_limit(m, 10 << 20), CONTROL_BODY_MAX, "{m}");
         }
+    }
+
+    fn reply(status: u16, headers: &[(&'static str, &str)], body: &'static [u8]) -> Reply {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(*k, v.parse().unwrap());
+        }
+        Reply {
+            status,
+            headers: h,
+            body: Bytes::from_static(body),
+        }
+    }
+
+    #[test]
+    fn peer_rules_are_named_only_where_a_reply_leaves_the_draft() {
+        let empty_501 = reply(501, &[("x-amz-rdma-reply", "501")], b"");
+        assert!(
+            peer_rule(Step::DcGet, &empty_501, None)
+                .is_some_and(|r| r.contains("as elbencho's s3rdma-server does"))
+        );
+        // The draft's decline: the object in the body.
+        let served = reply(200, &[("x-amz-rdma-reply", "501")], b"object");
+        assert_eq!(peer_rule(Step::DcGet, &served, None), None);
+        let ignored = reply(200, &[], b"object");
+        assert!(peer_rule(Step::DcGet, &ignored, None).is_some_and(|r| r.contains("plain S3")));
+        // A PUT: only an empty object left behind by an ignored token.
+        let put = reply(200, &[], b"");
+        assert!(peer_rule(Step::DcPut, &put, Some(0)).is_some());
+        assert_eq!(peer_rule(Step::DcPut, &put, None), None);
+        let declined = reply(200, &[("x-amz-rdma-reply", "501")], b"");
+        assert_eq!(peer_rule(Step::DcPut, &declined, None), None);
+        // PREPARE: a bare 501, the older spelling; the draft's 501 and
+        // `200:<token>` get none.
+        assert!(peer_rule(Step::Prepare, &reply(501, &[], b""), None).is_some());
+        let draft = reply(501, &[("x-amz-rdma-protocol-status", "unsupported")], b"");
+        assert_eq!(peer_rule(Step::Prepare, &draft, None), None);
+        let older = reply(200, &[("x-amz-rdma-reply", "200 abcd")], b"");
+        assert!(peer_rule(Step::Prepare, &older, None).is_some_and(|r| r.contains("older")));
+        let current = reply(200, &[("x-amz-rdma-reply", "200:abcd")], b"");
+        assert_eq!(peer_rule(Step::Prepare, &current, None), None);
     }
 
     #[test]

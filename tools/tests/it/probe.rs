@@ -84,6 +84,150 @@ async fn probe_reports_what_a_plain_s3_server_breaks() {
         text.contains("the server broke 1 rule(s): cuObject (DC) PUT"),
         "{text}"
     );
+    // The peer rule it follows, named.
+    for line in [
+        "peer    cuObject (DC) GET: ignores x-amz-rdma-token and serves the body, as a plain S3 server does",
+        "peer    cuObject (DC) PUT: ignores x-amz-rdma-token and stores the empty body, as a plain S3 server does",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+}
+
+/// An S3 server that declines cuObject tokens as elbencho's
+/// `s3rdma-server` does (the test's own, written from what that server was
+/// seen to answer): a tokened GET gets `x-amz-rdma-reply: 501` and no
+/// body, a tokened PUT stores nothing; plain HTTP works; hipobj-rc-v2
+/// PREPAREs from unknown GIDs are declined with the dialect's 501. One
+/// request at a time per connection (keep-alive), bodies by
+/// Content-Length. Returns its endpoint.
+async fn elbencho_like() -> String {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let objects: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let objects = objects.clone();
+            tokio::spawn(async move {
+                let mut pending = Vec::new();
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let end = loop {
+                        if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&pending[..end]).to_ascii_lowercase();
+                    let mut lines = head.lines();
+                    let first: Vec<String> = lines
+                        .next()
+                        .unwrap_or_default()
+                        .split(' ')
+                        .map(str::to_owned)
+                        .collect();
+                    let header = |name: &str| {
+                        head.lines().find_map(|l| {
+                            l.strip_prefix(&format!("{name}:"))
+                                .map(|v| v.trim().to_owned())
+                        })
+                    };
+                    let len: usize = header("content-length")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    while pending.len() < end + len {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body = pending[end..end + len].to_vec();
+                    pending.drain(..end + len);
+                    let (method, path) = (first[0].to_ascii_uppercase(), first[1].clone());
+                    let tokened = header("x-amz-rdma-token").is_some();
+                    let mut extra = String::new();
+                    let mut out = Vec::new();
+                    let status = {
+                        let mut o = objects.lock().unwrap();
+                        match method.as_str() {
+                            "POST" if path.starts_with("/.hipobj-rc/") => {
+                                extra = "x-amz-rdma-protocol-status: unsupported\r\n".into();
+                                501
+                            }
+                            // The bucket.
+                            "PUT" if path.matches('/').count() == 1 => 200,
+                            "PUT" if tokened => {
+                                extra = "x-amz-rdma-reply: 501\r\n".into();
+                                200
+                            }
+                            "PUT" => {
+                                o.insert(path, body);
+                                200
+                            }
+                            "GET" if tokened && o.contains_key(&path) => {
+                                extra = "x-amz-rdma-reply: 501\r\n".into();
+                                501
+                            }
+                            "GET" | "HEAD" => match o.get(&path) {
+                                Some(b) => {
+                                    if method == "GET" {
+                                        out.clone_from(b);
+                                    } else {
+                                        extra = format!("content-length: {}\r\n", b.len());
+                                    }
+                                    200
+                                }
+                                None => 404,
+                            },
+                            "DELETE" => {
+                                o.remove(&path);
+                                204
+                            }
+                            _ => 400,
+                        }
+                    };
+                    let length = if method == "HEAD" {
+                        String::new()
+                    } else {
+                        format!("content-length: {}\r\n", out.len())
+                    };
+                    let reply = format!("HTTP/1.1 {status} X\r\n{extra}{length}\r\n");
+                    if conn.write_all(reply.as_bytes()).await.is_err()
+                        || conn.write_all(&out).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    endpoint
+}
+
+/// Against a server that declines cuObject GETs with an empty 501, the
+/// probe reports the broken rule and names the peer's rule it follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_names_the_peer_rule_a_server_follows() {
+    let endpoint = elbencho_like().await;
+    let (out, text) = probe(&endpoint, ("elbencho", "elbencho"), &[]);
+    assert!(!out.status.success(), "{text}");
+    for line in [
+        "ok      HTTP: PUT and GET of the test object, bytes compared",
+        "BROKEN  cuObject (DC) GET: declined, but HTTP 501 without the object's bytes",
+        "peer    cuObject (DC) GET: declines GET with an empty 501, as elbencho's s3rdma-server does",
+        "ok      cuObject (DC) PUT: declined (",
+        "the server broke 1 rule(s): cuObject (DC) GET",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    // The draft's rules it keeps get no peer line.
+    assert!(!text.contains("peer    cuObject (DC) PUT"), "{text}");
+    assert!(!text.contains("peer    hipobj-rc-v2"), "{text}");
 }
 
 /// How a hostile server answers every request.
