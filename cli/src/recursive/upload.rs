@@ -1,5 +1,6 @@
 //! `put --recursive` and `sync DIR URL`: each file read into a buffer
-//! through a checked open and put whole; `--delete` removes the keys no
+//! through a checked open and put whole (files up to 1 MiB several to a
+//! pool buffer and one PutObjects call); `--delete` removes the keys no
 //! file made in DeleteObjects batches.
 
 use std::collections::{BTreeMap, HashSet};
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use s3dma_client::{Buffer, ObjectKey, PutOptions};
+use s3dma_client::{Buffer, ErrorKind, ObjectKey, PutItem, PutOptions};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -139,6 +140,33 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
     let pool = Pool::new(slots, chunk, "s3dma put -r");
     let inflight = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let mut tasks = JoinSet::new();
+    // Small files go several to a pool buffer, one PutObjects each.
+    let (small, uploads): (Vec<Upload>, Vec<Upload>) = uploads
+        .into_iter()
+        .partition(|u| u.size <= SMALL_FILE.min(chunk));
+    for batch in pack(small, chunk) {
+        let (run, pool, inflight) = (Arc::clone(&run), Arc::clone(&pool), Arc::clone(&inflight));
+        tasks.spawn(async move {
+            let Ok(_turn) = inflight.acquire_owned().await else {
+                return;
+            };
+            match pool.take(&run.client).await {
+                Ok((permit, buf)) => {
+                    let buf = put_batch(&run, batch, buf).await;
+                    pool.give_back(buf);
+                    drop(permit);
+                }
+                Err(error) => {
+                    for u in batch {
+                        run.fail(Failure::Client {
+                            what: format!("put s3://{}/{}", run.bucket, u.key),
+                            error: error.clone(),
+                        });
+                    }
+                }
+            }
+        });
+    }
     for u in uploads {
         let (run, pool, large, inflight) = (
             Arc::clone(&run),
@@ -278,22 +306,7 @@ async fn upload_inner(g: &Global, dir: &Path, url: &str, opts: TreeOptions) -> R
 async fn put_file(run: &Run, u: &Upload, mut buf: Buffer) -> (Buffer, Result<(), Failure>) {
     let what = format!("put s3://{}/{}", run.bucket, u.key);
     let n = usize::try_from(u.size).unwrap_or(usize::MAX);
-    let read = tokio::task::block_in_place(|| -> io::Result<()> {
-        let mut f = open_seen(&u.path, u.id)?;
-        let slice = &mut buf.as_mut_slice()[..n];
-        f.read_exact(slice).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                io::Error::other("the file shrank while being read")
-            } else {
-                e
-            }
-        })?;
-        let mut one = [0u8; 1];
-        if f.read(&mut one)? != 0 {
-            return Err(io::Error::other("the file grew while being read"));
-        }
-        Ok(())
-    });
+    let read = tokio::task::block_in_place(|| read_into(u, &mut buf.as_mut_slice()[..n]));
     if let Err(e) = read {
         return (
             buf,
@@ -314,4 +327,120 @@ async fn put_file(run: &Run, u: &Upload, mut buf: Buffer) -> (Buffer, Result<(),
         }
         Err(error) => (buf, Err(Failure::Client { what, error })),
     }
+}
+
+/// Files up to this size are uploaded several to a PutObjects call.
+const SMALL_FILE: u64 = 1 << 20;
+
+/// Files of one PutObjects call at most.
+const BATCH_FILES: usize = 64;
+
+/// Small files packed into batches of at most [`BATCH_FILES`] whose sizes
+/// add up to at most `room` bytes (one pool buffer).
+fn pack(small: Vec<Upload>, room: u64) -> Vec<Vec<Upload>> {
+    let mut out: Vec<Vec<Upload>> = Vec::new();
+    let mut used = 0u64;
+    for u in small {
+        match out.last_mut() {
+            Some(b) if b.len() < BATCH_FILES && used + u.size <= room => {
+                used += u.size;
+                b.push(u);
+            }
+            _ => {
+                used = u.size;
+                out.push(vec![u]);
+            }
+        }
+    }
+    out
+}
+
+/// Reads a file into `slice` through the checked open.
+fn read_into(u: &Upload, slice: &mut [u8]) -> io::Result<()> {
+    let mut f = open_seen(&u.path, u.id)?;
+    f.read_exact(slice).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            io::Error::other("the file shrank while being read")
+        } else {
+            e
+        }
+    })?;
+    let mut one = [0u8; 1];
+    if f.read(&mut one)? != 0 {
+        return Err(io::Error::other("the file grew while being read"));
+    }
+    Ok(())
+}
+
+/// Reads a batch of small files into `buf` one after another and writes
+/// them with one PutObjects call; each file's failure is its own. A shim
+/// that refuses the call as a whole (too many items or bytes for the
+/// tenant) gets the files as single PUTs from the same buffer.
+/// Gives the buffer back.
+async fn put_batch(run: &Run, batch: Vec<Upload>, mut buf: Buffer) -> Buffer {
+    let mut items = Vec::with_capacity(batch.len());
+    let mut read = Vec::with_capacity(batch.len());
+    let mut offset = 0usize;
+    for u in batch {
+        let n = usize::try_from(u.size).unwrap_or(usize::MAX);
+        let r = tokio::task::block_in_place(|| {
+            read_into(&u, &mut buf.as_mut_slice()[offset..offset + n])
+        });
+        match r {
+            Ok(()) => {
+                items.push(PutItem {
+                    bucket: run.bucket.clone(),
+                    key: u.key.clone(),
+                    offset,
+                    length: n,
+                    opts: PutOptions::default(),
+                });
+                read.push(u);
+                offset += n;
+            }
+            Err(e) => run.fail(Failure::Other(format!(
+                "put s3://{}/{}: reading {}: {e}",
+                run.bucket,
+                u.key,
+                u.path.display()
+            ))),
+        }
+    }
+    if items.is_empty() {
+        return buf;
+    }
+    let results = match run.client.put_objects(&buf, &items, 0).await {
+        Ok(r) => r,
+        Err(e) if e.kind() == ErrorKind::InvalidArgument => {
+            let mut each = Vec::with_capacity(items.len());
+            for it in &items {
+                each.push(
+                    run.client
+                        .put_object_from(
+                            &run.bucket,
+                            &it.key,
+                            &buf,
+                            it.offset..it.offset + it.length,
+                            PutOptions::default(),
+                        )
+                        .await,
+                );
+            }
+            each
+        }
+        Err(e) => items.iter().map(|_| Err(e.clone())).collect(),
+    };
+    for (u, r) in read.iter().zip(results) {
+        match r {
+            Ok(_) => {
+                run.pb.inc(u.size);
+                run.done(u.size);
+            }
+            Err(error) => run.fail(Failure::Client {
+                what: format!("put s3://{}/{}", run.bucket, u.key),
+                error,
+            }),
+        }
+    }
+    buf
 }
