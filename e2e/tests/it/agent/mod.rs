@@ -3,6 +3,7 @@
 //! dpu-agent (and Ceph for `gateway` and `fallback`, one cluster per run)
 //! as processes through the launcher's harness (`common`).
 
+mod batch_target;
 mod common;
 mod fallback;
 mod gateway;
