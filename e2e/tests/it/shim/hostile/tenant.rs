@@ -132,6 +132,29 @@ pub(super) async fn another_tenants_buffer(w: &mut World, raw: &mut RawTenant) {
             assert_eq!(n, 1);
         }
     }
+    // A PutObjects item from bob's buffer: refused alone, with the same
+    // answer as an unknown id.
+    let r = raw
+        .put_objects(spoofed!(api::PutObjectsRequest {
+            items: vec![api::PutObjectsItem {
+                bucket: "alice-data".into(),
+                key: "batch-from-bob".into(),
+                source: slice(bob_buffer),
+                ..Default::default()
+            }],
+            concurrency: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    match &r.results[..] {
+        [
+            agent_pb::PutObjectsResult {
+                result: Some(agent_pb::put_objects_result::Result::Error(e)),
+            },
+        ] => assert_eq!(e.s3_code, "NoSuchBuffer", "{e:?}"),
+        other => panic!("a PutObjects item from bob's buffer: {other:?}"),
+    }
     let listed = raw
         .list_buffers(spoofed!(api::ListBuffersRequest {}))
         .await
