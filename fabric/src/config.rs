@@ -7,6 +7,8 @@
 //! * [`Backend`] implements `serde::Deserialize` through its
 //!   [`std::str::FromStr`] (`tcp`, `verbs`): backend names are parsed in one
 //!   place, and a configuration struct holds a [`Backend`] directly.
+//! * [`PathMtu`]: the `path_mtu` knob of the RC queue pairs whose peer
+//!   does not say its MTU (the hipobj-rc-v2 dialect): 256 to 4096 bytes.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -143,11 +145,118 @@ impl serde::Serialize for Backend {
     }
 }
 
+/// A path MTU of the verbs queue pairs, in bytes (256, 512, 1024, 2048 or
+/// 4096): the `path_mtu` knob. A queue pair connected with it uses the
+/// lower of it and the port's active MTU ([`PathMtu::cap`]). The peers of
+/// the hipobj-rc-v2 dialect do not tell each other their MTU, so both
+/// sides must use the same one: emulated NICs (Soft-RoCE, some VMs) often
+/// report 1024 while hardware reports 4096, and a WRITE larger than one
+/// packet between two different MTUs fails. Set the same `path_mtu` on
+/// both sides (the lower of the two ports') for such a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PathMtu(u8);
+
+/// Why a path MTU was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("path_mtu must be 256, 512, 1024, 2048 or 4096 (bytes), not {0}")]
+pub struct PathMtuError(pub String);
+
+impl PathMtu {
+    /// The MTU of `bytes` (256, 512, 1024, 2048 or 4096).
+    ///
+    /// # Errors
+    /// Any other number of bytes.
+    pub fn from_bytes(bytes: u32) -> Result<PathMtu, PathMtuError> {
+        match bytes {
+            256 => Ok(PathMtu(1)),
+            512 => Ok(PathMtu(2)),
+            1024 => Ok(PathMtu(3)),
+            2048 => Ok(PathMtu(4)),
+            4096 => Ok(PathMtu(5)),
+            other => Err(PathMtuError(other.to_string())),
+        }
+    }
+
+    /// In bytes.
+    #[must_use]
+    pub fn bytes(self) -> u32 {
+        128u32 << self.0
+    }
+
+    /// The verbs `ibv_mtu` code (1 = 256 ... 5 = 4096).
+    #[must_use]
+    pub fn code(self) -> u8 {
+        self.0
+    }
+
+    /// The MTU code a queue pair on a port whose active MTU code is
+    /// `active` uses with the knob `cap` (`None`: the active MTU): the
+    /// lower of the two, at least 1 (256 bytes).
+    #[must_use]
+    pub fn cap(cap: Option<PathMtu>, active: u8) -> u8 {
+        cap.map_or(active, |c| active.min(c.0)).max(1)
+    }
+}
+
+impl std::str::FromStr for PathMtu {
+    type Err = PathMtuError;
+    fn from_str(s: &str) -> Result<PathMtu, PathMtuError> {
+        s.trim()
+            .parse::<u32>()
+            .map_err(|_| PathMtuError(s.to_owned()))
+            .and_then(PathMtu::from_bytes)
+    }
+}
+
+impl fmt::Display for PathMtu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.bytes())
+    }
+}
+
+/// From a number of bytes (YAML `path_mtu: 1024`).
+impl<'de> Deserialize<'de> for PathMtu {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let bytes = u32::deserialize(d)?;
+        PathMtu::from_bytes(bytes).map_err(de::Error::custom)
+    }
+}
+
+/// As the number of bytes its `Deserialize` reads.
+impl serde::Serialize for PathMtu {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(self.bytes())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde::de::IntoDeserializer;
     use serde::de::value::Error as DeError;
+
+    #[test]
+    fn path_mtus() {
+        for (bytes, code) in [(256, 1), (512, 2), (1024, 3), (2048, 4), (4096, 5)] {
+            let m = PathMtu::from_bytes(bytes).unwrap();
+            assert_eq!((m.bytes(), m.code()), (bytes, code));
+            assert_eq!(bytes.to_string().parse::<PathMtu>(), Ok(m));
+            let d: Result<PathMtu, DeError> = PathMtu::deserialize(bytes.into_deserializer());
+            assert_eq!(d, Ok(m));
+        }
+        for bad in [0, 1000, 1500, 8192, 9000] {
+            assert!(PathMtu::from_bytes(bad).is_err(), "{bad}");
+            let d: Result<PathMtu, DeError> = PathMtu::deserialize(bad.into_deserializer());
+            assert!(d.unwrap_err().to_string().contains("256, 512"), "{bad}");
+        }
+        assert!("1k".parse::<PathMtu>().is_err());
+        let k1 = PathMtu::from_bytes(1024).ok();
+        // The lower of the knob and the port's active MTU.
+        assert_eq!(PathMtu::cap(None, 5), 5);
+        assert_eq!(PathMtu::cap(k1, 5), 3);
+        assert_eq!(PathMtu::cap(k1, 2), 2);
+        assert_eq!(PathMtu::cap(None, 0), 1);
+    }
 
     #[test]
     fn fabric_keys() {

@@ -154,6 +154,9 @@ struct Tables {
 /// The queue pairs of the agent's transfers, on the shim's verbs domain.
 pub struct QpHost {
     max_queue_pairs: usize,
+    /// `fabric.path_mtu`: the transfer QPs use the lower of it and the
+    /// port's active MTU.
+    path_mtu: Option<fabric::config::PathMtu>,
     tables: Mutex<Tables>,
     /// Each tenant's DC target by the tenant's protection domain, or why
     /// there are none.
@@ -239,11 +242,13 @@ impl QpHost {
     pub fn new(
         domain: &Domain,
         max_queue_pairs: usize,
+        path_mtu: Option<fabric::config::PathMtu>,
         dc: Result<Vec<(Domain, DcHost)>, NoDcTarget>,
     ) -> Option<Arc<QpHost>> {
         (domain.backend() == fabric::Backend::Verbs).then(|| {
             Arc::new(QpHost {
                 max_queue_pairs,
+                path_mtu,
                 tables: Mutex::new(Tables::default()),
                 dc,
             })
@@ -473,7 +478,7 @@ impl QpHost {
             lid: u16::try_from(c.remote_lid).unwrap_or(0),
             psn: c.remote_psn,
         };
-        match e.qp.connect(&remote, e.psn) {
+        match e.qp.connect_with_mtu(&remote, e.psn, self.path_mtu) {
             Ok(()) => done(),
             Err(err) => failed(format!("connecting the queue pair: {err}")),
         }

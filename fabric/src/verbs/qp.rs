@@ -239,6 +239,30 @@ impl QueuePair {
         )
     }
 
+    /// The path MTU the device holds for this QP (`ibv_mtu` code; 0
+    /// before RTR).
+    pub(crate) fn path_mtu(&self) -> Result<u8> {
+        // SAFETY: plain C structs, all-zero is a valid initial state; the
+        // device fills them.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        check(
+            // SAFETY: the QP is live; `attr` and `init` are valid for
+            // writes for the duration of the call.
+            unsafe {
+                ibv_query_qp(
+                    self.qp.as_ptr(),
+                    &mut attr,
+                    mask(&[ibv_qp_attr_mask::IBV_QP_PATH_MTU]),
+                    &mut init,
+                )
+            },
+            "ibv_query_qp",
+        )?;
+        Ok(u8::try_from(attr.path_mtu).unwrap_or(0))
+    }
+
     /// Brings the QP from RESET through INIT and RTR to RTS.
     pub(crate) fn connect(
         &self,

@@ -152,23 +152,41 @@ impl RcQp {
 
     /// Brings the QP to RTR and RTS against `remote`, sending from
     /// `local_psn`, at the port's active MTU (the peers' choice: neither
-    /// side tells the other its MTU).
+    /// side tells the other its MTU); [`RcQp::connect_with_mtu`] with no
+    /// `path_mtu` knob.
     ///
     /// # Errors
     /// A verbs call failed (a GID the port cannot route to, a bad QPN).
     pub fn connect(&self, remote: &RcRemote, local_psn: u32) -> Result<()> {
+        self.connect_with_mtu(remote, local_psn, None)
+    }
+
+    /// [`RcQp::connect`] at the lower of the port's active MTU and
+    /// `path_mtu` (`None`: the active MTU): the knob for a peer whose port
+    /// reports a lower MTU than this one (emulated NICs often report 1024),
+    /// which this dialect cannot learn from the peer.
+    ///
+    /// # Errors
+    /// A verbs call failed (a GID the port cannot route to, a bad QPN).
+    pub fn connect_with_mtu(
+        &self,
+        remote: &RcRemote,
+        local_psn: u32,
+        path_mtu: Option<crate::config::PathMtu>,
+    ) -> Result<()> {
+        let mtu = crate::config::PathMtu::cap(path_mtu, self.local.active_mtu);
         let info = QpInfo {
             qpn: remote.qpn,
             psn: remote.psn & 0x00ff_ffff,
             lid: remote.lid,
-            mtu: self.local.active_mtu,
+            mtu,
             gid: remote.gid,
         };
         self.req.qp.modify(
             qp::rtr_attr(
                 self.local.port,
                 self.sgid_index,
-                policy::path_mtu(self.local.active_mtu, self.local.active_mtu),
+                policy::path_mtu(mtu, mtu),
                 &info,
             ),
             "ibv_modify_qp(RTR)",
@@ -176,6 +194,15 @@ impl RcQp {
         self.req
             .qp
             .modify(qp::rts_attr(local_psn & 0x00ff_ffff), "ibv_modify_qp(RTS)")
+    }
+
+    /// The path MTU the device holds for this QP (`ibv_mtu` code, 1 = 256
+    /// ... 5 = 4096; 0 before it is connected).
+    ///
+    /// # Errors
+    /// The verbs query failed.
+    pub fn path_mtu(&self) -> Result<u8> {
+        self.req.qp.path_mtu()
     }
 
     /// Posts the one receive the peer's WRITE_WITH_IMM consumes; the

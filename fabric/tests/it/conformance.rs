@@ -1010,6 +1010,71 @@ async fn transfer_qp_reaches_only_its_domain(backend: Backend) {
     assert_eq!(mem_a.as_slice().to_vec().unwrap(), vec![0xa5u8; 4096]);
 }
 
+/// The `path_mtu` knob of a hipobj-rc-v2 transfer QP: connected with it,
+/// the device holds the lower of it and the port's active MTU (without it,
+/// the active MTU); two QPs at the same capped MTU move a WRITE_WITH_IMM of
+/// many packets byte-exact. (tcp has no transfer QPs.)
+async fn transfer_qp_path_mtu_knob(backend: Backend) {
+    use fabric::config::PathMtu;
+    use fabric::verbs::rc::{RcQp, RcRemote};
+    let domain = Domain::open(backend).expect("open domain");
+    if backend == Backend::Tcp {
+        assert!(RcQp::create(&domain, Access::REMOTE_WRITE).is_err());
+        return;
+    }
+    let len = 64 * 1024 + 3;
+    let src = domain.alloc(len, Access::LOCAL_WRITE).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    src.write_at(0, &data).unwrap();
+    for cap in [None, Some(256), Some(512), Some(1024), Some(4096)] {
+        let knob = cap.map(|b| PathMtu::from_bytes(b).unwrap());
+        let dst = domain.alloc(len, Access::REMOTE_WRITE).unwrap();
+        let rx = RcQp::create(&domain, Access::REMOTE_WRITE).unwrap();
+        let tx = RcQp::create(&domain, Access::NONE).unwrap();
+        let recv = rx.post_recv().unwrap();
+        let (rl, tl) = (rx.local(), tx.local());
+        let remote = |l: fabric::verbs::rc::RcLocal, psn| RcRemote {
+            qpn: l.qpn,
+            gid: l.gid,
+            lid: l.lid,
+            psn,
+        };
+        rx.connect_with_mtu(&remote(tl, 7), 9, knob).unwrap();
+        tx.connect_with_mtu(&remote(rl, 9), 7, knob).unwrap();
+        let want = PathMtu::cap(knob, rl.active_mtu);
+        assert!(want <= rl.active_mtu && want >= 1);
+        if let Some(k) = knob {
+            assert!(want <= k.code(), "{cap:?}");
+        } else {
+            assert_eq!(want, rl.active_mtu);
+        }
+        assert_eq!(
+            rx.path_mtu().unwrap(),
+            want,
+            "{cap:?}: the device's path MTU"
+        );
+        assert_eq!(
+            tx.path_mtu().unwrap(),
+            want,
+            "{cap:?}: the device's path MTU"
+        );
+        guard(tx.write_with_imm(src.as_slice(), dst.addr(), dst.rkey(), 0x5eed))
+            .await
+            .unwrap_or_else(|e| panic!("{cap:?}: the WRITE: {e}"));
+        let got = guard(recv).await.unwrap();
+        assert_eq!(
+            (got.imm, got.byte_len as usize),
+            (Some(0x5eed), len),
+            "{cap:?}"
+        );
+        assert_eq!(
+            dst.as_slice().to_vec().unwrap(),
+            data,
+            "{cap:?}: byte-exact"
+        );
+    }
+}
+
 /// Whether the verbs variants run here: inside the Soft-RoCE VM always (a
 /// missing device fails there), elsewhere when a verbs domain opens.
 fn verbs_here(case: &str) -> bool {
@@ -1073,4 +1138,5 @@ conformance!(
     file_source,
     isolated_responders,
     transfer_qp_reaches_only_its_domain,
+    transfer_qp_path_mtu_knob,
 );

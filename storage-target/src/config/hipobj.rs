@@ -62,6 +62,15 @@ pub struct HipobjConfig {
     /// Default 60; 1 to 3600.
     #[serde(default = "default_transfer_timeout_secs")]
     pub transfer_timeout_secs: u64,
+    /// The path MTU of the sessions' queue pairs, in bytes (256, 512,
+    /// 1024, 2048 or 4096): they use the lower of it and the port's active
+    /// MTU. Default: none (the port's active MTU). The dialect's peers do
+    /// not tell each other their MTU, and a WRITE of more than one packet
+    /// between two different MTUs fails: for clients on emulated NICs
+    /// (Soft-RoCE and others often report 1024) set it to theirs, or set
+    /// theirs to this server's.
+    #[serde(default = "default_path_mtu", skip_serializing_if = "Option::is_none")]
+    pub path_mtu: Option<fabric::config::PathMtu>,
     /// `rdma.tenant_users`, copied here by [`HipobjConfig::with_tenants`]
     /// when the server is built (not a field of this section).
     #[serde(skip)]
@@ -80,6 +89,7 @@ impl Default for HipobjConfig {
             max_shared_staging_bytes: None,
             prepared_timeout_secs: default_prepared_timeout_secs(),
             transfer_timeout_secs: default_transfer_timeout_secs(),
+            path_mtu: default_path_mtu(),
             tenant_users: Vec::new(),
         }
     }
@@ -105,6 +115,9 @@ fn default_prepared_timeout_secs() -> u64 {
 }
 fn default_transfer_timeout_secs() -> u64 {
     60
+}
+fn default_path_mtu() -> Option<fabric::config::PathMtu> {
+    None
 }
 
 impl HipobjConfig {
@@ -223,5 +236,16 @@ mod tests {
             assert!(c.validate("t").is_err(), "{bad}");
         }
         assert!(serde_yaml::from_str::<HipobjConfig>("bogus: 1").is_err());
+    }
+
+    #[test]
+    fn path_mtu() {
+        assert_eq!(HipobjConfig::default().path_mtu, None);
+        let c: HipobjConfig = serde_yaml::from_str("path_mtu: 1024").unwrap();
+        assert_eq!(c.path_mtu.map(fabric::config::PathMtu::bytes), Some(1024));
+        for bad in ["path_mtu: 1500", "path_mtu: 0", "path_mtu: 1KiB"] {
+            let e = serde_yaml::from_str::<HipobjConfig>(bad).unwrap_err();
+            assert!(e.to_string().contains("path_mtu"), "{bad}: {e}");
+        }
     }
 }

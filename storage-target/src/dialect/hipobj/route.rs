@@ -351,7 +351,7 @@ impl HipobjService {
         while !self.fresh_pair(qp.local().qpn, server_psn) {
             server_psn = hipobj::random_psn();
         }
-        qp.connect(
+        qp.connect_with_mtu(
             &RcRemote {
                 qpn: p.token.qpn,
                 gid: p.token.gid,
@@ -359,6 +359,7 @@ impl HipobjService {
                 psn: p.client_psn,
             },
             server_psn,
+            self.cfg.path_mtu,
         )
         .map_err(|e| {
             warn!(error = %e, "hipobj-rc-v2: connecting the queue pair to the client's failed");
