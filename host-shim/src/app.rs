@@ -206,7 +206,12 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
                 tracing::info!(reason = %why, "no DC target: cuObject-dialect targets are reached over HTTP through the agent");
             }
         }
-        crate::qp_link::QpHost::new(&domain, c.fabric.max_queue_pairs as usize, dc)
+        crate::qp_link::QpHost::new(
+            &domain,
+            c.fabric.max_queue_pairs as usize,
+            c.fabric.path_mtu,
+            dc,
+        )
     };
     #[allow(unused_mut)]
     let mut background = Vec::new();

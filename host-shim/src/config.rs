@@ -154,6 +154,15 @@ pub struct FabricConfig {
     /// flight; each ends with its window anyway). Default 256; 1 to 65536.
     #[serde(default = "default_fabric_max_queue_pairs")]
     pub max_queue_pairs: u32,
+    /// With `backend: verbs`: the path MTU of the hipobj-rc-v2 transfer
+    /// queue pairs, in bytes (256, 512, 1024, 2048 or 4096); they use the
+    /// lower of it and the port's active MTU. Default: none (the port's
+    /// active MTU). That dialect's peers do not tell each other their MTU,
+    /// and a WRITE of more than one packet between two different MTUs
+    /// fails: against a server on an emulated NIC (Soft-RoCE and others
+    /// often report 1024) set it to the server's.
+    #[serde(default = "default_fabric_path_mtu", skip_serializing_if = "Option::is_none")]
+    pub path_mtu: Option<fabric::config::PathMtu>,
     /// With `backend: verbs` on an mlx5 device with DC (ConnectX-5 or
     /// newer, BlueField) and a build with the `dc` feature: the DC target
     /// standard (cuObject) tokens name, for targets the agent reaches with
@@ -237,6 +246,7 @@ impl FabricConfig {
             handshake_timeout_secs: default_fabric_handshake_timeout_secs(),
             idle_timeout_secs: default_fabric_idle_timeout_secs(),
             max_queue_pairs: default_fabric_max_queue_pairs(),
+            path_mtu: default_fabric_path_mtu(),
             dc: DcConfig::default(),
         }
     }
@@ -432,6 +442,9 @@ fn default_backend() -> Backend {
 }
 fn default_fabric_max_queue_pairs() -> u32 {
     256
+}
+fn default_fabric_path_mtu() -> Option<fabric::config::PathMtu> {
+    None
 }
 
 fn default_fabric_max_connections() -> u32 {

@@ -219,6 +219,14 @@ enum Cmd {
         /// for its GETs, 1 MiB for any other reply.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
         timeout: std::time::Duration,
+        /// With `--fabric verbs`: the queue pairs' path MTU in bytes (256,
+        /// 512, 1024, 2048 or 4096), used when it is lower than the port's
+        /// active MTU [default: the active MTU]. For a server on a port of
+        /// a lower MTU (emulated NICs often report 1024): the dialect does
+        /// not negotiate it, and a multi-packet WRITE between two MTUs
+        /// fails.
+        #[arg(long, value_name = "BYTES")]
+        path_mtu: Option<fabric::config::PathMtu>,
     },
     /// One tenant process of `bench` (started by the bench itself).
     #[command(hide = true)]
@@ -365,6 +373,7 @@ fn main() -> ExitCode {
             size,
             fabric,
             timeout,
+            path_mtu,
         } => {
             let keys = (
                 std::env::var("AWS_ACCESS_KEY_ID"),
@@ -379,6 +388,7 @@ fn main() -> ExitCode {
                         size,
                         fabric,
                         timeout,
+                        path_mtu,
                         access_key_id,
                         secret_access_key,
                     },
