@@ -180,6 +180,7 @@ where
     // Most batches name one bucket served by one target: the last group
     // used is tried first.
     let mut last: Option<usize> = None;
+    let mut routed: Option<(String, Arc<[Arc<TargetClient>]>)> = None;
     for (index, (bucket, key, put)) in items.into_iter().enumerate() {
         if let Err(e) = check(b.tenant, op, &bucket, &key) {
             refused.push((index, Err(e)));
@@ -193,12 +194,19 @@ where
             }
             None => None,
         };
-        let targets = match b.core.group_for(&bucket) {
-            Ok(t) => t,
-            Err(e) => {
-                refused.push((index, Err(e)));
-                continue;
-            }
+        // The bucket's targets, looked up once per run of items naming it.
+        let targets = match &routed {
+            Some((name, t)) if *name == bucket => Arc::clone(t),
+            _ => match b.core.group_for(&bucket) {
+                Ok(t) => {
+                    routed = Some((bucket.clone(), Arc::clone(&t)));
+                    t
+                }
+                Err(e) => {
+                    refused.push((index, Err(e)));
+                    continue;
+                }
+            },
         };
         let target = b.core.pick(&targets, &bucket, &key, 0);
         let same = |g: &Group| Arc::ptr_eq(&g.target, &target) && g.bucket == bucket;
