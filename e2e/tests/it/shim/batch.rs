@@ -5,11 +5,12 @@
 //! bucket name) while the others run, and the caps of the shim
 //! (`max_batch_items`, `max_batch_bytes` per tenant) and of the agent
 //! (`transfer.max_batch_items`, `transfer.max_batch_bytes`) refusing a
-//! whole batch with an error naming the cap. After every refusal the shim
-//! keeps serving and holds no window.
+//! whole batch with an error naming the cap (GetObjects too, whose items
+//! reach the agent as single calls: the shim's byte cap). After every
+//! refusal the shim keeps serving and holds no window.
 
 use crate::shim::common::*;
-use s3dma_client::{ErrorKind, ObjectKey, PutItem};
+use s3dma_client::{ErrorKind, GetItem, ObjectKey, PutItem};
 use s3dma_proto::agent::v1 as agent_pb;
 use s3dma_proto::tenant::v1 as api;
 
@@ -304,6 +305,20 @@ async fn hostile_batch_items_are_refused_one_by_one_and_caps_whole() {
             .await
             .unwrap_err(),
         "transfer.max_batch_bytes",
+    );
+    // GetObjects names 3 MiB of destinations: past the shim's 2 MiB.
+    let gets: Vec<GetItem> = (0..3)
+        .map(|i| GetItem {
+            bucket: "alice-data".into(),
+            key: "hostile/good".into(),
+            offset: i << 20,
+            length: Some(1 << 20),
+            ..Default::default()
+        })
+        .collect();
+    cap(
+        c.get_objects(&mut buf, &gets, 0).await.unwrap_err(),
+        "this tenant's max_batch_bytes",
     );
     assert!(
         s3dma_testkit::get_as(&s3, "alice-data", "big/0")
