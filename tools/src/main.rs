@@ -164,7 +164,7 @@ enum Cmd {
         #[arg(long, value_name = "URL", requires = "fanout")]
         upstream: Option<String>,
         /// Only these phases of the whole-stack bench (comma-separated:
-        /// large, disk, procs, small) [default: all]; the machine's limits
+        /// large, disk, procs, small, batch) [default: all]; the machine's limits
         /// are always measured.
         #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout", "dirs", "kv"])]
         only: Vec<options::Phase>,
@@ -269,13 +269,15 @@ const BENCH_HELP: &str = "\
 Phases: raw loopback TCP (~2 s); large objects (64 MiB, 1 GiB): PUT then GET
 through s3dma, then the same with aws-sdk-s3 over HTTP, median of the rounds;
 small objects (4 KiB, 64 KiB): GET and PUT with 1, 16 and 64 requests in
-flight, both ways; CPU (utime+stime) of dpu-agent, host-shim, storage-target
+flight, both ways; batched GET, PUT and HEAD (batches of 1, 16, 64) beside
+HTTP at the same concurrency, and a HEAD of 1,000 keys in one call; CPU (utime+stime) of dpu-agent, host-shim, storage-target
 and the bench itself per GB and per request. A full run takes a few minutes
 and needs about 6 GiB of memory (1 GiB buffers, the store on /dev/shm).
 
 JSON keys include get_1g_gbps, http_get_1g_gbps, get_1g_vs_http,
 get_1g_vs_raw_tcp, raw_tcp_gbps, get_4k_p50_us, http_get_4k_p50_us,
-get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb (see tools/README.md, JSON keys).";
+get_4k_ops_64, agent_cpu_us_per_req, agent_cpu_s_per_gb, batch_get_4k_ops_64,
+batch_head_1000_ms, batch_agent_cpu_us_per_obj (see tools/README.md, JSON keys).";
 
 /// `--shim-uid`: a uid or a user name.
 fn parse_shim_uid(s: &str) -> anyhow::Result<u32> {

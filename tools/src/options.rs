@@ -71,6 +71,9 @@ pub(crate) enum Phase {
     Procs,
     /// Small objects at 1, 16 and 64 in flight, with the CPU per request.
     Small,
+    /// Batched GET, PUT and HEAD of small objects (batches of 1, 16, 64)
+    /// beside HTTP at the same concurrency, and one HEAD of 1,000 keys.
+    Batch,
 }
 
 /// Prints one progress line on stderr.

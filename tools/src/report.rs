@@ -33,7 +33,19 @@
 //! - CPU (user + system) per GB moved by the large transfers and per request
 //!   of the small ones: `{proc}_cpu_s_per_gb`, `{proc}_cpu_us_per_req` for
 //!   `agent`, `shim`, `target` and `client` (this process) on the s3dma
-//!   path; `http_target_…` and `http_client_…` on the HTTP path.
+//!   path; `http_target_…` and `http_client_…` on the HTTP path; per small
+//!   cell `{op}_{size}_{proc}_cpu_us_per_req_{n}` (`proc` also `host` =
+//!   client + shim), `http_{op}_{size}_{client,target}_cpu_us_per_req_{n}`,
+//!   `{op}_{size}_host_cpu_vs_http_{n}`;
+//! - batched calls (`op` `get`/`put`/`head`, `b` objects per call: 1, 16,
+//!   64): `batch_{op}_{size}_ops_{b}` (objects/s), `http_batch_…_ops_{b}`
+//!   (HTTP with `b` in flight), `…_ops_{b}_vs_http`, `…_call_p50_us_{b}`,
+//!   `http_batch_…_p50_us_{b}`, `batch_{op}_{size}_{proc}_cpu_us_per_obj_{b}`,
+//!   `http_batch_…_{client,target}_cpu_us_per_obj_{b}`,
+//!   `…_host_cpu_vs_http_{b}`; `batch_get_4k_ops_64`, `batch_put_4k_ops_64`,
+//!   `batch_head_1000_ms` (one HeadObjects of 1,000 keys),
+//!   `batch_host_cpu_us_per_obj` and `batch_agent_cpu_us_per_obj` (4 KiB
+//!   GETs in batches of 64).
 
 use std::fmt::Write as _;
 
@@ -120,6 +132,14 @@ pub(crate) struct CellStats {
     pub mean_us: Option<f64>,
 }
 
+impl CellStats {
+    /// µs of CPU per request of `pick` out of `cpu`.
+    #[must_use]
+    pub(crate) fn us_per_req(&self, cpu: &CpuSecs, pick: Pick) -> Option<f64> {
+        ratio(Some(pick(cpu) * 1e6), Some(self.requests as f64))
+    }
+}
+
 /// Where a small request's time went: the mean time each service took per
 /// request of the same op during a cell, from its own latency histogram
 /// (`_sum` / `_count` before and after the cell, warm-up included), µs.
@@ -149,6 +169,93 @@ pub(crate) struct Cell {
     pub http: CellStats,
     /// The s3dma requests' time in each service (when its metrics were read).
     pub layers: Layers,
+    /// CPU each process used during the cell's measured window.
+    pub cpu: CellCpu,
+}
+
+/// CPU used during one cell's measured window, each path (utime+stime per
+/// process, polling included).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct CellCpu {
+    /// During the s3dma side.
+    pub s3dma: CpuSecs,
+    /// During the HTTP side.
+    pub http: CpuSecs,
+}
+
+/// A batched operation of the tenant API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchOp {
+    /// `GetObjects`.
+    Get,
+    /// `PutObjects`.
+    Put,
+    /// `HeadObjects`.
+    Head,
+}
+
+impl BatchOp {
+    /// `get` / `put` / `head` (JSON keys).
+    #[must_use]
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            BatchOp::Get => "get",
+            BatchOp::Put => "put",
+            BatchOp::Head => "head",
+        }
+    }
+
+    /// `GET` / `PUT` / `HEAD` (the table).
+    #[must_use]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            BatchOp::Get => "GET",
+            BatchOp::Put => "PUT",
+            BatchOp::Head => "HEAD",
+        }
+    }
+}
+
+/// One batched cell: batches of `batch` objects through s3dma (one batched
+/// call at a time), beside HTTP with `batch` single requests in flight.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BatchCell {
+    /// GET, PUT or HEAD.
+    pub op: BatchOp,
+    /// The objects.
+    pub size: Size,
+    /// Objects per batched call (= HTTP requests in flight).
+    pub batch: usize,
+    /// Objects per second through s3dma.
+    pub s3dma_objects_per_s: Option<f64>,
+    /// Latency of one batched call, µs (p50).
+    pub s3dma_call_p50_us: Option<f64>,
+    /// Objects the s3dma side completed in the measured window.
+    pub s3dma_objects: u64,
+    /// The HTTP side (one object per request).
+    pub http: CellStats,
+    /// CPU during each side's measured window.
+    pub cpu: CellCpu,
+}
+
+impl BatchCell {
+    /// µs of CPU per object of `pick` on the s3dma side.
+    #[must_use]
+    pub(crate) fn s3dma_us_per_obj(&self, pick: Pick) -> Option<f64> {
+        ratio(
+            Some(pick(&self.cpu.s3dma) * 1e6),
+            Some(self.s3dma_objects as f64),
+        )
+    }
+
+    /// µs of CPU per object of `pick` on the HTTP side.
+    #[must_use]
+    pub(crate) fn http_us_per_obj(&self, pick: Pick) -> Option<f64> {
+        ratio(
+            Some(pick(&self.cpu.http) * 1e6),
+            Some(self.http.requests as f64),
+        )
+    }
 }
 
 /// CPU seconds (user + system) each process used during some phases.
@@ -247,6 +354,10 @@ pub(crate) struct Report {
     pub procs_object_bytes: u64,
     /// The large PUT to a store on disk (a second stack).
     pub disk: DiskPut,
+    /// Batched cells (the batch phase).
+    pub batches: Vec<BatchCell>,
+    /// One HEAD of 1,000 keys in one batched call, ms (the batch phase).
+    pub batch_head_1000_ms: Option<f64>,
 }
 
 /// The large PUT to a data directory on disk, GB/s.
@@ -296,7 +407,16 @@ pub(crate) struct ProcsRow {
 }
 
 /// Picks one process's seconds out of a [`CpuSecs`].
-type Pick = fn(&CpuSecs) -> f64;
+pub(crate) type Pick = fn(&CpuSecs) -> f64;
+
+/// The processes of a cell's CPU keys, and the host's (client + shim).
+const CELL_PROCS: [(&str, Pick); 5] = [
+    ("client", |c| c.client),
+    ("shim", |c| c.shim),
+    ("agent", |c| c.agent),
+    ("target", |c| c.target),
+    ("host", |c| c.client + c.shim),
+];
 
 impl Report {
     /// The flat JSON object (see the module documentation for the keys).
@@ -412,7 +532,31 @@ impl Report {
             put(format!("{k}_shim_mean_us_{n}"), c.layers.shim_us);
             put(format!("{k}_agent_mean_us_{n}"), c.layers.agent_us);
             put(format!("{k}_target_mean_us_{n}"), c.layers.target_us);
+            for (name, pick) in CELL_PROCS {
+                let known = self.services_cpu || name == "client";
+                put(
+                    format!("{k}_{name}_cpu_us_per_req_{n}"),
+                    c.s3dma.us_per_req(&c.cpu.s3dma, pick).filter(|_| known),
+                );
+            }
+            for (name, pick) in [CELL_PROCS[0], CELL_PROCS[3]] {
+                let known = self.services_cpu || name == "client";
+                put(
+                    format!("http_{k}_{name}_cpu_us_per_req_{n}"),
+                    c.http.us_per_req(&c.cpu.http, pick).filter(|_| known),
+                );
+            }
+            put(
+                format!("{k}_host_cpu_vs_http_{n}"),
+                ratio(
+                    c.s3dma
+                        .us_per_req(&c.cpu.s3dma, CELL_PROCS[4].1)
+                        .filter(|_| self.services_cpu),
+                    c.http.us_per_req(&c.cpu.http, CELL_PROCS[0].1),
+                ),
+            );
         }
+        self.batch_json(&mut put);
         let procs: [(&str, Pick); 4] = [
             ("agent", |c| c.agent),
             ("shim", |c| c.shim),
@@ -443,6 +587,71 @@ impl Report {
             );
         }
         m
+    }
+
+    /// The batch phase's keys (see the module documentation).
+    fn batch_json(&self, put: &mut impl FnMut(String, Option<f64>)) {
+        for c in &self.batches {
+            let k = format!("batch_{}_{}", c.op.key(), c.size.key);
+            let b = c.batch;
+            put(format!("{k}_ops_{b}"), c.s3dma_objects_per_s);
+            put(format!("http_{k}_ops_{b}"), c.http.ops_per_s);
+            put(
+                format!("{k}_ops_{b}_vs_http"),
+                ratio(c.s3dma_objects_per_s, c.http.ops_per_s),
+            );
+            put(format!("{k}_call_p50_us_{b}"), c.s3dma_call_p50_us);
+            put(format!("http_{k}_p50_us_{b}"), c.http.p50_us);
+            for (name, pick) in CELL_PROCS {
+                let known = self.services_cpu || name == "client";
+                put(
+                    format!("{k}_{name}_cpu_us_per_obj_{b}"),
+                    c.s3dma_us_per_obj(pick).filter(|_| known),
+                );
+            }
+            for (name, pick) in [CELL_PROCS[0], CELL_PROCS[3]] {
+                let known = self.services_cpu || name == "client";
+                put(
+                    format!("http_{k}_{name}_cpu_us_per_obj_{b}"),
+                    c.http_us_per_obj(pick).filter(|_| known),
+                );
+            }
+            put(
+                format!("{k}_host_cpu_vs_http_{b}"),
+                ratio(
+                    c.s3dma_us_per_obj(CELL_PROCS[4].1)
+                        .filter(|_| self.services_cpu),
+                    c.http_us_per_obj(CELL_PROCS[0].1),
+                ),
+            );
+        }
+        if self.batches.is_empty() && self.batch_head_1000_ms.is_none() {
+            return;
+        }
+        let get64 = self
+            .batches
+            .iter()
+            .find(|c| c.op == BatchOp::Get && c.size.key == "4k" && c.batch == 64);
+        let of = |pick: Pick| {
+            get64
+                .and_then(|c| c.s3dma_us_per_obj(pick))
+                .filter(|_| self.services_cpu)
+        };
+        // The headline keys (null when their cell did not run).
+        for (op, name) in [
+            (BatchOp::Get, "batch_get_4k_ops_64"),
+            (BatchOp::Put, "batch_put_4k_ops_64"),
+        ] {
+            let v = self
+                .batches
+                .iter()
+                .find(|c| c.op == op && c.size.key == "4k" && c.batch == 64)
+                .and_then(|c| c.s3dma_objects_per_s);
+            put(name.into(), v);
+        }
+        put("batch_head_1000_ms".into(), self.batch_head_1000_ms);
+        put("batch_host_cpu_us_per_obj".into(), of(CELL_PROCS[4].1));
+        put("batch_agent_cpu_us_per_obj".into(), of(CELL_PROCS[2].1));
     }
 
     /// The human-readable table, headline ratios first.
@@ -671,6 +880,9 @@ impl Report {
             }
         }
 
+        self.cell_cpu_table(&mut o);
+        self.batch_table(&mut o);
+
         let _ = writeln!(
             o,
             "\nCPU (utime+stime from /proc/PID/stat): s per GB of the large transfers, \
@@ -708,6 +920,113 @@ impl Report {
             );
         }
         o
+    }
+}
+
+impl Report {
+    /// µs of CPU per request in each small cell, per process.
+    fn cell_cpu_table(&self, o: &mut String) {
+        if self.cells.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\nCPU per small request in each cell, µs (utime+stime over the cell; host = client + shim)"
+        );
+        let _ = writeln!(
+            o,
+            "  {:<7} {:<4} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>11} {:>11} | {:>9}",
+            "object",
+            "op",
+            "flight",
+            "client",
+            "shim",
+            "agent",
+            "target",
+            "host",
+            "HTTP client",
+            "HTTP target",
+            "host/HTTP"
+        );
+        let svc = |v: Option<f64>| fmt_num(v.filter(|_| self.services_cpu));
+        for c in &self.cells {
+            let s = |pick: Pick| c.s3dma.us_per_req(&c.cpu.s3dma, pick);
+            let h = |pick: Pick| c.http.us_per_req(&c.cpu.http, pick);
+            let _ = writeln!(
+                o,
+                "  {:<7} {:<4} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>11} {:>11} | {:>9}",
+                human_size(c.size.bytes),
+                c.op.label(),
+                c.in_flight,
+                fmt_num(s(CELL_PROCS[0].1)),
+                svc(s(CELL_PROCS[1].1)),
+                svc(s(CELL_PROCS[2].1)),
+                svc(s(CELL_PROCS[3].1)),
+                svc(s(CELL_PROCS[4].1)),
+                fmt_num(h(CELL_PROCS[0].1)),
+                svc(h(CELL_PROCS[3].1)),
+                fmt_ratio(ratio(
+                    s(CELL_PROCS[4].1).filter(|_| self.services_cpu),
+                    h(CELL_PROCS[0].1)
+                )),
+            );
+        }
+    }
+
+    /// The batch phase: objects/s and CPU per object beside HTTP.
+    fn batch_table(&self, o: &mut String) {
+        if self.batches.is_empty() && self.batch_head_1000_ms.is_none() {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\nBatched calls (one call of N objects at a time) beside HTTP with N requests in flight: \
+             objects/s, p50 µs (s3dma: per call), CPU µs per object"
+        );
+        let _ = writeln!(
+            o,
+            "  {:<7} {:<4} {:>5} | {:>8} {:>8} | {:>8} {:>7} | {:>7} | {:>6} {:>6} {:>6} {:>6} | {:>6} {:>6}",
+            "object",
+            "op",
+            "batch",
+            "s3dma/s",
+            "call p50",
+            "HTTP/s",
+            "p50",
+            "ratio",
+            "client",
+            "shim",
+            "agent",
+            "target",
+            "HTTP c",
+            "HTTP t"
+        );
+        let svc = |v: Option<f64>| fmt_num(v.filter(|_| self.services_cpu));
+        for c in &self.batches {
+            let _ = writeln!(
+                o,
+                "  {:<7} {:<4} {:>5} | {:>8} {:>8} | {:>8} {:>7} | {:>7} | {:>6} {:>6} {:>6} {:>6} | {:>6} {:>6}",
+                human_size(c.size.bytes),
+                c.op.label(),
+                c.batch,
+                fmt_num(c.s3dma_objects_per_s),
+                fmt_num(c.s3dma_call_p50_us),
+                fmt_num(c.http.ops_per_s),
+                fmt_num(c.http.p50_us),
+                fmt_ratio(ratio(c.s3dma_objects_per_s, c.http.ops_per_s)),
+                fmt_num(c.s3dma_us_per_obj(CELL_PROCS[0].1)),
+                svc(c.s3dma_us_per_obj(CELL_PROCS[1].1)),
+                svc(c.s3dma_us_per_obj(CELL_PROCS[2].1)),
+                svc(c.s3dma_us_per_obj(CELL_PROCS[3].1)),
+                fmt_num(c.http_us_per_obj(CELL_PROCS[0].1)),
+                svc(c.http_us_per_obj(CELL_PROCS[3].1)),
+            );
+        }
+        let _ = writeln!(
+            o,
+            "  HEAD of 1,000 keys in one batched call: {} ms",
+            fmt_num(self.batch_head_1000_ms)
+        );
     }
 }
 
@@ -807,6 +1126,7 @@ mod tests {
                         agent_us: Some(200.0),
                         target_us: Some(150.0),
                     },
+                    cpu: CellCpu::default(),
                 },
                 Cell {
                     op: Op::Get,
@@ -815,6 +1135,20 @@ mod tests {
                     s3dma: stats(9000.0, 6000.0),
                     http: stats(3000.0, 20000.0),
                     layers: Layers::default(),
+                    cpu: CellCpu {
+                        s3dma: CpuSecs {
+                            agent: 0.02,
+                            shim: 0.01,
+                            target: 0.05,
+                            client: 0.005,
+                        },
+                        http: CpuSecs {
+                            agent: 0.0,
+                            shim: 0.0,
+                            target: 0.05,
+                            client: 0.05,
+                        },
+                    },
                 },
             ],
             cpu_s3dma: PathCpu {
@@ -853,7 +1187,81 @@ mod tests {
             ],
             procs_object_bytes: 256 << 20,
             disk: DiskPut::default(),
+            batches: Vec::new(),
+            batch_head_1000_ms: None,
         }
+    }
+
+    #[test]
+    fn cell_and_batch_cpu_keys() {
+        let mut r = report();
+        // 1000 requests per side in the x64 cell.
+        let j = r.json();
+        let f = |j: &Map<String, Value>, k: &str| {
+            j.get(k)
+                .and_then(Value::as_f64)
+                .map(|v| (v * 1e6).round() / 1e6)
+        };
+        assert_eq!(f(&j, "get_4k_agent_cpu_us_per_req_64"), Some(20.0));
+        assert_eq!(f(&j, "get_4k_host_cpu_us_per_req_64"), Some(15.0));
+        assert_eq!(f(&j, "http_get_4k_client_cpu_us_per_req_64"), Some(50.0));
+        assert_eq!(f(&j, "get_4k_host_cpu_vs_http_64"), Some(0.3));
+        // No batch phase: no batch keys.
+        assert!(j.get("batch_get_4k_ops_64").is_none());
+        r.batches.push(BatchCell {
+            op: BatchOp::Get,
+            size: K4,
+            batch: 64,
+            s3dma_objects_per_s: Some(30000.0),
+            s3dma_call_p50_us: Some(2000.0),
+            s3dma_objects: 64_000,
+            http: CellStats {
+                ops_per_s: Some(5000.0),
+                p50_us: Some(9000.0),
+                p99_us: Some(20000.0),
+                requests: 10_000,
+                mean_us: Some(9500.0),
+            },
+            cpu: CellCpu {
+                s3dma: CpuSecs {
+                    agent: 0.64,
+                    shim: 0.32,
+                    target: 1.28,
+                    client: 0.064,
+                },
+                http: CpuSecs {
+                    agent: 0.0,
+                    shim: 0.0,
+                    target: 1.5,
+                    client: 1.2,
+                },
+            },
+        });
+        r.batch_head_1000_ms = Some(4.5);
+        let j = r.json();
+        assert_eq!(f(&j, "batch_get_4k_ops_64"), Some(30000.0));
+        assert_eq!(f(&j, "batch_get_4k_ops_64_vs_http"), Some(6.0));
+        assert_eq!(f(&j, "batch_agent_cpu_us_per_obj"), Some(10.0));
+        assert_eq!(f(&j, "batch_host_cpu_us_per_obj"), Some(6.0));
+        assert_eq!(
+            f(&j, "http_batch_get_4k_client_cpu_us_per_obj_64"),
+            Some(120.0)
+        );
+        assert_eq!(f(&j, "batch_get_4k_host_cpu_vs_http_64"), Some(0.05));
+        assert_eq!(f(&j, "batch_head_1000_ms"), Some(4.5));
+        // A cell that did not run is null, not missing.
+        assert_eq!(j.get("batch_put_4k_ops_64"), Some(&Value::Null));
+        let t = r.table();
+        assert!(t.contains("Batched calls"), "{t}");
+        assert!(
+            t.contains("HEAD of 1,000 keys in one batched call: 4.50 ms"),
+            "{t}"
+        );
+        r.services_cpu = false;
+        let j = r.json();
+        assert_eq!(j.get("batch_agent_cpu_us_per_obj"), Some(&Value::Null));
+        assert_eq!(j.get("get_4k_agent_cpu_us_per_req_64"), Some(&Value::Null));
+        assert_eq!(f(&j, "batch_get_4k_client_cpu_us_per_obj_64"), Some(1.0));
     }
 
     #[test]

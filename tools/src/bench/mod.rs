@@ -17,13 +17,17 @@
 //! 3. small objects (4 KiB, 64 KiB): GET and PUT with 1, 16 and 64 requests
 //!    in flight for a fixed time per cell (after a short warm-up), through
 //!    s3dma and over HTTP: ops/s and p50/p99 latency (HdrHistogram);
-//! 4. CPU: utime+stime of dpu-agent, host-shim, storage-target and this
+//! 4. batched calls (`GetObjects`, `PutObjects`, `HeadObjects`) of small
+//!    objects in batches of 1, 16 and 64 beside HTTP at the same
+//!    concurrency, and one HEAD of 1,000 keys ([`batch`]);
+//! 5. CPU: utime+stime of dpu-agent, host-shim, storage-target and this
 //!    process, read from `/proc/PID/stat` before and after each measured
 //!    phase, per GB moved (large) and per request (small).
 //!
 //! Then the table goes to stdout (see [`crate::report`]) and, with `--json`,
 //! the flat JSON object to a file.
 
+mod batch;
 mod large;
 mod small;
 
@@ -238,6 +242,12 @@ async fn attached(opts: &Options, plan: &Plan, endpoint: &str) -> anyhow::Result
         keys.extend((0..IN_FLIGHT[IN_FLIGHT.len() - 1]).map(|i| small_key(size, i)));
     }
     keys.extend((0..PROCS_MAX).map(|i| format!("procs/{i}")));
+    for size in SMALL {
+        keys.extend(
+            (0..batch::BATCHES[batch::BATCHES.len() - 1]).map(|i| batch::batch_key(size, i)),
+        );
+    }
+    keys.extend((0..batch::HEAD_KEYS).map(batch::head_key));
     for key in keys {
         if let Err(e) = ctx.s3.delete_object().bucket(BUCKET).key(&key).send().await {
             progress(&format!(
@@ -617,6 +627,9 @@ async fn measure(ctx: &Ctx, plan: &Plan) -> anyhow::Result<Report> {
     }
     if plan.runs(Phase::Small) {
         small::small(ctx, plan, &src, &mut report).await?;
+    }
+    if plan.runs(Phase::Batch) {
+        batch::batch(ctx, plan, &src, &mut report).await?;
     }
     src.release().await.context("releasing a buffer")?;
     Ok(report)

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::large::http_get_into;
 use super::{BUCKET, Ctx, IN_FLIGHT, Plan, SMALL, layer_totals, layers_between};
 use crate::options::progress;
-use crate::report::{Cell, CellStats, CpuSecs, Layers, Op, Report, Size, human_size};
+use crate::report::{Cell, CellCpu, CellStats, CpuSecs, Layers, Op, Report, Size, human_size};
 use crate::stats::{Latencies, per_second};
 
 /// What one worker of a cell did.
@@ -26,7 +26,7 @@ struct WorkerResult<B> {
 /// request. Returns the states (in order), the merged latencies of requests
 /// started after the warm-up, ops/s over the measured window, and the CPU
 /// used during it.
-async fn cell<B, W, F>(
+pub(super) async fn cell<B, W, F>(
     ctx: &Ctx,
     plan: &Plan,
     states: Vec<B>,
@@ -180,6 +180,7 @@ pub(super) async fn small(
                     (Some(m), Some(before)) => layers_between(before, layer_totals(m, op).await?),
                     _ => Layers::default(),
                 };
+                let s3dma_cpu = cpu;
                 report.cpu_s3dma.small = report.cpu_s3dma.small.plus(cpu);
                 report.cpu_s3dma.small_requests += s3dma.requests;
 
@@ -241,6 +242,10 @@ pub(super) async fn small(
                     s3dma,
                     http,
                     layers,
+                    cpu: CellCpu {
+                        s3dma: s3dma_cpu,
+                        http: cpu,
+                    },
                 });
             }
         }

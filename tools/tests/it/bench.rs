@@ -101,6 +101,16 @@ fn bench_quick_reports_every_number() {
         }
     }
     keys.push("http_target_cpu_us_per_req".into());
+    // The batch phase (4 KiB only with --quick).
+    for k in [
+        "batch_get_4k_ops_64",
+        "batch_put_4k_ops_64",
+        "batch_head_4k_ops_64",
+        "http_batch_get_4k_ops_64",
+        "batch_head_1000_ms",
+    ] {
+        keys.push(k.into());
+    }
     for k in &keys {
         let x = num(k);
         assert!(x.is_finite() && x > 0.0, "{k} = {x} in {text}");
@@ -116,6 +126,10 @@ fn bench_quick_reports_every_number() {
         "http_client_cpu_s_per_gb",
         "client_cpu_us_per_req",
         "http_client_cpu_us_per_req",
+        "batch_host_cpu_us_per_obj",
+        "batch_agent_cpu_us_per_obj",
+        "get_4k_host_cpu_us_per_req_64",
+        "get_4k_agent_cpu_us_per_req_64",
     ] {
         let x = num(k);
         assert!(x.is_finite() && x >= 0.0, "{k} = {x} in {text}");
