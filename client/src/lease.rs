@@ -3,12 +3,14 @@
 //! registered under it alive. Frames come from [`s3dma_proto::lease`].
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd as _, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::sys::socket::{ControlMessage, MsgFlags};
-use s3dma_proto::lease::{CudaFdRequest, FdRequest, Id, MAGIC, REPLY_HEADER_LEN, Reply};
+use s3dma_proto::lease::{
+    CudaFdRequest, FdRequest, Id, MAGIC, REPLY_HEADER_LEN, Reply, RingRequest,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::Mutex;
@@ -91,16 +93,27 @@ impl Lease {
     /// The exchange runs in its own task, so a caller that gives up half-way
     /// cannot leave a half-read reply on the stream.
     pub(crate) async fn pass_fd(self: &Arc<Self>, fd: BorrowedFd<'_>) -> Result<Id, Error> {
-        self.pass(fd, false).await
+        self.pass(fd, Frame::Host).await
     }
 
     /// Passes a CUDA shareable handle (the POSIX fd of
     /// `cuMemExportToShareableHandle`) in a `CU` frame; as [`Lease::pass_fd`].
     pub(crate) async fn pass_cuda_fd(self: &Arc<Self>, fd: BorrowedFd<'_>) -> Result<Id, Error> {
-        self.pass(fd, true).await
+        self.pass(fd, Frame::Cuda).await
     }
 
-    async fn pass(self: &Arc<Self>, fd: BorrowedFd<'_>, cuda: bool) -> Result<Id, Error> {
+    /// Passes a ring's memfd in an `RG` frame; as [`Lease::pass_fd`].
+    pub(crate) async fn pass_ring(self: &Arc<Self>, fd: BorrowedFd<'_>) -> Result<Id, Error> {
+        self.pass(fd, Frame::Ring).await
+    }
+
+    /// A duplicate of the lease's connection (to watch for its end).
+    pub(crate) async fn dup_stream(&self) -> io::Result<std::os::unix::net::UnixStream> {
+        let conn = self.conn.lock().await;
+        Ok(conn.stream.as_fd().try_clone_to_owned()?.into())
+    }
+
+    async fn pass(self: &Arc<Self>, fd: BorrowedFd<'_>, kind: Frame) -> Result<Id, Error> {
         let fd = fd.try_clone_to_owned().map_err(|e| {
             Error::new(
                 ErrorKind::Other,
@@ -109,7 +122,7 @@ impl Lease {
             )
         })?;
         let lease = Arc::clone(self);
-        match tokio::spawn(async move { lease.exchange(fd, cuda).await }).await {
+        match tokio::spawn(async move { lease.exchange(fd, kind).await }).await {
             Ok(r) => r,
             Err(e) => Err(Error::new(
                 ErrorKind::Other,
@@ -119,7 +132,7 @@ impl Lease {
         }
     }
 
-    async fn exchange(&self, fd: OwnedFd, cuda: bool) -> Result<Id, Error> {
+    async fn exchange(&self, fd: OwnedFd, kind: Frame) -> Result<Id, Error> {
         let mut conn = self.conn.lock().await;
         if conn.broken {
             return Err(Error::shim_unavailable(
@@ -131,10 +144,10 @@ impl Lease {
         conn.next_seq = conn.next_seq.checked_add(1).unwrap_or(1);
         // Until the reply is read in full, a failure loses the framing.
         conn.broken = true;
-        let frame = if cuda {
-            CudaFdRequest { seq }.encode()
-        } else {
-            FdRequest { seq }.encode()
+        let frame = match kind {
+            Frame::Host => FdRequest { seq }.encode(),
+            Frame::Cuda => CudaFdRequest { seq }.encode(),
+            Frame::Ring => RingRequest { seq }.encode(),
         };
         send_fd(&mut conn.stream, &frame, &fd)
             .await
@@ -144,6 +157,11 @@ impl Lease {
         conn.broken = false;
         match reply {
             Reply::Ok { seq: s, id } if s == seq => Ok(id),
+            Reply::Err { seq: s, message } if s == seq && kind == Frame::Ring => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "RingRefused",
+                format!("host-shim refused the ring: {message}"),
+            )),
             Reply::Err { seq: s, message } if s == seq => Err(Error::new(
                 ErrorKind::InvalidArgument,
                 "BadBuffer",
@@ -158,6 +176,17 @@ impl Lease {
             }
         }
     }
+}
+
+/// What a passed fd is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frame {
+    /// `FD`: host memory.
+    Host,
+    /// `CU`: a CUDA shareable handle.
+    Cuda,
+    /// `RG`: a ring.
+    Ring,
 }
 
 /// Writes `frame` with `fd` attached (`SCM_RIGHTS` on the first byte).

@@ -83,6 +83,7 @@ mod error;
 mod lease;
 mod options;
 mod peer;
+mod ring;
 
 use std::fmt;
 use std::future::Future;
@@ -113,10 +114,10 @@ pub use s3dma_proto as proto;
 pub use s3dma_proto::agent::v1::ListedObject;
 /// An object's size, ETag, content type, user metadata and modification time.
 pub use s3dma_proto::agent::v1::ObjectInfo;
-/// A buffer the tenant holds, as [`Client::list_buffers`] reports it.
 /// A bucket and key, one item of [`Client::head_objects`] and
 /// [`Client::delete_objects`].
 pub use s3dma_proto::agent::v1::ObjectKey;
+/// A buffer the tenant holds, as [`Client::list_buffers`] reports it.
 pub use s3dma_proto::tenant::v1::BufferInfo;
 pub use s3dma_wire::range::{ByteRange, ParseRangeError};
 
@@ -150,6 +151,9 @@ struct Inner {
     socket: PathBuf,
     lease: Arc<lease::Lease>,
     grpc: TenantClient<Channel>,
+    /// The lease's ring, when [`ClientOptions::ring`] asked for one and
+    /// the shim took it.
+    ring: Option<ring::ClientRing>,
 }
 
 impl fmt::Debug for Client {
@@ -189,7 +193,7 @@ impl Client {
         let policy = peer::Policy::resolve(opts.shim_uid)?;
         match tokio::time::timeout(
             CONNECT_TIMEOUT,
-            Client::connect_inner(socket.clone(), policy),
+            Client::connect_inner(socket.clone(), policy, opts.ring),
         )
         .await
         {
@@ -201,7 +205,11 @@ impl Client {
         }
     }
 
-    async fn connect_inner(socket: PathBuf, policy: peer::Policy) -> Result<Client, Error> {
+    async fn connect_inner(
+        socket: PathBuf,
+        policy: peer::Policy,
+        want_ring: bool,
+    ) -> Result<Client, Error> {
         let stream = UnixStream::connect(&socket).await.map_err(|e| {
             let hint = match e.kind() {
                 io::ErrorKind::NotFound => {
@@ -236,11 +244,16 @@ impl Client {
                     Error::shim_unavailable(&socket, format!("cannot open gRPC: {e}"))
                 })
             })?;
+        let ring = match want_ring {
+            true => Client::open_ring(&lease).await,
+            false => None,
+        };
         Ok(Client {
             inner: Arc::new(Inner {
                 socket,
                 lease,
                 grpc: TenantClient::new(channel),
+                ring,
             }),
             timeout: None,
         })
@@ -511,6 +524,11 @@ impl Client {
         opts: GetOptions,
     ) -> Result<GetOutput, Error> {
         let destination = slice_for(buf, offset, opts.length)?;
+        if opts.if_match.is_none()
+            && let Some(r) = self.ring_get(bucket, key, &destination, opts.range).await
+        {
+            return r;
+        }
         let req = tenant::GetObjectRequest {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
@@ -632,6 +650,12 @@ impl Client {
         source: tenant::BufferSlice,
         opts: PutOptions,
     ) -> Result<PutOutput, Error> {
+        if opts.content_type.is_none()
+            && opts.metadata.is_empty()
+            && let Some(r) = self.ring_put(bucket, key, &source).await
+        {
+            return r;
+        }
         let req = tenant::PutObjectRequest {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
@@ -655,6 +679,9 @@ impl Client {
 
     /// An object's size, ETag, content type and metadata.
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectInfo, Error> {
+        if let Some(r) = self.ring_head(bucket, key).await {
+            return r;
+        }
         let req = tenant::HeadObjectRequest {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
@@ -722,33 +749,6 @@ impl Client {
         self.call(g.delete_object(self.request(req))).await?;
         Ok(())
     }
-}
-
-/// The destination slice for a GET into `buf`, checked on this side.
-fn slice_for(
-    buf: &Buffer,
-    offset: usize,
-    length: Option<u64>,
-) -> Result<tenant::BufferSlice, Error> {
-    let room = buf.len().checked_sub(offset).ok_or_else(|| {
-        Error::invalid(format!(
-            "offset {offset} is past the end of the {}-byte buffer {}",
-            buf.len(),
-            buf.id()
-        ))
-    })?;
-    if let Some(l) = length
-        && l > room as u64
-    {
-        return Err(Error::invalid(format!(
-            "{l} bytes at offset {offset} do not fit the {}-byte buffer {}",
-            buf.len(),
-            buf.id()
-        )));
-    }
-    Ok(tenant::BufferSlice {
-        buffer_id: buf.id(),
-        offset: offset as u64,
 
     /// Size, ETag and metadata of many keys in one call, up to
     /// `concurrency` looked up at a time (0 = the agent's default). The
@@ -883,6 +883,33 @@ fn in_order<R, T>(
 
 fn empty_result() -> Error {
     Error::new(ErrorKind::Other, "Internal", "an empty batch result")
+}
+
+/// The destination slice for a GET into `buf`, checked on this side.
+fn slice_for(
+    buf: &Buffer,
+    offset: usize,
+    length: Option<u64>,
+) -> Result<tenant::BufferSlice, Error> {
+    let room = buf.len().checked_sub(offset).ok_or_else(|| {
+        Error::invalid(format!(
+            "offset {offset} is past the end of the {}-byte buffer {}",
+            buf.len(),
+            buf.id()
+        ))
+    })?;
+    if let Some(l) = length
+        && l > room as u64
+    {
+        return Err(Error::invalid(format!(
+            "{l} bytes at offset {offset} do not fit the {}-byte buffer {}",
+            buf.len(),
+            buf.id()
+        )));
+    }
+    Ok(tenant::BufferSlice {
+        buffer_id: buf.id(),
+        offset: offset as u64,
         length,
     })
 }

@@ -182,6 +182,16 @@ pub struct ClientOptions {
     /// name) when set, else the caller's own effective uid. Resolve a user
     /// name with [`resolve_uid`].
     pub shim_uid: Option<u32>,
+    /// Whether to open a submission ring on the lease (default false) and
+    /// send single GETs, PUTs and HEADs through it rather than as gRPC
+    /// calls: no gRPC message and reply per object, the same checks at the
+    /// shim. A ring's answers carry an object's size, ETag and
+    /// Last-Modified but no content type or user metadata, so with it on
+    /// [`crate::Client::head`] and `get_object_into` return those empty;
+    /// GETs with `if_match` and PUTs with a content type or metadata still
+    /// go over gRPC, and so does every call when the shim refuses a ring
+    /// or the ring is full.
+    pub ring: bool,
 }
 
 impl ClientOptions {
@@ -189,6 +199,13 @@ impl ClientOptions {
     #[must_use]
     pub fn new() -> ClientOptions {
         ClientOptions::default()
+    }
+
+    /// Opens a submission ring (see [`ClientOptions::ring`]).
+    #[must_use]
+    pub fn with_ring(mut self, on: bool) -> ClientOptions {
+        self.ring = on;
+        self
     }
 
     /// Trusts a shim running as `uid` (and root).

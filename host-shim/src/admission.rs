@@ -69,6 +69,12 @@ pub fn method_limits(max_batch_items: u32) -> MethodLimits {
 pub struct Admitted(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
 
 impl Admitted {
+    /// A permit taken outside the layer (a ring entry: the same permit
+    /// a gRPC call takes, for the same handler).
+    pub(crate) fn new(permit: OwnedSemaphorePermit) -> Admitted {
+        Admitted(Arc::new(Mutex::new(Some(permit))))
+    }
+
     /// Takes the permit (once).
     pub fn take(&self) -> Option<OwnedSemaphorePermit> {
         self.0

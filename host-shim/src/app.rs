@@ -231,6 +231,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     #[cfg(feature = "verbs")]
     let service = service.with_qp_host(qp_host);
 
+    let rings = Arc::new(crate::ring::RingHost::new(service.clone(), &c.leases));
     let listener = socket::bind(&c.socket.path, cfg.socket_mode, cfg.socket_gid)?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<ShimConn>(64);
     let accept = tokio::spawn(socket::accept_loop(
@@ -239,6 +240,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         Arc::clone(&metrics),
         tx,
         Duration::from_secs(c.socket.idle_timeout_secs),
+        rings,
     ));
     let incoming = futures::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|c| c.map(Ok::<_, std::io::Error>))

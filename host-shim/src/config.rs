@@ -317,6 +317,24 @@ pub struct LeaseConfig {
     /// Leases one tenant may hold at once (default 1024).
     #[serde(default = "default_max_leases_per_tenant")]
     pub max_leases_per_tenant: usize,
+    /// Submission rings (`RG` lease frames) one lease may open (default 1;
+    /// 0 refuses rings, so tenants use gRPC only). 0..=16.
+    #[serde(default = "default_max_rings_per_lease")]
+    pub max_rings_per_lease: usize,
+    /// Rings one tenant may hold open over all its leases (default 16):
+    /// each is a mapping and a thread of the shim. 1..=1024.
+    #[serde(default = "default_max_rings_per_tenant")]
+    pub max_rings_per_tenant: usize,
+    /// The most entries per queue a ring may have (default 256; its memfd
+    /// is 4 KiB + 1408 bytes per entry). A power of two, 1..=4096.
+    #[serde(default = "default_ring_max_entries")]
+    pub ring_max_entries: u32,
+    /// Entries of one ring the shim runs at once (default 64); the rest
+    /// wait in the ring. Each running entry also takes one of the tenant's
+    /// `max_concurrent_requests` permits (none free: that entry completes
+    /// RESOURCE_EXHAUSTED). 1..=4096.
+    #[serde(default = "default_ring_max_in_flight")]
+    pub ring_max_in_flight: u32,
 }
 
 impl Default for LeaseConfig {
@@ -325,6 +343,10 @@ impl Default for LeaseConfig {
             fd_handle_ttl_secs: default_fd_handle_ttl_secs(),
             max_pending_fds: default_max_pending_fds(),
             max_leases_per_tenant: default_max_leases_per_tenant(),
+            max_rings_per_lease: default_max_rings_per_lease(),
+            max_rings_per_tenant: default_max_rings_per_tenant(),
+            ring_max_entries: default_ring_max_entries(),
+            ring_max_in_flight: default_ring_max_in_flight(),
         }
     }
 }
@@ -402,6 +424,7 @@ impl TenantConfig {
             max_connections: default_max_connections(),
             max_windows: default_max_windows(),
             max_batch_items: default_max_batch_items(),
+            max_batch_bytes: default_max_batch_bytes(),
         }
     }
 }
@@ -424,7 +447,9 @@ fn default_max_windows() -> u32 {
 fn default_max_batch_items() -> u32 {
     1024
 }
-            max_batch_bytes: default_max_batch_bytes(),
+fn default_max_batch_bytes() -> ByteSize {
+    ByteSize(4 << 30)
+}
 fn default_connect_timeout_ms() -> u64 {
     2000
 }
@@ -449,9 +474,6 @@ fn default_fabric_path_mtu() -> Option<fabric::config::PathMtu> {
 
 fn default_fabric_max_connections() -> u32 {
     1024
-}
-fn default_max_batch_bytes() -> ByteSize {
-    ByteSize(4 << 30)
 }
 fn default_fabric_max_connections_per_address() -> u32 {
     256
@@ -479,6 +501,18 @@ fn default_max_pending_fds() -> usize {
 }
 fn default_max_leases_per_tenant() -> usize {
     1024
+}
+fn default_max_rings_per_lease() -> usize {
+    1
+}
+fn default_max_rings_per_tenant() -> usize {
+    16
+}
+fn default_ring_max_entries() -> u32 {
+    256
+}
+fn default_ring_max_in_flight() -> u32 {
+    64
 }
 
 /// A validated configuration with its secrets read.
@@ -694,6 +728,7 @@ impl Config {
                 1,
                 100_000,
             )?;
+            v.between(&f("max_batch_bytes"), t.max_batch_bytes.0, MIB, 1 << 40)?;
         }
         v.between(
             "socket.idle_timeout_secs",
@@ -716,6 +751,13 @@ impl Config {
             1,
             1 << 20,
         )?;
+        v.between("leases.max_rings_per_lease", l.max_rings_per_lease as u64, 0, 16)?;
+        v.between("leases.max_rings_per_tenant", l.max_rings_per_tenant as u64, 1, 1024)?;
+        v.between("leases.ring_max_entries", u64::from(l.ring_max_entries), 1, 4096)?;
+        if !l.ring_max_entries.is_power_of_two() {
+            return Err(v.err("leases.ring_max_entries", "must be a power of two"));
+        }
+        v.between("leases.ring_max_in_flight", u64::from(l.ring_max_in_flight), 1, 4096)?;
         Ok(())
     }
 }
@@ -728,7 +770,6 @@ fn valid_name(s: &str) -> bool {
 
 /// Why `socket.mode` is refused ([`parse_mode`]).
 #[derive(Debug, thiserror::Error)]
-            v.between(&f("max_batch_bytes"), t.max_batch_bytes.0, MIB, 1 << 40)?;
 enum ModeError {
     #[error("{0:?} is not an octal mode such as \"0660\"")]
     NotOctal(String),

@@ -127,7 +127,7 @@ pub struct Activity {
 }
 
 impl Activity {
-    fn new() -> Activity {
+    pub(crate) fn new() -> Activity {
         Activity {
             start: Instant::now(),
             active: AtomicUsize::new(0),
@@ -265,6 +265,7 @@ pub async fn accept_loop(
     metrics: Arc<Metrics>,
     grpc: mpsc::Sender<ShimConn>,
     idle: Duration,
+    rings: Arc<crate::ring::RingHost>,
 ) {
     loop {
         let stream = match listener.accept().await {
@@ -279,6 +280,7 @@ pub async fn accept_loop(
         let registry = Arc::clone(&registry);
         let metrics = Arc::clone(&metrics);
         let grpc = grpc.clone();
+        let rings = Arc::clone(&rings);
         tokio::spawn(async move {
             let peer = match peer_of(&stream) {
                 Ok(p) => p,
@@ -313,7 +315,7 @@ pub async fn accept_loop(
                 return;
             };
             match tokio::time::timeout(FIRST_BYTES_TIMEOUT, is_lease(&stream)).await {
-                Ok(Ok(true)) => serve_lease(stream, peer, &registry, &metrics).await,
+                Ok(Ok(true)) => serve_lease(stream, peer, &registry, &metrics, &rings).await,
                 Ok(Ok(false)) => {
                     let info = ConnInfo {
                         peer,
@@ -385,7 +387,15 @@ async fn send_reply(stream: &mut UnixStream, reply: &Reply) -> io::Result<()> {
 }
 
 /// Serves one lease until the client closes it, then releases its buffers.
-async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, metrics: &Metrics) {
+async fn serve_lease(
+    mut stream: UnixStream,
+    peer: Peer,
+    registry: &Registry,
+    metrics: &Metrics,
+    rings: &Arc<crate::ring::RingHost>,
+) {
+    // The lease's rings: closed when it ends, whichever way.
+    let mut lease_rings = crate::ring::LeaseRings::default();
     let mut magic = [0u8; lease::MAGIC.len()];
     if stream.read_exact(&mut magic).await.is_err() {
         return;
@@ -445,6 +455,10 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
                 }
                 Ok(req) => match refused {
                     Some(message) => (req.seq(), Err(message)),
+                    None if matches!(req, Request::Ring(_)) => (
+                        req.seq(),
+                        open_ring(rings, &tenant, peer, fds, &mut lease_rings),
+                    ),
                     None => (
                         req.seq(),
                         accept_fds(registry, &tenant, &lease, req, fds).map_err(|e| e.to_string()),
@@ -460,8 +474,26 @@ async fn serve_lease(mut stream: UnixStream, peer: Peer, registry: &Registry, me
             }
         }
     }
+    drop(lease_rings);
     registry.close_lease(&tenant, &lease);
     tracing::debug!(tenant = %tenant.name, pid = peer.pid, "lease closed");
+}
+
+/// An `RG` frame: its one fd becomes a ring of the lease; the reply's id
+/// is random (the ring is named by the lease, not by the id).
+fn open_ring(
+    rings: &Arc<crate::ring::RingHost>,
+    tenant: &Arc<Tenant>,
+    peer: Peer,
+    fds: Vec<OwnedFd>,
+    lease_rings: &mut crate::ring::LeaseRings,
+) -> Result<lease::Id, String> {
+    let [fd] =
+        <[OwnedFd; 1]>::try_from(fds).map_err(|fds| FdRefused::NotOne(fds.len()).to_string())?;
+    rings
+        .open(tenant, peer, fd, lease_rings)
+        .map_err(|e| e.to_string())?;
+    Ok(lease::Id(rand::random()))
 }
 
 /// Why an FD frame's descriptor was not added to the lease.
@@ -485,6 +517,12 @@ fn accept_fds(
     Ok(match req {
         Request::Fd(_) => registry.add_fd(tenant, lease, fd),
         Request::CudaFd(_) => registry.add_cuda_fd(tenant, lease, fd),
+        // Served by `open_ring` before this is reached.
+        Request::Ring(_) => {
+            return Err(FdRefused::Registry(crate::error::ShimError::Internal(
+                "a ring frame reached the fd registry".into(),
+            )));
+        }
     }?)
 }
 

@@ -7,7 +7,7 @@ use crate::EntryError;
 /// Bytes of one submission entry.
 pub const SQE_LEN: usize = 1152;
 /// Bytes of one completion entry.
-pub const CQE_LEN: usize = 256;
+pub const CQE_LEN: usize = 512;
 /// The longest bucket name an entry carries (S3's limit is 63).
 pub const MAX_BUCKET_LEN: usize = 63;
 /// The longest key an entry carries (S3's limit).
@@ -17,7 +17,12 @@ pub const MAX_KEY_LEN: usize = 1024;
 pub const MAX_ETAG_LEN: usize = 64;
 /// The longest message a completion carries (longer text is cut on a
 /// character boundary).
-pub const MAX_MESSAGE_LEN: usize = 128;
+pub const MAX_MESSAGE_LEN: usize = 288;
+/// The longest error reason (the S3 code or shim reason, `NoSuchKey`) a
+/// completion carries (longer ones are cut).
+pub const MAX_REASON_LEN: usize = 32;
+/// The longest request id a completion carries (longer ones are cut).
+pub const MAX_REQUEST_ID_LEN: usize = 64;
 
 // Submission layout (little-endian):
 //   0 op u8 | 1 flags u8 | 2 bucket_len u8 | 3 reserved | 4 key_len u16 |
@@ -227,21 +232,30 @@ pub struct Completion {
     pub path: u8,
     /// The ETag, with its quotes (at most [`MAX_ETAG_LEN`] bytes).
     pub etag: String,
+    /// On failure, the S3 error code or shim reason (at most
+    /// [`MAX_REASON_LEN`] bytes).
+    pub reason: String,
+    /// The request id (the agent's, or the shim's on its own refusals; at
+    /// most [`MAX_REQUEST_ID_LEN`] bytes).
+    pub request_id: String,
     /// On failure, what went wrong (at most [`MAX_MESSAGE_LEN`] bytes).
     pub message: String,
 }
 
 // Completion layout (little-endian):
-//   0 user_data | 8 status u32 | 12 etag_len u16 | 14 message_len u16 |
-//   16 size | 24 bytes_placed | 32 range_start | 40 last_modified i64 |
-//   48 parts u32 | 52 path u8 | 53..64 reserved | 64..128 etag |
-//   128..256 message
+//   0 user_data | 8 status u32 | 12 etag_len u8 | 13 reason_len u8 |
+//   14 message_len u16 | 16 size | 24 bytes_placed | 32 range_start |
+//   40 last_modified i64 | 48 parts u32 | 52 path u8 | 53 request_id_len u8 |
+//   54..64 reserved | 64..128 etag | 128..160 reason | 160..224 request id |
+//   224..512 message
 const ETAG_AT: usize = 64;
-const MESSAGE_AT: usize = 128;
+const REASON_AT: usize = 128;
+const REQUEST_ID_AT: usize = 160;
+const MESSAGE_AT: usize = 224;
 
 impl Completion {
     /// The entry's bytes; an over-long ETag is dropped (the caller refuses
-    /// such a result before), a long message cut.
+    /// such a result before), long text cut on a character boundary.
     pub fn encode(&self) -> [u8; CQE_LEN] {
         let mut e = [0u8; CQE_LEN];
         put64(&mut e, 0, self.user_data);
@@ -251,8 +265,12 @@ impl Completion {
         } else {
             &[]
         };
+        let reason = cut(&self.reason, MAX_REASON_LEN).as_bytes();
+        let id = cut(&self.request_id, MAX_REQUEST_ID_LEN).as_bytes();
         let msg = cut(&self.message, MAX_MESSAGE_LEN).as_bytes();
-        e[12..14].copy_from_slice(&(etag.len() as u16).to_le_bytes());
+        // Each length is within its field's maximum (checked or cut above).
+        e[12] = etag.len() as u8;
+        e[13] = reason.len() as u8;
         e[14..16].copy_from_slice(&(msg.len() as u16).to_le_bytes());
         put64(&mut e, 16, self.size);
         put64(&mut e, 24, self.bytes_placed);
@@ -260,7 +278,10 @@ impl Completion {
         put64(&mut e, 40, self.last_modified_ms as u64);
         e[48..52].copy_from_slice(&self.parts.to_le_bytes());
         e[52] = self.path;
+        e[53] = id.len() as u8;
         e[ETAG_AT..ETAG_AT + etag.len()].copy_from_slice(etag);
+        e[REASON_AT..REASON_AT + reason.len()].copy_from_slice(reason);
+        e[REQUEST_ID_AT..REQUEST_ID_AT + id.len()].copy_from_slice(id);
         e[MESSAGE_AT..MESSAGE_AT + msg.len()].copy_from_slice(msg);
         e
     }
@@ -270,9 +291,15 @@ impl Completion {
     /// # Errors
     /// [`EntryError`] for lengths past their fields or text that is not UTF-8.
     pub fn decode(e: &[u8; CQE_LEN]) -> Result<Completion, EntryError> {
-        let elen = usize::from(u16::from_le_bytes([e[12], e[13]]));
+        let elen = usize::from(e[12]);
+        let rlen = usize::from(e[13]);
         let mlen = usize::from(u16::from_le_bytes([e[14], e[15]]));
-        if elen > MAX_ETAG_LEN || mlen > MAX_MESSAGE_LEN {
+        let ilen = usize::from(e[53]);
+        if elen > MAX_ETAG_LEN
+            || rlen > MAX_REASON_LEN
+            || mlen > MAX_MESSAGE_LEN
+            || ilen > MAX_REQUEST_ID_LEN
+        {
             return Err(EntryError::CompletionLengths);
         }
         let text = |at: usize, n: usize, what| {
@@ -290,6 +317,8 @@ impl Completion {
             parts: u32::from_le_bytes([e[48], e[49], e[50], e[51]]),
             path: e[52],
             etag: text(ETAG_AT, elen, "etag")?,
+            reason: text(REASON_AT, rlen, "reason")?,
+            request_id: text(REQUEST_ID_AT, ilen, "request id")?,
             message: text(MESSAGE_AT, mlen, "message")?,
         })
     }

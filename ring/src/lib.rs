@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::Duration;
 
 pub use entry::{
-    CQE_LEN, Completion, MAX_BUCKET_LEN, MAX_ETAG_LEN, MAX_KEY_LEN, MAX_MESSAGE_LEN, Op, Range,
-    SQE_LEN, Submission,
+    CQE_LEN, Completion, MAX_BUCKET_LEN, MAX_ETAG_LEN, MAX_KEY_LEN, MAX_MESSAGE_LEN,
+    MAX_REASON_LEN, MAX_REQUEST_ID_LEN, Op, Range, SQE_LEN, Submission,
 };
 
 /// The first 8 bytes of a ring.
@@ -67,7 +67,7 @@ pub mod offsets {
     pub const SQ_WAKE: usize = 448;
     /// The completion queue's futex word.
     pub const CQ_WAKE: usize = 512;
-    /// Non-zero once the shim gave up on the ring.
+    /// Non-zero once the shim stopped serving the ring.
     pub const BROKEN: usize = 576;
 }
 
@@ -83,8 +83,9 @@ pub enum RingError {
     /// The peer's index is out of range: the ring cannot be trusted any more.
     #[error("the ring is corrupt: {0}; open a new one")]
     Corrupt(String),
-    /// The ring was marked broken by the shim.
-    #[error("the shim marked the ring broken (its indexes were corrupt); open a new one")]
+    /// The shim stopped serving the ring (its lease closed, or its
+    /// indexes were corrupt).
+    #[error("the shim stopped serving the ring (its lease closed, or its indexes were corrupt); open a new one")]
     Broken,
     /// No free slot.
     #[error("the ring is full")]
@@ -222,8 +223,8 @@ impl Ring {
         self.entries
     }
 
-    /// Marks the ring broken (the shim, on corrupt indexes), so the tenant
-    /// learns why its requests stop.
+    /// Marks the ring broken (the shim, when its lease closes or its
+    /// indexes are corrupt), so the tenant learns its requests stop.
     pub fn mark_broken(&self) {
         self.word(offsets::BROKEN).store(1, Ordering::Release);
         self.kick(offsets::CQ_WAKE);
@@ -486,6 +487,18 @@ impl Submissions {
             .sleep(offsets::SQ_SLEEPING, offsets::SQ_WAKE, timeout, || {
                 matches!(self.pending(), Ok(0))
             });
+    }
+
+    /// The wake word now, for [`Submissions::wait_kick`].
+    pub fn wake_seen(&self) -> u32 {
+        self.ring.word(offsets::SQ_WAKE).load(Ordering::Acquire)
+    }
+
+    /// Sleeps until the wake word moves from `seen` (a
+    /// [`Ring::kick_submissions`]: room for more in flight, or the ring
+    /// closing), or `timeout`, whatever the queue holds.
+    pub fn wait_kick(&self, seen: u32, timeout: Duration) {
+        shm::futex_wait(self.ring.word(offsets::SQ_WAKE), seen, timeout);
     }
 
     /// The ring.

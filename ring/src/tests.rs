@@ -345,13 +345,17 @@ fn completions_round_trip_and_long_text_is_cut_or_dropped() {
         parts: 6,
         path: 2,
         etag: "\"e\"".into(),
-        message: "é".repeat(100),
+        reason: "NoSuchKey".into(),
+        request_id: "r".repeat(100),
+        message: "é".repeat(200),
     };
     let d = Completion::decode(&c.encode()).unwrap();
     assert_eq!(d.message, "é".repeat(MAX_MESSAGE_LEN / 2));
+    assert_eq!(d.request_id, "r".repeat(MAX_REQUEST_ID_LEN));
     assert_eq!(
         Completion {
             message: c.message.clone(),
+            request_id: c.request_id.clone(),
             ..d
         },
         c
@@ -361,7 +365,16 @@ fn completions_round_trip_and_long_text_is_cut_or_dropped() {
         ..Completion::default()
     };
     assert_eq!(Completion::decode(&long.encode()).unwrap().etag, "");
+    for (at, v) in [(12, 65u8), (13, 33), (15, 2), (53, 65)] {
+        let mut bad = c.encode();
+        bad[at] = v;
+        assert_eq!(
+            Completion::decode(&bad),
+            Err(EntryError::CompletionLengths),
+            "{at}"
+        );
+    }
     let mut bad = c.encode();
-    bad[12] = 200;
-    assert_eq!(Completion::decode(&bad), Err(EntryError::CompletionLengths));
+    bad[128] = 0xff;
+    assert_eq!(Completion::decode(&bad), Err(EntryError::NotUtf8("reason")));
 }

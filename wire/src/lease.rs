@@ -8,7 +8,10 @@
 //! [`FdRequest`] (8 bytes plus one attached fd: host memory, a memfd) or
 //! [`CudaFdRequest`] (the same with a CUDA shareable handle, a POSIX fd from
 //! `cuMemExportToShareableHandle`) gets a [`Reply`] with the same `seq`
-//! carrying an fd handle, or an error message. Buffers registered under
+//! carrying an fd handle, or an error message. A [`RingRequest`] passes a
+//! sealed memfd holding a submission and completion ring (the
+//! `s3dma-ring` layout); its reply carries the ring's id, and the ring
+//! serves requests until the lease closes. Buffers registered under
 //! a lease are released when the lease connection closes. The full contract
 //! is in `proto/s3dma/tenant/v1/tenant.proto`.
 
@@ -102,6 +105,25 @@ impl CudaFdRequest {
     }
 }
 
+/// Client → shim: "serve this ring" (a sealed memfd in the `s3dma-ring`
+/// layout, riding as `SCM_RIGHTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingRequest {
+    /// Echoed in the reply.
+    pub seq: u32,
+}
+
+impl RingRequest {
+    /// The 8 bytes on the wire: `R`, `G`, 0, 0, seq (u32 LE).
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[0] = b'R';
+        b[1] = b'G';
+        b[4..8].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+}
+
 /// Any request frame a lease carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -109,25 +131,27 @@ pub enum Request {
     Fd(FdRequest),
     /// `CU`: CUDA device memory (a POSIX fd shareable handle).
     CudaFd(CudaFdRequest),
+    /// `RG`: a submission and completion ring.
+    Ring(RingRequest),
 }
 
 impl Request {
-    /// Parses a frame of either kind.
+    /// Parses a frame of any kind.
     ///
     /// # Errors
     /// [`FrameError`] for an unknown kind or non-zero reserved bytes.
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Request, FrameError> {
-        if b[0..2] != *b"FD" && b[0..2] != *b"CU" {
+        if b[0..2] != *b"FD" && b[0..2] != *b"CU" && b[0..2] != *b"RG" {
             return Err(FrameError::UnknownRequest([b[0], b[1]]));
         }
         if b[2] != 0 || b[3] != 0 {
             return Err(FrameError::Reserved);
         }
         let seq = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        Ok(if b[0] == b'F' {
-            Request::Fd(FdRequest { seq })
-        } else {
-            Request::CudaFd(CudaFdRequest { seq })
+        Ok(match b[0] {
+            b'F' => Request::Fd(FdRequest { seq }),
+            b'C' => Request::CudaFd(CudaFdRequest { seq }),
+            _ => Request::Ring(RingRequest { seq }),
         })
     }
 
@@ -136,6 +160,7 @@ impl Request {
         match self {
             Request::Fd(r) => r.seq,
             Request::CudaFd(r) => r.seq,
+            Request::Ring(r) => r.seq,
         }
     }
 }
@@ -239,8 +264,8 @@ pub struct ReplyHeader {
 /// A malformed frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    /// Not an `FD` (or, for [`Request::decode`], `CU`) request.
-    #[error("unknown lease request {0:02x?} (expected \"FD\" or \"CU\")")]
+    /// Not an `FD` (or, for [`Request::decode`], `CU` or `RG`) request.
+    #[error("unknown lease request {0:02x?} (expected \"FD\", \"CU\" or \"RG\")")]
     UnknownRequest([u8; 2]),
     /// Reserved bytes were not zero.
     #[error("reserved bytes of a lease frame are not zero")]
@@ -301,6 +326,13 @@ mod tests {
                 Err(FrameError::UnknownRequest(*b"CU"))
             );
         }
+        let rg = RingRequest { seq: 9 };
+        assert_eq!(Request::decode(&rg.encode()), Ok(Request::Ring(rg)));
+        assert_eq!(Request::decode(&rg.encode()).unwrap().seq(), 9);
+        assert_eq!(
+            Request::decode(b"RG\x00\x01\x00\x00\x00\x00"),
+            Err(FrameError::Reserved)
+        );
         assert_eq!(
             Request::decode(b"CU\x01\x00\x00\x00\x00\x00"),
             Err(FrameError::Reserved)

@@ -1,6 +1,7 @@
 //! host-shim's integration tests, one binary: the end-to-end suite
 //! (`e2e`), the batched calls (`batch`), fault injection (`faults`),
-//! hostile input (`hostile`) and CUDA buffers (`cuda`, feature `cuda`),
+//! hostile input (`hostile`), the submission ring (`ring`) and CUDA
+//! buffers (`cuda`, feature `cuda`),
 //! all against real storage-target,
 //! dpu-agent and host-shim processes (`common`, through
 //! `s3dma_launcher::harness`).
@@ -15,3 +16,4 @@ mod cuda;
 mod e2e;
 mod faults;
 mod hostile;
+mod ring;
