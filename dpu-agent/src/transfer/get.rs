@@ -100,7 +100,11 @@ async fn get_range(
     if !(status == StatusCode::OK || status == StatusCode::PARTIAL_CONTENT) {
         return Err(at.ex.failure(reply).await);
     }
-    let headers = reply.headers().clone();
+    // The headers taken out of the reply (no copy), which stays whole for
+    // its body.
+    let (mut parts, body) = reply.into_parts();
+    let headers = std::mem::take(&mut parts.headers);
+    let reply = http::Response::from_parts(parts, body);
     let (first, len, total) = match header(&headers, "content-range") {
         Some(cr) => parse_content_range(&cr)
             .ok_or_else(|| AgentError::Protocol(BadReply::BadContentRange { value: cr.clone() }))?,

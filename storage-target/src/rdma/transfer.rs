@@ -247,7 +247,7 @@ pub async fn write_range(
         let reader = reader.clone();
         let start = range.start + off;
         let n = usize::try_from(len).unwrap_or(usize::MAX);
-        let buf = tokio::task::spawn_blocking(move || {
+        let fill = move || {
             buf.buf
                 .fill_with(n, |dst| {
                     let mut filled = 0;
@@ -264,10 +264,17 @@ pub async fn write_range(
                     Ok(())
                 })
                 .map(|()| buf)
-        })
-        .await
-        .map_err(|e| RdmaError::Internal(format!("disk read task failed: {e}")))?
-        .map_err(|e| RdmaError::Internal(format!("reading the object failed: {e}")))?;
+        };
+        // A small read here: it costs less than the blocking pool's hop.
+        let filled = if n <= crate::store::INLINE_READ_MAX {
+            fill()
+        } else {
+            tokio::task::spawn_blocking(fill)
+                .await
+                .map_err(|e| RdmaError::Internal(format!("disk read task failed: {e}")))?
+        };
+        let buf =
+            filled.map_err(|e| RdmaError::Internal(format!("reading the object failed: {e}")))?;
         let p = permits(ctx).await;
         inflight.push_back(post(ctx, true, buf, p, n, remote, off)?);
     }

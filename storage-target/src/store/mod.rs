@@ -78,7 +78,7 @@ pub use self::index::{BucketInfo, IndexEntry, acl_is_private};
 pub use self::multipart::{PartInfo, UploadInfo, UploadsPage};
 use self::parts::{PartsPin, PartsRegistry, remove_parts_dir};
 use self::reader::{Data, PartFiles, ReadCursor};
-pub use self::reader::{ObjectReader, RangeStream};
+pub use self::reader::{INLINE_READ_MAX, ObjectReader, RangeStream};
 pub use self::write::{BodyCheck, NoCheck};
 pub use crate::config::bucket_name;
 pub use crate::config::multipart::{MIN_PART_SIZE, MultipartConfig};
