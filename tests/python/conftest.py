@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import boto3
@@ -45,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 from s3util import REGION, User, unique_bucket  # noqa: E402
-from tenant_stack import with_pdeathsig  # noqa: E402
+from tenant_stack import ExitedEarly, stdout_lines, with_pdeathsig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_RE = re.compile(r"^storage-target listening on (http://\S+)$")
@@ -180,46 +177,30 @@ class StorageTarget:
             bufsize=1,
         )
         log.close()
-        lines: queue.Queue = queue.Queue()
         self.stdout_lines = []
-
-        def pump(stream, q, store):
-            for line in stream:
-                line = line.rstrip("\n")
-                store.append(line)
-                q.put(line)
-            q.put(None)
-
-        threading.Thread(
-            target=pump, args=(self.proc.stdout, lines, self.stdout_lines), daemon=True
-        ).start()
         self.endpoint = None
         self.metrics_url = None
-        deadline = time.monotonic() + timeout
-        while self.endpoint is None or (self._metrics and self.metrics_url is None):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise RuntimeError(
-                    f"storage-target did not report readiness in {timeout}s; "
-                    f"stdout={self.stdout_lines!r}\n{self.stderr_tail()}"
-                )
-            try:
-                line = lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                rc = self.proc.wait(timeout=10)
-                raise RuntimeError(
-                    f"storage-target exited (rc={rc}) before it was ready; "
-                    f"stdout={self.stdout_lines!r}\n{self.stderr_tail()}"
-                )
-            m = READY_RE.match(line)
-            if m:
-                self.endpoint = m.group(1).rstrip("/")
-            m = METRICS_RE.match(line)
-            if m:
-                self.metrics_url = m.group(1)
+        try:
+            for line in stdout_lines(self.proc, self.stdout_lines, timeout, exit_wait=10):
+                m = READY_RE.match(line)
+                if m:
+                    self.endpoint = m.group(1).rstrip("/")
+                m = METRICS_RE.match(line)
+                if m:
+                    self.metrics_url = m.group(1)
+                if self.endpoint is not None and (not self._metrics or self.metrics_url is not None):
+                    break
+        except TimeoutError:
+            self.kill()
+            raise RuntimeError(
+                f"storage-target did not report readiness in {timeout}s; "
+                f"stdout={self.stdout_lines!r}\n{self.stderr_tail()}"
+            ) from None
+        except ExitedEarly as e:
+            raise RuntimeError(
+                f"storage-target exited (rc={e.rc}) before it was ready; "
+                f"stdout={self.stdout_lines!r}\n{self.stderr_tail()}"
+            ) from None
         return self
 
     def stop(self, timeout: float = 15.0) -> int | None:

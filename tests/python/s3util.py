@@ -88,6 +88,21 @@ def http_status(exc: ClientError) -> int:
     return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
 
 
+def assert_all_refused(calls: dict, status: int, codes: tuple[str, ...]) -> None:
+    """Every ``{name: call}`` raises a ClientError with this HTTP status and
+    one of these error codes; every one that does not is named in one report."""
+    wrong = []
+    for name, call in calls.items():
+        try:
+            call()
+            wrong.append(f"{name} succeeded")
+        except ClientError as e:
+            code, got = error_code(e), http_status(e)
+            if got != status or code not in codes:
+                wrong.append(f"{name}: {got} {code}")
+    assert not wrong, wrong
+
+
 def assert_client_error(excinfo_or_exc, code: str | tuple, status: int | None = None):
     exc = getattr(excinfo_or_exc, "value", excinfo_or_exc)
     assert isinstance(exc, ClientError), exc

@@ -11,6 +11,7 @@ they fail.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import queue
 import re
@@ -64,6 +65,55 @@ def require_binaries() -> None:
     pytest.skip(why)
 
 
+class ExitedEarly(Exception):
+    """The process's stdout ended before it was ready; rc is its exit code."""
+
+    def __init__(self, rc):
+        super().__init__(f"exited (rc={rc})")
+        self.rc = rc
+
+
+def stdout_lines(proc, store: list, timeout: float, exit_wait: float) -> Iterator[str]:
+    """Yields proc's stdout lines (newline stripped; each also appended to
+    store, also after the caller stops reading) until timeout seconds have
+    passed (then TimeoutError) or stdout ends (then ExitedEarly, after up to
+    exit_wait seconds for the exit code)."""
+    lines: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            store.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            raise ExitedEarly(proc.wait(timeout=exit_wait))
+        yield line
+
+
+def require_module(name: str, install: str):
+    """Imports name; without it the calling test module skips, except under
+    CI (`$CI` set), where it fails: the ML tests must run there."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        why = f"{name} is not installed (pip install {install})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}, and CI is set: the ML tests must run there", pytrace=False)
+        pytest.skip(why, allow_module_level=True)
+
+
 def with_pdeathsig(argv, sig="INT"):
     """`argv` run so that it gets SIG`sig` when this process dies (Linux:
     util-linux `setpriv --pdeathsig`, which then execs it). Not a
@@ -114,32 +164,17 @@ class LocalStack:
             bufsize=1,
         )
         log.close()
-        lines: queue.Queue = queue.Queue()
-
-        def pump():
-            for line in self.proc.stdout:
-                line = line.rstrip("\n")
-                self.stdout_lines.append(line)
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while self.socket is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.stop()
-                raise RuntimeError(f"s3dma local was not ready in {timeout}s\n{self.diagnostics()}")
-            try:
-                line = lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                rc = self.proc.wait(timeout=30)
-                raise RuntimeError(f"s3dma local exited (rc={rc}) before it was ready\n{self.diagnostics()}")
-            m = READY_RE.match(line)
-            if m:
-                self.socket = m.group(1)
+        try:
+            for line in stdout_lines(self.proc, self.stdout_lines, timeout, exit_wait=30):
+                m = READY_RE.match(line)
+                if m:
+                    self.socket = m.group(1)
+                    break
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"s3dma local was not ready in {timeout}s\n{self.diagnostics()}") from None
+        except ExitedEarly as e:
+            raise RuntimeError(f"s3dma local exited (rc={e.rc}) before it was ready\n{self.diagnostics()}") from None
         return self
 
     def diagnostics(self, n: int = 80) -> str:

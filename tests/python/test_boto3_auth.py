@@ -30,6 +30,7 @@ from s3util import (
     User,
     amz_date,
     canonical_query,
+    assert_all_refused,
     assert_client_error,
     assert_s3_error,
     crc32_b64,
@@ -594,17 +595,7 @@ def test_bob_has_no_rights_on_alice_bucket(target, bucket, s3):
         "DeleteBucket": lambda: bob.delete_bucket(Bucket=bucket),
         "GetBucketLocation": lambda: bob.get_bucket_location(Bucket=bucket),
     }
-    failures = []
-    for name, call in calls.items():
-        try:
-            call()
-            failures.append(f"{name} succeeded")
-        except ClientError as e:
-            code = e.response["Error"]["Code"]
-            status = e.response["ResponseMetadata"]["HTTPStatusCode"]
-            if status != 403 or code not in ("AccessDenied", "403"):
-                failures.append(f"{name}: {status} {code}")
-    assert not failures, failures
+    assert_all_refused(calls, 403, ("AccessDenied", "403"))
     assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"alice data"
     assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
 

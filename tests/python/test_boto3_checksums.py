@@ -119,19 +119,22 @@ def test_trailer_checksums_are_stored(target, bucket, alg):
     assert g["Body"].read() == data
 
 
+def _put_with_sdk_default(target, bucket, calculation: str, key: str, size: int):
+    """PutObject with the SDK's checksum default for calculation; the data
+    sent and HeadObject's reply (ChecksumMode enabled)."""
+    c = target.client("alice", request_checksum_calculation=calculation)
+    data = rand(size)
+    c.put_object(Bucket=bucket, Key=key, Body=data)
+    return data, c.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+
+
 def test_default_when_supported_sends_and_stores_crc32(target, bucket):
-    c = target.client("alice", request_checksum_calculation="when_supported")
-    data = rand(5000)
-    c.put_object(Bucket=bucket, Key="dflt", Body=data)
-    h = c.head_object(Bucket=bucket, Key="dflt", ChecksumMode="ENABLED")
+    data, h = _put_with_sdk_default(target, bucket, "when_supported", "dflt", 5000)
     assert h["ChecksumCRC32"] == b64sum("CRC32", data)
 
 
 def test_no_checksum_gets_crc64nvme(target, bucket):
-    c = target.client("alice", request_checksum_calculation="when_required")
-    data = rand(4321)
-    c.put_object(Bucket=bucket, Key="none", Body=data)
-    h = c.head_object(Bucket=bucket, Key="none", ChecksumMode="ENABLED")
+    data, h = _put_with_sdk_default(target, bucket, "when_required", "none", 4321)
     assert h["ChecksumCRC64NVME"] == b64sum("CRC64NVME", data)
     assert h["ChecksumType"] == "FULL_OBJECT"
 

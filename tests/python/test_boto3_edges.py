@@ -22,6 +22,7 @@ from s3util import (
     UNSIGNED_PAYLOAD,
     MiB,
     amz_date,
+    assert_all_refused,
     assert_client_error,
     assert_s3_error,
     canonical_query,
@@ -256,16 +257,7 @@ def test_missing_bucket_is_404_for_everyone(target, user):
         "HeadBucket": lambda: c.head_bucket(Bucket=b),
         "HeadObject": lambda: c.head_object(Bucket=b, Key="k"),
     }
-    wrong = []
-    for name, call in calls.items():
-        try:
-            call()
-            wrong.append(f"{name} succeeded")
-        except ClientError as e:
-            code, status = e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"]
-            if status != 404 or code not in ("NoSuchBucket", "404"):
-                wrong.append(f"{name}: {status} {code}")
-    assert not wrong, wrong
+    assert_all_refused(calls, 404, ("NoSuchBucket", "404"))
 
 
 def test_missing_bucket_is_404_raw_and_anonymous(target, users):

@@ -10,7 +10,6 @@ required and its absence fails.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import pickle
 import subprocess
@@ -22,20 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tenant_stack import BUCKET, PY_CLIENT  # noqa: E402  (sets sys.path)
+from tenant_stack import BUCKET, PY_CLIENT, require_module  # noqa: E402  (sets sys.path)
 
-
-def _require(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        why = f"{name} is not installed (pip install torch)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}, and CI is set: the ML tests must run there", pytrace=False)
-        pytest.skip(why, allow_module_level=True)
-
-
-torch = _require("torch")
+torch = require_module("torch", "torch")
 
 import s3dma  # noqa: E402
 from s3dma.dataset import ObjectDataset, S3dmaIterableDataset, S3dmaMapDataset  # noqa: E402

@@ -10,30 +10,17 @@ torch and safetensors are optional outside CI (the tests skip); under CI
 from __future__ import annotations
 
 import gc
-import importlib
 import json
-import os
 import struct
 import sys
 import uuid
 
 import pytest
 
-from tenant_stack import BUCKET  # noqa: E402  (sets sys.path)
+from tenant_stack import BUCKET, require_module  # noqa: E402  (sets sys.path)
 
-
-def _require(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        why = f"{name} is not installed (pip install torch safetensors)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}, and CI is set: the ML tests must run there", pytrace=False)
-        pytest.skip(why, allow_module_level=True)
-
-
-torch = _require("torch")
-st = _require("safetensors.torch")
+torch = require_module("torch", "torch safetensors")
+st = require_module("safetensors.torch", "torch safetensors")
 
 import s3dma  # noqa: E402
 from s3dma import safetensors as s3st  # noqa: E402

@@ -10,23 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
-from toolutil import (
-    BIG_NAME,
-    ODD_FILES,
-    bucket_digests,
-    digests,
-    odd_tree,
-    require_tool,
-    run,
-    tool_env,
-    tree_digests,
-    write_tree,
-)
+from toolutil import BIG_NAME, ODD_FILES, anonymous_get, bucket_digests, digests, odd_tree
+from toolutil import require_tool, run, tool_env, tree_digests, write_tree
 
 PARTS = ["--s3-upload-cutoff", "5M", "--s3-chunk-size", "5M"]
 
@@ -154,15 +142,6 @@ def test_rclone_lists_odd_keys(rclone, s3, bucket):
     assert got == {k: (len(v), hashlib.md5(v).hexdigest()) for k, v in ODD_FILES.items()}
 
 
-def _anonymous_get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
 def test_rclone_acls_buckets_and_purge(rclone, target, s3, bucket, tmp_path):
     """--s3-acl on PutObject, CreateMultipartUpload and a multipart copy;
     rclone's default ACL is private; lsd lists the caller's buckets."""
@@ -171,11 +150,11 @@ def test_rclone_acls_buckets_and_purge(rclone, target, s3, bucket, tmp_path):
     rclone("copy", tmp_path / "src", f"st:{bucket}/priv", *PARTS)
     rclone("copyto", f"st:{bucket}/priv/{BIG_NAME}", f"st:{bucket}/pubcopy.bin", "--s3-acl", "public-read", "--s3-copy-cutoff", "5M")
     url = f"{target.endpoint}/{bucket}"
-    assert _anonymous_get(f"{url}/pub/{BIG_NAME}") == 200
-    assert _anonymous_get(f"{url}/pub/plain.txt") == 200
-    assert _anonymous_get(f"{url}/pubcopy.bin") == 200
-    assert _anonymous_get(f"{url}/priv/{BIG_NAME}") == 403
-    assert _anonymous_get(f"{url}/priv/plain.txt") == 403
+    assert anonymous_get(f"{url}/pub/{BIG_NAME}") == 200
+    assert anonymous_get(f"{url}/pub/plain.txt") == 200
+    assert anonymous_get(f"{url}/pubcopy.bin") == 200
+    assert anonymous_get(f"{url}/priv/{BIG_NAME}") == 403
+    assert anonymous_get(f"{url}/priv/plain.txt") == 403
     assert bucket in rclone("lsd", "st:").stdout.split()
     rclone("purge", f"st:{bucket}/pub")
     assert sorted(bucket_digests(s3, bucket, "priv/")) == sorted(files)

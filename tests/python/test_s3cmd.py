@@ -11,26 +11,14 @@ when s3cmd is absent, failed under CI."""
 from __future__ import annotations
 
 import hashlib
-import urllib.error
-import urllib.request
 
 import pytest
 from botocore.exceptions import ClientError
 
 from conftest import canonical_id
 from s3util import assert_client_error
-from toolutil import (
-    BIG_NAME,
-    ODD_FILES,
-    bucket_digests,
-    digests,
-    odd_tree,
-    require_tool,
-    run,
-    tool_env,
-    tree_digests,
-    write_tree,
-)
+from toolutil import BIG_NAME, ODD_FILES, anonymous_get, bucket_digests, digests, odd_tree
+from toolutil import require_tool, run, tool_env, tree_digests, write_tree
 
 PARTS = ["--multipart-chunk-size-mb=5"]
 
@@ -162,15 +150,6 @@ def test_s3cmd_lists_odd_keys(s3cmd, s3, bucket):
         assert hashlib.md5(data).hexdigest() in md5, (key, md5)
 
 
-def _anonymous_get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
 def test_s3cmd_acls(s3cmd, target, bucket, tmp_path):
     """`put --acl-public` sends x-amz-acl: public-read; `setacl` reads the
     ACL and writes it back as an AccessControlPolicy document (also with a
@@ -178,17 +157,17 @@ def test_s3cmd_acls(s3cmd, target, bucket, tmp_path):
     f = write_tree(tmp_path, {"pub.txt": b"public"}) / "pub.txt"
     s3cmd("put", "--acl-public", f, f"s3://{bucket}/pub.txt")
     url = f"{s3cmd.endpoint}/{bucket}/pub.txt"
-    assert _anonymous_get(url) == 200
+    assert anonymous_get(url) == 200
     assert "*anon*: READ" in s3cmd("info", f"s3://{bucket}/pub.txt").stdout
     s3cmd("setacl", "--acl-private", f"s3://{bucket}/pub.txt")
-    assert _anonymous_get(url) == 403
+    assert anonymous_get(url) == 403
     assert "*anon*" not in s3cmd("info", f"s3://{bucket}/pub.txt").stdout
     s3cmd("setacl", "--acl-public", f"s3://{bucket}/pub.txt")
-    assert _anonymous_get(url) == 200
+    assert anonymous_get(url) == 200
     # a grant to a canonical user, written back in the AccessControlPolicy
     frank = target.client("frank")
     s3cmd("setacl", "--acl-private", f"--acl-grant=read:{canonical_id('frank')}", f"s3://{bucket}/pub.txt")
-    assert _anonymous_get(url) == 403
+    assert anonymous_get(url) == 403
     assert frank.get_object(Bucket=bucket, Key="pub.txt")["Body"].read() == b"public"
     s3cmd("setacl", f"--acl-revoke=read:{canonical_id('frank')}", f"s3://{bucket}/pub.txt")
     with pytest.raises(ClientError) as e:

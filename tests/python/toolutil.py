@@ -8,6 +8,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,13 @@ def bucket_digests(client, bucket: str, prefix: str = "") -> dict[str, str]:
 
 def digests(files: dict[str, bytes]) -> dict[str, str]:
     return {k: hashlib.sha256(v).hexdigest() for k, v in files.items()}
+
+
+def anonymous_get(url: str) -> int:
+    """An unsigned GET of url: its HTTP status (the body is read and dropped)."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
