@@ -161,7 +161,10 @@ pub struct FabricConfig {
     /// and a WRITE of more than one packet between two different MTUs
     /// fails: against a server on an emulated NIC (Soft-RoCE and others
     /// often report 1024) set it to the server's.
-    #[serde(default = "default_fabric_path_mtu", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default = "default_fabric_path_mtu",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub path_mtu: Option<fabric::config::PathMtu>,
     /// With `backend: verbs` on an mlx5 device with DC (ConnectX-5 or
     /// newer, BlueField) and a build with the `dc` feature: the DC target
@@ -751,13 +754,33 @@ impl Config {
             1,
             1 << 20,
         )?;
-        v.between("leases.max_rings_per_lease", l.max_rings_per_lease as u64, 0, 16)?;
-        v.between("leases.max_rings_per_tenant", l.max_rings_per_tenant as u64, 1, 1024)?;
-        v.between("leases.ring_max_entries", u64::from(l.ring_max_entries), 1, 4096)?;
+        v.between(
+            "leases.max_rings_per_lease",
+            l.max_rings_per_lease as u64,
+            0,
+            16,
+        )?;
+        v.between(
+            "leases.max_rings_per_tenant",
+            l.max_rings_per_tenant as u64,
+            1,
+            1024,
+        )?;
+        v.between(
+            "leases.ring_max_entries",
+            u64::from(l.ring_max_entries),
+            1,
+            4096,
+        )?;
         if !l.ring_max_entries.is_power_of_two() {
             return Err(v.err("leases.ring_max_entries", "must be a power of two"));
         }
-        v.between("leases.ring_max_in_flight", u64::from(l.ring_max_in_flight), 1, 4096)?;
+        v.between(
+            "leases.ring_max_in_flight",
+            u64::from(l.ring_max_in_flight),
+            1,
+            4096,
+        )?;
         Ok(())
     }
 }
@@ -867,6 +890,10 @@ tenants:
         assert_eq!(c.tenants[0].max_buffers, 256);
         assert_eq!(c.tenants[0].max_buffer_bytes, ByteSize(64 * GIB));
         assert_eq!(c.leases.fd_handle_ttl_secs, 60);
+        assert_eq!(
+            (c.leases.max_rings_per_lease, c.leases.ring_max_entries),
+            (1, 256)
+        );
         assert!(c.metrics.address.is_none());
         assert_eq!(c.fabric.backend, Backend::Tcp);
         assert_eq!(c.fabric.max_connections, 1024);
@@ -943,6 +970,14 @@ tenants:
             (
                 BASE.replace("name: alice", "name: a/b"),
                 "tenants[0].name: must be",
+            ),
+            (
+                format!("leases:\n  ring_max_entries: 96\n{BASE}"),
+                "leases.ring_max_entries: must be a power of two",
+            ),
+            (
+                format!("leases:\n  ring_max_in_flight: 0\n{BASE}"),
+                "leases.ring_max_in_flight: must be between 1",
             ),
             (
                 format!("runtime:\n  worker_threads: 0\n{BASE}"),
