@@ -400,6 +400,7 @@ async fn get_one(
         key,
         range,
         destination,
+        ..
     } = item;
     let range = range.as_ref();
     let destination = destination.as_str();
@@ -479,6 +480,7 @@ impl pb::agent_server::Agent for AgentService {
                     key: r.key,
                     range: r.range,
                     destination: r.destination,
+                    if_match: String::new(),
                 },
                 &r.if_match,
                 qp_link,
@@ -535,14 +537,127 @@ impl pb::agent_server::Agent for AgentService {
         // when it starts and gives it back when it ends, runs under the
         // request deadline, and its chunks count against the tenant's bytes
         // in flight. At most `concurrency` items of a batch run or wait at
-        // once.
+        // once. Small items (a window of at most one chunk) to a target that
+        // speaks s3dma's dialect go first as batched requests, one per
+        // (target, bucket) and up to the target's caps, each taking one
+        // slot, its windows' bytes and one of the `concurrency` places
+        // ([`crate::transfer::target_batch`]); what the target declines or
+        // does not answer for an item goes as that item's single request.
         let svc = self.clone();
         let (tx, rx) =
             tokio::sync::mpsc::channel::<Result<pb::GetObjectsReply, Status>>(concurrency.max(16));
         let handle = tokio::spawn(async move {
-            let mut items = futures::stream::iter(r.items.into_iter().enumerate())
+            let rid = env.id().to_owned();
+            let chunk = svc.core.settings.chunk_size;
+            let (more, singles) =
+                futures::channel::mpsc::unbounded::<(usize, pb::GetObjectsItem)>();
+            let mut small = Vec::new();
+            for (i, it) in r.items.into_iter().enumerate() {
+                match batch::get_source(&tenant, &it, chunk) {
+                    Some(get) => small.push((
+                        it.bucket,
+                        batch::Item {
+                            index: i,
+                            key: it.key,
+                            put: None,
+                            get: Some(get),
+                        },
+                    )),
+                    None => {
+                        let _ = more.unbounded_send((i, it));
+                    }
+                }
+            }
+            let b = Batch {
+                core: &svc.core,
+                tenant: &tenant,
+                request_id: &rid,
+                qp_link: qp_link.clone(),
+                concurrency,
+                limit: tokio::sync::Semaphore::new(concurrency),
+            };
+            let (groups, unrouted) = batch::group_gets(&b, small);
+            for (bucket, item) in unrouted {
+                if let Some(single) = batch::get_item(bucket, item) {
+                    let _ = more.unbounded_send(single);
+                }
+            }
+            let (b, rid) = (&b, rid.as_str());
+            let batched: futures::stream::FuturesUnordered<_> = groups
+                .into_iter()
+                .map(|g| {
+                    let more = more.clone();
+                    let indexes: Vec<usize> = g.items.iter().map(|i| i.index).collect();
+                    async move {
+                        let deadline = b.core.settings.request_timeout;
+                        let ran = tokio::time::timeout(
+                            deadline,
+                            crate::transfer::target_batch::batched(b, Op::Get, g),
+                        )
+                        .await;
+                        let Ok((done, rest)) = ran else {
+                            let e = AgentError::DeadlineExceeded { deadline };
+                            return indexes.into_iter().map(|i| (i, Err(e.clone()))).collect();
+                        };
+                        for item in rest.items {
+                            if let Some(single) = batch::get_item(rest.bucket.clone(), item) {
+                                let _ = more.unbounded_send(single);
+                            }
+                        }
+                        done
+                    }
+                })
+                .collect();
+            // The last sender goes with the last group: the single
+            // requests end after every group has handed its rest over.
+            drop(more);
+            let (svc, tenant, env) = (&svc, &tenant, &env);
+            let batched = batched
+                .map(|done| {
+                    futures::stream::iter(done.into_iter().map(|(i, r)| {
+                        let index = u32::try_from(i).unwrap_or(u32::MAX);
+                        let result = match r {
+                            Ok(batch::Outcome::Got(g)) => {
+                                svc.core.metrics.bytes(
+                                    &tenant.name,
+                                    "GetObject",
+                                    path_label(g.path),
+                                    g.placed,
+                                );
+                                svc.core
+                                    .metrics
+                                    .batch_item(&tenant.name, "GetObjects", "ok", 1);
+                                pb::get_objects_reply::Result::Ok(pb::GetObjectResponse {
+                                    object: Some(g.info),
+                                    bytes_placed: g.placed,
+                                    range_start: g.start,
+                                    path: g.path as i32,
+                                    request_id: rid.to_owned(),
+                                })
+                            }
+                            Ok(_) => pb::get_objects_reply::Result::Error(batch::item_error(
+                                &AgentError::internal("a GET item came back without its bytes"),
+                                rid,
+                            )),
+                            Err(e) => {
+                                svc.core.metrics.batch_item(
+                                    &tenant.name,
+                                    "GetObjects",
+                                    e.metric_label(),
+                                    1,
+                                );
+                                pb::get_objects_reply::Result::Error(batch::item_error(&e, rid))
+                            }
+                        };
+                        pb::GetObjectsReply {
+                            index,
+                            result: Some(result),
+                        }
+                    }))
+                })
+                .flatten();
+            let singles = singles
                 .map(|(i, it)| {
-                    let (svc, tenant, env) = (&svc, &tenant, &env);
                     let qp_link = qp_link.clone();
                     async move {
                         let item = Envelope::new(
@@ -551,9 +666,10 @@ impl pb::agent_server::Agent for AgentService {
                             env.client_id().to_owned(),
                         );
                         let bucket = it.bucket.clone();
+                        let if_match = it.if_match.clone();
                         let res = svc
                             .run(&item, tenant, "GetObjects", &bucket, async {
-                                get_one(svc, tenant, item.id(), it, "", qp_link).await
+                                get_one(svc, tenant, item.id(), it, &if_match, qp_link).await
                             })
                             .await;
                         match res {
@@ -566,6 +682,7 @@ impl pb::agent_server::Agent for AgentService {
                     }
                 })
                 .buffer_unordered(concurrency);
+            let mut items = futures::stream::select(batched, singles);
             while let Some(reply) = items.next().await {
                 if tx.send(Ok(reply)).await.is_err() {
                     // The shim went away: stop fetching.
@@ -756,18 +873,23 @@ impl pb::agent_server::Agent for AgentService {
         let tenant = self.tenant(&request, &request.get_ref().tenant, env.id())?;
         let qp_link = self.qp_link(&request);
         let r = request.into_inner();
-        // Bytes of the batch: its source windows' sizes (a token that does
-        // not parse is that item's error, and counts nothing).
-        let bytes: u64 = r
+        // Each token parsed once; the batch's bytes are its parsed sources'
+        // sizes (a token that does not parse is that item's error).
+        let items: Vec<_> = r
             .items
+            .into_iter()
+            .enumerate()
+            .map(|(i, it)| {
+                let src = batch::put_source(i, &it.source, it.content_type, it.metadata);
+                (it.bucket, it.key, Some(src))
+            })
+            .collect();
+        let bytes: u64 = items
             .iter()
-            .filter_map(|it| it.source.parse::<RdmaToken>().ok())
-            .map(|t| u64::from(t.size))
+            .filter_map(|(_, _, src)| src.as_ref()?.as_ref().ok())
+            .map(|p| u64::from(p.src.size))
             .sum();
-        let items = r.items.into_iter().enumerate().map(|(i, it)| {
-            let src = batch::put_source(i, &it.source, it.content_type, it.metadata);
-            (it.bucket, it.key, Some(src))
-        });
+        let items = items.into_iter();
         let results = self
             .run_batch(&env, &tenant, Op::Put, r.concurrency, qp_link, items, bytes)
             .await?;
