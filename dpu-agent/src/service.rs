@@ -893,13 +893,14 @@ impl pb::agent_server::Agent for AgentService {
         let results = self
             .run_batch(&env, &tenant, Op::Put, r.concurrency, qp_link, items, bytes)
             .await?;
-        let mut stored = 0u64;
+        // Bytes stored, by path (rdma, fallback, mixed, none).
+        let mut stored = [0u64; 4];
         let results = results
             .into_iter()
             .map(|r| pb::PutObjectsResult {
                 result: Some(match r {
                     Ok(Outcome::Stored(out)) => {
-                        stored += out.size;
+                        stored[(out.path as usize).min(3)] += out.size;
                         pb::put_objects_result::Result::Ok(pb::PutObjectResponse {
                             etag: out.etag,
                             size: out.size,
@@ -922,7 +923,19 @@ impl pb::agent_server::Agent for AgentService {
             .count() as u64;
         let m = &self.core.metrics;
         m.batch_item(&tenant.name, "PutObjects", "ok", ok);
-        m.bytes(&tenant.name, "PutObjects", "batch", stored);
+        for p in [
+            pb::TransferPath::Unspecified,
+            pb::TransferPath::Rdma,
+            pb::TransferPath::Fallback,
+            pb::TransferPath::Mixed,
+        ] {
+            m.bytes(
+                &tenant.name,
+                "PutObjects",
+                path_label(p),
+                stored[p as usize],
+            );
+        }
         Ok(Response::new(pb::PutObjectsResponse {
             results,
             request_id: env.id().to_owned(),
