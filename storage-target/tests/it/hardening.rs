@@ -21,16 +21,14 @@ use crate::support::{
 };
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use fabric::{
-    Access, Domain, Endpoint, EndpointAddr, EndpointConfig, FabricKey, RdmaToken, Region,
-};
+use fabric::{Access, Domain, Endpoint, EndpointAddr, FabricKey, RdmaToken, Region};
 use s3dma_wire::frame::{Auth, Challenge, Hello, VERSION, Verdict};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server};
+use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server, served_memory};
 
 fn key() -> FabricKey {
     fabric::config::parse_fabric_key(KEY_HEX).unwrap()
@@ -235,13 +233,7 @@ struct Tenant {
 impl Tenant {
     async fn new(len: usize) -> Tenant {
         let domain = Domain::tcp();
-        let mem = domain.alloc(len, Access::ALL).unwrap();
-        let endpoint = Endpoint::listen(
-            &domain,
-            EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key()),
-        )
-        .await
-        .unwrap();
+        let (endpoint, mem) = served_memory(&domain, len, key()).await;
         Tenant { endpoint, mem }
     }
 

@@ -14,11 +14,11 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::ChecksumMode;
 use base64::Engine as _;
 use bytes::Bytes;
-use fabric::{Access, Backend, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
+use fabric::{Access, Backend, Domain, Endpoint, FabricKey, Region, Window};
 use s3s::crypto::Checksum as _;
 use sha2::Digest as _;
 
-use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server};
+use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server, served_memory};
 
 fn key() -> FabricKey {
     fabric::config::parse_fabric_key(KEY_HEX).unwrap()
@@ -59,13 +59,7 @@ impl Tenant {
 
     async fn with_key(len: usize, key: FabricKey) -> Tenant {
         let domain = Domain::open(backend()).unwrap();
-        let mem = domain.alloc(len, Access::ALL).unwrap();
-        let endpoint = Endpoint::listen(
-            &domain,
-            EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key),
-        )
-        .await
-        .unwrap();
+        let (endpoint, mem) = served_memory(&domain, len, key).await;
         Tenant { endpoint, mem }
     }
 

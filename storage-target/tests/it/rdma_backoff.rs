@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::{self, Raw, Server, create_bucket, data};
 use aws_sdk_s3::primitives::ByteStream;
-use fabric::{Access, Backend, Domain, Endpoint, EndpointConfig, FabricKey, Region, Window};
+use fabric::{Access, Backend, Domain, Endpoint, FabricKey, Region, Window};
 
-use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server};
+use crate::support::{FABRIC_KEY_HEX as KEY_HEX, fabric_server, served_memory};
 
 fn server() -> Server {
     fabric_server(|key_file| {
@@ -33,13 +33,7 @@ struct Host {
 impl Host {
     async fn new(key: FabricKey) -> Host {
         let domain = Domain::open(Backend::Tcp).unwrap();
-        let mem = domain.alloc(1 << 20, Access::ALL).unwrap();
-        let endpoint = Endpoint::listen(
-            &domain,
-            EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key),
-        )
-        .await
-        .unwrap();
+        let (endpoint, mem) = served_memory(&domain, 1 << 20, key).await;
         Host { endpoint, mem }
     }
 

@@ -372,3 +372,17 @@ pub(crate) async fn metrics_text(s: &Server) -> String {
 pub(crate) fn assert_status(r: &Raw, status: u16) {
     assert_eq!(r.status, status, "{}", r.text());
 }
+
+/// *Generic.* `len` bytes of registered memory on `domain`, served on
+/// loopback by an endpoint with fabric key `key`: a tenant's side of a
+/// transfer.
+pub(crate) async fn served_memory(
+    domain: &fabric::Domain,
+    len: usize,
+    key: fabric::FabricKey,
+) -> (fabric::Endpoint, fabric::Region) {
+    let mem = domain.alloc(len, fabric::Access::ALL).unwrap();
+    let config = fabric::EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key);
+    let endpoint = fabric::Endpoint::listen(domain, config).await.unwrap();
+    (endpoint, mem)
+}

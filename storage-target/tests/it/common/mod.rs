@@ -266,19 +266,6 @@ pub(crate) fn md5_hex(b: &[u8]) -> String {
     hex::encode(s3s::crypto::Md5::checksum(b))
 }
 
-/// Signs a raw request as [`ADMIN`] with SigV4 in the Authorization header
-/// (region us-east-1, `x-amz-content-sha256` from `body`). Returns `host`,
-/// the `extra` headers (all among the signed headers) and the signing
-/// headers, ready to send.
-pub(crate) fn sign_v4(
-    method: &str,
-    url: &str,
-    extra: &[(&str, &str)],
-    body: aws_sigv4::http_request::SignableBody<'_>,
-    time: SystemTime,
-) -> Vec<(String, String)> {
-    sign_v4_as(ADMIN, method, url, extra, body, time)
-}
-
-/// [`sign_v4`] as another user.
+/// Signs a raw request as a given user with SigV4 in the Authorization
+/// header (region us-east-1): the signing headers, ready to send.
 pub(crate) use s3dma_testkit::sign_v4_as;

@@ -500,15 +500,7 @@ pub(crate) mod netns {
 /// a root-only test skips (returns `false`) unless `CI` is set, where it
 /// fails: CI runs as root and must run every test.
 pub(crate) fn root_or_skip(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test} needs root (network namespaces, tmpfs mounts), and CI is set"
-    );
-    eprintln!("skipping {test}: it needs root (network namespaces, tmpfs mounts)");
-    false
+    s3dma_testkit::root_or_skip(test, "network namespaces, tmpfs mounts")
 }
 
 /// A tmpfs of `size` bytes mounted on a fresh directory; unmounted on drop.
