@@ -65,6 +65,17 @@ def require_binaries() -> None:
     pytest.skip(why)
 
 
+def interrupt(proc, timeout: float) -> int:
+    """SIGINT to proc, then up to timeout seconds for it to exit (SIGKILL
+    after that); its exit code."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 class ExitedEarly(Exception):
     """The process's stdout ended before it was ready; rc is its exit code."""
 
@@ -195,12 +206,7 @@ class LocalStack:
         rc = None
         if proc is not None:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    rc = proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    rc = proc.wait()
+                rc = interrupt(proc, timeout)
             else:
                 rc = proc.returncode
         shutil.rmtree(self.sockdir, ignore_errors=True)

@@ -614,12 +614,7 @@ def restricted_socket(stack, tmp_path_factory):
         yield str(sock)
     finally:
         for p in reversed(procs):
-            p.send_signal(2)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            tenant_stack.interrupt(p, 20)
         shutil.rmtree(sockdir, ignore_errors=True)
 
 
