@@ -39,17 +39,8 @@ pub fn s3_client(endpoint: &str, ak: &str, sk: &str) -> Client {
 /// # Panics
 /// When the call fails.
 pub async fn create_bucket(client: &Client, b: &str) {
-    client
-        .create_bucket()
-        .bucket(b)
-        .send()
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "CreateBucket {b}: {}",
-                aws_sdk_s3::error::DisplayErrorContext(e)
-            )
-        });
+    let r = client.create_bucket().bucket(b).send().await;
+    or_panic(r, || format!("CreateBucket {b}"));
 }
 
 /// Reads `b/k` as `client`'s user; `None` when the call fails (no such
@@ -67,19 +58,18 @@ pub async fn get_as(client: &Client, b: &str, k: &str) -> Option<Vec<u8>> {
 /// # Panics
 /// When the call fails.
 pub async fn put_as(client: &Client, b: &str, k: &str, d: Vec<u8>) {
-    client
-        .put_object()
-        .bucket(b)
-        .key(k)
+    let put = client.put_object().bucket(b).key(k);
+    let r = put
         .body(aws_sdk_s3::primitives::ByteStream::from(d))
         .send()
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "PutObject {b}/{k}: {}",
-                aws_sdk_s3::error::DisplayErrorContext(e)
-            )
-        });
+        .await;
+    or_panic(r, || format!("PutObject {b}/{k}"));
+}
+
+/// The value of an SDK call's result; a panic naming `what` and the
+/// error with its sources when it failed.
+fn or_panic<T, E: std::error::Error>(r: Result<T, E>, what: impl FnOnce() -> String) -> T {
+    r.unwrap_or_else(|e| panic!("{}: {}", what(), aws_sdk_s3::error::DisplayErrorContext(e)))
 }
 
 /// The S3 error code and HTTP status of a failed SDK call (`<…>` around
@@ -128,12 +118,10 @@ pub fn sign_v4_as(
         .expect("signing params")
         .into();
     let host = url.split('/').nth(2).expect("url has a host").to_owned();
-    let mut headers: Vec<(String, String)> = vec![("host".into(), host)];
-    headers.extend(
-        extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
+    let extra = extra.iter().map(|&(k, v)| (k.to_owned(), v.to_owned()));
+    let mut headers: Vec<(String, String)> = std::iter::once(("host".to_owned(), host))
+        .chain(extra)
+        .collect();
     let req = SignableRequest::new(
         method,
         url,
