@@ -138,3 +138,67 @@ fn local_mode_pointed_at_another_stacks_target() {
         assert!(ours.stdout == data, "{name}: the object read back differs");
     }
 }
+
+/// `--target --protocol hipobj-rc-v2 --fabric verbs` reaches another local
+/// mode's storage-target with no config written by hand: its PUTs (one
+/// transfer, and parts above the multipart threshold) and GETs byte-exact,
+/// the queue pairs on this host-shim's device. Verbs only (rxe0 in the
+/// Soft-RoCE VM, `S3DMA_TEST_FABRIC=verbs`): the dialect has no tcp form.
+#[test]
+fn local_mode_pointed_at_a_hipobj_rc_v2_server_on_verbs() {
+    if s3dma_launcher::harness::backend() != s3dma_launcher::Backend::Verbs {
+        println!("skipped: hipobj-rc-v2 needs an RDMA device (S3DMA_TEST_FABRIC=verbs)");
+        return;
+    }
+    let server_dir = tempfile::tempdir().unwrap();
+    let server = Local::start_cmd(server_dir.path(), false, |c| {
+        c.args(["--fabric", "verbs"]);
+    });
+    let (url, key, secret) = printed_identity(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let local = Local::start_cmd(dir.path(), false, |c| {
+        c.args([
+            "--target",
+            &url,
+            "--protocol",
+            "hipobj-rc-v2",
+            "--fabric",
+            "verbs",
+        ])
+        .env("AWS_ACCESS_KEY_ID", &key)
+        .env("AWS_SECRET_ACCESS_KEY", &secret)
+        .env_remove("AWS_SESSION_TOKEN");
+    });
+    assert!(
+        local
+            .stdout
+            .contains(&format!("pointed at {url} (hipobj-rc-v2)")),
+        "{}",
+        local.stdout
+    );
+    for (name, len) in [
+        ("one", 1),
+        ("small", (1 << 20) + 3),
+        ("large", (80 << 20) + 3),
+    ] {
+        let data = pattern(len);
+        let src = dir.path().join(name);
+        std::fs::write(&src, &data).unwrap();
+        let at = format!("s3://data/hipobj/{name}");
+        ok(&local.s3dma(&["put", src.to_str().unwrap(), &at]));
+        let theirs = server.s3dma(&["get", &at, "-"]);
+        assert!(
+            theirs.status.success(),
+            "{}",
+            String::from_utf8_lossy(&theirs.stderr)
+        );
+        assert!(theirs.stdout == data, "{name}: the server's object differs");
+        let ours = local.s3dma(&["get", &at, "-"]);
+        assert!(
+            ours.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ours.stderr)
+        );
+        assert!(ours.stdout == data, "{name}: the object read back differs");
+    }
+}
