@@ -324,6 +324,12 @@ mod tests {
 
     /// Receives one `FD` frame and its fd.
     fn recv_fd(peer: &StdStream) -> (FdRequest, RawFd) {
+        let (frame, fd) = recv_frame(peer);
+        (FdRequest::decode(&frame).unwrap(), fd)
+    }
+
+    /// One 8-byte frame and the one fd that came with it.
+    fn recv_frame(peer: &StdStream) -> ([u8; 8], RawFd) {
         let mut frame = [0u8; 8];
         let mut cmsg = nix::cmsg_space!([RawFd; 1]);
         let (n, fds) = {
@@ -345,7 +351,36 @@ mod tests {
         };
         assert_eq!(n, 8);
         assert_eq!(fds.len(), 1);
-        (FdRequest::decode(&frame).unwrap(), fds[0])
+        (frame, fds[0])
+    }
+
+    #[tokio::test]
+    async fn a_ring_goes_in_an_rg_frame_and_a_refusal_names_the_ring() {
+        let (client, mut peer) = pair();
+        let shim = thread::spawn(move || {
+            accept_lease(&mut peer);
+            let (frame, fd) = recv_frame(&peer);
+            let s3dma_proto::lease::Request::Ring(req) =
+                s3dma_proto::lease::Request::decode(&frame).unwrap()
+            else {
+                panic!("not an RG frame: {frame:?}");
+            };
+            nix::unistd::close(fd).unwrap();
+            let reply = Reply::Err {
+                seq: req.seq,
+                message: "this lease may open 1 ring(s)".into(),
+            };
+            peer.write_all(&reply.encode()).unwrap();
+        });
+        let lease = Arc::new(Lease::open(client, Path::new(SOCKET)).await.unwrap());
+        let (_ring, fd) = s3dma_ring::Ring::create(4).unwrap();
+        let e = lease.pass_ring(fd.as_fd()).await.unwrap_err();
+        assert_eq!(
+            (e.kind(), e.code()),
+            (ErrorKind::InvalidArgument, "RingRefused")
+        );
+        assert!(e.to_string().contains("may open 1 ring"), "{e}");
+        shim.join().unwrap();
     }
 
     #[tokio::test]
