@@ -21,6 +21,7 @@ pub struct Metrics {
     latency: HistogramVec,
     bytes: IntCounterVec,
     batch_items: IntCounterVec,
+    batch_requests: IntCounterVec,
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
     target_requests: IntCounterVec,
@@ -81,8 +82,14 @@ impl Metrics {
             batch_items: counters(
                 r,
                 "s3dma_agent_batch_items_total",
-                "Items of HeadObjects, PutObjects and DeleteObjects batches, by outcome (ok | missing | the error's status label)",
+                "Items of HeadObjects, PutObjects and DeleteObjects batches, and GetObjects items served by batched target requests, by outcome (ok | missing | the error's status label)",
                 &["tenant", "op", "outcome"],
+            ),
+            batch_requests: counters(
+                r,
+                "s3dma_agent_target_batch_requests_total",
+                "s3dma batch requests sent to targets (HEAD, GET, PUT items as one signed request), by outcome (ok | declined | failed | refused: the tenant's quota)",
+                &["op", "outcome"],
             ),
             in_flight: gauges(
                 r,
@@ -213,6 +220,11 @@ impl Metrics {
                 .with_label_values(&[tenant, op, outcome])
                 .inc_by(n);
         }
+    }
+
+    /// One s3dma batch request of `op` to a target ended with `outcome`.
+    pub fn batch_request(&self, op: &str, outcome: &str) {
+        self.batch_requests.with_label_values(&[op, outcome]).inc();
     }
 
     /// Requests running for `tenant` changed by `delta`.

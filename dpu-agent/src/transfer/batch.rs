@@ -1,4 +1,6 @@
-//! Batched HeadObjects, PutObjects and DeleteObjects: the per-item work.
+//! Batched HeadObjects, PutObjects and DeleteObjects: the per-item work;
+//! and the grouping of GetObjects' small items ([`get_source`],
+//! [`group_gets`]) for [`super::target_batch`].
 //!
 //! A batch arrives validated as a whole (item count, bytes: the service,
 //! [`crate::service`]); here every item is checked like the single call
@@ -38,6 +40,7 @@ use crate::error::{AgentError, BadRequest};
 use crate::policy::Access;
 use crate::qp_link::QpLink;
 use crate::s3::TargetClient;
+use s3dma_wire::range::ByteRange;
 
 /// The operation of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +51,8 @@ pub enum Op {
     Put,
     /// DeleteObjects.
     Delete,
+    /// GetObjects (its small items only: [`group_gets`]).
+    Get,
 }
 
 impl Op {
@@ -58,6 +63,7 @@ impl Op {
             Op::Head => "HeadObjects",
             Op::Put => "PutObjects",
             Op::Delete => "DeleteObjects",
+            Op::Get => "GetObjects",
         }
     }
 
@@ -66,6 +72,7 @@ impl Op {
             Op::Head => (Access::Read, "read"),
             Op::Put => (Access::Write, "write"),
             Op::Delete => (Access::Write, "delete"),
+            Op::Get => (Access::Read, "read"),
         }
     }
 }
@@ -81,6 +88,20 @@ pub struct PutSource {
     pub metadata: HashMap<String, String>,
 }
 
+/// What a GET item reads and where it places it.
+#[derive(Debug)]
+pub struct GetSource {
+    /// The destination window (the bytes go to its start).
+    pub dest: RdmaToken,
+    /// Which bytes (`None`: the whole object).
+    pub range: Option<ByteRange>,
+    /// Required ETag, if any.
+    pub if_match: Option<String>,
+    /// The item's range and destination as the tenant sent them (the
+    /// single request the item falls back to).
+    pub sent: (Option<pb::ByteRange>, String),
+}
+
 /// One checked item of a batch.
 #[derive(Debug)]
 pub struct Item {
@@ -90,6 +111,8 @@ pub struct Item {
     pub key: String,
     /// PUT only: the bytes and what to store with them.
     pub put: Option<PutSource>,
+    /// GET only: which bytes and where they go.
+    pub get: Option<GetSource>,
 }
 
 /// What an item came to.
@@ -103,6 +126,8 @@ pub enum Outcome {
     Stored(put::PutResult),
     /// DELETE: deleted (or was already missing, as in S3).
     Deleted,
+    /// GET: the bytes placed.
+    Got(super::get::GetResult),
 }
 
 /// Items of one (target, bucket) group, all of one operation.
@@ -225,9 +250,90 @@ where
             },
         };
         last = Some(at);
-        groups[at].items.push(Item { index, key, put });
+        groups[at].items.push(Item {
+            index,
+            key,
+            put,
+            get: None,
+        });
     }
     (groups, refused)
+}
+
+/// A GetObjects item that a batched request may carry: it passes the
+/// single call's checks (bucket, key, range, token, policy) and its window
+/// is at most `max_window` bytes (one chunk: it bounds what the GET
+/// places). `None`: the item goes as a single request, which reports any
+/// failed check as today.
+#[must_use]
+pub fn get_source(
+    tenant: &Tenant,
+    item: &pb::GetObjectsItem,
+    max_window: u64,
+) -> Option<GetSource> {
+    check(tenant, Op::Get, &item.bucket, &item.key).ok()?;
+    let dest = item.destination.parse::<RdmaToken>().ok()?;
+    if dest.size == 0 || u64::from(dest.size) > max_window {
+        return None;
+    }
+    Some(GetSource {
+        dest,
+        range: item.range.and_then(|r| ByteRange::try_from(r).ok()),
+        if_match: (!item.if_match.is_empty()).then(|| item.if_match.clone()),
+        sent: (item.range, item.destination.clone()),
+    })
+}
+
+/// The single request a GET item falls back to.
+#[must_use]
+pub fn get_item(bucket: String, item: Item) -> Option<(usize, pb::GetObjectsItem)> {
+    let g = item.get?;
+    Some((
+        item.index,
+        pb::GetObjectsItem {
+            bucket,
+            key: item.key,
+            range: g.sent.0,
+            destination: g.sent.1,
+            if_match: g.if_match.unwrap_or_default(),
+        },
+    ))
+}
+
+/// Groups checked GET items (each with its bucket) by (target, bucket) as
+/// [`group`] does; items whose bucket has no target come back as they
+/// are (their single request reports it).
+#[must_use]
+pub fn group_gets(b: &Batch<'_>, items: Vec<(String, Item)>) -> (Vec<Group>, Vec<(String, Item)>) {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut left = Vec::new();
+    let mut routed: Option<(String, Arc<[Arc<TargetClient>]>)> = None;
+    for (bucket, item) in items {
+        let targets = match &routed {
+            Some((name, t)) if *name == bucket => Arc::clone(t),
+            _ => match b.core.group_for(&bucket) {
+                Ok(t) => {
+                    routed = Some((bucket.clone(), Arc::clone(&t)));
+                    t
+                }
+                Err(_) => {
+                    left.push((bucket, item));
+                    continue;
+                }
+            },
+        };
+        let target = b.core.pick(&targets, &bucket, &item.key, 0);
+        let same = |g: &Group| Arc::ptr_eq(&g.target, &target) && g.bucket == bucket;
+        match groups.iter_mut().rev().find(|g| same(g)) {
+            Some(g) => g.items.push(item),
+            None => groups.push(Group {
+                target,
+                bucket,
+                items: vec![item],
+            }),
+        }
+    }
+    (groups, left)
 }
 
 /// Runs one (target, bucket) group of `op`: the one place that decides how
@@ -333,6 +439,10 @@ async fn one(
             meta::delete_object(ex, bucket, &item.key).await?;
             Ok(Outcome::Deleted)
         }
+        // GetObjects runs its single requests itself (the service).
+        Op::Get => Err(AgentError::internal(
+            "a GET item outside GetObjects' own path",
+        )),
         Op::Put => {
             let (Some(ctx), Some(p)) = (ctx, item.put) else {
                 return Err(AgentError::internal("a PUT item without its source"));

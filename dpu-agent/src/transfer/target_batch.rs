@@ -1,4 +1,4 @@
-//! A (target, bucket) group of HEADs or PUTs as s3dma batch requests
+//! A (target, bucket) group of HEADs, GETs or PUTs as s3dma batch requests
 //! (`POST /?s3dma-batch`, [`s3dma_wire::batch`]) to a target that speaks
 //! s3dma's dialect: one signed request per up to [`MAX_ITEMS`] items
 //! instead of one per item.
@@ -6,8 +6,13 @@
 //! [`batched`] is what [`super::batch::run_group`] tries first. It takes
 //! the items it can send batched (a target with `protocol: s3dma`, RDMA on
 //! and the standard token header; HEADs; PUTs no larger than a single PUT,
-//! by their own window) and leaves the rest to the group's parallel single
-//! requests. A target that declines batches (`501`, or a `400`/`404`/`405`
+//! by their own window; GETs whose window is at most one chunk, which
+//! GetObjects picks, [`super::batch::get_source`]) and leaves the rest to
+//! the group's parallel single requests. A GET item that fails with
+//! anything but `403`, `404` or `412` (a range the object cannot satisfy,
+//! an object larger than its window, bytes not placed over RDMA), or whose
+//! placed bytes are not what its range resolves to, goes again as a single
+//! request, which answers it exactly as a GetObject would. A target that declines batches (`501`, or a `400`/`404`/`405`
 //! without `x-amz-rdma-batch`: the gateway, a plain S3 server) is
 //! remembered as such for the life of the agent, and its items go as
 //! single requests, now and later. A batch that fails otherwise (a refusal
@@ -20,8 +25,11 @@
 //! by the tenant's signature as a single request's headers are.
 //!
 //! Quotas: a batched request takes one of the batch's running places and
-//! one of the tenant's concurrency slots, and its PUT windows' bytes from
-//! the tenant's bytes in flight, while it runs.
+//! one of the tenant's concurrency slots, and its GET and PUT windows'
+//! bytes from the tenant's bytes in flight, while it runs.
+//!
+//! Every batched request is counted by operation and outcome
+//! (`s3dma_agent_target_batch_requests_total`, [`crate::metrics`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
@@ -99,12 +107,17 @@ pub async fn batched(b: &Batch<'_>, op: Op, group: Group) -> (Vec<ItemResult>, G
         items,
     } = group;
     let threshold = b.core.settings.put.multipart_threshold;
+    let chunk = b.core.settings.chunk_size;
     let (send, mut rest): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|i| match op {
         Op::Head => true,
         Op::Put => i
             .put
             .as_ref()
             .is_some_and(|p| u64::from(p.src.size) <= threshold.min(MAX_BYTES)),
+        Op::Get => i
+            .get
+            .as_ref()
+            .is_some_and(|g| u64::from(g.dest.size) <= chunk.min(MAX_BYTES)),
         Op::Delete => false,
     });
     let ex = Exchange {
@@ -123,7 +136,10 @@ pub async fn batched(b: &Batch<'_>, op: Op, group: Group) -> (Vec<ItemResult>, G
     let mut done = Vec::new();
     for r in ran {
         match r {
-            Ok(results) => done.extend(results),
+            Ok((results, again)) => {
+                done.extend(results);
+                rest.extend(again);
+            }
             Err(items) => rest.extend(items),
         }
     }
@@ -140,6 +156,15 @@ pub async fn batched(b: &Batch<'_>, op: Op, group: Group) -> (Vec<ItemResult>, G
 
 /// The wire item of a group's item.
 fn wire_item(bucket: &str, item: &Item) -> batch::Item {
+    if let Some(g) = &item.get {
+        let mut w = batch::Item::get(bucket, &item.key, &g.dest.format());
+        w.range = g.range.map(|r| {
+            let v = r.header_value();
+            v.strip_prefix("bytes=").map_or(v.clone(), str::to_owned)
+        });
+        w.if_match.clone_from(&g.if_match);
+        return w;
+    }
     match &item.put {
         None => batch::Item::head(bucket, &item.key),
         Some(p) => {
@@ -171,7 +196,7 @@ fn split(items: Vec<Item>, bucket: &str) -> Vec<Vec<Item>> {
                     .sum::<usize>()
                     + p.content_type.as_ref().map_or(0, |c| c.len() * 6)
             });
-        let window = item.put.as_ref().map_or(0, |p| u64::from(p.src.size));
+        let window = window_of(&item);
         let full = out.last().is_none_or(|c| {
             c.len() >= MAX_ITEMS || body + size > MAX_BODY || bytes + window > MAX_BYTES
         });
@@ -188,6 +213,12 @@ fn split(items: Vec<Item>, bucket: &str) -> Vec<Vec<Item>> {
     out
 }
 
+/// The window bytes an item moves (GET, PUT).
+fn window_of(item: &Item) -> u64 {
+    item.put.as_ref().map_or(0, |p| u64::from(p.src.size))
+        + item.get.as_ref().map_or(0, |g| u64::from(g.dest.size))
+}
+
 /// What one batched request came to.
 enum Sent {
     /// The target's reply, one item per item sent.
@@ -196,19 +227,23 @@ enum Sent {
     Declined,
 }
 
-/// One batched request of `items`: their results, or the items back for
-/// single requests.
+/// One batched request of `items`: their results and the items to send
+/// again as single requests, or all the items back for single requests.
 async fn one_request(
     b: &Batch<'_>,
     ex: &Exchange,
     op: Op,
     bucket: &str,
     items: Vec<Item>,
-) -> Result<Vec<ItemResult>, Vec<Item>> {
+) -> Result<(Vec<ItemResult>, Vec<Item>), Vec<Item>> {
+    let metrics = &b.core.metrics;
     let body =
         match BatchRequest::new(items.iter().map(|i| wire_item(bucket, i)).collect()).encode() {
             Ok(body) if body.len() <= MAX_BODY || items.len() == 1 => Bytes::from(body),
-            _ => return Err(items),
+            _ => {
+                metrics.batch_request(op.name(), "failed");
+                return Err(items);
+            }
         };
     let Ok(_running) = b.limit.acquire().await else {
         return Err(items);
@@ -216,18 +251,18 @@ async fn one_request(
     let _slot = match b.tenant.quota.admit().await {
         Ok(s) => s,
         Err(e) => {
+            metrics.batch_request(op.name(), "refused");
             let e = AgentError::SlowDown(e);
-            return Ok(items
-                .into_iter()
-                .map(|i| (i.index, Err(e.clone())))
-                .collect());
+            return Ok((
+                items
+                    .into_iter()
+                    .map(|i| (i.index, Err(e.clone())))
+                    .collect(),
+                Vec::new(),
+            ));
         }
     };
-    let window: u64 = items
-        .iter()
-        .filter_map(|i| i.put.as_ref())
-        .map(|p| u64::from(p.src.size))
-        .sum();
+    let window: u64 = items.iter().map(window_of).sum();
     let _bytes = if window > 0 {
         Some(b.tenant.quota.admit_bytes(window).await)
     } else {
@@ -242,16 +277,25 @@ async fn one_request(
         })
         .await;
     match sent {
-        Ok(Sent::Reply(reply)) => Ok(items
-            .into_iter()
-            .zip(reply.items)
-            .map(|(item, r)| (item.index, outcome(op, bucket, &item, r, &ex.request_id)))
-            .collect()),
+        Ok(Sent::Reply(reply)) => {
+            metrics.batch_request(op.name(), "ok");
+            let mut done = Vec::with_capacity(items.len());
+            let mut again = Vec::new();
+            for (item, r) in items.into_iter().zip(reply.items) {
+                match outcome(op, bucket, &item, r, &ex.request_id) {
+                    Some(r) => done.push((item.index, r)),
+                    None => again.push(item),
+                }
+            }
+            Ok((done, again))
+        }
         Ok(Sent::Declined) => {
+            metrics.batch_request(op.name(), "declined");
             remember_declined(&ex.target);
             Err(items)
         }
         Err(e) => {
+            metrics.batch_request(op.name(), "failed");
             debug!(target = %ex.target.name, error = %e, "a batch request failed: its items go as single requests");
             Err(items)
         }
@@ -299,8 +343,63 @@ async fn send(ex: &Exchange, body: Bytes, hash: &str, n: usize) -> Result<Sent, 
     })
 }
 
-/// An item's reply as what the item came to.
+/// An item's reply as what the item came to; `None`: a GET item to send
+/// again as a single request.
 fn outcome(
+    op: Op,
+    bucket: &str,
+    item: &Item,
+    r: ItemReply,
+    request_id: &str,
+) -> Option<Result<Outcome, AgentError>> {
+    if op == Op::Get {
+        return got(item, r, request_id);
+    }
+    Some(item_outcome(op, bucket, item, r, request_id))
+}
+
+/// A GET item's reply: its bytes placed, its final error (`403`, `404`,
+/// `412`), or `None` for anything else.
+fn got(item: &Item, r: ItemReply, request_id: &str) -> Option<Result<Outcome, AgentError>> {
+    let g = item.get.as_ref()?;
+    if !r.ok() {
+        if !matches!(r.status, 403 | 404 | 412) {
+            return None;
+        }
+        return Some(Err(AgentError::S3(crate::error::S3Error {
+            code: r.code.unwrap_or_default(),
+            message: r.message.unwrap_or_default(),
+            request_id: request_id.to_owned(),
+            http_status: r.status,
+        })));
+    }
+    let total = r.size?;
+    let span = match g.range {
+        None => 0..total,
+        Some(range) => range.resolve(total).ok()?,
+    };
+    let len = span.end.checked_sub(span.start)?;
+    // Exactly the bytes the range resolves to, inside the window.
+    if r.bytes != Some(len) || len > u64::from(g.dest.size) {
+        return None;
+    }
+    Some(Ok(Outcome::Got(super::get::GetResult {
+        info: pb::ObjectInfo {
+            size: total,
+            etag: r.etag.unwrap_or_default(),
+            content_type: r.content_type.unwrap_or_default(),
+            metadata: r.metadata.into_iter().collect::<HashMap<_, _>>(),
+            last_modified_unix_ms: r.last_modified_ms.unwrap_or(0),
+        },
+        placed: len,
+        start: span.start,
+        // An empty object placed nothing, as a single GET reports it.
+        path: super::path_of(len > 0, false),
+    })))
+}
+
+/// A HEAD or PUT item's reply as what the item came to.
+fn item_outcome(
     op: Op,
     bucket: &str,
     item: &Item,
@@ -360,6 +459,7 @@ fn outcome(
 mod tests {
     use super::*;
     use fabric::RdmaToken;
+    use s3dma_wire::range::ByteRange;
 
     fn item(index: usize, key: &str, size: Option<u32>) -> Item {
         let put = size.map(|s| {
@@ -378,6 +478,7 @@ mod tests {
             index,
             key: key.to_owned(),
             put,
+            get: None,
         }
     }
 
@@ -407,15 +508,76 @@ mod tests {
     }
 
     #[test]
+    fn get_replies_place_their_range_or_go_single() {
+        let get = |range: Option<ByteRange>| {
+            let mut it = item(0, "k", None);
+            let dest: RdmaToken =
+                "00007f0000001000:00001000:00000001:0000:000001:1:00000000000000000000ffff7f000001"
+                    .parse()
+                    .unwrap();
+            it.get = Some(super::super::batch::GetSource {
+                dest,
+                range,
+                if_match: None,
+                sent: (None, String::new()),
+            });
+            it
+        };
+        let placed = |size: u64, bytes: u64| ItemReply {
+            status: 200,
+            size: Some(size),
+            bytes: Some(bytes),
+            etag: Some("\"e\"".into()),
+            ..ItemReply::default()
+        };
+        let whole = get(None);
+        match got(&whole, placed(100, 100), "r") {
+            Some(Ok(Outcome::Got(g))) => {
+                assert_eq!((g.placed, g.start, g.info.size), (100, 0, 100));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Fewer bytes than the object: sent again as a single request.
+        assert!(got(&whole, placed(100, 99), "r").is_none());
+        let suffix = get(Some(ByteRange::Suffix(10)));
+        match got(&suffix, placed(100, 10), "r") {
+            Some(Ok(Outcome::Got(g))) => assert_eq!((g.placed, g.start), (10, 90)),
+            other => panic!("{other:?}"),
+        }
+        // A range past the end, an object larger than the window, bytes
+        // not placed over RDMA: single requests answer them.
+        let past = get(Some(ByteRange::From(200)));
+        assert!(got(&past, placed(100, 0), "r").is_none());
+        assert!(got(&whole, placed(8192, 8192), "r").is_none());
+        for (status, code) in [
+            (416, "InvalidRange"),
+            (501, "NotImplemented"),
+            (500, "InternalError"),
+        ] {
+            assert!(got(&whole, ItemReply::error(status, code, "no"), "r").is_none());
+        }
+        for (status, code) in [
+            (404, "NoSuchKey"),
+            (412, "PreconditionFailed"),
+            (403, "AccessDenied"),
+        ] {
+            match got(&whole, ItemReply::error(status, code, "no"), "r") {
+                Some(Err(e)) => assert_eq!(e.s3_code(), code),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn item_replies_become_outcomes() {
         let head = item(0, "k", None);
         let miss = ItemReply::error(404, "NoSuchKey", "no");
         assert!(matches!(
-            outcome(Op::Head, "b", &head, miss, "r"),
+            item_outcome(Op::Head, "b", &head, miss, "r"),
             Ok(Outcome::Missing)
         ));
         let nb = ItemReply::error(404, "NoSuchBucket", "no");
-        let e = outcome(Op::Head, "b", &head, nb, "r").unwrap_err();
+        let e = item_outcome(Op::Head, "b", &head, nb, "r").unwrap_err();
         assert_eq!(e.s3_code(), "NoSuchBucket");
         let found = ItemReply {
             status: 200,
@@ -423,7 +585,7 @@ mod tests {
             etag: Some("\"e\"".into()),
             ..ItemReply::default()
         };
-        match outcome(Op::Head, "b", &head, found, "r") {
+        match item_outcome(Op::Head, "b", &head, found, "r") {
             Ok(Outcome::Found(info)) => assert_eq!((info.size, info.etag.as_str()), (5, "\"e\"")),
             other => panic!("{other:?}"),
         }
@@ -433,7 +595,7 @@ mod tests {
             bytes: Some(9),
             ..ItemReply::default()
         };
-        assert!(outcome(Op::Put, "b", &put, short, "r").is_err());
+        assert!(item_outcome(Op::Put, "b", &put, short, "r").is_err());
         let whole = ItemReply {
             status: 200,
             bytes: Some(10),
@@ -442,11 +604,11 @@ mod tests {
             ..ItemReply::default()
         };
         assert!(matches!(
-            outcome(Op::Put, "b", &put, whole, "r"),
+            item_outcome(Op::Put, "b", &put, whole, "r"),
             Ok(Outcome::Stored(PutResult { size: 10, .. }))
         ));
         let denied = ItemReply::error(403, "AccessDenied", "no");
-        let e = outcome(Op::Put, "b", &put, denied, "r").unwrap_err();
+        let e = item_outcome(Op::Put, "b", &put, denied, "r").unwrap_err();
         assert_eq!(e.s3_code(), "AccessDenied");
     }
 }

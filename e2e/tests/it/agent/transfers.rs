@@ -349,6 +349,7 @@ async fn list_head_delete_and_batch() {
             key: (*k).into(),
             range: None,
             destination: t.clone(),
+            if_match: String::new(),
         })
         .collect();
     let mut stream = c

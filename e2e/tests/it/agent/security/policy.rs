@@ -252,7 +252,10 @@ async fn get_objects_items_each_take_a_quota_slot_and_batches_are_bounded() {
     // One request at a time and no queue: a second request at once is
     // SlowDown.
     spec.alice_quotas = "max_concurrent_requests: 1\nmax_queued_requests: 0".into();
-    spec.transfer = "max_batch_items: 8".into();
+    // Windows (1 MiB) larger than a chunk: every item is its own single
+    // request (small items to an s3dma target would go as one batched
+    // request, which takes one slot: agent::batch_target).
+    spec.transfer = "max_batch_items: 8\nchunk_size: 512KiB".into();
     let agent = Agent::start(spec);
     let shim = agent.client().await;
     let mem = Memory::new(8 << 20).await;
@@ -267,6 +270,7 @@ async fn get_objects_items_each_take_a_quota_slot_and_batches_are_bounded() {
             key: format!("b/{i}"),
             range: None,
             destination: token.clone(),
+            if_match: String::new(),
         })
         .collect();
     let run = |items: Vec<pb::GetObjectsItem>, concurrency: u32| {

@@ -70,6 +70,7 @@ async fn secrets_never_appear_in_logs_metrics_errors_or_replies() {
                 kind: Some(pb::byte_range::Kind::Suffix(10)),
             }),
             destination: dst.clone(),
+            if_match: String::new(),
         })
         .collect(),
         concurrency: 1,

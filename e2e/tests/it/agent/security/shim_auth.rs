@@ -124,6 +124,7 @@ async fn shims_authenticate_with_bearer_tokens_and_act_only_for_their_tenants() 
             key: "k".into(),
             range: None,
             destination: dst.clone(),
+            if_match: String::new(),
         }],
         concurrency: 0,
     };
