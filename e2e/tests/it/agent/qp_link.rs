@@ -44,6 +44,65 @@ impl Link {
     }
 }
 
+impl Link {
+    /// Answers command `id` with `event`.
+    async fn answer(&self, id: u64, event: pb::qp_event::Event) {
+        let event = Some(event);
+        self.answers.send(pb::QpEvent { id, event }).await.unwrap();
+    }
+}
+
+/// The answer to an `Open` whose receive slot is `slot`: queue pair 0x123
+/// at `::ffff:127.0.0.1`, port 1.
+fn opened(slot: &fabric::RdmaToken) -> pb::qp_event::Event {
+    pb::qp_event::Event::Opened(pb::QpOpened {
+        qpn: 0x123,
+        gid: std::net::Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0x7f00, 1])
+            .octets()
+            .to_vec(),
+        port: 1,
+        lid: 0,
+        addr: slot.addr,
+        rkey: slot.rkey,
+        length: slot.size,
+    })
+}
+
+/// The answer that a command failed, saying `message`.
+fn failed(message: &str) -> pb::qp_event::Event {
+    let message = message.into();
+    pb::qp_event::Event::Failed(pb::QpFailed { message })
+}
+
+/// What `pick` takes from the first command it picks among `commands`.
+fn first<T>(commands: &[pb::QpCommand], pick: impl Fn(&pb::qp_command::Command) -> Option<T>) -> T {
+    commands
+        .iter()
+        .find_map(|c| c.command.as_ref().and_then(&pick))
+        .expect("no such command")
+}
+
+/// An agent whose one target, `name`, is a [`wire_server`] speaking
+/// `target_yaml` (transfers not retried): what the server saw, the agent,
+/// a shim client and its open queue-pair stream.
+async fn wire_agent(name: &'static str, target_yaml: &str) -> (Shared, Agent, Shim, Link) {
+    let seen: Shared = std::sync::Arc::default();
+    let url = wire_server(seen.clone()).await;
+    let mut spec = AgentSpec::new(vec![TargetSpec {
+        name,
+        endpoint: url,
+        buckets: vec!["*"],
+        rdma: true,
+    }]);
+    spec.target_yaml = target_yaml.into();
+    spec.transfer = "retries: 0\n".into();
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    let link = open_link(&shim).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    (seen, agent, shim, link)
+}
+
 fn hipobj_agent(target: &Target) -> Agent {
     let mut spec = AgentSpec::one(target);
     spec.target_yaml = "protocol: hipobj-rc-v2\n".into();
@@ -103,23 +162,7 @@ async fn queue_pair_commands_reach_only_the_calling_shim_and_a_decline_goes_over
     assert_eq!(slot.rkey, window.rkey);
     assert_eq!(slot.addr, window.addr);
     assert_eq!(u64::from(slot.size), payload.len() as u64);
-    mine.answers
-        .send(pb::QpEvent {
-            id: open.id,
-            event: Some(pb::qp_event::Event::Opened(pb::QpOpened {
-                qpn: 0x123,
-                gid: std::net::Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0x7f00, 1])
-                    .octets()
-                    .to_vec(),
-                port: 1,
-                lid: 0,
-                addr: slot.addr,
-                rkey: slot.rkey,
-                length: slot.size,
-            })),
-        })
-        .await
-        .unwrap();
+    mine.answer(open.id, opened(&slot)).await;
     let close = mine.next(Duration::from_secs(30)).await.expect("a close");
     assert!(
         matches!(close.command, Some(pb::qp_command::Command::Close(pb::QpClose { qp })) if qp == open.id),
@@ -152,15 +195,8 @@ async fn queue_pair_commands_reach_only_the_calling_shim_and_a_decline_goes_over
             ..
         }))
     ));
-    mine.answers
-        .send(pb::QpEvent {
-            id: open.id,
-            event: Some(pb::qp_event::Event::Failed(pb::QpFailed {
-                message: "100 queue pairs are open already".into(),
-            })),
-        })
-        .await
-        .unwrap();
+    mine.answer(open.id, failed("100 queue pairs are open already"))
+        .await;
     let err = put.await.unwrap().unwrap_err();
     assert!(
         err.message().contains("queue pairs are open already"),
@@ -352,20 +388,7 @@ fn answer_everything(mut link: Link) -> tokio::task::JoinHandle<Vec<pb::QpComman
         let mut got = Vec::new();
         while let Some(cmd) = link.next(Duration::from_secs(5)).await {
             let event = match &cmd.command {
-                Some(pb::qp_command::Command::Open(o)) => {
-                    let t: fabric::RdmaToken = o.window.parse().unwrap();
-                    Some(pb::qp_event::Event::Opened(pb::QpOpened {
-                        qpn: 0x123,
-                        gid: std::net::Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0x7f00, 1])
-                            .octets()
-                            .to_vec(),
-                        port: 1,
-                        lid: 0,
-                        addr: t.addr,
-                        rkey: t.rkey,
-                        length: t.size,
-                    }))
-                }
+                Some(pb::qp_command::Command::Open(o)) => Some(opened(&o.window.parse().unwrap())),
                 Some(pb::qp_command::Command::Close(_)) | None => None,
                 Some(_) => Some(pb::qp_event::Event::Done(pb::QpDone {})),
             };
@@ -394,20 +417,7 @@ fn answer_everything(mut link: Link) -> tokio::task::JoinHandle<Vec<pb::QpComman
 /// call (never over HTTP); only 501 with `unsupported` goes over HTTP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_speaks_hipobj_rc_v2_as_its_wire_description_says() {
-    let seen: Shared = std::sync::Arc::default();
-    let url = wire_server(seen.clone()).await;
-    let mut spec = AgentSpec::new(vec![TargetSpec {
-        name: "wire",
-        endpoint: url,
-        buckets: vec!["*"],
-        rdma: true,
-    }]);
-    spec.target_yaml = "protocol: hipobj-rc-v2\n".into();
-    spec.transfer = "retries: 0\n".into();
-    let agent = Agent::start(spec);
-    let shim = agent.client().await;
-    let link = open_link(&shim).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (seen, _agent, shim, link) = wire_agent("wire", "protocol: hipobj-rc-v2\n").await;
     let played = answer_everything(link);
     let mem = Memory::new(1 << 20).await;
     let (_w, dest) = mem.window(0, 4096, Access::REMOTE_WRITE);
@@ -526,13 +536,10 @@ async fn the_agent_speaks_hipobj_rc_v2_as_its_wire_description_says() {
             .octets()
             .to_vec()
     );
-    let awaited = commands
-        .iter()
-        .find_map(|c| match &c.command {
-            Some(pb::qp_command::Command::AwaitReceive(a)) => Some(*a),
-            _ => None,
-        })
-        .unwrap();
+    let awaited = first(&commands, |c| match c {
+        pb::qp_command::Command::AwaitReceive(a) => Some(*a),
+        _ => None,
+    });
     assert_eq!((awaited.imm, awaited.length), (cookie, 3000));
     // The PUT wrote its slice into the staging region, immediate = cookie.
     let put_prepare = prepares
@@ -543,13 +550,10 @@ async fn the_agent_speaks_hipobj_rc_v2_as_its_wire_description_says() {
     assert!(put_prepare.get("x-amz-rdma-offset").is_none());
     let put_cookie =
         u32::from_str_radix(put_prepare["x-amz-rdma-cookie"].to_str().unwrap(), 16).unwrap();
-    let write = commands
-        .iter()
-        .find_map(|c| match &c.command {
-            Some(pb::qp_command::Command::Write(w)) => Some(*w),
-            _ => None,
-        })
-        .unwrap();
+    let write = first(&commands, |c| match c {
+        pb::qp_command::Command::Write(w) => Some(*w),
+        _ => None,
+    });
     assert_eq!(
         (write.remote_addr, write.remote_rkey, write.imm),
         (0x7f00_0010_0000, 0x00be_ef01, put_cookie)
@@ -573,20 +577,8 @@ async fn the_agent_speaks_hipobj_rc_v2_as_its_wire_description_says() {
 /// no token at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuobject_dc_tokens_come_from_the_calling_shim() {
-    let seen: Shared = std::sync::Arc::default();
-    let url = wire_server(seen.clone()).await;
-    let mut spec = AgentSpec::new(vec![TargetSpec {
-        name: "dc",
-        endpoint: url,
-        buckets: vec!["*"],
-        rdma: true,
-    }]);
-    spec.target_yaml = "protocol: cuobject-dc\ntoken_header: x-scal-rdma\n".into();
-    spec.transfer = "retries: 0\n".into();
-    let agent = Agent::start(spec);
-    let shim = agent.client().await;
-    let mut link = open_link(&shim).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (seen, _agent, shim, mut link) =
+        wire_agent("dc", "protocol: cuobject-dc\ntoken_header: x-scal-rdma\n").await;
     let mem = Memory::new(1 << 20).await;
     let (_w, dest) = mem.window(0, 4096, Access::REMOTE_WRITE);
     // The shim's DC target, by hand: addr:size:rkey:lid:dctn:gidflag:gid.
@@ -609,15 +601,10 @@ async fn cuobject_dc_tokens_come_from_the_calling_shim() {
     let window: fabric::RdmaToken = dest.parse().unwrap();
     assert_eq!((slot.addr, slot.rkey), (window.addr, window.rkey));
     let token = minted(&slot);
-    link.answers
-        .send(pb::QpEvent {
-            id: cmd.id,
-            event: Some(pb::qp_event::Event::DcToken(pb::QpDcToken {
-                token: token.clone(),
-            })),
-        })
-        .await
-        .unwrap();
+    let event = pb::qp_event::Event::DcToken(pb::QpDcToken {
+        token: token.clone(),
+    });
+    link.answer(cmd.id, event).await;
     let got = get.await.unwrap().unwrap();
     assert_eq!(
         got.path,
@@ -632,15 +619,11 @@ async fn cuobject_dc_tokens_come_from_the_calling_shim() {
         tokio::spawn(async move { shim.get("alice", "alice-data", "dc/two", None, &dest).await })
     };
     let cmd = link.next(Duration::from_secs(30)).await.expect("a mint");
-    link.answers
-        .send(pb::QpEvent {
-            id: cmd.id,
-            event: Some(pb::qp_event::Event::Failed(pb::QpFailed {
-                message: "this host has no DC target: rxe0 is not an mlx5 device".into(),
-            })),
-        })
-        .await
-        .unwrap();
+    link.answer(
+        cmd.id,
+        failed("this host has no DC target: rxe0 is not an mlx5 device"),
+    )
+    .await;
     let got = get.await.unwrap().unwrap();
     assert_eq!(got.path, pb::TransferPath::Fallback as i32);
 
