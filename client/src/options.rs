@@ -190,7 +190,10 @@ pub struct ClientOptions {
     /// [`crate::Client::head`] and `get_object_into` return those empty;
     /// GETs with `if_match` and PUTs with a content type or metadata still
     /// go over gRPC, and so does every call when the shim refuses a ring
-    /// or the ring is full.
+    /// or the ring is full. A ring call dropped before its answer (a
+    /// timeout, a cancelled task) is not cancelled at the shim: its entry
+    /// runs to its end (at most the shim's request deadline) and may still
+    /// place bytes in the buffer it named meanwhile.
     pub ring: bool,
 }
 
