@@ -22,8 +22,7 @@ async fn metrics_need_the_token_and_are_served_on_the_unix_socket() {
             "  unix_socket: {}\n  bearer_token_file: {dd}/metrics.token\n",
             sock.display()
         );
-    write_private(&d.join("agent.yaml"), &yaml);
-    let agent = OwnAgent::start(&d.join("agent.yaml"), d.join("agent.log"));
+    let agent = OwnAgent::start_from(d, "agent", &yaml);
     assert!(
         agent.metrics.contains(&format!("unix:{}", sock.display())),
         "{}",

@@ -299,6 +299,14 @@ impl OwnAgent {
         OwnAgent::start_with(config, log, "info")
     }
 
+    /// Writes `yaml` to `dir/NAME.yaml` (private) and starts an agent on
+    /// it, logging to `dir/NAME.log`.
+    fn start_from(dir: &Path, name: &str, yaml: &str) -> OwnAgent {
+        let config = dir.join(format!("{name}.yaml"));
+        write_private(&config, yaml);
+        OwnAgent::start(&config, dir.join(format!("{name}.log")))
+    }
+
     fn start_with(config: &Path, log: PathBuf, rust_log: &str) -> OwnAgent {
         let mut child = Command::new(bin_dir().join("dpu-agent"))
             .arg("--config")

@@ -81,15 +81,11 @@ async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
     let target = Target::start(true);
     let (dir, shims) = secrets_dir();
     let d = dir.path();
+    let start = |name: &str, extra: &str| {
+        OwnAgent::start_from(d, name, &agent_yaml(d, extra, &shims, &target.endpoint))
+    };
     // (a) A long unauthenticated timeout: only the gate is at work.
-    let yaml = agent_yaml(
-        d,
-        "  unauthenticated_timeout_secs: 3600\n",
-        &shims,
-        &target.endpoint,
-    );
-    write_private(&d.join("a.yaml"), &yaml);
-    let agent = OwnAgent::start(&d.join("a.yaml"), d.join("a.log"));
+    let agent = start("a", "  unauthenticated_timeout_secs: 3600\n");
     let pid = agent.pid();
     // One authenticated call first, so the agent's steady state is reached.
     let ok = Agent::shim_for(&agent.addr, SHIM_TOKEN).await;
@@ -144,14 +140,10 @@ async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
     drop(agent);
 
     // (b) A 1-second unauthenticated timeout and room for 3 connections.
-    let yaml = agent_yaml(
-        d,
+    let agent = start(
+        "b",
         "  unauthenticated_timeout_secs: 1\n  max_connections: 3\n",
-        &shims,
-        &target.endpoint,
     );
-    write_private(&d.join("b.yaml"), &yaml);
-    let agent = OwnAgent::start(&d.join("b.yaml"), d.join("b.log"));
     let addr = agent.addr.clone();
     // An HTTP/2 connection that never authenticates is closed by the agent
     // (this one sends nothing after its SETTINGS).
