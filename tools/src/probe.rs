@@ -31,7 +31,7 @@
 //! tokened reply without `x-amz-rdma-reply` taken for a success, an empty
 //! object stored for a declined PUT, a HEAD of length 0, bytes that differ).
 //! Where a reply differs from the draft "RDMA for S3" in a way a known peer
-//! does, a `peer` line names that peer's rule ([`peer_rule`]: e.g. "declines
+//! does, a `peer` line names that peer's rule (`peer_rule`: e.g. "declines
 //! GET with an empty 501, as elbencho's s3rdma-server does"), so a report
 //! says which server's behaviour it met, not only which rule broke.
 
@@ -151,12 +151,23 @@ impl Signer<'_> {
             "s3dma-probe",
         )
         .into();
+        // hipobj-rc-v2's control requests are signed as hipObject's v2
+        // client signs them (service `hipobj`, no `x-amz-content-sha256`),
+        // so the probe checks that a server takes the peer as published.
+        let control = path
+            .strip_prefix('/')
+            .and_then(|p| p.strip_prefix(s3dma_wire::hipobj::CONTROL_BUCKET))
+            .is_some_and(|rest| rest.starts_with('/'));
         let mut settings = SigningSettings::default();
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        settings.payload_checksum_kind = if control {
+            PayloadChecksumKind::NoHeader
+        } else {
+            PayloadChecksumKind::XAmzSha256
+        };
         let params = aws_sigv4::sign::v4::SigningParams::builder()
             .identity(&identity)
             .region(&self.opts.region)
-            .name("s3")
+            .name(if control { "hipobj" } else { "s3" })
             .time(SystemTime::now())
             .settings(settings)
             .build()

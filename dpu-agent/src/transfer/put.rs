@@ -10,7 +10,7 @@
 //! object and checks its size, and the part count where its ETag has the
 //! `"…-N"` form (an opaque ETag by size alone); a single PUT moved by RDMA
 //! is checked by the byte count its reply reports, or by a HEAD when the
-//! reply reports none ([`verify_stored`]). On a mismatch the call fails
+//! reply reports none (`verify_stored`). On a mismatch the call fails
 //! with [`BadReply::StoredMismatch`], naming what the server does, and the
 //! wrong object is deleted (`If-Match` its ETag, so a concurrent writer's
 //! object stays): it holds bytes no caller sent, and a reader is better
