@@ -231,7 +231,8 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     #[cfg(feature = "verbs")]
     let service = service.with_qp_host(qp_host);
 
-    let rings = Arc::new(crate::ring::RingHost::new(service.clone(), &c.leases));
+    let rings: Arc<dyn socket::Rings> =
+        Arc::new(crate::ring::RingHost::new(service.clone(), &c.leases));
     let listener = socket::bind(&c.socket.path, cfg.socket_mode, cfg.socket_gid)?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<ShimConn>(64);
     let accept = tokio::spawn(socket::accept_loop(

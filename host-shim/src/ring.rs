@@ -97,19 +97,19 @@ impl RingHost {
         }
     }
 
-    /// Opens the ring `fd` passed on a lease of `tenant` (`peer`), held in
-    /// `rings` (the lease's) until the lease ends.
+    /// Opens the ring `fd` passed on a lease of `tenant` (`peer`) that
+    /// holds `held` rings; the guard closes it when dropped (with the lease).
     ///
     /// # Errors
     /// [`RingRefused`] saying which limit, or what is wrong with the memfd.
-    pub fn open(
+    fn open_ring(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
         peer: Peer,
         fd: OwnedFd,
-        rings: &mut LeaseRings,
-    ) -> Result<(), RingRefused> {
-        if rings.0.len() >= self.per_lease {
+        held: usize,
+    ) -> Result<RingGuard, RingRefused> {
+        if held >= self.per_lease {
             return Err(RingRefused::PerLease(self.per_lease));
         }
         let ring = Arc::new(Ring::attach(fd.as_fd(), self.max_entries)?);
@@ -149,8 +149,7 @@ impl RingHost {
             .spawn(move || me.serve(&shared, &conn))
             .map_err(RingRefused::Thread)?;
         tracing::debug!(tenant = %tenant.name, pid = peer.pid, entries = guard.shared.ring.entries(), "ring opened");
-        rings.0.push(guard);
-        Ok(())
+        Ok(guard)
     }
 
     /// The ring's thread: drain, run, sleep; until the lease closes or the
@@ -432,10 +431,21 @@ impl Shared {
     }
 }
 
-/// The rings of one lease, closed when it ends.
-#[derive(Debug, Default)]
-pub struct LeaseRings(Vec<RingGuard>);
+impl crate::socket::Rings for RingHost {
+    fn open(
+        self: Arc<Self>,
+        tenant: &Arc<Tenant>,
+        peer: Peer,
+        fd: OwnedFd,
+        held: usize,
+    ) -> Result<crate::socket::RingHeld, String> {
+        self.open_ring(tenant, peer, fd, held)
+            .map(|g| Box::new(g) as crate::socket::RingHeld)
+            .map_err(|e| e.to_string())
+    }
+}
 
+/// One open ring of a lease, closed when dropped.
 #[derive(Debug)]
 struct RingGuard {
     shared: Arc<Shared>,

@@ -265,7 +265,7 @@ pub async fn accept_loop(
     metrics: Arc<Metrics>,
     grpc: mpsc::Sender<ShimConn>,
     idle: Duration,
-    rings: Arc<crate::ring::RingHost>,
+    rings: Arc<dyn Rings>,
 ) {
     loop {
         let stream = match listener.accept().await {
@@ -392,10 +392,10 @@ async fn serve_lease(
     peer: Peer,
     registry: &Registry,
     metrics: &Metrics,
-    rings: &Arc<crate::ring::RingHost>,
+    rings: &Arc<dyn Rings>,
 ) {
     // The lease's rings: closed when it ends, whichever way.
-    let mut lease_rings = crate::ring::LeaseRings::default();
+    let mut lease_rings: Vec<RingHeld> = Vec::new();
     let mut magic = [0u8; lease::MAGIC.len()];
     if stream.read_exact(&mut magic).await.is_err() {
         return;
@@ -479,20 +479,40 @@ async fn serve_lease(
     tracing::debug!(tenant = %tenant.name, pid = peer.pid, "lease closed");
 }
 
+/// What serves a lease's `RG` frames (the `ring` module's `RingHost`),
+/// behind a trait so this module does not depend on it.
+pub trait Rings: Send + Sync + std::fmt::Debug {
+    /// Opens the ring in `fd` for a lease of `tenant` (`peer`) that holds
+    /// `held` rings already; what it returns lives as long as the lease
+    /// (dropping it closes the ring).
+    ///
+    /// # Errors
+    /// What to tell the tenant (a limit, or what is wrong with the fd).
+    fn open(
+        self: Arc<Self>,
+        tenant: &Arc<Tenant>,
+        peer: Peer,
+        fd: OwnedFd,
+        held: usize,
+    ) -> Result<RingHeld, String>;
+}
+
+/// A ring a lease holds (closed when dropped).
+pub type RingHeld = Box<dyn std::any::Any + Send>;
+
 /// An `RG` frame: its one fd becomes a ring of the lease; the reply's id
 /// is random (the ring is named by the lease, not by the id).
 fn open_ring(
-    rings: &Arc<crate::ring::RingHost>,
+    rings: &Arc<dyn Rings>,
     tenant: &Arc<Tenant>,
     peer: Peer,
     fds: Vec<OwnedFd>,
-    lease_rings: &mut crate::ring::LeaseRings,
+    lease_rings: &mut Vec<RingHeld>,
 ) -> Result<lease::Id, String> {
     let [fd] =
         <[OwnedFd; 1]>::try_from(fds).map_err(|fds| FdRefused::NotOne(fds.len()).to_string())?;
-    rings
-        .open(tenant, peer, fd, lease_rings)
-        .map_err(|e| e.to_string())?;
+    let held = Arc::clone(rings).open(tenant, peer, fd, lease_rings.len())?;
+    lease_rings.push(held);
     Ok(lease::Id(rand::random()))
 }
 

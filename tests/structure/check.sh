@@ -7,7 +7,8 @@
 # tests build without the other services (its dev-dependencies name none,
 # nor the launcher: tests that need several services live in e2e/); only
 # the dialect modules (and config parsing and validation) match on the
-# dialect enums.
+# dialect enums; only fabric and s3dma-ring leave the workspace lints
+# (the only crates allowed unsafe code).
 # Every check runs; the script fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
@@ -86,4 +87,21 @@ mapfile -t crate_srcs < <(cargo metadata --locked --no-deps --format-version 1 |
 for p in json.load(sys.stdin)["packages"]:
     print(os.path.join(os.path.relpath(os.path.dirname(p["manifest_path"])), "src"))')
 python3 tests/structure/module_cycles.py "${crate_srcs[@]}" || fail=1
+
+# Unsafe code only in fabric and s3dma-ring: every other member inherits
+# the workspace lints (`unsafe_code = "forbid"`), which those two replace
+# with their own table (`unsafe_op_in_unsafe_fn`, SAFETY comments).
+UNSAFE_ALLOWED='fabric|ring'
+own_lints=$(for src in "${crate_srcs[@]}"; do
+  dir=${src%/src}
+  awk '/^\[lints\]/{f=1;next} /^\[/{f=0} f && /workspace *= *true/{ok=1} END{exit !ok}' \
+    "$dir/Cargo.toml" || echo "$dir"
+done)
+bad=$(grep -vxE "$UNSAFE_ALLOWED" <<<"$own_lints" | grep -v '^$')
+if [ -n "$bad" ]; then
+  echo "$(echo "$bad" | tr '\n' ' ')do not inherit the workspace lints (unsafe_code = \"forbid\"): only fabric and ring may allow unsafe code" >&2
+  fail=1
+else
+  echo "unsafe code: only $(echo "$own_lints" | tr '\n' ' ')have their own lint table"
+fi
 exit "$fail"
