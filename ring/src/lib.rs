@@ -85,7 +85,9 @@ pub enum RingError {
     Corrupt(String),
     /// The shim stopped serving the ring (its lease closed, or its
     /// indexes were corrupt).
-    #[error("the shim stopped serving the ring (its lease closed, or its indexes were corrupt); open a new one")]
+    #[error(
+        "the shim stopped serving the ring (its lease closed, or its indexes were corrupt); open a new one"
+    )]
     Broken,
     /// No free slot.
     #[error("the ring is full")]
