@@ -16,6 +16,23 @@ use crate::config::connections::ConnectionsConfig;
 use crate::http::deadline::{HEADER_READ_TIMEOUT, WriteDeadline};
 use crate::http::{Conns, Handler};
 
+/// Why a connection stops before its client ends it.
+enum Stop {
+    /// Closed to make room (`max_connections`).
+    Close,
+    /// The server shuts down.
+    Shutdown,
+}
+
+/// Aborts the task when dropped (the connection's watcher ends with it).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Serves HTTP/1.1 (keep-alive) on `listener` until `shutdown` is cancelled,
 /// then lets in-flight requests finish (up to `grace`). At most
 /// `max_connections` (at least 1) connections are open, shared as `shares`
@@ -73,16 +90,32 @@ pub async fn serve(
                     handler,
                 );
             tokio::pin!(conn_io);
+            // The two cancellations are awaited by a task of their own:
+            // polled beside the connection, each wake-up of the connection
+            // (several per request) would poll both, each poll a lock of
+            // the token's tree; a join handle's poll is an atomic load.
+            let closed = conn.closed().clone();
+            let stop = shutdown.clone();
+            let mut watch = AbortOnDrop(tokio::spawn(async move {
+                tokio::select! {
+                    () = closed.cancelled() => Stop::Close,
+                    () = stop.cancelled() => Stop::Shutdown,
+                }
+            }));
             let res = tokio::select! {
                 r = conn_io.as_mut() => r,
-                () = conn.closed().cancelled() => {
-                    debug!(%peer, "closing a connection to make room (max_connections)");
-                    return;
-                }
-                () = shutdown.cancelled() => {
-                    conn_io.as_mut().graceful_shutdown();
-                    conn_io.await
-                }
+                why = &mut watch.0 => match why {
+                    Ok(Stop::Close) => {
+                        debug!(%peer, "closing a connection to make room (max_connections)");
+                        return;
+                    }
+                    // Shutdown (or the watcher gone, which only a runtime
+                    // shutting down does).
+                    _ => {
+                        conn_io.as_mut().graceful_shutdown();
+                        conn_io.await
+                    }
+                },
             };
             if let Err(e) = res {
                 debug!(%peer, error = %e, "connection ended with error");
