@@ -29,12 +29,15 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   # it runs (the end-to-end binary runs twice, agent and shim suites in two
   # processes, so that they run side by side as before):
   #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
-  #   - storage-target: the RDMA GET/PUT/UploadPart suite and the
-  #     hipobj-rc-v2 server against a protocol client;
+  #   - storage-target: the RDMA GET/PUT/UploadPart suite, the s3dma batch
+  #     request and the hipobj-rc-v2 server against a protocol client;
   #   - s3dma-e2e `agent::`: transfers and the HTTP fallback (third-party
   #     servers, Ceph's radosgw and moto, are reached over HTTP only: their
   #     fallback tests run on the host, not under the VM's emulated CPUs);
-  #   - s3dma-e2e `shim::e2e::`: the whole stack through the Rust client;
+  #   - s3dma-e2e `shim::e2e::`, `shim::batch::`: the whole stack through the
+  #     Rust client, single and batched; `cli::remote::`: `s3dma local
+  #     --target --protocol hipobj-rc-v2 --fabric verbs` against another
+  #     local stack's storage-target;
   #   - s3dma-tools: `probe` moving a test object both ways by hipobj-rc-v2.
   cargo test --workspace --all-features --locked --no-run --message-format=json-render-diagnostics |
     python3 .ci/test-binaries.py |
@@ -42,9 +45,9 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
       BEGIN {
         f["fabric|fabric"] = "verbs::"
         f["fabric|it"] = "conformance::verbs::"
-        f["storage-target|it"] = "rdma:: hipobj:: dc::"
+        f["storage-target|it"] = "rdma:: hipobj:: dc:: batch::"
         # Runs of one binary are separated by ";".
-        f["e2e|it"] = "agent::transfers:: agent::fallback:: --skip ceph --skip third_party;shim::e2e::"
+        f["e2e|it"] = "agent::transfers:: agent::fallback:: agent::batch_target:: --skip ceph --skip third_party;shim::e2e:: shim::batch:: cli::remote::"
         f["tools|it"] = "probe::probe_reports_a_storage_targets_dialects"
       }
       ($1 "|" $2) in f {

@@ -19,6 +19,7 @@ pub mod config;
 pub mod error;
 pub mod gate;
 pub mod metrics;
+pub mod names;
 pub mod policy;
 pub mod qp_link;
 pub mod quota;

@@ -26,6 +26,7 @@ use s3dma_service::request::{About, Envelope, Failure, RequestMetrics, Style};
 use crate::auth::AuthError;
 use crate::error::{AgentError, BadRequest};
 use crate::gate::AuthenticatedShim;
+use crate::names::{check_bucket, check_key};
 use crate::policy::Access;
 use crate::qp_link::QpLink;
 use crate::transfer::batch::{self, Batch, Op, Outcome};
@@ -109,36 +110,6 @@ impl Failure for AgentError {
     fn reply(self, request_id: &str) -> Status {
         self.to_status(request_id)
     }
-}
-
-/// A bucket name as S3 takes it (shared by the batches, [`crate::transfer::batch`]).
-pub(crate) fn check_bucket(bucket: &str) -> Result<(), AgentError> {
-    let ok = (1..=63).contains(&bucket.len())
-        && bucket.bytes().all(|b| {
-            b.is_ascii_lowercase()
-                || b.is_ascii_digit()
-                || b == b'.'
-                || b == b'-'
-                || b == b'_'
-                || b.is_ascii_uppercase()
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(AgentError::InvalidArgument(BadRequest::BucketName {
-            bucket: bucket.to_owned(),
-        }))
-    }
-}
-
-/// A key of 1..=1024 bytes (shared by the batches).
-pub(crate) fn check_key(key: &str) -> Result<(), AgentError> {
-    if key.is_empty() || key.len() > 1024 {
-        return Err(AgentError::InvalidArgument(BadRequest::KeyLength {
-            len: key.len(),
-        }));
-    }
-    Ok(())
 }
 
 /// The tenant's policy decision on one object (`verb` names the operation

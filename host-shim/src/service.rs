@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fabric::{Access, Endpoint, Window};
-use futures::{Stream, StreamExt as _};
+use futures::Stream;
 use s3dma_proto::agent::v1 as agent;
 use s3dma_proto::agent::v1::agent_client::AgentClient;
 use s3dma_proto::tenant::v1 as api;
@@ -368,81 +368,6 @@ impl TenantService {
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<agent::GetObjectsReply, Status>> + Send>>;
 
-impl TenantService {
-    /// Runs one batch item as a single agent GetObject: its window is
-    /// minted now and revoked when the item ends.
-    #[allow(clippy::too_many_arguments)]
-    async fn batch_item(
-        &self,
-        tenant: &Arc<Tenant>,
-        batch_id: &str,
-        batch_timeout: Duration,
-        deadline: tokio::time::Instant,
-        index: usize,
-        item: api::GetObjectsItem,
-        (buffer, offset, len): (Arc<Buffer>, u64, u64),
-    ) -> agent::GetObjectsReply {
-        let request_id = format!("{batch_id}-{index}");
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let result = async {
-            let window = self
-                .mint(
-                    tenant,
-                    batch_timeout,
-                    buffer,
-                    offset,
-                    len,
-                    Access::REMOTE_WRITE,
-                )
-                .map_err(|e| e.into_status(&request_id))?;
-            let msg = agent::GetObjectRequest {
-                tenant: tenant.name.clone(),
-                bucket: item.bucket,
-                key: item.key,
-                range: item.range,
-                destination: window.token.clone(),
-                if_match: item.if_match,
-            };
-            let resp = self
-                .agent
-                .call(msg, &request_id, left, |mut c, m| async move {
-                    c.get_object(m).await
-                })
-                .await;
-            window.close(resp.is_ok()).await;
-            resp
-        }
-        .await;
-        let result = match result {
-            Ok(ok) => {
-                self.metrics
-                    .bytes
-                    .with_label_values(&[&tenant.name, "GetObject"])
-                    .inc_by(ok.bytes_placed);
-                agent::get_objects_reply::Result::Ok(ok)
-            }
-            Err(status) => {
-                use tonic_types::StatusExt as _;
-                let info = status.get_details_error_info();
-                let item_id = info
-                    .as_ref()
-                    .and_then(|i| i.metadata.get("request_id").cloned())
-                    .unwrap_or(request_id);
-                agent::get_objects_reply::Result::Error(agent::ItemError {
-                    grpc_code: status.code() as i32,
-                    s3_code: info.map(|i| i.reason).unwrap_or_default(),
-                    message: status.message().to_owned(),
-                    request_id: item_id,
-                })
-            }
-        };
-        agent::GetObjectsReply {
-            index: u32::try_from(index).unwrap_or(u32::MAX),
-            result: Some(result),
-        }
-    }
-}
-
 #[tonic::async_trait]
 impl api::tenant_server::Tenant for TenantService {
     async fn info(
@@ -615,97 +540,31 @@ impl api::tenant_server::Tenant for TenantService {
     ) -> Result<Response<Self::GetObjectsStream>, Status> {
         let call = self.begin(&req, "GetObjects")?;
         let r = req.into_inner();
-        let max = call.tenant.max_batch_items as usize;
-        if r.items.len() > max {
-            let e = ShimError::InvalidArgument(format!(
-                "a batch has at most {max} items (this tenant's max_batch_items), not {}; split it",
-                r.items.len()
-            ));
+        if let Err(e) = check_batch_len(&call, r.items.len()) {
             return self.finish(&call, Err(self.err(&call, e)));
         }
-        // Every slice is checked before anything runs; windows come later.
-        let mut items = Vec::with_capacity(r.items.len());
-        for (i, item) in r.items.into_iter().enumerate() {
-            match self.resolve(
-                &call,
-                item.destination.as_ref(),
-                &format!("items[{i}].destination"),
-                item.range.as_ref(),
-                false,
-            ) {
-                Ok(slice) => items.push((i, item, slice)),
-                Err(e) => return self.finish(&call, Err(self.err(&call, e))),
-            }
-        }
-        let bytes = items
-            .iter()
-            .fold(0u64, |n, (_, _, (_, _, len))| n.saturating_add(*len));
-        let max_bytes = call.tenant.max_batch_bytes;
-        if bytes > max_bytes {
-            let e = ShimError::InvalidArgument(format!(
-                "a batch moves at most {max_bytes} bytes (this tenant's max_batch_bytes), not {bytes}; split it"
-            ));
-            return self.finish(&call, Err(self.err(&call, e)));
-        }
-        let wanted = match r.concurrency {
-            0 => DEFAULT_BATCH_CONCURRENCY,
-            n => n,
-        } as usize;
-        let workers = wanted.clamp(1, items.len().max(1));
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<agent::GetObjectsReply, Status>>(16);
+        let batch = match self.get_batch(&call, r) {
+            Ok(b) => b,
+            Err(status) => return self.finish(&call, Err(status)),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<agent::GetObjectsReply, Status>>(64);
+        let result = self.finish(&call, Ok(()));
         let me = self.clone();
         let deadline = tokio::time::Instant::now() + call.timeout;
-        let tenant = Arc::clone(&call.tenant);
-        let request_id = call.request_id().to_owned();
-        let timeout = call.timeout;
-        let queue = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
-            items,
-        )));
-        // The batch's own permit runs the first worker; more run only on
-        // permits the tenant has free, so a batch never waits on itself.
-        let mut permits = Vec::with_capacity(workers);
-        for _ in 1..workers {
-            match Arc::clone(&tenant.requests).try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
-        let result = self.finish(&call, Ok(()));
-        let batch_permit = call._permit;
+        let (tenant, timeout, request_id) = (
+            Arc::clone(&call.tenant),
+            call.timeout,
+            call.request_id().to_owned(),
+        );
+        // The batch's permit lives as long as its items run.
+        let permit = call._permit;
         tokio::spawn(async move {
-            let mut runners = futures::stream::FuturesUnordered::new();
-            for permit in std::iter::once(batch_permit).chain(permits) {
-                let (me, tx, queue, tenant, request_id) = (
-                    me.clone(),
-                    tx.clone(),
-                    Arc::clone(&queue),
-                    Arc::clone(&tenant),
-                    request_id.clone(),
-                );
-                runners.push(async move {
-                    let _permit = permit;
-                    loop {
-                        let next = queue
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .pop_front();
-                        let Some((index, item, slice)) = next else {
-                            return;
-                        };
-                        let reply = me
-                            .batch_item(&tenant, &request_id, timeout, deadline, index, item, slice)
-                            .await;
-                        if tx.send(Ok(reply)).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-            let all = async { while runners.next().await.is_some() {} };
+            let _permit = permit;
+            let run = me.run_get_batch(&tenant, &request_id, timeout, batch, &tx);
             tokio::select! {
-                () = all => {}
-                // The tenant went away: dropping the runners revokes their
-                // windows and cancels their agent calls.
+                () = run => {}
+                // The tenant went away: dropping the run revokes the
+                // windows and cancels the agent call.
                 () = tx.closed() => {}
                 () = tokio::time::sleep_until(deadline) => {
                     let _ = tx.send(Err(Status::deadline_exceeded("the batch ran past its deadline"))).await;
@@ -908,6 +767,204 @@ fn shim_item_error(e: &ShimError, request_id: &str) -> agent::ItemError {
         s3_code: e.reason().to_owned(),
         message: e.to_string(),
         request_id: request_id.to_owned(),
+    }
+}
+
+/// A GetObjects batch ready to run: the refusals already made and the
+/// items going to the agent with their windows.
+struct GetBatch {
+    /// Items refused by the shim (slice or window), answered first.
+    refused: Vec<agent::GetObjectsReply>,
+    /// The tenant's index of each item sent to the agent, in the agent's order.
+    sent: Vec<usize>,
+    /// The window of each item sent, taken when its reply arrives.
+    windows: Vec<Option<MintedWindow>>,
+    /// The agent's request.
+    request: agent::GetObjectsRequest,
+}
+
+fn get_reply(index: usize, result: agent::get_objects_reply::Result) -> agent::GetObjectsReply {
+    agent::GetObjectsReply {
+        index: u32::try_from(index).unwrap_or(u32::MAX),
+        result: Some(result),
+    }
+}
+
+fn status_item_error(status: &Status, request_id: &str) -> agent::ItemError {
+    use tonic_types::StatusExt as _;
+    let info = status.get_details_error_info();
+    agent::ItemError {
+        grpc_code: status.code() as i32,
+        s3_code: info.map(|i| i.reason).unwrap_or_default(),
+        message: status.message().to_owned(),
+        request_id: request_id.to_owned(),
+    }
+}
+
+impl TenantService {
+    /// A GetObjects batch: every item's destination is checked against the
+    /// caller's buffers (a bad one is that item's error), the batch's bytes
+    /// against the tenant's `max_batch_bytes` (the whole batch refused),
+    /// then a remote-write window is minted per item (one `max_windows`
+    /// refuses is that item's error); the good items go to the agent in
+    /// one GetObjects call, which batches them further towards its targets.
+    fn get_batch(&self, call: &Call, r: api::GetObjectsRequest) -> Result<GetBatch, Status> {
+        let rid = call.request_id();
+        let refuse = |i: usize, e: &ShimError| {
+            get_reply(
+                i,
+                agent::get_objects_reply::Result::Error(shim_item_error(e, rid)),
+            )
+        };
+        let mut refused = Vec::new();
+        let mut slices = Vec::with_capacity(r.items.len());
+        let mut bytes = 0u64;
+        for (i, item) in r.items.into_iter().enumerate() {
+            match self.resolve(
+                call,
+                item.destination.as_ref(),
+                &format!("items[{i}].destination"),
+                item.range.as_ref(),
+                false,
+            ) {
+                Ok(slice) => {
+                    bytes = bytes.saturating_add(slice.2);
+                    slices.push((i, item, slice));
+                }
+                Err(e) => refused.push(refuse(i, &e)),
+            }
+        }
+        let max_bytes = call.tenant.max_batch_bytes;
+        if bytes > max_bytes {
+            return Err(self.err(
+                call,
+                ShimError::InvalidArgument(format!(
+                    "a batch moves at most {max_bytes} bytes (this tenant's max_batch_bytes), not {bytes}; split it"
+                )),
+            ));
+        }
+        let mut sent = Vec::with_capacity(slices.len());
+        let mut windows = Vec::with_capacity(slices.len());
+        let mut items = Vec::with_capacity(slices.len());
+        for (i, item, (buffer, offset, len)) in slices {
+            match self.mint(
+                &call.tenant,
+                call.timeout,
+                buffer,
+                offset,
+                len,
+                Access::REMOTE_WRITE,
+            ) {
+                Ok(w) => {
+                    items.push(agent::GetObjectsItem {
+                        bucket: item.bucket,
+                        key: item.key,
+                        range: item.range,
+                        destination: w.token.clone(),
+                        if_match: item.if_match,
+                    });
+                    windows.push(Some(w));
+                    sent.push(i);
+                }
+                Err(e) => refused.push(refuse(i, &e)),
+            }
+        }
+        Ok(GetBatch {
+            refused,
+            sent,
+            windows,
+            request: agent::GetObjectsRequest {
+                tenant: call.tenant.name.clone(),
+                items,
+                concurrency: match r.concurrency {
+                    0 => DEFAULT_BATCH_CONCURRENCY,
+                    n => n,
+                },
+            },
+        })
+    }
+
+    /// Runs a GetObjects batch: the refusals first, then the agent's
+    /// replies as they come, each item's window revoked before its reply
+    /// goes out (nothing lands once the tenant has it). An item the agent
+    /// gave no reply (its stream failed or ended early) gets that error.
+    async fn run_get_batch(
+        &self,
+        tenant: &Arc<Tenant>,
+        request_id: &str,
+        timeout: Duration,
+        batch: GetBatch,
+        tx: &tokio::sync::mpsc::Sender<Result<agent::GetObjectsReply, Status>>,
+    ) {
+        let GetBatch {
+            refused,
+            sent,
+            mut windows,
+            request,
+        } = batch;
+        for reply in refused {
+            if tx.send(Ok(reply)).await.is_err() {
+                return;
+            }
+        }
+        if sent.is_empty() {
+            return;
+        }
+        let mut failure = None;
+        match self
+            .agent
+            .call(request, request_id, timeout, |mut c, m| async move {
+                c.get_objects(m).await
+            })
+            .await
+        {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(mut reply)) => {
+                        let j = reply.index as usize;
+                        let Some(window) = windows.get_mut(j).and_then(Option::take) else {
+                            failure = Some(Status::internal(format!(
+                                "the agent answered item {j} of {} twice or out of range",
+                                sent.len()
+                            )));
+                            break;
+                        };
+                        let ok =
+                            matches!(reply.result, Some(agent::get_objects_reply::Result::Ok(_)));
+                        window.close(ok).await;
+                        if let Some(agent::get_objects_reply::Result::Ok(r)) = &reply.result {
+                            self.metrics
+                                .bytes
+                                .with_label_values(&[&tenant.name, "GetObjects"])
+                                .inc_by(r.bytes_placed);
+                        }
+                        reply.index = u32::try_from(sent[j]).unwrap_or(u32::MAX);
+                        if tx.send(Ok(reply)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        failure = Some(status);
+                        break;
+                    }
+                }
+            },
+            Err(status) => failure = Some(status),
+        }
+        let failure = failure.unwrap_or_else(|| {
+            Status::internal("the dpu-agent ended the batch without answering this item")
+        });
+        for (j, window) in windows.iter_mut().enumerate() {
+            if let Some(w) = window.take() {
+                w.close(false).await;
+                let e = status_item_error(&failure, request_id);
+                let reply = get_reply(sent[j], agent::get_objects_reply::Result::Error(e));
+                if tx.send(Ok(reply)).await.is_err() {
+                    return;
+                }
+            }
+        }
     }
 }
 

@@ -170,8 +170,9 @@ fn remote(o: &Options) -> anyhow::Result<Option<s3dma_launcher::RemoteTarget>> {
              shim's RDMA device)"
         ));
     }
-    let fabric_key = match (&o.fabric_key, o.protocol) {
-        (Some(f), s3dma_launcher::RdmaProtocol::S3dma) => {
+    let keyed = o.protocol.authenticates_fabric_sessions();
+    let fabric_key = match &o.fabric_key {
+        Some(f) if keyed => {
             let k = std::fs::read_to_string(f)
                 .with_context(|| format!("reading --fabric-key {}", f.display()))?;
             let k = k.trim().to_owned();
@@ -180,18 +181,19 @@ fn remote(o: &Options) -> anyhow::Result<Option<s3dma_launcher::RemoteTarget>> {
             }
             Some(k)
         }
-        (Some(_), p) => {
+        Some(_) => {
             return Err(anyhow!(
-                "--fabric-key is for --protocol s3dma; {p} authenticates no fabric sessions"
+                "--fabric-key is for --protocol s3dma; {} authenticates no fabric sessions",
+                o.protocol
             ));
         }
-        (None, s3dma_launcher::RdmaProtocol::S3dma) => {
+        None if keyed => {
             return Err(anyhow!(
                 "--protocol s3dma needs the server's fabric key: --fabric-key FILE (its \
                  storage-target's fabric.key_file; DIR/secrets/fabric.key of another s3dma local)"
             ));
         }
-        (None, _) => None,
+        None => None,
     };
     let (access_key_id, secret_access_key, region) = aws_identity("--target")?;
     Ok(Some(s3dma_launcher::RemoteTarget {

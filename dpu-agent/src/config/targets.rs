@@ -171,6 +171,14 @@ impl RdmaProtocol {
             RdmaProtocol::CuobjectDc => "cuobject-dc",
         }
     }
+
+    /// Whether the target opens fabric sessions to the shim that it
+    /// authenticates with a fabric key (s3dma's own dialect); the standard
+    /// dialects reach the shim's memory without one.
+    #[must_use]
+    pub fn authenticates_fabric_sessions(self) -> bool {
+        matches!(self, RdmaProtocol::S3dma)
+    }
 }
 
 fn default_max_idle_connections() -> usize {

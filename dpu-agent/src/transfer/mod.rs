@@ -19,6 +19,7 @@
 //! late placement by a target.
 
 pub mod batch;
+pub mod batch_items;
 pub mod ctx;
 pub mod dialect;
 pub mod exchange;

@@ -3,11 +3,11 @@
 //! s3dma's dialect: one signed request per up to [`MAX_ITEMS`] items
 //! instead of one per item.
 //!
-//! [`batched`] is what [`super::batch::run_group`] tries first. It takes
+//! [`batched`] is what `run_group` (in `batch.rs`) tries first. It takes
 //! the items it can send batched (a target with `protocol: s3dma`, RDMA on
 //! and the standard token header; HEADs; PUTs no larger than a single PUT,
 //! by their own window; GETs whose window is at most one chunk, which
-//! GetObjects picks, [`super::batch::get_source`]) and leaves the rest to
+//! GetObjects picks, `get_source` in `batch.rs`) and leaves the rest to
 //! the group's parallel single requests. A GET item that fails with
 //! anything but `403`, `404` or `412` (a range the object cannot satisfy,
 //! an object larger than its window, bytes not placed over RDMA), or whose
@@ -41,7 +41,7 @@ use s3dma_wire::batch::{self, BatchReply, BatchRequest, ItemReply};
 use sha2::{Digest as _, Sha256};
 use tracing::{debug, info};
 
-use super::batch::{Batch, Group, Item, ItemResult, Op, Outcome};
+use super::batch_items::{Batch, Group, Item, ItemResult, Op, Outcome};
 use super::exchange::{Attempt, Exchange, read_body};
 use super::put::PutResult;
 use crate::config::RdmaProtocol;
@@ -468,7 +468,7 @@ mod tests {
                     .parse()
                     .unwrap();
             src.size = s;
-            super::super::batch::PutSource {
+            super::super::batch_items::PutSource {
                 src,
                 content_type: None,
                 metadata: HashMap::new(),
@@ -515,7 +515,7 @@ mod tests {
                 "00007f0000001000:00001000:00000001:0000:000001:1:00000000000000000000ffff7f000001"
                     .parse()
                     .unwrap();
-            it.get = Some(super::super::batch::GetSource {
+            it.get = Some(super::super::batch_items::GetSource {
                 dest,
                 range,
                 if_match: None,

@@ -308,7 +308,7 @@ async fn idle_grpc_connections_are_closed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_items_hold_permits_and_windows_as_they_run() {
+async fn a_batch_holds_one_permit_and_a_window_per_item_while_it_runs() {
     let mut fake = FakeTarget::start().await;
     let fake_endpoint = fake.endpoint.clone();
     let stack = Stack::start_opts(
@@ -350,39 +350,63 @@ async fn batch_items_hold_permits_and_windows_as_they_run() {
         .unwrap_err();
     assert_eq!(st.code(), tonic::Code::InvalidArgument, "{st:?}");
     assert!(st.message().contains("max_batch_items"), "{st:?}");
-    // Three items, asking for three at once: the tenant has two permits.
-    let mut batch = raw.clone();
-    let items: Vec<_> = (0..3).map(item).collect();
-    let running = tokio::spawn(async move {
-        let mut s = batch
-            .get_objects(api::GetObjectsRequest {
-                items,
-                concurrency: 3,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut replies = Vec::new();
-        while let Some(r) = s.message().await.unwrap() {
-            replies.push(r);
-        }
-        replies
-    });
-    let first = fake.next().await;
-    let second = fake.next().await;
-    // Each running item minted its own window (distinct tokens) and holds
-    // a permit: the tenant has none left, and two windows are open.
-    assert_ne!(first.token().rkey, second.token().rkey);
+    // Three items in one call: the batch holds one of the tenant's two
+    // permits (not one per item) and a window per item, minted up front.
+    let batch_raw = raw.clone();
+    let batch = |keys: std::ops::Range<u64>| {
+        let mut raw = batch_raw.clone();
+        let items: Vec<_> = keys.map(item).collect();
+        tokio::spawn(async move {
+            let mut s = raw
+                .get_objects(api::GetObjectsRequest {
+                    items,
+                    concurrency: 3,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let mut replies = Vec::new();
+            while let Some(r) = s.message().await.unwrap() {
+                replies.push(r);
+            }
+            replies
+        })
+    };
+    let running = batch(0..3);
+    // The agent offers the items to this target as one s3dma batch
+    // request; the fake answers as a foreign server does (an unmarked
+    // 404), so the agent remembers the decline and sends single GETs.
+    let offer = fake.next().await;
+    assert_eq!(
+        (offer.method.as_str(), offer.path.as_str()),
+        ("POST", "/?s3dma-batch")
+    );
+    offer.reply.send(s3_error(404, "NoSuchKey")).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(fake.next().await);
+    }
+    // Each item has its own window (distinct tokens); all three are open
+    // while the items run, and the tenant's second permit is free.
+    let mut rkeys: Vec<_> = held.iter().map(|c| c.token().rkey).collect();
+    rkeys.sort_unstable();
+    rkeys.dedup();
+    assert_eq!(rkeys.len(), 3, "{rkeys:?}");
+    assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 3.0);
+    raw.info(api::InfoRequest {}).await.unwrap();
+    // A second batch takes that permit: the tenant has none left.
+    let second = batch(3..4);
+    let fourth = fake.next().await;
+    assert_eq!(fourth.path, "/shared/k3");
     let st = raw.info(api::InfoRequest {}).await.unwrap_err();
     assert_eq!(st.code(), tonic::Code::ResourceExhausted, "{st:?}");
-    assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 2.0);
-    first.reply.send(s3_error(404, "NoSuchKey")).unwrap();
-    // The third starts only now, on the freed permit.
-    let third = fake.next().await;
-    second.reply.send(s3_error(404, "NoSuchKey")).unwrap();
-    third.reply.send(s3_error(404, "NoSuchKey")).unwrap();
-    let replies = guard("the batch", running).await.unwrap();
+    assert_eq!(stack.shim.metric("s3dma_shim_windows_open"), 4.0);
+    for c in held.into_iter().chain([fourth]) {
+        c.reply.send(s3_error(404, "NoSuchKey")).unwrap();
+    }
+    let mut replies = guard("the batch", running).await.unwrap();
     assert_eq!(replies.len(), 3);
+    replies.extend(guard("the second batch", second).await.unwrap());
     for r in replies {
         match r.result {
             Some(agent_pb::get_objects_reply::Result::Error(e)) => {
