@@ -389,8 +389,14 @@ mod tests {
             "x-amz-content-sha256",
             HeaderValue::from_str(&body).unwrap(),
         );
-        s.sign("PUT", "http://127.0.0.1:9000/b/k", "us-east-1", &mut h, at(1))
-            .unwrap();
+        s.sign(
+            "PUT",
+            "http://127.0.0.1:9000/b/k",
+            "us-east-1",
+            &mut h,
+            at(1),
+        )
+        .unwrap();
         assert_eq!(h["x-amz-content-sha256"], body.as_str());
     }
 
