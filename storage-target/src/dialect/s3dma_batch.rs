@@ -417,12 +417,29 @@ impl BatchService {
                 "RDMA is disabled or unavailable on this server; nothing was moved",
             );
         }
-        let r = match item.op {
-            Op::Head => self.head(item, ext, user).await,
-            Op::Get => self.get(item, c, ext, user).await,
-            Op::Put => self.put(item, ext, user).await,
+        let run = |c: Checked, ext: Extensions| async move {
+            match item.op {
+                Op::Head => self.head(item, ext, user).await,
+                Op::Get => self.get(item, c, ext, user).await,
+                Op::Put => self.put(item, ext, user).await,
+            }
         };
-        r.unwrap_or_else(|e| item_error(&e))
+        // A transfer that failed with its session (flushed, stalled, a
+        // reconnect), not for anything of its own, runs again on a fresh
+        // session: on RC, another item's access error moves the shared
+        // queue pair to the error state and flushes the items beside it,
+        // so a batch with k bad items can take k + 1 rounds. A GET
+        // rewrites its window and a PUT is stored only whole, so a rerun
+        // doubles nothing.
+        let mut attempts = 1;
+        loop {
+            match run(c.clone(), ext.clone()).await {
+                Err(e) if is_session_failure(&e) && attempts < SESSION_FAILURE_ATTEMPTS => {
+                    attempts += 1;
+                }
+                r => return r.unwrap_or_else(|e| item_error(&e)),
+            }
+        }
     }
 
     async fn head(
@@ -615,6 +632,15 @@ fn unix_ms(t: Timestamp) -> i64 {
 
 /// An item's failure as its reply: the status and code the single request
 /// would have had.
+/// Runs of an item whose transfer failed with its session.
+const SESSION_FAILURE_ATTEMPTS: u32 = 3;
+
+/// An RDMA transfer failure of the session rather than of the item (a
+/// `500 RDMATransferFailed`; the item's own access errors are `400`).
+fn is_session_failure(e: &S3Error) -> bool {
+    e.code().as_str() == "RDMATransferFailed" && e.status_code().is_none_or(|s| s.is_server_error())
+}
+
 fn item_error(e: &S3Error) -> ItemReply {
     let status = e.status_code().map_or(500, |s| s.as_u16());
     ItemReply::error(
