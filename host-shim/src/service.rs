@@ -802,36 +802,39 @@ fn status_item_error(status: &Status, request_id: &str) -> agent::ItemError {
 }
 
 impl TenantService {
-    /// A GetObjects batch: every item's destination is checked against the
-    /// caller's buffers (a bad one is that item's error), the batch's bytes
-    /// against the tenant's `max_batch_bytes` (the whole batch refused),
-    /// then a remote-write window is minted per item (one `max_windows`
-    /// refuses is that item's error); the good items go to the agent in
-    /// one GetObjects call, which batches them further towards its targets.
-    fn get_batch(&self, call: &Call, r: api::GetObjectsRequest) -> Result<GetBatch, Status> {
-        let rid = call.request_id();
-        let refuse = |i: usize, e: &ShimError| {
-            get_reply(
-                i,
-                agent::get_objects_reply::Result::Error(shim_item_error(e, rid)),
-            )
-        };
+    /// A batch's slices, checked and windowed: every item's slice is
+    /// resolved against the caller's buffers (a bad one is that item's
+    /// error), the batch's bytes against the tenant's `max_batch_bytes`
+    /// (the whole batch refused), then a window with `access` is minted per
+    /// good item (one `max_windows` refuses is that item's error). `field`
+    /// names the slice in errors; `slice` reads an item's slice and range.
+    #[allow(clippy::type_complexity)]
+    fn window_items<T>(
+        &self,
+        call: &Call,
+        items: Vec<T>,
+        field: &str,
+        slice: impl Fn(&T) -> (Option<&api::BufferSlice>, Option<&agent::ByteRange>),
+        length_required: bool,
+        access: Access,
+    ) -> Result<(Vec<(usize, T, MintedWindow)>, Vec<(usize, ShimError)>), Status> {
         let mut refused = Vec::new();
-        let mut slices = Vec::with_capacity(r.items.len());
+        let mut slices = Vec::with_capacity(items.len());
         let mut bytes = 0u64;
-        for (i, item) in r.items.into_iter().enumerate() {
+        for (i, item) in items.into_iter().enumerate() {
+            let (s, range) = slice(&item);
             match self.resolve(
                 call,
-                item.destination.as_ref(),
-                &format!("items[{i}].destination"),
-                item.range.as_ref(),
-                false,
+                s,
+                &format!("items[{i}].{field}"),
+                range,
+                length_required,
             ) {
-                Ok(slice) => {
-                    bytes = bytes.saturating_add(slice.2);
-                    slices.push((i, item, slice));
+                Ok(resolved) => {
+                    bytes = bytes.saturating_add(resolved.2);
+                    slices.push((i, item, resolved));
                 }
-                Err(e) => refused.push(refuse(i, &e)),
+                Err(e) => refused.push((i, e)),
             }
         }
         let max_bytes = call.tenant.max_batch_bytes;
@@ -843,31 +846,54 @@ impl TenantService {
                 )),
             ));
         }
-        let mut sent = Vec::with_capacity(slices.len());
-        let mut windows = Vec::with_capacity(slices.len());
-        let mut items = Vec::with_capacity(slices.len());
+        let mut windowed = Vec::with_capacity(slices.len());
         for (i, item, (buffer, offset, len)) in slices {
-            match self.mint(
-                &call.tenant,
-                call.timeout,
-                buffer,
-                offset,
-                len,
-                Access::REMOTE_WRITE,
-            ) {
-                Ok(w) => {
-                    items.push(agent::GetObjectsItem {
-                        bucket: item.bucket,
-                        key: item.key,
-                        range: item.range,
-                        destination: w.token.clone(),
-                        if_match: item.if_match,
-                    });
-                    windows.push(Some(w));
-                    sent.push(i);
-                }
-                Err(e) => refused.push(refuse(i, &e)),
+            match self.mint(&call.tenant, call.timeout, buffer, offset, len, access) {
+                Ok(w) => windowed.push((i, item, w)),
+                Err(e) => refused.push((i, e)),
             }
+        }
+        Ok((windowed, refused))
+    }
+
+    /// A GetObjects batch: every item's destination is checked against the
+    /// caller's buffers (a bad one is that item's error), the batch's bytes
+    /// against the tenant's `max_batch_bytes` (the whole batch refused),
+    /// then a remote-write window is minted per item (one `max_windows`
+    /// refuses is that item's error); the good items go to the agent in
+    /// one GetObjects call, which batches them further towards its targets.
+    fn get_batch(&self, call: &Call, r: api::GetObjectsRequest) -> Result<GetBatch, Status> {
+        let rid = call.request_id();
+        let (windowed, refused) = self.window_items(
+            call,
+            r.items,
+            "destination",
+            |item| (item.destination.as_ref(), item.range.as_ref()),
+            false,
+            Access::REMOTE_WRITE,
+        )?;
+        let refused = refused
+            .iter()
+            .map(|(i, e)| {
+                get_reply(
+                    *i,
+                    agent::get_objects_reply::Result::Error(shim_item_error(e, rid)),
+                )
+            })
+            .collect();
+        let mut sent = Vec::with_capacity(windowed.len());
+        let mut windows = Vec::with_capacity(windowed.len());
+        let mut items = Vec::with_capacity(windowed.len());
+        for (i, item, w) in windowed {
+            items.push(agent::GetObjectsItem {
+                bucket: item.bucket,
+                key: item.key,
+                range: item.range,
+                destination: w.token.clone(),
+                if_match: item.if_match,
+            });
+            windows.push(Some(w));
+            sent.push(i);
         }
         Ok(GetBatch {
             refused,
@@ -990,57 +1016,30 @@ impl TenantService {
                 e, rid,
             ))),
         };
-        let mut slices = Vec::with_capacity(n);
-        let mut bytes = 0u64;
-        for (i, item) in r.items.into_iter().enumerate() {
-            match self.resolve(
-                call,
-                item.source.as_ref(),
-                &format!("items[{i}].source"),
-                None,
-                true,
-            ) {
-                Ok(slice) => {
-                    bytes = bytes.saturating_add(slice.2);
-                    slices.push((i, item, slice));
-                }
-                Err(e) => results[i] = Some(refuse(&e)),
-            }
+        let (windowed, refused) = self.window_items(
+            call,
+            r.items,
+            "source",
+            |item| (item.source.as_ref(), None),
+            true,
+            Access::REMOTE_READ,
+        )?;
+        for (i, e) in &refused {
+            results[*i] = Some(refuse(e));
         }
-        let max_bytes = call.tenant.max_batch_bytes;
-        if bytes > max_bytes {
-            return Err(self.err(
-                call,
-                ShimError::InvalidArgument(format!(
-                    "a batch moves at most {max_bytes} bytes (this tenant's max_batch_bytes), not {bytes}; split it"
-                )),
-            ));
-        }
-        let mut windows = Vec::with_capacity(slices.len());
-        let mut sent = Vec::with_capacity(slices.len());
-        let mut items = Vec::with_capacity(slices.len());
-        for (i, item, (buffer, offset, len)) in slices {
-            match self.mint(
-                &call.tenant,
-                call.timeout,
-                buffer,
-                offset,
-                len,
-                Access::REMOTE_READ,
-            ) {
-                Ok(w) => {
-                    items.push(agent::PutObjectsItem {
-                        bucket: item.bucket,
-                        key: item.key,
-                        source: w.token.clone(),
-                        content_type: item.content_type,
-                        metadata: item.metadata,
-                    });
-                    windows.push(w);
-                    sent.push(i);
-                }
-                Err(e) => results[i] = Some(refuse(&e)),
-            }
+        let mut windows = Vec::with_capacity(windowed.len());
+        let mut sent = Vec::with_capacity(windowed.len());
+        let mut items = Vec::with_capacity(windowed.len());
+        for (i, item, w) in windowed {
+            items.push(agent::PutObjectsItem {
+                bucket: item.bucket,
+                key: item.key,
+                source: w.token.clone(),
+                content_type: item.content_type,
+                metadata: item.metadata,
+            });
+            windows.push(w);
+            sent.push(i);
         }
         let mut request_id = rid.to_owned();
         if !items.is_empty() {
