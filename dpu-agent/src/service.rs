@@ -452,6 +452,7 @@ impl pb::agent_server::Agent for AgentService {
                     range: r.range,
                     destination: r.destination,
                     if_match: String::new(),
+                    destination_rails: r.destination_rails,
                 },
                 &r.if_match,
                 qp_link,

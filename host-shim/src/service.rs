@@ -508,6 +508,7 @@ impl api::tenant_server::Tenant for TenantService {
                 key: r.key,
                 range: r.range,
                 destination: window.token.clone(),
+                destination_rails: Vec::new(),
                 if_match: r.if_match,
             };
             let resp = self
@@ -602,6 +603,7 @@ impl api::tenant_server::Tenant for TenantService {
                 bucket: r.bucket,
                 key: r.key,
                 source: window.token.clone(),
+                source_rails: Vec::new(),
                 content_type: r.content_type,
                 metadata: r.metadata,
             };
@@ -890,6 +892,7 @@ impl TenantService {
                 key: item.key,
                 range: item.range,
                 destination: w.token.clone(),
+                destination_rails: Vec::new(),
                 if_match: item.if_match,
             });
             windows.push(Some(w));
@@ -1035,6 +1038,7 @@ impl TenantService {
                 bucket: item.bucket,
                 key: item.key,
                 source: w.token.clone(),
+                source_rails: Vec::new(),
                 content_type: item.content_type,
                 metadata: item.metadata,
             });

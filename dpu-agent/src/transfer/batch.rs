@@ -175,6 +175,7 @@ pub fn get_item(bucket: String, item: Item) -> Option<(usize, pb::GetObjectsItem
             range: g.sent.0,
             destination: g.sent.1,
             if_match: g.if_match.unwrap_or_default(),
+            destination_rails: Vec::new(),
         },
     ))
 }

@@ -42,6 +42,7 @@ impl Shim {
         dest: &str,
     ) -> Result<pb::GetObjectResponse, tonic::Status> {
         let msg = pb::GetObjectRequest {
+            destination_rails: Vec::new(),
             tenant: tenant.into(),
             bucket: bucket.into(),
             key: key.into(),
@@ -65,6 +66,7 @@ impl Shim {
         src: &str,
     ) -> Result<pb::PutObjectResponse, tonic::Status> {
         let msg = pb::PutObjectRequest {
+            source_rails: Vec::new(),
             tenant: tenant.into(),
             bucket: bucket.into(),
             key: key.into(),

@@ -61,6 +61,7 @@ async fn groups_go_batched_to_the_target_and_single_to_a_gateway() {
                     .iter()
                     .enumerate()
                     .map(move |(i, (_, token))| pb::PutObjectsItem {
+                        source_rails: Vec::new(),
                         bucket: (*b).into(),
                         key: format!("k{i}"),
                         source: token.clone(),
@@ -211,6 +212,7 @@ async fn get_objects_go_batched_to_the_target_and_single_to_a_gateway() {
         .map(|i| mem.window(i * 4096, 4096, Access::REMOTE_WRITE))
         .collect();
     let item = |i: usize, bucket: &str, key: &str| pb::GetObjectsItem {
+        destination_rails: Vec::new(),
         bucket: bucket.into(),
         key: key.into(),
         range: None,

@@ -345,6 +345,7 @@ async fn list_head_delete_and_batch() {
         .iter()
         .zip(&wins)
         .map(|(k, (_, t))| pb::GetObjectsItem {
+            destination_rails: Vec::new(),
             bucket: "alice-data".into(),
             key: (*k).into(),
             range: None,

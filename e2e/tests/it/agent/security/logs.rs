@@ -40,6 +40,7 @@ async fn keys_and_client_request_ids_are_logged_escaped_and_never_reused() {
         r
     };
     let put = |key: &str| pb::PutObjectRequest {
+        source_rails: Vec::new(),
         tenant: "alice".into(),
         bucket: "alice-data".into(),
         key: key.into(),

@@ -266,6 +266,7 @@ async fn get_objects_items_each_take_a_quota_slot_and_batches_are_bounded() {
         .iter()
         .enumerate()
         .map(|(i, (_, token))| pb::GetObjectsItem {
+            destination_rails: Vec::new(),
             bucket: "alice-data".into(),
             key: format!("b/{i}"),
             range: None,

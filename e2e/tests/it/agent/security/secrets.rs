@@ -64,6 +64,7 @@ async fn secrets_never_appear_in_logs_metrics_errors_or_replies() {
         ]
         .into_iter()
         .map(|(b, k)| pb::GetObjectsItem {
+            destination_rails: Vec::new(),
             bucket: b.into(),
             key: k.into(),
             range: Some(pb::ByteRange {

@@ -120,6 +120,7 @@ async fn shims_authenticate_with_bearer_tokens_and_act_only_for_their_tenants() 
     let batch = pb::GetObjectsRequest {
         tenant: "alice".into(),
         items: vec![pb::GetObjectsItem {
+            destination_rails: Vec::new(),
             bucket: "alice-data".into(),
             key: "k".into(),
             range: None,
