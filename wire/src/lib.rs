@@ -18,6 +18,8 @@
 //! * [`dc`]: the cuObject dialect's DC rules that need no device (retry
 //!   budget, the fence of an abandoned window, tokens minted for exactly a
 //!   window, the address-handle cache);
+//! * [`rails`]: which fabric rail a chunk or part goes over (the
+//!   dpu-agent's selector: up/down, failback trials, load and rate);
 //! * [`range`]: byte ranges of objects (`Range`, `Content-Range`);
 //! * [`lease`]: the lease frames that pass tenant memory (file
 //!   descriptors) to the host-shim on its Unix socket;
@@ -37,6 +39,7 @@ pub mod hipobj;
 pub mod lease;
 pub mod plan;
 pub mod qp;
+pub mod rails;
 pub mod range;
 pub mod rendezvous;
 pub mod status;
