@@ -211,6 +211,7 @@ pub fn build_core(cfg: &LoadedConfig, metrics: Arc<Metrics>) -> Result<Arc<Core>
         sessions,
         metrics,
         qp_links: Arc::default(),
+        rails: Arc::default(),
     }))
 }
 

@@ -194,6 +194,16 @@ pub enum BadRequest {
         /// Why it does not parse.
         reason: String,
     },
+    /// A rail token (`destination_rails`, `source_rails`) that does not
+    /// fit the request: a size other than rail 0's, an endpoint another
+    /// rail names, none at all, or too many rails.
+    #[error("{field}: {reason}")]
+    Rail {
+        /// The request field (e.g. `destination_rails[1]`).
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A batch without items.
     #[error("a batch needs at least one item")]
     EmptyBatch,

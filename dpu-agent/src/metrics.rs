@@ -37,6 +37,10 @@ pub struct Metrics {
     connections_closed: IntCounterVec,
     stored_mismatches: IntCounterVec,
     parts_over_http: IntGaugeVec,
+    rail_bytes: IntCounterVec,
+    rail_operations: IntCounterVec,
+    rail_up: IntGaugeVec,
+    rail_redone: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -180,7 +184,71 @@ impl Metrics {
                  (multipart_parts: http, or found to ignore the part target)",
                 &["target"],
             ),
+            rail_bytes: counters(
+                r,
+                "s3dma_agent_rail_bytes_total",
+                "Bytes of GET chunks and PUT parts moved over each fabric rail (rail: the ip:port \
+                 of the tenant endpoint the rail's token names; requests with several rails only)",
+                &["rail", "op"],
+            ),
+            rail_operations: counters(
+                r,
+                "s3dma_agent_rail_operations_total",
+                "GET chunks and PUT parts run over each fabric rail, by outcome (ok | failed: the \
+                 rail failed it, it is redone on another rail | error: it failed for another reason)",
+                &["rail", "op", "outcome"],
+            ),
+            rail_up: gauges(
+                r,
+                "s3dma_agent_rail_up",
+                "1 while a fabric rail carries work, 0 after it failed a transfer (until a \
+                 failback trial succeeds: 1 s after, then 2 s, then every 4 s)",
+                &["rail"],
+            ),
+            rail_redone: counters(
+                r,
+                "s3dma_agent_rail_redone_total",
+                "GET chunks and PUT parts that failed on this rail and were redone on another",
+                &["rail", "op"],
+            ),
             registry,
+        }
+    }
+
+    /// `n` bytes of `op` (`get`, `put`) moved over `rail`.
+    pub fn rail_bytes(&self, rail: &str, op: &str, n: u64) {
+        self.rail_bytes.with_label_values(&[rail, op]).inc_by(n);
+    }
+
+    /// A chunk or part of `op` over `rail` ended with `outcome` (`ok`,
+    /// `failed`, `error`).
+    pub fn rail_operation(&self, rail: &str, op: &str, outcome: &str) {
+        self.rail_operations
+            .with_label_values(&[rail, op, outcome])
+            .inc();
+    }
+
+    /// Sets whether `rail` carries work.
+    pub fn rail_up(&self, rail: &str, up: bool) {
+        self.rail_up.with_label_values(&[rail]).set(i64::from(up));
+    }
+
+    /// A chunk or part of `op` that failed on `rail` is redone on another.
+    pub fn rail_redone(&self, rail: &str, op: &str) {
+        self.rail_redone.with_label_values(&[rail, op]).inc();
+    }
+
+    /// Drops the series of a rail the selector no longer tracks.
+    pub fn forget_rail(&self, rail: &str) {
+        let _ = self.rail_up.remove_label_values(&[rail]);
+        for op in ["get", "put"] {
+            let _ = self.rail_bytes.remove_label_values(&[rail, op]);
+            let _ = self.rail_redone.remove_label_values(&[rail, op]);
+            for outcome in ["ok", "failed", "error"] {
+                let _ = self
+                    .rail_operations
+                    .remove_label_values(&[rail, op, outcome]);
+            }
         }
     }
 

@@ -33,6 +33,7 @@ use crate::transfer::batch::{self, Batch, Op, Outcome};
 use crate::transfer::get::{self, GetRequest};
 use crate::transfer::meta::{self, ListRequest};
 use crate::transfer::put::{self, PutRequest};
+use crate::transfer::rails::RailSet;
 use crate::transfer::{Core, Ctx, Tenant};
 use s3dma_wire::range::ByteRange;
 
@@ -371,6 +372,7 @@ async fn get_one(
         key,
         range,
         destination,
+        destination_rails,
         ..
     } = item;
     let range = range.as_ref();
@@ -379,6 +381,12 @@ async fn get_one(
     check_key(&key)?;
     let range = range_spec(range)?;
     let dest = parse_token("destination", destination)?;
+    let rails = RailSet::parse(
+        "destination",
+        &dest,
+        "destination_rails",
+        &destination_rails,
+    )?;
     authorize(tenant, &bucket, &key, Access::Read, "read")?;
     debug!(key = %Escaped(&key), "get");
     let ctx = svc.ctx(tenant, &bucket, &key, rid, qp_link)?;
@@ -388,6 +396,7 @@ async fn get_one(
         range,
         dest,
         if_match: (!if_match.is_empty()).then(|| if_match.to_owned()),
+        rails,
     };
     let r = get::get_object(&ctx, &req).await?;
     svc.core
@@ -683,6 +692,7 @@ impl pb::agent_server::Agent for AgentService {
             check_bucket(&r.bucket)?;
             check_key(&r.key)?;
             let src = parse_token("source", &r.source)?;
+            let rails = RailSet::parse("source", &src, "source_rails", &r.source_rails)?;
             authorize(&tenant, &r.bucket, &r.key, Access::Write, "write")?;
             debug!(
                 key = %Escaped(&r.key),
@@ -696,6 +706,7 @@ impl pb::agent_server::Agent for AgentService {
                 src,
                 content_type: (!r.content_type.is_empty()).then_some(r.content_type),
                 metadata: r.metadata,
+                rails,
             };
             let out = put::put_object(&ctx, &req).await?;
             self.core
@@ -852,7 +863,13 @@ impl pb::agent_server::Agent for AgentService {
             .into_iter()
             .enumerate()
             .map(|(i, it)| {
-                let src = batch::put_source(i, &it.source, it.content_type, it.metadata);
+                let src = batch::put_source(
+                    i,
+                    &it.source,
+                    &it.source_rails,
+                    it.content_type,
+                    it.metadata,
+                );
                 (it.bucket, it.key, Some(src))
             })
             .collect();

@@ -34,6 +34,7 @@ use s3dma_proto::agent::v1 as pb;
 use super::ctx::Ctx;
 use super::exchange::Exchange;
 use super::put::{self, PutRequest};
+use super::rails::RailSet;
 use super::{Tenant, meta};
 use crate::error::{AgentError, BadRequest};
 use crate::s3::TargetClient;
@@ -155,11 +156,23 @@ pub fn get_source(
     if dest.size == 0 || u64::from(dest.size) > max_window {
         return None;
     }
+    let rails = RailSet::parse(
+        "destination",
+        &dest,
+        "destination_rails",
+        &item.destination_rails,
+    )
+    .ok()?;
     Some(GetSource {
         dest,
         range: item.range.and_then(|r| ByteRange::try_from(r).ok()),
         if_match: (!item.if_match.is_empty()).then(|| item.if_match.clone()),
-        sent: (item.range, item.destination.clone()),
+        rails,
+        sent: (
+            item.range,
+            item.destination.clone(),
+            item.destination_rails.clone(),
+        ),
     })
 }
 
@@ -175,7 +188,7 @@ pub fn get_item(bucket: String, item: Item) -> Option<(usize, pb::GetObjectsItem
             range: g.sent.0,
             destination: g.sent.1,
             if_match: g.if_match.unwrap_or_default(),
-            destination_rails: Vec::new(),
+            destination_rails: g.sent.2,
         },
     ))
 }
@@ -333,6 +346,7 @@ async fn one(
                 src: p.src,
                 content_type: p.content_type,
                 metadata: p.metadata,
+                rails: p.rails,
             };
             let out = put::put_object(ctx, &req).await?;
             Ok(Outcome::Stored(out))
@@ -376,24 +390,34 @@ pub async fn run(
     out
 }
 
-/// A PUT item's source token, parsed (field named `items[i].source`).
+/// A PUT item's source token and its other rails' tokens, parsed and
+/// checked (fields named `items[i].source`, `items[i].source_rails[j]`).
 ///
 /// # Errors
 /// [`AgentError::InvalidArgument`].
 pub fn put_source(
     index: usize,
     source: &str,
+    source_rails: &[String],
     content_type: String,
     metadata: HashMap<String, String>,
 ) -> Result<PutSource, AgentError> {
+    let field = format!("items[{index}].source");
     let src = source.parse::<RdmaToken>().map_err(|e| {
         AgentError::InvalidArgument(BadRequest::Token {
-            field: format!("items[{index}].source"),
+            field: field.clone(),
             reason: e.to_string(),
         })
     })?;
+    let rails = RailSet::parse(
+        &field,
+        &src,
+        &format!("items[{index}].source_rails"),
+        source_rails,
+    )?;
     Ok(PutSource {
         src,
+        rails,
         content_type: (!content_type.is_empty()).then_some(content_type),
         metadata,
     })

@@ -61,6 +61,8 @@ pub struct PutSource {
     pub content_type: Option<String>,
     /// User metadata.
     pub metadata: HashMap<String, String>,
+    /// The window on the shim's other rails (`src` is rail 0), if any.
+    pub rails: Option<Arc<super::rails::RailSet>>,
 }
 
 /// What a GET item reads and where it places it.
@@ -72,9 +74,11 @@ pub struct GetSource {
     pub range: Option<ByteRange>,
     /// Required ETag, if any.
     pub if_match: Option<String>,
-    /// The item's range and destination as the tenant sent them (the
-    /// single request the item falls back to).
-    pub sent: (Option<pb::ByteRange>, String),
+    /// The window on the shim's other rails (`dest` is rail 0), if any.
+    pub rails: Option<Arc<super::rails::RailSet>>,
+    /// The item's range, destination and other rails' destinations as
+    /// the tenant sent them (the single request the item falls back to).
+    pub sent: (Option<pb::ByteRange>, String, Vec<String>),
 }
 
 /// One checked item of a batch.

@@ -95,7 +95,28 @@ impl Exchange {
     ///
     /// # Errors
     /// The last failure.
-    pub async fn retrying<T, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T, AgentError>
+    pub async fn retrying<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T, AgentError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Attempt>>,
+    {
+        self.retrying_on_rail(what, false, attempt).await
+    }
+
+    /// [`Exchange::retrying`] for a chunk or part on one of a request's
+    /// rails ([`super::rails`]); `fast`: other rails remain, so a failure
+    /// naming the rail ([`super::rails::names_rail`]) and a timed-out
+    /// attempt (a fabric error then) end it at once, to be redone on
+    /// another rail, instead of being retried here.
+    ///
+    /// # Errors
+    /// The last failure.
+    pub async fn retrying_on_rail<T, F, Fut>(
+        &self,
+        what: &str,
+        fast: bool,
+        mut attempt: F,
+    ) -> Result<T, AgentError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, Attempt>>,
@@ -105,6 +126,15 @@ impl Exchange {
         loop {
             let res = match tokio::time::timeout(s.attempt_timeout, attempt()).await {
                 Ok(r) => r,
+                Err(_) if fast => {
+                    return Err(AgentError::Fabric {
+                        message: format!(
+                            "{what}: target {} did not answer within {:?} over this fabric rail",
+                            self.target.name, s.attempt_timeout
+                        ),
+                        source: None,
+                    });
+                }
                 Err(_) => Err(Attempt::Retry(
                     AgentError::unavailable(format!(
                         "{what}: target {} did not answer within {:?}",
@@ -116,6 +146,9 @@ impl Exchange {
             match res {
                 Ok(v) => return Ok(v),
                 Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Retry(e, _)) if fast && super::rails::names_rail(&e) => {
+                    return Err(e);
+                }
                 Err(Attempt::Retry(e, reason)) => {
                     if retry >= s.retry.retries {
                         return Err(match e {

@@ -17,6 +17,7 @@ use s3dma_wire::range::{ByteRange, parse_content_range};
 use super::ctx::Ctx;
 use super::dialect::Transfer;
 use super::exchange::{Attempt, set_if_match};
+use super::rails::RailSet;
 use super::{fallback, meta, object_info};
 use crate::error::{AgentError, BadReply, BadRequest};
 use crate::plan::{self, Chunk, Probe, ProbeOutcome};
@@ -35,6 +36,8 @@ pub struct GetRequest {
     pub dest: RdmaToken,
     /// Required ETag, if any.
     pub if_match: Option<String>,
+    /// The window on the shim's other rails (`dest` is rail 0), if any.
+    pub rails: Option<Arc<RailSet>>,
 }
 
 /// What a GET did.
@@ -189,19 +192,34 @@ pub async fn get_object(ctx: &Arc<Ctx>, req: &GetRequest) -> Result<GetResult, A
     let mut rdma_used = false;
     let (info, outcome) = match probe {
         Probe::Get { range, max_len } => {
-            let slot = req
-                .dest
-                .slice(0, max_len)
-                .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
-            let first = ctx
-                .ex
-                .retrying("GET", || {
-                    // Each attempt asks again: a target of a group
-                    // that gave no answer is cooling down.
-                    let at = ctx.for_chunk(&req.bucket, &req.key, 0);
-                    async move { get_range(&at, req, range, slot, req.if_match.as_deref()).await }
-                })
-                .await;
+            let attempt = |slot: RdmaToken, fast: bool| async move {
+                let r =
+                    ctx.ex
+                        .retrying_on_rail("GET", fast, || {
+                            // Each attempt asks again: a target of a group
+                            // that gave no answer is cooling down.
+                            let at = ctx.for_chunk(&req.bucket, &req.key, 0);
+                            async move {
+                                get_range(&at, req, range, slot, req.if_match.as_deref()).await
+                            }
+                        })
+                        .await?;
+                let n = r.len;
+                Ok((r, n))
+            };
+            let first = match rails_of(ctx, req) {
+                Some(set) => {
+                    let core = &ctx.ex.core;
+                    core.rails.run(core, set, "get", 0, max_len, attempt).await
+                }
+                None => {
+                    let slot = req.dest.slice(0, max_len).map_err(|e| {
+                        AgentError::internal_from("a slice of the tenant's window", e)
+                    })?;
+                    attempt(slot, false).await
+                }
+            }
+            .map(|(r, _)| r);
             match first {
                 Ok(r) => {
                     fell_back |= r.fallback;
@@ -268,40 +286,57 @@ async fn get_chunk(
     total: u64,
 ) -> Result<bool, AgentError> {
     let _bytes = ctx.ex.tenant.quota.admit_bytes(c.len).await;
-    let slot = req
-        .dest
-        .slice(c.window_offset, c.len)
-        .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
     // A group spreads an object's chunks over its targets (each caches
     // its share); every attempt asks again which target is first.
     let index = c.object_first / ctx.ex.core.settings.chunk_size.max(1);
-    let r = ctx
-        .ex
-        .retrying("GET chunk", || {
-            let at = ctx.for_chunk(&req.bucket, &req.key, index);
-            async move {
-                // The dialect's own way first (a hipobj-rc-v2 transfer),
-                // else a ranged GET with its token.
-                let t = Transfer {
-                    bucket: &req.bucket,
-                    key: &req.key,
-                    part: None,
-                    offset: c.object_first,
-                    slot,
-                };
-                if at.dialect.get_chunk(&at.ex, &t, etag).await? {
-                    return Ok(RangeReply {
-                        info: ObjectInfo::default(),
-                        first: c.object_first,
-                        len: c.len,
-                        total,
-                        fallback: false,
-                    });
+    let attempt = |slot: RdmaToken, fast: bool| async move {
+        let r = ctx
+            .ex
+            .retrying_on_rail("GET chunk", fast, || {
+                let at = ctx.for_chunk(&req.bucket, &req.key, index);
+                async move {
+                    // The dialect's own way first (a hipobj-rc-v2
+                    // transfer), else a ranged GET with its token.
+                    let t = Transfer {
+                        bucket: &req.bucket,
+                        key: &req.key,
+                        part: None,
+                        offset: c.object_first,
+                        slot,
+                    };
+                    if at.dialect.get_chunk(&at.ex, &t, etag).await? {
+                        return Ok(RangeReply {
+                            info: ObjectInfo::default(),
+                            first: c.object_first,
+                            len: c.len,
+                            total,
+                            fallback: false,
+                        });
+                    }
+                    get_range(&at, req, c.http_range(), slot, Some(etag)).await
                 }
-                get_range(&at, req, c.http_range(), slot, Some(etag)).await
-            }
-        })
-        .await?;
+            })
+            .await?;
+        let n = r.len;
+        Ok((r, n))
+    };
+    // Over one of the request's rails (redone on another when its rail
+    // fails), or the one window.
+    let (r, _) = match rails_of(ctx, req) {
+        Some(set) => {
+            let core = &ctx.ex.core;
+            core.rails
+                .run(core, set, "get", c.window_offset, c.len, attempt)
+                .await?
+        }
+        None => {
+            let slot = req
+                .dest
+                .slice(c.window_offset, c.len)
+                .map_err(|e| AgentError::internal_from("a slice of the tenant's window", e))?;
+            attempt(slot, false).await?
+        }
+    };
     if r.first != c.object_first || r.len != c.len || r.total != total {
         return Err(AgentError::Protocol(BadReply::RangeMismatch {
             first: c.object_first,
@@ -313,4 +348,10 @@ async fn get_chunk(
         }));
     }
     Ok(r.fallback)
+}
+
+/// The request's rails when its target's dialect moves chunks over any of
+/// them ([`super::dialect::ChunkMover::rails`]).
+fn rails_of<'a>(ctx: &Ctx, req: &'a GetRequest) -> Option<&'a RailSet> {
+    req.rails.as_deref().filter(|_| ctx.dialect.rails())
 }

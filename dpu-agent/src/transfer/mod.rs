@@ -11,7 +11,9 @@
 //! when the request starts. The operations live in [`get`], [`put`] and
 //! [`meta`], the batched HeadObjects, PutObjects and DeleteObjects in
 //! [`batch`]; moving bytes through the agent when a target speaks plain
-//! HTTP is [`fallback`].
+//! HTTP is [`fallback`]. A request naming several fabric rails runs each
+//! chunk and part over one of them, redone on another when its rail
+//! fails ([`rails`]).
 //!
 //! Cancellation: dropping a request's future drops its in-flight HTTP
 //! exchanges; fabric operations already posted keep their staging buffers
@@ -27,6 +29,7 @@ pub mod fallback;
 pub mod get;
 pub mod meta;
 pub mod put;
+pub mod rails;
 pub mod target_batch;
 
 pub use ctx::Ctx;
@@ -106,6 +109,8 @@ pub struct Core {
     pub metrics: Arc<Metrics>,
     /// The shims' `QueuePairs` streams (hipobj-rc-v2 transfers).
     pub qp_links: Arc<crate::qp_link::QpLinks>,
+    /// The state of the fabric rails requests name ([`rails`]).
+    pub rails: Arc<rails::RailBook>,
 }
 
 /// How long a target that gave no answer is skipped by its group.

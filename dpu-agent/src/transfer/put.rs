@@ -57,6 +57,8 @@ pub struct PutRequest {
     pub content_type: Option<String>,
     /// User metadata.
     pub metadata: HashMap<String, String>,
+    /// The window on the shim's other rails (`src` is rail 0), if any.
+    pub rails: Option<Arc<super::rails::RailSet>>,
 }
 
 /// What a PUT did.
@@ -166,14 +168,52 @@ struct Sent {
     counted: bool,
 }
 
+/// Sends the `len` bytes at `offset` of the source window as one PUT (or
+/// UploadPart when `part` is given), over HTTP alone when `http_only`:
+/// over one of the request's rails (redone on another when its rail
+/// fails, [`super::rails`]) when it has several and the target's dialect
+/// moves parts over any, else from the one window.
+async fn put_range(
+    ctx: &Ctx,
+    req: &PutRequest,
+    offset: u64,
+    len: u64,
+    part: Option<(u32, &str)>,
+    http_only: bool,
+) -> Result<Sent, AgentError> {
+    let attempt = |slot: RdmaToken, fast: bool| async move {
+        put_bytes(ctx, req, slot, part, http_only, fast)
+            .await
+            .map(|sent| (sent, len))
+    };
+    let sent = match req.rails.as_deref().filter(|_| ctx.dialect.rails()) {
+        Some(set) => {
+            let core = &ctx.ex.core;
+            core.rails
+                .run(core, set, "put", offset, len, attempt)
+                .await?
+        }
+        None => {
+            let slot = req
+                .src
+                .slice(offset, len)
+                .map_err(|e| AgentError::internal_from("a part of the tenant's window", e))?;
+            attempt(slot, false).await?
+        }
+    };
+    Ok(sent.0)
+}
+
 /// Sends the bytes of `slot` as one PUT (or UploadPart when `part` is
-/// given), over HTTP alone when `http_only`.
+/// given), over HTTP alone when `http_only`; `fast`: on one of several
+/// rails ([`Exchange::retrying_on_rail`]).
 async fn put_bytes(
     ctx: &Ctx,
     req: &PutRequest,
     slot: RdmaToken,
     part: Option<(u32, &str)>,
     http_only: bool,
+    fast: bool,
 ) -> Result<Sent, AgentError> {
     let build = |token: Option<&SentToken>| -> Result<S3Call, AgentError> {
         let mut call = S3Call::new(Method::PUT, &req.bucket, Some(&req.key));
@@ -216,7 +256,7 @@ async fn put_bytes(
     };
     if let Some(token) = token {
         let outcome = ex
-            .retrying("PUT", || async {
+            .retrying_on_rail("PUT", fast, || async {
                 let mut call = build(Some(&token))?;
                 call.body = Some(full_body(bytes::Bytes::new()));
                 let reply = ex.send(call).await?;
@@ -259,7 +299,7 @@ async fn put_bytes(
         }
     }
     let etag = ex
-        .retrying("PUT (HTTP body)", || async {
+        .retrying_on_rail("PUT (HTTP body)", fast, || async {
             let mut call = build(None)?;
             let (body, failure) = fallback::window_body(&ex.core, &ex.tenant, slot, len);
             call.body = Some(body);
@@ -299,7 +339,7 @@ pub async fn put_object(ctx: &Ctx, req: &PutRequest) -> Result<PutResult, AgentE
     match plan {
         PutPlan::Single => {
             let _bytes = ctx.ex.tenant.quota.admit_bytes(size).await;
-            let sent = put_bytes(ctx, req, req.src, None, false).await?;
+            let sent = put_range(ctx, req, 0, size, None, false).await?;
             if !sent.counted {
                 verify_stored(ctx, req, 0, false).await?;
             }
@@ -355,12 +395,15 @@ async fn put_multipart(
         let mut results = futures::stream::iter(parts.iter().copied())
             .map(|p| async move {
                 let _bytes = ex.tenant.quota.admit_bytes(p.len).await;
-                let slot = req
-                    .src
-                    .slice(p.offset, p.len)
-                    .map_err(|e| AgentError::internal_from("a part of the tenant's window", e))?;
-                let sent =
-                    put_bytes(ctx, req, slot, Some((p.number, upload_id)), http_only).await?;
+                let sent = put_range(
+                    ctx,
+                    req,
+                    p.offset,
+                    p.len,
+                    Some((p.number, upload_id)),
+                    http_only,
+                )
+                .await?;
                 let (etag, fb) = (sent.etag, sent.fallback);
                 if etag.is_empty() {
                     return Err(AgentError::Protocol(BadReply::PartWithoutEtag {

@@ -35,6 +35,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use bytes::Bytes;
+use fabric::RdmaToken;
 use http::{Method, StatusCode};
 use s3dma_proto::agent::v1 as pb;
 use s3dma_wire::batch::{self, BatchReply, BatchRequest, ItemReply};
@@ -44,6 +45,7 @@ use tracing::{debug, info};
 use super::batch_items::{Batch, Group, Item, ItemResult, Op, Outcome};
 use super::exchange::{Attempt, Exchange, read_body};
 use super::put::PutResult;
+use super::rails::{RailBook, RailSet};
 use crate::config::RdmaProtocol;
 use crate::error::{AgentError, BadReply};
 use crate::s3::TargetClient;
@@ -154,10 +156,18 @@ pub async fn batched(b: &Batch<'_>, op: Op, group: Group) -> (Vec<ItemResult>, G
     )
 }
 
+/// The token of a window for a batched request: with rails, the first
+/// that is up (a batched item is not redone rail by rail: one that fails
+/// goes as a single request, which is).
+fn on_rail(rails: &RailBook, first: &RdmaToken, set: Option<&RailSet>) -> String {
+    set.map_or(*first, |s| rails.first_up(s)).format()
+}
+
 /// The wire item of a group's item.
-fn wire_item(bucket: &str, item: &Item) -> batch::Item {
+fn wire_item(rails: &RailBook, bucket: &str, item: &Item) -> batch::Item {
     if let Some(g) = &item.get {
-        let mut w = batch::Item::get(bucket, &item.key, &g.dest.format());
+        let token = on_rail(rails, &g.dest, g.rails.as_deref());
+        let mut w = batch::Item::get(bucket, &item.key, &token);
         w.range = g.range.map(|r| {
             let v = r.header_value();
             v.strip_prefix("bytes=").map_or(v.clone(), str::to_owned)
@@ -168,7 +178,8 @@ fn wire_item(bucket: &str, item: &Item) -> batch::Item {
     match &item.put {
         None => batch::Item::head(bucket, &item.key),
         Some(p) => {
-            let mut w = batch::Item::put(bucket, &item.key, &p.src.format());
+            let token = on_rail(rails, &p.src, p.rails.as_deref());
+            let mut w = batch::Item::put(bucket, &item.key, &token);
             w.content_type.clone_from(&p.content_type);
             w.metadata = p
                 .metadata
@@ -237,14 +248,20 @@ async fn one_request(
     items: Vec<Item>,
 ) -> Result<(Vec<ItemResult>, Vec<Item>), Vec<Item>> {
     let metrics = &b.core.metrics;
-    let body =
-        match BatchRequest::new(items.iter().map(|i| wire_item(bucket, i)).collect()).encode() {
-            Ok(body) if body.len() <= MAX_BODY || items.len() == 1 => Bytes::from(body),
-            _ => {
-                metrics.batch_request(op.name(), "failed");
-                return Err(items);
-            }
-        };
+    let body = match BatchRequest::new(
+        items
+            .iter()
+            .map(|i| wire_item(&b.core.rails, bucket, i))
+            .collect(),
+    )
+    .encode()
+    {
+        Ok(body) if body.len() <= MAX_BODY || items.len() == 1 => Bytes::from(body),
+        _ => {
+            metrics.batch_request(op.name(), "failed");
+            return Err(items);
+        }
+    };
     let Ok(_running) = b.limit.acquire().await else {
         return Err(items);
     };
@@ -472,6 +489,7 @@ mod tests {
                 src,
                 content_type: None,
                 metadata: HashMap::new(),
+                rails: None,
             }
         });
         Item {
@@ -496,7 +514,8 @@ mod tests {
         let chunks = split(heads, "b");
         assert!(chunks.len() > 1);
         for c in &chunks {
-            let body = BatchRequest::new(c.iter().map(|i| wire_item("b", i)).collect())
+            let rails = RailBook::default();
+            let body = BatchRequest::new(c.iter().map(|i| wire_item(&rails, "b", i)).collect())
                 .encode()
                 .unwrap();
             assert!(body.len() <= MAX_BODY, "{}", body.len());
@@ -519,7 +538,8 @@ mod tests {
                 dest,
                 range,
                 if_match: None,
-                sent: (None, String::new()),
+                rails: None,
+                sent: (None, String::new(), Vec::new()),
             });
             it
         };

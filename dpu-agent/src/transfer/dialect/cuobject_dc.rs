@@ -23,6 +23,13 @@ pub struct CuobjectDc {
 }
 
 impl ChunkMover for CuobjectDc {
+    /// Rail 0 only: the calling shim's `QueuePairs` link resolves the
+    /// slot on its device, and choosing the shim's device per rail (a new
+    /// transfer on another rail for a redo) is not done yet.
+    fn rails(&self) -> bool {
+        false
+    }
+
     fn token<'a>(
         &'a self,
         ex: &'a Exchange,

@@ -61,6 +61,13 @@ pub struct HipobjRc {
 }
 
 impl ChunkMover for HipobjRc {
+    /// Rail 0 only: the calling shim's `QueuePairs` link resolves the
+    /// slot on its device, and choosing the shim's device per rail (a new
+    /// transfer on another rail for a redo) is not done yet.
+    fn rails(&self) -> bool {
+        false
+    }
+
     /// A transfer names its offset and size: the object's size comes
     /// first, from a HEAD (also without a link).
     fn size_first(&self) -> bool {

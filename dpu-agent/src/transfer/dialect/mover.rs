@@ -29,6 +29,16 @@ pub trait ChunkMover: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Whether a chunk or part may go over any of the request's fabric
+    /// rails ([`crate::transfer::rails`]): the loops then hand this
+    /// dialect the slice of the rail they picked, and redo on another
+    /// rail what failed on its rail. `true` (the default) where the slot's
+    /// token is all a transfer needs (s3dma's tokens, the agent's own
+    /// fallback sessions); `false` keeps every transfer on rail 0.
+    fn rails(&self) -> bool {
+        true
+    }
+
     /// The token a ranged GET or a PUT carries for `slot` (`None`, the
     /// default: plain HTTP, the bytes go through the agent).
     ///

@@ -8,6 +8,7 @@ mod common;
 mod fallback;
 mod gateway;
 mod qp_link;
+mod rails;
 mod security;
 mod short_objects;
 mod transfers;
