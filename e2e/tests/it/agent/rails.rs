@@ -14,7 +14,7 @@ use s3dma_proto::agent::v1 as pb;
 
 /// Tenant memory on one domain, served by one endpoint per rail.
 struct RailMemory {
-    _domain: Domain,
+    domain: Domain,
     region: Region,
     rails: Vec<Option<Endpoint>>,
 }
@@ -30,7 +30,7 @@ impl RailMemory {
             rails.push(Some(Endpoint::listen(&domain, cfg).await.unwrap()));
         }
         RailMemory {
-            _domain: domain,
+            domain,
             region,
             rails,
         }
@@ -57,6 +57,25 @@ impl RailMemory {
     /// Shuts rail `i`'s endpoint down: its port refuses connections.
     async fn cut(&mut self, i: usize) {
         self.rails[i].take().unwrap().shutdown().await;
+    }
+
+    /// Serves rail `i` again on `addr` (its old address): a new endpoint,
+    /// so windows need minting again.
+    async fn restore(&mut self, i: usize, addr: &str) {
+        let cfg = EndpointConfig::new(addr.parse().unwrap(), fabric_key());
+        self.rails[i] = Some(Endpoint::listen(&self.domain, cfg).await.unwrap());
+    }
+
+    /// A window over `[off, off+len)` and its token on rail `i`.
+    fn window_on(&self, i: usize, off: usize, len: usize, access: Access) -> (Window, String) {
+        let w = self.region.window(off, len, access, None).unwrap();
+        let t = self.rails[i]
+            .as_ref()
+            .unwrap()
+            .token(&w)
+            .unwrap()
+            .to_string();
+        (w, t)
     }
 
     fn fill(&self, data: &[u8]) {
@@ -324,6 +343,30 @@ async fn a_failed_rail_has_its_work_redone_on_the_other() {
         (LEN + small.len()) as f64
     );
     assert_eq!(rail_up(&m, &labels[0]), Some(1.0));
+
+    // Rail 1 serves again: a failback trial (1 s after it went down, then
+    // 2 s, 4 s) brings it back up and it carries bytes again. Each GET is
+    // whole meanwhile.
+    mem.restore(1, &labels[1]).await;
+    let (_w0, t0) = mem.window_on(0, 0, LEN, Access::REMOTE_WRITE);
+    let (_w1, t1) = mem.window_on(1, 0, LEN, Access::REMOTE_WRITE);
+    let mut back = false;
+    for _ in 0..60 {
+        let g = get(&shim, "redone", &[t0.clone(), t1.clone()])
+            .await
+            .unwrap();
+        assert_eq!(g.bytes_placed, LEN as u64);
+        let m = agent.metrics_text().await;
+        if rail_up(&m, &labels[1]) == Some(1.0) {
+            assert!(rail_bytes(&m, &labels[1], "get") > 0.0, "{m}");
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(back, "rail 1 never came back up");
+    assert_eq!(sha256(&mem.read(LEN)), sha256(&body));
+    assert_eq!(failed_requests(&agent.metrics_text().await), 0.0);
 }
 
 /// Rail tokens that do not fit the request: each refused with
