@@ -7,6 +7,13 @@
 //! remote byte always use the same stream and take effect in posting order,
 //! like an RC queue pair. Completions are delivered in posting order.
 //!
+//! A small piece (a READ, or a WRITE of at most [`INLINE_MAX`] bytes from
+//! memory) posted while its stream's writer has nothing queued is sent by
+//! the poster itself with one non-blocking `sendmsg(2)`; what the socket
+//! does not take at once goes to the writer, which sends the rest. A small
+//! operation so costs no hand-off to the writer task (on a multi-threaded
+//! runtime, often a wake-up of another thread on another CPU).
+//!
 //! When a stream fails (peer gone, reset, protocol violation) the whole
 //! session fails: the operation the peer was working on completes with
 //! [`OpStatus::RetryExceeded`], every other outstanding or later one with
@@ -160,9 +167,178 @@ struct Pending {
     got_data: bool,
 }
 
+/// The most bytes of a WRITE that a poster sends inline (see the module
+/// doc); larger pieces are the writer's, so a poster never copies more than
+/// this into a socket.
+pub(crate) const INLINE_MAX: u64 = 64 << 10;
+
+/// What the writer sends: a new piece, or the rest of one whose first
+/// `sent` bytes (header first) its poster sent inline.
+enum Job {
+    New(Piece),
+    Rest(Frame),
+}
+
+/// A piece's bytes on the wire, numbered and already in the pending queue.
+struct Frame {
+    head: [u8; RequestHeader::LEN],
+    /// The WRITE's memory (`0, 0` for a READ or a file source).
+    ptr: usize,
+    n: usize,
+    /// A WRITE from a file: the file, its offset and length.
+    file: Option<(Arc<std::fs::File>, u64, u64)>,
+    /// Keeps the op (and so its local memory) alive while we send from it,
+    /// even if the reader completes it meanwhile.
+    keep: Arc<Op>,
+    /// Bytes of `head` then `[ptr, ptr+n)` already sent.
+    sent: usize,
+}
+
+/// One stream's sending side, held by the session: the writer's queue
+/// (dropping the last sender ends the writer, which half-closes the
+/// stream) and what the posters share with the writer.
+struct StreamTx {
+    jobs: mpsc::UnboundedSender<Job>,
+    core: Arc<StreamCore>,
+}
+
+/// What posters and the stream's writer share.
+struct StreamCore {
+    stream: Arc<TcpStream>,
+    pending: PendingQueue,
+    /// Numbering, and the jobs the writer has not finished: a poster sends
+    /// inline only when there are none, while holding this lock, so inline
+    /// bytes never interleave with the writer's.
+    state: Mutex<TxState>,
+}
+
+#[derive(Default)]
+struct TxState {
+    wr_id: u64,
+    queued: usize,
+}
+
+impl StreamCore {
+    fn state(&self) -> std::sync::MutexGuard<'_, TxState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Numbers `piece`, frames it and puts it in the pending queue (under
+    /// the caller's state lock); `None` (the piece completed flushed) once
+    /// the reader closed the queue.
+    fn register(&self, st: &mut TxState, piece: Piece) -> Option<Frame> {
+        st.wr_id += 1;
+        let wr_id = st.wr_id;
+        let head = RequestHeader {
+            op: piece.op.kind,
+            rkey: piece.op.rkey,
+            wr_id,
+            addr: piece.remote_addr,
+            len: piece.len,
+            op_addr: piece.op.remote_addr,
+            op_len: piece.op.local.len(),
+        }
+        .encode();
+        let (ptr, n, file) = match (piece.op.kind, &piece.op.local) {
+            (OpKind::Write, Source::File(f)) => (
+                0,
+                0,
+                Some((
+                    Arc::clone(f.file()),
+                    f.offset() + piece.local_off as u64,
+                    piece.len,
+                )),
+            ),
+            (OpKind::Write, Source::Memory(_)) => (
+                piece.local_ptr().map_or(0, |p| p as usize),
+                piece.len as usize,
+                None,
+            ),
+            (OpKind::Read, _) => (0, 0, None),
+        };
+        let keep = piece.op.clone();
+        let mut q = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if q.closed {
+            drop(q);
+            piece.op.piece_done(Some(OpStatus::Flushed));
+            return None;
+        }
+        q.q.push_back(Pending {
+            wr_id,
+            piece,
+            got_data: false,
+        });
+        Some(Frame {
+            head,
+            ptr,
+            n,
+            file,
+            keep,
+            sent: 0,
+        })
+    }
+}
+
+impl StreamTx {
+    /// Posts `piece`: inline when it is small and the writer idle, else (and
+    /// for whatever the socket did not take) through the writer.
+    fn post(&self, piece: Piece, completer: &Completer) {
+        let core = &*self.core;
+        let small = match (&piece.op.kind, &piece.op.local) {
+            (OpKind::Read, _) => true,
+            (OpKind::Write, Source::Memory(_)) => piece.len <= INLINE_MAX,
+            (OpKind::Write, Source::File(_)) => false,
+        };
+        let mut st = core.state();
+        if !small || st.queued > 0 {
+            st.queued += 1;
+            drop(st);
+            self.hand_over(Job::New(piece));
+            return;
+        }
+        let Some(mut frame) = core.register(&mut st, piece) else {
+            return;
+        };
+        // SAFETY: for a WRITE from memory, [ptr, ptr+n) is the piece's part
+        // of the op's local slice, kept mapped by `frame.keep` for the call;
+        // for a READ only the header is sent (n = 0).
+        match unsafe { io::send_once(&core.stream, &frame.head, frame.ptr as *const u8, frame.n) } {
+            Ok(k) if k == frame.head.len() + frame.n => {}
+            Ok(k) => {
+                frame.sent = k;
+                st.queued += 1;
+                drop(st);
+                self.hand_over(Job::Rest(frame));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                st.queued += 1;
+                drop(st);
+                self.hand_over(Job::Rest(frame));
+            }
+            Err(e) => {
+                drop(st);
+                debug!(error = %e, "fabric session stream write failed");
+                // The piece is pending: the reader completes it.
+                completer.fail();
+            }
+        }
+    }
+
+    fn hand_over(&self, job: Job) {
+        if let Err(mpsc::error::SendError(job)) = self.jobs.send(job) {
+            match job {
+                Job::New(p) => p.op.piece_done(Some(OpStatus::Flushed)),
+                // Pending already: the reader completes it (the writer only
+                // stops once the session failed).
+                Job::Rest(_) => {}
+            }
+        }
+    }
+}
+
 struct Shared {
     peer: EndpointAddr,
-    streams: Vec<mpsc::UnboundedSender<Piece>>,
+    streams: Vec<StreamTx>,
     stripe: u64,
     post: Mutex<u64>,
     completer: Arc<Completer>,
@@ -250,16 +426,19 @@ impl TcpSession {
         });
         let mut senders = Vec::new();
         for s in sockets {
-            let (tx, rx) = mpsc::unbounded_channel();
-            senders.push(tx);
+            let (jobs, rx) = mpsc::unbounded_channel();
             let stream = Arc::new(s);
             let pending: PendingQueue = Arc::new(Mutex::new(Queue::default()));
-            tokio::spawn(writer(
-                stream.clone(),
-                rx,
-                pending.clone(),
-                completer.clone(),
-            ));
+            let core = Arc::new(StreamCore {
+                stream: stream.clone(),
+                pending: pending.clone(),
+                state: Mutex::new(TxState::default()),
+            });
+            senders.push(StreamTx {
+                jobs,
+                core: core.clone(),
+            });
+            tokio::spawn(writer(core, rx, completer.clone()));
             tokio::spawn(reader(stream, pending, completer.clone(), target));
         }
         Ok(TcpSession {
@@ -350,9 +529,7 @@ impl TcpSession {
                 piece.op.piece_done(Some(OpStatus::Flushed));
                 continue;
             }
-            if let Err(mpsc::error::SendError(piece)) = sh.streams[stream].send(piece) {
-                piece.op.piece_done(Some(OpStatus::Flushed));
-            }
+            sh.streams[stream].post(piece, &sh.completer);
         }
         drop(seq_guard);
         Completion::new(rx, info)
@@ -371,15 +548,14 @@ struct Queue {
 type PendingQueue = Arc<Mutex<Queue>>;
 
 async fn writer(
-    stream: Arc<TcpStream>,
-    mut rx: mpsc::UnboundedReceiver<Piece>,
-    pending: PendingQueue,
+    tx: Arc<StreamCore>,
+    mut rx: mpsc::UnboundedReceiver<Job>,
     completer: Arc<Completer>,
 ) {
+    let stream = &tx.stream;
     let mut cancel = completer.cancel.subscribe();
-    let mut wr_id = 0u64;
     loop {
-        let piece = tokio::select! {
+        let job = tokio::select! {
             biased;
             _ = io::cancelled(&mut cancel) => break,
             p = rx.recv() => match p {
@@ -387,63 +563,45 @@ async fn writer(
                 None => break,
             },
         };
-        wr_id += 1;
-        let head = RequestHeader {
-            op: piece.op.kind,
-            rkey: piece.op.rkey,
-            wr_id,
-            addr: piece.remote_addr,
-            len: piece.len,
-            op_addr: piece.op.remote_addr,
-            op_len: piece.op.local.len(),
-        }
-        .encode();
-        let (ptr, n, file) = match (piece.op.kind, &piece.op.local) {
-            (OpKind::Write, Source::File(f)) => (
-                0,
-                0,
-                Some((
-                    Arc::clone(f.file()),
-                    f.offset() + piece.local_off as u64,
-                    piece.len,
-                )),
-            ),
-            (OpKind::Write, Source::Memory(_)) => (
-                piece.local_ptr().map_or(0, |p| p as usize),
-                piece.len as usize,
-                None,
-            ),
-            (OpKind::Read, _) => (0, 0, None),
-        };
-        // Keeps the op (and so its local memory) alive while we send from it,
-        // even if the reader completes it meanwhile.
-        let keep = piece.op.clone();
-        {
-            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
-            if q.closed {
-                drop(q);
-                piece.op.piece_done(Some(OpStatus::Flushed));
-                continue;
+        let frame = match job {
+            Job::Rest(f) => Some(f),
+            Job::New(piece) => {
+                let mut st = tx.state();
+                tx.register(&mut st, piece)
             }
-            q.q.push_back(Pending {
-                wr_id,
-                piece,
-                got_data: false,
-            });
-        }
+        };
+        let Some(Frame {
+            head,
+            ptr,
+            n,
+            file,
+            keep,
+            sent,
+        }) = frame
+        else {
+            tx.state().queued -= 1;
+            continue;
+        };
         let send = async {
-            // SAFETY: for a WRITE from memory, [ptr, ptr+n) is the piece's
-            // part of the op's local slice; `keep` owns the op and so keeps
-            // the region mapped until the send returns or is dropped. For a
-            // READ, or a WRITE from a file, only the header is sent here.
-            unsafe { io::send_all(&stream, &head, ptr, n) }.await?;
+            if sent < head.len() {
+                // SAFETY: for a WRITE from memory, [ptr, ptr+n) is the piece's
+                // part of the op's local slice; `keep` owns the op and so keeps
+                // the region mapped until the send returns or is dropped. For a
+                // READ, or a WRITE from a file, only the header is sent here.
+                unsafe { io::send_all(stream, &head[sent..], ptr, n) }.await?;
+            } else if sent < head.len() + n {
+                let off = sent - head.len();
+                // SAFETY: as above; off < n, so [ptr+off, ptr+n) is within the
+                // piece's part of the slice.
+                unsafe { io::send_all(stream, &[], ptr + off, n - off) }.await?;
+            }
             if let Some((file, off, len)) = &file {
-                let sent = io::send_file(&stream, file, *off, *len).await?;
+                let sent = io::send_file(stream, file, *off, *len).await?;
                 if sent < *len {
                     // The file ended early: keep the stream's framing with
                     // zeros and fail the operation, never report it done.
                     keep.fail_piece(OpStatus::LocalError);
-                    io::send_zeros(&stream, *len - sent).await?;
+                    io::send_zeros(stream, *len - sent).await?;
                 }
             }
             Ok::<(), std::io::Error>(())
@@ -453,19 +611,24 @@ async fn writer(
             _ = io::cancelled(&mut cancel) => break,
             r = send => r,
         };
+        drop(keep);
         if let Err(e) = r {
             debug!(error = %e, "fabric session stream write failed");
             completer.fail();
             break;
         }
+        tx.state().queued -= 1;
     }
-    // Orderly close (all senders gone) or failure: flush what was never sent.
+    // Orderly close (all senders gone) or failure: flush what was never sent
+    // (a piece sent in part is pending already: the reader completes it).
     rx.close();
-    while let Ok(p) = rx.try_recv() {
-        p.op.piece_done(Some(OpStatus::Flushed));
+    while let Ok(job) = rx.try_recv() {
+        if let Job::New(p) = job {
+            p.op.piece_done(Some(OpStatus::Flushed));
+        }
     }
     // Half-close so the responder sees EOF after the last request.
-    let _ = socket2::SockRef::from(&*stream).shutdown(std::net::Shutdown::Write);
+    let _ = socket2::SockRef::from(&**stream).shutdown(std::net::Shutdown::Write);
 }
 
 async fn reader(
