@@ -314,7 +314,9 @@ impl<K: Clone + Eq + Hash> Rails<K> {
         };
         r.in_flight = r.in_flight.saturating_sub(t.bytes);
         r.last_used = now;
-        if t.trial && let RailState::Down { trial, .. } = &mut r.state {
+        if t.trial
+            && let RailState::Down { trial, .. } = &mut r.state
+        {
             *trial = false;
         }
     }
