@@ -41,6 +41,7 @@ impl Endpoint {
                 )));
             }
         }
+        crate::sock::check_dead_peer_timeout(config.dead_peer_timeout)?;
         let mut seen = vec![config.responder];
         for (r, d) in &config.isolated_responders {
             if seen.contains(r) {
@@ -60,7 +61,7 @@ impl Endpoint {
                 let ep = tcp::endpoint::TcpEndpoint::listen(
                     domain.clone(),
                     &config,
-                    tcp::io_tuning(config.socket_buffer, None),
+                    tcp::io_tuning(config.socket_buffer, config.dead_peer_timeout),
                 )
                 .await?;
                 let addr = ep.identity();

@@ -79,6 +79,7 @@ mod memory;
 mod open;
 mod options;
 pub mod pool;
+pub mod rail;
 mod region;
 mod session;
 mod sock;

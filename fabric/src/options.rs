@@ -18,6 +18,13 @@ pub struct EndpointConfig {
     pub advertise: Option<IpAddr>,
     /// `SO_SNDBUF`/`SO_RCVBUF`; `None` keeps the kernel's autotuning.
     pub socket_buffer: Option<usize>,
+    /// How long a peer may stop answering before its connection is
+    /// declared dead (1 s to 1 h): `TCP_USER_TIMEOUT` and TCP keepalive on
+    /// every accepted socket (tcp streams and verbs out-of-band
+    /// connections), so a requester behind a cut link is dropped, and its
+    /// connection slot freed, within about this long. A connection that
+    /// fails is closed with a reset (`SO_LINGER` 0).
+    pub dead_peer_timeout: Duration,
     /// Most connections held at once, authenticated or not; one more is
     /// closed as soon as it is accepted. Count it in the process's
     /// descriptor budget.
@@ -49,10 +56,13 @@ impl EndpointConfig {
     pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
     /// Default of [`EndpointConfig::idle_timeout`].
     pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+    /// Default of [`EndpointConfig::dead_peer_timeout`] (and of
+    /// [`SessionConfig::dead_peer_timeout`]).
+    pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
     /// Listen on `bind` with `fabric_key`, responder number 1, the default
     /// caps (1024 connections, 256 per address) and timeouts (handshake
-    /// 10 s, idle 300 s).
+    /// 10 s, idle 300 s, dead peer 5 s).
     pub fn new(bind: SocketAddr, fabric_key: FabricKey) -> EndpointConfig {
         EndpointConfig {
             bind,
@@ -60,6 +70,7 @@ impl EndpointConfig {
             responder: 1,
             advertise: None,
             socket_buffer: None,
+            dead_peer_timeout: Self::DEFAULT_DEAD_PEER_TIMEOUT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: Self::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
@@ -104,22 +115,29 @@ pub struct SessionConfig {
     pub stripe: u64,
     /// Connect-and-handshake timeout per stream.
     pub connect_timeout: Duration,
-    /// `TCP_USER_TIMEOUT`: how long sent data may stay unacknowledged before
-    /// the connection is declared dead (the analogue of the RC retry budget).
-    pub user_timeout: Option<Duration>,
+    /// How long the endpoint may stop answering before the session is
+    /// declared dead (1 s to 1 h; the analogue of the RC retry budget):
+    /// `TCP_USER_TIMEOUT` (sent data, or a closed receive window, left
+    /// unacknowledged) and TCP keepalive (an idle stream, e.g. one waiting
+    /// for READ data) on every stream, so a session over a cut link fails
+    /// within about this long instead of TCP's ~15 minutes. A session that
+    /// fails closes its streams with a reset (`SO_LINGER` 0): nothing still
+    /// queued in them reaches the endpoint later. tcp only (a verbs queue
+    /// pair has the device's retry budget).
+    pub dead_peer_timeout: Duration,
     /// `SO_SNDBUF`/`SO_RCVBUF`; `None` keeps the kernel's autotuning.
     pub socket_buffer: Option<usize>,
 }
 
 impl SessionConfig {
-    /// Defaults: one stream, 4 MiB stripes, 10 s connect timeout, 30 s user timeout.
+    /// Defaults: one stream, 4 MiB stripes, 10 s connect timeout, 5 s dead-peer timeout.
     pub fn new(fabric_key: FabricKey) -> SessionConfig {
         SessionConfig {
             fabric_key,
             streams: 1,
             stripe: 4 << 20,
             connect_timeout: Duration::from_secs(10),
-            user_timeout: Some(Duration::from_secs(30)),
+            dead_peer_timeout: EndpointConfig::DEFAULT_DEAD_PEER_TIMEOUT,
             socket_buffer: None,
         }
     }

@@ -50,6 +50,11 @@ use crate::options::SessionConfig;
 use crate::region::{Domain, LocalSlice, Region};
 use crate::session::Session;
 
+/// [`crate::EndpointConfig::DEFAULT_DEAD_PEER_TIMEOUT`] in milliseconds.
+#[allow(clippy::cast_possible_truncation)] // 5 000
+const DEFAULT_DEAD_PEER_TIMEOUT_MS: u64 =
+    crate::EndpointConfig::DEFAULT_DEAD_PEER_TIMEOUT.as_millis() as u64;
+
 /// What the pools report, for metrics. Every method has a no-op default, so
 /// an implementation overrides only what it records.
 pub trait PoolObserver: Send + Sync + fmt::Debug {
@@ -410,6 +415,9 @@ pub struct SessionPool {
     connect_timeout: Duration,
     max_ops: usize,
     tcp_streams: usize,
+    /// [`SessionConfig::dead_peer_timeout`] of new sessions, in
+    /// milliseconds ([`SessionPool::set_dead_peer_timeout`]).
+    dead_peer_timeout_ms: std::sync::atomic::AtomicU64,
     slots: Mutex<HashMap<SessionKey, Slot>>,
     observer: Arc<dyn PoolObserver>,
     /// Sessions are DC targets reached through these initiators (standard
@@ -451,6 +459,7 @@ impl SessionPool {
             connect_timeout,
             max_ops: max_ops.max(1),
             tcp_streams: tcp_streams.max(1),
+            dead_peer_timeout_ms: std::sync::atomic::AtomicU64::new(DEFAULT_DEAD_PEER_TIMEOUT_MS),
             slots: Mutex::new(HashMap::new()),
             observer,
             #[cfg(feature = "dc")]
@@ -476,6 +485,7 @@ impl SessionPool {
             connect_timeout: Duration::from_secs(5),
             max_ops: max_ops.max(1),
             tcp_streams: 1,
+            dead_peer_timeout_ms: std::sync::atomic::AtomicU64::new(DEFAULT_DEAD_PEER_TIMEOUT_MS),
             slots: Mutex::new(HashMap::new()),
             observer,
             dc: Some(initiator),
@@ -492,6 +502,30 @@ impl SessionPool {
     #[must_use]
     pub fn max_ops(&self) -> usize {
         self.max_ops
+    }
+
+    /// Sets the [`SessionConfig::dead_peer_timeout`] of the sessions this
+    /// pool connects from now on (default 5 s): a session whose endpoint
+    /// stops answering fails within about this long, and the pool replaces
+    /// it. Call it before the first [`SessionPool::get`].
+    ///
+    /// # Errors
+    /// [`FabricError::InvalidArgument`] outside 1 s to 1 h.
+    pub fn set_dead_peer_timeout(&self, timeout: Duration) -> Result<()> {
+        crate::sock::check_dead_peer_timeout(timeout)?;
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self.dead_peer_timeout_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The dead-peer timeout of new sessions.
+    #[must_use]
+    pub fn dead_peer_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.dead_peer_timeout_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// A live session to `peer` (owner `""`): the pooled one, or a new
@@ -530,6 +564,7 @@ impl SessionPool {
         let mut cfg = SessionConfig::new(self.key.clone());
         cfg.connect_timeout = self.connect_timeout;
         cfg.streams = self.tcp_streams;
+        cfg.dead_peer_timeout = self.dead_peer_timeout();
         let started = Instant::now();
         let connect = async {
             #[cfg(feature = "dc")]

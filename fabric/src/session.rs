@@ -51,8 +51,12 @@ impl Session {
             Backend::Verbs => Err(crate::backend::verbs_not_built()),
             #[cfg(feature = "verbs")]
             Backend::Verbs => {
-                let connect =
-                    verbs::conn::VerbsSession::connect(domain, target, &config.fabric_key);
+                let connect = verbs::conn::VerbsSession::connect(
+                    domain,
+                    target,
+                    &config.fabric_key,
+                    config.dead_peer_timeout,
+                );
                 let s = tokio::time::timeout(config.connect_timeout, connect)
                     .await
                     .map_err(|_| FabricError::Handshake {

@@ -13,25 +13,79 @@ use tokio::net::TcpStream;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tuning {
     pub(crate) socket_buffer: Option<usize>,
-    pub(crate) user_timeout: Option<Duration>,
+    /// [`crate::SessionConfig::dead_peer_timeout`] /
+    /// [`crate::EndpointConfig::dead_peer_timeout`].
+    pub(crate) dead_peer_timeout: Duration,
 }
 
+/// The shortest and longest dead-peer timeouts: TCP keepalive counts in
+/// whole seconds, and `TCP_USER_TIMEOUT` of zero would mean "the kernel's
+/// default" (about 15 minutes), the very thing the knob replaces.
+pub(crate) const DEAD_PEER_TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(3600));
+
+/// Refuses a dead-peer timeout outside [`DEAD_PEER_TIMEOUT_RANGE`].
+pub(crate) fn check_dead_peer_timeout(t: Duration) -> crate::Result<()> {
+    let (min, max) = DEAD_PEER_TIMEOUT_RANGE;
+    if t < min || t > max {
+        return Err(crate::FabricError::InvalidArgument(format!(
+            "dead_peer_timeout must be between {min:?} and {max:?}, not {t:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// TCP keepalive (idle time, probe interval, probe count) for a dead-peer
+/// timeout `t`: the first probe after half of it without traffic, the
+/// rest of it split into probes at least a second apart, so that an idle
+/// connection whose peer stopped answering is declared dead after about
+/// `t` (`TCP_USER_TIMEOUT`, set to `t` too, then ends it at the first
+/// unanswered probe past `t`). Pure; whole seconds, at least one each.
+pub(crate) fn keepalive_for(t: Duration) -> (Duration, Duration, u32) {
+    let secs = t.as_secs().max(1);
+    let idle = (secs / 2).max(1);
+    let rest = secs.saturating_sub(idle).max(1);
+    let interval = (rest / 3).max(1);
+    let count = u32::try_from((rest / interval).max(1)).unwrap_or(u32::MAX);
+    (
+        Duration::from_secs(idle),
+        Duration::from_secs(interval),
+        count,
+    )
+}
+
+/// Tunes a fabric socket: no Nagle delay, and dead-peer detection, so
+/// that a connection whose peer stopped answering (a cut link, a host
+/// gone) fails within `t.dead_peer_timeout` instead of TCP's ~15 minutes:
+/// `TCP_USER_TIMEOUT` bounds how long sent data (or a zero window) may stay
+/// unacknowledged, and keepalive probes an idle connection (a requester
+/// waiting for READ data, a responder waiting for requests).
 pub(crate) fn tune(stream: &TcpStream, t: Tuning) -> io::Result<()> {
     let s = socket2::SockRef::from(stream);
     s.set_tcp_nodelay(true)?;
+    let (idle, interval, count) = keepalive_for(t.dead_peer_timeout);
     let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(10))
-        .with_interval(Duration::from_secs(5))
-        .with_retries(3);
+        .with_time(idle)
+        .with_interval(interval)
+        .with_retries(count);
     s.set_tcp_keepalive(&ka)?;
-    if let Some(t) = t.user_timeout {
-        s.set_tcp_user_timeout(Some(t))?;
-    }
+    s.set_tcp_user_timeout(Some(t.dead_peer_timeout))?;
     if let Some(b) = t.socket_buffer {
         s.set_send_buffer_size(b)?;
         s.set_recv_buffer_size(b)?;
     }
     Ok(())
+}
+
+/// Makes the socket's close a reset (`SO_LINGER` 0): whatever is still
+/// queued in it is discarded instead of being delivered after the session
+/// failed (a failed operation's bytes must never be placed late), and no
+/// orphaned socket keeps retrying them. Best effort: a socket the kernel
+/// already ended needs nothing.
+pub(crate) fn reset_on_close(stream: &TcpStream) {
+    if let Err(e) = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO)) {
+        tracing::debug!(error = %e, "setting SO_LINGER 0 on a failed fabric socket");
+    }
 }
 
 fn cvt(n: isize) -> io::Result<usize> {
@@ -279,4 +333,76 @@ pub(crate) async fn recv_exact_flushing(
 /// Resolves once the flag in `rx` is true (or its sender is gone).
 pub(crate) async fn cancelled(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|c| *c).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{getsockopt, sockopt};
+
+    #[test]
+    fn keepalive_spans_the_dead_peer_timeout() {
+        let s = Duration::from_secs;
+        assert_eq!(keepalive_for(s(1)), (s(1), s(1), 1));
+        assert_eq!(keepalive_for(s(5)), (s(2), s(1), 3));
+        assert_eq!(keepalive_for(s(30)), (s(15), s(5), 3));
+        assert_eq!(keepalive_for(s(3600)), (s(1800), s(600), 3));
+        // Never a zero that the kernel would refuse or read as "default".
+        for ms in [0, 1, 999, 1500, 7_000, 59_999] {
+            let (idle, interval, count) = keepalive_for(Duration::from_millis(ms));
+            assert!(idle >= s(1) && interval >= s(1) && count >= 1, "{ms} ms");
+        }
+        // About the timeout: idle + interval * count, within a probe.
+        for secs in 2..200 {
+            let (idle, interval, count) = keepalive_for(s(secs));
+            let total = idle + interval * count;
+            assert!(total <= s(secs) && total + interval > s(secs), "{secs} s");
+        }
+    }
+
+    #[test]
+    fn dead_peer_timeouts_out_of_range_are_refused() {
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(999),
+            Duration::from_secs(3601),
+        ] {
+            let e = check_dead_peer_timeout(bad).unwrap_err().to_string();
+            assert!(e.contains("dead_peer_timeout must be between"), "{e}");
+        }
+        for good in [
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+            Duration::from_secs(3600),
+        ] {
+            check_dead_peer_timeout(good).unwrap();
+        }
+    }
+
+    /// The options as the kernel reports them on a real loopback socket.
+    #[tokio::test]
+    async fn tune_sets_dead_peer_detection_and_reset_sets_linger_zero() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let _peer = l.accept().await.unwrap();
+        tune(
+            &s,
+            Tuning {
+                socket_buffer: None,
+                dead_peer_timeout: Duration::from_millis(7_500),
+            },
+        )
+        .unwrap();
+        assert_eq!(getsockopt(&s, sockopt::TcpUserTimeout).unwrap(), 7_500);
+        assert!(getsockopt(&s, sockopt::KeepAlive).unwrap());
+        assert_eq!(getsockopt(&s, sockopt::TcpKeepIdle).unwrap(), 3);
+        assert_eq!(getsockopt(&s, sockopt::TcpKeepInterval).unwrap(), 1);
+        assert_eq!(getsockopt(&s, sockopt::TcpKeepCount).unwrap(), 4);
+        assert!(getsockopt(&s, sockopt::TcpNoDelay).unwrap());
+        let l0 = getsockopt(&s, sockopt::Linger).unwrap();
+        assert_eq!(l0.l_onoff, 0, "a healthy socket closes normally");
+        reset_on_close(&s);
+        let l1 = getsockopt(&s, sockopt::Linger).unwrap();
+        assert_eq!((l1.l_onoff, l1.l_linger), (1, 0));
+    }
 }

@@ -181,10 +181,23 @@ fn scratch(buf: &mut Vec<u8>) -> &mut [u8] {
 }
 
 async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()> {
-    io::tune(&stream, ctx.tuning).map_err(|e| FabricError::io("tune fabric socket", e))?;
+    let r = serve_connection(&stream, peer, &ctx).await;
+    if let Err(FabricError::Io { .. }) = &r {
+        // The connection failed (the peer reset it, stopped answering past
+        // the dead-peer timeout, or closed midway): it ends with a reset,
+        // so READ data still queued is discarded, not delivered late. A
+        // refusal (handshake, protocol) keeps its orderly close: the peer
+        // reads the verdict or completion sent before it.
+        io::reset_on_close(&stream);
+    }
+    r
+}
+
+async fn serve_connection(stream: &TcpStream, peer: SocketAddr, ctx: &Ctx) -> Result<()> {
+    io::tune(stream, ctx.tuning).map_err(|e| FabricError::io("tune fabric socket", e))?;
     let hello = tokio::time::timeout(
         ctx.handshake_timeout,
-        accept_handshake(&stream, peer, &ctx.key, &ctx.identity),
+        accept_handshake(stream, peer, &ctx.key, &ctx.identity),
     )
     .await
     .map_err(|_| FabricError::Handshake {
@@ -206,7 +219,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
             ctx.idle_timeout
                 .map(|t| t.saturating_sub(activity.idle_for()))
         };
-        match io::recv_exact_flushing(&stream, &mut hb, &mut pending, &mut left)
+        match io::recv_exact_flushing(stream, &mut hb, &mut pending, &mut left)
             .await
             .map_err(ioerr)?
         {
@@ -214,7 +227,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
             io::Recv::Eof => {
                 // The peer sends no more; it may still read what it was owed.
                 if !pending.is_empty() {
-                    let _ = io::send_buf(&stream, &pending).await;
+                    let _ = io::send_buf(stream, &pending).await;
                 }
                 return Ok(());
             }
@@ -235,7 +248,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
                     0,
                     Some(OpStatus::RemoteInvalidRequest),
                 );
-                io::send_buf(&stream, &pending).await.map_err(ioerr)?;
+                io::send_buf(stream, &pending).await.map_err(ioerr)?;
                 return Err(FabricError::InvalidArgument(format!(
                     "{peer} sent a {} of {} bytes, above the {MAX_PIECE_LEN}-byte maximum",
                     req.op.name(),
@@ -263,22 +276,22 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
         let len = req.len as usize;
         let status = match (req.op, auth) {
             (OpKind::Write, Ok((entry, region, off))) => {
-                place_write(&stream, &entry, &region, off, len, &mut scratch_buf)
+                place_write(stream, &entry, &region, off, len, &mut scratch_buf)
                     .await
                     .map_err(ioerr)?
             }
             (OpKind::Write, Err(st)) => {
-                drain(&stream, len, &mut scratch_buf).await.map_err(ioerr)?;
+                drain(stream, len, &mut scratch_buf).await.map_err(ioerr)?;
                 Some(st)
             }
             (OpKind::Read, Ok((entry, region, off))) => {
                 // The READ's data follows every completion before it.
                 if !pending.is_empty() {
-                    io::send_buf(&stream, &pending).await.map_err(ioerr)?;
+                    io::send_buf(stream, &pending).await.map_err(ioerr)?;
                     pending.clear();
                 }
                 serve_read(
-                    &stream,
+                    stream,
                     req.wr_id,
                     &entry,
                     &region,
@@ -297,7 +310,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) -> Result<()>
         }
         push_completion(&mut pending, req.wr_id, req.len, status);
         if req.len > COALESCE_MAX_OP || pending.len() >= COALESCE_MAX_FRAMES * ResponseHeader::LEN {
-            io::send_buf(&stream, &pending).await.map_err(ioerr)?;
+            io::send_buf(stream, &pending).await.map_err(ioerr)?;
             pending.clear();
         }
     }

@@ -16,10 +16,10 @@ pub(crate) mod session;
 
 pub(crate) fn io_tuning(
     socket_buffer: Option<usize>,
-    user_timeout: Option<std::time::Duration>,
+    dead_peer_timeout: std::time::Duration,
 ) -> crate::sock::Tuning {
     crate::sock::Tuning {
         socket_buffer,
-        user_timeout,
+        dead_peer_timeout,
     }
 }

@@ -42,6 +42,10 @@ use s3dma_wire::frame::{
 /// In-order completion delivery and the session's failure state.
 struct Completer {
     dead: AtomicBool,
+    /// A stream's writer failed (the peer reset, or stopped answering past
+    /// the dead-peer timeout): one reader reports its oldest outstanding
+    /// piece as "retry exceeded", as a failed stream's reader does.
+    write_failed: AtomicBool,
     cancel: watch::Sender<bool>,
     order: Mutex<Order>,
 }
@@ -55,6 +59,16 @@ struct Order {
 impl Completer {
     fn fail(&self) {
         self.dead.store(true, Ordering::SeqCst);
+        let _ = self.cancel.send(true);
+    }
+
+    /// A stream's write failed: the session fails, and if this is its first
+    /// failure a reader reports its oldest piece as "retry exceeded" (set
+    /// before the cancellation that reader wakes on).
+    fn fail_write(&self) {
+        if !self.dead.swap(true, Ordering::SeqCst) {
+            self.write_failed.store(true, Ordering::SeqCst);
+        }
         let _ = self.cancel.send(true);
     }
 
@@ -319,7 +333,7 @@ impl StreamTx {
                 drop(st);
                 debug!(error = %e, "fabric session stream write failed");
                 // The piece is pending: the reader completes it.
-                completer.fail();
+                completer.fail_write();
             }
         }
     }
@@ -372,7 +386,7 @@ async fn connect_stream(
         &stream,
         Tuning {
             socket_buffer: cfg.socket_buffer,
-            user_timeout: cfg.user_timeout,
+            dead_peer_timeout: cfg.dead_peer_timeout,
         },
     )
     .map_err(|e| FabricError::io("tune fabric socket", e))?;
@@ -401,6 +415,7 @@ impl TcpSession {
                 "stripe must be positive".into(),
             ));
         }
+        io::check_dead_peer_timeout(cfg.dead_peer_timeout)?;
         let session_id: u64 = rand::random();
         let mut sockets = Vec::with_capacity(cfg.streams);
         for i in 0..cfg.streams {
@@ -421,6 +436,7 @@ impl TcpSession {
         let (cancel, _) = watch::channel(false);
         let completer = Arc::new(Completer {
             dead: AtomicBool::new(false),
+            write_failed: AtomicBool::new(false),
             cancel,
             order: Mutex::new(Order::default()),
         });
@@ -614,7 +630,7 @@ async fn writer(
         drop(keep);
         if let Err(e) = r {
             debug!(error = %e, "fabric session stream write failed");
-            completer.fail();
+            completer.fail_write();
             break;
         }
         tx.state().queued -= 1;
@@ -638,24 +654,37 @@ async fn reader(
     peer: EndpointAddr,
 ) {
     let mut cancel = completer.cancel.subscribe();
-    let r = tokio::select! {
+    let (r, cancelled) = tokio::select! {
         biased;
-        _ = io::cancelled(&mut cancel) => Ok(()),
-        r = read_loop(&stream, &pending) => r,
+        _ = io::cancelled(&mut cancel) => (Ok(()), true),
+        r = read_loop(&stream, &pending) => (r, false),
     };
     if let Err(e) = &r {
         debug!(%peer, error = %e, "fabric session stream failed");
     }
     // Whatever ended the loop, the session can no longer be trusted: the
     // oldest outstanding piece gets "retry exceeded" if this stream failed
-    // first, everything else "flushed".
-    let first_failure = !completer.dead.swap(true, Ordering::SeqCst) && r.is_err();
+    // first (or a writer did), everything else "flushed".
+    let first_failure = if cancelled {
+        completer.write_failed.swap(false, Ordering::SeqCst)
+    } else {
+        !completer.dead.swap(true, Ordering::SeqCst) && r.is_err()
+    };
     let _ = completer.cancel.send(true);
     let q = {
         let mut g = pending.lock().unwrap_or_else(|e| e.into_inner());
         g.closed = true;
         std::mem::take(&mut g.q)
     };
+    // The session failed (cancelled, a stream error, or the endpoint
+    // closing while operations were outstanding): close with a reset so
+    // nothing still queued is delivered. The endpoint's orderly close
+    // after the last completion reads as an error too; the writer has
+    // half-closed by then and nothing is queued, so the reset changes
+    // nothing there.
+    if cancelled || !q.is_empty() || r.is_err() {
+        io::reset_on_close(&stream);
+    }
     let mut first = first_failure;
     for p in q {
         let st = if first {

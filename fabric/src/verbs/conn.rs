@@ -78,7 +78,13 @@ impl VerbsEndpoint {
     pub(crate) async fn listen(domain: Domain, config: &EndpointConfig) -> Result<VerbsEndpoint> {
         verbs_of(&domain)?;
         let key = config.fabric_key.clone();
-        let handshake_timeout = config.handshake_timeout;
+        let timing = Timing {
+            tuning: io::Tuning {
+                socket_buffer: None,
+                dead_peer_timeout: config.dead_peer_timeout,
+            },
+            handshake_timeout: config.handshake_timeout,
+        };
         let isolated: Arc<[(u32, Domain)]> = config.isolated_responders.clone().into();
         let mut identity = None;
         let listener = Listener::bind(config.bind, "verbs endpoint", config.caps(), |local| {
@@ -87,12 +93,12 @@ impl VerbsEndpoint {
             move |stream, peer| {
                 serve(
                     stream,
+                    timing,
                     peer,
                     domain.clone(),
                     isolated.clone(),
                     key.clone(),
                     me,
-                    handshake_timeout,
                 )
             }
         })
@@ -111,15 +117,30 @@ impl VerbsEndpoint {
     }
 }
 
+/// The out-of-band connection's socket options and handshake deadline.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    tuning: io::Tuning,
+    handshake_timeout: Duration,
+}
+
 async fn serve(
     stream: TcpStream,
+    timing: Timing,
     peer: SocketAddr,
     domain: Domain,
     isolated: Arc<[(u32, Domain)]>,
     key: FabricKey,
     me: EndpointAddr,
-    handshake_timeout: Duration,
 ) -> Result<()> {
+    let Timing {
+        tuning,
+        handshake_timeout,
+    } = timing;
+    // Keepalive on the out-of-band connection: a requester that went away
+    // without closing it (a host gone, a cut link) frees its queue pair
+    // within the dead-peer timeout.
+    io::tune(&stream, tuning).map_err(|e| FabricError::io("tune verbs out-of-band socket", e))?;
     let also: Vec<u32> = isolated.iter().map(|(r, _)| *r).collect();
     let hello = tokio::time::timeout(
         handshake_timeout,
@@ -184,11 +205,19 @@ impl VerbsSession {
         domain: &Domain,
         target: EndpointAddr,
         key: &FabricKey,
+        dead_peer_timeout: Duration,
     ) -> Result<VerbsSession> {
         let v = verbs_of(domain)?;
+        io::check_dead_peer_timeout(dead_peer_timeout)?;
         let stream = TcpStream::connect(target.addr)
             .await
             .map_err(|e| FabricError::io(format!("connect to verbs endpoint {target}"), e))?;
+        let tuning = io::Tuning {
+            socket_buffer: None,
+            dead_peer_timeout,
+        };
+        io::tune(&stream, tuning)
+            .map_err(|e| FabricError::io("tune verbs out-of-band socket", e))?;
         connect_handshake(&stream, target, key, rand::random(), 0, 1).await?;
         let qp = QueuePair::create(v.context(), v.pd(), true)?;
         let psn = rand::random::<u32>() & 0x00ff_ffff;

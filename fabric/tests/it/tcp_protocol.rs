@@ -648,3 +648,195 @@ async fn unauthenticated_connections_allocate_no_scratch() {
     );
     drop(conns);
 }
+
+/// A responder by hand that accepts one connection, completes the
+/// handshake as `me` with `key`, and then never reads again (a peer that
+/// stopped answering: its receive window closes and stays closed). Its
+/// receive buffer is small, so the requester's writes back up at once.
+/// Returns its identity and the task, which hands back the stream when
+/// `read` fires so the test can look at how the connection ended.
+async fn mute_responder(
+    key: &FabricKey,
+) -> (
+    s3dma_wire::EndpointAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<TcpStream>,
+) {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = sock.listen(1).unwrap();
+    let me = s3dma_wire::EndpointAddr {
+        addr: l.local_addr().unwrap(),
+        responder: 1,
+    };
+    let key = key.clone();
+    let (read, mute) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut b = [0u8; Hello::LEN];
+        s.read_exact(&mut b).await.unwrap();
+        let hello = Hello::decode(&b).unwrap();
+        let nonce = s3dma_wire::handshake::nonce();
+        let challenge = Challenge {
+            version: VERSION,
+            nonce,
+            mac: key.responder_proof(&hello, &me, VERSION, &nonce),
+        };
+        s.write_all(&challenge.encode()).await.unwrap();
+        let mut a = [0u8; s3dma_wire::frame::Auth::LEN];
+        s.read_exact(&mut a).await.unwrap();
+        let auth = s3dma_wire::frame::Auth::decode(&a).unwrap();
+        let verdict = key.verdict(&hello, &challenge, &me, &auth.mac);
+        assert_eq!(verdict, Verdict::Accepted);
+        s.write_all(&verdict.encode()).await.unwrap();
+        // Mute until told to look.
+        let _ = mute.await;
+        s
+    });
+    (me, read, task)
+}
+
+/// Reads everything the requester sends until the connection ends; the
+/// error that ended it (`None`: an orderly end of stream).
+async fn read_to_end(s: &mut TcpStream) -> Option<std::io::ErrorKind> {
+    let mut b = vec![0u8; 1 << 20];
+    loop {
+        match tokio::time::timeout(GUARD, s.read(&mut b))
+            .await
+            .expect("the requester left its connection open")
+        {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) => return Some(e.kind()),
+        }
+    }
+}
+
+/// A session whose endpoint stops answering (it no longer reads: the
+/// window stays closed and nothing sent is acknowledged) fails within the
+/// dead-peer timeout instead of waiting for ever: the operation the peer
+/// was working on completes "retry exceeded", later ones "flushed", and
+/// the session says it is dead so pools replace it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_to_an_endpoint_that_stopped_answering_fails_within_the_dead_peer_timeout() {
+    let key = FabricKey::random();
+    let (me, _read, _peer) = mute_responder(&key).await;
+    let c = Domain::tcp();
+    let l = c.alloc(16 << 20, Access::LOCAL_WRITE).unwrap();
+    let mut cfg = SessionConfig::new(key.clone());
+    cfg.socket_buffer = Some(64 << 10);
+    cfg.dead_peer_timeout = Duration::from_secs(1);
+    let s = Session::connect(&c, me, cfg).await.unwrap();
+    let first = s.write(l.as_slice(), 0x1000, 7);
+    let second = s.write(l.as_slice(), 0x1000, 7);
+    let e = tokio::time::timeout(GUARD, first)
+        .await
+        .expect("the session waited on a dead peer")
+        .unwrap_err();
+    assert_eq!(e.status, OpStatus::RetryExceeded, "{e}");
+    let e = tokio::time::timeout(GUARD, second)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.status, OpStatus::Flushed, "{e}");
+    assert!(!s.is_alive());
+}
+
+/// A session that fails while a WRITE is queued in its socket (here: the
+/// pool's stall detection failing it) closes with a reset: the endpoint
+/// never receives the rest of the queued bytes, nor an orderly end of
+/// stream after them, so a failed GET chunk is never placed late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_session_resets_its_streams() {
+    let key = FabricKey::random();
+    let (me, read, peer) = mute_responder(&key).await;
+    let c = Domain::tcp();
+    let l = c.alloc(16 << 20, Access::LOCAL_WRITE).unwrap();
+    let mut cfg = SessionConfig::new(key.clone());
+    cfg.socket_buffer = Some(64 << 10);
+    let s = Session::connect(&c, me, cfg).await.unwrap();
+    let op = s.write(l.as_slice(), 0x1000, 7);
+    s.fail();
+    let e = tokio::time::timeout(GUARD, op).await.unwrap().unwrap_err();
+    assert_eq!(e.status, OpStatus::Flushed, "{e}");
+    read.send(()).unwrap();
+    let mut stream = peer.await.unwrap();
+    assert_eq!(
+        read_to_end(&mut stream).await,
+        Some(std::io::ErrorKind::ConnectionReset)
+    );
+}
+
+/// A requester that stops reading the READ data it asked for is dropped
+/// by the endpoint within the dead-peer timeout, freeing its connection
+/// slot: with a cap of one connection, a new session gets in once the
+/// stuck one is gone (before, the endpoint waited on the closed window for
+/// ever and refused everyone else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_drops_a_requester_that_stopped_reading() {
+    let key = FabricKey::random();
+    let (d, ep) = endpoint_with(&key, |c| {
+        c.max_connections = 1;
+        c.socket_buffer = Some(64 << 10);
+        c.dead_peer_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let r = d.alloc(1 << 20, Access::REMOTE_READ).unwrap();
+    let mut stuck = raw_connect(&ep, &key).await;
+    socket2::SockRef::from(&stuck)
+        .set_recv_buffer_size(4096)
+        .unwrap();
+    let mut wire = Vec::new();
+    for i in 0..16u64 {
+        wire.extend_from_slice(
+            &RequestHeader::whole(OpKind::Read, r.rkey(), i, r.addr(), 1 << 20).encode(),
+        );
+    }
+    stuck.write_all(&wire).await.unwrap();
+    // Never read: the endpoint's READ data backs up. Someone else gets in
+    // once the endpoint has given up on `stuck`.
+    let c = Domain::tcp();
+    let local = c.alloc(8, Access::LOCAL_WRITE).unwrap();
+    let s = tokio::time::timeout(GUARD, async {
+        loop {
+            if let Ok(s) = Session::connect(&c, ep.addr(), SessionConfig::new(key.clone())).await
+                && s.read(local.as_slice(), r.addr(), r.rkey()).await.is_ok()
+            {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the endpoint kept serving a requester that stopped reading");
+    assert!(s.is_alive());
+    drop(stuck);
+}
+
+#[tokio::test]
+async fn dead_peer_timeouts_out_of_range_are_refused() {
+    let key = FabricKey::random();
+    let c = Domain::tcp();
+    for bad in [
+        Duration::ZERO,
+        Duration::from_millis(500),
+        Duration::from_secs(7200),
+    ] {
+        let mut cfg = EndpointConfig::new("127.0.0.1:0".parse().unwrap(), key.clone());
+        cfg.dead_peer_timeout = bad;
+        let e = Endpoint::listen(&c, cfg).await.unwrap_err().to_string();
+        assert!(e.contains("dead_peer_timeout"), "{e}");
+        let mut cfg = SessionConfig::new(key.clone());
+        cfg.dead_peer_timeout = bad;
+        let target = s3dma_wire::EndpointAddr {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            responder: 1,
+        };
+        let e = Session::connect(&c, target, cfg)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dead_peer_timeout"), "{e}");
+    }
+}
