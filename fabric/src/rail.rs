@@ -179,9 +179,9 @@ impl RailProblem {
             RailProblem::DuplicateListen { .. } => "listen",
             RailProblem::AdvertiseRequired | RailProblem::AdvertiseUnspecified(_) => "advertise",
             RailProblem::VerbsOnly(f) => f,
-            RailProblem::PortZero | RailProblem::NoPort { .. } | RailProblem::DuplicatePort { .. } => {
-                "port"
-            }
+            RailProblem::PortZero
+            | RailProblem::NoPort { .. }
+            | RailProblem::DuplicatePort { .. } => "port",
             RailProblem::DeviceRequired(_) | RailProblem::NoDevice { .. } => "device",
             RailProblem::NoGid { .. } => "gid_index",
         }
@@ -396,7 +396,11 @@ mod tests {
     /// A device with `ports`, each with GID 0 populated and GID 1 empty.
     fn device(root: &Path, name: &str, ports: &[u8]) {
         for p in ports {
-            let gids = root.join(name).join("ports").join(p.to_string()).join("gids");
+            let gids = root
+                .join(name)
+                .join("ports")
+                .join(p.to_string())
+                .join("gids");
             std::fs::create_dir_all(&gids).unwrap();
             std::fs::write(gids.join("0"), format!("{GID}\n")).unwrap();
             std::fs::write(gids.join("1"), format!("{ZERO}\n")).unwrap();
@@ -416,7 +420,9 @@ mod tests {
     }
 
     fn err(backend: Backend, rails: &[RailConfig], root: &Path) -> String {
-        validate_rails_in(backend, rails, root).unwrap_err().to_string()
+        validate_rails_in(backend, rails, root)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -427,10 +433,14 @@ mod tests {
         .unwrap();
         assert_eq!(r[0], rail("10.0.1.1:7000"));
         assert_eq!(r[1].advertise, Some("10.0.2.1".parse().unwrap()));
-        assert_eq!((r[1].device.as_deref(), r[1].port, r[1].gid_index), (Some("mlx5_1"), 2, Some(3)));
-        let e = serde_yaml::from_str::<Vec<RailConfig>>("- listen: 10.0.1.1:7000\n  devcie: mlx5_0\n")
-            .unwrap_err()
-            .to_string();
+        assert_eq!(
+            (r[1].device.as_deref(), r[1].port, r[1].gid_index),
+            (Some("mlx5_1"), 2, Some(3))
+        );
+        let e =
+            serde_yaml::from_str::<Vec<RailConfig>>("- listen: 10.0.1.1:7000\n  devcie: mlx5_0\n")
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("unknown field `devcie`"), "{e}");
         // What the launcher writes reads back the same.
         let text = serde_yaml::to_string(&r).unwrap();
@@ -444,11 +454,18 @@ mod tests {
         let two = [rail("10.0.1.1:7000"), rail("10.0.2.1:7000")];
         validate_rails_in(Backend::Tcp, &two, none).unwrap();
         validate_rails_in(Backend::Tcp, &two[..1], none).unwrap();
-        assert_eq!(err(Backend::Tcp, &[], none), "rails: at least one rail is required");
+        assert_eq!(
+            err(Backend::Tcp, &[], none),
+            "rails: at least one rail is required"
+        );
         let nine: Vec<RailConfig> = (0..9).map(|i| rail(&format!("10.0.{i}.1:7000"))).collect();
         assert!(err(Backend::Tcp, &nine, none).contains("at most 8 rails"));
         validate_rails_in(Backend::Tcp, &nine[..8], none).unwrap();
-        let dup = [rail("10.0.1.1:7000"), rail("10.0.2.1:7000"), rail("10.0.1.1:7000")];
+        let dup = [
+            rail("10.0.1.1:7000"),
+            rail("10.0.2.1:7000"),
+            rail("10.0.1.1:7000"),
+        ];
         let e = validate_rails_in(Backend::Tcp, &dup, none).unwrap_err();
         assert_eq!(e.field(), "rails[2].listen");
         assert!(e.to_string().contains("also rails[0]'s"), "{e}");
@@ -461,8 +478,20 @@ mod tests {
         assert!(err(Backend::Tcp, &[adv], none).starts_with("rails[0].advertise: :: cannot"));
         for (r, field) in [
             (verbs("10.0.1.1:7000", "mlx5_0", 1), "device"),
-            (RailConfig { gid_index: Some(1), ..rail("10.0.1.1:7000") }, "gid_index"),
-            (RailConfig { port: 2, ..rail("10.0.1.1:7000") }, "port"),
+            (
+                RailConfig {
+                    gid_index: Some(1),
+                    ..rail("10.0.1.1:7000")
+                },
+                "gid_index",
+            ),
+            (
+                RailConfig {
+                    port: 2,
+                    ..rail("10.0.1.1:7000")
+                },
+                "port",
+            ),
         ] {
             let e = validate_rails_in(Backend::Tcp, &[r], none).unwrap_err();
             assert_eq!(e.field(), format!("rails[0].{field}"));
@@ -476,44 +505,78 @@ mod tests {
         let root = dir.path();
         device(root, "mlx5_0", &[1]);
         device(root, "mlx5_1", &[1, 2]);
-        let two = [verbs("10.0.1.1:7000", "mlx5_0", 1), verbs("10.0.2.1:7000", "mlx5_1", 2)];
+        let two = [
+            verbs("10.0.1.1:7000", "mlx5_0", 1),
+            verbs("10.0.2.1:7000", "mlx5_1", 2),
+        ];
         validate_rails_in(Backend::Verbs, &two, root).unwrap();
         // A single rail may leave the device out: the first one.
         validate_rails_in(Backend::Verbs, &[rail("10.0.1.1:7000")], root).unwrap();
-        let e = err(Backend::Verbs, &[verbs("10.0.1.1:7000", "mlx5_0", 1), rail("10.0.2.1:7000")], root);
-        assert!(e.starts_with("rails[1].device: with several verbs rails"), "{e}");
+        let e = err(
+            Backend::Verbs,
+            &[verbs("10.0.1.1:7000", "mlx5_0", 1), rail("10.0.2.1:7000")],
+            root,
+        );
+        assert!(
+            e.starts_with("rails[1].device: with several verbs rails"),
+            "{e}"
+        );
         let e = err(Backend::Verbs, &[verbs("10.0.1.1:7000", "mlx5_3", 1)], root);
         assert_eq!(
             e,
             "rails[0].device: no RDMA device `mlx5_3` on this machine (present: mlx5_0, mlx5_1)"
         );
         let e = err(Backend::Verbs, &[verbs("10.0.1.1:7000", "mlx5_0", 2)], root);
-        assert_eq!(e, "rails[0].port: RDMA device `mlx5_0` has no port 2 (its ports: 1)");
+        assert_eq!(
+            e,
+            "rails[0].port: RDMA device `mlx5_0` has no port 2 (its ports: 1)"
+        );
         let e = err(Backend::Verbs, &[verbs("10.0.1.1:7000", "mlx5_0", 0)], root);
-        assert!(e.starts_with("rails[0].port: RDMA device ports are numbered from 1"), "{e}");
+        assert!(
+            e.starts_with("rails[0].port: RDMA device ports are numbered from 1"),
+            "{e}"
+        );
         let mut g = verbs("10.0.1.1:7000", "mlx5_1", 2);
         g.gid_index = Some(0);
         validate_rails_in(Backend::Verbs, &[g.clone()], root).unwrap();
         for index in [1, 7] {
             g.gid_index = Some(index);
             let e = err(Backend::Verbs, &[g.clone()], root);
-            assert_eq!(e, format!("rails[0].gid_index: RDMA device `mlx5_1` port 2 has no GID at index {index}"));
+            assert_eq!(
+                e,
+                format!(
+                    "rails[0].gid_index: RDMA device `mlx5_1` port 2 has no GID at index {index}"
+                )
+            );
         }
         let e = err(
             Backend::Verbs,
-            &[verbs("10.0.1.1:7000", "mlx5_1", 1), verbs("10.0.2.1:7000", "mlx5_1", 1)],
+            &[
+                verbs("10.0.1.1:7000", "mlx5_1", 1),
+                verbs("10.0.2.1:7000", "mlx5_1", 1),
+            ],
             root,
         );
-        assert!(e.starts_with("rails[1].port: device `mlx5_1` port 1 is also rails[0]'s"), "{e}");
+        assert!(
+            e.starts_with("rails[1].port: device `mlx5_1` port 1 is also rails[0]'s"),
+            "{e}"
+        );
         // A hostile name is shown escaped.
-        let e = err(Backend::Verbs, &[verbs("10.0.1.1:7000", "x\n\u{1b}[2J", 1)], root);
+        let e = err(
+            Backend::Verbs,
+            &[verbs("10.0.1.1:7000", "x\n\u{1b}[2J", 1)],
+            root,
+        );
         assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e}");
     }
 
     #[test]
     fn a_machine_without_rdma_devices_says_so() {
         let dir = tempfile::tempdir().unwrap();
-        for rails in [vec![rail("10.0.1.1:7000")], vec![verbs("10.0.1.1:7000", "rxe0", 1)]] {
+        for rails in [
+            vec![rail("10.0.1.1:7000")],
+            vec![verbs("10.0.1.1:7000", "rxe0", 1)],
+        ] {
             let e = err(Backend::Verbs, &rails, &dir.path().join("absent"));
             assert!(e.starts_with("rails[0].device: no RDMA device"), "{e}");
             assert!(e.contains("this machine has no RDMA devices"), "{e}");
