@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::{Map, Value};
 
-use crate::options::{Options, progress};
+use crate::options::{Options, progress, table_title, write_json};
 use crate::own_stack::OwnStack;
 use crate::primitives::{fill_random, raw_tcp};
 use crate::stats::{fmt, num};
@@ -314,13 +314,9 @@ pub(crate) async fn run(opts: &Options, raw_tcp_for: Duration) -> anyhow::Result
         "{}",
         table(&m, &missing, opts, &data_dir, rounds, shards, shard)
     );
-    if let Some(path) = &opts.json {
-        let mut m = m;
-        m.insert("quick".into(), Value::from(u8::from(opts.quick)));
-        let text = serde_json::to_string_pretty(&m)? + "\n";
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-        progress(&format!("wrote {}", path.display()));
-    }
+    let mut m = m;
+    m.insert("quick".into(), Value::from(u8::from(opts.quick)));
+    write_json(opts, m)?;
     Ok(())
 }
 
@@ -546,10 +542,8 @@ fn table(
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "s3dma-tools bench --dirs{}: {} fabric on loopback, {} CPUs, store in {data_dir}",
-        if opts.quick { " --quick" } else { "" },
-        opts.fabric,
-        std::thread::available_parallelism().map_or(0, usize::from),
+        "{}",
+        table_title("--dirs", opts, &format!("store in {data_dir}"))
     );
     let _ = writeln!(
         o,

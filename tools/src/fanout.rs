@@ -34,11 +34,13 @@ use anyhow::{Context as _, anyhow, bail};
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use rand::Rng as _;
-use s3dma_launcher::{REGION, Stack, StackOptions, Upstream};
+use s3dma_launcher::{REGION, Upstream};
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::options::{Options, progress};
+use crate::options::{Options, progress, write_json};
+use crate::own_stack::{start_stack, temp_dir};
+use crate::primitives::ensure_bucket;
 use crate::stats::median;
 use crate::workers::{self, WorkerOp, WorkerOptions};
 
@@ -398,55 +400,28 @@ pub(crate) async fn run(opts: &Options) -> anyhow::Result<()> {
     }
     let report = result?;
     print!("{}", report.table());
-    if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&report.json())? + "\n";
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-        progress(&format!("wrote {}", path.display()));
-    }
+    write_json(opts, report.json())?;
     Ok(())
 }
 
 async fn with_upstream(opts: &Options, plan: &Plan, site: &UpstreamSite) -> anyhow::Result<Report> {
     let s3 = site.s3();
-    match s3.create_bucket().bucket(BUCKET).send().await {
-        Ok(_) => {}
-        Err(e)
-            if e.as_service_error().is_some_and(|s| {
-                s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()
-            }) => {}
-        Err(e) => bail!(
-            "creating bucket {BUCKET} upstream: {}",
-            aws_sdk_s3::error::DisplayErrorContext(e)
-        ),
-    }
-    let tmp = tempfile::Builder::new()
-        .prefix("s3dma-fanout-")
-        .tempdir()
-        .context("creating a temporary directory")?;
-    let mut stack = Stack::prepare(StackOptions {
-        dir: tmp.path().join("state"),
-        data_dir: None,
-        socket: tmp.path().join("shim.sock"),
-        own_socket_dir: true,
-        bucket: BUCKET.into(),
-        metrics: true,
-        who: "s3dma-tools bench",
-        bin_dir: None,
-        fabric: opts.fabric,
-        upstream: Some(Upstream {
-            endpoint: site.endpoint.clone(),
-            region: site.region.clone(),
-            access_key_id: site.access_key_id.clone(),
-            secret_access_key: site.secret_access_key.clone(),
-            gateways: plan.gateways,
-            cache_bytes: plan.cache_bytes(),
-        }),
-        protocol: Default::default(),
-    })?;
-    if let Err(e) = stack.start().await {
-        stack.stop().await;
-        return Err(e.into());
-    }
+    ensure_bucket(&s3, BUCKET).await.context("upstream")?;
+    let tmp = temp_dir("s3dma-fanout-")?;
+    let upstream = Upstream {
+        endpoint: site.endpoint.clone(),
+        region: site.region.clone(),
+        access_key_id: site.access_key_id.clone(),
+        secret_access_key: site.secret_access_key.clone(),
+        gateways: plan.gateways,
+        cache_bytes: plan.cache_bytes(),
+    };
+    let mut stack = start_stack(tmp.path(), "s3dma-tools bench", |o| {
+        o.bucket = BUCKET.into();
+        o.fabric = opts.fabric;
+        o.upstream = Some(upstream);
+    })
+    .await?;
     let gateways = Gateways {
         socket: stack.socket().to_path_buf(),
         targets: stack.endpoints().targets.clone(),

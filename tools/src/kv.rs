@@ -34,10 +34,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use serde_json::{Map, Value};
 
-use crate::options::{Options, progress};
+use crate::options::{Options, progress, table_title, write_json};
 use crate::own_stack::OwnStack;
 use crate::primitives::raw_tcp;
 use crate::python_half::{Half, Target, python};
@@ -100,11 +100,7 @@ pub(crate) async fn run(opts: &Options) -> anyhow::Result<()> {
     let mut m = result?;
     print!("{}", table(&m, opts, &data_dir));
     m.insert("quick".into(), Value::from(u8::from(opts.quick)));
-    if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&m)? + "\n";
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-        progress(&format!("wrote {}", path.display()));
-    }
+    write_json(opts, m)?;
     Ok(())
 }
 
@@ -185,10 +181,8 @@ fn table(m: &Map<String, Value>, opts: &Options, data_dir: &str) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "s3dma-tools bench --kv{}: {} fabric on loopback, {} CPUs, store in {data_dir}",
-        if opts.quick { " --quick" } else { "" },
-        opts.fabric,
-        std::thread::available_parallelism().map_or(0, usize::from),
+        "{}",
+        table_title("--kv", opts, &format!("store in {data_dir}"))
     );
     let _ = writeln!(
         o,

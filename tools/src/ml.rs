@@ -31,10 +31,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use serde_json::{Map, Value};
 
-use crate::options::{Options, progress};
+use crate::options::{Options, progress, table_title, write_json};
 use crate::own_stack::OwnStack;
 use crate::primitives::raw_tcp;
 use crate::python_half::{Half, Target, python};
@@ -109,11 +109,7 @@ pub(crate) async fn run(opts: &Options, raw_tcp_for: Duration) -> anyhow::Result
     // the table.
     m.remove("ml_peers_missing");
     m.insert("quick".into(), Value::from(u8::from(opts.quick)));
-    if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&m)? + "\n";
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-        progress(&format!("wrote {}", path.display()));
-    }
+    write_json(opts, m)?;
     Ok(())
 }
 
@@ -163,10 +159,8 @@ fn table(m: &Map<String, Value>, opts: &Options, data_dir: &str, rounds: usize) 
     let mib = get("ml_bytes").unwrap_or(0.0) / f64::from(1u32 << 20);
     let _ = writeln!(
         o,
-        "s3dma-tools bench --ml{}: {} fabric on loopback, {} CPUs, data in {data_dir}",
-        if opts.quick { " --quick" } else { "" },
-        opts.fabric,
-        std::thread::available_parallelism().map_or(0, usize::from),
+        "{}",
+        table_title("--ml", opts, &format!("data in {data_dir}"))
     );
     let _ = writeln!(
         o,

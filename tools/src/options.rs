@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context as _;
+
 /// The bucket the bench creates and uses.
 pub(crate) const BUCKET: &str = "bench";
 
@@ -74,6 +76,30 @@ pub(crate) enum Phase {
     /// Batched GET, PUT and HEAD of small objects (batches of 1, 16, 64)
     /// beside HTTP at the same concurrency, and one HEAD of 1,000 keys.
     Batch,
+}
+
+/// Writes `value` as pretty JSON to `--json`, when given, and says so.
+pub(crate) fn write_json(
+    opts: &Options,
+    value: impl Into<serde_json::Value>,
+) -> anyhow::Result<()> {
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&value.into())? + "\n";
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        progress(&format!("wrote {}", path.display()));
+    }
+    Ok(())
+}
+
+/// The first line of a phase's table: the phase's flag (`--kv`), the
+/// fabric, the CPUs and `place` (where the data was kept).
+pub(crate) fn table_title(flag: &str, opts: &Options, place: &str) -> String {
+    format!(
+        "s3dma-tools bench {flag}{}: {} fabric on loopback, {} CPUs, {place}",
+        if opts.quick { " --quick" } else { "" },
+        opts.fabric,
+        std::thread::available_parallelism().map_or(0, usize::from),
+    )
 }
 
 /// Prints one progress line on stderr.

@@ -24,10 +24,7 @@ impl OwnStack {
     /// (fsyncs would make PUTs on both paths measure the disk), unless
     /// `--data-dir` names a place.
     pub(crate) async fn start(opts: &Options, store_bytes: u64) -> anyhow::Result<OwnStack> {
-        let tmp = tempfile::Builder::new()
-            .prefix("s3dma-bench-")
-            .tempdir()
-            .context("creating a temporary directory")?;
+        let tmp = temp_dir("s3dma-bench-")?;
         let mut shm_dir = None;
         let data_dir = match &opts.data_dir {
             Some(d) => s3dma_launcher::absolute(d.clone())?,
@@ -42,25 +39,13 @@ impl OwnStack {
             }
             None => tmp.path().join("data"),
         };
-        let mut stack = Stack::prepare(StackOptions {
-            dir: tmp.path().join("state"),
-            data_dir: Some(data_dir.clone()),
-            socket: tmp.path().join("shim.sock"),
-            own_socket_dir: true,
-            bucket: BUCKET.into(),
-            // Read around each small-object cell: where a request's time
-            // goes, from each service's own latency histogram.
-            metrics: true,
-            who: "s3dma-tools bench",
-            bin_dir: None,
-            fabric: opts.fabric,
-            upstream: None,
-            protocol: opts.protocol,
-        })?;
-        if let Err(e) = stack.start().await {
-            stack.stop().await;
-            return Err(e.into());
-        }
+        let stack = start_stack(tmp.path(), "s3dma-tools bench", |o| {
+            o.data_dir = Some(data_dir.clone());
+            o.bucket = BUCKET.into();
+            o.fabric = opts.fabric;
+            o.protocol = opts.protocol;
+        })
+        .await?;
         Ok(OwnStack {
             stack,
             data_dir,
@@ -74,6 +59,35 @@ impl OwnStack {
         self.stack.stop().await;
         drop(self.shm_dir.take());
     }
+}
+
+/// A temporary directory whose name starts with `prefix`.
+pub(crate) fn temp_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .context("creating a temporary directory")
+}
+
+/// Prepares and starts a stack under `dir` (state in `dir/state`, the
+/// shim's socket `dir/shim.sock`), with metrics on (read around each
+/// measurement: where a request's time goes, from each service's own
+/// latency histogram) and `tune`'s changes to the options; a stack that
+/// fails to start is stopped.
+pub(crate) async fn start_stack(
+    dir: &Path,
+    who: &'static str,
+    tune: impl FnOnce(&mut StackOptions),
+) -> anyhow::Result<Stack> {
+    let mut options = StackOptions::new(dir.join("state"), dir.join("shim.sock"), who);
+    options.metrics = true;
+    tune(&mut options);
+    let mut stack = Stack::prepare(options)?;
+    if let Err(e) = stack.start().await {
+        stack.stop().await;
+        return Err(e.into());
+    }
+    Ok(stack)
 }
 
 /// Free bytes of the file system holding `p`.

@@ -16,6 +16,24 @@ pub(crate) fn fill_random(buf: &mut [u8], seed: u64) {
     rand::rngs::SmallRng::seed_from_u64(seed).fill_bytes(buf);
 }
 
+/// Creates `bucket` over HTTP unless it exists already.
+pub(crate) async fn ensure_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> anyhow::Result<()> {
+    match s3.create_bucket().bucket(bucket).send().await {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error().is_some_and(|s| {
+                s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()
+            }) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(anyhow!(
+            "creating bucket {bucket}: {}",
+            aws_sdk_s3::error::DisplayErrorContext(e)
+        )),
+    }
+}
+
 /// GETs `bucket/key` over HTTP, copying the body into `dst`; the byte count.
 pub(crate) async fn http_get_into_from(
     s3: &aws_sdk_s3::Client,

@@ -40,7 +40,9 @@ use crate::soak_check::{
     growth_problems, growth_summary, metric_sum, pick_op, pick_range, pick_size, sample_interval,
     sample_line, verdict,
 };
-use s3dma_launcher::{Stack, StackOptions};
+use s3dma_launcher::Stack;
+
+use crate::own_stack::{start_stack, temp_dir};
 
 /// The bucket the soak creates and uses.
 const BUCKET: &str = "soak";
@@ -133,27 +135,11 @@ async fn run(opts: Options) -> anyhow::Result<(bool, String)> {
         .sample_every
         .unwrap_or_else(|| sample_interval(opts.duration))
         .max(Duration::from_millis(100));
-    let tmp = tempfile::Builder::new()
-        .prefix("s3dma-soak-")
-        .tempdir()
-        .context("creating a temporary directory")?;
-    let mut stack = Stack::prepare(StackOptions {
-        dir: tmp.path().join("state"),
-        data_dir: None,
-        socket: tmp.path().join("shim.sock"),
-        own_socket_dir: true,
-        bucket: BUCKET.into(),
-        metrics: true,
-        who: "s3dma-tools soak",
-        bin_dir: None,
-        fabric: s3dma_launcher::Backend::Tcp,
-        upstream: None,
-        protocol: Default::default(),
-    })?;
-    if let Err(e) = stack.start().await {
-        stack.stop().await;
-        return Err(e.into());
-    }
+    let tmp = temp_dir("s3dma-soak-")?;
+    let mut stack = start_stack(tmp.path(), "s3dma-tools soak", |o| {
+        o.bucket = BUCKET.into();
+    })
+    .await?;
     eprintln!(
         "s3dma-tools soak: {} clients for {}, a sample every {}, seed {seed}",
         opts.clients,

@@ -9,12 +9,11 @@
 use std::sync::Arc;
 
 use anyhow::{Context as _, anyhow, bail};
-use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use s3dma_client::{Buffer, GetItem, ObjectKey, PutItem, PutOptions};
 use tokio::time::Instant;
 
-use super::large::http_get_into;
+use super::large::{http_get_exactly, http_put};
 use super::small::cell;
 use super::{BUCKET, Ctx, Plan, SMALL};
 use crate::options::progress;
@@ -82,30 +81,14 @@ async fn s3dma_cell(
                     }
                 }
                 BatchOp::Put => {
-                    let items: Vec<PutItem> = keys
-                        .iter()
-                        .enumerate()
-                        .map(|(i, key)| PutItem {
-                            bucket: BUCKET.into(),
-                            key: key.clone(),
-                            offset: i * n,
-                            length: n,
-                            opts: PutOptions::default(),
-                        })
-                        .collect();
+                    let items = put_items(&keys, n);
                     match client.put_objects(&buf, &items, concurrency).await {
                         Ok(results) => check_items(&keys, results, |_| Ok(())),
                         Err(e) => Err(anyhow!("s3dma PutObjects of {}: {e}", keys.len())),
                     }
                 }
                 BatchOp::Head => {
-                    let items: Vec<ObjectKey> = keys
-                        .iter()
-                        .map(|key| ObjectKey {
-                            bucket: BUCKET.into(),
-                            key: key.clone(),
-                        })
-                        .collect();
+                    let items = object_keys(&keys);
                     match client.head_objects(&items, concurrency).await {
                         Ok(results) => check_items(&keys, results, |o| match o {
                             Some(info) if info.size == size.bytes => Ok(()),
@@ -124,6 +107,30 @@ async fn s3dma_cell(
         .pop()
         .ok_or_else(|| anyhow!("the batch worker lost its buffer"))?;
     Ok((buf, stats, cpu))
+}
+
+/// PutObjects items: the `i`th of `keys` from `n` bytes at `i * n`.
+fn put_items(keys: &[String], n: usize) -> Vec<PutItem> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, key)| PutItem {
+            bucket: BUCKET.into(),
+            key: key.clone(),
+            offset: i * n,
+            length: n,
+            opts: PutOptions::default(),
+        })
+        .collect()
+}
+
+/// `keys` in the bench's bucket.
+fn object_keys(keys: &[String]) -> Vec<ObjectKey> {
+    keys.iter()
+        .map(|key| ObjectKey {
+            bucket: BUCKET.into(),
+            key: key.clone(),
+        })
+        .collect()
 }
 
 /// Every item of a batch succeeded and passes `check`.
@@ -162,29 +169,8 @@ async fn http_cell(
         async move {
             let key = batch_key(size, i);
             let r = match op {
-                BatchOp::Get => http_get_into(&s3, &key, &mut dst)
-                    .await
-                    .map_err(|e| anyhow!("HTTP GET {key}: {e:#}"))
-                    .and_then(|got| {
-                        (got == n)
-                            .then_some(())
-                            .ok_or_else(|| anyhow!("HTTP GET {key}: {got} bytes"))
-                    }),
-                BatchOp::Put => s3
-                    .put_object()
-                    .bucket(BUCKET)
-                    .key(&key)
-                    .content_length(i64::try_from(n).unwrap_or(i64::MAX))
-                    .body(ByteStream::from(body))
-                    .send()
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| {
-                        anyhow!(
-                            "HTTP PUT {key}: {}",
-                            aws_sdk_s3::error::DisplayErrorContext(e)
-                        )
-                    }),
+                BatchOp::Get => http_get_exactly(&s3, &key, &mut dst, n).await,
+                BatchOp::Put => http_put(&s3, &key, body).await,
                 BatchOp::Head => match s3.head_object().bucket(BUCKET).key(&key).send().await {
                     Ok(o) if o.content_length() == i64::try_from(n).ok() => Ok(()),
                     Ok(o) => Err(anyhow!("HTTP HEAD {key}: {:?} bytes", o.content_length())),
@@ -206,17 +192,7 @@ async fn http_cell(
 async fn write_head_keys(ctx: &Ctx, buf: &Buffer, n: usize, most: usize) -> anyhow::Result<()> {
     let keys: Vec<String> = (0..HEAD_KEYS).map(head_key).collect();
     for chunk in keys.chunks(most) {
-        let items: Vec<PutItem> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, key)| PutItem {
-                bucket: BUCKET.into(),
-                key: key.clone(),
-                offset: i * n,
-                length: n,
-                opts: PutOptions::default(),
-            })
-            .collect();
+        let items = put_items(chunk, n);
         let results = ctx
             .client
             .put_objects(buf, &items, 0)
@@ -321,13 +297,7 @@ pub(super) async fn batch(
 /// One batched HEAD of the [`HEAD_KEYS`] keys, each found.
 async fn head_1000(ctx: &Ctx) -> anyhow::Result<()> {
     let keys: Vec<String> = (0..HEAD_KEYS).map(head_key).collect();
-    let items: Vec<ObjectKey> = keys
-        .iter()
-        .map(|key| ObjectKey {
-            bucket: BUCKET.into(),
-            key: key.clone(),
-        })
-        .collect();
+    let items = object_keys(&keys);
     let results = ctx
         .client
         .head_objects(&items, 0)

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::{BUCKET, Ctx, Plan};
 use crate::options::progress;
 use crate::primitives::http_get_into_from;
-use crate::report::{Op, Report, Size, Throughput, human_size};
+use crate::report::{CpuSecs, Op, Report, Size, Throughput, human_size};
 use crate::stats::{gbps, median};
 
 /// One path's rounds: the median GB/s and the CPU used.
@@ -43,6 +43,33 @@ fn check_path(
     Ok(())
 }
 
+/// Runs `round` [`Plan::rounds`] times, each timed as `size` bytes moved,
+/// saying on stderr what (`what`) before and the GB/s after: the rounds and
+/// the CPU they took.
+async fn rounds(
+    ctx: &Ctx,
+    plan: &Plan,
+    size: Size,
+    what: &str,
+    mut round: impl AsyncFnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<(Rounds, CpuSecs)> {
+    progress(&format!("{what}, {} rounds", plan.rounds));
+    let before = ctx.cpu.now()?;
+    let mut all = Vec::new();
+    for _ in 0..plan.rounds {
+        let t = Instant::now();
+        round().await?;
+        all.extend(gbps(size.bytes, t.elapsed()));
+    }
+    let cpu = ctx.cpu.since(before)?;
+    let r = Rounds {
+        gbps: median(&all),
+        all,
+    };
+    progress(&describe(what, &r));
+    Ok((r, cpu))
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn large(
     ctx: &Ctx,
@@ -61,119 +88,81 @@ pub(super) async fn large(
     let want_crc = crc32fast::hash(&src.as_slice()[..n]);
 
     // s3dma PUT.
-    progress(&format!("PUT {label} via s3dma, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
-        let out = ctx
-            .client
-            .put_object_from(BUCKET, &key, src, 0..n, PutOptions::default())
-            .await
-            .with_context(|| format!("s3dma PUT {label}"))?;
-        all.extend(gbps(size.bytes, t.elapsed()));
-        if out.size != size.bytes {
-            bail!("s3dma PUT {label}: stored {} bytes", out.size);
-        }
-        check_path(ctx, "PUT", &label, out.path)?;
-    }
-    let cpu_put = ctx.cpu.since(before)?;
-    let put = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("PUT {label} via s3dma"), &put));
+    let (put, cpu_put) = rounds(
+        ctx,
+        plan,
+        size,
+        &format!("PUT {label} via s3dma"),
+        async || {
+            let out = ctx
+                .client
+                .put_object_from(BUCKET, &key, src, 0..n, PutOptions::default())
+                .await
+                .with_context(|| format!("s3dma PUT {label}"))?;
+            if out.size != size.bytes {
+                bail!("s3dma PUT {label}: stored {} bytes", out.size);
+            }
+            check_path(ctx, "PUT", &label, out.path)
+        },
+    )
+    .await?;
 
     // s3dma GET.
-    progress(&format!("GET {label} via s3dma, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
-        let out = ctx
-            .client
-            .get_object_into(
-                BUCKET,
-                &key,
-                dst,
-                0,
-                GetOptions {
-                    length: Some(size.bytes),
-                    ..GetOptions::default()
-                },
-            )
-            .await
-            .with_context(|| format!("s3dma GET {label}"))?;
-        all.extend(gbps(size.bytes, t.elapsed()));
-        if out.bytes_placed != size.bytes {
-            bail!("s3dma GET {label}: {} bytes placed", out.bytes_placed);
-        }
-        check_path(ctx, "GET", &label, out.path)?;
-    }
-    let cpu_get = ctx.cpu.since(before)?;
+    let (get, cpu_get) = rounds(
+        ctx,
+        plan,
+        size,
+        &format!("GET {label} via s3dma"),
+        async || {
+            let out = ctx
+                .client
+                .get_object_into(
+                    BUCKET,
+                    &key,
+                    dst,
+                    0,
+                    GetOptions {
+                        length: Some(size.bytes),
+                        ..GetOptions::default()
+                    },
+                )
+                .await
+                .with_context(|| format!("s3dma GET {label}"))?;
+            if out.bytes_placed != size.bytes {
+                bail!("s3dma GET {label}: {} bytes placed", out.bytes_placed);
+            }
+            check_path(ctx, "GET", &label, out.path)
+        },
+    )
+    .await?;
     if crc32fast::hash(&dst.as_slice()[..n]) != want_crc {
         bail!("s3dma GET {label}: the bytes differ from those PUT");
     }
-    let get = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("GET {label} via s3dma"), &get));
     report.cpu_s3dma.large = report.cpu_s3dma.large.plus(cpu_put).plus(cpu_get);
     report.cpu_s3dma.large_bytes += 2 * moved;
 
     // HTTP PUT (aws-sdk-s3 to the storage-target), same object.
-    progress(&format!("PUT {label} over HTTP, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
-        ctx.s3
-            .put_object()
-            .bucket(BUCKET)
-            .key(&key)
-            .content_length(i64::try_from(n)?)
-            .body(ByteStream::from(src_bytes.slice(..n)))
-            .send()
-            .await
-            .map_err(|e| {
-                anyhow!(
-                    "HTTP PUT {label}: {}",
-                    aws_sdk_s3::error::DisplayErrorContext(e)
-                )
-            })?;
-        all.extend(gbps(size.bytes, t.elapsed()));
-    }
-    let http_cpu_put = ctx.cpu.since(before)?;
-    let http_put = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("PUT {label} over HTTP"), &http_put));
+    let put_over_http = format!("PUT {label} over HTTP");
+    let (http_put, http_cpu_put) = rounds(ctx, plan, size, &put_over_http, async || {
+        http_put(&ctx.s3, &key, src_bytes.slice(..n)).await
+    })
+    .await?;
 
     // HTTP GET into memory allocated once.
-    progress(&format!("GET {label} over HTTP, {} rounds", plan.rounds));
-    let before = ctx.cpu.now()?;
-    let mut all = Vec::new();
-    for _ in 0..plan.rounds {
-        let t = Instant::now();
+    let get_over_http = format!("GET {label} over HTTP");
+    let (http_get, http_cpu_get) = rounds(ctx, plan, size, &get_over_http, async || {
         let got = http_get_into(&ctx.s3, &key, http_dst)
             .await
             .with_context(|| format!("HTTP GET {label}"))?;
-        all.extend(gbps(size.bytes, t.elapsed()));
         if got != n {
             bail!("HTTP GET {label}: {got} bytes");
         }
-    }
-    let http_cpu_get = ctx.cpu.since(before)?;
+        Ok(())
+    })
+    .await?;
     if crc32fast::hash(&http_dst[..n]) != want_crc {
         bail!("HTTP GET {label}: the bytes differ from those PUT");
     }
-    let http_get = Rounds {
-        gbps: median(&all),
-        all,
-    };
-    progress(&describe(&format!("GET {label} over HTTP"), &http_get));
     report.cpu_http.large = report.cpu_http.large.plus(http_cpu_put).plus(http_cpu_get);
     report.cpu_http.large_bytes += 2 * moved;
 
@@ -200,4 +189,41 @@ pub(super) async fn http_get_into(
     dst: &mut [u8],
 ) -> anyhow::Result<usize> {
     http_get_into_from(s3, BUCKET, key, dst).await
+}
+
+/// One HTTP GET of `key` into `dst` that must bring exactly `n` bytes.
+pub(super) async fn http_get_exactly(
+    s3: &aws_sdk_s3::Client,
+    key: &str,
+    dst: &mut [u8],
+    n: usize,
+) -> anyhow::Result<()> {
+    let got = http_get_into(s3, key, dst)
+        .await
+        .map_err(|e| anyhow!("HTTP GET {key}: {e:#}"))?;
+    (got == n)
+        .then_some(())
+        .ok_or_else(|| anyhow!("HTTP GET {key}: {got} bytes"))
+}
+
+/// One HTTP PUT of `body` to `key` of the bench's bucket.
+pub(super) async fn http_put(
+    s3: &aws_sdk_s3::Client,
+    key: &str,
+    body: Bytes,
+) -> anyhow::Result<()> {
+    s3.put_object()
+        .bucket(BUCKET)
+        .key(key)
+        .content_length(i64::try_from(body.len()).unwrap_or(i64::MAX))
+        .body(ByteStream::from(body))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            anyhow!(
+                "HTTP PUT {key}: {}",
+                aws_sdk_s3::error::DisplayErrorContext(e)
+            )
+        })
 }

@@ -42,9 +42,9 @@ use s3dma_client::{Client, ClientOptions, PutOptions};
 use s3dma_launcher::{REGION, Stack};
 use tokio::time::Instant;
 
-use crate::options::{BUCKET, Options, Phase, progress};
+use crate::options::{BUCKET, Options, Phase, progress, write_json};
 use crate::own_stack::OwnStack;
-use crate::primitives::{fill_random, raw_tcp};
+use crate::primitives::{ensure_bucket, fill_random, raw_tcp};
 use crate::procfs;
 use crate::report::{CpuSecs, Layers, Op, ProcsRow, Report, Size, human_size};
 use crate::stats::{gbps, median, ticks_to_secs};
@@ -176,11 +176,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         None => own_stack(&opts, &plan).await?,
     };
     print!("{}", report.table());
-    if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&report.json())? + "\n";
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-        progress(&format!("wrote {}", path.display()));
-    }
+    write_json(&opts, report.json())?;
     Ok(())
 }
 
@@ -220,17 +216,7 @@ async fn attached(opts: &Options, plan: &Plan, endpoint: &str) -> anyhow::Result
         shim_uid: opts.shim_uid,
         ..ctx
     };
-    match ctx.s3.create_bucket().bucket(BUCKET).send().await {
-        Ok(_) => {}
-        Err(e)
-            if e.as_service_error().is_some_and(|s| {
-                s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()
-            }) => {}
-        Err(e) => bail!(
-            "creating bucket {BUCKET}: {}",
-            aws_sdk_s3::error::DisplayErrorContext(e)
-        ),
-    }
+    ensure_bucket(&ctx.s3, BUCKET).await?;
     let report = measure(&ctx, plan).await;
     // Leave the stack as it was (but for the bucket).
     let mut keys: Vec<String> = plan

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use anyhow::{Context as _, anyhow, bail};
-use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use s3dma_client::{Buffer, GetOptions, PutOptions};
 use tokio::time::Instant;
 
-use super::large::http_get_into;
+use super::large::{http_get_exactly, http_put};
 use super::{BUCKET, Ctx, IN_FLIGHT, Plan, SMALL, layer_totals, layers_between};
 use crate::options::progress;
 use crate::report::{Cell, CellCpu, CellStats, CpuSecs, Layers, Op, Report, Size, human_size};
@@ -194,29 +193,8 @@ pub(super) async fn small(
                     async move {
                         let key = small_key(size, i);
                         let r = match op {
-                            Op::Get => http_get_into(&s3, &key, &mut dst)
-                                .await
-                                .map_err(|e| anyhow!("HTTP GET {key}: {e:#}"))
-                                .and_then(|got| {
-                                    (got == n)
-                                        .then_some(())
-                                        .ok_or_else(|| anyhow!("HTTP GET {key}: {got} bytes"))
-                                }),
-                            Op::Put => s3
-                                .put_object()
-                                .bucket(BUCKET)
-                                .key(&key)
-                                .content_length(n as i64)
-                                .body(ByteStream::from(body))
-                                .send()
-                                .await
-                                .map(|_| ())
-                                .map_err(|e| {
-                                    anyhow!(
-                                        "HTTP PUT {key}: {}",
-                                        aws_sdk_s3::error::DisplayErrorContext(e)
-                                    )
-                                }),
+                            Op::Get => http_get_exactly(&s3, &key, &mut dst, n).await,
+                            Op::Put => http_put(&s3, &key, body).await,
                         };
                         (dst, r)
                     }
