@@ -27,6 +27,15 @@ pub enum StartError {
     /// The fabric domain or endpoint.
     #[error("fabric: {0}")]
     Fabric(#[from] fabric::FabricError),
+    /// A rail's endpoint could not listen (its address is not on this
+    /// host, or taken).
+    #[error("fabric.rails[{index}].listen: {source}")]
+    Rail {
+        /// The rail.
+        index: usize,
+        /// Why.
+        source: fabric::FabricError,
+    },
     /// The agent link settings.
     #[error(transparent)]
     Agent(#[from] crate::agent_link::LinkError),
@@ -56,7 +65,7 @@ pub struct Running {
     accept: JoinHandle<()>,
     /// The queue-pair link to the agent (verbs only).
     background: Vec<JoinHandle<()>>,
-    endpoint: Arc<Endpoint>,
+    endpoints: Arc<[Arc<Endpoint>]>,
 }
 
 impl Running {
@@ -77,8 +86,12 @@ impl Running {
         }
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
-        if let Ok(ep) = Arc::try_unwrap(self.endpoint) {
-            ep.shutdown().await;
+        let endpoints: Vec<Arc<Endpoint>> = self.endpoints.iter().cloned().collect();
+        drop(self.endpoints);
+        for ep in endpoints {
+            if let Ok(ep) = Arc::try_unwrap(ep) {
+                ep.shutdown().await;
+            }
         }
         let _ = std::fs::remove_file(&self.socket);
     }
@@ -96,8 +109,8 @@ const FD_RESERVE: u64 = 512;
 /// fits: a tenant holds at most `max_connections` connections (each may
 /// carry one fd in an unfinished lease frame) and `2 × max_buffers` fds
 /// (registered buffers and passed fds waiting for RegisterBuffer), so no
-/// tenant can starve another of descriptors; the fabric endpoint holds at
-/// most `fabric.max_connections`, so peers on the network cannot starve the
+/// tenant can starve another of descriptors; each rail's fabric endpoint
+/// holds at most `fabric.max_connections`, so peers on the network cannot starve the
 /// tenants either; each metrics listener adds its connection cap.
 fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
     let limit =
@@ -106,14 +119,14 @@ fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
         u64::from(c.metrics.address.is_some()) + u64::from(c.metrics.unix_socket.is_some());
     let need: u64 = FD_RESERVE
         + metrics_listeners * s3dma_service::metrics::MAX_CONNECTIONS as u64
-        + u64::from(c.fabric.max_connections)
+        + c.fabric.rail_list().len() as u64 * u64::from(c.fabric.max_connections)
         + c.tenants
             .iter()
             .map(|t| 2 * u64::from(t.max_connections) + 2 * u64::from(t.max_buffers))
             .sum::<u64>();
     if need > limit {
         return Err(StartError::FdLimit(format!(
-            "the tenants' and the fabric endpoint's limits need up to {need} file descriptors (2 × max_connections + 2 × max_buffers per tenant, plus fabric.max_connections, {} per metrics listener, plus {FD_RESERVE}) but RLIMIT_NOFILE is {limit}; raise it (LimitNOFILE= in the systemd unit, ulimit -n) or lower the tenants' max_connections / max_buffers or fabric.max_connections",
+            "the tenants' and the fabric endpoint's limits need up to {need} file descriptors (2 × max_connections + 2 × max_buffers per tenant, plus fabric.max_connections per rail, {} per metrics listener, plus {FD_RESERVE}) but RLIMIT_NOFILE is {limit}; raise it (LimitNOFILE= in the systemd unit, ulimit -n) or lower the tenants' max_connections / max_buffers or fabric.max_connections",
             s3dma_service::metrics::MAX_CONNECTIONS
         )));
     }
@@ -142,20 +155,38 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let domain = Domain::open(c.fabric.backend)?;
     // Each tenant's buffers live in a protection domain of their own.
     let registry = Arc::new(Registry::new(c, domain.clone(), Arc::clone(&metrics))?);
-    let mut ep_cfg = EndpointConfig::new(c.fabric.listen, cfg.fabric_key.clone());
-    if domain.backend() == fabric::Backend::Verbs {
-        // A target session names the tenant's responder (the token's
-        // `dctn`) and gets a queue pair in that tenant's domain: it can
-        // reach that tenant's live windows and nobody else's.
-        ep_cfg.isolated_responders = tenant_responders(ep_cfg.responder, registry.tenants());
+    // One endpoint per rail, all over the same domain: a window minted in
+    // it is reachable through every rail (each rail's token names its own
+    // endpoint and key). Validation kept verbs to one rail.
+    let rails = c.fabric.rail_list();
+    let mut endpoints = Vec::with_capacity(rails.len());
+    for (i, rail) in rails.iter().enumerate() {
+        let mut ep_cfg = EndpointConfig::new(rail.listen, cfg.fabric_key.clone());
+        if domain.backend() == fabric::Backend::Verbs {
+            // A target session names the tenant's responder (the token's
+            // `dctn`) and gets a queue pair in that tenant's domain: it can
+            // reach that tenant's live windows and nobody else's.
+            ep_cfg.isolated_responders = tenant_responders(ep_cfg.responder, registry.tenants());
+        }
+        ep_cfg.advertise = rail.advertise;
+        ep_cfg.max_connections = c.fabric.max_connections as usize;
+        ep_cfg.max_connections_per_address = c.fabric.max_connections_per_address as usize;
+        ep_cfg.handshake_timeout = Duration::from_secs(c.fabric.handshake_timeout_secs);
+        ep_cfg.idle_timeout = Some(Duration::from_secs(c.fabric.idle_timeout_secs));
+        let endpoint = Endpoint::listen(&domain, ep_cfg).await.map_err(|source| {
+            if c.fabric.rails.is_empty() {
+                StartError::Fabric(source)
+            } else {
+                StartError::Rail { index: i, source }
+            }
+        })?;
+        if i > 0 {
+            tracing::info!(rail = i, fabric = ?endpoint.addr(), "fabric rail serving");
+        }
+        endpoints.push(Arc::new(endpoint));
     }
-    ep_cfg.advertise = c.fabric.advertise;
-    ep_cfg.max_connections = c.fabric.max_connections as usize;
-    ep_cfg.max_connections_per_address = c.fabric.max_connections_per_address as usize;
-    ep_cfg.handshake_timeout = Duration::from_secs(c.fabric.handshake_timeout_secs);
-    ep_cfg.idle_timeout = Some(Duration::from_secs(c.fabric.idle_timeout_secs));
-    let endpoint = Arc::new(Endpoint::listen(&domain, ep_cfg).await?);
-    let fabric_addr = format!("{:?}", endpoint.addr());
+    let endpoints: Arc<[Arc<Endpoint>]> = endpoints.into();
+    let fabric_addr = format!("{:?}", endpoints[0].addr());
 
     let settings = LinkSettings::from_config(
         &c.agent,
@@ -224,7 +255,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let service = TenantService::new(
         Arc::clone(&registry),
         agent,
-        Arc::clone(&endpoint),
+        Arc::clone(&endpoints),
         Arc::clone(&metrics),
         Duration::from_secs(c.agent.request_timeout_secs),
     );
@@ -282,7 +313,7 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         server,
         accept,
         background,
-        endpoint,
+        endpoints,
     })
 }
 

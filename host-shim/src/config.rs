@@ -121,12 +121,25 @@ pub struct FabricConfig {
     /// `tcp` (default) or `verbs`.
     #[serde(default = "default_backend")]
     pub backend: Backend,
-    /// Where the endpoint serving tenant memory listens; the agent and the
-    /// storage targets connect here to place and take bytes. Port 0 picks one.
-    pub listen: SocketAddr,
-    /// Address written into tokens when `listen` is 0.0.0.0 or ::.
-    #[serde(default)]
+    /// Where the endpoint serving tenant memory listens (one rail); the
+    /// agent and the storage targets connect here to place and take bytes.
+    /// Port 0 picks one. Exactly one of `listen` and `rails`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Address written into tokens when `listen` is 0.0.0.0 or :: (with
+    /// `rails`, each rail has its own `advertise`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertise: Option<IpAddr>,
+    /// The fabric rails (NIC ports, each its own IP address) tenant memory
+    /// is served on, instead of `listen`: one endpoint per rail, every GET
+    /// and PUT slice minted as one window per rail, so that the agent
+    /// spreads a transfer's chunks and parts over the rails and redoes the
+    /// work of a rail that failed on another. Each rail's `listen` must be
+    /// an address of this host (checked at start). 1 to 8 rails, tcp
+    /// backend only in this release (verbs serves one rail: `listen`).
+    /// Default: none (`listen` is the one rail).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<fabric::rail::RailConfig>,
     /// Pre-shared fabric key file (hex), the same as the agent's and targets'.
     pub fabric_key_file: PathBuf,
     /// Most connections the fabric endpoint holds at once (authenticated or
@@ -241,8 +254,9 @@ impl FabricConfig {
     pub fn new(listen: SocketAddr, fabric_key_file: PathBuf) -> FabricConfig {
         FabricConfig {
             backend: default_backend(),
-            listen,
+            listen: Some(listen),
             advertise: None,
+            rails: Vec::new(),
             fabric_key_file,
             max_connections: default_fabric_max_connections(),
             max_connections_per_address: default_fabric_max_connections_per_address(),
@@ -251,6 +265,19 @@ impl FabricConfig {
             max_queue_pairs: default_fabric_max_queue_pairs(),
             path_mtu: default_fabric_path_mtu(),
             dc: DcConfig::default(),
+        }
+    }
+
+    /// The rails this configuration serves on: `rails`, or the one rail
+    /// `listen` and `advertise` describe. Empty only for a configuration
+    /// [`Config::validate`] refuses.
+    #[must_use]
+    pub fn rail_list(&self) -> Vec<fabric::rail::RailConfig> {
+        match self.listen {
+            Some(listen) if self.rails.is_empty() => {
+                vec![fabric::rail::RailConfig::new(listen, self.advertise)]
+            }
+            _ => self.rails.clone(),
         }
     }
 }
@@ -649,13 +676,45 @@ impl Config {
             600_000,
         )?;
 
-        if self.fabric.listen.ip().is_unspecified() && self.fabric.advertise.is_none() {
-            return Err(v.err(
-                "fabric.advertise",
-                "is required when fabric.listen is 0.0.0.0 or :: (the address the agent and targets reach this host on)",
-            ));
-        }
         let fab = &self.fabric;
+        match (fab.listen, fab.rails.is_empty()) {
+            (Some(listen), true) => {
+                if listen.ip().is_unspecified() && fab.advertise.is_none() {
+                    return Err(v.err(
+                        "fabric.advertise",
+                        "is required when fabric.listen is 0.0.0.0 or :: (the address the agent and targets reach this host on)",
+                    ));
+                }
+            }
+            (Some(_), false) => {
+                return Err(v.err(
+                    "fabric.rails",
+                    "and fabric.listen both name where the fabric listens; keep one (rails lists every rail, listen is the single-rail form)",
+                ));
+            }
+            (None, true) => {
+                return Err(v.err(
+                    "fabric.listen",
+                    "is required (or fabric.rails): where the fabric endpoint serving tenant memory listens",
+                ));
+            }
+            (None, false) => {
+                if fab.advertise.is_some() {
+                    return Err(v.err(
+                        "fabric.advertise",
+                        "goes with fabric.listen; with fabric.rails each rail has its own advertise",
+                    ));
+                }
+                if fab.backend == Backend::Verbs {
+                    return Err(v.err(
+                        "fabric.rails",
+                        "needs backend: tcp in this release (a verbs shim serves one rail, the first RDMA device's port 1: use fabric.listen)",
+                    ));
+                }
+                fabric::rail::validate_rails(fab.backend, &fab.rails)
+                    .map_err(|e| v.err(format!("fabric.{}", e.field()), e.problem.to_string()))?;
+            }
+        }
         v.between(
             "fabric.max_connections",
             u64::from(fab.max_connections),
@@ -900,6 +959,102 @@ tenants:
         assert_eq!(c.fabric.max_connections_per_address, 256);
         assert_eq!(c.fabric.handshake_timeout_secs, 10);
         assert_eq!(c.fabric.idle_timeout_secs, 300);
+    }
+
+    #[test]
+    fn rails_replace_listen() {
+        let two = BASE.replace(
+            "  listen: 127.0.0.1:0\n",
+            "  rails:\n    - listen: 127.0.0.1:0\n    - listen: 0.0.0.0:7001\n      advertise: 127.0.0.2\n",
+        );
+        let c = parse(Path::new("shim.yaml"), &two).unwrap();
+        let rails = c.fabric.rail_list();
+        assert_eq!(rails.len(), 2);
+        assert_eq!(rails[1].advertise, Some("127.0.0.2".parse().unwrap()));
+        // The single-rail form is rail 0 of the list.
+        let one = parse(Path::new("shim.yaml"), BASE)
+            .unwrap()
+            .fabric
+            .rail_list();
+        assert_eq!(
+            one,
+            vec![fabric::rail::RailConfig::new(
+                "127.0.0.1:0".parse().unwrap(),
+                None
+            )]
+        );
+        let rails_yaml = "  rails:\n    - listen: 127.0.0.1:0\n    - listen: 127.0.0.2:0\n";
+        let cases = [
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    &format!("  listen: 127.0.0.1:0\n{rails_yaml}"),
+                ),
+                "fabric.rails: and fabric.listen both name",
+            ),
+            (
+                BASE.replace("  listen: 127.0.0.1:0\n", ""),
+                "fabric.listen: is required (or fabric.rails)",
+            ),
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    &format!("{rails_yaml}  advertise: 127.0.0.1\n"),
+                ),
+                "fabric.advertise: goes with fabric.listen",
+            ),
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    &format!("{rails_yaml}  backend: verbs\n"),
+                ),
+                "fabric.rails: needs backend: tcp",
+            ),
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    "  rails:\n    - listen: 127.0.0.1:7000\n    - listen: 127.0.0.1:7000\n",
+                ),
+                "fabric.rails[1].listen: 127.0.0.1:7000 is also rails[0]'s",
+            ),
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    "  rails:\n    - listen: 0.0.0.0:7000\n",
+                ),
+                "fabric.rails[0].advertise: is required",
+            ),
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    "  rails:\n    - listen: 127.0.0.1:0\n      device: mlx5_0\n",
+                ),
+                "fabric.rails[0].device: applies to the verbs backend only",
+            ),
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    "  rails:\n    - listen: 127.0.0.1:0\n      bogus: 1\n",
+                ),
+                "unknown field `bogus`",
+            ),
+            (
+                BASE.replace(
+                    "  listen: 127.0.0.1:0\n",
+                    &format!(
+                        "  rails:\n{}",
+                        (1..=9)
+                            .map(|i| format!("    - listen: 127.0.0.{i}:0\n"))
+                            .collect::<String>()
+                    ),
+                ),
+                "fabric.rails: at most 8 rails",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err_of(&text);
+            assert!(e.contains(want), "{want:?} not in {e:?}");
+        }
     }
 
     #[test]

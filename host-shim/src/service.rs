@@ -63,7 +63,9 @@ const DEFAULT_BATCH_CONCURRENCY: u32 = 8;
 pub struct TenantService {
     registry: Arc<Registry>,
     agent: AgentLink,
-    endpoint: Arc<Endpoint>,
+    /// One fabric endpoint per rail (rail 0 first), all serving the same
+    /// tenant memory.
+    endpoints: Arc<[Arc<Endpoint>]>,
     metrics: Arc<Metrics>,
     max_timeout: Duration,
     /// The agent's queue pairs on this host's verbs device (hipobj-rc-v2).
@@ -116,6 +118,10 @@ impl Call {
 struct MintedWindow {
     window: Window,
     token: String,
+    /// The same slice's windows on the other rails (1, 2, ...), each with
+    /// its own key, and their tokens: revoked with `window`.
+    rails: Vec<Window>,
+    rail_tokens: Vec<String>,
     metrics: Arc<Metrics>,
     _in_use: Option<InUse>,
     _slot: WindowSlot,
@@ -127,6 +133,9 @@ struct MintedWindow {
 impl Drop for MintedWindow {
     fn drop(&mut self) {
         self.window.revoke();
+        for w in &self.rails {
+            w.revoke();
+        }
         self.metrics.windows_open.dec();
         // A call dropped while a standard token named its window (the
         // tenant went away, or the call failed): the buffer stays in use
@@ -171,6 +180,9 @@ impl MintedWindow {
     #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
     async fn close(mut self, ok: bool) {
         self.window.revoke();
+        for w in &self.rails {
+            w.revoke();
+        }
         #[cfg(feature = "verbs")]
         if let Some(rest) = self.fence(if ok {
             s3dma_wire::dc::Ending::Completed
@@ -191,18 +203,20 @@ impl MintedWindow {
 }
 
 impl TenantService {
-    /// Builds the service.
+    /// Builds the service over the fabric `endpoints`, one per rail (rail
+    /// 0 first; at least one).
     pub fn new(
         registry: Arc<Registry>,
         agent: AgentLink,
-        endpoint: Arc<Endpoint>,
+        endpoints: Arc<[Arc<Endpoint>]>,
         metrics: Arc<Metrics>,
         max_timeout: Duration,
     ) -> TenantService {
+        assert!(!endpoints.is_empty(), "the shim serves at least one rail");
         TenantService {
             registry,
             agent,
-            endpoint,
+            endpoints,
             metrics,
             max_timeout,
             #[cfg(feature = "verbs")]
@@ -298,22 +312,48 @@ impl TenantService {
         let (Ok(off), Ok(n)) = (usize::try_from(offset), usize::try_from(len)) else {
             return Err(ShimError::OutOfBounds("offset or length too large".into()));
         };
+        // One slot per slice, however many rails: the rails' windows
+        // cover the same bytes and end together.
         let slot = tenant.window_slot()?;
-        let window = buffer
-            .region
-            .window(off, n, access, Some(timeout + WINDOW_GRACE))
-            .map_err(|e| ShimError::Internal(format!("cannot mint a window: {e}")))?;
-        let token = self.endpoint.token(&window).map_err(|e| {
-            ShimError::OutOfBounds(format!(
-                "{len} bytes cannot be named by one x-amz-rdma-token ({e}); split the transfer into parts below 4 GiB"
-            ))
-        })?;
+        let mut windows: Vec<Window> = Vec::with_capacity(self.endpoints.len());
+        let mut tokens = Vec::with_capacity(self.endpoints.len());
+        for endpoint in self.endpoints.iter() {
+            let window = buffer
+                .region
+                .window(off, n, access, Some(timeout + WINDOW_GRACE))
+                .map_err(|e| ShimError::Internal(format!("cannot mint a window: {e}")))?;
+            let token = endpoint.token(&window).map_err(|e| {
+                ShimError::OutOfBounds(format!(
+                    "{len} bytes cannot be named by one x-amz-rdma-token ({e}); split the transfer into parts below 4 GiB"
+                ))
+            });
+            // A window minted but not kept is revoked here, not left to
+            // its expiry.
+            let token = match token {
+                Ok(t) => t,
+                Err(e) => {
+                    window.revoke();
+                    for w in &windows {
+                        w.revoke();
+                    }
+                    return Err(e);
+                }
+            };
+            windows.push(window);
+            tokens.push(token.to_string());
+        }
+        let rails = windows.split_off(1);
+        let window = windows.pop().expect("at least one rail");
+        let rail_tokens = tokens.split_off(1);
+        let token = tokens.pop().expect("at least one rail");
         self.metrics.windows_open.inc();
         Ok(MintedWindow {
             #[cfg(feature = "verbs")]
             _tracked: self.qp_host.as_ref().map(|h| h.track(&window)),
             window,
-            token: token.to_string(),
+            token,
+            rails,
+            rail_tokens,
             metrics: Arc::clone(&self.metrics),
             _in_use: Some(InUse::new(buffer)),
             _slot: slot,
@@ -508,7 +548,7 @@ impl api::tenant_server::Tenant for TenantService {
                 key: r.key,
                 range: r.range,
                 destination: window.token.clone(),
-                destination_rails: Vec::new(),
+                destination_rails: window.rail_tokens.clone(),
                 if_match: r.if_match,
             };
             let resp = self
@@ -603,7 +643,7 @@ impl api::tenant_server::Tenant for TenantService {
                 bucket: r.bucket,
                 key: r.key,
                 source: window.token.clone(),
-                source_rails: Vec::new(),
+                source_rails: window.rail_tokens.clone(),
                 content_type: r.content_type,
                 metadata: r.metadata,
             };
@@ -892,7 +932,7 @@ impl TenantService {
                 key: item.key,
                 range: item.range,
                 destination: w.token.clone(),
-                destination_rails: Vec::new(),
+                destination_rails: w.rail_tokens.clone(),
                 if_match: item.if_match,
             });
             windows.push(Some(w));
@@ -1038,7 +1078,7 @@ impl TenantService {
                 bucket: item.bucket,
                 key: item.key,
                 source: w.token.clone(),
-                source_rails: Vec::new(),
+                source_rails: w.rail_tokens.clone(),
                 content_type: item.content_type,
                 metadata: item.metadata,
             });

@@ -385,7 +385,7 @@ mod tests {
             assert_eq!(c.agent.endpoint, "http://127.0.0.1:7000");
             assert_eq!(c.tenants[0].uids, vec![1000]);
             assert_eq!(c.fabric.fabric_key_file, l.fabric_key_file);
-            assert!(c.fabric.listen.ip().is_loopback());
+            assert!(c.fabric.listen.is_some_and(|l| l.ip().is_loopback()));
             assert_eq!(c.metrics.address.is_some(), metrics);
         }
     }

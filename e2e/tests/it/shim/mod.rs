@@ -10,10 +10,11 @@
 //! -- shim::e2e::`.
 
 mod batch;
-mod common;
+pub(crate) mod common;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod e2e;
 mod faults;
 mod hostile;
+mod rails;
 mod ring;
