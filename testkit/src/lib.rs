@@ -15,6 +15,9 @@
 //!   error code of a failed call, SigV4 signing of raw requests;
 //! - [`self_exec`]: this test binary run again for one of its ignored
 //!   tests, as another uid;
+//! - [`netns`]: network namespaces for the rails tests (root): a host and
+//!   a storage namespace joined by a control veth and rate-limited rail
+//!   veths that can be cut and restored, services spawned inside them;
 //! - [`fabric_peer`]: a raw tcp-fabric peer (handshake with or without the
 //!   key, operation frames), on `s3dma-wire` alone, so fabric's own tests
 //!   can use it;
@@ -25,6 +28,7 @@
 pub mod fabric_peer;
 pub mod files;
 pub mod net;
+pub mod netns;
 pub mod process;
 pub mod s3;
 pub mod self_exec;

@@ -9,9 +9,12 @@
 //! - [`shim`]: the whole stack through the Rust client: end to end, faults,
 //!   hostile input, CUDA buffers (feature `cuda`);
 //! - [`cli`]: the `s3dma` command against `s3dma local`;
-//! - [`launcher`]: the launcher's `Stack` from the binaries.
+//! - [`launcher`]: the launcher's `Stack` from the binaries;
+//! - [`rails`]: the whole stack over two rate-limited fabric rails in
+//!   network namespaces (root), one cut and restored mid-transfer.
 
 mod agent;
 mod cli;
 mod launcher;
+mod rails;
 mod shim;
