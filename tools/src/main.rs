@@ -168,6 +168,17 @@ enum Cmd {
         /// are always measured.
         #[arg(long, value_delimiter = ',', value_name = "PHASES", conflicts_with_all = ["ml", "fanout", "dirs", "kv"])]
         only: Vec<options::Phase>,
+        /// Only the rails phase (root: network namespaces): storage-target
+        /// and dpu-agent in one namespace, host-shim in another, joined by
+        /// two veth rails limited to --rail-rate each way (tc); GET and PUT
+        /// of 4 objects (256 MiB, 64 MiB with --quick) over one rail and
+        /// over two, then 16 GETs and 16 PUTs with rail 1 cut halfway and
+        /// restored: MB/s and ratios, failed requests, seconds to failback.
+        #[arg(long, conflicts_with_all = ["endpoint", "ml", "fanout", "dirs", "kv", "only"])]
+        rails: bool,
+        /// Rails: each rail's limit in MB/s each way [default: 200].
+        #[arg(long, value_name = "MB_PER_SEC", requires = "rails")]
+        rail_rate: Option<u64>,
     },
     /// Start a local stack in a temporary directory and run mixed, verified
     /// load against it (GET/PUT/HEAD/LIST/DELETE from many clients), sampling
@@ -327,6 +338,8 @@ fn main() -> ExitCode {
             object_mib,
             upstream,
             only,
+            rails,
+            rail_rate,
         } => match rt.block_on(async {
             let opts = options::Options {
                 quick,
@@ -347,6 +360,8 @@ fn main() -> ExitCode {
                 object_mib,
                 upstream,
                 only,
+                rails,
+                rail_rate_mb: rail_rate,
             };
             if opts.fabric == s3dma_launcher::Backend::Tcp
                 && opts.protocol != s3dma_launcher::RdmaProtocol::S3dma

@@ -60,6 +60,12 @@ pub(crate) struct Options {
     /// Only these phases (`--only`; empty: all). The limits are always
     /// measured.
     pub only: Vec<Phase>,
+    /// Only the rails phase ([`crate::bench`]'s `rails`, root): GET and PUT
+    /// over one and two rate-limited veth rails in network namespaces, and
+    /// a rail cut and restored during transfers.
+    pub rails: bool,
+    /// Each rail's limit in MB/s each way (`--rail-rate`; default 200).
+    pub rail_rate_mb: Option<u64>,
 }
 
 /// A phase of the whole-stack bench, for `--only`.

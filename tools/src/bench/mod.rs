@@ -29,6 +29,7 @@
 
 mod batch;
 mod large;
+mod rails;
 mod small;
 
 use std::path::{Path, PathBuf};
@@ -163,6 +164,9 @@ impl Plan {
 pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     if opts.fanout {
         return crate::fanout::run(&opts).await;
+    }
+    if opts.rails {
+        return rails::run(&opts).await;
     }
     let plan = Plan::new(&opts)?;
     if opts.ml {
