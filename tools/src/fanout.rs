@@ -7,7 +7,7 @@
 //!    variables), or a throw-away one-node Ceph cluster (radosgw on a
 //!    memstore OSD) started with the repository's `tests/ceph/cluster.sh`
 //!    from Debian's packages, with a user made for the run.
-//! 2. The stack: [`Stack`] with `--gateways K` storage-targets as gateways
+//! 2. The stack: [`Stack`](s3dma_launcher::Stack) with `--gateways K` storage-targets as gateways
 //!    in front of it (each with a read cache in registered memory, sized to
 //!    hold its share of the object), one dpu-agent spreading each object's
 //!    chunks over them, one host-shim.
