@@ -316,7 +316,6 @@ pub(crate) fn reason(st: &tonic::Status) -> (tonic::Code, String) {
 /// (dpu-agent, host-shim) and a "storage" namespace (storage-target) joined
 /// by a veth pair that a test can take down, delete and bring back.
 pub(crate) mod netns {
-    use std::os::fd::AsFd as _;
     use std::process::Command;
 
     /// Runs `ip ARGS`, panicking with its output when it fails.
@@ -456,44 +455,8 @@ pub(crate) mod netns {
         }
     }
 
-    /// Moves the calling thread into namespace `ns`.
-    fn enter(ns: &str) {
-        let f = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
-        nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-    }
-
-    /// A TCP connection made from inside `ns` (a socket stays in the
-    /// namespace it was created in, whichever thread uses it).
-    pub(crate) fn connect_in(ns: &str, addr: &str) -> std::net::TcpStream {
-        let (ns, addr) = (ns.to_owned(), addr.to_owned());
-        std::thread::spawn(move || {
-            enter(&ns);
-            std::net::TcpStream::connect(addr).unwrap()
-        })
-        .join()
-        .unwrap()
-    }
-
-    /// Runs `f()`'s future on a thread inside `ns` (its own current-thread
-    /// runtime, so every socket it opens lives in `ns`).
-    pub(crate) async fn run_in<F, Fut, T>(ns: &str, f: F) -> T
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = T>,
-        T: Send + 'static,
-    {
-        let ns = ns.to_owned();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::spawn(move || {
-            enter(&ns);
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let _ = tx.send(rt.block_on(f()));
-        });
-        rx.await.expect("the namespaced task panicked")
-    }
+    /// Sockets opened from inside a namespace: the kit's.
+    pub(crate) use s3dma_testkit::netns::{connect_in, run_in};
 }
 
 /// Whether this process may create namespaces and mounts. When it may not,
