@@ -394,15 +394,15 @@ async fn a_rail_cut_mid_transfer_fails_no_request_and_comes_back() {
     let rail = s.label(1);
     let before = s.net.rail_bytes(1);
 
-    // 16 GETs and 16 PUTs at once; rail 1 is cut once it carried some of
-    // them.
+    // 16 GETs and 16 PUTs at once; rail 1 is cut once it carried an eighth
+    // of their bytes (a quarter of its share).
     let (c1, c2) = (c.clone(), c.clone());
     let get_task = tokio::spawn(async move { get_all(&c1, "cut/get", gets).await });
     let put_task = tokio::spawn(async move { put_all(&c2, "cut/put", puts).await });
     let started = Instant::now();
     loop {
         let now = s.net.rail_bytes(1);
-        if (now.rx - before.rx) + (now.tx - before.tx) >= 8 << 20 {
+        if (now.rx - before.rx) + (now.tx - before.tx) >= 64 << 20 {
             break;
         }
         assert!(
@@ -446,6 +446,9 @@ async fn a_rail_cut_mid_transfer_fails_no_request_and_comes_back() {
         "the cut hit no transfer on {rail}:\n{m}"
     );
     assert_eq!(rail_up(&m, &s.label(0)), Some(1.0));
+    // Every window the cut requests minted (one per rail per slice) is
+    // revoked.
+    assert_eq!(shim.metric("s3dma_shim_windows_open"), 0.0);
 
     // Back: a failback trial finds it working, and it carries bytes again.
     s.net.restore(1);
