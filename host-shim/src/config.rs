@@ -270,7 +270,7 @@ impl FabricConfig {
 
     /// The rails this configuration serves on: `rails`, or the one rail
     /// `listen` and `advertise` describe. Empty only for a configuration
-    /// [`Config::validate`] refuses.
+    /// that validation at load refuses.
     #[must_use]
     pub fn rail_list(&self) -> Vec<fabric::rail::RailConfig> {
         match self.listen {
