@@ -284,6 +284,26 @@ class _Releasing:
     released: bool
     _client: "Client"
 
+    def _registered(self, client: "Client", buffer_id: int, size: int, label: str) -> None:
+        """Sets what every registered buffer has: its client, id, size and label."""
+        self._client = client
+        self.id = buffer_id
+        self.size = size
+        self.label = label
+        self.released = False
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _release_registration(self) -> bool:
+        """Releases the registration in the shim (once); False when it
+        already was."""
+        if self.released:
+            return False
+        self._client._release(self.id)
+        self.released = True
+        return True
+
     def __enter__(self):
         return self
 
@@ -300,21 +320,14 @@ class Buffer(_Releasing):
     memory: a later GET into the buffer changes them."""
 
     def __init__(self, client: "Client", buffer_id: int, size: int, label: str, mm: _mmap.mmap):
-        self._client = client
-        self.id = buffer_id
-        self.size = size
-        self.label = label
+        self._registered(client, buffer_id, size, label)
         self.mmap = mm
-        self.released = False
         # The mapping's address, for finding the buffer behind a tensor's
         # storage (Client.find_buffer). The ctypes view is dropped at once:
         # a live export would keep release() from unmapping.
         view = ctypes.c_char.from_buffer(mm)
         self.address = ctypes.addressof(view)
         del view
-
-    def __len__(self) -> int:
-        return self.size
 
     def __repr__(self) -> str:
         state = " released" if self.released else ""
@@ -358,10 +371,8 @@ class Buffer(_Releasing):
     def release(self) -> None:
         """Releases the buffer in the shim (requests using it finish first)
         and unmaps it here once no view of it is left. Idempotent."""
-        if self.released:
+        if not self._release_registration():
             return
-        self._client._release(self.id)
-        self.released = True
         try:
             self.mmap.close()
         except BufferError:
@@ -381,12 +392,8 @@ class CudaBuffer(_Releasing):
     :meth:`free`; :meth:`release` ends only the registration."""
 
     def __init__(self, client: "Client", buffer_id: int, size: int, label: str, device: int, allocation=None):
-        self._client = client
-        self.id = buffer_id
-        self.size = size
-        self.label = label
+        self._registered(client, buffer_id, size, label)
         self.device = device
-        self.released = False
         self._allocation = allocation
 
     @property
@@ -400,9 +407,6 @@ class CudaBuffer(_Releasing):
             raise AttributeError("__cuda_array_interface__: this CudaBuffer owns no allocation here")
         return {"shape": (self.size,), "typestr": "|u1", "data": (self._allocation.ptr, False), "version": 3}
 
-    def __len__(self) -> int:
-        return self.size
-
     def __repr__(self) -> str:
         state = " released" if self.released else ""
         return f"<s3dma.CudaBuffer id={self.id} size={self.size} device={self.device} label={self.label!r}{state}>"
@@ -410,10 +414,7 @@ class CudaBuffer(_Releasing):
     def release(self) -> None:
         """Releases the registration (the shim unmaps the memory; the
         allocation stays, yours or this object's). Idempotent."""
-        if self.released:
-            return
-        self._client._release(self.id)
-        self.released = True
+        self._release_registration()
 
     def free(self) -> None:
         """Releases the registration and frees an allocation this buffer
@@ -426,6 +427,20 @@ class CudaBuffer(_Releasing):
             if self._allocation is not None:
                 self._allocation.free()
 
+
+
+def _items(cls: type, items: Iterable[Any]) -> List[Any]:
+    """A batch's items as ``cls`` (:class:`GetItem` or :class:`PutItem`):
+    each one is already one, a dict of its fields, or a tuple of them."""
+    out = []
+    for it in items:
+        if isinstance(it, cls):
+            out.append(it)
+        elif isinstance(it, dict):
+            out.append(cls(**it))
+        else:
+            out.append(cls(*it))
+    return out
 
 
 # -- the client -------------------------------------------------------------
@@ -486,23 +501,20 @@ class Client:
             st = os.stat(path)
         except FileNotFoundError:
             tried = f", nor at {local_socket()} (s3dma local's)" if defaulted else ""
-            raise errors.ShimUnavailable(
+            raise errors.client_error(
+                errors.ShimUnavailable,
                 f"no host-shim socket at {path}{tried} (is host-shim or `s3dma local` running? "
                 f"${SOCKET_ENV} names another socket)",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
             ) from None
         except PermissionError as e:
-            raise errors.ShimUnavailable(
+            raise errors.client_error(
+                errors.ShimUnavailable,
                 f"cannot reach the host-shim socket {path}: {e.strerror}",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
             ) from None
         if not stat.S_ISSOCK(st.st_mode):
-            raise errors.ShimUnavailable(
+            raise errors.client_error(
+                errors.ShimUnavailable,
                 f"{path} is not a socket (expected the host-shim's Unix socket)",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
             )
         try:
             policy = ShimPolicy.resolve(shim_uid)
@@ -516,20 +528,18 @@ class Client:
         try:
             self._lease = Lease(path, timeout=connect_timeout, policy=policy)
         except (ConnectionRefusedError, FileNotFoundError) as e:
-            raise errors.ShimUnavailable(
+            raise errors.client_error(
+                errors.ShimUnavailable,
                 f"the host-shim socket {path} refuses connections ({e.strerror}); is host-shim running?",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
             ) from None
         except LeaseDropped as e:
             raise errors.AccessDenied(str(e), code="ConnectionDropped", domain=errors.CLIENT_DOMAIN) from None
         except LeaseError as e:
             lease_error = e
         except OSError as e:
-            raise errors.ShimUnavailable(
+            raise errors.client_error(
+                errors.ShimUnavailable,
                 f"cannot open a lease on the host-shim socket {path}: {e}",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
             ) from None
         # A private subchannel pool: a Client created after fork must not
         # pick up the parent's inherited connection (gRPC shares subchannels
@@ -712,10 +722,9 @@ class Client:
                     str(e), code="LeaseRefused", domain=errors.CLIENT_DOMAIN
                 ) from None
             except OSError as e:
-                raise errors.ShimUnavailable(
+                raise errors.client_error(
+                    errors.ShimUnavailable,
                     f"passing a buffer to the host-shim {self.socket} failed: {e}",
-                    code="ShimUnavailable",
-                    domain=errors.CLIENT_DOMAIN,
                 ) from None
         except BaseException:
             if mm is not None:
@@ -784,13 +793,12 @@ class Client:
         except LeaseError as e:
             msg = e.shim_message or str(e)
             if "cannot use CUDA" in msg or "without the `cuda` feature" in msg:
-                raise errors.Unsupported(str(e), code="Unsupported", domain=errors.CLIENT_DOMAIN) from None
-            raise errors.LeaseRefused(str(e), code="LeaseRefused", domain=errors.CLIENT_DOMAIN) from None
+                raise errors.client_error(errors.Unsupported, str(e)) from None
+            raise errors.client_error(errors.LeaseRefused, str(e)) from None
         except OSError as e:
-            raise errors.ShimUnavailable(
+            raise errors.client_error(
+                errors.ShimUnavailable,
                 f"passing a CUDA fd to the host-shim {self.socket} failed: {e}",
-                code="ShimUnavailable",
-                domain=errors.CLIENT_DOMAIN,
             ) from None
         r = self._call(
             "RegisterBuffer",
@@ -939,14 +947,7 @@ class Client:
         :class:`GetResult` or the :class:`S3dmaError` of each item. Items are
         :class:`GetItem`, dicts of its fields, or tuples
         ``(bucket, key, buffer[, offset[, length[, range[, if_match]]]])``."""
-        norm: List[GetItem] = []
-        for it in items:
-            if isinstance(it, GetItem):
-                norm.append(it)
-            elif isinstance(it, dict):
-                norm.append(GetItem(**it))
-            else:
-                norm.append(GetItem(*it))
+        norm: List[GetItem] = _items(GetItem, items)
         req = tenant_pb2.GetObjectsRequest(concurrency=concurrency)
         for it in norm:
             pi = req.items.add(bucket=it.bucket, key=it.key, if_match=it.if_match or "")
@@ -1020,14 +1021,7 @@ class Client:
         raises when the shim refuses it: more than the tenant's
         ``max_batch_items`` items (1,024 by default) or ``max_batch_bytes``
         bytes. No items: ``[]``, without a call."""
-        norm: List[PutItem] = []
-        for it in items:
-            if isinstance(it, PutItem):
-                norm.append(it)
-            elif isinstance(it, dict):
-                norm.append(PutItem(**it))
-            else:
-                norm.append(PutItem(*it))
+        norm: List[PutItem] = _items(PutItem, items)
         if not norm:
             return []
         req = tenant_pb2.PutObjectsRequest(concurrency=concurrency)

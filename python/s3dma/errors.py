@@ -196,6 +196,18 @@ _BY_GRPC = {
 _GRPC_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def client_error(cls: type, message: str, code: str = "") -> S3dmaError:
+    """A failure the client itself found: a ``cls`` in :data:`CLIENT_DOMAIN`
+    whose ``code`` is ``code`` (default: the class' name)."""
+    return cls(message, code=code or cls.__name__, domain=CLIENT_DOMAIN)
+
+
+def with_message(e: S3dmaError, message: str) -> S3dmaError:
+    """``e`` told again: the same class, ``code``, ``grpc_code``,
+    ``request_id`` and ``domain``, with ``message``."""
+    return type(e)(message, code=e.code, grpc_code=e.grpc_code, request_id=e.request_id, domain=e.domain)
+
+
 def grpc_code_from_number(n: int) -> Optional[grpc.StatusCode]:
     return _GRPC_BY_NUMBER.get(n)
 

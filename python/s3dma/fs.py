@@ -495,11 +495,18 @@ class S3dmaFileSystem(AbstractFileSystem):
     def makedirs(self, path, exist_ok=False):
         self.mkdir(path)
 
-    def rmdir(self, path):
+    def _object_path(self, path) -> Tuple[str, str, str]:
+        """``(path, bucket, key)`` of a path below a bucket (protocol
+        stripped); a bare bucket raises :class:`PermissionError` (buckets
+        are not made or removed through the file system)."""
         path = self._strip_protocol(path)
         bucket, key = _split(path)
         if not key:
             raise PermissionError(errno.EPERM, "buckets are managed by the host's s3dma operator", _url(path))
+        return path, bucket, key
+
+    def rmdir(self, path):
+        path, bucket, key = self._object_path(path)
         if self._has_children(bucket, key):
             raise OSError(errno.ENOTEMPTY, "directory not empty", _url(path))
 
@@ -858,10 +865,7 @@ class S3dmaFileSystem(AbstractFileSystem):
     # -- deleting ----------------------------------------------------------------
 
     def rm_file(self, path):
-        path = self._strip_protocol(path)
-        bucket, key = _split(path)
-        if not key:
-            raise PermissionError(errno.EPERM, "buckets are managed by the host's s3dma operator", _url(path))
+        path, bucket, key = self._object_path(path)
         with _mapped(path):
             self.client.delete(bucket, key)
 

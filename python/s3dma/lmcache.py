@@ -774,12 +774,8 @@ class S3dmaConnector(RemoteConnector):
             # Every item failed the same way: the agent or the storage is
             # down, not a chunk missing.
             e = failures[0]
-            raise type(e)(
-                f"s3dma LMCache backend {self.options.url()}: GET of {len(res)} chunks failed: {e.message}",
-                code=e.code,
-                grpc_code=e.grpc_code,
-                request_id=e.request_id,
-                domain=e.domain,
+            raise errors.with_message(
+                e, f"s3dma LMCache backend {self.options.url()}: GET of {len(res)} chunks failed: {e.message}"
             )
         return res
 
@@ -875,11 +871,10 @@ class S3dmaConnector(RemoteConnector):
                 return
             slots = st.slots(self.full_chunk_size_bytes)
             if n > slots.slot_size:
-                raise errors.InvalidArgument(
+                raise errors.client_error(
+                    errors.InvalidArgument,
                     f"s3dma LMCache backend: chunk {okey} has {n} bytes, more than a staging slot "
                     f"({slots.slot_size}, the engine's full chunk)",
-                    code="InvalidArgument",
-                    domain=errors.CLIENT_DOMAIN,
                 )
             (slot,) = slots.take(1)
             try:
@@ -925,11 +920,10 @@ class S3dmaConnector(RemoteConnector):
                     raise self._failed(st, e) from None
             if n > slots.slot_size:
                 failures.append(
-                    errors.InvalidArgument(
+                    errors.client_error(
+                        errors.InvalidArgument,
                         f"s3dma LMCache backend: chunk {okey} has {n} bytes, more than a staging slot "
                         f"({slots.slot_size}, the engine's full chunk)",
-                        code="InvalidArgument",
-                        domain=errors.CLIENT_DOMAIN,
                     )
                 )
                 continue
@@ -955,12 +949,9 @@ class S3dmaConnector(RemoteConnector):
                     slots.give(taken)
         if failures:
             first = self._failed(st, failures[0])
-            raise type(first)(
+            raise errors.with_message(
+                first,
                 f"s3dma LMCache backend: {len(failures)} of {total} chunk PUTs failed, the first with: {first.message}",
-                code=first.code,
-                grpc_code=first.grpc_code,
-                request_id=first.request_id,
-                domain=first.domain,
             )
 
     def _put_batch(self, st: _Process, items: List[PutItem], failures: List[S3dmaError]) -> None:

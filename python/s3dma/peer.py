@@ -96,16 +96,14 @@ class ShimPolicy:
         try:
             pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
         except OSError as e:
-            raise errors.UntrustedShim(
+            raise errors.client_error(
+                errors.UntrustedShim,
                 f"cannot tell who serves the socket {path} (SO_PEERCRED: {e.strerror}); refusing to use it",
-                code="UntrustedShim",
-                domain=errors.CLIENT_DOMAIN,
             ) from None
         if self.allows(uid):
             return
         who = f"uid {uid}" + (f" (pid {pid})" if pid > 0 else "")
-        raise errors.UntrustedShim(
+        raise errors.client_error(
+            errors.UntrustedShim,
             f"the socket {path} is served by {who}, expected {self.expected()}; nothing was sent to it",
-            code="UntrustedShim",
-            domain=errors.CLIENT_DOMAIN,
         )

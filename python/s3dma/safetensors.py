@@ -362,11 +362,10 @@ def _fetch(c: Client, bucket: str, key: str, buf: Any, start: int, length: int, 
                 r.args = (r.message,)
                 raise r
             if r.etag != etag:
-                raise errors.PreconditionFailed(
+                raise errors.client_error(
+                    errors.PreconditionFailed,
                     f"s3://{bucket}/{key} changed while it was loaded (ETag {etag} when the header was read, "
                     f"{r.etag} at bytes {first}-{last}); load it again",
-                    code="PreconditionFailed",
-                    domain=errors.CLIENT_DOMAIN,
                 )
             if r.bytes_placed != it.length:
                 raise errors.InvalidRange(

@@ -688,7 +688,7 @@ class _BigFile:
                     self._open()
                 ok = self.error is None
             if ok and self.dl.run.stop.is_set():
-                raise errors.Cancelled("the transfer was interrupted", code="Cancelled", domain=errors.CLIENT_DOMAIN)
+                raise errors.client_error(errors.Cancelled, "the transfer was interrupted")
             if ok:
                 buf = self.dl.slots.acquire()
                 try:
@@ -964,7 +964,7 @@ def upload_dir(
             try:
                 n = _read_file(root, root_fd, parts, buf, seen)
                 if run.stop.is_set():
-                    raise errors.Cancelled("the transfer was interrupted", code="Cancelled", domain=errors.CLIENT_DOMAIN)
+                    raise errors.client_error(errors.Cancelled, "the transfer was interrupted")
                 c.put_object_from(bucket, prefix + rel, buf, 0, n)
             finally:
                 if own:
