@@ -57,17 +57,8 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let id = self.id;
-            rt.spawn(async move {
-                if let Err(e) = client.release_buffer(id).await {
-                    tracing::debug!(buffer = id, error = %e, "releasing a dropped buffer failed");
-                }
-            });
+        if !self.released {
+            release_dropped(&self.client, self.id, "buffer");
         }
     }
 }
@@ -115,17 +106,22 @@ impl CudaBuffer {
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
-        if self.released {
-            return;
+        if !self.released {
+            release_dropped(&self.client, self.id, "CUDA buffer");
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let id = self.id;
-            rt.spawn(async move {
-                if let Err(e) = client.release_buffer(id).await {
-                    tracing::debug!(buffer = id, error = %e, "releasing a dropped CUDA buffer failed");
-                }
-            });
-        }
+    }
+}
+
+/// Releases buffer `id` at the shim in the background, for a buffer
+/// dropped unreleased (when a tokio runtime is current); `what` names the
+/// kind of buffer in the log line of a failure.
+fn release_dropped(client: &Client, id: u64, what: &'static str) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let client = client.clone();
+        rt.spawn(async move {
+            if let Err(e) = client.release_buffer(id).await {
+                tracing::debug!(buffer = id, error = %e, "releasing a dropped {what} failed");
+            }
+        });
     }
 }
