@@ -16,5 +16,6 @@
 mod agent;
 mod cli;
 mod launcher;
+mod rail_metrics;
 mod rails;
 mod shim;

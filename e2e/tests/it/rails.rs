@@ -31,6 +31,8 @@ use s3dma_launcher::harness::{
 };
 use s3dma_testkit::netns::{self, RailNet, Side};
 
+use crate::rail_metrics::{failed_requests, rail_bytes, rail_sample, rail_up};
+
 /// Each rail's limit, each way: well below what the (debug) stack moves
 /// on 2 cores, so the rails, not the CPUs, set the pace.
 const RATE: u64 = 64 << 20;
@@ -140,40 +142,6 @@ impl RailStack {
         .await
         .unwrap_or_else(|| panic!("no object stored"))
     }
-}
-
-/// The value of `name{…rail="RAIL"…}` summed over its other labels (0 when
-/// absent).
-fn rail_sample(m: &str, name: &str, rail: &str) -> f64 {
-    let want = format!("rail=\"{rail}\"");
-    m.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&want))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn rail_bytes(m: &str, rail: &str, op: &str) -> f64 {
-    let want = format!("op=\"{op}\"");
-    m.lines()
-        .filter(|l| l.starts_with("s3dma_agent_rail_bytes_total{") && l.contains(&want))
-        .filter(|l| l.contains(&format!("rail=\"{rail}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn rail_up(m: &str, rail: &str) -> Option<f64> {
-    let want = format!("s3dma_agent_rail_up{{rail=\"{rail}\"}} ");
-    m.lines()
-        .find_map(|l| l.strip_prefix(&want))
-        .map(|v| v.trim().parse().unwrap())
-}
-
-/// The agent's requests that did not end `ok`.
-fn failed_requests(m: &str) -> f64 {
-    m.lines()
-        .filter(|l| l.starts_with("s3dma_agent_requests_total{") && !l.contains("outcome=\"ok\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// `bufs[i]` PUT to `{prefix}/{i}`, all at once; the seconds it took.

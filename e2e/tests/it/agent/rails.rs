@@ -9,6 +9,7 @@
 //! the top-level `rails` suite.)
 
 use super::common::*;
+use crate::rail_metrics::{failed_requests, rail_bytes, rail_up, sum};
 use fabric::{Access, Domain, Endpoint, EndpointConfig, Region, Window};
 use s3dma_proto::agent::v1 as pb;
 
@@ -139,37 +140,6 @@ async fn put(
         .map(tonic::Response::into_inner)
 }
 
-/// The value of the sample `name{labels}` (labels as Prometheus writes
-/// them: sorted), 0 when absent.
-fn sample(text: &str, name: &str, labels: &str) -> f64 {
-    let want = format!("{name}{{{labels}}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&want))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
-
-fn rail_bytes(m: &str, rail: &str, op: &str) -> f64 {
-    sample(
-        m,
-        "s3dma_agent_rail_bytes_total",
-        &format!("op=\"{op}\",rail=\"{rail}\""),
-    )
-}
-
-fn rail_up(m: &str, rail: &str) -> Option<f64> {
-    let want = format!("s3dma_agent_rail_up{{rail=\"{rail}\"}} ");
-    m.lines()
-        .find_map(|l| l.strip_prefix(&want))
-        .map(|v| v.trim().parse().unwrap())
-}
-
-fn failed_requests(m: &str) -> f64 {
-    m.lines()
-        .filter(|l| l.starts_with("s3dma_agent_requests_total{") && !l.contains("outcome=\"ok\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Chunks and parts small enough that a 24 MiB object spreads over both
 /// rails.
 fn spec(target: &Target) -> AgentSpec {
@@ -182,14 +152,23 @@ fn spec(target: &Target) -> AgentSpec {
 
 const LEN: usize = 24 << 20;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_rails_carry_gets_and_puts() {
+/// A storage-target with alice's bucket, on tcp (rails on loopback
+/// addresses); `None`, said why, on verbs.
+async fn rail_target() -> Option<Target> {
     if backend() != fabric::Backend::Tcp {
         eprintln!("rails on loopback addresses: tcp fabric only");
-        return;
+        return None;
     }
     let target = Target::start(true);
     target.create_bucket("alice-data").await;
+    Some(target)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rails_carry_gets_and_puts() {
+    let Some(target) = rail_target().await else {
+        return;
+    };
     let agent = Agent::start(spec(&target));
     let shim = agent.client().await;
     let mem = RailMemory::new(LEN, &["127.0.0.1", "127.0.0.2"]).await;
@@ -237,12 +216,9 @@ async fn two_rails_carry_gets_and_puts() {
 /// request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_rail_has_its_work_redone_on_the_other() {
-    if backend() != fabric::Backend::Tcp {
-        eprintln!("rails on loopback addresses: tcp fabric only");
+    let Some(target) = rail_target().await else {
         return;
-    }
-    let target = Target::start(true);
-    target.create_bucket("alice-data").await;
+    };
     // A second target entry over plain HTTP: the agent moves those bytes
     // itself (fallback), over the rails too.
     let mut s = spec(&target);
@@ -328,10 +304,10 @@ async fn a_failed_rail_has_its_work_redone_on_the_other() {
     for (i, op) in [(1, "put"), (2, "get"), (3, "get")] {
         let rail = &labels[i];
         assert_eq!(rail_up(&m, rail), Some(0.0), "{rail}:\n{m}");
-        let redone = sample(
+        let redone = sum(
             &m,
             "s3dma_agent_rail_redone_total",
-            &format!("op=\"{op}\",rail=\"{rail}\""),
+            &[&format!("op=\"{op}\""), &format!("rail=\"{rail}\"")],
         );
         assert!(redone >= 1.0, "{rail} {op}:\n{m}");
         assert_eq!(rail_bytes(&m, rail, op), 0.0, "{rail}");
@@ -373,12 +349,9 @@ async fn a_failed_rail_has_its_work_redone_on_the_other() {
 /// InvalidArgument naming the field, before anything moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rail_tokens_that_do_not_fit_are_refused() {
-    if backend() != fabric::Backend::Tcp {
-        eprintln!("rails on loopback addresses: tcp fabric only");
+    let Some(target) = rail_target().await else {
         return;
-    }
-    let target = Target::start(true);
-    target.create_bucket("alice-data").await;
+    };
     let agent = Agent::start(spec(&target));
     let shim = agent.client().await;
     let ips: Vec<String> = (1..=9).map(|i| format!("127.0.0.{i}")).collect();

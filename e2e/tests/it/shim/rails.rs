@@ -7,22 +7,12 @@
 //! mid-transfer, with network namespaces and rate limits: the top-level
 //! `rails` suite.)
 
+use crate::rail_metrics::rail_bytes;
 use crate::shim::common::*;
 use s3dma_client::{GetItem, GetOptions, PutItem, PutOptions};
 
 /// The two loopback rails, replacing `fabric.listen`.
 const TWO_RAILS: &str = "listen: null\nrails:\n  - listen: 127.0.0.1:0\n  - listen: 127.0.0.2:0\n";
-
-/// Bytes the agent moved over the rails on `ip` for `op` (summed over
-/// the rail's ports: the shim's rails listen on port 0).
-fn rail_bytes(metrics: &str, ip: &str, op: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("s3dma_agent_rail_bytes_total{"))
-        .filter(|l| l.contains(&format!("op=\"{op}\"")) && l.contains(&format!("rail=\"{ip}:")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 /// 1 MiB chunks and 5 MiB parts, so a 24 MiB object is many transfers.
 fn small_chunks(spec: &mut AgentSpec) {
@@ -72,14 +62,14 @@ async fn two_rails_carry_single_and_batched_gets_and_puts() {
     for ip in ["127.0.0.1", "127.0.0.2"] {
         for op in ["get", "put"] {
             assert!(
-                rail_bytes(&m, ip, op) > 0.0,
+                rail_bytes(&m, &format!("{ip}:"), op) > 0.0,
                 "rail {ip} carried no {op}:\n{m}"
             );
         }
     }
     let total: f64 = ["127.0.0.1", "127.0.0.2"]
         .iter()
-        .map(|ip| rail_bytes(&m, ip, "get"))
+        .map(|ip| rail_bytes(&m, &format!("{ip}:"), "get"))
         .sum();
     assert_eq!(total, LEN as f64, "every GET byte counted on one rail");
 
