@@ -49,7 +49,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem, make_instance
@@ -575,22 +575,16 @@ class S3dmaFileSystem(AbstractFileSystem):
                         return b""  # starts past the end
                     raise
                 return buf.mmap[:got]
-            out = bytearray()
-            pos = start
-            while pos < end:
-                step = min(buf.size, end - pos)
+
+            def fetch(pos: int, step: int) -> int:
                 try:
-                    got = self._get_into(client, path, buf, pos, step, etag)
+                    return self._get_into(client, path, buf, pos, step, etag)
                 except ValueError as e:
                     if isinstance(e.__cause__, errors.InvalidRange):
-                        break
+                        return 0  # past the end: stop there
                     raise
-                with memoryview(buf.mmap) as m, m[:got] as part:
-                    out += part
-                pos += got
-                if got < step:
-                    break
-            return bytes(out)
+
+            return _read_span(fetch, buf, start, end)
         finally:
             pool.release(buf)
 
@@ -886,6 +880,23 @@ class S3dmaFileSystem(AbstractFileSystem):
                 pass
 
 
+def _read_span(fetch: Callable[[int, int], int], buf: Buffer, start: int, end: int) -> bytes:
+    """Bytes ``start..end`` read through ``buf``, ``buf.size`` at a time:
+    ``fetch(pos, n)`` GETs ``n`` bytes from ``pos`` into the buffer's start
+    and returns how many came; a short read (the object's end) stops."""
+    out = bytearray()
+    pos = start
+    while pos < end:
+        step = min(buf.size, end - pos)
+        got = fetch(pos, step)
+        with memoryview(buf.mmap) as m, m[:got] as part:
+            out += part
+        pos += got
+        if got < step:
+            break
+    return bytes(out)
+
+
 def _guess_type(key: str) -> str:
     return mimetypes.guess_type(key)[0] or ""
 
@@ -966,17 +977,9 @@ class S3dmaFile(AbstractBufferedFile):
         if n <= buf.size:
             got = self.fs._get_into(client, self.path, buf, start, n, self.etag)
             return buf.mmap[:got]
-        out = bytearray()
-        pos = start
-        while pos < end:
-            step = min(buf.size, end - pos)
-            got = self.fs._get_into(client, self.path, buf, pos, step, self.etag)
-            with memoryview(buf.mmap) as m, m[:got] as part:
-                out += part
-            pos += got
-            if got < step:
-                break
-        return bytes(out)
+        return _read_span(
+            lambda pos, step: self.fs._get_into(client, self.path, buf, pos, step, self.etag), buf, start, end
+        )
 
     # -- writing --
 
