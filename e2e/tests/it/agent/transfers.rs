@@ -159,12 +159,10 @@ async fn small_objects_and_ranges_over_rdma() {
 /// window), then a GET in parallel chunks, checked by SHA-256.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_gib_multipart_put_and_chunked_get() {
-    let target = Target::start(true);
-    target.create_bucket("alice-data").await;
-    let mut spec = AgentSpec::one(&target);
-    spec.transfer = "chunk_size: 16MiB\nmax_chunks_in_flight: 8\npart_size: 64MiB\n".into();
-    let agent = Agent::start(spec);
-    let shim = agent.client().await;
+    let (target, agent, shim) = alice_stack(|spec| {
+        spec.transfer = "chunk_size: 16MiB\nmax_chunks_in_flight: 8\npart_size: 64MiB\n".into();
+    })
+    .await;
     let len = large_object_len();
     let parts = len.div_ceil(64 << 20);
     let mem = Memory::new(len).await;
@@ -217,17 +215,15 @@ async fn one_gib_multipart_put_and_chunked_get() {
 /// error (If-Match on every chunk), never returns a mix of versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overwrite_during_chunked_get_is_detected() {
-    let target = Target::start(true);
-    target.create_bucket("alice-data").await;
-    let mut spec = AgentSpec::one(&target);
-    // Small chunks, one at a time, 2 MiB/s (after a one-second burst): a
-    // 16 MiB GET takes ~7 s, far longer than the overwrite needs (a 64 KiB
-    // object: it lands in time even on the VM's emulated CPUs with other
-    // suites running beside this one).
-    spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 1\n".into();
-    spec.alice_quotas = "max_bytes_per_second: 2MiB".into();
-    let agent = Agent::start(spec);
-    let shim = agent.client().await;
+    let (target, _agent, shim) = alice_stack(|spec| {
+        // Small chunks, one at a time, 2 MiB/s (after a one-second burst): a
+        // 16 MiB GET takes ~7 s, far longer than the overwrite needs (a 64 KiB
+        // object: it lands in time even on the VM's emulated CPUs with other
+        // suites running beside this one).
+        spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 1\n".into();
+        spec.alice_quotas = "max_bytes_per_second: 2MiB".into();
+    })
+    .await;
     let len = 16usize << 20;
     let sdk = target.s3(ALICE);
     let v1 = data(len, 1);
@@ -409,14 +405,12 @@ async fn list_head_delete_and_batch() {
 /// Past the concurrency limit and the queue, requests get SlowDown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_exceeded_is_slow_down() {
-    let target = Target::start(true);
-    target.create_bucket("alice-data").await;
-    let mut spec = AgentSpec::one(&target);
-    spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 1\n".into();
-    spec.alice_quotas =
-        "max_concurrent_requests: 1\nmax_queued_requests: 1\nmax_bytes_per_second: 8MiB".into();
-    let agent = Agent::start(spec);
-    let shim = agent.client().await;
+    let (target, agent, shim) = alice_stack(|spec| {
+        spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 1\n".into();
+        spec.alice_quotas =
+            "max_concurrent_requests: 1\nmax_queued_requests: 1\nmax_bytes_per_second: 8MiB".into();
+    })
+    .await;
     let len = 16usize << 20;
     put_as(&target.s3(ALICE), "alice-data", "k", data(len, 5)).await;
     let mem = Memory::new(3 * len).await;
@@ -519,13 +513,11 @@ async fn target_killed_mid_get_is_an_error() {
 /// revoked window afterwards, and the next request works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_get_is_abandoned_safely() {
-    let target = Target::start(true);
-    target.create_bucket("alice-data").await;
-    let mut spec = AgentSpec::one(&target);
-    spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\n".into();
-    spec.alice_quotas = "max_bytes_per_second: 4MiB".into();
-    let agent = Agent::start(spec);
-    let shim = agent.client().await;
+    let (target, agent, shim) = alice_stack(|spec| {
+        spec.transfer = "chunk_size: 1MiB\nmax_chunks_in_flight: 2\n".into();
+        spec.alice_quotas = "max_bytes_per_second: 4MiB".into();
+    })
+    .await;
     let len = 32usize << 20;
     put_as(&target.s3(ALICE), "alice-data", "k", data(len, 8)).await;
     let mem = Memory::new(len).await;
