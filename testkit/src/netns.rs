@@ -460,11 +460,24 @@ pub fn connect_in(ns: &str, addr: &str) -> std::net::TcpStream {
 /// When the server does not answer.
 #[must_use]
 pub fn scrape_in(ns: &str, url: &str) -> String {
+    scrape(Some(ns), url)
+}
+
+/// `GET` of a `http://IP:PORT/metrics` URL, from inside namespace `ns`
+/// when given, else from this one: the whole response (blocking).
+///
+/// # Panics
+/// When the server does not answer.
+#[must_use]
+pub fn scrape(ns: Option<&str>, url: &str) -> String {
     use std::io::{Read as _, Write as _};
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/metrics");
-    let mut s = connect_in(ns, addr);
+    let mut s = match ns {
+        Some(ns) => connect_in(ns, addr),
+        None => std::net::TcpStream::connect(addr).unwrap(),
+    };
     write!(
         s,
         "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::shim::common::{HANG_GUARD, Shim, ShimOpts};
+use crate::shim::common::{HANG_GUARD, Shim, ShimOpts, refused_start};
 use s3dma_client::{Buffer, Client, GetOptions, PutOptions};
 use s3dma_launcher::harness::{
     self as agent, ADMIN, ALICE, Agent, AgentSpec, Target, TargetOpts, data, sha256,
@@ -144,6 +144,28 @@ impl RailStack {
     }
 }
 
+/// A spawned call on one buffer: its key, its result, the buffer back.
+type Transfer<R, E> = tokio::task::JoinHandle<(String, Result<R, E>, Buffer)>;
+
+/// Awaits each `(key, result, buffer)` task under the hang guard,
+/// checks its result with `check` (a failed call panics naming the key)
+/// and gives the buffers back in order.
+async fn joined<R, E: std::fmt::Display>(
+    tasks: Vec<Transfer<R, E>>,
+    check: impl Fn(&str, R, &Buffer),
+) -> Vec<Buffer> {
+    let mut out = Vec::new();
+    for t in tasks {
+        let (key, r, b) = tokio::time::timeout(HANG_GUARD, t)
+            .await
+            .expect("hung past the hang guard")
+            .unwrap();
+        check(&key, r.unwrap_or_else(|e| panic!("{key}: {e}")), &b);
+        out.push(b);
+    }
+    out
+}
+
 /// `bufs[i]` PUT to `{prefix}/{i}`, all at once; the seconds it took.
 /// Each buffer comes back.
 async fn put_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffer>) {
@@ -161,16 +183,10 @@ async fn put_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffe
             })
         })
         .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        let (key, r, b) = tokio::time::timeout(HANG_GUARD, t)
-            .await
-            .expect("hung past the hang guard")
-            .unwrap();
-        let put = r.unwrap_or_else(|e| panic!("PUT {key}: {e}"));
-        assert_eq!(put.size, b.len() as u64, "{key}");
-        out.push(b);
-    }
+    let out = joined(tasks, |key, put: s3dma_client::PutOutput, b| {
+        assert_eq!(put.size, b.len() as u64, "PUT {key}");
+    })
+    .await;
     (t.elapsed().as_secs_f64(), out)
 }
 
@@ -192,16 +208,10 @@ async fn get_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffe
             })
         })
         .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        let (key, r, b) = tokio::time::timeout(HANG_GUARD, t)
-            .await
-            .expect("hung past the hang guard")
-            .unwrap();
-        let got = r.unwrap_or_else(|e| panic!("GET {key}: {e}"));
-        assert_eq!(got.bytes_placed, b.len() as u64, "{key}");
-        out.push(b);
-    }
+    let out = joined(tasks, |key, got: s3dma_client::GetOutput, b| {
+        assert_eq!(got.bytes_placed, b.len() as u64, "GET {key}");
+    })
+    .await;
     (t.elapsed().as_secs_f64(), out)
 }
 
@@ -323,23 +333,7 @@ async fn two_rate_limited_rails_carry_gets_and_puts_beside_one() {
     assert!(cfg.contains(&bad), "{cfg}");
     let file = dir.path().join("shim.yaml");
     std::fs::write(&file, cfg).unwrap();
-    let mut cmd = tokio::process::Command::from(agent::wrapped(
-        &s.net.wrap(Side::Host),
-        &agent::bin_dir().join("host-shim"),
-    ));
-    let out = cmd
-        .arg("--config")
-        .arg(&file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(HANG_GUARD, out)
-        .await
-        .unwrap()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let err = refused_start(&s.net.wrap(Side::Host), &file).await;
     assert!(err.contains("fabric.rails[1].listen"), "{err}");
 }
 

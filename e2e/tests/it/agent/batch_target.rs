@@ -19,60 +19,41 @@ fn served(text: &str) -> f64 {
 /// A storage-target (bucket `alice-data`) and a gateway in front of it
 /// (`gw-data`, an 8 MiB cache of 1 MiB chunks), both `rdma` targets of
 /// one agent, and a test shim on it.
-struct TwoTargets {
-    target: Target,
-    gw: Target,
-    agent: Agent,
-    shim: Shim,
-}
-
-impl TwoTargets {
-    async fn start() -> TwoTargets {
-        let target = Target::start(true);
-        target.create_bucket("alice-data").await;
-        target.create_bucket("gw-data").await;
-        let gw = Target::start_opts(TargetOpts::gateway(
-            &target.endpoint,
-            CacheConfig {
-                size: s3dma_config::ByteSize(8 << 20),
-                chunk_size: s3dma_config::ByteSize(1 << 20),
-                ..CacheConfig::default()
-            },
-        ));
-        let mut spec = AgentSpec::new(vec![
-            TargetSpec {
-                name: "local",
-                endpoint: target.endpoint.clone(),
-                buckets: vec!["alice-data"],
-                rdma: true,
-            },
-            TargetSpec {
-                name: "gateway",
-                endpoint: gw.endpoint.clone(),
-                buckets: vec!["gw-data"],
-                rdma: true,
-            },
-        ]);
-        spec.extra_buckets = vec![("alice", "gw-data")];
-        let agent = Agent::start(spec);
-        let shim = agent.client().await;
-        TwoTargets {
-            target,
-            gw,
-            agent,
-            shim,
-        }
-    }
+async fn two_targets() -> (Target, Target, Agent, Shim) {
+    let target = Target::start(true);
+    target.create_bucket("alice-data").await;
+    target.create_bucket("gw-data").await;
+    let gw = Target::start_opts(TargetOpts::gateway(
+        &target.endpoint,
+        CacheConfig {
+            size: s3dma_config::ByteSize(8 << 20),
+            chunk_size: s3dma_config::ByteSize(1 << 20),
+            ..CacheConfig::default()
+        },
+    ));
+    let mut spec = AgentSpec::new(vec![
+        TargetSpec {
+            name: "local",
+            endpoint: target.endpoint.clone(),
+            buckets: vec!["alice-data"],
+            rdma: true,
+        },
+        TargetSpec {
+            name: "gateway",
+            endpoint: gw.endpoint.clone(),
+            buckets: vec!["gw-data"],
+            rdma: true,
+        },
+    ]);
+    spec.extra_buckets = vec![("alice", "gw-data")];
+    let agent = Agent::start(spec);
+    let shim = agent.client().await;
+    (target, gw, agent, shim)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_go_batched_to_the_target_and_single_to_a_gateway() {
-    let TwoTargets {
-        target,
-        gw,
-        agent,
-        shim,
-    } = TwoTargets::start().await;
+    let (target, gw, agent, shim) = two_targets().await;
     let mem = Memory::new(1 << 20).await;
     let payload = data(3 * 4096, 9);
     mem.fill(0, &payload);
@@ -191,12 +172,7 @@ async fn groups_go_batched_to_the_target_and_single_to_a_gateway() {
 /// go as single requests. Every destination is byte-exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_objects_go_batched_to_the_target_and_single_to_a_gateway() {
-    let TwoTargets {
-        target,
-        gw,
-        agent,
-        shim,
-    } = TwoTargets::start().await;
+    let (target, gw, agent, shim) = two_targets().await;
     let s3 = target.s3(ALICE);
     let mut etags = Vec::new();
     for (b, n) in [("alice-data", 8), ("gw-data", 2)] {

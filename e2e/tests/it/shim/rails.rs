@@ -114,19 +114,7 @@ async fn two_rails_carry_single_and_batched_gets_and_puts() {
     assert!(cfg.contains("192.0.2.1:0"), "{cfg}");
     let file = dir.path().join("shim.yaml");
     std::fs::write(&file, cfg).unwrap();
-    let out = tokio::process::Command::new(agent::bin_dir().join("host-shim"))
-        .arg("--config")
-        .arg(&file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(HANG_GUARD, out)
-        .await
-        .unwrap()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let err = refused_start(&[], &file).await;
     assert!(err.contains("fabric.rails[1].listen"), "{err}");
 }
 

@@ -117,22 +117,29 @@ impl Shim {
 
 /// `GET /metrics` at `url` (from network namespace `ns` when given).
 pub(crate) fn scrape(ns: Option<&str>, url: &str) -> String {
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics");
-    let mut s = match ns {
-        None => std::net::TcpStream::connect(addr).unwrap(),
-        Some(ns) => netns::connect_in(ns, addr),
-    };
-    use std::io::{Read as _, Write as _};
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
+    s3dma_testkit::netns::scrape(ns, url)
+}
+
+/// Runs the host-shim binary on `config` (under `wrap`, e.g. `ip netns
+/// exec NS`, when not empty) and expects it to refuse to start: its
+/// stderr.
+pub(crate) async fn refused_start(wrap: &[String], config: &Path) -> String {
+    let mut cmd =
+        tokio::process::Command::from(agent::wrapped(wrap, &agent::bin_dir().join("host-shim")));
+    let out = cmd
+        .arg("--config")
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(HANG_GUARD, out)
+        .await
+        .expect("hung past the hang guard")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{err}");
+    err
 }
 
 /// storage-target + dpu-agent (fixed port, so it can restart) + host-shim.
@@ -456,7 +463,7 @@ pub(crate) mod netns {
     }
 
     /// Sockets opened from inside a namespace: the kit's.
-    pub(crate) use s3dma_testkit::netns::{connect_in, run_in};
+    pub(crate) use s3dma_testkit::netns::run_in;
 }
 
 /// Whether this process may create namespaces and mounts. When it may not,
