@@ -315,49 +315,47 @@ impl TenantService {
         // One slot per slice, however many rails: the rails' windows
         // cover the same bytes and end together.
         let slot = tenant.window_slot()?;
-        let mut windows: Vec<Window> = Vec::with_capacity(self.endpoints.len());
-        let mut tokens = Vec::with_capacity(self.endpoints.len());
-        for endpoint in self.endpoints.iter() {
+        let (first, rest) = self
+            .endpoints
+            .split_first()
+            .expect("the shim serves at least one rail");
+        let mint_on = |endpoint: &Endpoint| -> Result<(Window, String), ShimError> {
             let window = buffer
                 .region
                 .window(off, n, access, Some(timeout + WINDOW_GRACE))
                 .map_err(|e| ShimError::Internal(format!("cannot mint a window: {e}")))?;
-            let token = endpoint.token(&window).map_err(|e| {
-                ShimError::OutOfBounds(format!(
-                    "{len} bytes cannot be named by one x-amz-rdma-token ({e}); split the transfer into parts below 4 GiB"
-                ))
-            });
-            // A window minted but not kept is revoked here, not left to
-            // its expiry.
-            let token = match token {
-                Ok(t) => t,
+            match endpoint.token(&window) {
+                Ok(token) => Ok((window, token.to_string())),
                 Err(e) => {
+                    // Not kept: revoked now, not left to its expiry.
                     window.revoke();
-                    for w in &windows {
-                        w.revoke();
-                    }
-                    return Err(e);
+                    Err(ShimError::OutOfBounds(format!(
+                        "{len} bytes cannot be named by one x-amz-rdma-token ({e}); split the transfer into parts below 4 GiB"
+                    )))
                 }
-            };
-            windows.push(window);
-            tokens.push(token.to_string());
-        }
-        let rails = windows.split_off(1);
-        let window = windows.pop().expect("at least one rail");
-        let rail_tokens = tokens.split_off(1);
-        let token = tokens.pop().expect("at least one rail");
+            }
+        };
+        let (window, token) = mint_on(first)?;
         self.metrics.windows_open.inc();
-        Ok(MintedWindow {
+        let mut minted = MintedWindow {
             #[cfg(feature = "verbs")]
             _tracked: self.qp_host.as_ref().map(|h| h.track(&window)),
             window,
             token,
-            rails,
-            rail_tokens,
+            rails: Vec::new(),
+            rail_tokens: Vec::new(),
             metrics: Arc::clone(&self.metrics),
-            _in_use: Some(InUse::new(buffer)),
+            _in_use: Some(InUse::new(Arc::clone(&buffer))),
             _slot: slot,
-        })
+        };
+        // The other rails' windows; a failure drops `minted`, which
+        // revokes every window minted so far.
+        for endpoint in rest {
+            let (window, token) = mint_on(endpoint)?;
+            minted.rails.push(window);
+            minted.rail_tokens.push(token);
+        }
+        Ok(minted)
     }
 
     /// The buffer and byte span a [`api::BufferSlice`] names. `default_len`
