@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs a command inside a small VM with a real RDMA device: Soft-RoCE
-# (rdma_rxe) on the guest's dummy0, named rxe0.
+# Runs a command inside a small VM with real RDMA devices: Soft-RoCE
+# (rdma_rxe) on the guest's dummy0, named rxe0 (10.77.0.1), and on dummy1,
+# named rxe1 (10.77.1.1).
 #
 #   bash .ci/rdma-vm.sh CMD [ARG...]
 #
@@ -195,9 +196,20 @@ if ! rdma link add rxe0 type rxe netdev dummy0; then
   echo 1 > /mnt/xfer/rc
   exit 1
 fi
+# A second device, rxe1 on dummy1 (10.77.1.1): the verbs rails tests use
+# rxe0 and rxe1 as two rails, and cut one by taking dummy1 down.
+ip link add dummy1 type dummy
+ip link set dummy1 mtu 9000
+ip addr add 10.77.1.1/24 dev dummy1
+ip link set dummy1 up
+if ! rdma link add rxe1 type rxe netdev dummy1; then
+  echo "rdma-vm: rdma link add rxe1 failed"
+  echo 1 > /mnt/xfer/rc
+  exit 1
+fi
 echo "rdma-vm: guest $(uname -r), $(nproc) vCPUs, $(awk '/MemTotal/ {print int($2/1024) " MiB"}' /proc/meminfo)"
 rdma link show
-ibv_devinfo -d rxe0 | grep -E 'hca_id|state|active_mtu|link_layer' | sed 's/^/rdma-vm: /'
+for d in rxe0 rxe1; do ibv_devinfo -d $d | grep -E 'hca_id|state|active_mtu|link_layer' | sed 's/^/rdma-vm: /'; done
 EOF
   printf 'cd %q || exit 1\n' "$ROOT"
   printf 'echo "rdma-vm: running:%s"\n' "$(printf ' %q' "$@" | sed 's/"/\\"/g')"

@@ -3,6 +3,7 @@
 
 use crate::backend::Backend;
 use crate::error::Result;
+use crate::rail::DeviceRail;
 use crate::region::Domain;
 
 impl Domain {
@@ -11,15 +12,54 @@ impl Domain {
     /// machine has no usable RDMA device, or when this build has no verbs
     /// backend (cargo feature `verbs`).
     pub fn open(backend: Backend) -> Result<Domain> {
+        Domain::open_on(backend, None)
+    }
+
+    /// Opens a domain on `backend` over one rail's device port: on verbs
+    /// `rail`'s device, port and GID (the first device's port 1 and the
+    /// backend's GID choice when `None`, as [`Domain::open`]); on tcp,
+    /// where a rail is an address and not a device, `rail` must be `None`.
+    ///
+    /// # Errors
+    /// As [`Domain::open`]; a device that is not there (or has no such
+    /// port or GID) is [`FabricError::Unavailable`](crate::FabricError::Unavailable)
+    /// naming it; a device on tcp is
+    /// [`FabricError::InvalidArgument`](crate::FabricError::InvalidArgument).
+    pub fn open_on(backend: Backend, rail: Option<&DeviceRail>) -> Result<Domain> {
         match backend {
-            Backend::Tcp => Ok(Domain::tcp()),
+            Backend::Tcp => match rail {
+                None => Ok(Domain::tcp()),
+                Some(_) => Err(crate::FabricError::InvalidArgument(
+                    "a tcp domain has no RDMA device to name".into(),
+                )),
+            },
             #[cfg(feature = "verbs")]
             Backend::Verbs => Ok(Domain::with_registrar(
                 backend,
-                Some(Box::new(crate::verbs::VerbsDomain::open_first()?)),
+                Some(Box::new(crate::verbs::VerbsDomain::open(rail)?)),
             )),
             #[cfg(not(feature = "verbs"))]
-            Backend::Verbs => Err(crate::backend::verbs_not_built()),
+            Backend::Verbs => {
+                let _ = rail;
+                Err(crate::backend::verbs_not_built())
+            }
+        }
+    }
+
+    /// The IP address this domain's queue pairs send from, where the
+    /// backend has one: on verbs the address its GID carries (RoCE), for
+    /// [`crate::rail::pick_local_rail`]; `None` on tcp, whose kernel routes
+    /// each connection.
+    #[must_use]
+    pub fn gid_address(&self) -> Option<std::net::IpAddr> {
+        match self.backend() {
+            Backend::Tcp => None,
+            #[cfg(feature = "verbs")]
+            Backend::Verbs => crate::verbs::conn::verbs_of(self)
+                .ok()
+                .and_then(crate::verbs::VerbsDomain::gid_address),
+            #[cfg(not(feature = "verbs"))]
+            Backend::Verbs => None,
         }
     }
 

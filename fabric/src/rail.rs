@@ -73,6 +73,74 @@ impl RailConfig {
     }
 }
 
+/// One local rail of a service that only dials out over verbs (the
+/// storage-target, a gateway): the RDMA device port its queue pairs use.
+/// Which one serves a peer is [`pick_local_rail`]'s choice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceRail {
+    /// The RDMA device (`mlx5_0`, `rxe1`, as `ibv_devices` and
+    /// `/sys/class/infiniband` list them).
+    pub device: String,
+    /// The device's port (1 or more; default 1).
+    #[serde(default = "default_port")]
+    pub port: u8,
+    /// The port's GID table entry the rail uses. Absent: the backend's own
+    /// choice (a routable RoCE v2 GID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<u8>,
+}
+
+impl DeviceRail {
+    /// Port 1 of `device`, the backend choosing the GID.
+    #[must_use]
+    pub fn new(device: impl Into<String>) -> DeviceRail {
+        DeviceRail {
+            device: device.into(),
+            port: default_port(),
+            gid_index: None,
+        }
+    }
+}
+
+impl RailConfig {
+    /// The device port this rail names (verbs), `None` when it names no
+    /// device (the first device's port 1: a single rail only).
+    #[must_use]
+    pub fn device_rail(&self) -> Option<DeviceRail> {
+        self.device.as_ref().map(|device| DeviceRail {
+            device: device.clone(),
+            port: self.port,
+            gid_index: self.gid_index,
+        })
+    }
+}
+
+/// The local rail that serves a peer at `peer`: the one whose own address
+/// (`locals[i]`, its device's GID as an IP address; `None` when it has
+/// none) shares the longest bit prefix with the peer's, IPv4 compared as
+/// IPv4-mapped IPv6, ties to the lower index; 0 when `locals` is empty.
+/// What an operator's routing does for one subnet per rail, with no
+/// routing table of its own: a peer rail on 10.0.2.0/24 is served by the
+/// local rail on 10.0.2.0/24.
+#[must_use]
+pub fn pick_local_rail(peer: IpAddr, locals: &[Option<IpAddr>]) -> usize {
+    let bits = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
+        IpAddr::V6(v6) => u128::from(v6),
+    };
+    let p = bits(peer);
+    let mut best = (0, None::<u32>);
+    for (i, local) in locals.iter().enumerate() {
+        let Some(l) = local else { continue };
+        let common = (p ^ bits(*l)).leading_zeros();
+        if best.1.is_none_or(|b| common > b) {
+            best = (i, Some(common));
+        }
+    }
+    best.0
+}
+
 /// What is wrong with a rail list: the field (`rails[1].device`) and the
 /// problem. [`RailError::field`] is relative to the list, so a service
 /// reports it under its own section (`fabric.rails[1].device`).
@@ -257,14 +325,70 @@ pub(crate) fn validate_rails_in(
     Ok(())
 }
 
+/// The device port a rail names, as the verbs checks see it.
+struct PortRef<'a> {
+    device: Option<&'a str>,
+    port: u8,
+    gid_index: Option<u8>,
+}
+
 fn check_verbs_rail(rails: &[RailConfig], i: usize, root: &Path) -> Result<(), RailProblem> {
+    let ports: Vec<PortRef<'_>> = rails
+        .iter()
+        .map(|r| PortRef {
+            device: r.device.as_deref(),
+            port: r.port,
+            gid_index: r.gid_index,
+        })
+        .collect();
+    check_port(&ports, i, root)
+}
+
+/// Checks a list of [`DeviceRail`]s (the `rdma.rails` of a service that
+/// dials out): 1 to [`MAX_RAILS`], every device, port and GID index on
+/// this machine, no device port twice.
+///
+/// # Errors
+/// The first [`RailError`] found, naming the rail and field.
+pub fn validate_device_rails(rails: &[DeviceRail]) -> Result<(), RailError> {
+    validate_device_rails_in(rails, Path::new(SYSFS_ROOT))
+}
+
+fn validate_device_rails_in(rails: &[DeviceRail], root: &Path) -> Result<(), RailError> {
+    let whole = |problem| RailError {
+        index: None,
+        problem,
+    };
+    if rails.is_empty() {
+        return Err(whole(RailProblem::Empty));
+    }
+    if rails.len() > MAX_RAILS {
+        return Err(whole(RailProblem::TooMany(rails.len())));
+    }
+    let ports: Vec<PortRef<'_>> = rails
+        .iter()
+        .map(|r| PortRef {
+            device: Some(r.device.as_str()),
+            port: r.port,
+            gid_index: r.gid_index,
+        })
+        .collect();
+    (0..rails.len()).try_for_each(|i| {
+        check_port(&ports, i, root).map_err(|problem| RailError {
+            index: Some(i),
+            problem,
+        })
+    })
+}
+
+fn check_port(rails: &[PortRef<'_>], i: usize, root: &Path) -> Result<(), RailProblem> {
     let r = &rails[i];
     if r.port == 0 {
         return Err(RailProblem::PortZero);
     }
     let present = devices(root);
-    let device = match &r.device {
-        Some(d) => d.clone(),
+    let device = match r.device {
+        Some(d) => d.to_owned(),
         None if rails.len() > 1 => {
             return Err(RailProblem::DeviceRequired(describe_devices(&present)));
         }
@@ -310,7 +434,7 @@ fn check_verbs_rail(rails: &[RailConfig], i: usize, root: &Path) -> Result<(), R
     }
     if let Some(first) = rails[..i]
         .iter()
-        .position(|o| o.device.as_deref() == Some(device.as_str()) && o.port == r.port)
+        .position(|o| o.device == Some(device.as_str()) && o.port == r.port)
     {
         return Err(RailProblem::DuplicatePort {
             device: shown,
@@ -568,6 +692,70 @@ mod tests {
             root,
         );
         assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e}");
+    }
+
+    #[test]
+    fn device_rails_parse_and_name_what_exists() {
+        let r: Vec<DeviceRail> =
+            serde_yaml::from_str("- device: rxe0\n- device: rxe1\n  port: 2\n  gid_index: 0\n")
+                .unwrap();
+        assert_eq!(r[0], DeviceRail::new("rxe0"));
+        assert_eq!((r[1].port, r[1].gid_index), (2, Some(0)));
+        assert!(
+            serde_yaml::from_str::<Vec<DeviceRail>>("- device: rxe0\n  listen: 1.2.3.4:5\n")
+                .is_err()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        device(root, "rxe0", &[1]);
+        device(root, "rxe1", &[1, 2]);
+        validate_device_rails_in(&r, root).unwrap();
+        let e = validate_device_rails_in(&[], root).unwrap_err();
+        assert_eq!(e.to_string(), "rails: at least one rail is required");
+        let e = validate_device_rails_in(&[r[0].clone(), DeviceRail::new("rxe9")], root)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "rails[1].device: no RDMA device `rxe9` on this machine (present: rxe0, rxe1)"
+        );
+        let e = validate_device_rails_in(&[r[0].clone(), r[0].clone()], root)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("rails[1].port: device `rxe0` port 1 is also rails[0]'s"),
+            "{e}"
+        );
+        let mut g = r[1].clone();
+        g.gid_index = Some(1);
+        let e = validate_device_rails_in(&[g], root).unwrap_err();
+        assert_eq!(e.field(), "rails[0].gid_index");
+    }
+
+    #[test]
+    fn the_local_rail_sharing_the_longest_prefix_serves_a_peer() {
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        let locals = [ip("10.77.0.1"), ip("10.77.1.1")];
+        let pick = |peer: &str| pick_local_rail(peer.parse().unwrap(), &locals);
+        assert_eq!(pick("10.77.1.1"), 1);
+        assert_eq!(pick("10.77.1.200"), 1);
+        assert_eq!(pick("10.77.0.9"), 0);
+        // Nothing shared beyond the IPv4-mapped prefix: the first rail.
+        assert_eq!(pick("192.0.2.1"), 0);
+        assert_eq!(pick("127.0.0.1"), 0);
+        assert_eq!(pick_local_rail("10.0.0.1".parse().unwrap(), &[]), 0);
+        // A rail without an address never wins over one with.
+        assert_eq!(
+            pick_local_rail("10.77.1.1".parse().unwrap(), &[None, ip("10.77.1.1")]),
+            1
+        );
+        assert_eq!(
+            pick_local_rail(
+                "fd00:1::5".parse().unwrap(),
+                &[ip("fd00:2::1"), ip("fd00:1::1")]
+            ),
+            1
+        );
     }
 
     #[test]

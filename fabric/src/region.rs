@@ -103,6 +103,15 @@ impl Domain {
         access: Access,
         key_access: Access,
     ) -> Result<Region> {
+        self.register_shared(Arc::new(mem), access, key_access)
+    }
+
+    fn register_shared(
+        &self,
+        mem: Arc<Memory>,
+        access: Access,
+        key_access: Access,
+    ) -> Result<Region> {
         let addr = mem.addr();
         let len = mem.len() as u64;
         let registration = self.hardware_registration(&mem, 0, mem.len(), key_access)?;
@@ -360,7 +369,9 @@ impl KeyEntry {
 
 pub(crate) struct RegionInner {
     pub(crate) domain: Domain,
-    pub(crate) mem: Memory,
+    /// Shared by the registrations of the same memory in other domains
+    /// ([`Region::register_in`]): unmapped with the last of them.
+    pub(crate) mem: Arc<Memory>,
     access: Access,
     pub(crate) key: Arc<KeyEntry>,
 }
@@ -471,6 +482,35 @@ impl Region {
     /// in (or is read from) the region remotely afterwards.
     pub fn deregister(&self) {
         self.inner.domain.remove_key(&self.inner.key);
+    }
+
+    /// The same memory registered in `domain` too (another rail's device,
+    /// or another protection domain), with this region's access and the
+    /// same reach for its own key (windows only, when this region is
+    /// [`Domain::register_windows_only`]'s). The memory stays mapped while
+    /// either region lives; each region's windows are its own.
+    ///
+    /// # Errors
+    /// The region was deregistered; `domain`'s backend differs; the
+    /// registration fails.
+    pub fn register_in(&self, domain: &Domain) -> Result<Region> {
+        if self.inner.key.is_revoked() {
+            return Err(FabricError::InvalidArgument(
+                "the region has been deregistered".into(),
+            ));
+        }
+        if domain.backend() != self.inner.domain.backend() {
+            return Err(FabricError::BackendMismatch(format!(
+                "a {:?} region cannot be registered in a {:?} domain",
+                self.inner.domain.backend(),
+                domain.backend()
+            )));
+        }
+        domain.register_shared(
+            Arc::clone(&self.inner.mem),
+            self.inner.access,
+            self.inner.key.access,
+        )
     }
 
     /// Mints a window over `[offset, offset+len)` of the region with `access`

@@ -36,6 +36,14 @@ pub enum StartError {
         /// Why.
         source: fabric::FabricError,
     },
+    /// A rail's RDMA device could not be opened (verbs).
+    #[error("fabric.rails[{index}].device: {source}")]
+    RailDevice {
+        /// The rail.
+        index: usize,
+        /// Why.
+        source: fabric::FabricError,
+    },
     /// The agent link settings.
     #[error(transparent)]
     Agent(#[from] crate::agent_link::LinkError),
@@ -133,13 +141,23 @@ fn check_fd_limit(c: &crate::config::Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// The responder number of each tenant's protection domain: the base
-/// responder's successors, in configuration order.
-fn tenant_responders(base: u32, tenants: &[Arc<crate::registry::Tenant>]) -> Vec<(u32, Domain)> {
+/// The responder number of each tenant's protection domain on rail
+/// `rail`: the base responder's successors, in configuration order.
+fn tenant_responders(
+    base: u32,
+    tenants: &[Arc<crate::registry::Tenant>],
+    rail: usize,
+) -> Vec<(u32, Domain)> {
     tenants
         .iter()
         .zip(1u32..)
-        .map(|(t, i)| (base + i, t.domain.clone()))
+        .map(|(t, i)| {
+            let domain = rail
+                .checked_sub(1)
+                .and_then(|r| t.rail_domains.get(r))
+                .unwrap_or(&t.domain);
+            (base + i, domain.clone())
+        })
         .collect()
 }
 
@@ -152,34 +170,61 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
     let c = &cfg.config;
     let metrics = Arc::new(Metrics::new());
 
-    let domain = Domain::open(c.fabric.backend)?;
-    // Each tenant's buffers live in a protection domain of their own.
-    let registry = Arc::new(Registry::new(c, domain.clone(), Arc::clone(&metrics))?);
-    // One endpoint per rail, all over the same domain: a window minted in
-    // it is reachable through every rail (each rail's token names its own
-    // endpoint and key). Validation kept verbs to one rail.
     let rails = c.fabric.rail_list();
+    // On tcp every rail's endpoint serves the one domain (a rail is an
+    // address). On verbs each rail is a device port with a domain of its
+    // own, and each tenant has a protection domain on every rail's device.
+    let rail_domains = match c.fabric.backend {
+        fabric::Backend::Tcp => vec![Domain::open(fabric::Backend::Tcp)?],
+        fabric::Backend::Verbs => rails
+            .iter()
+            .enumerate()
+            .map(|(i, rail)| {
+                Domain::open_on(fabric::Backend::Verbs, rail.device_rail().as_ref()).map_err(
+                    |source| {
+                        if c.fabric.rails.is_empty() {
+                            StartError::Fabric(source)
+                        } else {
+                            StartError::RailDevice { index: i, source }
+                        }
+                    },
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let domain = rail_domains[0].clone();
+    // Each tenant's buffers live in a protection domain of their own.
+    let registry = Arc::new(Registry::new(
+        c,
+        domain.clone(),
+        &rail_domains[1..],
+        Arc::clone(&metrics),
+    )?);
     let mut endpoints = Vec::with_capacity(rails.len());
     for (i, rail) in rails.iter().enumerate() {
         let mut ep_cfg = EndpointConfig::new(rail.listen, cfg.fabric_key.clone());
+        let rail_domain = rail_domains.get(i).unwrap_or(&domain);
         if domain.backend() == fabric::Backend::Verbs {
             // A target session names the tenant's responder (the token's
-            // `dctn`) and gets a queue pair in that tenant's domain: it can
-            // reach that tenant's live windows and nobody else's.
-            ep_cfg.isolated_responders = tenant_responders(ep_cfg.responder, registry.tenants());
+            // `dctn`) and gets a queue pair in that tenant's domain on
+            // this rail's device: it can reach that tenant's live windows
+            // and nobody else's.
+            ep_cfg.isolated_responders = tenant_responders(ep_cfg.responder, registry.tenants(), i);
         }
         ep_cfg.advertise = rail.advertise;
         ep_cfg.max_connections = c.fabric.max_connections as usize;
         ep_cfg.max_connections_per_address = c.fabric.max_connections_per_address as usize;
         ep_cfg.handshake_timeout = Duration::from_secs(c.fabric.handshake_timeout_secs);
         ep_cfg.idle_timeout = Some(Duration::from_secs(c.fabric.idle_timeout_secs));
-        let endpoint = Endpoint::listen(&domain, ep_cfg).await.map_err(|source| {
-            if c.fabric.rails.is_empty() {
-                StartError::Fabric(source)
-            } else {
-                StartError::Rail { index: i, source }
-            }
-        })?;
+        let endpoint = Endpoint::listen(rail_domain, ep_cfg)
+            .await
+            .map_err(|source| {
+                if c.fabric.rails.is_empty() {
+                    StartError::Fabric(source)
+                } else {
+                    StartError::Rail { index: i, source }
+                }
+            })?;
         if i > 0 {
             tracing::info!(rail = i, fabric = ?endpoint.addr(), "fabric rail serving");
         }
@@ -381,8 +426,9 @@ tenants:
   - { name: b, uids: [2] }
 "#;
         let config = crate::config::parse(std::path::Path::new("t.yaml"), text).unwrap();
-        let registry = Registry::new(&config, Domain::tcp(), Arc::new(Metrics::new())).unwrap();
-        let r = tenant_responders(1, registry.tenants());
+        let registry =
+            Registry::new(&config, Domain::tcp(), &[], Arc::new(Metrics::new())).unwrap();
+        let r = tenant_responders(1, registry.tenants(), 0);
         assert_eq!(r.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![2, 3]);
         assert!(r[0].1.same(&registry.tenants()[0].domain));
         assert!(r[1].1.same(&registry.tenants()[1].domain));

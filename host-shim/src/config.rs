@@ -135,9 +135,11 @@ pub struct FabricConfig {
     /// and PUT slice minted as one window per rail, so that the agent
     /// spreads a transfer's chunks and parts over the rails and redoes the
     /// work of a rail that failed on another. Each rail's `listen` must be
-    /// an address of this host (checked at start). 1 to 8 rails, tcp
-    /// backend only in this release (verbs serves one rail: `listen`).
-    /// Default: none (`listen` is the one rail).
+    /// an address of this host (checked at start). On verbs each rail also
+    /// names its RDMA `device` (and `port`, `gid_index`): a protection
+    /// domain per device and tenant, every buffer registered on each
+    /// rail's device; cuObject DC and hipobj-rc-v2 queue pairs use the
+    /// first rail. 1 to 8 rails. Default: none (`listen` is the one rail).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rails: Vec<fabric::rail::RailConfig>,
     /// Pre-shared fabric key file (hex), the same as the agent's and targets'.
@@ -705,12 +707,6 @@ impl Config {
                         "goes with fabric.listen; with fabric.rails each rail has its own advertise",
                     ));
                 }
-                if fab.backend == Backend::Verbs {
-                    return Err(v.err(
-                        "fabric.rails",
-                        "needs backend: tcp in this release (a verbs shim serves one rail, the first RDMA device's port 1: use fabric.listen)",
-                    ));
-                }
                 fabric::rail::validate_rails(fab.backend, &fab.rails)
                     .map_err(|e| v.err(format!("fabric.{}", e.field()), e.problem.to_string()))?;
             }
@@ -1008,7 +1004,7 @@ tenants:
                     "  listen: 127.0.0.1:0\n",
                     &format!("{rails_yaml}  backend: verbs\n"),
                 ),
-                "fabric.rails: needs backend: tcp",
+                "fabric.rails[0].device: with several verbs rails each names its RDMA device",
             ),
             (
                 BASE.replace(

@@ -73,6 +73,10 @@ pub struct Tenant {
     /// on tcp the shim's one domain, where keys are 32 random bits behind
     /// the fabric key).
     pub domain: Domain,
+    /// Its protection domains on the other rails' devices (rails 1.., on
+    /// verbs with several rails; empty otherwise): every buffer is
+    /// registered in each, so each rail's window reaches it.
+    pub rail_domains: Vec<Domain>,
     windows: AtomicUsize,
     /// Fds received in lease frames that have not completed yet.
     in_frame_fds: AtomicUsize,
@@ -135,13 +139,39 @@ struct TenantState {
     leases: HashMap<Id, Arc<Lease>>,
 }
 
+/// A tenant's memory as registered on every rail.
+#[derive(Debug)]
+struct Registered {
+    region: Region,
+    rails: Vec<Region>,
+}
+
+impl Tenant {
+    /// Registers `mem` in the tenant's domain (windows only: a peer names
+    /// live windows, never the buffer) and in its domain on every other
+    /// rail.
+    fn register(&self, mem: Memory) -> Result<Registered, fabric::FabricError> {
+        let region = self.domain.register_windows_only(mem, Access::ALL)?;
+        let rails = self
+            .rail_domains
+            .iter()
+            .map(|d| region.register_in(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Registered { region, rails })
+    }
+}
+
 /// A registered buffer.
 #[derive(Debug)]
 pub struct Buffer {
     /// The tenant-scoped id.
     pub id: u64,
-    /// The registered memory.
+    /// The registered memory (on the first rail's device).
     pub region: Region,
+    /// The same memory registered on the other rails' devices (rails 1..,
+    /// in [`Tenant::rail_domains`]; empty where every rail shares one
+    /// domain).
+    pub rail_regions: Vec<Region>,
     /// Its tenant's label.
     pub label: String,
     /// The lease it lives under.
@@ -154,6 +184,14 @@ impl Buffer {
     /// Size in bytes.
     pub fn size(&self) -> u64 {
         self.region.len() as u64
+    }
+
+    /// The registration windows on rail `rail` are minted from: the
+    /// rail's own where it has a domain of its own, else the first's.
+    pub fn region_on(&self, rail: usize) -> &Region {
+        rail.checked_sub(1)
+            .and_then(|i| self.rail_regions.get(i))
+            .unwrap_or(&self.region)
     }
 
     /// `host` or `cuda`.
@@ -205,13 +243,15 @@ pub struct Registry {
 
 impl Registry {
     /// Builds the tenants from the configuration, each with a protection
-    /// domain of its own on `domain`'s device ([`Domain::isolated`]).
+    /// domain of its own on `domain`'s device ([`Domain::isolated`]) and
+    /// on each of `rail_domains`' (the other rails' devices, verbs).
     ///
     /// # Errors
     /// The device has no protection domain left for a tenant.
     pub fn new(
         config: &Config,
         domain: Domain,
+        rail_domains: &[Domain],
         metrics: Arc<Metrics>,
     ) -> Result<Registry, fabric::FabricError> {
         let mut by_uid = HashMap::new();
@@ -222,6 +262,10 @@ impl Registry {
             .enumerate()
             .map(|(i, t)| {
                 let tenant_domain = domain.isolated()?;
+                let tenant_rails = rail_domains
+                    .iter()
+                    .map(Domain::isolated)
+                    .collect::<Result<Vec<_>, _>>()?;
                 for u in &t.uids {
                     by_uid.insert(*u, i);
                 }
@@ -240,6 +284,7 @@ impl Registry {
                     max_batch_bytes: t.max_batch_bytes.0,
                     max_windows: t.max_windows,
                     domain: tenant_domain,
+                    rail_domains: tenant_rails,
                     windows: AtomicUsize::new(0),
                     in_frame_fds: AtomicUsize::new(0),
                     state: Mutex::default(),
@@ -532,10 +577,9 @@ impl Registry {
         let len = usize::try_from(size)
             .map_err(|_| ShimError::OutOfBounds(format!("size {size} does not fit in memory")))?;
         self.reserve(tenant, size)?;
-        let registered = Memory::from_fd(pending.fd, len)
-            .and_then(|m| tenant.domain.register_windows_only(m, Access::ALL));
+        let registered = Memory::from_fd(pending.fd, len).and_then(|m| tenant.register(m));
         match registered {
-            Ok(region) => self.insert(tenant, region, lease.id, label),
+            Ok(registered) => self.insert(tenant, registered, lease.id, label),
             Err(e) => {
                 self.unreserve(tenant, size);
                 Err(ShimError::BadBuffer(format!(
@@ -589,15 +633,15 @@ impl Registry {
                 let registered = {
                     use std::os::fd::AsFd as _;
                     Memory::cuda_fd(device, pending.fd.as_fd(), len)
-                        .and_then(|m| tenant.domain.register_windows_only(m, Access::ALL))
+                        .and_then(|m| tenant.register(m))
                 };
                 #[cfg(not(feature = "cuda"))]
-                let registered: Result<Region, fabric::FabricError> = {
+                let registered: Result<Registered, fabric::FabricError> = {
                     let _ = (pending, len);
                     Err(fabric::FabricError::Cuda("no `cuda` feature".into()))
                 };
                 match registered {
-                    Ok(region) => self.insert(tenant, region, lease.id, label),
+                    Ok(registered) => self.insert(tenant, registered, lease.id, label),
                     Err(e) => {
                         self.unreserve(tenant, size);
                         Err(ShimError::BadBuffer(format!(
@@ -622,14 +666,14 @@ impl Registry {
                 self.reserve(tenant, size)?;
                 #[cfg(feature = "cuda")]
                 let registered = Memory::cuda_ipc(device, fabric::cuda::IpcMemHandle(handle), len)
-                    .and_then(|m| tenant.domain.register_windows_only(m, Access::ALL));
+                    .and_then(|m| tenant.register(m));
                 #[cfg(not(feature = "cuda"))]
-                let registered: Result<Region, fabric::FabricError> = {
+                let registered: Result<Registered, fabric::FabricError> = {
                     let _ = handle;
                     Err(fabric::FabricError::Cuda("no `cuda` feature".into()))
                 };
                 match registered {
-                    Ok(region) => self.insert(tenant, region, lease.id, label),
+                    Ok(registered) => self.insert(tenant, registered, lease.id, label),
                     Err(e) => {
                         self.unreserve(tenant, size);
                         Err(ShimError::BadBuffer(format!(
@@ -673,7 +717,7 @@ impl Registry {
     fn insert(
         &self,
         tenant: &Tenant,
-        region: Region,
+        Registered { region, rails }: Registered,
         lease: Id,
         label: &str,
     ) -> Result<Arc<Buffer>, ShimError> {
@@ -701,6 +745,7 @@ impl Registry {
         let buffer = Arc::new(Buffer {
             id,
             region,
+            rail_regions: rails,
             label,
             lease,
             in_use: AtomicU32::new(0),
@@ -869,7 +914,7 @@ tenants:
 {yaml_extra}"#
         );
         let config = crate::config::parse(std::path::Path::new("t.yaml"), &text).unwrap();
-        Registry::new(&config, Domain::tcp(), Arc::new(Metrics::new())).unwrap()
+        Registry::new(&config, Domain::tcp(), &[], Arc::new(Metrics::new())).unwrap()
     }
 
     fn memfd(len: usize) -> OwnedFd {

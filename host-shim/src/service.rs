@@ -319,9 +319,11 @@ impl TenantService {
             .endpoints
             .split_first()
             .expect("the shim serves at least one rail");
-        let mint_on = |endpoint: &Endpoint| -> Result<(Window, String), ShimError> {
+        // Each rail's window comes from the buffer's registration on that
+        // rail's device (verbs; on tcp all rails share one).
+        let mint_on = |rail: usize, endpoint: &Endpoint| -> Result<(Window, String), ShimError> {
             let window = buffer
-                .region
+                .region_on(rail)
                 .window(off, n, access, Some(timeout + WINDOW_GRACE))
                 .map_err(|e| ShimError::Internal(format!("cannot mint a window: {e}")))?;
             match endpoint.token(&window) {
@@ -335,7 +337,7 @@ impl TenantService {
                 }
             }
         };
-        let (window, token) = mint_on(first)?;
+        let (window, token) = mint_on(0, first)?;
         self.metrics.windows_open.inc();
         let mut minted = MintedWindow {
             #[cfg(feature = "verbs")]
@@ -350,8 +352,8 @@ impl TenantService {
         };
         // The other rails' windows; a failure drops `minted`, which
         // revokes every window minted so far.
-        for endpoint in rest {
-            let (window, token) = mint_on(endpoint)?;
+        for (i, endpoint) in rest.iter().enumerate() {
+            let (window, token) = mint_on(i + 1, endpoint)?;
             minted.rails.push(window);
             minted.rail_tokens.push(token);
         }

@@ -131,7 +131,12 @@ pub(crate) struct PortInfo {
 const LINK_LAYER_ETHERNET: u8 = 2;
 
 /// The port, its GID table and whether it is Ethernet.
-fn query_port(ctx: *mut ibv_context, port: u8) -> Result<(PortInfo, Vec<GidEntry>, bool)> {
+/// `gid_index`: the GID entry to use; `None` for the policy's choice.
+fn query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    gid_index: Option<u8>,
+) -> Result<(PortInfo, Vec<GidEntry>, bool)> {
     // SAFETY: all-zero is a valid ibv_port_attr to be filled in.
     let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
     // SAFETY: `ctx` is an open context and `attr` is writable.
@@ -169,9 +174,18 @@ fn query_port(ctx: *mut ibv_context, port: u8) -> Result<(PortInfo, Vec<GidEntry
             ty,
         });
     }
-    let gid = policy::select_gid(&gids, ethernet).ok_or_else(|| FabricError::Unavailable {
-        reason: format!("{dev} port {port} has no usable GID (no RoCE v2 address configured?)"),
-    })?;
+    let gid = match gid_index {
+        Some(index) => gids
+            .iter()
+            .find(|g| g.index == index)
+            .copied()
+            .ok_or_else(|| FabricError::Unavailable {
+                reason: format!("{dev} port {port} has no GID at index {index}"),
+            })?,
+        None => policy::select_gid(&gids, ethernet).ok_or_else(|| FabricError::Unavailable {
+            reason: format!("{dev} port {port} has no usable GID (no RoCE v2 address configured?)"),
+        })?,
+    };
     Ok((
         PortInfo {
             port,
@@ -196,20 +210,32 @@ impl fmt::Debug for VerbsDomain {
 }
 
 impl VerbsDomain {
-    /// Opens the first RDMA device and allocates a PD.
-    pub(crate) fn open_first() -> Result<VerbsDomain> {
+    /// Opens `rail`'s device (the first device's port 1 when `None`) and
+    /// allocates a PD on it.
+    pub(crate) fn open(rail: Option<&crate::rail::DeviceRail>) -> Result<VerbsDomain> {
         let mut n: i32 = 0;
         // SAFETY: as in `discover`.
         let list = unsafe { ibv_get_device_list(&mut n) };
         if list.is_null() {
             return Err(unavailable_from_errno(std::io::Error::last_os_error()));
         }
-        let dev = if n > 0 {
-            // SAFETY: a non-NULL list with n > 0 has a first entry.
-            unsafe { *list }
-        } else {
-            std::ptr::null_mut()
-        };
+        let mut dev = std::ptr::null_mut();
+        let mut names = Vec::new();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: a non-NULL list has `n` valid entries.
+            let d = unsafe { *list.add(i) };
+            if d.is_null() {
+                break;
+            }
+            // SAFETY: `d` is a valid device; its name is owned by the list.
+            let name = unsafe { CStr::from_ptr(ibv_get_device_name(d)) }.to_string_lossy();
+            let wanted = rail.is_none_or(|r| r.device == name);
+            names.push(name.into_owned());
+            if wanted {
+                dev = d;
+                break;
+            }
+        }
         let ctx = if dev.is_null() {
             std::ptr::null_mut()
         } else {
@@ -221,7 +247,14 @@ impl VerbsDomain {
         unsafe { ibv_free_device_list(list) };
         if dev.is_null() {
             return Err(FabricError::Unavailable {
-                reason: "no RDMA devices found".into(),
+                reason: match rail {
+                    None => "no RDMA devices found".into(),
+                    Some(r) => format!(
+                        "no RDMA device `{}` (present: {})",
+                        s3dma_config::Escaped(&r.device),
+                        s3dma_config::Escaped(&names.join(", "))
+                    ),
+                },
             });
         }
         let ctx = NonNull::new(ctx).ok_or_else(|| FabricError::Verbs {
@@ -239,7 +272,9 @@ impl VerbsDomain {
                 source: e,
             });
         };
-        let (port, gids, ethernet) = match query_port(ctx.as_ptr(), 1) {
+        let port_num = rail.map_or(1, |r| r.port);
+        let gid_index = rail.and_then(|r| r.gid_index);
+        let (port, gids, ethernet) = match query_port(ctx.as_ptr(), port_num, gid_index) {
             Ok(p) => p,
             Err(e) => {
                 // SAFETY: releasing what we allocated, once.
@@ -320,6 +355,17 @@ impl VerbsDomain {
             )
         };
         Mr::new(mr, "ibv_reg_mr")
+    }
+
+    /// The address the domain's GID carries (RoCE: the interface's IP
+    /// address, IPv4 as such), `None` for a GID that is no IP address.
+    pub(crate) fn gid_address(&self) -> Option<std::net::IpAddr> {
+        let v6 = std::net::Ipv6Addr::from(self.port.gid.gid);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => Some(v4.into()),
+            None if self.ethernet => Some(v6.into()),
+            None => None,
+        }
     }
 
     pub(crate) fn context(&self) -> *mut ibv_context {

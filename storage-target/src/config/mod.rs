@@ -452,6 +452,12 @@ impl Config {
             ));
         }
         self.rdma.validate(file)?;
+        if self.rdma.rails.len() > 1 && self.store == gateway::StoreKind::S3 {
+            return Err(invalid(
+                "rdma.rails".into(),
+                "a gateway (store: s3) serves one rail in this release: its read cache is registered on the first device only; keep one rail".into(),
+            ));
+        }
         self.multipart
             .check()
             .map_err(|e| invalid(format!("multipart.{}", e.field), e.problem))?;
@@ -692,6 +698,36 @@ mod tests {
     }
 
     const EXAMPLE: &str = include_str!("../../storage-target.example.yaml");
+
+    #[test]
+    fn rdma_rails_name_devices_that_exist_and_are_verbs_only() {
+        let base = "data_dir: /x\nusers: [{access_key_id: a, secret: s}]\n";
+        let e = invalid(&format!("{base}rdma: {{rails: [{{device: rxe0}}]}}\n"));
+        assert!(
+            e.contains("rdma.rails") && e.contains("verbs backend only"),
+            "{e}"
+        );
+        // A device this machine lacks: refused at start, naming the rail.
+        let e = invalid(&format!(
+            "{base}rdma: {{backend: verbs, rails: [{{device: no_such_dev0}}]}}\n"
+        ));
+        assert!(
+            e.contains("rdma.rails[0].device") && e.contains("no RDMA device `no_such_dev0`"),
+            "{e}"
+        );
+        let e = invalid(&format!("{base}rdma: {{backend: verbs, rails: []}}\n").replace(
+            "rails: []",
+            "rails: [{device: a}, {device: b}, {device: c}, {device: d}, {device: e}, {device: f}, {device: g}, {device: h}, {device: i}]",
+        ));
+        assert!(e.contains("at most 8 rails"), "{e}");
+        assert!(
+            Config::parse(
+                "t.yaml",
+                &format!("{base}rdma: {{rails: [{{devcie: rxe0}}]}}\n")
+            )
+            .is_err()
+        );
+    }
 
     #[test]
     fn gateway_store_rules() {

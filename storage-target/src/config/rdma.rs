@@ -34,6 +34,18 @@ pub struct RdmaConfig {
     /// target logs a warning and declines RDMA requests with 501).
     #[serde(default = "default_backend")]
     pub backend: Backend,
+    /// verbs only: the RDMA device ports (rails) this server's queue pairs
+    /// use, each with its own protection domain, staging buffers
+    /// (`staging_buffers` per rail) and sessions. A request is served from
+    /// the rail whose device's address shares the longest prefix with the
+    /// address of the endpoint its token names (one subnet per rail: a
+    /// client rail on 10.0.2.0/24 is reached from the local rail on
+    /// 10.0.2.0/24). cuObject DC, hipobj-rc-v2 and a gateway's cache use
+    /// the first rail. Each device, port and GID index must exist
+    /// (checked at start); 1 to 8. Default: none (the first device's port
+    /// 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<fabric::rail::DeviceRail>,
     /// File holding the pre-shared fabric key: hexadecimal, at least 32 hex
     /// digits (16 bytes), 64 (32 bytes) recommended; surrounding whitespace
     /// is ignored; mode 0600 or stricter. Required when `mode: enabled`
@@ -168,6 +180,7 @@ impl Default for RdmaConfig {
         RdmaConfig {
             mode: RdmaMode::Disabled,
             backend: default_backend(),
+            rails: Vec::new(),
             fabric_key_file: None,
             staging_buffers: default_staging_buffers(),
             staging_buffer_size: default_staging_buffer_size(),
@@ -224,6 +237,17 @@ impl RdmaConfig {
         }
         if self.idle_session_secs == 0 {
             return bad("idle_session_secs", "must be at least 1".into());
+        }
+        if !self.rails.is_empty() {
+            if self.backend != Backend::Verbs {
+                return bad(
+                    "rails",
+                    "applies to the verbs backend only (over tcp the kernel's routing picks each connection's interface); remove it".into(),
+                );
+            }
+            fabric::rail::validate_device_rails(&self.rails).map_err(|e| {
+                ConfigError::invalid(file, format!("rdma.{}", e.field()), e.problem.to_string())
+            })?;
         }
         self.hipobj.validate(file)?;
         self.dc.validate(file)?;

@@ -71,6 +71,7 @@ pub mod backoff;
 pub mod error;
 pub mod headers;
 pub mod path;
+mod rails;
 pub mod share;
 pub mod transfer;
 
@@ -96,9 +97,8 @@ use crate::dialect::{ClientNetworks, Decision, Declined, Dialect, Serving};
 
 #[derive(Debug)]
 struct Fabric {
-    domain: Domain,
-    pool: Arc<StagingPool>,
-    sessions: Arc<SessionPool>,
+    /// The local rails (`rdma.rails`; one without it).
+    rails: rails::Rails,
     total_ops: Arc<Semaphore>,
     put_budget: Arc<Semaphore>,
     depth: usize,
@@ -147,36 +147,66 @@ impl RdmaService {
             metrics,
             networks: ClientNetworks::default(),
         };
-        let domain = match Domain::open(backend) {
-            Ok(d) => d,
-            Err(e) => {
-                warn!(error = %e, ?backend, "RDMA fabric unavailable: declining RDMA requests (x-amz-rdma-reply: 501)");
-                return unavailable(metrics);
-            }
+        // One domain, staging pool and session pool per local rail.
+        let devices: Vec<Option<&fabric::rail::DeviceRail>> = if cfg.rails.is_empty() {
+            vec![None]
+        } else {
+            cfg.rails.iter().map(Some).collect()
         };
+        let sums = rails::RailSums::new(devices.len());
+        let mut local = Vec::with_capacity(devices.len());
+        for (i, device) in devices.iter().enumerate() {
+            let domain = match Domain::open_on(backend, *device) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(error = %e, ?backend, rail = i, "RDMA fabric unavailable: declining RDMA requests (x-amz-rdma-reply: 501)");
+                    return unavailable(metrics);
+                }
+            };
+            let observer: Arc<dyn fabric::pool::PoolObserver> = if devices.len() == 1 {
+                Arc::clone(&metrics) as _
+            } else {
+                Arc::new(rails::RailObserver {
+                    metrics: Arc::clone(&metrics),
+                    rail: i,
+                    sums: Arc::clone(&sums),
+                })
+            };
+            let size = usize::try_from(cfg.staging_buffer_size.0).unwrap_or(usize::MAX);
+            let pool = match StagingPool::new(
+                &domain,
+                cfg.staging_buffers,
+                size,
+                Arc::clone(&observer),
+            ) {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!(error = %e, rail = i, "registering the RDMA staging pool failed: declining RDMA requests (x-amz-rdma-reply: 501)");
+                    return unavailable(metrics);
+                }
+            };
+            let sessions = SessionPool::new(
+                domain.clone(),
+                key.clone(),
+                Duration::from_millis(cfg.connect_timeout_ms),
+                cfg.max_ops_per_session,
+                cfg.tcp_streams,
+                observer,
+            );
+            sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+            if let Some(d) = device {
+                info!(rail = i, device = %s3dma_service::escape::Escaped(&d.device), port = d.port, gid = ?domain.gid_address(), "RDMA rail open");
+            }
+            local.push(rails::Rail {
+                domain,
+                pool,
+                sessions,
+            });
+        }
+        let rails = rails::Rails::new(local);
         let size = usize::try_from(cfg.staging_buffer_size.0).unwrap_or(usize::MAX);
-        let pool = match StagingPool::new(
-            &domain,
-            cfg.staging_buffers,
-            size,
-            Arc::clone(&metrics) as _,
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(error = %e, "registering the RDMA staging pool failed: declining RDMA requests (x-amz-rdma-reply: 501)");
-                return unavailable(metrics);
-            }
-        };
-        let dc_sessions = crate::dialect::cuobject_dc::sessions(cfg, &domain, &key, &metrics);
-        let sessions = SessionPool::new(
-            domain.clone(),
-            key,
-            Duration::from_millis(cfg.connect_timeout_ms),
-            cfg.max_ops_per_session,
-            cfg.tcp_streams,
-            Arc::clone(&metrics) as _,
-        );
-        sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+        let dc_sessions =
+            crate::dialect::cuobject_dc::sessions(cfg, &rails.first().domain, &key, &metrics);
         if let Some(dc) = &dc_sessions {
             dc.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
         }
@@ -191,7 +221,8 @@ impl RdmaService {
             .clamp(1, 16);
         info!(
             ?backend,
-            staging_buffers = cfg.staging_buffers,
+            rails = devices.len(),
+            staging_buffers_per_rail = cfg.staging_buffers,
             staging_buffer_size = size,
             staging_buffers_per_client = cap,
             staging_buffers_shared_class = shared_cap,
@@ -200,9 +231,7 @@ impl RdmaService {
         );
         RdmaService {
             fabric: Some(Fabric {
-                domain,
-                pool,
-                sessions,
+                rails,
                 total_ops: Arc::new(Semaphore::new(cfg.max_ops_total)),
                 put_budget: Arc::new(Semaphore::new(cfg.staging_buffers)),
                 depth,
@@ -278,7 +307,7 @@ impl RdmaService {
     pub fn verbs_domain(&self) -> Option<&Domain> {
         self.fabric
             .as_ref()
-            .map(|f| &f.domain)
+            .map(|f| &f.rails.first().domain)
             .filter(|d| d.backend() == fabric::Backend::Verbs)
     }
 
@@ -312,7 +341,13 @@ impl RdmaService {
         let Some(f) = &self.fabric else {
             return Ok(None);
         };
-        StagingPool::new(&f.domain, count, size, fabric::pool::NoopObserver::shared()).map(Some)
+        StagingPool::new(
+            &f.rails.first().domain,
+            count,
+            size,
+            fabric::pool::NoopObserver::shared(),
+        )
+        .map(Some)
     }
 
     /// What a transfer to or from `token`'s memory needs, for S3 user
@@ -329,8 +364,16 @@ impl RdmaService {
     ) -> Result<transfer::Ctx, RdmaError> {
         let f = self.fabric()?;
         let endpoint = token.endpoint()?;
+        // The local rail facing the client's endpoint (its own device's
+        // queue pairs and staging buffers).
+        // cuObject DC's sessions live on the first rail.
+        let rail = if dialect.first_rail_only() {
+            f.rails.first()
+        } else {
+            f.rails.serving(endpoint.addr.ip())
+        };
         let pool = dialect
-            .sessions(&f.sessions, f.dc_sessions.as_ref())
+            .sessions(&rail.sessions, f.dc_sessions.as_ref())
             .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?;
         // One connect of a (user, endpoint) at a time, and none while the
         // pair backs off after a refusal: the requests queued behind a
@@ -369,7 +412,7 @@ impl RdmaService {
         };
         drop(turn);
         Ok(transfer::Ctx {
-            pool: Arc::clone(&f.pool),
+            pool: Arc::clone(&rail.pool),
             session,
             total_ops: Arc::clone(&f.total_ops),
             put_budget: Arc::clone(&f.put_budget),
