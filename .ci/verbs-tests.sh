@@ -34,6 +34,8 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   #   - s3dma-e2e `agent::`: transfers and the HTTP fallback (third-party
   #     servers, Ceph's radosgw and moto, are reached over HTTP only: their
   #     fallback tests run on the host, not under the VM's emulated CPUs);
+  #   - s3dma-e2e `verbs_rails::`: two rails on rxe0 and rxe1, rxe1 cut and
+  #     restored mid-transfer;
   #   - s3dma-e2e `shim::e2e::`, `shim::batch::`: the whole stack through the
   #     Rust client, single and batched; `cli::remote::`: `s3dma local
   #     --target --protocol hipobj-rc-v2 --fabric verbs` against another
@@ -47,7 +49,7 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
         f["fabric|it"] = "conformance::verbs::"
         f["storage-target|it"] = "rdma:: hipobj:: dc:: batch::"
         # Runs of one binary are separated by ";".
-        f["e2e|it"] = "agent::transfers:: agent::fallback:: agent::batch_target:: --skip ceph --skip third_party;shim::e2e:: shim::batch:: cli::remote::"
+        f["e2e|it"] = "agent::transfers:: agent::fallback:: agent::batch_target:: verbs_rails:: --skip ceph --skip third_party;shim::e2e:: shim::batch:: cli::remote::"
         f["tools|it"] = "probe::probe_reports_a_storage_targets_dialects"
       }
       ($1 "|" $2) in f {

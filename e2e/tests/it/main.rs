@@ -11,7 +11,8 @@
 //! - [`cli`]: the `s3dma` command against `s3dma local`;
 //! - [`launcher`]: the launcher's `Stack` from the binaries;
 //! - [`rails`]: the whole stack over two rate-limited fabric rails in
-//!   network namespaces (root), one cut and restored mid-transfer.
+//!   network namespaces (root), one cut and restored mid-transfer;
+//! - [`verbs_rails`]: the same on two RDMA devices (the Soft-RoCE VM).
 
 mod agent;
 mod cli;
@@ -19,3 +20,4 @@ mod launcher;
 mod rail_metrics;
 mod rails;
 mod shim;
+mod verbs_rails;
