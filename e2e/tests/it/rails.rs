@@ -168,7 +168,7 @@ async fn joined<R, E: std::fmt::Display>(
 
 /// `bufs[i]` PUT to `{prefix}/{i}`, all at once; the seconds it took.
 /// Each buffer comes back.
-async fn put_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffer>) {
+pub(crate) async fn put_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffer>) {
     let t = Instant::now();
     let tasks: Vec<_> = bufs
         .into_iter()
@@ -192,7 +192,7 @@ async fn put_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffe
 
 /// `{prefix}/{i}` GET into `bufs[i]` (first filled with 0xEE), all at once;
 /// the seconds it took. Each buffer comes back.
-async fn get_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffer>) {
+pub(crate) async fn get_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> (f64, Vec<Buffer>) {
     let t = Instant::now();
     let tasks: Vec<_> = bufs
         .into_iter()

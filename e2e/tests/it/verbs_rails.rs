@@ -27,8 +27,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::rail_metrics::{failed_requests, rail_bytes, rail_sample, rail_up};
+use crate::rails::{get_all, put_all};
 use crate::shim::common::{HANG_GUARD, Shim, ShimOpts};
-use s3dma_client::{Buffer, Client, GetOptions, PutOptions};
+use s3dma_client::{Buffer, Client};
 use s3dma_launcher::harness::{
     self as agent, ALICE, Agent, AgentSpec, Target, TargetOpts, data, sha256,
 };
@@ -113,61 +114,6 @@ async fn filled(c: &Client, n: usize, seed: u64) -> Vec<Buffer> {
     v
 }
 
-/// PUTs `bufs[i]` to `{prefix}/{i}`, all at once; each must succeed with
-/// its whole size.
-fn put_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> tokio::task::JoinHandle<Vec<Buffer>> {
-    let tasks: Vec<_> = bufs
-        .into_iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let (c, key) = (c.clone(), format!("{prefix}/{i}"));
-            tokio::spawn(async move {
-                let put = c
-                    .put_object_from("alice-data", &key, &b, 0..LEN, PutOptions::default())
-                    .await
-                    .unwrap_or_else(|e| panic!("PUT {key}: {e}"));
-                assert_eq!(put.size, LEN as u64, "PUT {key}");
-                b
-            })
-        })
-        .collect();
-    tokio::spawn(joined(tasks))
-}
-
-/// GETs `{prefix}/{i}` into `bufs[i]` (first filled with 0xEE), all at
-/// once; each must place the whole object.
-fn get_all(c: &Client, prefix: &str, bufs: Vec<Buffer>) -> tokio::task::JoinHandle<Vec<Buffer>> {
-    let tasks: Vec<_> = bufs
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut b)| {
-            b.as_mut_slice().fill(0xEE);
-            let (c, key) = (c.clone(), format!("{prefix}/{i}"));
-            tokio::spawn(async move {
-                let got = c
-                    .get_object_into("alice-data", &key, &mut b, 0, GetOptions::default())
-                    .await
-                    .unwrap_or_else(|e| panic!("GET {key}: {e}"));
-                assert_eq!(got.bytes_placed, LEN as u64, "GET {key}");
-                b
-            })
-        })
-        .collect();
-    tokio::spawn(joined(tasks))
-}
-
-async fn joined(tasks: Vec<tokio::task::JoinHandle<Buffer>>) -> Vec<Buffer> {
-    let mut out = Vec::new();
-    for t in tasks {
-        let b = tokio::time::timeout(HANG_GUARD, t)
-            .await
-            .expect("a transfer hung past the hang guard")
-            .unwrap();
-        out.push(b);
-    }
-    out
-}
-
 /// Every buffer holds `data(LEN, seed + i)`.
 fn exact(what: &str, bufs: &[Buffer], seed: u64) {
     for (i, b) in bufs.iter().enumerate() {
@@ -213,8 +159,8 @@ async fn two_devices_stripe_and_a_cut_device_fails_no_request() {
     let c = Client::connect(&shim.socket).await.unwrap();
 
     // 1. One object each way over both devices.
-    let bufs = put_all(&c, "both", filled(&c, 1, 10).await).await.unwrap();
-    let bufs = get_all(&c, "both", bufs).await.unwrap();
+    let (_, bufs) = put_all(&c, "both", filled(&c, 1, 10).await).await;
+    let (_, bufs) = get_all(&c, "both", bufs).await;
     exact("both", &bufs, 10);
     let stored = target.s3(ALICE);
     assert_eq!(
@@ -246,15 +192,14 @@ async fn two_devices_stripe_and_a_cut_device_fails_no_request() {
     // 2. Two GETs and two PUTs at once; rxe1 cut once it carried 32 MiB
     // of them.
     const N: usize = 2;
-    let gets = put_all(&c, "cut/get", filled(&c, N, 1000).await)
-        .await
-        .unwrap();
+    let (_, gets) = put_all(&c, "cut/get", filled(&c, N, 1000).await).await;
     let puts = filled(&c, N, 2000).await;
     let m = agent.metrics_text().await;
     let moved = |m: &str| rail_bytes(m, &rails[1], "get") + rail_bytes(m, &rails[1], "put");
     let before = moved(&m);
-    let get_task = get_all(&c, "cut/get", gets);
-    let put_task = put_all(&c, "cut/put", puts);
+    let (c1, c2) = (c.clone(), c.clone());
+    let get_task = tokio::spawn(async move { get_all(&c1, "cut/get", gets).await.1 });
+    let put_task = tokio::spawn(async move { put_all(&c2, "cut/put", puts).await.1 });
     let started = Instant::now();
     while moved(&agent.metrics_text().await) < before + f64::from(32u32 << 20) {
         assert!(
@@ -303,7 +248,7 @@ async fn two_devices_stripe_and_a_cut_device_fails_no_request() {
     let mut bufs = gets;
     bufs.truncate(1);
     let back = loop {
-        bufs = get_all(&c, "cut/get", bufs).await.unwrap();
+        bufs = get_all(&c, "cut/get", bufs).await.1;
         exact("cut/get after the restore", &bufs, 1000);
         let m = agent.metrics_text().await;
         if rail_up(&m, &rails[1]) == Some(1.0) && rail_bytes(&m, &rails[1], "get") > bytes0 {
