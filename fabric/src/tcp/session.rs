@@ -20,7 +20,7 @@
 //! [`OpStatus::Flushed`]. Nothing waits forever on a dead connection.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::net::TcpStream;
@@ -41,11 +41,10 @@ use s3dma_wire::frame::{
 
 /// In-order completion delivery and the session's failure state.
 struct Completer {
-    dead: AtomicBool,
-    /// A stream's writer failed (the peer reset, or stopped answering past
-    /// the dead-peer timeout): one reader reports its oldest outstanding
-    /// piece as "retry exceeded", as a failed stream's reader does.
-    write_failed: AtomicBool,
+    /// [`ALIVE`], [`FAILED_UNCLAIMED`] or [`FAILED`]: one word, so that a
+    /// writer and a reader that see the same socket error (a dead peer
+    /// fails both) cannot both decide that the other reports it.
+    state: AtomicU8,
     cancel: watch::Sender<bool>,
     order: Mutex<Order>,
 }
@@ -56,9 +55,26 @@ struct Order {
     ready: BTreeMap<u64, (OpResult, oneshot::Sender<OpResult>)>,
 }
 
+/// The session works.
+const ALIVE: u8 = 0;
+/// A stream's writer failed (the peer reset, or stopped answering past the
+/// dead-peer timeout) and no reader has reported it yet: the first reader
+/// to claim it reports its oldest outstanding piece as "retry exceeded", as
+/// a failed stream's reader does.
+const FAILED_UNCLAIMED: u8 = 1;
+/// The session failed and its failure is reported (or was asked for:
+/// [`Completer::fail`] flushes everything).
+const FAILED: u8 = 2;
+
 impl Completer {
+    fn is_dead(&self) -> bool {
+        self.state.load(Ordering::SeqCst) != ALIVE
+    }
+
     fn fail(&self) {
-        self.dead.store(true, Ordering::SeqCst);
+        let _ = self
+            .state
+            .compare_exchange(ALIVE, FAILED, Ordering::SeqCst, Ordering::SeqCst);
         let _ = self.cancel.send(true);
     }
 
@@ -66,10 +82,26 @@ impl Completer {
     /// failure a reader reports its oldest piece as "retry exceeded" (set
     /// before the cancellation that reader wakes on).
     fn fail_write(&self) {
-        if !self.dead.swap(true, Ordering::SeqCst) {
-            self.write_failed.store(true, Ordering::SeqCst);
-        }
+        let _ = self.state.compare_exchange(
+            ALIVE,
+            FAILED_UNCLAIMED,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
         let _ = self.cancel.send(true);
+    }
+
+    /// Whether the reader that calls this reports the session's failure
+    /// (its oldest piece "retry exceeded"): its own stream failed first
+    /// (`stream_failed` and the session was alive), or a writer's failure
+    /// is still unclaimed. At most one caller gets `true`.
+    fn claim_failure(&self, stream_failed: bool) -> bool {
+        let from = |s| {
+            self.state
+                .compare_exchange(s, FAILED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        };
+        (stream_failed && from(ALIVE)) || from(FAILED_UNCLAIMED)
     }
 
     fn deliver(&self, seq: u64, result: OpResult, tx: oneshot::Sender<OpResult>) {
@@ -435,8 +467,7 @@ impl TcpSession {
         }
         let (cancel, _) = watch::channel(false);
         let completer = Arc::new(Completer {
-            dead: AtomicBool::new(false),
-            write_failed: AtomicBool::new(false),
+            state: AtomicU8::new(ALIVE),
             cancel,
             order: Mutex::new(Order::default()),
         });
@@ -473,7 +504,7 @@ impl TcpSession {
     }
 
     pub(crate) fn is_alive(&self) -> bool {
-        !self.shared.completer.dead.load(Ordering::SeqCst)
+        !self.shared.completer.is_dead()
     }
 
     /// Fails the session as a lost connection would: the streams stop (no
@@ -541,7 +572,7 @@ impl TcpSession {
                 remote_addr: addr,
                 len: n,
             };
-            if sh.completer.dead.load(Ordering::SeqCst) {
+            if sh.completer.is_dead() {
                 piece.op.piece_done(Some(OpStatus::Flushed));
                 continue;
             }
@@ -664,13 +695,10 @@ async fn reader(
     }
     // Whatever ended the loop, the session can no longer be trusted: the
     // oldest outstanding piece gets "retry exceeded" if this stream failed
-    // first (or a writer did), everything else "flushed".
-    let first_failure = if cancelled {
-        completer.write_failed.swap(false, Ordering::SeqCst)
-    } else {
-        !completer.dead.swap(true, Ordering::SeqCst) && r.is_err()
-    };
-    let _ = completer.cancel.send(true);
+    // first (or a writer did), everything else "flushed"; `fail` marks the
+    // session dead and stops the other streams.
+    let first_failure = completer.claim_failure(!cancelled && r.is_err());
+    completer.fail();
     let q = {
         let mut g = pending.lock().unwrap_or_else(|e| e.into_inner());
         g.closed = true;
