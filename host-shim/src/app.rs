@@ -261,22 +261,37 @@ pub async fn start(cfg: LoadedConfig) -> Result<Running, StartError> {
         } else if domain.backend() != fabric::Backend::Verbs {
             Err(crate::qp_link::NoDcTarget::Tcp)
         } else {
-            // One DC target per tenant, in the tenant's domain: a DC
-            // peer reaches one tenant's windows at most (the well-known
-            // DC key keeps no one out).
-            registry
-                .tenants()
-                .iter()
-                .map(|t| {
-                    crate::qp_link::DcHost::create(&t.domain, &c.fabric.dc)
-                        .map(|d| (t.domain.clone(), d))
-                })
-                .collect::<Result<Vec<_>, _>>()
+            // One DC target per tenant and rail, in the tenant's domain
+            // on that rail's device: a DC peer reaches one tenant's
+            // windows at most (the well-known DC key keeps no one out).
+            // Rail 0's device must do DC; another rail's without DC gets
+            // none (standard tokens for its windows are refused, and the
+            // agent sends those chunks over HTTP).
+            let mut targets = Vec::new();
+            let mut made = Ok(());
+            for t in registry.tenants().iter() {
+                match crate::qp_link::DcHost::create(&t.domain, &c.fabric.dc) {
+                    Ok(d) => targets.push((t.domain.clone(), d)),
+                    Err(why) => {
+                        made = Err(why);
+                        break;
+                    }
+                }
+                for (i, domain) in t.rail_domains.iter().enumerate() {
+                    match crate::qp_link::DcHost::create(domain, &c.fabric.dc) {
+                        Ok(d) => targets.push((domain.clone(), d)),
+                        Err(why) => {
+                            tracing::info!(rail = i + 1, reason = %why, "no DC target on this rail's device: its standard tokens are refused");
+                        }
+                    }
+                }
+            }
+            made.map(|()| targets)
         };
         match &dc {
             Ok(d) => tracing::info!(
                 targets = d.len(),
-                "DC targets (one per tenant) for the cuObject dialect"
+                "DC targets (one per tenant and rail) for the cuObject dialect"
             ),
             Err(why) => {
                 tracing::info!(reason = %why, "no DC target: cuObject-dialect targets are reached over HTTP through the agent");

@@ -31,6 +31,28 @@ use crate::agent_link::AgentLink;
 /// Queue pairs at most, by default.
 pub const DEFAULT_MAX_QUEUE_PAIRS: usize = 256;
 
+/// Which window a token names: its key on the endpoint (rail) it names.
+/// Each rail's device hands out its own keys, so two rails' windows may
+/// share an rkey; the endpoint (GID, port, responder) tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct WindowKey {
+    gid: [u8; 16],
+    port: u16,
+    responder: u32,
+    rkey: u32,
+}
+
+impl WindowKey {
+    fn of(token: &RdmaToken) -> WindowKey {
+        WindowKey {
+            gid: token.gid,
+            port: token.lid,
+            responder: token.dctn,
+            rkey: token.rkey,
+        }
+    }
+}
+
 /// A live window a command may name.
 struct LiveWindow {
     addr: u64,
@@ -136,7 +158,7 @@ impl DcHost {
 /// One transfer's queue pair.
 struct Entry {
     qp: RcQp,
-    window_rkey: u32,
+    window: WindowKey,
     psn: u32,
     /// PUT: the bytes to write.
     slice: LocalSlice,
@@ -147,7 +169,7 @@ struct Entry {
 
 #[derive(Default)]
 struct Tables {
-    windows: HashMap<u32, LiveWindow>,
+    windows: HashMap<WindowKey, LiveWindow>,
     qps: HashMap<u64, Arc<Entry>>,
 }
 
@@ -176,7 +198,7 @@ impl std::fmt::Debug for QpHost {
 #[derive(Debug)]
 pub struct Tracked {
     host: Arc<QpHost>,
-    rkey: u32,
+    key: WindowKey,
     dc_exposed: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -205,11 +227,11 @@ impl Drop for Tracked {
     fn drop(&mut self) {
         let gone: Vec<Arc<Entry>> = {
             let mut t = self.host.lock();
-            t.windows.remove(&self.rkey);
+            t.windows.remove(&self.key);
             let ids: Vec<u64> = t
                 .qps
                 .iter()
-                .filter(|(_, e)| e.window_rkey == self.rkey)
+                .filter(|(_, e)| e.window == self.key)
                 .map(|(id, _)| *id)
                 .collect();
             ids.iter().filter_map(|id| t.qps.remove(id)).collect()
@@ -265,12 +287,16 @@ impl QpHost {
         self.lock().qps.len()
     }
 
-    /// Lets commands name `window` until the returned guard drops.
+    /// Lets commands name `window` by `token` (the token the shim minted
+    /// for it, on its rail's endpoint) until the returned guard drops. A
+    /// queue pair opened for it lives in the window's own protection
+    /// domain, on the window's (its rail's) device.
     #[must_use]
-    pub fn track(self: &Arc<Self>, window: &Window) -> Tracked {
+    pub fn track(self: &Arc<Self>, window: &Window, token: &RdmaToken) -> Tracked {
         let dc_exposed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let key = WindowKey::of(token);
         self.lock().windows.insert(
-            window.rkey(),
+            key,
             LiveWindow {
                 addr: window.addr(),
                 len: window.len(),
@@ -281,7 +307,7 @@ impl QpHost {
         );
         Tracked {
             host: Arc::clone(self),
-            rkey: window.rkey(),
+            key,
             dc_exposed,
         }
     }
@@ -301,7 +327,7 @@ impl QpHost {
         let len = u64::from(token.size);
         let target = {
             let t = self.lock();
-            let Some(w) = t.windows.get(&token.rkey) else {
+            let Some(w) = t.windows.get(&WindowKey::of(&token)) else {
                 return failed("the token names no live window of this shim");
             };
             let inside = token.addr >= w.addr
@@ -384,7 +410,7 @@ impl QpHost {
                     self.max_queue_pairs
                 ));
             }
-            let Some(w) = t.windows.get(&token.rkey) else {
+            let Some(w) = t.windows.get(&WindowKey::of(&token)) else {
                 return failed("the token names no live window of this shim");
             };
             let inside = token.addr >= w.addr
@@ -436,7 +462,7 @@ impl QpHost {
         let local = qp.local();
         let entry = Arc::new(Entry {
             qp,
-            window_rkey: token.rkey,
+            window: WindowKey::of(&token),
             psn: o.psn & 0x00ff_ffff,
             slice,
             receive: o.receive,
@@ -445,7 +471,7 @@ impl QpHost {
         {
             let mut t = self.lock();
             // The window may have ended meanwhile: then so does the QP.
-            if !t.windows.contains_key(&token.rkey) {
+            if !t.windows.contains_key(&WindowKey::of(&token)) {
                 return failed("the window ended");
             }
             t.qps.insert(id, entry);
@@ -524,7 +550,7 @@ impl QpHost {
 
 /// Keeps the `QueuePairs` stream to the agent open while the shim runs:
 /// reopens it (after 0.5–1 s) whenever it ends; answers each command in a
-/// task of its own.
+/// task of its own, except a close, done in order.
 pub async fn run(agent: AgentLink, host: Arc<QpHost>) {
     loop {
         let (tx, mut rx) = mpsc::channel::<pb::QpEvent>(256);
@@ -535,6 +561,14 @@ pub async fn run(agent: AgentLink, host: Arc<QpHost>) {
                     tracing::debug!("queue-pair link to the dpu-agent open");
                     let mut commands = resp.into_inner();
                     while let Ok(Some(cmd)) = commands.message().await {
+                        // A close is done here, before any later command:
+                        // a transfer redone on another rail opens its new
+                        // queue pair only after the failed one is gone (it
+                        // can no longer be written late).
+                        if matches!(cmd.command, Some(pb::qp_command::Command::Close(_))) {
+                            let _ = host.handle(cmd).await;
+                            continue;
+                        }
                         let (host, tx) = (Arc::clone(&host), tx.clone());
                         tokio::spawn(async move {
                             if let Some(ev) = host.handle(cmd).await {
@@ -567,5 +601,28 @@ mod tests {
         assert_eq!(dc_target_for(&targets, &a), Some(&"target-a"));
         assert_eq!(dc_target_for(&targets, &b.clone()), Some(&"target-b"));
         assert_eq!(dc_target_for(&targets, &stranger), None);
+    }
+
+    /// Two rails' devices may hand out the same rkey: a token names its
+    /// window by the endpoint too, so rail 1's token never reaches rail
+    /// 0's window (nor its device's protection domain).
+    #[test]
+    fn a_window_is_named_by_its_rails_endpoint_and_key() {
+        let rail0: RdmaToken =
+            "00007f0000001000:00001000:00000101:0050:000001:1:00000000000000000000ffff0a4d0001"
+                .parse()
+                .unwrap();
+        let rail1: RdmaToken =
+            "00007f0000001000:00001000:00000101:0050:000001:1:00000000000000000000ffff0a4d0101"
+                .parse()
+                .unwrap();
+        assert_eq!(rail0.rkey, rail1.rkey);
+        assert_ne!(WindowKey::of(&rail0), WindowKey::of(&rail1));
+        // A slice of a window names the same window.
+        let slice = rail1.slice(0x800, 0x100).unwrap();
+        assert_eq!(WindowKey::of(&slice), WindowKey::of(&rail1));
+        // Another port or responder on the same address is another endpoint.
+        let other_port = RdmaToken { lid: 0x51, ..rail0 };
+        assert_ne!(WindowKey::of(&other_port), WindowKey::of(&rail0));
     }
 }

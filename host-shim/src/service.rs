@@ -33,7 +33,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fabric::{Access, Endpoint, Window};
+use fabric::{Access, Endpoint, RdmaToken, Window};
 use futures::Stream;
 use s3dma_proto::agent::v1 as agent;
 use s3dma_proto::agent::v1::agent_client::AgentClient;
@@ -128,6 +128,10 @@ struct MintedWindow {
     /// The agent's queue pairs may name the window while this lives.
     #[cfg(feature = "verbs")]
     _tracked: Option<crate::qp_link::Tracked>,
+    /// The other rails' windows, nameable the same way (a hipobj-rc-v2
+    /// transfer on rail i opens its queue pair on rail i's device).
+    #[cfg(feature = "verbs")]
+    _rails_tracked: Vec<crate::qp_link::Tracked>,
 }
 
 impl Drop for MintedWindow {
@@ -160,7 +164,12 @@ impl MintedWindow {
     /// can be in flight.
     #[cfg(feature = "verbs")]
     fn fence(&self, how: s3dma_wire::dc::Ending) -> Option<Duration> {
-        let budget = self._tracked.as_ref().and_then(|t| t.dc_fence())?;
+        // Any rail's window a standard token named.
+        let budget = self
+            ._tracked
+            .iter()
+            .chain(&self._rails_tracked)
+            .find_map(crate::qp_link::Tracked::dc_fence)?;
         let mut fence = s3dma_wire::dc::Fence::live(budget);
         let now = std::time::Instant::now();
         fence.end(how, now);
@@ -196,6 +205,7 @@ impl MintedWindow {
         #[cfg(feature = "verbs")]
         {
             self._tracked = None;
+            self._rails_tracked.clear();
         }
         let _ = ok;
         drop(self);
@@ -321,13 +331,15 @@ impl TenantService {
             .expect("the shim serves at least one rail");
         // Each rail's window comes from the buffer's registration on that
         // rail's device (verbs; on tcp all rails share one).
-        let mint_on = |rail: usize, endpoint: &Endpoint| -> Result<(Window, String), ShimError> {
+        let mint_on = |rail: usize,
+                       endpoint: &Endpoint|
+         -> Result<(Window, RdmaToken), ShimError> {
             let window = buffer
                 .region_on(rail)
                 .window(off, n, access, Some(timeout + WINDOW_GRACE))
                 .map_err(|e| ShimError::Internal(format!("cannot mint a window: {e}")))?;
             match endpoint.token(&window) {
-                Ok(token) => Ok((window, token.to_string())),
+                Ok(token) => Ok((window, token)),
                 Err(e) => {
                     // Not kept: revoked now, not left to its expiry.
                     window.revoke();
@@ -341,9 +353,11 @@ impl TenantService {
         self.metrics.windows_open.inc();
         let mut minted = MintedWindow {
             #[cfg(feature = "verbs")]
-            _tracked: self.qp_host.as_ref().map(|h| h.track(&window)),
+            _tracked: self.qp_host.as_ref().map(|h| h.track(&window, &token)),
+            #[cfg(feature = "verbs")]
+            _rails_tracked: Vec::new(),
             window,
-            token,
+            token: token.to_string(),
             rails: Vec::new(),
             rail_tokens: Vec::new(),
             metrics: Arc::clone(&self.metrics),
@@ -354,8 +368,12 @@ impl TenantService {
         // revokes every window minted so far.
         for (i, endpoint) in rest.iter().enumerate() {
             let (window, token) = mint_on(i + 1, endpoint)?;
+            #[cfg(feature = "verbs")]
+            if let Some(h) = &self.qp_host {
+                minted._rails_tracked.push(h.track(&window, &token));
+            }
             minted.rails.push(window);
-            minted.rail_tokens.push(token);
+            minted.rail_tokens.push(token.to_string());
         }
         Ok(minted)
     }

@@ -68,7 +68,7 @@ pub fn sha256(b: &[u8]) -> String {
 
 /// The size of the suites' "large object" cases: 1 GiB, or
 /// `$S3DMA_TEST_LARGE_OBJECT` bytes (the Soft-RoCE VM, whose emulated CPUs
-/// are slow, uses 256 MiB: still many chunks and a multipart upload).
+/// are slow, uses 128 MiB: still many chunks and a multipart upload).
 ///
 /// # Panics
 /// On a value that is not a number of bytes.

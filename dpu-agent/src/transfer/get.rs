@@ -210,7 +210,10 @@ pub async fn get_object(ctx: &Arc<Ctx>, req: &GetRequest) -> Result<GetResult, A
             let first = match rails_of(ctx, req) {
                 Some(set) => {
                     let core = &ctx.ex.core;
-                    core.rails.run(core, set, "get", 0, max_len, attempt).await
+                    let late = ctx.dialect.late_writes();
+                    core.rails
+                        .run(core, set, "get", (0, max_len), late, attempt)
+                        .await
                 }
                 None => {
                     let slot = req.dest.slice(0, max_len).map_err(|e| {
@@ -303,6 +306,7 @@ async fn get_chunk(
                         part: None,
                         offset: c.object_first,
                         slot,
+                        fast,
                     };
                     if at.dialect.get_chunk(&at.ex, &t, etag).await? {
                         return Ok(RangeReply {
@@ -326,7 +330,14 @@ async fn get_chunk(
         Some(set) => {
             let core = &ctx.ex.core;
             core.rails
-                .run(core, set, "get", c.window_offset, c.len, attempt)
+                .run(
+                    core,
+                    set,
+                    "get",
+                    (c.window_offset, c.len),
+                    ctx.dialect.late_writes(),
+                    attempt,
+                )
                 .await?
         }
         None => {

@@ -190,7 +190,9 @@ async fn put_range(
         Some(set) => {
             let core = &ctx.ex.core;
             core.rails
-                .run(core, set, "put", offset, len, attempt)
+                // A failed part's target only read the window: nothing
+                // lands late, the redo need not wait.
+                .run(core, set, "put", (offset, len), None, attempt)
                 .await?
         }
         None => {
@@ -238,6 +240,7 @@ async fn put_bytes(
         part,
         offset: 0,
         slot,
+        fast,
     };
     if !http_only && let Some(etag) = ctx.dialect.put(ex, &t).await? {
         // The dialect checked the byte count of its final reply.

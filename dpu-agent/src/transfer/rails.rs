@@ -24,7 +24,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fabric::RdmaToken;
 use s3dma_wire::rails::{Change, MAX_RAILS, Rails, Ticket};
@@ -192,14 +192,17 @@ impl RailBook {
         })
     }
 
-    /// Runs the transfer of the `len` bytes at `offset` of the window
-    /// over a rail of `set` (`op`: `get` or `put`, a metric label):
+    /// Runs the transfer of the bytes `span` (offset, length) of the
+    /// window over a rail of `set` (`op`: `get` or `put`, a metric label):
     /// `transfer(slot, fast)` moves them through `slot` (that rail's
-    /// token, sliced) and says how many bytes it moved; `fast`: other rails remain, so a failure on this
-    /// rail should end the attempt at once instead of being retried. A
-    /// failure naming the rail ([`names_rail`]) marks it down and runs
-    /// the transfer again on another rail; once every rail was tried, the
-    /// last run (not fast) has the normal retries.
+    /// token, sliced) and says how many bytes it moved; `fast`: other
+    /// rails remain, so a failure on this rail should end the attempt at
+    /// once instead of being retried. A failure naming the rail
+    /// ([`names_rail`]) marks it down and runs the transfer again on
+    /// another rail, after `late_writes` when the failed transfer may
+    /// still write its slice for that long
+    /// ([`super::dialect::ChunkMover::late_writes`]); once every rail was
+    /// tried, the last run (not fast) has the normal retries.
     ///
     /// # Errors
     /// The transfer's error.
@@ -208,8 +211,8 @@ impl RailBook {
         core: &Core,
         set: &RailSet,
         op: &'static str,
-        offset: u64,
-        len: u64,
+        span: (u64, u64),
+        late_writes: Option<Duration>,
         mut transfer: F,
     ) -> Result<(T, u64), AgentError>
     where
@@ -217,6 +220,7 @@ impl RailBook {
         Fut: Future<Output = Result<(T, u64), AgentError>>,
     {
         let m = &core.metrics;
+        let (offset, len) = span;
         let mut tried: Vec<SocketAddr> = Vec::with_capacity(set.len());
         loop {
             let (ticket, fast) = self.with(|r| {
@@ -277,6 +281,12 @@ impl RailBook {
                     }
                     m.rail_redone(label, op);
                     tried.push(ticket.rail);
+                    // The failed transfer may still write its slice for a
+                    // while (a DC write retrying): the redo waits it out.
+                    if let Some(wait) = late_writes {
+                        tracing::debug!(rail = %label, op, ?wait, "waiting out the failed transfer's late writes before the redo");
+                        tokio::time::sleep(wait).await;
+                    }
                 }
                 Err(e) => {
                     self.with(|r| r.released(&ticket, now));

@@ -141,7 +141,7 @@ async fn four_kib(backend: Backend) {
 }
 
 /// 1 GiB, or `$S3DMA_TEST_LARGE_OBJECT` bytes: the Soft-RoCE VM's
-/// emulated CPUs use 256 MiB (still thousands of MTU-sized packets and
+/// emulated CPUs use 128 MiB (still thousands of MTU-sized packets and
 /// several chunks of every pool size).
 async fn one_gib(backend: Backend) {
     let len = std::env::var("S3DMA_TEST_LARGE_OBJECT").map_or(1 << 30, |v| {

@@ -5,14 +5,13 @@
 
 use std::sync::Arc;
 
-use fabric::pool::SessionPool;
+use fabric::pool::{PoolObserver, SessionPool};
 use fabric::{Domain, FabricKey, RdmaToken};
 #[cfg(feature = "dc")]
 use tracing::{info, warn};
 
 use super::{Declined, Dialect, Offer, Serving};
 use crate::config::rdma::RdmaConfig;
-use crate::metrics::Metrics;
 use crate::rdma::error::RdmaError;
 
 /// Why a standard token is declined, in the reply's words.
@@ -38,15 +37,16 @@ pub(crate) fn offer(text: &str, serving: &Serving<'_>) -> Result<Offer, RdmaErro
     })
 }
 
-/// The DC sessions of a verbs fabric whose device does DC (`rdma.dc`,
-/// `dc` feature); `None` (standard tokens declined with 501) otherwise,
-/// logged with the reason.
+/// The DC sessions of one rail's verbs domain when its device does DC
+/// (`rdma.dc`, `dc` feature), reporting to the rail's pool gauges; `None`
+/// (that rail serves no standard token) otherwise, logged with the
+/// reason.
 #[cfg(feature = "dc")]
 pub(crate) fn sessions(
     cfg: &RdmaConfig,
     domain: &Domain,
     key: &FabricKey,
-    metrics: &Arc<Metrics>,
+    observer: &Arc<dyn PoolObserver>,
 ) -> Option<Arc<SessionPool>> {
     use fabric::verbs::dc_session::{DcInitiator, DcInitiatorConfig};
     if !cfg.dc.enabled || domain.backend() != fabric::Backend::Verbs {
@@ -81,7 +81,7 @@ pub(crate) fn sessions(
                 init,
                 key.clone(),
                 cfg.max_ops_per_session,
-                Arc::clone(metrics) as _,
+                Arc::clone(observer),
             ))
         }
         Err(e) => {
@@ -97,7 +97,7 @@ pub(crate) fn sessions(
     _cfg: &RdmaConfig,
     _domain: &Domain,
     _key: &FabricKey,
-    _metrics: &Arc<Metrics>,
+    _observer: &Arc<dyn PoolObserver>,
 ) -> Option<Arc<SessionPool>> {
     None
 }

@@ -67,13 +67,6 @@ impl Dialect {
             Dialect::CuobjectDc => dc,
         }
     }
-
-    /// Whether this dialect's sessions live on the first local rail only
-    /// (cuObject DC's targets are made on the first rail's device).
-    #[must_use]
-    pub fn first_rail_only(self) -> bool {
-        matches!(self, Dialect::CuobjectDc)
-    }
 }
 
 /// What to do with an object request.

@@ -104,8 +104,6 @@ struct Fabric {
     depth: usize,
     shares: share::Shares,
     progress: Duration,
-    /// Sessions to DC targets (standard tokens), when the device does DC.
-    dc_sessions: Option<Arc<SessionPool>>,
     /// (user, endpoint) pairs whose connect was refused back off.
     gate: backoff::Gate,
 }
@@ -191,9 +189,15 @@ impl RdmaService {
                 Duration::from_millis(cfg.connect_timeout_ms),
                 cfg.max_ops_per_session,
                 cfg.tcp_streams,
-                observer,
+                Arc::clone(&observer),
             );
             sessions.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+            // Sessions to DC targets (standard tokens) over this rail's
+            // device, when it does DC.
+            let dc = crate::dialect::cuobject_dc::sessions(cfg, &domain, &key, &observer);
+            if let Some(dc) = &dc {
+                dc.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
+            }
             if let Some(d) = device {
                 info!(rail = i, device = %s3dma_service::escape::Escaped(&d.device), port = d.port, gid = ?domain.gid_address(), "RDMA rail open");
             }
@@ -201,15 +205,11 @@ impl RdmaService {
                 domain,
                 pool,
                 sessions,
+                dc,
             });
         }
         let rails = rails::Rails::new(local);
         let size = usize::try_from(cfg.staging_buffer_size.0).unwrap_or(usize::MAX);
-        let dc_sessions =
-            crate::dialect::cuobject_dc::sessions(cfg, &rails.first().domain, &key, &metrics);
-        if let Some(dc) = &dc_sessions {
-            dc.spawn_reaper(Duration::from_secs(cfg.idle_session_secs));
-        }
         let cap = share::cap(cfg.staging_buffers, cfg.max_staging_share).unwrap_or(1);
         let shared_cap = share::cap(cfg.staging_buffers, cfg.max_shared_staging_share).unwrap_or(1);
         metrics.staging_share_cap(cap);
@@ -237,7 +237,6 @@ impl RdmaService {
                 depth,
                 shares: share::Shares::new(cap, shared_cap, cfg.tenant_users.iter().cloned()),
                 progress: Duration::from_secs(cfg.progress_timeout_secs),
-                dc_sessions,
                 gate: backoff::Gate::default(),
             }),
             declined: "",
@@ -279,10 +278,7 @@ impl RdmaService {
     ) -> Result<Decision, RdmaError> {
         let serving = Serving {
             fabric: self.fabric.is_some(),
-            dc: self
-                .fabric
-                .as_ref()
-                .is_some_and(|f| f.dc_sessions.is_some()),
+            dc: self.fabric.as_ref().is_some_and(|f| f.rails.any_dc()),
             networks: &self.networks,
         };
         crate::dialect::decide(headers, signed, &serving)
@@ -301,18 +297,20 @@ impl RdmaService {
             .ok_or_else(|| RdmaError::Internal("RDMA fabric not available".into()))
     }
 
-    /// The fabric's domain when it is `verbs` with a device (the
-    /// hipobj-rc-v2 server's queue pairs live there).
+    /// Every rail's domain, rail 0 first, when the fabric is `verbs` with
+    /// a device (the hipobj-rc-v2 server's queue pairs live there, each on
+    /// the rail facing its client); empty otherwise.
     #[must_use]
-    pub fn verbs_domain(&self) -> Option<&Domain> {
+    pub fn verbs_domains(&self) -> Vec<Domain> {
         self.fabric
             .as_ref()
-            .map(|f| &f.rails.first().domain)
-            .filter(|d| d.backend() == fabric::Backend::Verbs)
+            .filter(|f| f.rails.first().domain.backend() == fabric::Backend::Verbs)
+            .map(|f| f.rails.iter().map(|r| r.domain.clone()).collect())
+            .unwrap_or_default()
     }
 
-    /// Why hipobj-rc-v2 is not served when [`RdmaService::verbs_domain`]
-    /// is `None`.
+    /// Why hipobj-rc-v2 is not served when [`RdmaService::verbs_domains`]
+    /// is empty.
     #[must_use]
     pub fn no_verbs_reason(&self) -> &'static str {
         if self.fabric.is_none() {
@@ -365,15 +363,17 @@ impl RdmaService {
         let f = self.fabric()?;
         let endpoint = token.endpoint()?;
         // The local rail facing the client's endpoint (its own device's
-        // queue pairs and staging buffers).
-        // cuObject DC's sessions live on the first rail.
-        let rail = if dialect.first_rail_only() {
-            f.rails.first()
-        } else {
-            f.rails.serving(endpoint.addr.ip())
+        // queue pairs or DC initiators, and staging buffers).
+        let peer = endpoint.addr.ip();
+        let rail = match dialect {
+            Dialect::S3dma => f.rails.serving(peer),
+            Dialect::CuobjectDc => f
+                .rails
+                .dc_serving(peer)
+                .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?,
         };
         let pool = dialect
-            .sessions(&rail.sessions, f.dc_sessions.as_ref())
+            .sessions(&rail.sessions, rail.dc.as_ref())
             .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?;
         // One connect of a (user, endpoint) at a time, and none while the
         // pair backs off after a refusal: the requests queued behind a

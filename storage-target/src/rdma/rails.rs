@@ -18,12 +18,15 @@ use fabric::pool::{PoolObserver, SessionPool, StagingPool};
 use crate::metrics::Metrics;
 
 /// One local rail: its device's domain, the staging buffers registered
-/// there and the sessions its queue pairs form.
+/// there, the sessions its queue pairs form and, when its device does DC,
+/// the sessions of its DC initiators (standard tokens naming a DC target
+/// this rail faces).
 #[derive(Debug)]
 pub(crate) struct Rail {
     pub(crate) domain: Domain,
     pub(crate) pool: Arc<StagingPool>,
     pub(crate) sessions: Arc<SessionPool>,
+    pub(crate) dc: Option<Arc<SessionPool>>,
 }
 
 /// The rails of a target, the first one the default.
@@ -41,16 +44,35 @@ impl Rails {
         Rails { rails, addrs }
     }
 
-    /// The first rail (hipobj-rc-v2, cuObject DC and a gateway's cache
-    /// live there).
+    /// The first rail (a gateway's cache lives there).
     pub(crate) fn first(&self) -> &Rail {
         &self.rails[0]
+    }
+
+    /// Every rail, in configuration order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Rail> {
+        self.rails.iter()
     }
 
     /// The rail that serves a client endpoint at `peer`.
     pub(crate) fn serving(&self, peer: IpAddr) -> &Rail {
         let i = fabric::rail::pick_local_rail(peer, &self.addrs);
         self.rails.get(i).unwrap_or(&self.rails[0])
+    }
+
+    /// The rail whose DC initiators serve a standard token naming a DC
+    /// target at `peer`: the facing rail when its device does DC, else the
+    /// first rail that does (a device without DC beside one with it);
+    /// `None` when no rail does DC.
+    pub(crate) fn dc_serving(&self, peer: IpAddr) -> Option<&Rail> {
+        Some(self.serving(peer))
+            .filter(|r| r.dc.is_some())
+            .or_else(|| self.rails.iter().find(|r| r.dc.is_some()))
+    }
+
+    /// Whether any rail does DC.
+    pub(crate) fn any_dc(&self) -> bool {
+        self.rails.iter().any(|r| r.dc.is_some())
     }
 }
 

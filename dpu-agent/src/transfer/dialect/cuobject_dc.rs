@@ -23,11 +23,19 @@ pub struct CuobjectDc {
 }
 
 impl ChunkMover for CuobjectDc {
-    /// Rail 0 only: the calling shim's `QueuePairs` link resolves the
-    /// slot on its device, and choosing the shim's device per rail (a new
-    /// transfer on another rail for a redo) is not done yet.
+    /// Over every rail: the calling shim mints each rail's standard token
+    /// naming its DC target on that rail's device (the target serves it
+    /// from its rail facing that GID). Only with a bounded DC retry
+    /// budget ([`ChunkMover::late_writes`]).
     fn rails(&self) -> bool {
-        false
+        self.late_writes().is_some()
+    }
+
+    /// A DC write the target posted before the chunk failed may keep
+    /// retrying for the DC retry budget (the settings the shim's DC
+    /// targets and the target's initiators use), so a redo waits it out.
+    fn late_writes(&self) -> Option<std::time::Duration> {
+        s3dma_wire::dc::RetrySettings::default().budget().ok()
     }
 
     fn token<'a>(
@@ -48,5 +56,30 @@ impl ChunkMover for CuobjectDc {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::dialect::hipobj::HipobjRc;
+
+    /// DC chunks go over every rail, and a GET chunk's redo waits out the
+    /// DC retry budget the shim's fence uses; the other dialects' failed
+    /// transfers cannot write late, so their redos start at once.
+    #[test]
+    fn dc_stripes_and_its_redo_waits_out_the_dc_retry_budget() {
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let dc = CuobjectDc {
+            link: Arc::new(QpLink::new(tx)),
+        };
+        let budget = s3dma_wire::dc::RetrySettings::default().budget().unwrap();
+        assert!(!budget.is_zero());
+        assert!(dc.rails());
+        assert_eq!(dc.late_writes(), Some(budget));
+        let rc = HipobjRc { link: None };
+        assert!(rc.rails());
+        assert_eq!(rc.late_writes(), None);
+        assert_eq!(crate::transfer::dialect::s3dma::S3dma.late_writes(), None);
     }
 }

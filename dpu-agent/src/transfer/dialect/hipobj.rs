@@ -22,7 +22,13 @@
 //!    before the chunk counts as placed.
 //!
 //! From READY on a failure fails the transfer: never retried, never
-//! redone over HTTP into the same window. A transfer abandoned before the
+//! redone over HTTP into the same window. Over a request's fabric rails
+//! each chunk or part runs on the rail the loops picked: its slot is that
+//! rail's window, so the shim opens the QP on that rail's device (in the
+//! tenant's protection domain there) and the server answers from its rail
+//! facing the QP's GID; a transfer that failed on its rail is redone as a
+//! new transfer (a new PREPARE and QP) on another rail, once the failed
+//! QP was closed. A transfer abandoned before the
 //! data phase is cancelled (`/.hipobj-rc/cancel`, best effort).
 
 use std::sync::Arc;
@@ -61,13 +67,6 @@ pub struct HipobjRc {
 }
 
 impl ChunkMover for HipobjRc {
-    /// Rail 0 only: the calling shim's `QueuePairs` link resolves the
-    /// slot on its device, and choosing the shim's device per rail (a new
-    /// transfer on another rail for a redo) is not done yet.
-    fn rails(&self) -> bool {
-        false
-    }
-
     /// A transfer names its offset and size: the object's size comes
     /// first, from a HEAD (also without a link).
     fn size_first(&self) -> bool {
@@ -131,7 +130,9 @@ impl ChunkMover for HipobjRc {
                 return Ok(None);
             }
             match ex
-                .retrying("PUT (hipobj-rc-v2)", || transfer(ex, link, t, false, None))
+                .retrying_on_rail("PUT (hipobj-rc-v2)", t.fast, || {
+                    transfer(ex, link, t, false, None)
+                })
                 .await?
             {
                 Outcome::Done(etag) => Ok(Some(etag.unwrap_or_default())),

@@ -39,6 +39,17 @@ pub trait ChunkMover: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// How long after a GET chunk failed on its rail the rail's window
+    /// slice may still be written by that transfer: the chunk is redone on
+    /// another rail only once this has passed, so no late write lands over
+    /// the redo or in memory the tenant has back. `None` (the default):
+    /// nothing can land late (a tcp or RC session fails with its
+    /// connection and is reset; a failed hipobj-rc-v2 queue pair is closed
+    /// before the redo opens another).
+    fn late_writes(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// The token a ranged GET or a PUT carries for `slot` (`None`, the
     /// default: plain HTTP, the bytes go through the agent).
     ///
@@ -98,8 +109,13 @@ pub struct Transfer<'a> {
     pub part: Option<(u32, &'a str)>,
     /// GET: the object's first byte.
     pub offset: u64,
-    /// The window slice (its size is the transfer's).
+    /// The window slice (its size is the transfer's), on the rail the
+    /// loops picked.
     pub slot: RdmaToken,
+    /// Other rails remain for this chunk or part: a failure naming the
+    /// rail ends a dialect's own retries at once, to be redone on another
+    /// rail ([`Exchange::retrying_on_rail`]).
+    pub fast: bool,
 }
 
 /// The token an object request carries to its target, in the target's

@@ -1027,10 +1027,9 @@ async fn hipobj_rc_v2_a_shim_killed_mid_transfer_stores_nothing() {
         c.rdma.hipobj.prepared_timeout_secs = 3;
     });
     let c = stack.client().await;
-    let len = std::env::var("S3DMA_TEST_LARGE_OBJECT")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(256 << 20);
+    // Large enough that the kill comes mid-PUT, also under the VM's
+    // emulated CPUs.
+    let len = 256 << 20;
     let mut src = c.alloc(len).await.unwrap();
     src.as_mut_slice().fill(0x5A);
     let put = async {

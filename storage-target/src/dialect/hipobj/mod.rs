@@ -66,19 +66,18 @@ pub fn route(
     rdma: &Arc<crate::rdma::RdmaService>,
     front: Arc<dyn HipobjFront>,
 ) -> impl s3s::route::S3Route {
-    let domain = cfg
-        .rdma
-        .hipobj
-        .enabled
-        .then(|| rdma.verbs_domain().cloned())
-        .flatten();
+    let rails = if cfg.rdma.hipobj.enabled {
+        rdma.verbs_domains()
+    } else {
+        Vec::new()
+    };
     let why = if cfg.rdma.hipobj.enabled {
         rdma.no_verbs_reason()
     } else {
         "rdma.hipobj.enabled is false"
     };
     let hipobj = HipobjService::new(
-        domain,
+        rails,
         why,
         front,
         cfg.rdma.hipobj.with_tenants(&cfg.rdma.tenant_users),

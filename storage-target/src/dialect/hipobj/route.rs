@@ -126,7 +126,7 @@ impl S3Route for HipobjRoute {
                 "not a hipobj-rc-v2 control request",
             ));
         };
-        if svc.domain.is_none() {
+        if svc.rails.is_empty() {
             return Err(error(
                 501,
                 S3ErrorCode::NotImplemented,
@@ -284,9 +284,9 @@ impl HipobjService {
         // The session's own protection domain: its QP can reach its own
         // staging memory and nothing of any other session (a key is not a
         // secret on RDMA: rkeys are guessable MR indices).
+        // On the rail facing the client's GID: the one its QP reaches.
         let domain = self
-            .domain
-            .as_ref()
+            .rail_for(p.token.gid)
             .expect("checked by the route")
             .isolated()
             .map_err(|e| {

@@ -2,6 +2,7 @@
 //! rings, the reaper (built with the `verbs` feature).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -18,13 +19,16 @@ use super::session::Session;
 /// Server pairs (QP number, PSN) remembered against reuse.
 const RECENT_PAIRS: usize = 4096;
 
-/// The hipobj-rc-v2 server: its verbs domain (none: the dialect is answered
-/// as unsupported), the S3 handler it reads and writes objects with, its
-/// sessions and caps.
+/// The hipobj-rc-v2 server: its verbs domains, one per rail (none: the
+/// dialect is answered as unsupported), the S3 handler it reads and writes
+/// objects with, its sessions and caps.
 #[derive(Debug)]
 pub struct HipobjService {
-    pub(super) domain: Option<Domain>,
-    /// Why the dialect is not served (when `domain` is `None`), for the log.
+    pub(super) rails: Vec<Domain>,
+    /// Each rail's own address (its GID's): a client's QP is served from
+    /// the rail facing its GID ([`fabric::rail::pick_local_rail`]).
+    rail_addrs: Vec<Option<IpAddr>>,
+    /// Why the dialect is not served (when `rails` is empty), for the log.
     pub(super) unsupported: &'static str,
     pub(super) s3: Arc<dyn HipobjFront>,
     pub(super) cfg: HipobjConfig,
@@ -151,19 +155,22 @@ pub(super) fn admission(
 }
 
 impl HipobjService {
-    /// The server over `s3` on `domain` (a verbs domain with a device;
-    /// `None` answers every control request as unsupported).
+    /// The server over `s3` on `rails` (verbs domains with a device, one
+    /// per rail, rail 0 first; none answers every control request as
+    /// unsupported).
     #[must_use]
     pub fn new(
-        domain: Option<Domain>,
+        rails: Vec<Domain>,
         unsupported: &'static str,
         s3: Arc<dyn HipobjFront>,
         cfg: HipobjConfig,
         allowed: ClientNetworks,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
+        let rail_addrs = rails.iter().map(Domain::gid_address).collect();
         Arc::new(HipobjService {
-            domain,
+            rails,
+            rail_addrs,
             unsupported,
             s3,
             cfg,
@@ -303,6 +310,14 @@ impl HipobjService {
     /// this server may send to.
     pub(super) fn allowed_gid(&self, gid: [u8; 16]) -> bool {
         self.allowed.allows_gid(gid)
+    }
+
+    /// The domain of the rail facing a client QP's `gid` (longest common
+    /// address prefix; rail 0 on a tie). `None`: the dialect is not served.
+    pub(super) fn rail_for(&self, gid: [u8; 16]) -> Option<&Domain> {
+        let peer = IpAddr::V6(Ipv6Addr::from(gid));
+        let i = fabric::rail::pick_local_rail(peer, &self.rail_addrs);
+        self.rails.get(i).or_else(|| self.rails.first())
     }
 
     /// Sessions held (for tests and the log).
