@@ -26,16 +26,17 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   # The test binaries of the workspace's one feature set (as .ci/test.sh:
   # nothing is rebuilt after its `cargo test`), one "NAME|DIR|EXE|FILTERS" line
   # for each run of a binary that has verbs suites, with the libtest filters
-  # it runs (the end-to-end binary runs twice, agent and shim suites in two
-  # processes, so that they run side by side as before):
+  # it runs (the end-to-end binary runs three times, agent, verbs rails and
+  # shim suites in three processes, so that they run side by side):
   #   - fabric: the verbs unit tests and the conformance suite's verbs variants;
   #   - storage-target: the RDMA GET/PUT/UploadPart suite, the s3dma batch
   #     request and the hipobj-rc-v2 server against a protocol client;
   #   - s3dma-e2e `agent::`: transfers and the HTTP fallback (third-party
   #     servers, Ceph's radosgw and moto, are reached over HTTP only: their
   #     fallback tests run on the host, not under the VM's emulated CPUs);
-  #   - s3dma-e2e `verbs_rails::`: two rails on rxe0 and rxe1, rxe1 cut and
-  #     restored mid-transfer;
+  #   - s3dma-e2e `verbs_rails::` (its own run, the longest: about 680 s
+  #     in the VM): two rails on rxe0 and rxe1, s3dma and hipobj-rc-v2
+  #     striped, rxe1 cut and restored mid-transfer;
   #   - s3dma-e2e `shim::e2e::`, `shim::batch::`: the whole stack through the
   #     Rust client, single and batched; `cli::remote::`: `s3dma local
   #     --target --protocol hipobj-rc-v2 --fabric verbs` against another
@@ -49,19 +50,20 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
         f["fabric|it"] = "conformance::verbs::"
         f["storage-target|it"] = "rdma:: hipobj:: dc:: batch::"
         # Runs of one binary are separated by ";".
-        f["e2e|it"] = "agent::transfers:: agent::fallback:: agent::batch_target:: verbs_rails:: --skip ceph --skip third_party;shim::e2e:: shim::batch:: cli::remote::"
+        f["e2e|it"] = "agent::transfers:: agent::fallback:: agent::batch_target:: --skip ceph --skip third_party;verbs_rails::;shim::e2e:: shim::batch:: cli::remote::"
         f["tools|it"] = "probe::probe_reports_a_storage_targets_dialects"
       }
       ($1 "|" $2) in f {
         n = split(f[$1 "|" $2], runs, ";")
         for (i = 1; i <= n; i++) print $3 " " $2 "|" $4 "|" $5 "|" runs[i]
       }' |
-    # The longest suites first (seconds in the VM: agent transfers 140, rdma
-    # and hipobj 110, shim e2e 100, conformance 50).
-    awk -F'|' '{ w = $4 ~ /^agent::/ ? 5 : /^storage-target/ ? 4 : $4 ~ /^shim::/ ? 3 : / it\|/ ? 2 : 1; print w "|" $0 }' |
+    # The longest suites first (seconds in the VM at stop 52: verbs rails
+    # about 680, agent about 480, shim e2e 410, rdma and hipobj 365,
+    # conformance 80).
+    awk -F'|' '{ w = $4 ~ /^verbs_rails::/ ? 6 : $4 ~ /^agent::/ ? 5 : $4 ~ /^shim::/ ? 4 : /^storage-target/ ? 3 : / it\|/ ? 2 : 1; print w "|" $0 }' |
     sort -t'|' -k1,1nr | cut -d'|' -f2- >"$LIST"
-  if [ "$(wc -l <"$LIST")" -ne 6 ]; then
-    echo "verbs-tests: expected 6 runs of 5 test binaries, found:" >&2
+  if [ "$(wc -l <"$LIST")" -ne 7 ]; then
+    echo "verbs-tests: expected 7 runs of 5 test binaries, found:" >&2
     cat "$LIST" >&2
     exit 1
   fi

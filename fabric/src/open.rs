@@ -63,6 +63,22 @@ impl Domain {
         }
     }
 
+    /// Whether the domain's port can carry traffic now: a verbs port that
+    /// is ACTIVE (its link up); always `true` on tcp. `false` too when the
+    /// device cannot be asked.
+    #[must_use]
+    pub fn port_active(&self) -> bool {
+        match self.backend() {
+            Backend::Tcp => true,
+            #[cfg(feature = "verbs")]
+            Backend::Verbs => crate::verbs::conn::verbs_of(self)
+                .and_then(crate::verbs::VerbsDomain::port_active)
+                .unwrap_or(false),
+            #[cfg(not(feature = "verbs"))]
+            Backend::Verbs => false,
+        }
+    }
+
     /// A domain on the same device whose protection domain is its own:
     /// memory registered in it is reachable only from queue pairs created
     /// in it, so one peer's queue pair cannot touch another request's

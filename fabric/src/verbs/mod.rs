@@ -372,6 +372,26 @@ impl VerbsDomain {
         self.ctx.0.as_ptr()
     }
 
+    /// Whether the domain's port is ACTIVE now (its link up), asked of the
+    /// device: a port whose link went down cannot route to any peer.
+    ///
+    /// # Errors
+    /// The query failed.
+    pub(crate) fn port_active(&self) -> Result<bool> {
+        // SAFETY: all-zero is a valid ibv_port_attr to be filled in.
+        let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open while `self` lives; `attr` is
+        // writable.
+        let rc = unsafe { ___ibv_query_port(self.context(), self.port.port, &mut attr) };
+        if rc != 0 {
+            return Err(FabricError::Verbs {
+                what: format!("ibv_query_port({})", self.port.port),
+                source: std::io::Error::from_raw_os_error(rc.abs()),
+            });
+        }
+        Ok(attr.state == ibv_port_state::IBV_PORT_ACTIVE)
+    }
+
     pub(crate) fn pd(&self) -> *mut ibv_pd {
         self.pd.as_ptr()
     }

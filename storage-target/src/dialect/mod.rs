@@ -67,6 +67,13 @@ impl Dialect {
             Dialect::CuobjectDc => dc,
         }
     }
+
+    /// Whether this dialect's bytes move over DC initiators: it is served
+    /// from a rail whose device does DC.
+    #[must_use]
+    pub fn needs_dc(self) -> bool {
+        matches!(self, Dialect::CuobjectDc)
+    }
 }
 
 /// What to do with an object request.

@@ -365,12 +365,12 @@ impl RdmaService {
         // The local rail facing the client's endpoint (its own device's
         // queue pairs or DC initiators, and staging buffers).
         let peer = endpoint.addr.ip();
-        let rail = match dialect {
-            Dialect::S3dma => f.rails.serving(peer),
-            Dialect::CuobjectDc => f
-                .rails
+        let rail = if dialect.needs_dc() {
+            f.rails
                 .dc_serving(peer)
-                .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?,
+                .ok_or_else(|| RdmaError::Internal("DC is not available".into()))?
+        } else {
+            f.rails.serving(peer)
         };
         let pool = dialect
             .sessions(&rail.sessions, rail.dc.as_ref())

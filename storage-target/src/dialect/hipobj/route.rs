@@ -363,11 +363,21 @@ impl HipobjService {
         )
         .map_err(|e| {
             warn!(error = %e, "hipobj-rc-v2: connecting the queue pair to the client's failed");
-            custom(
-                400,
-                "InvalidRdmaRequest",
-                "the client's QP cannot be reached from this port (GID or QP number)",
-            )
+            if !domain.port_active() || port_cannot_route(&e) {
+                // This server's port (its link down, say): its rail failed,
+                // not the client's request; the client may take another.
+                custom(
+                    500,
+                    "RDMATransferFailed",
+                    "this server's port facing the client's GID cannot reach it now (its link may be down)",
+                )
+            } else {
+                custom(
+                    400,
+                    "InvalidRdmaRequest",
+                    "the client's QP cannot be reached from this port (GID or QP number)",
+                )
+            }
         })?;
         Ok(Built {
             server_psn,
@@ -738,10 +748,50 @@ impl Drop for ReleaseOnDrop<'_> {
     }
 }
 
+/// Whether connecting a queue pair failed because this server's port
+/// cannot route to the peer's GID now (its link down, no route, no
+/// address): the errors the kernel's address resolution gives, as opposed
+/// to a queue pair or GID the device refuses. The client's GID is on an
+/// allowed network by then, which a working port routes.
+fn port_cannot_route(e: &fabric::FabricError) -> bool {
+    use nix::errno::Errno;
+    let fabric::FabricError::Verbs { source, .. } = e else {
+        return false;
+    };
+    source.raw_os_error().is_some_and(|n| {
+        [
+            Errno::ENETUNREACH,
+            Errno::EHOSTUNREACH,
+            Errno::ENETDOWN,
+            Errno::ENODEV,
+            Errno::EADDRNOTAVAIL,
+            Errno::ENXIO,
+        ]
+        .contains(&Errno::from_raw(n))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dialect::hipobj::HipobjUnsupported;
+
+    /// A port that cannot route to the client (link down) fails this
+    /// server's rail (500, the client redoes the transfer on another);
+    /// anything else the device refuses stays the client's error.
+    #[test]
+    fn a_port_without_a_route_is_the_servers_failure() {
+        let verbs = |errno: nix::errno::Errno| fabric::FabricError::Verbs {
+            what: "ibv_modify_qp(RTR)".into(),
+            source: std::io::Error::from_raw_os_error(errno as i32),
+        };
+        assert!(port_cannot_route(&verbs(nix::errno::Errno::ENETUNREACH)));
+        assert!(port_cannot_route(&verbs(nix::errno::Errno::ENETDOWN)));
+        assert!(!port_cannot_route(&verbs(nix::errno::Errno::EINVAL)));
+        assert!(!port_cannot_route(&fabric::FabricError::InvalidArgument(
+            "x".into()
+        )));
+    }
 
     #[tokio::test]
     async fn unsupported_answers_501_with_the_marker() {
