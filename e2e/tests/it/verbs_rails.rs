@@ -276,8 +276,11 @@ impl TwoRails {
         }
         let cut = Cut::new(&self.devices[1].netdev);
         let cut_at = Instant::now();
+        // Some of the transfers are still running (under load one side may
+        // be done already); that the cut hit work in flight is asserted
+        // below by rail 1's redone counter.
         assert!(
-            !get_task.is_finished() && !put_task.is_finished(),
+            !get_task.is_finished() || !put_task.is_finished(),
             "the cut came after the transfers"
         );
         let gets = get_task.await.unwrap();
