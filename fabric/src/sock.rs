@@ -88,6 +88,28 @@ pub(crate) fn reset_on_close(stream: &TcpStream) {
     }
 }
 
+/// Resets the connection now, while the socket stays open (other owners
+/// of the stream may still hold it): `SO_LINGER` 0, then `connect(2)` to
+/// an `AF_UNSPEC` address, which on Linux disconnects a TCP socket with a
+/// reset. A failed session's peer so never sees an orderly end of stream,
+/// nor bytes still queued. Best effort.
+pub(crate) fn reset_now(stream: &TcpStream) {
+    reset_on_close(stream);
+    // SAFETY: an all-zero sockaddr is a valid AF_UNSPEC (0) address of the
+    // length passed; `fd` is the stream's open socket for the call.
+    let rc = unsafe {
+        let unspec: libc::sockaddr = std::mem::zeroed();
+        libc::connect(
+            stream.as_raw_fd(),
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "resetting a failed fabric socket");
+    }
+}
+
 fn cvt(n: isize) -> io::Result<usize> {
     if n < 0 {
         Err(io::Error::last_os_error())

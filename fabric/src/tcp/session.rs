@@ -710,7 +710,10 @@ async fn reader(
     // after the last completion reads as an error too; the writer has
     // half-closed by then and nothing is queued, so the reset changes
     // nothing there.
-    if cancelled || !q.is_empty() || r.is_err() {
+    if cancelled {
+        // Failed while the session lives: reset now, not at the close.
+        io::reset_now(&stream);
+    } else if !q.is_empty() || r.is_err() {
         io::reset_on_close(&stream);
     }
     let mut first = first_failure;
