@@ -250,6 +250,18 @@ impl TwoRails {
         );
     }
 
+    /// Every byte the agent moved went by RDMA, none over HTTP (`hint`
+    /// added to the failure).
+    async fn no_byte_over_http(&self, hint: &str) {
+        let m = self.agent.metrics_text().await;
+        assert_eq!(
+            sum(&m, "s3dma_agent_bytes_total", &["path=\"fallback\""]),
+            0.0,
+            "bytes went over HTTP{hint}:\n{m}"
+        );
+        assert!(sum(&m, "s3dma_agent_bytes_total", &["path=\"rdma\""]) > 0.0);
+    }
+
     /// Phase 2: `n` GETs and `n` PUTs at once; rxe1 cut once it carried an
     /// eighth of their bytes. None fails, every object is exact, rail 1 is down and
     /// its work was redone. The cut, still in force, and the GET buffers.
@@ -363,13 +375,7 @@ async fn hipobj_rc_v2_transfers_stripe_and_a_cut_device_fails_no_request() {
     let mut s = TwoRails::start("protocol: hipobj-rc-v2\n", vm_rails()).await;
     s.stripe().await;
     let (_cut, _) = s.cut(1).await;
-    let m = s.agent.metrics_text().await;
-    assert_eq!(
-        sum(&m, "s3dma_agent_bytes_total", &["path=\"fallback\""]),
-        0.0,
-        "bytes went over HTTP:\n{m}"
-    );
-    assert!(sum(&m, "s3dma_agent_bytes_total", &["path=\"rdma\""]) > 0.0);
+    s.no_byte_over_http("").await;
     // Every session ends: done, or (on rxe1 at the cut) failed or
     // cancelled by the agent; none is left to the reaper.
     let started = Instant::now();
@@ -430,10 +436,5 @@ async fn cuobject_dc_stripes_over_two_mlx5_ports_and_a_cut_port_fails_no_request
     let mut s = TwoRails::start("protocol: cuobject-dc\n", devices).await;
     s.stripe().await;
     let (_cut, _) = s.cut(1).await;
-    let m = s.agent.metrics_text().await;
-    assert_eq!(
-        sum(&m, "s3dma_agent_bytes_total", &["path=\"fallback\""]),
-        0.0,
-        "bytes went over HTTP (a rail without a DC target?):\n{m}"
-    );
+    s.no_byte_over_http(" (a rail without a DC target?)").await;
 }
