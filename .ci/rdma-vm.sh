@@ -4,6 +4,7 @@
 # named rxe1 (10.77.1.1).
 #
 #   bash .ci/rdma-vm.sh CMD [ARG...]
+#   bash .ci/rdma-vm.sh --prepare     (host tools, kernel, initramfs; no boot)
 #
 # This machine's kernel has no RDMA, so the guest boots Debian's own kernel
 # (linux-image-amd64's image, fetched with `apt-get download`, unpacked with
@@ -35,7 +36,7 @@ CPUS="${S3DMA_VM_CPUS:-$(nproc)}"
 TIMEOUT="${S3DMA_VM_TIMEOUT:-3600}"
 
 if [ $# -eq 0 ]; then
-  echo "usage: bash .ci/rdma-vm.sh CMD [ARG...]" >&2
+  echo "usage: bash .ci/rdma-vm.sh CMD [ARG...]   (or --prepare: install and fetch, no boot)" >&2
   exit 2
 fi
 
@@ -166,6 +167,12 @@ EOF
   mv "$INITRD.tmp" "$INITRD"
   echo "$SCRIPT_SUM" >"$INITRD.sum"
   rm -rf "$IR"
+fi
+if [ "$1" = --prepare ]; then
+  # Host tools, kernel and initramfs in place; no boot (.ci/test.sh does
+  # this in the background while cargo builds).
+  log "prepared (kernel $KVER)"
+  exit 0
 fi
 
 # --- the command -------------------------------------------------------------

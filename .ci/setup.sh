@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian (bookworm) machine lacks to build, run and test
 # s3dma. Idempotent: a second run only checks.
+#
+#   bash .ci/setup.sh          everything (README's first command)
+#   bash .ci/setup.sh build    what cargo needs: the build packages and Rust
+#   bash .ci/setup.sh tests    the rest: the test tools and the Python .venv
+#
+# .ci/test.sh runs `build` first and `tests` in the background while clippy
+# compiles (they download, cargo computes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PART="${1:-all}"
+case "$PART" in
+  all | build | tests) ;;
+  *)
+    echo "usage: bash .ci/setup.sh [build|tests]" >&2
+    exit 2
+    ;;
+esac
 
-APT_PACKAGES=(
+BUILD_PACKAGES=(
   build-essential pkg-config
   libibverbs-dev librdmacm-dev libclang-dev # rdma-sys (verbs fabric backend)
   protobuf-compiler                         # tonic/prost code generation
-  python3 python3-venv python3-pip          # boto3 / aws CLI test clients
-  rclone s3cmd                              # third-party S3 clients (tests/python)
+  python3                                   # the CI scripts' helpers
   curl ca-certificates
+)
+TEST_PACKAGES=(
+  python3-venv python3-pip                  # boto3 / aws CLI test clients
+  rclone s3cmd                              # third-party S3 clients (tests/python)
   iproute2 util-linux procps                # fault tests: netns/veth, tmpfs mounts, ps
   shellcheck                                # the project's shell scripts
   ceph-mon ceph-osd radosgw ceph-common      # an existing S3 cluster for the tests (tests/ceph)
 )
+APT_PACKAGES=()
+[ "$PART" = tests ] || APT_PACKAGES+=("${BUILD_PACKAGES[@]}")
+[ "$PART" = build ] || APT_PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -28,13 +49,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: installing Rust with rustup"
-  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-  # shellcheck disable=SC1091
-  . "$HOME/.cargo/env"
+if [ "$PART" != tests ]; then
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: installing Rust with rustup"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+  fi
+  rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
-rustup component add rustfmt clippy >/dev/null 2>&1 || true
+if [ "$PART" = build ]; then
+  echo "setup: build ok"
+  exit 0
+fi
 
 # Python test clients live in a project-local virtual environment. In CI
 # (one throw-away run) pip keeps no second copy of the wheels it installs:

@@ -13,7 +13,10 @@ cd "$(dirname "$0")/.."
 # .ci/run exports when it started, so the table counts its set-up too.
 RUN_START="${S3DMA_CI_START:-$(date +%s)}"
 SETUP_START=$(date +%s)
-bash .ci/setup.sh
+# What cargo needs, now; the test tools (apt, the Python .venv, LMCache, the
+# VM's kernel, the arm64 cross packages) download in the background while
+# clippy compiles (see "test tools" below).
+bash .ci/setup.sh build
 BUDGET_S=2400
 
 export CARGO_TERM_COLOR=never
@@ -28,7 +31,7 @@ cpu_jiffies() {
   awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat
 }
 if [ -n "${S3DMA_CI_START:-}" ]; then
-  STEP_NAMES+=("set-up (.ci/setup.sh, apt, rustup, pip)")
+  STEP_NAMES+=("set-up (.ci/setup.sh build: apt, rustup)")
   STEP_SECS+=($((SETUP_START - RUN_START))) STEP_BUSY+=("")
 fi
 STEP_NAMES+=("set-up check") STEP_SECS+=($(($(date +%s) - SETUP_START)))
@@ -105,11 +108,20 @@ if [ -n "${CI:-}" ]; then
   export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
 fi
 
-# LMCache's wheels download (network, not CPU) while clippy compiles; the
-# lmcache step below waits for it and prints its output.
-LMCACHE_LOG="$(mktemp)"
-bash .ci/setup-lmcache.sh >"$LMCACHE_LOG" 2>&1 &
-LMCACHE_PID=$!
+# The test tools download and unpack (network and disk, little CPU) while
+# clippy compiles: the rest of .ci/setup.sh (apt test packages, the Python
+# .venv), LMCache, the Soft-RoCE VM's kernel and initramfs, the arm64 cross
+# packages. One job, in order (apt and pip one at a time); the "test tools"
+# step below waits for it and prints its output.
+TOOLS_LOG="$(mktemp)"
+(
+  set -e
+  bash .ci/setup.sh tests
+  bash .ci/setup-lmcache.sh
+  bash .ci/rdma-vm.sh --prepare
+  S3DMA_ARM64_PACKAGES_ONLY=1 bash images/setup-arm64.sh
+) >"$TOOLS_LOG" 2>&1 &
+TOOLS_PID=$!
 
 step "cargo fmt --check"
 check cargo fmt --all -- --check
@@ -133,15 +145,15 @@ check cargo test "${CARGO_ALL[@]}" --no-run
 # s3dma-e2e's), so they are built here, from the same dependency builds.
 check cargo build "${CARGO_ALL[@]}" --bins
 
-step "lmcache (CPU) into .venv for test_lmcache.py and bench --kv (started in the background before clippy; not part of README's first command)"
-lmcache_ready() {
+step "test tools: apt test packages, .venv, lmcache (CPU), the VM's kernel, arm64 packages (started in the background before clippy)"
+tools_ready() {
   local rc=0
-  wait "$LMCACHE_PID" || rc=$?
-  cat "$LMCACHE_LOG"
-  rm -f "$LMCACHE_LOG"
+  wait "$TOOLS_PID" || rc=$?
+  cat "$TOOLS_LOG"
+  rm -f "$TOOLS_LOG"
   return "$rc"
 }
-check lmcache_ready
+check tools_ready
 
 step "cargo test: run, 3 binaries at a time (the cuda tests print why they skip without a driver)"
 # The suites mostly wait (Ceph, services starting): three binaries at a time
