@@ -34,9 +34,10 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
   #   - s3dma-e2e `agent::`: transfers and the HTTP fallback (third-party
   #     servers, Ceph's radosgw and moto, are reached over HTTP only: their
   #     fallback tests run on the host, not under the VM's emulated CPUs);
-  #   - s3dma-e2e `verbs_rails::` (its own run, the longest: about 680 s
-  #     in the VM): two rails on rxe0 and rxe1, s3dma and hipobj-rc-v2
-  #     striped, rxe1 cut and restored mid-transfer;
+  #   - s3dma-e2e `verbs_rails::` (its own run: 157 s in the VM at stop
+  #     53, 680 s before the tests' kit was optimised): two rails on rxe0
+  #     and rxe1, s3dma and hipobj-rc-v2 striped, rxe1 cut and restored
+  #     mid-transfer;
   #   - s3dma-e2e `shim::e2e::`, `shim::batch::`: the whole stack through the
   #     Rust client, single and batched; `cli::remote::`: `s3dma local
   #     --target --protocol hipobj-rc-v2 --fabric verbs` against another
@@ -57,9 +58,10 @@ if [ -z "${S3DMA_RDMA_VM:-}" ]; then
         n = split(f[$1 "|" $2], runs, ";")
         for (i = 1; i <= n; i++) print $3 " " $2 "|" $4 "|" $5 "|" runs[i]
       }' |
-    # The longest suites first (seconds in the VM at stop 52: verbs rails
-    # about 680, agent about 480, shim e2e 410, rdma and hipobj 365,
-    # conformance 80).
+    # The longest suites first (seconds in the VM at stop 52, before the
+    # tests' kit was optimised: verbs rails about 680, agent about 480,
+    # shim e2e 410, rdma and hipobj 365, conformance 80; verbs rails 157
+    # at stop 53).
     awk -F'|' '{ w = $4 ~ /^verbs_rails::/ ? 6 : $4 ~ /^agent::/ ? 5 : $4 ~ /^shim::/ ? 4 : /^storage-target/ ? 3 : / it\|/ ? 2 : 1; print w "|" $0 }' |
     sort -t'|' -k1,1nr | cut -d'|' -f2- >"$LIST"
   if [ "$(wc -l <"$LIST")" -ne 7 ]; then
