@@ -247,12 +247,16 @@ impl Agent {
 
     /// A shim on its own connection to the agent at `addr` (`IP:PORT`)
     /// with bearer `token` (none when empty).
+    ///
+    /// The connection opens at the first call: the agent closes one that
+    /// has not authenticated within `listen.unauthenticated_timeout_secs`
+    /// (10 s), and a test that prepares for longer than that before its
+    /// first call (128 MiB of data under the VM's emulated CPUs) would
+    /// otherwise write it into a connection the agent had just closed.
     pub async fn shim_for(addr: &str, token: &str) -> Shim {
         let ch = Channel::from_shared(format!("http://{addr}"))
             .unwrap()
-            .connect()
-            .await
-            .unwrap();
+            .connect_lazy();
         Shim {
             inner: AgentClient::new(ch).max_decoding_message_size(64 << 20),
             token: token.to_owned(),

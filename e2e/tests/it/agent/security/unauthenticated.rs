@@ -214,3 +214,31 @@ async fn unauthenticated_callers_pin_no_memory_and_lose_their_connections() {
     .unwrap_or(0.0);
     assert!(refused >= 1.0, "{metrics}");
 }
+
+/// A test shim made long before its first call is still served: its
+/// connection opens at that call, so it is not the connection the agent
+/// closed for never authenticating (stop 53's CI: a 128 MiB PUT prepared
+/// for over 10 s under the VM's CPUs, then failed with a broken pipe). The
+/// runtime is blocked while the agent's deadline passes, as the busy test
+/// was, so the client cannot notice a close before its call.
+#[tokio::test(flavor = "current_thread")]
+async fn a_shim_that_waits_before_its_first_call_is_served() {
+    let target = Target::start(true);
+    let (dir, shims) = secrets_dir();
+    let d = dir.path();
+    let agent = OwnAgent::start_from(
+        d,
+        "late",
+        &agent_yaml(
+            d,
+            "  unauthenticated_timeout_secs: 1\n",
+            &shims,
+            &target.endpoint,
+        ),
+    );
+    let shim = Agent::shim_for(&agent.addr, SHIM_TOKEN).await;
+    std::thread::sleep(Duration::from_millis(2500));
+    // (No bucket on this target: NoSuchBucket, once NoSuchKey.)
+    let r = head(&shim, "alice", "alice-data", "nothing").await;
+    assert_eq!(s3_code(&r.unwrap_err()), "NoSuchBucket");
+}
