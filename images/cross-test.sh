@@ -9,9 +9,10 @@
 # shared config and service crates and the generated protobuf code. They are
 # built in the release profile (debug assertions and overflow checks on for
 # our own crates, and opt-level 1 for them: they are rebuilt for the tests
-# anyway, and 3 only cost compile time), so their dependencies are the ones
-# images/build.sh compiles for the agent's binary: CI builds each arm64
-# dependency once.
+# anyway, and 3 only cost compile time), so most of their dependencies are
+# the ones images/build.sh compiles for the agent's binary (about 50 small
+# crates compile again with the tests' features). fabric's tests use
+# s3dma-testkit without its `s3` feature: no AWS SDK is built for arm64.
 # With WORKSPACE=1: every workspace crate's unit tests instead, in a lean
 # dev build (dependencies unoptimised, no debug info), which compiles the
 # dev-dependencies too (the AWS SDK, the launcher's harness with

@@ -30,12 +30,14 @@ pub mod files;
 pub mod net;
 pub mod netns;
 pub mod process;
+#[cfg(feature = "s3")]
 pub mod s3;
 pub mod self_exec;
 
 pub use files::{files_under, overlay, read_log, write_private, write_yaml};
 pub use net::{fd_count, free_port, metric_value, rss_anon_kib, scrape, scrape_blocking};
 pub use process::{Process, Service, ServiceSpec, block_on, wrapped};
+#[cfg(feature = "s3")]
 pub use s3::{
     Raw, create_bucket, get_as, https_client, put_as, raw, s3_client, sdk_error, sign_v4_as,
 };
