@@ -109,17 +109,41 @@ if [ -n "${CI:-}" ]; then
 fi
 
 # The test tools download and unpack (network and disk, little CPU) while
-# clippy compiles: the rest of .ci/setup.sh (apt test packages, the Python
-# .venv), LMCache, the Soft-RoCE VM's kernel and initramfs, the arm64 cross
-# packages. One job, in order (apt and pip one at a time); the "test tools"
-# step below waits for it and prints its output.
+# clippy compiles: the arm64 cross packages and Rust target, the rest of
+# .ci/setup.sh (apt test packages, the Python .venv), LMCache, the
+# Soft-RoCE VM's kernel and initramfs. One job, in order (apt and pip one at
+# a time); the "test tools" step below waits for it and prints its output.
+#
+# The arm64 packages come first because the arm64 cross-builds (the image's
+# agent, then the unit tests of the agent's crates: a release build of
+# their own, target-arm64/) start on them, in a job of their own at the
+# lowest priority (nice 19): they take only the CPU that clippy's and the
+# test build's serial tails and the test suites leave idle, and the arm64
+# steps at the end wait for them (at stop 53 the two arm64 steps took 759 s
+# at the end of the run, nearly all of it compiling).
 TOOLS_LOG="$(mktemp)"
+ARM64_LOG="$(mktemp)"
+ARM64_RC="$(mktemp -u)"
 (
   set -e
+  if bash images/setup-arm64.sh; then
+    (
+      rc=0
+      {
+        start=$(date +%s)
+        BUILD_ONLY=1 SKIP_SETUP=1 nice -n 19 bash images/build.sh &&
+          BUILD_ONLY=1 SKIP_SETUP=1 nice -n 19 bash images/cross-test.sh &&
+          echo "arm64 cross-builds (nice 19, in the background): $(($(date +%s) - start)) s"
+      } >"$ARM64_LOG" 2>&1 || rc=$?
+      echo "$rc" >"$ARM64_RC"
+    ) &
+  else
+    echo "images/setup-arm64.sh failed: no arm64 cross-build" >"$ARM64_LOG"
+    echo 1 >"$ARM64_RC"
+  fi
   bash .ci/setup.sh tests
   bash .ci/setup-lmcache.sh
   bash .ci/rdma-vm.sh --prepare
-  S3DMA_ARM64_PACKAGES_ONLY=1 bash images/setup-arm64.sh
 ) >"$TOOLS_LOG" 2>&1 &
 TOOLS_PID=$!
 
@@ -188,9 +212,25 @@ check .venv/bin/hadolint images/Containerfile.dpu-agent
 prune target/debug
 
 # One arm64 release build: the image's agent first, then the unit tests of
-# the agent's crates in the same profile (their dependencies are the agent's,
-# already compiled).
-step "arm64: the dpu-agent image (release cross-build, buildah, oci-archive, skopeo inspect)"
+# the agent's crates in the same profile (most of their dependencies are the
+# agent's), both compiled by the background job started before clippy.
+step "arm64: waiting for the background cross-builds, then the dpu-agent image (buildah, oci-archive, skopeo inspect)"
+arm64_builds() {
+  # The job writes its exit status last (also when its set-up failed);
+  # the tools job that starts it has ended by now.
+  local waited=0
+  while [ ! -e "$ARM64_RC" ] && [ "$waited" -lt 3600 ]; do
+    sleep 2
+    waited=$((waited + 2))
+  done
+  cat "$ARM64_LOG"
+  rm -f "$ARM64_LOG"
+  echo "waited ${waited} s for the arm64 cross-builds"
+  [ -e "$ARM64_RC" ] && return "$(cat "$ARM64_RC")"
+  echo "the arm64 cross-builds did not end within an hour" >&2
+  return 1
+}
+check arm64_builds
 check bash images/build.sh
 
 step "arm64: unit tests of the agent's crates under qemu-user (same release build)"

@@ -16,6 +16,8 @@
 #        IMAGE_NAME=docker.io/s3dma/dpu-agent   IMAGE_TAG=<workspace version>
 #        PROVIDERS="mlx5 rxe"       rdma-core provider plugins in the image
 #        SKIP_SETUP=1               do not run setup-arm64.sh
+#        BUILD_ONLY=1               stop after the agent's cross-build (CI
+#                                   compiles it early, at low priority)
 set -euo pipefail
 
 IMAGES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +46,10 @@ step "cargo build --release -p dpu-agent --target $TARGET"
 cd "$ROOT"
 cargo build --release --locked -p dpu-agent --bin dpu-agent --target "$TARGET"
 BIN="$CARGO_TARGET_DIR/$TARGET/release/dpu-agent"
+if [ "${BUILD_ONLY:-0}" = 1 ]; then
+    echo "build.sh: cross-build done in ${SECONDS}s (BUILD_ONLY: no image)"
+    exit 0
+fi
 
 # 3. The rootfs: the binary, every shared library it needs (NEEDED, followed
 #    recursively, from Debian's arm64 packages), the rdma-core providers it

@@ -30,8 +30,9 @@
 #   - #[ignore]d tests (verbs hardware, CUDA), as in the native CI.
 #
 # Usage: images/cross-test.sh   (runs images/setup-arm64.sh first unless
-#        SKIP_SETUP=1; WORKSPACE=1 / FULL=1 as above; extra args go to the
-#        `cargo test` that runs tests)
+#        SKIP_SETUP=1; WORKSPACE=1 / FULL=1 as above; BUILD_ONLY=1 stops
+#        after the cross-build, which CI compiles early at low priority;
+#        extra args go to the `cargo test` that runs tests)
 set -euo pipefail
 
 IMAGES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -69,6 +70,10 @@ fi
 
 step "cargo test --lib --bins --target $TARGET --no-run (cross-build: ${PROFILE[*]})"
 cargo test --locked --target "$TARGET" --lib --bins --no-run "${PROFILE[@]}"
+if [ "${BUILD_ONLY:-0}" = 1 ] && [ "${FULL:-0}" != 1 ]; then
+    echo "cross-test.sh: cross-build done in ${SECONDS}s (BUILD_ONLY: nothing run)"
+    exit 0
+fi
 
 if [ "${FULL:-0}" = 1 ]; then
     step "cargo test --workspace --all-targets --target $TARGET --no-run"
