@@ -169,7 +169,7 @@ check cargo test "${CARGO_ALL[@]}" --no-run
 # s3dma-e2e's), so they are built here, from the same dependency builds.
 check cargo build "${CARGO_ALL[@]}" --bins
 
-step "test tools: apt test packages, .venv, lmcache (CPU), the VM's kernel, arm64 packages (started in the background before clippy)"
+step "test tools: arm64 packages (then the arm64 cross-builds, nice 19, in a job of their own), apt test packages, .venv, lmcache (CPU), the VM's kernel (started in the background before clippy)"
 tools_ready() {
   local rc=0
   wait "$TOOLS_PID" || rc=$?
