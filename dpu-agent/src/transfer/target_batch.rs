@@ -54,6 +54,11 @@ use crate::s3::client::{S3Call, full_body, header};
 /// Most items one batched request carries (the storage-target's default
 /// `rdma.batch.max_items`).
 pub const MAX_ITEMS: usize = 1000;
+/// Most items the agent puts in one batched request, well under
+/// [`MAX_ITEMS`]: a target serves one request's items on one task, so a
+/// large batch goes as several requests at once, which the target's cores
+/// serve side by side.
+pub const ITEMS_PER_REQUEST: usize = 250;
 /// Largest body one batched request has (under the storage-target's
 /// default `rdma.batch.max_body_bytes`, 2 MiB).
 pub const MAX_BODY: usize = 1536 << 10;
@@ -191,7 +196,7 @@ fn wire_item(rails: &RailBook, bucket: &str, item: &Item) -> batch::Item {
     }
 }
 
-/// The items cut into requests within [`MAX_ITEMS`], [`MAX_BODY`] (by an
+/// The items cut into requests within [`ITEMS_PER_REQUEST`], [`MAX_BODY`] (by an
 /// estimate of each item's encoded size) and [`MAX_BYTES`].
 fn split(items: Vec<Item>, bucket: &str) -> Vec<Vec<Item>> {
     let mut out: Vec<Vec<Item>> = Vec::new();
@@ -209,7 +214,7 @@ fn split(items: Vec<Item>, bucket: &str) -> Vec<Vec<Item>> {
             });
         let window = window_of(&item);
         let full = out.last().is_none_or(|c| {
-            c.len() >= MAX_ITEMS || body + size > MAX_BODY || bytes + window > MAX_BYTES
+            c.len() >= ITEMS_PER_REQUEST || body + size > MAX_BODY || bytes + window > MAX_BYTES
         });
         if full {
             out.push(Vec::new());
@@ -504,10 +509,7 @@ mod tests {
     fn groups_split_by_items_body_and_bytes() {
         let heads: Vec<Item> = (0..2500).map(|i| item(i, "k", None)).collect();
         let chunks = split(heads, "b");
-        assert_eq!(
-            chunks.iter().map(Vec::len).collect::<Vec<_>>(),
-            [1000, 1000, 500]
-        );
+        assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), [250; 10]);
         // Long keys: by the body estimate.
         let long = "k".repeat(1024);
         let heads: Vec<Item> = (0..600).map(|i| item(i, &long, None)).collect();
