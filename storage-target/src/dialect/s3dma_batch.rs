@@ -392,6 +392,7 @@ impl BatchService {
         let reply = match c {
             Err(r) => *r,
             Ok(c) => match access.get(&(item.bucket.as_str(), item.op)) {
+                Some(Ok(ext)) if item.op == Op::Head => self.head(item, ext, user).await,
                 Some(Ok(ext)) => self.item(item, c, ext.clone(), user).await,
                 Some(Err(r)) => (**r).clone(),
                 None => ItemReply::error(500, "InternalError", "no access check"),
@@ -419,7 +420,7 @@ impl BatchService {
         }
         let run = |c: Checked, ext: Extensions| async move {
             match item.op {
-                Op::Head => self.head(item, ext, user).await,
+                Op::Head => Ok(self.head(item, &ext, user).await),
                 Op::Get => self.get(item, c, ext, user).await,
                 Op::Put => self.put(item, ext, user).await,
             }
@@ -442,7 +443,41 @@ impl BatchService {
         }
     }
 
+    /// A HEAD item: from the bucket's index (no file opened, nothing
+    /// copied per item but the reply), else, when the object's ACL
+    /// decides, through the single request's handler.
     async fn head(
+        &self,
+        item: &Item,
+        ext: &Extensions,
+        user: &s3s::auth::Credentials,
+    ) -> ItemReply {
+        let if_match = match if_match(item) {
+            Ok(c) => c,
+            Err(e) => return item_error(&e),
+        };
+        let indexed =
+            self.s3
+                .head_from_index(ext, &user.access_key, (&item.bucket, &item.key), if_match);
+        match indexed {
+            Some(Ok(h)) => ItemReply {
+                status: 200,
+                size: Some(h.size),
+                etag: Some(format!("\"{}\"", h.etag)),
+                last_modified_ms: Some(h.last_modified_ms),
+                content_type: Some(h.content_type),
+                metadata: h.metadata,
+                ..ItemReply::default()
+            },
+            Some(Err(e)) => item_error(&e),
+            None => self
+                .head_by_handler(item, ext.clone(), user)
+                .await
+                .unwrap_or_else(|e| item_error(&e)),
+        }
+    }
+
+    async fn head_by_handler(
         &self,
         item: &Item,
         ext: Extensions,

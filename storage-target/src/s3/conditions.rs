@@ -110,7 +110,17 @@ pub(super) fn returned_checksum(
 }
 
 pub(super) fn check_conditions(c: &Conditions, meta: &ObjectMeta) -> S3Result<()> {
-    match c.evaluate(&meta.etag, meta.last_modified_secs()) {
+    check_conditions_of(c, &meta.etag, meta.last_modified_secs())
+}
+
+/// [`check_conditions`] against an object's ETag and last-modified time
+/// (Unix seconds) as the index holds them.
+pub(super) fn check_conditions_of(
+    c: &Conditions,
+    etag: &str,
+    last_modified_secs: i64,
+) -> S3Result<()> {
+    match c.evaluate(etag, last_modified_secs) {
         Verdict::Proceed => Ok(()),
         Verdict::PreconditionFailed => Err(s3_error!(
             PreconditionFailed,
@@ -119,13 +129,13 @@ pub(super) fn check_conditions(c: &Conditions, meta: &ObjectMeta) -> S3Result<()
         Verdict::NotModified => {
             let mut err = s3_error!(NotModified, "Not Modified");
             let mut h = HeaderMap::new();
-            if let Ok(v) = http::HeaderValue::from_str(&format!("\"{}\"", meta.etag)) {
+            if let Ok(v) = http::HeaderValue::from_str(&format!("\"{etag}\"")) {
                 h.insert(http::header::ETAG, v);
             }
             let lm = httpdate::fmt_http_date(
                 std::time::UNIX_EPOCH
                     + std::time::Duration::from_secs(
-                        u64::try_from(meta.last_modified_secs()).unwrap_or(0),
+                        u64::try_from(last_modified_secs).unwrap_or(0),
                     ),
             );
             if let Ok(v) = http::HeaderValue::from_str(&lm) {

@@ -121,6 +121,7 @@ use crate::rdma::RdmaService;
 use crate::store::{BucketInfo, Store};
 pub(crate) use dto::byte_range;
 pub use error::store_error;
+pub use object::IndexedHead;
 
 /// Content type returned for objects stored without one (as S3 does).
 pub const DEFAULT_CONTENT_TYPE: &str = "binary/octet-stream";

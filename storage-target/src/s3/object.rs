@@ -12,7 +12,7 @@ use s3s::dto::*;
 use s3s::stream::{ByteStream, RemainingLength};
 use s3s::{S3Request, S3Response, S3Result, StdError, s3_error};
 
-use super::conditions::{returned_checksum, select};
+use super::conditions::{check_conditions_of, returned_checksum, select};
 use super::dto::{
     body_stream, check_version_id, checksum_algorithm, content_md5, etag_cond, make_attrs, strong,
     ts, ts_secs, user_metadata,
@@ -282,6 +282,79 @@ pub(super) async fn head_object(
         resp.extensions.insert(crate::http::StatusOverride(status));
     }
     Ok(resp)
+}
+
+/// What a HeadObject answers of an object, read from its bucket's index:
+/// a batched HEAD's item ([`S3Api::head_from_index`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexedHead {
+    /// Content-Length.
+    pub size: u64,
+    /// ETag without quotes.
+    pub etag: String,
+    /// Last-Modified, Unix milliseconds.
+    pub last_modified_ms: i64,
+    /// Content-Type (the default when the writer set none).
+    pub content_type: String,
+    /// `x-amz-meta-*` user metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// HEADs that open no file.
+impl S3Api {
+    /// A HeadObject of `key` in `bucket` by the user with `access_key`,
+    /// with `if_match`, answered from the bucket's index (no file opened):
+    /// what HeadObject would answer, or its error (a missing key is
+    /// `NoSuchKey` only to a caller who may list the bucket, a failed
+    /// `if_match` 412). `None` when the caller is neither the object's
+    /// owner nor granted the bucket by the operator, so the object's ACL
+    /// decides: the caller runs the full HeadObject, which reads it.
+    /// `checked` is what the bucket's access check left.
+    #[must_use]
+    pub fn head_from_index(
+        &self,
+        checked: &http::Extensions,
+        access_key: &str,
+        (bucket, key): (&str, &str),
+        if_match: Option<ETagCondition>,
+    ) -> Option<S3Result<IndexedHead>> {
+        let caller = self.users.get(access_key);
+        let info = match self.bucket_info(checked, bucket) {
+            Ok(info) => info,
+            Err(e) => return Some(Err(e)),
+        };
+        let entry = match self.store.index_entry(&info.name, key) {
+            Ok(entry) => entry,
+            Err(e) => return Some(Err(self.open_error(caller, &info, e))),
+        };
+        let owner = entry.owner.as_deref();
+        let no_acl = crate::acl::Acl::default();
+        if !self
+            .users
+            .object_allows(caller, &info, owner, &no_acl, Permission::Read)
+        {
+            return None;
+        }
+        let conds = Conditions {
+            if_match: if_match.map(etag_cond),
+            ..Conditions::default()
+        };
+        let secs = entry.last_modified_ms.div_euclid(1000);
+        if let Err(e) = check_conditions_of(&conds, &entry.etag, secs) {
+            return Some(Err(e));
+        }
+        let (content_type, metadata) = match entry.head {
+            Some(h) => (h.content_type.clone(), h.user_metadata.clone()),
+            None => (None, Default::default()),
+        };
+        Some(Ok(IndexedHead {
+            size: entry.size,
+            etag: entry.etag,
+            last_modified_ms: entry.last_modified_ms,
+            content_type: content_type.unwrap_or_else(|| DEFAULT_CONTENT_TYPE.to_owned()),
+            metadata,
+        }))
+    }
 }
 
 pub(super) async fn get_object_attributes(

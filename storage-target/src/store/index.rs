@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
@@ -28,6 +28,20 @@ pub struct IndexEntry {
     /// The `.parts` directory holding the data, for an object made by
     /// CompleteMultipartUpload.
     pub manifest: Option<String>,
+    /// The content type and user metadata, when the object has either:
+    /// with them a HEAD is answered from the index, no file opened
+    /// ([`super::Store::index_entry`]). Shared, so that a listing's copy of
+    /// an entry does not copy them.
+    pub head: Option<Arc<HeadAttrs>>,
+}
+
+/// What a HEAD answers of an object besides its size, ETag and time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadAttrs {
+    /// `Content-Type`, when the writer set one.
+    pub content_type: Option<String>,
+    /// `x-amz-meta-*` user metadata (names lower-case, without the prefix).
+    pub user_metadata: BTreeMap<String, String>,
 }
 
 impl From<&ObjectMeta> for IndexEntry {
@@ -39,6 +53,14 @@ impl From<&ObjectMeta> for IndexEntry {
             last_modified_ms: m.last_modified_ms,
             owner: m.attrs.owner.clone(),
             checksum: m.checksum.as_ref().map(|c| (c.algorithm, c.checksum_type)),
+            head: (m.attrs.content_type.is_some() || !m.attrs.user_metadata.is_empty()).then(
+                || {
+                    Arc::new(HeadAttrs {
+                        content_type: m.attrs.content_type.clone(),
+                        user_metadata: m.attrs.user_metadata.clone(),
+                    })
+                },
+            ),
         }
     }
 }

@@ -74,7 +74,7 @@ pub use self::fsio::now_ms;
 use self::fsio::{TmpGuard, blocking, ensure_dir, fsync_dir, lock, read, read_meta, write};
 pub(crate) use self::fsio::{create_private_dir, create_private_file};
 use self::index::{AclOverride, Bucket};
-pub use self::index::{BucketInfo, IndexEntry, acl_is_private};
+pub use self::index::{BucketInfo, HeadAttrs, IndexEntry, acl_is_private};
 pub use self::multipart::{PartInfo, UploadInfo, UploadsPage};
 use self::parts::{PartsPin, PartsRegistry, remove_parts_dir};
 use self::reader::{Data, PartFiles, ReadCursor};

@@ -45,6 +45,18 @@ impl Store {
         Ok(ObjectReader { meta, data })
     }
 
+    /// The index entry of `key`: what a listing shows of it and what a
+    /// HEAD answers, read under the index lock with no file opened (a
+    /// batched HEAD's cost is this lookup).
+    ///
+    /// # Errors
+    /// `NoSuchBucket`, `NoSuchKey`.
+    pub fn index_entry(&self, bucket: &str, key: &str) -> StoreResult<IndexEntry> {
+        let b = self.bucket(bucket)?;
+        let st = read(&b.state);
+        st.index.get(key).cloned().ok_or(StoreError::NoSuchKey)
+    }
+
     /// Deletes an object; deleting a missing key succeeds (as in S3).
     ///
     /// # Errors

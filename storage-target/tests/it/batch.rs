@@ -308,3 +308,113 @@ async fn a_server_that_does_not_serve_batches_declines_with_501() {
     assert_eq!(r.header("x-amz-rdma-protocol-status"), Some("unsupported"));
     assert!(r.header("x-amz-rdma-batch").is_none());
 }
+
+/// A batched HEAD answers what HeadObject answers (it reads the bucket's
+/// index, not the object's file): size, ETag, Last-Modified, content type
+/// and metadata of a plain object, one with attributes, a multipart one
+/// and an overwritten one; a deleted key is 404; `if_match` passes or
+/// fails 412 as on the single request. Where the object's ACL decides
+/// (another owner's objects), each caller gets what HeadObject gives them.
+#[tokio::test]
+async fn a_batched_head_answers_what_head_object_answers() {
+    use aws_sdk_s3::primitives::ByteStream;
+    use aws_sdk_s3::types::ObjectCannedAcl;
+
+    use crate::common::{OWNER_A, OWNER_B};
+    use crate::support::{
+        complete, completed, delete, head, mkbucket, put, start_upload, upload_part,
+    };
+
+    let s = rdma_server(CAPS);
+    create_bucket(&s, "heads").await;
+    let admin = s.admin();
+    put(&admin, "heads", "plain", b"plain bytes").await;
+    let attrs = admin.put_object().bucket("heads").key("attrs");
+    attrs
+        .content_type("text/csv")
+        .metadata("color", "blue")
+        .metadata("shape", "round")
+        .body(ByteStream::from_static(b"a,b\n"))
+        .send()
+        .await
+        .unwrap();
+    let id = start_upload(&admin, "heads", "multi").await;
+    let e1 = upload_part(&admin, ("heads", "multi", &id), 1, data(5 << 20, 3));
+    let e1 = e1.await.unwrap();
+    let e2 = upload_part(&admin, ("heads", "multi", &id), 2, data(10, 4));
+    let e2 = e2.await.unwrap();
+    let parts = completed(&[(1, e1), (2, e2)]);
+    complete(&admin, "heads", "multi", &id, parts)
+        .await
+        .unwrap();
+    put(&admin, "heads", "over", b"first").await;
+    put(&admin, "heads", "over", b"second, and longer").await;
+    put(&admin, "heads", "gone", b"x").await;
+    delete(&admin, "heads", "gone").await.unwrap();
+
+    let keys = ["plain", "attrs", "multi", "over"];
+    let mut items: Vec<Item> = keys.iter().map(|k| Item::head("heads", k)).collect();
+    items.push(Item::head("heads", "gone"));
+    let plain = head(&admin, "heads", "plain").await.unwrap();
+    let mut matching = Item::head("heads", "plain");
+    matching.if_match = plain.e_tag().map(str::to_owned);
+    let mut differing = Item::head("heads", "plain");
+    differing.if_match = Some("\"0123456789abcdef0123456789abcdef\"".into());
+    items.extend([matching, differing]);
+    let replies = batch(&s, ADMIN, items).await;
+    for (k, r) in keys.iter().zip(&replies) {
+        let h = head(&admin, "heads", k).await.unwrap();
+        assert_item(r, 200, None);
+        assert_eq!(r.size, h.content_length().map(|n| n as u64), "{k}");
+        assert_eq!(r.etag.as_deref(), h.e_tag(), "{k}");
+        let secs = h.last_modified().map(|t| t.secs());
+        assert_eq!(r.last_modified_ms.map(|ms| ms / 1000), secs, "{k}");
+        assert_eq!(r.content_type.as_deref(), h.content_type(), "{k}");
+        let metadata = h.metadata().cloned().unwrap_or_default();
+        assert_eq!(r.metadata, metadata.into_iter().collect(), "{k}");
+    }
+    assert_eq!(replies[1].content_type.as_deref(), Some("text/csv"));
+    assert_eq!(
+        replies[1].metadata.get("shape").map(String::as_str),
+        Some("round")
+    );
+    assert_eq!(replies[2].size, Some((5 << 20) + 10));
+    assert!(
+        replies[2]
+            .etag
+            .as_deref()
+            .is_some_and(|e| e.ends_with("-2\""))
+    );
+    assert_eq!(replies[3].size, Some(18));
+    assert_item(&replies[4], 404, Some("NoSuchKey"));
+    assert_item(&replies[5], 200, None);
+    assert_item(&replies[6], 412, Some("PreconditionFailed"));
+
+    // Owner A's bucket: a private object and a public-read one. Owner B
+    // (no grant from the operator) gets what HeadObject gives B: the
+    // public one, AccessDenied for the private one and for a missing key
+    // (B may not list the bucket); A gets both, and NoSuchKey.
+    let (a, b) = (s.client(OWNER_A), s.client(OWNER_B));
+    mkbucket(&a, "a-heads").await.unwrap();
+    put(&a, "a-heads", "private", b"a's").await;
+    put(&a, "a-heads", "public", b"a's, shown").await;
+    let acl = a.put_object_acl().bucket("a-heads").key("public");
+    acl.acl(ObjectCannedAcl::PublicRead).send().await.unwrap();
+    let items = || {
+        ["private", "public", "missing"]
+            .iter()
+            .map(|k| Item::head("a-heads", k))
+            .collect::<Vec<_>>()
+    };
+    let by_b = batch(&s, OWNER_B, items()).await;
+    assert_item(&by_b[0], 403, Some("AccessDenied"));
+    assert!(head(&b, "a-heads", "private").await.is_err());
+    assert!(head(&b, "a-heads", "public").await.is_ok());
+    assert_item(&by_b[1], 200, None);
+    assert_eq!(by_b[1].size, Some(10));
+    assert_item(&by_b[2], 403, Some("AccessDenied"));
+    let by_a = batch(&s, OWNER_A, items()).await;
+    assert_item(&by_a[0], 200, None);
+    assert_item(&by_a[1], 200, None);
+    assert_item(&by_a[2], 404, Some("NoSuchKey"));
+}
