@@ -18,7 +18,8 @@
 //!    rule s3s's hook applies to a single request; a bucket the user may
 //!    not use fails its items only).
 //!
-//! Each item then runs through the same handler as the single request
+//! Each item then runs (a GET or PUT as a task of its own, so that one
+//! batch uses every worker thread) through the same handler as the single request
 //! (`rdma.batch.item_concurrency` at a time): the index lookup and the
 //! object's own ACL, then the bytes over RDMA into or out of its window
 //! ([`crate::rdma`]'s data path, exactly as for a tokened GetObject or
@@ -33,7 +34,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use futures::StreamExt as _;
+use futures::future::Either;
+use futures::{FutureExt as _, StreamExt as _};
 use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use s3dma_wire::batch::{
     self, BatchError, BatchReply, BatchRequest, Checked, Item, ItemReply, Limits, Op,
@@ -44,6 +46,7 @@ use s3s::dto::{
 };
 use s3s::route::S3Route;
 use s3s::{Body, S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::info;
 
 use crate::auth::AccessCheck;
@@ -261,8 +264,11 @@ impl BatchRoute {
 /// reads (the bucket's metadata), or the refusal its items get.
 type Checked1 = Result<Extensions, Box<ItemReply>>;
 
+/// An item's own check: what it asks for, or its refusal.
+type ItemCheck = Result<Checked, Box<ItemReply>>;
+
 impl BatchService {
-    async fn serve(&self, mut req: S3Request<Body>) -> S3Result<S3Response<Body>> {
+    async fn serve(self: &Arc<Self>, mut req: S3Request<Body>) -> S3Result<S3Response<Body>> {
         let max_body = usize::try_from(self.cfg.max_body_bytes.0).unwrap_or(batch::MAX_BODY);
         let limits = Limits {
             max_items: self.cfg.max_items,
@@ -300,7 +306,7 @@ impl BatchService {
             .credentials
             .clone()
             .ok_or_else(|| refused(403, "AccessDenied", "a batch request must be signed"))?;
-        let checked: Vec<Result<Checked, Box<ItemReply>>> = parsed
+        let checked: Vec<ItemCheck> = parsed
             .items
             .iter()
             .map(|i| {
@@ -350,13 +356,47 @@ impl BatchService {
                     }
                 });
         }
-        let (access, user) = (&access, &user);
-        // The futures made in a loop, not by a closure over the items (a
-        // closure's borrowed argument defeats the Send proof s3s needs).
-        let mut runs = Vec::with_capacity(checked.len());
-        for (item, c) in parsed.items.iter().zip(checked) {
-            runs.push(self.one(item, c, access, user));
-        }
+        let jobs: Vec<(ItemCheck, Option<Checked1>)> = parsed
+            .items
+            .iter()
+            .zip(checked)
+            .map(|(item, c)| {
+                let allowed = c
+                    .is_ok()
+                    .then(|| access.get(&(item.bucket.as_str(), item.op)).cloned())
+                    .flatten();
+                (c, allowed)
+            })
+            .collect();
+        drop(access);
+        // Each GET and PUT item is a task of its own, so that one batch's
+        // transfers use every worker thread (one task would serve them on
+        // one core); a HEAD item (an index lookup) runs in place, cheaper
+        // than a task. `item_concurrency` run at a time, replies in request
+        // order; a batch that is dropped (its caller went away) aborts its
+        // items.
+        let (svc, user) = (Arc::clone(self), Arc::new(user));
+        let runs = parsed
+            .items
+            .into_iter()
+            .zip(jobs)
+            .map(move |(item, (c, allowed))| {
+                let in_place = item.op == Op::Head;
+                let run = Arc::clone(&svc).one(item, c, allowed, Arc::clone(&user));
+                if in_place {
+                    Either::Left(run)
+                } else {
+                    Either::Right(AbortOnDropHandle::new(tokio::spawn(run)).map(|r| {
+                        r.unwrap_or_else(|e| {
+                            ItemReply::error(
+                                500,
+                                "InternalError",
+                                format!("the item did not finish: {e}"),
+                            )
+                        })
+                    }))
+                }
+            });
         let replies: Vec<ItemReply> = futures::stream::iter(runs)
             .buffered(self.cfg.item_concurrency.max(1))
             .collect()
@@ -381,22 +421,22 @@ impl BatchService {
         Ok(resp)
     }
 
-    /// One item: its check's refusal, its bucket's, or what it came to.
+    /// One item: its check's refusal, its bucket's (`allowed`: the
+    /// extensions of its (bucket, operation)'s access check), or what it
+    /// came to.
     async fn one(
-        &self,
-        item: &Item,
-        c: Result<Checked, Box<ItemReply>>,
-        access: &HashMap<(&str, Op), Checked1>,
-        user: &s3s::auth::Credentials,
+        self: Arc<Self>,
+        item: Item,
+        c: ItemCheck,
+        allowed: Option<Checked1>,
+        user: Arc<s3s::auth::Credentials>,
     ) -> ItemReply {
-        let reply = match c {
-            Err(r) => *r,
-            Ok(c) => match access.get(&(item.bucket.as_str(), item.op)) {
-                Some(Ok(ext)) if item.op == Op::Head => self.head(item, ext, user).await,
-                Some(Ok(ext)) => self.item(item, c, ext.clone(), user).await,
-                Some(Err(r)) => (**r).clone(),
-                None => ItemReply::error(500, "InternalError", "no access check"),
-            },
+        let reply = match (c, allowed) {
+            (Err(r), _) => *r,
+            (Ok(_), Some(Ok(ext))) if item.op == Op::Head => self.head(&item, &ext, &user).await,
+            (Ok(c), Some(Ok(ext))) => self.item(&item, c, ext, &user).await,
+            (Ok(_), Some(Err(r))) => *r,
+            (Ok(_), None) => ItemReply::error(500, "InternalError", "no access check"),
         };
         self.metrics
             .batch_item(item.op.s3_name(), if reply.ok() { "ok" } else { "error" });

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt as _};
 use s3s::crypto::{Checksum as _, Md5};
-use tokio::io::AsyncWriteExt as _;
 
 use super::{
     BodyError, Bucket, Data, IO_CHUNK, IndexEntry, MAX_PUT_SIZE, ObjectAttrs, ObjectMeta,
@@ -198,20 +197,30 @@ impl Store {
         Ok((tokio::fs::File::from_std(file), Written { size, md5_hex }))
     }
 
-    /// Appends the header to a data file and makes it durable.
-    pub(super) async fn seal(mut file: tokio::fs::File, meta: &ObjectMeta) -> StoreResult<()> {
-        file.write_all(&format::encode_trailer(meta)).await?;
-        file.flush().await?;
-        file.sync_all().await?;
-        Ok(())
+    /// Appends the header to a data file and makes it durable, in one
+    /// blocking call (not one for the write, the flush and the sync: a
+    /// hop to the blocking pool each costs about what a small write does).
+    pub(super) async fn seal(file: tokio::fs::File, meta: &ObjectMeta) -> StoreResult<()> {
+        let trailer = format::encode_trailer(meta);
+        let mut file = file.into_std().await;
+        blocking(move || {
+            use std::io::Write as _;
+            file.write_all(&trailer)?;
+            file.sync_all()?;
+            Ok(())
+        })
+        .await
     }
 
-    /// Atomically publishes a sealed temporary file as `key` in bucket `b`.
+    /// Atomically publishes a sealed temporary file as `key` in bucket `b`;
+    /// `unsealed`: the temporary file's data, to be sealed first (in the
+    /// same blocking call).
     pub(super) async fn publish(
         &self,
         b: Arc<Bucket>,
         mut tmp: TmpGuard,
         meta: &ObjectMeta,
+        unsealed: Option<tokio::fs::File>,
     ) -> StoreResult<()> {
         let key = meta.key.clone();
         let entry = IndexEntry::from(meta);
@@ -219,7 +228,16 @@ impl Store {
         tmp.disarm();
         let mut guard = TmpGuard::new(src.clone());
         let this = Arc::clone(&self.parts);
+        let unsealed = match unsealed {
+            Some(f) => Some((f.into_std().await, format::encode_trailer(meta))),
+            None => None,
+        };
         blocking(move || {
+            if let Some((mut file, trailer)) = unsealed {
+                use std::io::Write as _;
+                file.write_all(&trailer)?;
+                file.sync_all()?;
+            }
             let path = b.object_path(&key);
             let dir = path.parent().unwrap_or(Path::new("/")).to_owned();
             ensure_dir(&dir)?;
@@ -279,8 +297,7 @@ impl Store {
             parts: Vec::new(),
             manifest: None,
         };
-        Self::seal(file, &meta).await?;
-        self.publish(b, tmp, &meta).await?;
+        self.publish(b, tmp, &meta, Some(file)).await?;
         Ok(meta)
     }
 
@@ -375,7 +392,7 @@ impl Store {
             Ok(())
         })
         .await?;
-        self.publish(b, tmp, &meta).await?;
+        self.publish(b, tmp, &meta, None).await?;
         Ok(meta)
     }
 }

@@ -136,7 +136,7 @@ impl Store {
             Ok(())
         })
         .await?;
-        self.publish(b, tmp, &meta).await?;
+        self.publish(b, tmp, &meta, None).await?;
         linked_guard.0 = None;
         *gone = true;
         drop(gone);
